@@ -1,0 +1,253 @@
+//! The token bucket of one limit: pure integer arithmetic over a virtual clock, no I/O.
+//!
+//! The state is a single number, the instant at which the bucket will be full again
+//! (`full_at`), as in GCRA. The level at time `t` is `capacity - (full_at - t) × rate`, so
+//! refill is computed lazily from elapsed time: no timer, no periodic update, no drift.
+//!
+//! To stay exact for any rate, time is counted in *ticks*: one nanosecond is `rate` ticks and
+//! one unit (a request, a token) is `period` (in nanoseconds) ticks. Every quantity is then an
+//! integer and no rounding ever accumulates.
+
+use crate::quota::Limit;
+
+/// A token bucket for one [`Limit`].
+#[derive(Debug, Clone)]
+pub(crate) struct Bucket {
+    limit: Limit,
+    /// Units added per period (the effective amount).
+    rate: u64,
+    /// The period in nanoseconds.
+    period: u64,
+    /// The most the bucket holds.
+    capacity: u64,
+    /// When the bucket is full again, in ticks; at or before "now" it is full.
+    full_at: u128,
+}
+
+/// Whether an amount fits a bucket now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fit {
+    /// It fits now.
+    Now,
+    /// It fits at this time (nanoseconds), unless something changes.
+    At(u64),
+    /// It never fits: the amount exceeds the capacity.
+    Never,
+}
+
+impl Bucket {
+    /// A full bucket for `limit`.
+    pub(crate) fn new(limit: Limit) -> Self {
+        Self {
+            limit,
+            rate: limit.effective_amount(),
+            period: u64::try_from(limit.period().as_nanos()).unwrap_or(u64::MAX),
+            capacity: limit.capacity(),
+            full_at: 0,
+        }
+    }
+
+    pub(crate) fn limit(&self) -> &Limit {
+        &self.limit
+    }
+
+    pub(crate) fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    fn ticks(&self, now: u64) -> u128 {
+        u128::from(now) * u128::from(self.rate)
+    }
+
+    fn units(&self, amount: u64) -> u128 {
+        u128::from(amount) * u128::from(self.period)
+    }
+
+    /// What the bucket lacks to be full, in ticks.
+    fn deficit(&self, now: u64) -> u128 {
+        self.full_at.saturating_sub(self.ticks(now))
+    }
+
+    /// Whether `amount` fits now, and if not, when.
+    pub(crate) fn fit(&self, amount: u64, now: u64) -> Fit {
+        if amount > self.capacity {
+            return Fit::Never;
+        }
+        match self.ready_at(amount) {
+            at if at <= now => Fit::Now,
+            at => Fit::At(at),
+        }
+    }
+
+    /// The earliest time (nanoseconds) at which the level reaches `amount`, ignoring the
+    /// capacity (so it also answers for amounts queued one after the other).
+    pub(crate) fn ready_at(&self, amount: u64) -> u64 {
+        // The level reaches `amount` when the deficit falls to `capacity - amount`, that is
+        // when ticks(t) >= full_at - (capacity - amount) × period.
+        let target = i128::try_from(self.full_at).unwrap_or(i128::MAX)
+            - (i128::from(self.capacity) - i128::from(amount)) * i128::from(self.period);
+        if target <= 0 {
+            return 0;
+        }
+        let rate = u128::from(self.rate);
+        let ns = (target as u128).div_ceil(rate);
+        u64::try_from(ns).unwrap_or(u64::MAX)
+    }
+
+    /// Takes `amount`, which may drive the level below zero (debt).
+    pub(crate) fn debit(&mut self, amount: u64, now: u64) {
+        self.full_at = self.full_at.max(self.ticks(now)) + self.units(amount);
+    }
+
+    /// Gives `amount` back. A bucket never holds more than its capacity: what overflows is
+    /// dropped when the level is next read.
+    pub(crate) fn refund(&mut self, amount: u64) {
+        self.full_at = self.full_at.saturating_sub(self.units(amount));
+    }
+
+    /// The level, rounded down; negative when the bucket is in debt.
+    pub(crate) fn level(&self, now: u64) -> i64 {
+        let owed = self.deficit(now).div_ceil(u128::from(self.period));
+        let level = i128::from(self.capacity) - i128::try_from(owed).unwrap_or(i128::MAX);
+        i64::try_from(level).unwrap_or(i64::MIN)
+    }
+
+    /// When the bucket is full again (nanoseconds).
+    pub(crate) fn full_at(&self, now: u64) -> u64 {
+        let ns = self.full_at.div_ceil(u128::from(self.rate));
+        u64::try_from(ns).unwrap_or(u64::MAX).max(now)
+    }
+
+    /// Replaces the limit (a new amount, headroom or burst), keeping the current level, clamped
+    /// to the new capacity.
+    pub(crate) fn set_limit(&mut self, limit: Limit, now: u64) {
+        let owed = self.deficit(now);
+        let old_capacity = self.capacity;
+        *self = Bucket::new(limit);
+        // Same period, so ticks of deficit per unit are unchanged: deficit' = capacity' − level.
+        let owed = i128::try_from(owed).unwrap_or(i128::MAX)
+            + (i128::from(self.capacity) - i128::from(old_capacity)) * i128::from(self.period);
+        self.full_at = self.ticks(now) + u128::try_from(owed.max(0)).unwrap_or(0);
+    }
+
+    /// Lowers the level to at most `level` (never raises it): someone else spends this quota.
+    pub(crate) fn cap_level(&mut self, level: u64, now: u64) {
+        let owed = self.units(self.capacity.saturating_sub(level));
+        if self.deficit(now) < owed {
+            self.full_at = self.ticks(now) + owed;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Dimension;
+    use std::num::NonZeroU64;
+    use std::time::Duration;
+
+    const MS: u64 = 1_000_000;
+    const SEC: u64 = 1_000 * MS;
+
+    /// 10 units per second, burst 10: one unit per 100 ms.
+    fn bucket() -> Bucket {
+        let limit = Limit::new(
+            Dimension::Requests,
+            NonZeroU64::new(10).unwrap(),
+            Duration::from_secs(1),
+        )
+        .unwrap()
+        .with_headroom(1.0)
+        .unwrap()
+        .with_burst_fraction(1.0)
+        .unwrap();
+        Bucket::new(limit)
+    }
+
+    #[test]
+    fn refills_lazily_and_exactly() {
+        let mut b = bucket();
+        assert_eq!(b.level(0), 10);
+        b.debit(10, 0);
+        assert_eq!(b.level(0), 0);
+        assert_eq!(b.fit(1, 0), Fit::At(100 * MS));
+        assert_eq!(b.level(99 * MS), 0);
+        assert_eq!(b.level(100 * MS), 1);
+        assert_eq!(b.level(SEC), 10);
+        assert_eq!(b.level(100 * SEC), 10, "capped at capacity");
+    }
+
+    #[test]
+    fn thirds_do_not_drift() {
+        // 3 units per second: 333_333_333.3 ns each, never rounded.
+        let limit = Limit::new(
+            Dimension::Requests,
+            NonZeroU64::new(3).unwrap(),
+            Duration::from_secs(1),
+        )
+        .unwrap()
+        .with_headroom(1.0)
+        .unwrap()
+        .with_burst_fraction(1.0)
+        .unwrap();
+        let mut b = Bucket::new(limit);
+        let mut now = 0;
+        for _ in 0..3_000 {
+            match b.fit(1, now) {
+                Fit::Now => b.debit(1, now),
+                Fit::At(at) => {
+                    now = at;
+                    b.debit(1, now);
+                }
+                Fit::Never => unreachable!(),
+            }
+        }
+        // 3 from the burst, then 2_997 at 3 per second.
+        assert_eq!(now, 999 * SEC);
+    }
+
+    #[test]
+    fn debt_delays_by_debt_over_rate() {
+        let mut b = bucket();
+        b.debit(10, 0);
+        b.debit(5, 0); // overrun: 5 units of debt
+        assert_eq!(b.level(0), -5);
+        assert_eq!(b.fit(1, 0), Fit::At(600 * MS));
+    }
+
+    #[test]
+    fn refund_is_capped_at_capacity() {
+        let mut b = bucket();
+        b.debit(4, 0);
+        b.refund(10);
+        assert_eq!(b.level(0), 10);
+        b.debit(10, SEC);
+        assert_eq!(b.level(SEC), 0, "the earlier over-refund was not kept");
+    }
+
+    #[test]
+    fn too_large_never_fits() {
+        assert_eq!(bucket().fit(11, 0), Fit::Never);
+    }
+
+    #[test]
+    fn set_limit_keeps_level_and_clamps() {
+        let mut b = bucket();
+        b.debit(4, 0); // level 6
+        let smaller = b.limit().with_amount(NonZeroU64::new(5).unwrap());
+        b.set_limit(smaller, 0);
+        assert_eq!(b.capacity(), 5);
+        assert_eq!(b.level(0), 5);
+        b.debit(5, 0);
+        assert_eq!(b.fit(1, 0), Fit::At(200 * MS), "new rate: 5 per second");
+    }
+
+    #[test]
+    fn cap_level_only_lowers() {
+        let mut b = bucket();
+        b.cap_level(3, 0);
+        assert_eq!(b.level(0), 3);
+        b.cap_level(8, 0);
+        assert_eq!(b.level(0), 3);
+    }
+}

@@ -1,0 +1,383 @@
+//! A shared, multi-dimension token budget: reserve before a call, settle after it.
+//!
+//! A [`Budget`] holds one token bucket per [`Limit`] of a [`Quota`] (requests, input tokens,
+//! output tokens, total tokens; per minute, per day, or any period). Buckets refill
+//! continuously, computed lazily from elapsed [`tokio::time::Instant`]: no timers, no drift,
+//! and tests drive it with tokio's paused clock.
+//!
+//! # Example
+//!
+//! ```
+//! use std::num::NonZeroU64;
+//! use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, Usage};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let nz = |n| NonZeroU64::new(n).unwrap();
+//! let budget = Budget::new(
+//!     Quota::new()
+//!         .with_limit(Limit::per_minute(Dimension::Requests, nz(500)))
+//!         .with_limit(Limit::per_minute(Dimension::TotalTokens, nz(30_000))),
+//! );
+//!
+//! // Before the call: reserve the estimate (waits if the budget cannot pay yet).
+//! let mut reservation = budget.reserve(Cost::new(1_200, 200)).await?;
+//! reservation.mark_sent();
+//! // ... the call ...
+//! // After it: settle with what the provider reports; the unused 150 tokens come back.
+//! let settled = reservation.settle(&Usage::new(1_200, 50));
+//! assert_eq!(settled.refunded(Dimension::TotalTokens), 150);
+//! # Ok(()) }
+//! ```
+//!
+//! # Why a token bucket per dimension
+//!
+//! Providers limit requests *and* tokens, and a call must fit all of its limits: limiting only
+//! calls lets ten huge prompts exhaust the token quota. A token bucket's capacity is the burst
+//! accepted at once and its refill rate the sustained regime, so unlike a fixed window it never
+//! passes two bursts at a window boundary. Admission is all or nothing: a request that does not
+//! fit one bucket takes nothing from the others.
+//!
+//! # Waiting: first in, first out
+//!
+//! Requests that cannot be admitted at once wait in a queue and are admitted in arrival order:
+//! a large request is never overtaken by a stream of small ones (a sleep-and-recheck loop lets
+//! that happen). The trade-off is head-of-line blocking: a small request that would fit now
+//! waits behind a large one at the head, exactly as tokio's semaphore does. Only the head
+//! sleeps, until the instant its cost becomes available; it is woken earlier when a refund or a
+//! limit change makes that sooner. The others wait without a timer, so waiting costs no CPU.
+//!
+//! # Cancel safety
+//!
+//! [`Reserve`] is cancel safe: dropping it leaves the queue (and wakes the next waiter if it was
+//! at the head), and a reservation is only ever handed out by a completed future. A dropped
+//! [`Reservation`] is refunded or charged by the rule in its documentation, so no capacity
+//! leaks.
+
+mod bucket;
+mod observation;
+mod reservation;
+mod reserve;
+mod snapshot;
+pub(crate) mod store;
+mod waiters;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub use observation::Observation;
+pub use reservation::{Reservation, ReservationSlot, Settlement};
+pub use reserve::Reserve;
+pub use snapshot::{BudgetSnapshot, LimitSnapshot};
+pub use store::ReservationId;
+
+use crate::cost::Cost;
+use crate::error::{InsufficientCapacity, NotUntil, TryReserveError};
+use crate::quota::{Limit, Quota};
+use store::{Denial, MemoryStore, Store, nanos};
+use waiters::{VacancyWatchers, WaitQueue};
+
+/// A shared quota budget: a cheap handle, and clones share the same buckets and queue.
+///
+/// Hand clones to every client, task and layer that spends one provider quota. See the
+/// [module documentation](self) for the admission rules.
+#[derive(Clone)]
+pub struct Budget {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    /// The zero of the budget's clock; times inside are nanoseconds since it.
+    origin: Instant,
+    next_id: AtomicU64,
+    state: Mutex<State>,
+}
+
+struct State {
+    store: MemoryStore,
+    queue: WaitQueue,
+    vacancy: VacancyWatchers,
+}
+
+/// One step of a waiting admission.
+pub(crate) enum Step {
+    Admitted(ReservationId),
+    Never(InsufficientCapacity),
+    /// At the head of the queue: the cost fits at this instant.
+    WaitUntil(Instant),
+    /// Behind others: woken when it reaches the head.
+    Queued,
+}
+
+/// Wakers collected under the lock, woken after it is released.
+#[derive(Default)]
+struct Wakeups {
+    head: Option<Waker>,
+    vacancy: BTreeMap<u64, Waker>,
+}
+
+impl Wakeups {
+    fn wake(self) {
+        if let Some(head) = self.head {
+            head.wake();
+        }
+        self.vacancy.into_values().for_each(Waker::wake);
+    }
+}
+
+impl Budget {
+    /// A budget enforcing every limit of `quota`, with every bucket full.
+    pub fn new(quota: Quota) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                origin: Instant::now(),
+                next_id: AtomicU64::new(0),
+                state: Mutex::new(State {
+                    store: MemoryStore::new(&quota),
+                    queue: WaitQueue::default(),
+                    vacancy: VacancyWatchers::default(),
+                }),
+            }),
+        }
+    }
+
+    /// Waits until `cost` can be paid in every limit it touches, then reserves it.
+    ///
+    /// Waiters are admitted first in, first out. Fails at once, without waiting, when `cost`
+    /// exceeds a bucket's capacity (or later, should a limit shrink below it while waiting).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes reserves nothing and gives up its place in the
+    /// queue.
+    pub fn reserve(&self, cost: Cost) -> Reserve {
+        Reserve::new(self.clone(), cost)
+    }
+
+    /// Reserves `cost` now, or tells when to retry, or that it never fits.
+    ///
+    /// It does not overtake waiting requests: while others wait, it fails with a
+    /// [`NotUntil`] that counts their costs ahead of this one.
+    pub fn try_reserve(&self, cost: Cost) -> Result<Reservation, TryReserveError> {
+        let now = Instant::now();
+        let ns = self.nanos_since_origin(now);
+        let mut state = self.lock();
+        state
+            .store
+            .check_capacity(&cost)
+            .map_err(TryReserveError::Never)?;
+        if !state.queue.is_empty() {
+            let behind = state.queue.queued().saturating_add(cost);
+            if let Some((at, limit)) = state.store.not_before(&behind, ns) {
+                let limit = state.store.limit(limit);
+                return Err(TryReserveError::NotYet(self.not_until(at, &limit)));
+            }
+        }
+        let id = self.next_id();
+        match state.store.reserve(id, &cost, ns) {
+            Ok(()) => {
+                drop(state);
+                Ok(Reservation::new(self.clone(), id, cost))
+            }
+            Err(Denial::NotUntil { at, limit }) => {
+                let limit = state.store.limit(limit);
+                Err(TryReserveError::NotYet(self.not_until(at, &limit)))
+            }
+            Err(Denial::Never(e)) => Err(TryReserveError::Never(e)),
+        }
+    }
+
+    /// The state of every limit and of the queue, now.
+    pub fn snapshot(&self) -> BudgetSnapshot {
+        let now = Instant::now();
+        let ns = self.nanos_since_origin(now);
+        let state = self.lock();
+        let limits = state
+            .store
+            .snapshot(ns)
+            .into_iter()
+            .map(|s| LimitSnapshot {
+                limit: s.limit,
+                capacity: s.capacity,
+                level: s.level,
+                available_at: self.instant(s.available_at),
+                full_at: self.instant(s.full_at),
+            })
+            .collect();
+        BudgetSnapshot {
+            taken_at: now,
+            limits,
+            waiters: state.queue.len(),
+            queued: state.queue.queued(),
+        }
+    }
+
+    /// Replaces the limit of the same dimension and period (or adds it), keeping the bucket's
+    /// current level, clamped to the new capacity. Waiters are re-examined at once.
+    pub fn set_limit(&self, limit: Limit) {
+        let ns = self.nanos_since_origin(Instant::now());
+        let mut state = self.lock();
+        state.store.set_limit(limit, ns);
+        let wake = state.queue.head_waker();
+        drop(state);
+        wake.map(Waker::wake);
+    }
+
+    /// Applies a provider's report on one of the limits; see [`Observation`].
+    pub fn observe(&self, observation: &Observation) {
+        let ns = self.nanos_since_origin(Instant::now());
+        let mut state = self.lock();
+        let changed = state.store.observe(observation, ns);
+        let wake = changed.then(|| state.queue.head_waker()).flatten();
+        drop(state);
+        wake.map(Waker::wake);
+    }
+
+    /// How many requests wait for admission.
+    pub fn waiters(&self) -> usize {
+        self.lock().queue.len()
+    }
+
+    /// Whether two handles share the same budget.
+    pub fn ptr_eq(&self, other: &Budget) -> bool {
+        Arc::ptr_eq(&self.shared, &other.shared)
+    }
+
+    /// One step of [`Reserve`]: admit, queue, or say when to look again.
+    pub(crate) fn poll_admission(
+        &self,
+        ticket: &mut Option<u64>,
+        cost: &Cost,
+        waker: &Waker,
+    ) -> Step {
+        let ns = self.nanos_since_origin(Instant::now());
+        let mut state = self.lock();
+        if let Err(e) = state.store.check_capacity(cost) {
+            let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
+            drop(state);
+            wakeups.wake();
+            return Step::Never(e);
+        }
+        let at_head = match *ticket {
+            None => state.queue.is_empty(),
+            Some(t) => state.queue.head() == Some(t),
+        };
+        if !at_head {
+            match *ticket {
+                Some(t) => state.queue.set_waker(t, waker),
+                None => *ticket = Some(state.queue.push(*cost, waker)),
+            }
+            return Step::Queued;
+        }
+        let id = self.next_id();
+        match state.store.reserve(id, cost, ns) {
+            Ok(()) => {
+                let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
+                drop(state);
+                wakeups.wake();
+                Step::Admitted(id)
+            }
+            Err(Denial::NotUntil { at, .. }) => {
+                match *ticket {
+                    Some(t) => state.queue.set_waker(t, waker),
+                    None => *ticket = Some(state.queue.push(*cost, waker)),
+                }
+                Step::WaitUntil(self.instant(at))
+            }
+            Err(Denial::Never(e)) => Step::Never(e),
+        }
+    }
+
+    /// Gives up a place in the queue.
+    pub(crate) fn cancel(&self, ticket: u64) {
+        let wakeups = self.lock().leave(ticket);
+        wakeups.wake();
+    }
+
+    /// Settles a reservation: `actual` replaces `reserved`.
+    pub(crate) fn settle(&self, id: ReservationId, reserved: &Cost, actual: &Cost) {
+        let ns = self.nanos_since_origin(Instant::now());
+        let mut state = self.lock();
+        let freed = state.store.settle(id, reserved, actual, ns);
+        let wake = freed.then(|| state.queue.head_waker()).flatten();
+        drop(state);
+        wake.map(Waker::wake);
+    }
+
+    /// Ready when no request waits, so a new one would not queue behind others; otherwise
+    /// registers the caller (under `key`) to be woken when the queue empties.
+    pub(crate) fn poll_vacancy(&self, key: &mut Option<u64>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut state = self.lock();
+        if state.queue.is_empty() {
+            if let Some(key) = key.take() {
+                state.vacancy.forget(key);
+            }
+            return Poll::Ready(());
+        }
+        state.vacancy.register(key, cx.waker());
+        Poll::Pending
+    }
+
+    /// Forgets a registration made by [`Budget::poll_vacancy`].
+    pub(crate) fn forget_vacancy(&self, key: u64) {
+        self.lock().vacancy.forget(key);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // No code panics while holding the lock; recover the state rather than propagate.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn next_id(&self) -> ReservationId {
+        ReservationId(self.shared.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn nanos_since_origin(&self, now: Instant) -> u64 {
+        nanos(now.saturating_duration_since(self.shared.origin))
+    }
+
+    fn instant(&self, ns: u64) -> Instant {
+        self.shared.origin + Duration::from_nanos(ns)
+    }
+
+    fn not_until(&self, at: u64, limit: &Limit) -> NotUntil {
+        NotUntil {
+            at: self.instant(at),
+            dimension: limit.dimension(),
+            period: limit.period(),
+        }
+    }
+}
+
+impl State {
+    /// Removes a waiter; collects the wakers of whoever should look again.
+    fn leave(&mut self, ticket: u64) -> Wakeups {
+        let was_head = self.queue.remove(ticket);
+        let mut wakeups = Wakeups::default();
+        if self.queue.is_empty() {
+            wakeups.vacancy = self.vacancy.take();
+        } else if was_head {
+            wakeups.head = self.queue.head_waker();
+        }
+        wakeups
+    }
+}
+
+impl fmt::Debug for Budget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.lock();
+        f.debug_struct("Budget")
+            .field("store", &state.store)
+            .field("waiters", &state.queue.len())
+            .finish()
+    }
+}

@@ -1,0 +1,82 @@
+//! What a provider reports about a limit, fed back into a budget.
+
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use crate::quota::Dimension;
+
+/// A provider's report on one limit, typically read from rate-limit headers
+/// (`x-ratelimit-limit-tokens`, `anthropic-ratelimit-requests-remaining`, ...).
+///
+/// [`Budget::observe`](crate::Budget::observe) applies it to the limit of the same dimension and
+/// period: a different `limit` replaces the nominal amount (keeping headroom and burst rule);
+/// a `remaining` count lowers the local level to at most `remaining × headroom`, because a
+/// provider that has less left than we think is being spent by someone else. An observation
+/// never raises the level: other consumers of the same key are invisible to us.
+///
+/// # Example
+///
+/// ```
+/// use std::{num::NonZeroU64, time::Duration};
+/// use tower_llm_quota::{Dimension, Observation};
+///
+/// let seen = Observation::new(Dimension::TotalTokens, Duration::from_secs(60))
+///     .with_limit(NonZeroU64::new(150_000).unwrap())
+///     .with_remaining(149_984);
+/// assert_eq!(seen.remaining(), Some(149_984));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Observation {
+    dimension: Dimension,
+    period: Duration,
+    limit: Option<NonZeroU64>,
+    remaining: Option<u64>,
+}
+
+impl Observation {
+    /// A report on the limit of `dimension` per `period`, saying nothing yet.
+    pub const fn new(dimension: Dimension, period: Duration) -> Self {
+        Self {
+            dimension,
+            period,
+            limit: None,
+            remaining: None,
+        }
+    }
+
+    /// The provider's nominal limit. Defaults to unknown.
+    pub const fn with_limit(self, limit: NonZeroU64) -> Self {
+        Self {
+            limit: Some(limit),
+            ..self
+        }
+    }
+
+    /// What the provider says is left. Defaults to unknown.
+    pub const fn with_remaining(self, remaining: u64) -> Self {
+        Self {
+            remaining: Some(remaining),
+            ..self
+        }
+    }
+
+    /// The dimension reported on.
+    pub const fn dimension(&self) -> Dimension {
+        self.dimension
+    }
+
+    /// The period of the limit reported on.
+    pub const fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The nominal limit, if reported.
+    pub const fn limit(&self) -> Option<NonZeroU64> {
+        self.limit
+    }
+
+    /// What is left, if reported.
+    pub const fn remaining(&self) -> Option<u64> {
+        self.remaining
+    }
+}

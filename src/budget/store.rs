@@ -1,0 +1,273 @@
+//! The seam between a budget and where its state lives.
+//!
+//! A [`Budget`](crate::Budget) keeps its wait queue in the process and asks a store for the
+//! bucket arithmetic, through exactly the operations a shared store must perform as single
+//! atomic calls: reserve every dimension or none, settle by reservation id, observe what the
+//! provider reports, and snapshot. [`MemoryStore`] is the embedded default: plain values under
+//! the budget's one mutex, no allocation on the reserve and settle paths.
+
+use std::time::Duration;
+
+use super::bucket::{Bucket, Fit};
+use super::observation::Observation;
+use crate::cost::Cost;
+use crate::error::InsufficientCapacity;
+use crate::quota::{Limit, Quota};
+
+/// A reservation's identity, unique within its budget; a shared store settles by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ReservationId(pub(crate) u64);
+
+impl ReservationId {
+    /// The id as a number.
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// Why a store admitted nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Denial {
+    /// The cost fits at `at` (nanoseconds on the budget's clock); `limit` refills the longest.
+    NotUntil { at: u64, limit: usize },
+    /// The cost exceeds a capacity.
+    Never(InsufficientCapacity),
+}
+
+/// One limit's state, as a store reports it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LimitState {
+    pub(crate) limit: Limit,
+    pub(crate) capacity: u64,
+    pub(crate) level: i64,
+    pub(crate) available_at: u64,
+    pub(crate) full_at: u64,
+}
+
+/// The atomic operations of a quota store. Times are nanoseconds on the budget's clock.
+pub(crate) trait Store {
+    /// Reserves `cost` in every limit it touches, or nothing.
+    fn reserve(&mut self, id: ReservationId, cost: &Cost, now: u64) -> Result<(), Denial>;
+
+    /// Replaces the reservation's `reserved` cost by the `actual` one: refunds what was not
+    /// used, charges an overrun as debt. Returns whether capacity was freed.
+    fn settle(&mut self, id: ReservationId, reserved: &Cost, actual: &Cost, now: u64) -> bool;
+
+    /// Applies what the provider reports. Returns whether limits changed.
+    fn observe(&mut self, observation: &Observation, now: u64) -> bool;
+
+    /// Replaces (or adds) the limit of the same dimension and period, keeping its level.
+    fn set_limit(&mut self, limit: Limit, now: u64);
+
+    /// The earliest time every limit could hold `amount`, ignoring capacities: when a request
+    /// queued behind `amount - cost` of others could be admitted at the earliest.
+    fn not_before(&self, amount: &Cost, now: u64) -> Option<(u64, usize)>;
+
+    /// Fails when `cost` exceeds a capacity.
+    fn check_capacity(&self, cost: &Cost) -> Result<(), InsufficientCapacity>;
+
+    /// The limit at `index` (as named by a [`Denial`]).
+    fn limit(&self, index: usize) -> Limit;
+
+    /// Every limit's state.
+    fn snapshot(&self, now: u64) -> Vec<LimitState>;
+}
+
+/// Buckets in memory: the default store.
+#[derive(Debug, Clone)]
+pub(crate) struct MemoryStore {
+    buckets: Vec<Bucket>,
+}
+
+impl MemoryStore {
+    pub(crate) fn new(quota: &Quota) -> Self {
+        Self {
+            buckets: quota.limits().iter().copied().map(Bucket::new).collect(),
+        }
+    }
+
+    fn touched<'a>(&'a self, cost: &'a Cost) -> impl Iterator<Item = (usize, &'a Bucket, u64)> {
+        self.buckets.iter().enumerate().filter_map(|(i, bucket)| {
+            let amount = cost.amount(bucket.limit().dimension());
+            (amount > 0).then_some((i, bucket, amount))
+        })
+    }
+}
+
+impl Store for MemoryStore {
+    fn reserve(&mut self, _id: ReservationId, cost: &Cost, now: u64) -> Result<(), Denial> {
+        let mut latest: Option<(u64, usize)> = None;
+        for (i, bucket, amount) in self.touched(cost) {
+            match bucket.fit(amount, now) {
+                Fit::Now => {}
+                Fit::At(at) => {
+                    if latest.is_none_or(|(t, _)| at > t) {
+                        latest = Some((at, i));
+                    }
+                }
+                Fit::Never => return Err(Denial::Never(too_large(bucket, amount))),
+            }
+        }
+        if let Some((at, limit)) = latest {
+            return Err(Denial::NotUntil { at, limit });
+        }
+        for bucket in &mut self.buckets {
+            let amount = cost.amount(bucket.limit().dimension());
+            if amount > 0 {
+                bucket.debit(amount, now);
+            }
+        }
+        Ok(())
+    }
+
+    fn settle(&mut self, _id: ReservationId, reserved: &Cost, actual: &Cost, now: u64) -> bool {
+        let mut freed = false;
+        for bucket in &mut self.buckets {
+            let dimension = bucket.limit().dimension();
+            let (reserved, actual) = (reserved.amount(dimension), actual.amount(dimension));
+            if actual < reserved {
+                bucket.refund(reserved - actual);
+                freed = true;
+            } else if actual > reserved {
+                bucket.debit(actual - reserved, now);
+            }
+        }
+        freed
+    }
+
+    fn observe(&mut self, observation: &Observation, now: u64) -> bool {
+        let mut changed = false;
+        for bucket in &mut self.buckets {
+            let limit = *bucket.limit();
+            if limit.dimension() != observation.dimension() || limit.period() != observation.period()
+            {
+                continue;
+            }
+            if let Some(amount) = observation.limit() {
+                if amount != limit.amount() {
+                    bucket.set_limit(limit.with_amount(amount), now);
+                    changed = true;
+                }
+            }
+            if let Some(remaining) = observation.remaining() {
+                let usable = (remaining as f64 * bucket.limit().headroom()).floor() as u64;
+                bucket.cap_level(usable, now);
+            }
+        }
+        changed
+    }
+
+    fn set_limit(&mut self, limit: Limit, now: u64) {
+        match self.buckets.iter_mut().find(|b| b.limit().same_bucket(&limit)) {
+            Some(bucket) => bucket.set_limit(limit, now),
+            None => self.buckets.push(Bucket::new(limit)),
+        }
+    }
+
+    fn not_before(&self, amount: &Cost, now: u64) -> Option<(u64, usize)> {
+        self.touched(amount)
+            .map(|(i, bucket, amount)| (bucket.ready_at(amount).max(now), i))
+            .max_by_key(|(at, _)| *at)
+    }
+
+    fn check_capacity(&self, cost: &Cost) -> Result<(), InsufficientCapacity> {
+        match self.touched(cost).find(|(_, b, amount)| *amount > b.capacity()) {
+            Some((_, bucket, amount)) => Err(too_large(bucket, amount)),
+            None => Ok(()),
+        }
+    }
+
+    fn limit(&self, index: usize) -> Limit {
+        *self.buckets[index].limit()
+    }
+
+    fn snapshot(&self, now: u64) -> Vec<LimitState> {
+        self.buckets
+            .iter()
+            .map(|bucket| LimitState {
+                limit: *bucket.limit(),
+                capacity: bucket.capacity(),
+                level: bucket.level(now),
+                available_at: bucket.ready_at(1).max(now),
+                full_at: bucket.full_at(now),
+            })
+            .collect()
+    }
+}
+
+fn too_large(bucket: &Bucket, amount: u64) -> InsufficientCapacity {
+    let limit = bucket.limit();
+    InsufficientCapacity {
+        dimension: limit.dimension(),
+        period: limit.period(),
+        cost: amount,
+        capacity: bucket.capacity(),
+    }
+}
+
+/// Nanoseconds in `duration`, saturating.
+pub(crate) fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Dimension;
+    use std::num::NonZeroU64;
+
+    const MS: u64 = 1_000_000;
+
+    fn store() -> MemoryStore {
+        let nz = |n| NonZeroU64::new(n).unwrap();
+        let exact = |limit: Limit| limit.with_headroom(1.0).unwrap().with_burst_fraction(1.0);
+        MemoryStore::new(
+            &Quota::new()
+                .with_limit(exact(Limit::per_second(Dimension::Requests, nz(10))).unwrap())
+                .with_limit(exact(Limit::per_second(Dimension::TotalTokens, nz(1_000))).unwrap()),
+        )
+    }
+
+    #[test]
+    fn all_or_nothing() {
+        let mut s = store();
+        let id = ReservationId(0);
+        s.reserve(id, &Cost::new(900, 0), 0).unwrap();
+        // Tokens are short, requests are not: nothing may be debited.
+        let denial = s.reserve(id, &Cost::new(200, 0), 0).unwrap_err();
+        assert_eq!(denial, Denial::NotUntil { at: 100 * MS, limit: 1 });
+        let levels: Vec<i64> = s.snapshot(0).iter().map(|l| l.level).collect();
+        assert_eq!(levels, [9, 100]);
+    }
+
+    #[test]
+    fn zero_amounts_do_not_touch_a_bucket_in_debt() {
+        let mut s = store();
+        let id = ReservationId(0);
+        s.reserve(id, &Cost::new(1_000, 0), 0).unwrap();
+        s.settle(id, &Cost::new(1_000, 0), &Cost::new(1_500, 0), 0);
+        assert!(s.reserve(id, &Cost::requests_only(1), 0).is_ok());
+    }
+
+    #[test]
+    fn settle_refunds_and_charges() {
+        let mut s = store();
+        let id = ReservationId(0);
+        s.reserve(id, &Cost::new(600, 200), 0).unwrap();
+        assert!(s.settle(id, &Cost::new(600, 200), &Cost::new(600, 50), 0));
+        assert_eq!(s.snapshot(0)[1].level, 350);
+        assert!(!s.settle(id, &Cost::new(0, 0), &Cost::new(0, 450), 0));
+        assert_eq!(s.snapshot(0)[1].level, -100);
+    }
+
+    #[test]
+    fn observe_adapts_limit_and_lowers_level() {
+        let mut s = store();
+        let observation = Observation::new(Dimension::TotalTokens, Duration::from_secs(1))
+            .with_limit(NonZeroU64::new(500).unwrap())
+            .with_remaining(100);
+        assert!(s.observe(&observation, 0));
+        let state = s.snapshot(0)[1];
+        assert_eq!((state.capacity, state.level), (500, 100));
+    }
+}

@@ -1,0 +1,287 @@
+//! Errors: the crate-level [`Error`] and the typed answers of [`Budget::try_reserve`].
+//!
+//! [`Budget::try_reserve`]: crate::Budget::try_reserve
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::quota::Dimension;
+
+/// A boxed error, as tower services return.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A cost larger than a bucket's capacity: it can never be admitted, however long it waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsufficientCapacity {
+    pub(crate) dimension: Dimension,
+    pub(crate) period: Duration,
+    pub(crate) cost: u64,
+    pub(crate) capacity: u64,
+}
+
+impl InsufficientCapacity {
+    /// The dimension whose bucket is too small.
+    pub fn dimension(&self) -> Dimension {
+        self.dimension
+    }
+
+    /// The period of the limit whose bucket is too small.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The amount the request asked for in that dimension.
+    pub fn cost(&self) -> u64 {
+        self.cost
+    }
+
+    /// The bucket's capacity: the most it admits at once.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+}
+
+impl fmt::Display for InsufficientCapacity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "a cost of {} {} exceeds the capacity of {} of the limit per {:?}",
+            self.cost, self.dimension, self.capacity, self.period
+        )
+    }
+}
+
+impl std::error::Error for InsufficientCapacity {}
+
+/// Not admitted yet: the cost fits no earlier than [`NotUntil::earliest`].
+///
+/// The time is a lower bound: it accounts for the requests already waiting in the budget's
+/// queue, but a settlement with debt or a lowered limit may push it later, and a refund may
+/// bring it sooner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NotUntil {
+    pub(crate) at: Instant,
+    pub(crate) dimension: Dimension,
+    pub(crate) period: Duration,
+}
+
+impl NotUntil {
+    /// The earliest instant at which the cost may be admitted.
+    pub fn earliest(&self) -> Instant {
+        self.at
+    }
+
+    /// How long to wait from `now`.
+    pub fn wait_time_from(&self, now: Instant) -> Duration {
+        self.at.saturating_duration_since(now)
+    }
+
+    /// The dimension that has to refill the longest.
+    pub fn dimension(&self) -> Dimension {
+        self.dimension
+    }
+
+    /// The period of the limit that has to refill the longest.
+    pub fn period(&self) -> Duration {
+        self.period
+    }
+}
+
+impl fmt::Display for NotUntil {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "not enough {} in the limit per {:?} yet",
+            self.dimension, self.period
+        )
+    }
+}
+
+impl std::error::Error for NotUntil {}
+
+/// Why [`Budget::try_reserve`](crate::Budget::try_reserve) admitted nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TryReserveError {
+    /// Not yet: retry at the time it names.
+    NotYet(NotUntil),
+    /// Never: the cost exceeds a bucket's capacity.
+    Never(InsufficientCapacity),
+}
+
+impl fmt::Display for TryReserveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TryReserveError::NotYet(e) => e.fmt(f),
+            TryReserveError::Never(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for TryReserveError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            TryReserveError::NotYet(e) => Some(e),
+            TryReserveError::Never(e) => Some(e),
+        }
+    }
+}
+
+/// The error of this crate's services.
+///
+/// It tells a *local* decision (the request was refused or failed before anything was sent)
+/// apart from a failure of the inner service, reached through [`Error::is_inner`] and
+/// [`source`](std::error::Error::source). Its kinds are private and read through the `is_*`
+/// methods, so new kinds can be added without breaking callers; the `Display` text is for
+/// people and may change.
+pub struct Error {
+    inner: Box<Inner>,
+}
+
+struct Inner {
+    kind: Kind,
+    source: Option<BoxError>,
+}
+
+#[derive(Debug)]
+enum Kind {
+    TooLarge(InsufficientCapacity),
+    MissingCost,
+    Inner,
+}
+
+impl Error {
+    fn new(kind: Kind, source: Option<BoxError>) -> Self {
+        Self {
+            inner: Box::new(Inner { kind, source }),
+        }
+    }
+
+    pub(crate) fn missing_cost() -> Self {
+        Self::new(Kind::MissingCost, None)
+    }
+
+    /// Wraps an inner service's error, unless it already is an [`Error`] of this crate (an
+    /// inner layer of the same stack), which is passed on unchanged.
+    pub(crate) fn from_inner(error: impl Into<BoxError>) -> Self {
+        match error.into().downcast::<Error>() {
+            Ok(error) => *error,
+            Err(error) => Self::new(Kind::Inner, Some(error)),
+        }
+    }
+
+    /// Whether the request was refused locally, before anything was sent.
+    pub fn is_local(&self) -> bool {
+        !self.is_inner()
+    }
+
+    /// Whether the inner service failed; [`source`](std::error::Error::source) is its error.
+    pub fn is_inner(&self) -> bool {
+        matches!(self.inner.kind, Kind::Inner)
+    }
+
+    /// Whether the request's cost exceeds a bucket's capacity and so can never be admitted.
+    pub fn is_too_large(&self) -> bool {
+        matches!(self.inner.kind, Kind::TooLarge(_))
+    }
+
+    /// Whether the request had no [`Cost`](crate::Cost) and the layer was set to refuse it.
+    pub fn is_missing_cost(&self) -> bool {
+        matches!(self.inner.kind, Kind::MissingCost)
+    }
+
+    /// The bucket that is too small, when [`Error::is_too_large`].
+    pub fn insufficient_capacity(&self) -> Option<&InsufficientCapacity> {
+        match &self.inner.kind {
+            Kind::TooLarge(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The inner service's error, when [`Error::is_inner`].
+    pub fn into_inner(self) -> Option<BoxError> {
+        match self.inner.kind {
+            Kind::Inner => self.inner.source,
+            _ => None,
+        }
+    }
+}
+
+impl From<InsufficientCapacity> for Error {
+    fn from(e: InsufficientCapacity) -> Self {
+        Self::new(Kind::TooLarge(e), None)
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("tower_llm_quota::Error");
+        d.field("kind", &self.inner.kind);
+        if let Some(source) = &self.inner.source {
+            d.field("source", source);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner.kind {
+            Kind::TooLarge(e) => write!(f, "rejected locally: {e}"),
+            Kind::MissingCost => f.write_str("rejected locally: the request carries no cost"),
+            Kind::Inner => f.write_str("inner service failed"),
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match &self.inner.kind {
+            Kind::TooLarge(e) => Some(e),
+            _ => self
+                .inner
+                .source
+                .as_deref()
+                .map(|e| e as &(dyn std::error::Error + 'static)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_is_one_pointer() {
+        assert_eq!(std::mem::size_of::<Error>(), std::mem::size_of::<usize>());
+    }
+
+    #[test]
+    fn inner_errors_are_wrapped_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let once = Error::from_inner(io);
+        assert!(once.is_inner() && !once.is_local());
+        let twice = Error::from_inner(once);
+        let source = std::error::Error::source(&twice).unwrap();
+        assert!(source.downcast_ref::<std::io::Error>().is_some());
+        assert!(twice.into_inner().is_some());
+    }
+
+    #[test]
+    fn local_errors_say_so() {
+        let e = Error::from(InsufficientCapacity {
+            dimension: Dimension::InputTokens,
+            period: Duration::from_secs(60),
+            cost: 9_000,
+            capacity: 6_375,
+        });
+        assert!(e.is_local() && e.is_too_large());
+        assert_eq!(
+            e.to_string(),
+            "rejected locally: a cost of 9000 input tokens exceeds the capacity of 6375 of the limit per 60s"
+        );
+        assert_eq!(e.insufficient_capacity().unwrap().capacity(), 6_375);
+        assert!(Error::missing_cost().is_missing_cost());
+    }
+}

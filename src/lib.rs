@@ -1,0 +1,22 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+mod budget;
+mod cost;
+mod error;
+mod quota;
+
+pub use budget::{
+    Budget, BudgetSnapshot, LimitSnapshot, Observation, Reservation, ReservationId,
+    ReservationSlot, Reserve, Settlement,
+};
+pub use cost::{Cost, Usage};
+pub use error::{BoxError, Error, InsufficientCapacity, NotUntil, TryReserveError};
+pub use quota::{DEFAULT_BURST_FRACTION, DEFAULT_HEADROOM, Dimension, InvalidLimit, Limit, Quota};
+
+pub mod reconcile;
+pub mod token_budget;
+
+pub use reconcile::{ReconcileLayer, Reconcile, ReconcileBody, BodyEnd, ExtensionUsage, ExtractUsage, ScanUsage};
+pub use token_budget::{MissingCost, TokenBudget, TokenBudgetLayer};

@@ -1,0 +1,325 @@
+//! Quota configuration: which dimensions are limited, by how much, over which period.
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+/// A quantity a provider limits.
+///
+/// A [`Cost`](crate::Cost) has an amount in every dimension; a [`Limit`] caps one dimension over
+/// one period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Dimension {
+    /// Requests (RPM, RPD).
+    Requests,
+    /// Input (prompt) tokens (ITPM).
+    InputTokens,
+    /// Output (generated) tokens (OTPM).
+    OutputTokens,
+    /// Input plus output tokens (TPM).
+    TotalTokens,
+}
+
+impl Dimension {
+    /// Every dimension, in a fixed order.
+    pub const ALL: [Dimension; 4] = [
+        Dimension::Requests,
+        Dimension::InputTokens,
+        Dimension::OutputTokens,
+        Dimension::TotalTokens,
+    ];
+
+    /// A short lowercase name, stable enough for logs and metric labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Dimension::Requests => "requests",
+            Dimension::InputTokens => "input_tokens",
+            Dimension::OutputTokens => "output_tokens",
+            Dimension::TotalTokens => "total_tokens",
+        }
+    }
+}
+
+impl fmt::Display for Dimension {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Dimension::Requests => "requests",
+            Dimension::InputTokens => "input tokens",
+            Dimension::OutputTokens => "output tokens",
+            Dimension::TotalTokens => "total tokens",
+        })
+    }
+}
+
+/// The share of a nominal limit a [`Limit`] uses by default: 85 %.
+///
+/// Provider accounting and ours never match exactly (tokenizers differ, other clients share the
+/// key), so calibrating below the nominal limit turns most would-be 429s into short local waits.
+pub const DEFAULT_HEADROOM: f64 = 0.85;
+
+/// The burst a [`Limit`] accepts at once by default: a quarter of its (headroom-adjusted) amount,
+/// i.e. 15 seconds' worth of a per-minute limit.
+///
+/// Providers enforce their per-minute limits over shorter windows too, so a minute's quota must
+/// not be spent in its first second.
+pub const DEFAULT_BURST_FRACTION: f64 = 0.25;
+
+/// One limit: at most `amount` of a [`Dimension`] per `period`, as a token bucket.
+///
+/// The bucket refills continuously at `amount × headroom` per `period` and holds at most its
+/// *burst capacity*. Build one with [`Limit::per_minute`] and friends, or [`Limit::new`] for
+/// any period (tests and demos run a "minute" in seconds).
+///
+/// # Example
+///
+/// ```
+/// use std::num::NonZeroU64;
+/// use tower_llm_quota::{Dimension, Limit};
+///
+/// let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(30_000).unwrap());
+/// assert_eq!(tpm.effective_amount(), 25_500); // 85 % headroom
+/// assert_eq!(tpm.capacity(), 6_375); // a quarter of it at once
+///
+/// let rpm = Limit::per_minute(Dimension::Requests, NonZeroU64::new(500).unwrap())
+///     .with_headroom(1.0)?
+///     .with_burst(NonZeroU64::new(50).unwrap());
+/// assert_eq!((rpm.effective_amount(), rpm.capacity()), (500, 50));
+/// # Ok::<(), tower_llm_quota::InvalidLimit>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limit {
+    dimension: Dimension,
+    amount: NonZeroU64,
+    period: Duration,
+    headroom: f64,
+    burst: Burst,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Burst {
+    Fraction(f64),
+    Exact(NonZeroU64),
+}
+
+impl Limit {
+    /// At most `amount` of `dimension` per `period`.
+    ///
+    /// Fails when `period` is zero.
+    pub const fn new(
+        dimension: Dimension,
+        amount: NonZeroU64,
+        period: Duration,
+    ) -> Result<Self, InvalidLimit> {
+        if period.is_zero() {
+            return Err(InvalidLimit("the period of a limit must not be zero"));
+        }
+        Ok(Self::with_period(dimension, amount, period))
+    }
+
+    const fn with_period(dimension: Dimension, amount: NonZeroU64, period: Duration) -> Self {
+        Self {
+            dimension,
+            amount,
+            period,
+            headroom: DEFAULT_HEADROOM,
+            burst: Burst::Fraction(DEFAULT_BURST_FRACTION),
+        }
+    }
+
+    /// At most `amount` of `dimension` per second.
+    pub const fn per_second(dimension: Dimension, amount: NonZeroU64) -> Self {
+        Self::with_period(dimension, amount, Duration::from_secs(1))
+    }
+
+    /// At most `amount` of `dimension` per minute (RPM, TPM).
+    pub const fn per_minute(dimension: Dimension, amount: NonZeroU64) -> Self {
+        Self::with_period(dimension, amount, Duration::from_secs(60))
+    }
+
+    /// At most `amount` of `dimension` per day (RPD, TPD).
+    pub const fn per_day(dimension: Dimension, amount: NonZeroU64) -> Self {
+        Self::with_period(dimension, amount, Duration::from_secs(86_400))
+    }
+
+    /// Uses `headroom` (in `(0, 1]`) of the nominal amount. Defaults to [`DEFAULT_HEADROOM`].
+    pub fn with_headroom(self, headroom: f64) -> Result<Self, InvalidLimit> {
+        if !(headroom > 0.0 && headroom <= 1.0) {
+            return Err(InvalidLimit("headroom must be in (0, 1]"));
+        }
+        Ok(Self { headroom, ..self })
+    }
+
+    /// Accepts at most `burst` at once. Defaults to [`DEFAULT_BURST_FRACTION`] of the effective
+    /// amount.
+    ///
+    /// The burst is also the largest single cost this limit can ever admit.
+    pub const fn with_burst(self, burst: NonZeroU64) -> Self {
+        Self {
+            burst: Burst::Exact(burst),
+            ..self
+        }
+    }
+
+    /// Accepts at most `fraction` (in `(0, 1]`) of the effective amount at once. Defaults to
+    /// [`DEFAULT_BURST_FRACTION`].
+    pub fn with_burst_fraction(self, fraction: f64) -> Result<Self, InvalidLimit> {
+        if !(fraction > 0.0 && fraction <= 1.0) {
+            return Err(InvalidLimit("burst fraction must be in (0, 1]"));
+        }
+        Ok(Self {
+            burst: Burst::Fraction(fraction),
+            ..self
+        })
+    }
+
+    /// The same limit with a new nominal amount, keeping period, headroom and burst rule.
+    pub const fn with_amount(self, amount: NonZeroU64) -> Self {
+        Self { amount, ..self }
+    }
+
+    /// The limited dimension.
+    pub const fn dimension(&self) -> Dimension {
+        self.dimension
+    }
+
+    /// The nominal amount per period, as the provider states it.
+    pub const fn amount(&self) -> NonZeroU64 {
+        self.amount
+    }
+
+    /// The period over which `amount` applies.
+    pub const fn period(&self) -> Duration {
+        self.period
+    }
+
+    /// The share of the nominal amount used.
+    pub const fn headroom(&self) -> f64 {
+        self.headroom
+    }
+
+    /// The amount per period the bucket refills: `amount × headroom`, rounded down, at least 1.
+    pub fn effective_amount(&self) -> u64 {
+        scale(self.amount.get(), self.headroom, f64::floor)
+    }
+
+    /// The most the bucket holds, and so the largest cost it can admit at once.
+    pub fn capacity(&self) -> u64 {
+        match self.burst {
+            Burst::Exact(burst) => burst.get(),
+            Burst::Fraction(fraction) => scale(self.effective_amount(), fraction, f64::ceil),
+        }
+    }
+}
+
+/// `amount × factor`, rounded by `round`, clamped to `[1, amount]`.
+fn scale(amount: u64, factor: f64, round: fn(f64) -> f64) -> u64 {
+    // The float product is exact enough: limits are far below 2^53.
+    let scaled = round(amount as f64 * factor) as u64;
+    scaled.clamp(1, amount)
+}
+
+/// The set of [`Limit`]s a [`Budget`](crate::Budget) enforces together.
+///
+/// A dimension may carry several limits over different periods (requests per minute *and* per
+/// day); a request must fit all of them. Adding a limit for a (dimension, period) pair that is
+/// already present replaces it. A quota with no limits admits everything.
+///
+/// # Example
+///
+/// ```
+/// use std::num::NonZeroU64;
+/// use tower_llm_quota::{Dimension, Limit, Quota};
+///
+/// let nz = |n| NonZeroU64::new(n).unwrap();
+/// let quota = Quota::new()
+///     .with_limit(Limit::per_minute(Dimension::Requests, nz(500)))
+///     .with_limit(Limit::per_minute(Dimension::TotalTokens, nz(30_000)))
+///     .with_limit(Limit::per_day(Dimension::Requests, nz(10_000)));
+/// assert_eq!(quota.limits().len(), 3);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Quota {
+    limits: Vec<Limit>,
+}
+
+impl Quota {
+    /// A quota with no limits.
+    pub const fn new() -> Self {
+        Self { limits: Vec::new() }
+    }
+
+    /// Adds `limit`, replacing any limit of the same dimension and period.
+    pub fn with_limit(mut self, limit: Limit) -> Self {
+        match self.limits.iter_mut().find(|l| l.same_bucket(&limit)) {
+            Some(existing) => *existing = limit,
+            None => self.limits.push(limit),
+        }
+        self
+    }
+
+    /// The limits, in the order they were added.
+    pub fn limits(&self) -> &[Limit] {
+        &self.limits
+    }
+}
+
+impl Limit {
+    pub(crate) fn same_bucket(&self, other: &Limit) -> bool {
+        self.dimension == other.dimension && self.period == other.period
+    }
+}
+
+/// A limit parameter out of range; the message says which.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidLimit(&'static str);
+
+impl fmt::Display for InvalidLimit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for InvalidLimit {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn nz(n: u64) -> NonZeroU64 {
+        NonZeroU64::new(n).unwrap()
+    }
+
+    #[test]
+    fn defaults_take_headroom_then_a_quarter() {
+        let limit = Limit::per_minute(Dimension::Requests, nz(500));
+        assert_eq!(limit.effective_amount(), 425);
+        assert_eq!(limit.capacity(), 107);
+    }
+
+    #[test]
+    fn tiny_amounts_never_round_to_zero() {
+        let limit = Limit::per_day(Dimension::Requests, nz(1));
+        assert_eq!((limit.effective_amount(), limit.capacity()), (1, 1));
+    }
+
+    #[test]
+    fn invalid_parameters_are_rejected() {
+        assert!(Limit::new(Dimension::Requests, nz(1), Duration::ZERO).is_err());
+        let limit = Limit::per_second(Dimension::Requests, nz(1));
+        for bad in [0.0, -0.1, 1.01, f64::NAN, f64::INFINITY] {
+            assert!(limit.with_headroom(bad).is_err(), "{bad}");
+            assert!(limit.with_burst_fraction(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn same_dimension_and_period_replaces() {
+        let quota = Quota::new()
+            .with_limit(Limit::per_minute(Dimension::Requests, nz(10)))
+            .with_limit(Limit::per_minute(Dimension::Requests, nz(20)))
+            .with_limit(Limit::per_day(Dimension::Requests, nz(20)));
+        assert_eq!(quota.limits().len(), 2);
+        assert_eq!(quota.limits()[0].amount().get(), 20);
+    }
+}

@@ -1,0 +1,71 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use http::Response;
+use pin_project_lite::pin_project;
+
+use super::body::Pending;
+use super::{ExtractUsage, ReconcileBody};
+use crate::budget::Reservation;
+use crate::cost::Usage;
+
+pin_project! {
+    /// The response future of [`Reconcile`](super::Reconcile).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped before the response arrives (or when the inner service fails), its reservation
+    /// is charged its estimate: the request was sent and may have been counted.
+    pub struct ResponseFuture<F, X> {
+        #[pin]
+        inner: F,
+        reservation: Option<Reservation>,
+        extract: Option<X>,
+    }
+}
+
+impl<F, X> ResponseFuture<F, X> {
+    pub(crate) fn new(inner: F, reservation: Option<Reservation>, extract: Option<X>) -> Self {
+        Self {
+            inner,
+            reservation,
+            extract,
+        }
+    }
+}
+
+impl<F, X, B, E> Future for ResponseFuture<F, X>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    X: ExtractUsage,
+{
+    type Output = Result<Response<ReconcileBody<B, X::Scanner>>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let response = ready!(this.inner.poll(cx))?;
+        let (head, body) = response.into_parts();
+        let pending = match (this.reservation.take(), this.extract.take()) {
+            (Some(reservation), Some(extract)) => {
+                let scanner = extract.start(&head, reservation.budget());
+                let from_extensions = head.extensions.get::<Usage>().copied();
+                Some(Pending::new(reservation, scanner, from_extensions))
+            }
+            _ => None,
+        };
+        Poll::Ready(Ok(Response::from_parts(
+            head,
+            ReconcileBody::new(body, pending),
+        )))
+    }
+}
+
+impl<F, X> fmt::Debug for ResponseFuture<F, X> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("reservation", &self.reservation)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,56 @@
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower::Service;
+
+use super::{ExtractUsage, ReconcileBody, ResponseFuture};
+use crate::budget::ReservationSlot;
+
+/// Settles each request's reservation when its response body ends; see the
+/// [module documentation](crate::reconcile).
+///
+/// Requests that carry no [`ReservationSlot`] pass through untouched.
+#[derive(Debug, Clone)]
+pub struct Reconcile<S, X> {
+    inner: S,
+    extract: X,
+}
+
+impl<S, X> Reconcile<S, X> {
+    /// Wraps `inner`, reading usage with `extract`.
+    pub fn new(inner: S, extract: X) -> Self {
+        Self { inner, extract }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S, X, B, ResBody> Service<Request<B>> for Reconcile<S, X>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    X: ExtractUsage,
+{
+    type Response = Response<ReconcileBody<ResBody, X::Scanner>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, X>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let reservation = request
+            .extensions()
+            .get::<ReservationSlot>()
+            .and_then(ReservationSlot::take)
+            .map(|mut reservation| {
+                reservation.mark_sent();
+                reservation
+            });
+        let extract = reservation.is_some().then(|| self.extract.clone());
+        ResponseFuture::new(self.inner.call(request), reservation, extract)
+    }
+}

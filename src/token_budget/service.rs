@@ -1,0 +1,110 @@
+use std::task::{Context, Poll};
+
+use http::Request;
+use tower::Service;
+
+use super::ResponseFuture;
+use crate::budget::Budget;
+use crate::cost::Cost;
+use crate::error::{BoxError, Error};
+
+/// What [`TokenBudget`] does with a request that carries no [`Cost`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissingCost {
+    /// Fail the request locally, before anything is sent. The default: an unpriced request is
+    /// usually a missing estimation layer, and letting it through unmetered is how quotas are
+    /// overrun.
+    #[default]
+    Reject,
+    /// Charge this cost instead.
+    Charge(Cost),
+}
+
+/// Reserves each request's cost in a [`Budget`] before calling the inner service; see the
+/// [module documentation](crate::token_budget).
+#[derive(Debug)]
+pub struct TokenBudget<S> {
+    inner: S,
+    budget: Budget,
+    missing_cost: MissingCost,
+    /// Our registration with the budget while `poll_ready` waits for its queue to empty.
+    vacancy_key: Option<u64>,
+}
+
+impl<S> TokenBudget<S> {
+    /// Wraps `inner`, spending `budget`.
+    pub fn new(inner: S, budget: Budget) -> Self {
+        Self {
+            inner,
+            budget,
+            missing_cost: MissingCost::default(),
+            vacancy_key: None,
+        }
+    }
+
+    /// What to do with a request that carries no [`Cost`]. Defaults to [`MissingCost::Reject`].
+    pub fn missing_cost(mut self, missing_cost: MissingCost) -> Self {
+        // Not `..self`: the service implements `Drop`.
+        self.missing_cost = missing_cost;
+        self
+    }
+
+    /// The budget this service spends.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+// Written by hand: a clone shares the budget but not the readiness registration, which
+// belongs to the service that was polled.
+impl<S: Clone> Clone for TokenBudget<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            budget: self.budget.clone(),
+            missing_cost: self.missing_cost,
+            vacancy_key: None,
+        }
+    }
+}
+
+impl<S> Drop for TokenBudget<S> {
+    fn drop(&mut self) {
+        if let Some(key) = self.vacancy_key.take() {
+            self.budget.forget_vacancy(key);
+        }
+    }
+}
+
+impl<S, B> Service<Request<B>> for TokenBudget<S>
+where
+    S: Service<Request<B>> + Clone,
+    S::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = Error;
+    type Future = ResponseFuture<S, B>;
+
+    /// Ready when no request waits for the budget. The inner service's readiness is awaited
+    /// after admission, in the response future.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.budget.poll_vacancy(&mut self.vacancy_key, cx).map(Ok)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let cost = match (request.extensions().get::<Cost>(), self.missing_cost) {
+            (Some(cost), _) => *cost,
+            (None, MissingCost::Charge(cost)) => cost,
+            (None, MissingCost::Reject) => {
+                tracing::debug!("request without a cost rejected");
+                return ResponseFuture::failed(Error::missing_cost());
+            }
+        };
+        ResponseFuture::new(self.budget.reserve(cost), self.inner.clone(), request)
+    }
+}
