@@ -18,5 +18,7 @@ pub use quota::{DEFAULT_BURST_FRACTION, DEFAULT_HEADROOM, Dimension, InvalidLimi
 pub mod reconcile;
 pub mod token_budget;
 
-pub use reconcile::{ReconcileLayer, Reconcile, ReconcileBody, BodyEnd, ExtensionUsage, ExtractUsage, ScanUsage};
+pub use reconcile::{
+    BodyEnd, ExtensionUsage, ExtractUsage, Reconcile, ReconcileBody, ReconcileLayer, ScanUsage,
+};
 pub use token_budget::{MissingCost, TokenBudget, TokenBudgetLayer};

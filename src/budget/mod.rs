@@ -221,22 +221,15 @@ impl Budget {
     /// Replaces the limit of the same dimension and period (or adds it), keeping the bucket's
     /// current level, clamped to the new capacity. Waiters are re-examined at once.
     pub fn set_limit(&self, limit: Limit) {
-        let ns = self.nanos_since_origin(Instant::now());
-        let mut state = self.lock();
-        state.store.set_limit(limit, ns);
-        let wake = state.queue.head_waker();
-        drop(state);
-        wake.map(Waker::wake);
+        self.update_store(|store, now| {
+            store.set_limit(limit, now);
+            true
+        });
     }
 
     /// Applies a provider's report on one of the limits; see [`Observation`].
     pub fn observe(&self, observation: &Observation) {
-        let ns = self.nanos_since_origin(Instant::now());
-        let mut state = self.lock();
-        let changed = state.store.observe(observation, ns);
-        let wake = changed.then(|| state.queue.head_waker()).flatten();
-        drop(state);
-        wake.map(Waker::wake);
+        self.update_store(|store, now| store.observe(observation, now));
     }
 
     /// How many requests wait for admission.
@@ -302,12 +295,23 @@ impl Budget {
 
     /// Settles a reservation: `actual` replaces `reserved`.
     pub(crate) fn settle(&self, id: ReservationId, reserved: &Cost, actual: &Cost) {
-        let ns = self.nanos_since_origin(Instant::now());
+        self.update_store(|store, now| store.settle(id, reserved, actual, now));
+    }
+
+    /// Changes the store; when `change` says capacity may have come sooner, wakes the head of
+    /// the queue (after releasing the lock) to look again.
+    fn update_store(&self, change: impl FnOnce(&mut MemoryStore, u64) -> bool) {
+        let now = self.nanos_since_origin(Instant::now());
         let mut state = self.lock();
-        let freed = state.store.settle(id, reserved, actual, ns);
-        let wake = freed.then(|| state.queue.head_waker()).flatten();
+        let head = if change(&mut state.store, now) {
+            state.queue.head_waker()
+        } else {
+            None
+        };
         drop(state);
-        wake.map(Waker::wake);
+        if let Some(head) = head {
+            head.wake();
+        }
     }
 
     /// Ready when no request waits, so a new one would not queue behind others; otherwise

@@ -139,7 +139,8 @@ impl Store for MemoryStore {
         let mut changed = false;
         for bucket in &mut self.buckets {
             let limit = *bucket.limit();
-            if limit.dimension() != observation.dimension() || limit.period() != observation.period()
+            if limit.dimension() != observation.dimension()
+                || limit.period() != observation.period()
             {
                 continue;
             }
@@ -158,7 +159,11 @@ impl Store for MemoryStore {
     }
 
     fn set_limit(&mut self, limit: Limit, now: u64) {
-        match self.buckets.iter_mut().find(|b| b.limit().same_bucket(&limit)) {
+        match self
+            .buckets
+            .iter_mut()
+            .find(|b| b.limit().same_bucket(&limit))
+        {
             Some(bucket) => bucket.set_limit(limit, now),
             None => self.buckets.push(Bucket::new(limit)),
         }
@@ -171,7 +176,10 @@ impl Store for MemoryStore {
     }
 
     fn check_capacity(&self, cost: &Cost) -> Result<(), InsufficientCapacity> {
-        match self.touched(cost).find(|(_, b, amount)| *amount > b.capacity()) {
+        match self
+            .touched(cost)
+            .find(|(_, b, amount)| *amount > b.capacity())
+        {
             Some((_, bucket, amount)) => Err(too_large(bucket, amount)),
             None => Ok(()),
         }
@@ -235,7 +243,13 @@ mod tests {
         s.reserve(id, &Cost::new(900, 0), 0).unwrap();
         // Tokens are short, requests are not: nothing may be debited.
         let denial = s.reserve(id, &Cost::new(200, 0), 0).unwrap_err();
-        assert_eq!(denial, Denial::NotUntil { at: 100 * MS, limit: 1 });
+        assert_eq!(
+            denial,
+            Denial::NotUntil {
+                at: 100 * MS,
+                limit: 1
+            }
+        );
         let levels: Vec<i64> = s.snapshot(0).iter().map(|l| l.level).collect();
         assert_eq!(levels, [9, 100]);
     }

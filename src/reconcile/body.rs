@@ -47,7 +47,11 @@ pub(crate) struct Pending<X> {
 }
 
 impl<X> Pending<X> {
-    pub(crate) fn new(reservation: Reservation, scanner: X, from_extensions: Option<Usage>) -> Self {
+    pub(crate) fn new(
+        reservation: Reservation,
+        scanner: X,
+        from_extensions: Option<Usage>,
+    ) -> Self {
         Self {
             reservation,
             scanner,
@@ -112,8 +116,10 @@ where
             Some(Err(_)) => Some(BodyEnd::Error),
             None => Some(BodyEnd::Complete),
         };
-        if let (Some(end), Some(pending)) = (end, this.pending.take()) {
-            pending.settle(end);
+        if let Some(end) = end {
+            if let Some(pending) = this.pending.take() {
+                pending.settle(end);
+            }
         }
         Poll::Ready(frame)
     }

@@ -1,0 +1,7 @@
+//! TokenBudgetLayer and ReconcileLayer around tower-test mocks, under tokio's paused clock.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod reconcile;
+mod token_budget;

@@ -1,0 +1,275 @@
+use std::time::Duration;
+
+use http::{Request, Response};
+use tokio::time;
+use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
+use tower::{Layer, Service, ServiceExt};
+use tower_llm_quota::{Cost, MissingCost, ReservationSlot, TokenBudget, TokenBudgetLayer};
+use tower_test::mock;
+
+use crate::support::{CountReady, levels, request_with, tokens_10_per_sec};
+
+type Mock = mock::Mock<Request<&'static str>, Response<&'static str>>;
+type Handle = mock::Handle<Request<&'static str>, Response<&'static str>>;
+
+const SEC: Duration = Duration::from_secs(1);
+
+fn governed(budget: &tower_llm_quota::Budget) -> (TokenBudget<CountReady<Mock>>, Handle) {
+    let (mock, handle) = mock::pair();
+    let service = TokenBudgetLayer::new(budget.clone()).layer(CountReady::new(mock));
+    (service, handle)
+}
+
+#[tokio::test(start_paused = true)]
+async fn admitted_requests_carry_their_reservation() {
+    let budget = tokens_10_per_sec();
+    let (mut service, mut handle) = governed(&budget);
+    let mut call = task::spawn(
+        service
+            .ready()
+            .await
+            .unwrap()
+            .call(request_with(Cost::new(30, 10))),
+    );
+    assert_pending!(call.poll());
+
+    let (request, send) = handle.next_request().await.unwrap();
+    let reservation = request
+        .extensions()
+        .get::<ReservationSlot>()
+        .and_then(ReservationSlot::take)
+        .expect("a reservation in the extensions");
+    assert_eq!(reservation.cost(), Cost::new(30, 10));
+    assert!(reservation.is_sent());
+    assert_eq!(levels(&budget), [60]);
+
+    send.send_response(Response::new("answer"));
+    assert_eq!(assert_ready_ok!(call.poll()).into_body(), "answer");
+    reservation.refund();
+    assert_eq!(levels(&budget), [100]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unclaimed_reservation_is_charged_its_estimate() {
+    let budget = tokens_10_per_sec();
+    let (mut service, mut handle) = governed(&budget);
+    let call = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request_with(Cost::new(30, 10)));
+    let respond = async move {
+        let (request, send) = handle.next_request().await.unwrap();
+        send.send_response(Response::new("answer"));
+        // The request (and the slot in its extensions) outlives the call.
+        request
+    };
+    let (response, request) = tokio::join!(call, respond);
+    response.unwrap();
+    assert!(
+        request
+            .extensions()
+            .get::<ReservationSlot>()
+            .unwrap()
+            .take()
+            .is_none()
+    );
+    assert_eq!(levels(&budget), [60]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_for_budget_holds_no_inner_readiness() {
+    let budget = tokens_10_per_sec();
+    let (mut service, mut handle) = governed(&budget);
+    budget
+        .try_reserve(Cost::new(95, 0))
+        .unwrap()
+        .charge_estimate();
+
+    let mut call = task::spawn(
+        service
+            .ready()
+            .await
+            .unwrap()
+            .call(request_with(Cost::new(25, 0))),
+    );
+    assert_pending!(call.poll());
+    assert_eq!(
+        service.get_ref().polls(),
+        0,
+        "inner readiness untouched while waiting"
+    );
+    assert_eq!(budget.waiters(), 1);
+
+    time::advance(2 * SEC).await;
+    assert!(call.is_woken());
+    assert_pending!(call.poll());
+    assert_eq!(
+        service.get_ref().polls(),
+        1,
+        "readiness taken right before the call"
+    );
+    let (request, send) = handle.next_request().await.unwrap();
+    assert_eq!(*request.body(), "prompt");
+    send.send_response(Response::new("ok"));
+    assert_ready_ok!(call.poll());
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_reports_a_waiting_request_and_recovers_when_it_is_admitted() {
+    let budget = tokens_10_per_sec();
+    let (service, mut handle) = governed(&budget);
+    handle.allow(u64::MAX);
+    let mut service = mock::Spawn::new(service);
+    budget
+        .try_reserve(Cost::new(100, 0))
+        .unwrap()
+        .charge_estimate();
+
+    assert_ready_ok!(service.poll_ready());
+    let mut first = task::spawn(service.call(request_with(Cost::new(10, 0))));
+    let _ = &mut handle;
+    assert_pending!(first.poll());
+    // One request waits for the budget: the next should stay with whoever schedules.
+    assert_pending!(service.poll_ready());
+
+    time::advance(SEC).await;
+    assert_pending!(first.poll());
+    assert!(service.is_woken(), "woken when the queue emptied");
+    assert_ready_ok!(service.poll_ready());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_missing_cost_is_rejected_or_charged_as_configured() {
+    let budget = tokens_10_per_sec();
+    let (mut service, _handle) = governed(&budget);
+    let error = service
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new("no cost"))
+        .await
+        .unwrap_err();
+    assert!(error.is_missing_cost() && error.is_local());
+    assert_eq!(service.get_ref().polls(), 0);
+
+    let (mock, mut handle) = mock::pair::<Request<&'static str>, Response<&'static str>>();
+    let mut charging = TokenBudgetLayer::new(budget.clone())
+        .missing_cost(MissingCost::Charge(Cost::new(7, 0)))
+        .layer(mock);
+    let call = charging
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new("no cost"));
+    let respond = async {
+        let (request, send) = handle.next_request().await.unwrap();
+        let reservation = request
+            .extensions()
+            .get::<ReservationSlot>()
+            .unwrap()
+            .take();
+        assert_eq!(reservation.map(|r| r.cost()), Some(Cost::new(7, 0)));
+        send.send_response(Response::new("ok"));
+    };
+    let (response, ()) = tokio::join!(call, respond);
+    response.unwrap();
+    assert_eq!(levels(&budget), [93]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cost_that_can_never_fit_fails_before_anything_is_sent() {
+    let budget = tokens_10_per_sec();
+    let (mut service, _handle) = governed(&budget);
+    let error = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request_with(Cost::new(100, 1)))
+        .await
+        .unwrap_err();
+    assert!(error.is_too_large() && error.is_local());
+    assert_eq!(error.insufficient_capacity().unwrap().cost(), 101);
+    assert_eq!(service.get_ref().polls(), 0);
+    assert_eq!(levels(&budget), [100]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancelling_at_every_await_point_leaks_nothing() {
+    let budget = tokens_10_per_sec();
+    let (mut service, mut handle) = governed(&budget);
+    budget
+        .try_reserve(Cost::new(80, 0))
+        .unwrap()
+        .charge_estimate();
+
+    // 1. While waiting for the budget: leaves the queue, nothing reserved.
+    let mut waiting = task::spawn(service.call(request_with(Cost::new(50, 0))));
+    assert_pending!(waiting.poll());
+    assert_eq!(budget.waiters(), 1);
+    drop(waiting);
+    assert_eq!((budget.waiters(), levels(&budget)), (0, vec![20]));
+
+    // 2. Admitted, waiting for the inner service's readiness: refunded in full.
+    handle.allow(0);
+    let mut readying = task::spawn(service.call(request_with(Cost::new(15, 0))));
+    assert_pending!(readying.poll());
+    assert_eq!(levels(&budget), [5]);
+    drop(readying);
+    assert_eq!(levels(&budget), [20]);
+
+    // 3. Sent, waiting for the response: charged its estimate.
+    handle.allow(1);
+    let mut calling = task::spawn(service.call(request_with(Cost::new(15, 0))));
+    assert_pending!(calling.poll());
+    let (request, _send) = handle.next_request().await.unwrap();
+    drop(calling);
+    assert_eq!(levels(&budget), [5]);
+    assert!(
+        request
+            .extensions()
+            .get::<ReservationSlot>()
+            .unwrap()
+            .take()
+            .is_none()
+    );
+    assert_eq!(budget.waiters(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn inner_failures_are_told_apart_from_local_decisions() {
+    let budget = tokens_10_per_sec();
+    let (mut service, mut handle) = governed(&budget);
+
+    // The inner call fails after sending: charged, reported as an inner error.
+    let call = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request_with(Cost::new(10, 0)));
+    let fail = async {
+        let (_request, send) = handle.next_request().await.unwrap();
+        send.send_error(std::io::Error::other("connection reset"));
+    };
+    let (result, ()) = tokio::join!(call, fail);
+    let error = result.unwrap_err();
+    assert!(error.is_inner() && !error.is_local());
+    assert_eq!(levels(&budget), [90]);
+
+    // The inner service fails its readiness: nothing was sent, refunded.
+    handle.send_error(std::io::Error::other("pool closed"));
+    let mut call = task::spawn(service.call(request_with(Cost::new(10, 0))));
+    let error = assert_ready!(call.poll()).unwrap_err();
+    assert!(error.is_inner());
+    assert_eq!(levels(&budget), [90]);
+}
+
+#[test]
+fn futures_and_services_are_send() {
+    fn send<T: Send>(_: &T) {}
+    let budget = tokens_10_per_sec();
+    let (mock, _handle) = mock::pair::<Request<&'static str>, Response<&'static str>>();
+    let mut service = TokenBudgetLayer::new(budget).layer(mock);
+    send(&service);
+    send(&service.call(request_with(Cost::new(1, 0))));
+}
