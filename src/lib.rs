@@ -1,23 +1,22 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 mod budget;
+mod builder;
 mod cost;
 mod error;
 mod quota;
+pub mod reconcile;
+pub mod token_budget;
 
 pub use budget::{
     Budget, BudgetSnapshot, LimitSnapshot, Observation, Reservation, ReservationId,
     ReservationSlot, Reserve, Settlement,
 };
+pub use builder::ServiceBuilderExt;
 pub use cost::{Cost, Usage};
 pub use error::{BoxError, Error, InsufficientCapacity, NotUntil, TryReserveError};
 pub use quota::{DEFAULT_BURST_FRACTION, DEFAULT_HEADROOM, Dimension, InvalidLimit, Limit, Quota};
-
-pub mod reconcile;
-pub mod token_budget;
-
 pub use reconcile::{
     BodyEnd, ExtensionUsage, ExtractUsage, Reconcile, ReconcileBody, ReconcileLayer, ScanUsage,
 };

@@ -58,12 +58,15 @@ impl fmt::Display for Dimension {
 /// key), so calibrating below the nominal limit turns most would-be 429s into short local waits.
 pub const DEFAULT_HEADROOM: f64 = 0.85;
 
-/// The burst a [`Limit`] accepts at once by default: a quarter of its (headroom-adjusted) amount,
-/// i.e. 15 seconds' worth of a per-minute limit.
+/// The burst a [`Limit`] accepts at once by default: a sixth of its (headroom-adjusted) amount,
+/// i.e. 10 seconds' worth of a per-minute limit.
 ///
-/// Providers enforce their per-minute limits over shorter windows too, so a minute's quota must
-/// not be spent in its first second.
-pub const DEFAULT_BURST_FRACTION: f64 = 0.25;
+/// Providers enforce their per-minute limits over shorter windows too (Azure counts RPM over
+/// 10-second windows), so a minute's quota must not be spent in its first second. With the
+/// default headroom, a burst plus one whole period of refill stays below the nominal limit
+/// (`0.85 × (1 + 1/6) ≈ 0.99`), so even a provider that counts over a sliding window of the
+/// full period is never exceeded.
+pub const DEFAULT_BURST_FRACTION: f64 = 1.0 / 6.0;
 
 /// One limit: at most `amount` of a [`Dimension`] per `period`, as a token bucket.
 ///
@@ -79,7 +82,7 @@ pub const DEFAULT_BURST_FRACTION: f64 = 0.25;
 ///
 /// let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(30_000).unwrap());
 /// assert_eq!(tpm.effective_amount(), 25_500); // 85 % headroom
-/// assert_eq!(tpm.capacity(), 6_375); // a quarter of it at once
+/// assert_eq!(tpm.capacity(), 4_250); // a sixth of it at once
 ///
 /// let rpm = Limit::per_minute(Dimension::Requests, NonZeroU64::new(500).unwrap())
 ///     .with_headroom(1.0)?
@@ -291,10 +294,12 @@ mod tests {
     }
 
     #[test]
-    fn defaults_take_headroom_then_a_quarter() {
+    fn defaults_take_headroom_then_a_sixth() {
         let limit = Limit::per_minute(Dimension::Requests, nz(500));
         assert_eq!(limit.effective_amount(), 425);
-        assert_eq!(limit.capacity(), 107);
+        assert_eq!(limit.capacity(), 71);
+        // Burst plus a period of refill stays within the nominal limit.
+        assert!(limit.capacity() + limit.effective_amount() <= limit.amount().get());
     }
 
     #[test]
