@@ -73,10 +73,11 @@ impl Bucket {
         if amount > self.capacity {
             return Fit::Never;
         }
-        match self.ready_at(amount) {
-            at if at <= now => Fit::Now,
-            at => Fit::At(at),
+        // The common case needs no division: the level covers the amount now.
+        if self.deficit(now) + self.units(amount) <= self.units(self.capacity) {
+            return Fit::Now;
         }
+        Fit::At(self.ready_at(amount).max(now))
     }
 
     /// The earliest time (nanoseconds) at which the level reaches `amount`, ignoring the

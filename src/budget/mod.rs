@@ -64,7 +64,6 @@ mod waiters;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -95,7 +94,6 @@ pub struct Budget {
 struct Shared {
     /// The zero of the budget's clock; times inside are nanoseconds since it.
     origin: Instant,
-    next_id: AtomicU64,
     state: Mutex<State>,
 }
 
@@ -103,6 +101,7 @@ struct State {
     store: MemoryStore,
     queue: WaitQueue,
     vacancy: VacancyWatchers,
+    next_id: u64,
 }
 
 /// One step of a waiting admission.
@@ -137,11 +136,11 @@ impl Budget {
         Self {
             shared: Arc::new(Shared {
                 origin: Instant::now(),
-                next_id: AtomicU64::new(0),
                 state: Mutex::new(State {
                     store: MemoryStore::new(&quota),
                     queue: WaitQueue::default(),
                     vacancy: VacancyWatchers::default(),
+                    next_id: 0,
                 }),
             }),
         }
@@ -168,18 +167,18 @@ impl Budget {
         let now = Instant::now();
         let ns = self.nanos_since_origin(now);
         let mut state = self.lock();
-        state
-            .store
-            .check_capacity(&cost)
-            .map_err(TryReserveError::Never)?;
         if !state.queue.is_empty() {
+            state
+                .store
+                .check_capacity(&cost)
+                .map_err(TryReserveError::Never)?;
             let behind = state.queue.queued().saturating_add(cost);
             if let Some((at, limit)) = state.store.not_before(&behind, ns) {
                 let limit = state.store.limit(limit);
                 return Err(TryReserveError::NotYet(self.not_until(at, &limit)));
             }
         }
-        let id = self.next_id();
+        let id = state.next_id();
         match state.store.reserve(id, &cost, ns) {
             Ok(()) => {
                 drop(state);
@@ -221,7 +220,8 @@ impl Budget {
     /// Replaces the limit of the same dimension and period (or adds it), keeping the bucket's
     /// current level, clamped to the new capacity. Waiters are re-examined at once.
     pub fn set_limit(&self, limit: Limit) {
-        self.update_store(|store, now| {
+        let now = self.nanos_since_origin(Instant::now());
+        self.update_store(|store| {
             store.set_limit(limit, now);
             true
         });
@@ -229,7 +229,8 @@ impl Budget {
 
     /// Applies a provider's report on one of the limits; see [`Observation`].
     pub fn observe(&self, observation: &Observation) {
-        self.update_store(|store, now| store.observe(observation, now));
+        let now = self.nanos_since_origin(Instant::now());
+        self.update_store(|store| store.observe(observation, now));
     }
 
     /// How many requests wait for admission.
@@ -251,24 +252,21 @@ impl Budget {
     ) -> Step {
         let ns = self.nanos_since_origin(Instant::now());
         let mut state = self.lock();
-        if let Err(e) = state.store.check_capacity(cost) {
-            let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
-            drop(state);
-            wakeups.wake();
-            return Step::Never(e);
-        }
         let at_head = match *ticket {
             None => state.queue.is_empty(),
             Some(t) => state.queue.head() == Some(t),
         };
         if !at_head {
-            match *ticket {
-                Some(t) => state.queue.set_waker(t, waker),
-                None => *ticket = Some(state.queue.push(*cost, waker)),
+            if ticket.is_none() {
+                // Refuse at once what can never fit, rather than after a wait in line.
+                if let Err(e) = state.store.check_capacity(cost) {
+                    return Step::Never(e);
+                }
             }
+            state.wait(ticket, cost, waker);
             return Step::Queued;
         }
-        let id = self.next_id();
+        let id = state.next_id();
         match state.store.reserve(id, cost, ns) {
             Ok(()) => {
                 let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
@@ -277,13 +275,16 @@ impl Budget {
                 Step::Admitted(id)
             }
             Err(Denial::NotUntil { at, .. }) => {
-                match *ticket {
-                    Some(t) => state.queue.set_waker(t, waker),
-                    None => *ticket = Some(state.queue.push(*cost, waker)),
-                }
+                state.wait(ticket, cost, waker);
                 Step::WaitUntil(self.instant(at))
             }
-            Err(Denial::Never(e)) => Step::Never(e),
+            Err(Denial::Never(e)) => {
+                // Too large from the start, or a limit shrank below it while it waited.
+                let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
+                drop(state);
+                wakeups.wake();
+                Step::Never(e)
+            }
         }
     }
 
@@ -295,15 +296,15 @@ impl Budget {
 
     /// Settles a reservation: `actual` replaces `reserved`.
     pub(crate) fn settle(&self, id: ReservationId, reserved: &Cost, actual: &Cost) {
-        self.update_store(|store, now| store.settle(id, reserved, actual, now));
+        let now = || self.nanos_since_origin(Instant::now());
+        self.update_store(|store| store.settle(id, reserved, actual, now));
     }
 
     /// Changes the store; when `change` says capacity may have come sooner, wakes the head of
     /// the queue (after releasing the lock) to look again.
-    fn update_store(&self, change: impl FnOnce(&mut MemoryStore, u64) -> bool) {
-        let now = self.nanos_since_origin(Instant::now());
+    fn update_store(&self, change: impl FnOnce(&mut MemoryStore) -> bool) {
         let mut state = self.lock();
-        let head = if change(&mut state.store, now) {
+        let head = if change(&mut state.store) {
             state.queue.head_waker()
         } else {
             None
@@ -341,10 +342,6 @@ impl Budget {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn next_id(&self) -> ReservationId {
-        ReservationId(self.shared.next_id.fetch_add(1, Ordering::Relaxed))
-    }
-
     fn nanos_since_origin(&self, now: Instant) -> u64 {
         nanos(now.saturating_duration_since(self.shared.origin))
     }
@@ -363,6 +360,19 @@ impl Budget {
 }
 
 impl State {
+    /// Joins the queue, or refreshes the waker of a waiter already in it.
+    fn wait(&mut self, ticket: &mut Option<u64>, cost: &Cost, waker: &Waker) {
+        match *ticket {
+            Some(t) => self.queue.set_waker(t, waker),
+            None => *ticket = Some(self.queue.push(*cost, waker)),
+        }
+    }
+
+    fn next_id(&mut self) -> ReservationId {
+        self.next_id += 1;
+        ReservationId(self.next_id)
+    }
+
     /// Removes a waiter; collects the wakers of whoever should look again.
     fn leave(&mut self, ticket: u64) -> Wakeups {
         let was_head = self.queue.remove(ticket);

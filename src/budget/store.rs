@@ -50,8 +50,15 @@ pub(crate) trait Store {
     fn reserve(&mut self, id: ReservationId, cost: &Cost, now: u64) -> Result<(), Denial>;
 
     /// Replaces the reservation's `reserved` cost by the `actual` one: refunds what was not
-    /// used, charges an overrun as debt. Returns whether capacity was freed.
-    fn settle(&mut self, id: ReservationId, reserved: &Cost, actual: &Cost, now: u64) -> bool;
+    /// used, charges an overrun as debt. Returns whether capacity was freed. `now` is read only
+    /// to charge an overrun: a refund needs no clock.
+    fn settle(
+        &mut self,
+        id: ReservationId,
+        reserved: &Cost,
+        actual: &Cost,
+        now: impl FnMut() -> u64,
+    ) -> bool;
 
     /// Applies what the provider reports. Returns whether limits changed.
     fn observe(&mut self, observation: &Observation, now: u64) -> bool;
@@ -120,7 +127,13 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    fn settle(&mut self, _id: ReservationId, reserved: &Cost, actual: &Cost, now: u64) -> bool {
+    fn settle(
+        &mut self,
+        _id: ReservationId,
+        reserved: &Cost,
+        actual: &Cost,
+        mut now: impl FnMut() -> u64,
+    ) -> bool {
         let mut freed = false;
         for bucket in &mut self.buckets {
             let dimension = bucket.limit().dimension();
@@ -129,7 +142,7 @@ impl Store for MemoryStore {
                 bucket.refund(reserved - actual);
                 freed = true;
             } else if actual > reserved {
-                bucket.debit(actual - reserved, now);
+                bucket.debit(actual - reserved, now());
             }
         }
         freed
@@ -259,7 +272,7 @@ mod tests {
         let mut s = store();
         let id = ReservationId(0);
         s.reserve(id, &Cost::new(1_000, 0), 0).unwrap();
-        s.settle(id, &Cost::new(1_000, 0), &Cost::new(1_500, 0), 0);
+        s.settle(id, &Cost::new(1_000, 0), &Cost::new(1_500, 0), || 0);
         assert!(s.reserve(id, &Cost::requests_only(1), 0).is_ok());
     }
 
@@ -268,9 +281,9 @@ mod tests {
         let mut s = store();
         let id = ReservationId(0);
         s.reserve(id, &Cost::new(600, 200), 0).unwrap();
-        assert!(s.settle(id, &Cost::new(600, 200), &Cost::new(600, 50), 0));
+        assert!(s.settle(id, &Cost::new(600, 200), &Cost::new(600, 50), || 0));
         assert_eq!(s.snapshot(0)[1].level, 350);
-        assert!(!s.settle(id, &Cost::new(0, 0), &Cost::new(0, 450), 0));
+        assert!(!s.settle(id, &Cost::new(0, 0), &Cost::new(0, 450), || 0));
         assert_eq!(s.snapshot(0)[1].level, -100);
     }
 
