@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::priority::Priority;
 use crate::quota::Dimension;
 
 /// A boxed error, as tower services return.
@@ -148,6 +149,14 @@ struct Inner {
 enum Kind {
     TooLarge(InsufficientCapacity),
     MissingCost,
+    DeadlineExceeded {
+        priority: Option<Priority>,
+        waited: Duration,
+    },
+    QueueFull {
+        priority: Priority,
+        depth: usize,
+    },
     Inner,
 }
 
@@ -160,6 +169,14 @@ impl Error {
 
     pub(crate) fn missing_cost() -> Self {
         Self::new(Kind::MissingCost, None)
+    }
+
+    pub(crate) fn deadline_exceeded(priority: Option<Priority>, waited: Duration) -> Self {
+        Self::new(Kind::DeadlineExceeded { priority, waited }, None)
+    }
+
+    pub(crate) fn queue_full(priority: Priority, depth: usize) -> Self {
+        Self::new(Kind::QueueFull { priority, depth }, None)
     }
 
     /// Wraps an inner service's error, unless it already is an [`Error`] of this crate (an
@@ -189,6 +206,42 @@ impl Error {
     /// Whether the request had no [`Cost`](crate::Cost) and the layer was set to refuse it.
     pub fn is_missing_cost(&self) -> bool {
         matches!(self.inner.kind, Kind::MissingCost)
+    }
+
+    /// Whether the request waited past its deadline (its class's maximum wait, or its own
+    /// [`Deadline`](crate::Deadline)) before it could be sent.
+    pub fn is_deadline_exceeded(&self) -> bool {
+        matches!(self.inner.kind, Kind::DeadlineExceeded { .. })
+    }
+
+    /// Whether the request was shed because the priority queue was full.
+    pub fn is_queue_full(&self) -> bool {
+        matches!(self.inner.kind, Kind::QueueFull { .. })
+    }
+
+    /// The request's class, when the error is about queueing.
+    pub fn priority(&self) -> Option<Priority> {
+        match self.inner.kind {
+            Kind::DeadlineExceeded { priority, .. } => priority,
+            Kind::QueueFull { priority, .. } => Some(priority),
+            _ => None,
+        }
+    }
+
+    /// How long the request waited before its deadline passed.
+    pub fn waited(&self) -> Option<Duration> {
+        match self.inner.kind {
+            Kind::DeadlineExceeded { waited, .. } => Some(waited),
+            _ => None,
+        }
+    }
+
+    /// The same deadline error, told for the whole wait of a request of `priority`.
+    pub(crate) fn with_wait(self, priority: Priority, waited: Duration) -> Self {
+        match self.inner.kind {
+            Kind::DeadlineExceeded { .. } => Self::deadline_exceeded(Some(priority), waited),
+            _ => self,
+        }
     }
 
     /// The bucket that is too small, when [`Error::is_too_large`].
@@ -230,6 +283,24 @@ impl fmt::Display for Error {
         match &self.inner.kind {
             Kind::TooLarge(e) => write!(f, "rejected locally: {e}"),
             Kind::MissingCost => f.write_str("rejected locally: the request carries no cost"),
+            Kind::DeadlineExceeded {
+                priority: Some(priority),
+                waited,
+            } => write!(
+                f,
+                "rejected locally: a {priority} request waited {waited:?}, past its deadline"
+            ),
+            Kind::DeadlineExceeded {
+                priority: None,
+                waited,
+            } => write!(
+                f,
+                "rejected locally: the request waited {waited:?}, past its deadline"
+            ),
+            Kind::QueueFull { priority, depth } => write!(
+                f,
+                "rejected locally: the queue is full ({depth} {priority} requests may wait)"
+            ),
             Kind::Inner => f.write_str("inner service failed"),
         }
     }

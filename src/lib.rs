@@ -5,6 +5,9 @@ mod budget;
 mod builder;
 mod cost;
 mod error;
+pub mod in_flight;
+mod priority;
+pub mod queue;
 mod quota;
 pub mod reconcile;
 pub mod token_budget;
@@ -16,6 +19,11 @@ pub use budget::{
 pub use builder::ServiceBuilderExt;
 pub use cost::{Cost, Usage};
 pub use error::{BoxError, Error, InsufficientCapacity, NotUntil, TryReserveError};
+pub use in_flight::{InFlightBody, InFlightLimit, InFlightLimitLayer};
+pub use priority::{Deadline, Priority, Timings};
+pub use queue::{
+    ClassSnapshot, PriorityQueue, PriorityQueueLayer, QueueConfig, QueueHandle, QueueSnapshot,
+};
 pub use quota::{DEFAULT_BURST_FRACTION, DEFAULT_HEADROOM, Dimension, InvalidLimit, Limit, Quota};
 pub use reconcile::{
     BodyEnd, ExtensionUsage, ExtractUsage, Reconcile, ReconcileBody, ReconcileLayer, ScanUsage,

@@ -24,6 +24,28 @@ pub(crate) struct Bucket {
     full_at: u128,
 }
 
+/// A share of a bucket's capacity that a request must leave untouched, so that requests of a
+/// higher class find it: in parts per million.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Floor(u32);
+
+impl Floor {
+    /// No floor: the whole capacity may be used.
+    pub(crate) const NONE: Floor = Floor(0);
+
+    /// A floor of `fraction` of the capacity, clamped to `[0, 1]` (NaN counts as 0).
+    pub(crate) fn from_fraction(fraction: f64) -> Self {
+        let ppm = (fraction.clamp(0.0, 1.0) * 1e6).round();
+        Floor(if ppm.is_nan() { 0 } else { ppm as u32 })
+    }
+
+    /// The floor in units of a bucket of `capacity`, rounded up.
+    pub(crate) fn of(self, capacity: u64) -> u64 {
+        let units = (u128::from(capacity) * u128::from(self.0)).div_ceil(1_000_000);
+        u64::try_from(units).unwrap_or(u64::MAX).min(capacity)
+    }
+}
+
 /// Whether an amount fits a bucket now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fit {
@@ -68,16 +90,22 @@ impl Bucket {
         self.full_at.saturating_sub(self.ticks(now))
     }
 
-    /// Whether `amount` fits now, and if not, when.
-    pub(crate) fn fit(&self, amount: u64, now: u64) -> Fit {
-        if amount > self.capacity {
+    /// The capacity a request may use when it must leave `floor` untouched.
+    pub(crate) fn usable(&self, floor: Floor) -> u64 {
+        self.capacity - floor.of(self.capacity)
+    }
+
+    /// Whether `amount` fits now while leaving `floor` of the capacity, and if not, when.
+    pub(crate) fn fit(&self, amount: u64, floor: Floor, now: u64) -> Fit {
+        if amount > self.usable(floor) {
             return Fit::Never;
         }
+        let needed = amount + floor.of(self.capacity);
         // The common case needs no division: the level covers the amount now.
-        if self.deficit(now) + self.units(amount) <= self.units(self.capacity) {
+        if self.deficit(now) + self.units(needed) <= self.units(self.capacity) {
             return Fit::Now;
         }
-        Fit::At(self.ready_at(amount).max(now))
+        Fit::At(self.ready_at(needed).max(now))
     }
 
     /// The earliest time (nanoseconds) at which the level reaches `amount`, ignoring the
@@ -171,7 +199,7 @@ mod tests {
         assert_eq!(b.level(0), 10);
         b.debit(10, 0);
         assert_eq!(b.level(0), 0);
-        assert_eq!(b.fit(1, 0), Fit::At(100 * MS));
+        assert_eq!(b.fit(1, Floor::NONE, 0), Fit::At(100 * MS));
         assert_eq!(b.level(99 * MS), 0);
         assert_eq!(b.level(100 * MS), 1);
         assert_eq!(b.level(SEC), 10);
@@ -194,7 +222,7 @@ mod tests {
         let mut b = Bucket::new(limit);
         let mut now = 0;
         for _ in 0..3_000 {
-            match b.fit(1, now) {
+            match b.fit(1, Floor::NONE, now) {
                 Fit::Now => b.debit(1, now),
                 Fit::At(at) => {
                     now = at;
@@ -213,7 +241,7 @@ mod tests {
         b.debit(10, 0);
         b.debit(5, 0); // overrun: 5 units of debt
         assert_eq!(b.level(0), -5);
-        assert_eq!(b.fit(1, 0), Fit::At(600 * MS));
+        assert_eq!(b.fit(1, Floor::NONE, 0), Fit::At(600 * MS));
     }
 
     #[test]
@@ -228,7 +256,7 @@ mod tests {
 
     #[test]
     fn too_large_never_fits() {
-        assert_eq!(bucket().fit(11, 0), Fit::Never);
+        assert_eq!(bucket().fit(11, Floor::NONE, 0), Fit::Never);
     }
 
     #[test]
@@ -240,7 +268,26 @@ mod tests {
         assert_eq!(b.capacity(), 5);
         assert_eq!(b.level(0), 5);
         b.debit(5, 0);
-        assert_eq!(b.fit(1, 0), Fit::At(200 * MS), "new rate: 5 per second");
+        assert_eq!(
+            b.fit(1, Floor::NONE, 0),
+            Fit::At(200 * MS),
+            "new rate: 5 per second"
+        );
+    }
+
+    #[test]
+    fn a_floor_keeps_the_last_share_for_others() {
+        let mut b = bucket();
+        let floor = Floor::from_fraction(0.3);
+        assert_eq!(b.usable(floor), 7);
+        assert_eq!(b.fit(8, floor, 0), Fit::Never);
+        b.debit(5, 0);
+        // Level 5: 2 fit above the floor of 3, a third must wait for 100 ms of refill.
+        assert_eq!(b.fit(2, floor, 0), Fit::Now);
+        assert_eq!(b.fit(3, floor, 0), Fit::At(100 * MS));
+        assert_eq!(b.fit(3, Floor::NONE, 0), Fit::Now);
+        assert_eq!(Floor::from_fraction(f64::NAN), Floor::NONE);
+        assert_eq!(Floor::from_fraction(2.0).of(10), 10);
     }
 
     #[test]

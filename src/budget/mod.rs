@@ -79,6 +79,7 @@ pub use store::ReservationId;
 use crate::cost::Cost;
 use crate::error::{InsufficientCapacity, NotUntil, TryReserveError};
 use crate::quota::{Limit, Quota};
+use bucket::Floor;
 use store::{Denial, MemoryStore, Store, nanos};
 use waiters::{VacancyWatchers, WaitQueue};
 
@@ -170,7 +171,7 @@ impl Budget {
         if !state.queue.is_empty() {
             state
                 .store
-                .check_capacity(&cost)
+                .check_capacity(&cost, Floor::NONE)
                 .map_err(TryReserveError::Never)?;
             let behind = state.queue.queued().saturating_add(cost);
             if let Some((at, limit)) = state.store.not_before(&behind, ns) {
@@ -179,7 +180,7 @@ impl Budget {
             }
         }
         let id = state.next_id();
-        match state.store.reserve(id, &cost, ns) {
+        match state.store.reserve(id, &cost, Floor::NONE, ns) {
             Ok(()) => {
                 drop(state);
                 Ok(Reservation::new(self.clone(), id, cost))
@@ -248,6 +249,7 @@ impl Budget {
         &self,
         ticket: &mut Option<u64>,
         cost: &Cost,
+        floor: Floor,
         waker: &Waker,
     ) -> Step {
         let ns = self.nanos_since_origin(Instant::now());
@@ -259,7 +261,7 @@ impl Budget {
         if !at_head {
             if ticket.is_none() {
                 // Refuse at once what can never fit, rather than after a wait in line.
-                if let Err(e) = state.store.check_capacity(cost) {
+                if let Err(e) = state.store.check_capacity(cost, floor) {
                     return Step::Never(e);
                 }
             }
@@ -267,7 +269,7 @@ impl Budget {
             return Step::Queued;
         }
         let id = state.next_id();
-        match state.store.reserve(id, cost, ns) {
+        match state.store.reserve(id, cost, floor, ns) {
             Ok(()) => {
                 let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
                 drop(state);

@@ -8,6 +8,7 @@ use std::task::{Context, Poll};
 use pin_project_lite::pin_project;
 use tokio::time::{Sleep, sleep_until};
 
+use super::bucket::Floor;
 use super::{Budget, Reservation, Step};
 use crate::cost::Cost;
 use crate::error::InsufficientCapacity;
@@ -22,6 +23,7 @@ pin_project! {
     pub struct Reserve {
         budget: Budget,
         cost: Cost,
+        floor: Floor,
         // The place in the budget's queue, while waiting.
         ticket: Option<u64>,
         // Armed only while at the head of the queue; reset in place.
@@ -44,9 +46,22 @@ impl Reserve {
         Self {
             budget,
             cost,
+            floor: Floor::NONE,
             ticket: None,
             sleep: None,
         }
+    }
+
+    /// Admits the cost only while it leaves `fraction` of every bucket it touches untouched,
+    /// so that requests of a higher class still find that share at once. `fraction` is
+    /// clamped to `[0, 1]`; NaN counts as 0. Defaults to 0.
+    ///
+    /// A cost above the rest of a bucket's capacity fails at once, as a cost above the whole
+    /// capacity does.
+    pub fn keeping(mut self, fraction: f64) -> Self {
+        // Not `..self`: the future implements `Drop`.
+        self.floor = Floor::from_fraction(fraction);
+        self
     }
 
     /// The cost being reserved.
@@ -63,7 +78,7 @@ impl Future for Reserve {
         loop {
             match this
                 .budget
-                .poll_admission(this.ticket, this.cost, cx.waker())
+                .poll_admission(this.ticket, this.cost, *this.floor, cx.waker())
             {
                 Step::Admitted(id) => {
                     return Poll::Ready(Ok(Reservation::new(this.budget.clone(), id, *this.cost)));

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use super::bucket::{Bucket, Fit};
+use super::bucket::{Bucket, Fit, Floor};
 use super::observation::Observation;
 use crate::cost::Cost;
 use crate::error::InsufficientCapacity;
@@ -46,8 +46,15 @@ pub(crate) struct LimitState {
 
 /// The atomic operations of a quota store. Times are nanoseconds on the budget's clock.
 pub(crate) trait Store {
-    /// Reserves `cost` in every limit it touches, or nothing.
-    fn reserve(&mut self, id: ReservationId, cost: &Cost, now: u64) -> Result<(), Denial>;
+    /// Reserves `cost` in every limit it touches, leaving `floor` of each untouched, or
+    /// reserves nothing.
+    fn reserve(
+        &mut self,
+        id: ReservationId,
+        cost: &Cost,
+        floor: Floor,
+        now: u64,
+    ) -> Result<(), Denial>;
 
     /// Replaces the reservation's `reserved` cost by the `actual` one: refunds what was not
     /// used, charges an overrun as debt. Returns whether capacity was freed. `now` is read only
@@ -70,8 +77,8 @@ pub(crate) trait Store {
     /// queued behind `amount - cost` of others could be admitted at the earliest.
     fn not_before(&self, amount: &Cost, now: u64) -> Option<(u64, usize)>;
 
-    /// Fails when `cost` exceeds a capacity.
-    fn check_capacity(&self, cost: &Cost) -> Result<(), InsufficientCapacity>;
+    /// Fails when `cost` exceeds a capacity (less `floor`).
+    fn check_capacity(&self, cost: &Cost, floor: Floor) -> Result<(), InsufficientCapacity>;
 
     /// The limit at `index` (as named by a [`Denial`]).
     fn limit(&self, index: usize) -> Limit;
@@ -102,17 +109,23 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn reserve(&mut self, _id: ReservationId, cost: &Cost, now: u64) -> Result<(), Denial> {
+    fn reserve(
+        &mut self,
+        _id: ReservationId,
+        cost: &Cost,
+        floor: Floor,
+        now: u64,
+    ) -> Result<(), Denial> {
         let mut latest: Option<(u64, usize)> = None;
         for (i, bucket, amount) in self.touched(cost) {
-            match bucket.fit(amount, now) {
+            match bucket.fit(amount, floor, now) {
                 Fit::Now => {}
                 Fit::At(at) => {
                     if latest.is_none_or(|(t, _)| at > t) {
                         latest = Some((at, i));
                     }
                 }
-                Fit::Never => return Err(Denial::Never(too_large(bucket, amount))),
+                Fit::Never => return Err(Denial::Never(too_large(bucket, amount, floor))),
             }
         }
         if let Some((at, limit)) = latest {
@@ -188,12 +201,12 @@ impl Store for MemoryStore {
             .max_by_key(|(at, _)| *at)
     }
 
-    fn check_capacity(&self, cost: &Cost) -> Result<(), InsufficientCapacity> {
+    fn check_capacity(&self, cost: &Cost, floor: Floor) -> Result<(), InsufficientCapacity> {
         match self
             .touched(cost)
-            .find(|(_, b, amount)| *amount > b.capacity())
+            .find(|(_, b, amount)| *amount > b.usable(floor))
         {
-            Some((_, bucket, amount)) => Err(too_large(bucket, amount)),
+            Some((_, bucket, amount)) => Err(too_large(bucket, amount, floor)),
             None => Ok(()),
         }
     }
@@ -216,13 +229,13 @@ impl Store for MemoryStore {
     }
 }
 
-fn too_large(bucket: &Bucket, amount: u64) -> InsufficientCapacity {
+fn too_large(bucket: &Bucket, amount: u64, floor: Floor) -> InsufficientCapacity {
     let limit = bucket.limit();
     InsufficientCapacity {
         dimension: limit.dimension(),
         period: limit.period(),
         cost: amount,
-        capacity: bucket.capacity(),
+        capacity: bucket.usable(floor),
     }
 }
 
@@ -253,9 +266,11 @@ mod tests {
     fn all_or_nothing() {
         let mut s = store();
         let id = ReservationId(0);
-        s.reserve(id, &Cost::new(900, 0), 0).unwrap();
+        s.reserve(id, &Cost::new(900, 0), Floor::NONE, 0).unwrap();
         // Tokens are short, requests are not: nothing may be debited.
-        let denial = s.reserve(id, &Cost::new(200, 0), 0).unwrap_err();
+        let denial = s
+            .reserve(id, &Cost::new(200, 0), Floor::NONE, 0)
+            .unwrap_err();
         assert_eq!(
             denial,
             Denial::NotUntil {
@@ -271,16 +286,19 @@ mod tests {
     fn zero_amounts_do_not_touch_a_bucket_in_debt() {
         let mut s = store();
         let id = ReservationId(0);
-        s.reserve(id, &Cost::new(1_000, 0), 0).unwrap();
+        s.reserve(id, &Cost::new(1_000, 0), Floor::NONE, 0).unwrap();
         s.settle(id, &Cost::new(1_000, 0), &Cost::new(1_500, 0), || 0);
-        assert!(s.reserve(id, &Cost::requests_only(1), 0).is_ok());
+        assert!(
+            s.reserve(id, &Cost::requests_only(1), Floor::NONE, 0)
+                .is_ok()
+        );
     }
 
     #[test]
     fn settle_refunds_and_charges() {
         let mut s = store();
         let id = ReservationId(0);
-        s.reserve(id, &Cost::new(600, 200), 0).unwrap();
+        s.reserve(id, &Cost::new(600, 200), Floor::NONE, 0).unwrap();
         assert!(s.settle(id, &Cost::new(600, 200), &Cost::new(600, 50), || 0));
         assert_eq!(s.snapshot(0)[1].level, 350);
         assert!(!s.settle(id, &Cost::new(0, 0), &Cost::new(0, 450), || 0));

@@ -3,12 +3,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use http::Request;
+use http::{Request, Response};
 use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep, sleep_until};
 use tower::Service;
 
 use crate::budget::{Reservation, ReservationSlot, Reserve};
 use crate::error::{BoxError, Error};
+use crate::priority::{Priority, Timings};
 
 pin_project! {
     /// The response future of [`TokenBudget`](super::TokenBudget): waits for the budget, then
@@ -27,6 +29,12 @@ pin_project! {
         state: State<S::Future>,
         service: Option<S>,
         request: Option<Request<B>>,
+        priority: Option<Priority>,
+        started: Option<Instant>,
+        deadline: Option<Instant>,
+        // Armed only when the request has a deadline and has to wait.
+        #[pin]
+        timer: Option<Sleep>,
     }
 }
 
@@ -36,7 +44,7 @@ pin_project! {
         Failed { error: Option<Error> },
         Admitting { #[pin] reserve: Reserve },
         Readying { reservation: Option<Reservation> },
-        Calling { #[pin] future: F, unclaimed: Unclaimed },
+        Calling { #[pin] future: F, unclaimed: Unclaimed, waited: std::time::Duration },
         Done,
     }
 }
@@ -55,11 +63,21 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
 {
-    pub(crate) fn new(reserve: Reserve, service: S, request: Request<B>) -> Self {
+    pub(crate) fn new(
+        reserve: Reserve,
+        service: S,
+        request: Request<B>,
+        priority: Option<Priority>,
+        deadline: Option<Instant>,
+    ) -> Self {
         Self {
             state: State::Admitting { reserve },
             service: Some(service),
             request: Some(request),
+            priority,
+            started: None,
+            deadline,
+            timer: None,
         }
     }
 
@@ -68,61 +86,103 @@ where
             state: State::Failed { error: Some(error) },
             service: None,
             request: None,
+            priority: None,
+            started: None,
+            deadline: None,
+            timer: None,
         }
     }
 }
 
-impl<S, B> Future for ResponseFuture<S, B>
+impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
 {
     type Output = Result<S::Response, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let started = *this.started.get_or_insert_with(Instant::now);
         loop {
-            match this.state.as_mut().project() {
+            let waiting = match this.state.as_mut().project() {
                 StateProj::Failed { error } => {
                     let error = error.take().expect("polled after completion");
                     this.state.set(State::Done);
                     return Poll::Ready(Err(error));
                 }
-                StateProj::Admitting { reserve } => match ready!(reserve.poll(cx)) {
-                    Ok(reservation) => this.state.set(State::Readying {
-                        reservation: Some(reservation),
-                    }),
-                    Err(too_large) => {
+                StateProj::Admitting { reserve } => match reserve.poll(cx) {
+                    Poll::Ready(Ok(reservation)) => {
+                        this.state.set(State::Readying {
+                            reservation: Some(reservation),
+                        });
+                        continue;
+                    }
+                    Poll::Ready(Err(too_large)) => {
                         tracing::debug!(%too_large, "request rejected locally");
                         this.state.set(State::Done);
                         return Poll::Ready(Err(too_large.into()));
                     }
+                    Poll::Pending => Poll::Pending,
                 },
                 StateProj::Readying { reservation } => {
                     let service = this.service.as_mut().expect("polled after completion");
-                    if let Err(e) = ready!(service.poll_ready(cx)) {
-                        // Dropping the unsent reservation refunds it.
-                        this.state.set(State::Done);
-                        return Poll::Ready(Err(Error::from_inner(e)));
+                    match service.poll_ready(cx) {
+                        Poll::Ready(Ok(())) => {
+                            let mut reservation =
+                                reservation.take().expect("polled after completion");
+                            reservation.mark_sent();
+                            let slot = ReservationSlot::new(reservation);
+                            let mut request = this.request.take().expect("polled after completion");
+                            request.extensions_mut().insert(slot.clone());
+                            let future = service.call(request);
+                            this.state.set(State::Calling {
+                                future,
+                                unclaimed: Unclaimed(slot),
+                                waited: started.elapsed(),
+                            });
+                            continue;
+                        }
+                        Poll::Ready(Err(e)) => {
+                            // Dropping the unsent reservation refunds it.
+                            this.state.set(State::Done);
+                            return Poll::Ready(Err(Error::from_inner(e)));
+                        }
+                        Poll::Pending => Poll::Pending,
                     }
-                    let mut reservation = reservation.take().expect("polled after completion");
-                    reservation.mark_sent();
-                    let slot = ReservationSlot::new(reservation);
-                    let mut request = this.request.take().expect("polled after completion");
-                    request.extensions_mut().insert(slot.clone());
-                    let future = service.call(request);
-                    this.state.set(State::Calling {
-                        future,
-                        unclaimed: Unclaimed(slot),
-                    });
                 }
-                StateProj::Calling { future, .. } => {
+                StateProj::Calling { future, waited, .. } => {
+                    let waited = *waited;
                     let output = ready!(future.poll(cx));
                     this.state.set(State::Done);
-                    return Poll::Ready(output.map_err(Error::from_inner));
+                    return Poll::Ready(match output {
+                        Ok(mut response) => {
+                            let call = started.elapsed().saturating_sub(waited);
+                            Timings::record_call(response.extensions_mut(), waited, call);
+                            Ok(response)
+                        }
+                        Err(e) => Err(Error::from_inner(e)),
+                    });
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
+            };
+            // Waiting for the budget or the inner service: give up at the deadline.
+            let Some(deadline) = *this.deadline else {
+                return waiting;
+            };
+            if this.timer.is_none() {
+                this.timer.set(Some(sleep_until(deadline)));
             }
+            if let Some(timer) = this.timer.as_mut().as_pin_mut() {
+                if timer.poll(cx).is_pending() {
+                    return waiting;
+                }
+            }
+            // Leaving the state leaves the budget's queue, or refunds the reservation.
+            this.state.set(State::Done);
+            let waited = started.elapsed();
+            tracing::debug!(?waited, "deadline passed while waiting for the budget");
+            return Poll::Ready(Err(Error::deadline_exceeded(*this.priority, waited)));
         }
     }
 }
@@ -141,6 +201,8 @@ where
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
+            .field("priority", &self.priority)
+            .field("deadline", &self.deadline)
             .finish()
     }
 }

@@ -2,6 +2,7 @@ use tower::Layer;
 
 use super::{MissingCost, TokenBudget};
 use crate::budget::Budget;
+use crate::priority::Priority;
 
 /// Applies [`TokenBudget`] to a service; see the [module documentation](crate::token_budget).
 ///
@@ -10,6 +11,7 @@ use crate::budget::Budget;
 pub struct TokenBudgetLayer {
     budget: Budget,
     missing_cost: MissingCost,
+    class_headroom: [f64; 3],
 }
 
 impl TokenBudgetLayer {
@@ -18,6 +20,7 @@ impl TokenBudgetLayer {
         Self {
             budget,
             missing_cost: MissingCost::default(),
+            class_headroom: [0.0; 3],
         }
     }
 
@@ -31,10 +34,24 @@ impl TokenBudgetLayer {
     }
 }
 
+impl TokenBudgetLayer {
+    /// Makes requests of `priority` leave `fraction` of every bucket untouched, so that higher
+    /// classes find that share at once even while lower ones saturate the quota. `fraction` is
+    /// clamped to `[0, 1]`. Defaults to 0 for every class; see
+    /// [`TokenBudget::class_headroom`].
+    pub fn class_headroom(mut self, priority: Priority, fraction: f64) -> Self {
+        self.class_headroom[priority.index()] = fraction;
+        self
+    }
+}
+
 impl<S> Layer<S> for TokenBudgetLayer {
     type Service = TokenBudget<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        TokenBudget::new(inner, self.budget.clone()).missing_cost(self.missing_cost)
+        let mut service =
+            TokenBudget::new(inner, self.budget.clone()).missing_cost(self.missing_cost);
+        service.class_headroom = self.class_headroom;
+        service
     }
 }

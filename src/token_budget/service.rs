@@ -1,12 +1,13 @@
 use std::task::{Context, Poll};
 
-use http::Request;
+use http::{Request, Response};
 use tower::Service;
 
 use super::ResponseFuture;
 use crate::budget::Budget;
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};
+use crate::priority::{Deadline, Priority};
 
 /// What [`TokenBudget`] does with a request that carries no [`Cost`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -27,6 +28,8 @@ pub struct TokenBudget<S> {
     inner: S,
     budget: Budget,
     missing_cost: MissingCost,
+    /// The share of every bucket each class must leave untouched, by `Priority::index`.
+    pub(super) class_headroom: [f64; 3],
     /// Our registration with the budget while `poll_ready` waits for its queue to empty.
     vacancy_key: Option<u64>,
 }
@@ -38,6 +41,7 @@ impl<S> TokenBudget<S> {
             inner,
             budget,
             missing_cost: MissingCost::default(),
+            class_headroom: [0.0; 3],
             vacancy_key: None,
         }
     }
@@ -46,6 +50,15 @@ impl<S> TokenBudget<S> {
     pub fn missing_cost(mut self, missing_cost: MissingCost) -> Self {
         // Not `..self`: the service implements `Drop`.
         self.missing_cost = missing_cost;
+        self
+    }
+
+    /// Makes requests of `priority` leave `fraction` of every bucket untouched, so that higher
+    /// classes find that share at once even while lower ones saturate the quota (for example
+    /// batch keeping 10 % of the token bucket for interactive work). `fraction` is clamped to
+    /// `[0, 1]`. Defaults to 0 for every class; requests without a [`Priority`] keep nothing.
+    pub fn class_headroom(mut self, priority: Priority, fraction: f64) -> Self {
+        self.class_headroom[priority.index()] = fraction;
         self
     }
 
@@ -68,6 +81,7 @@ impl<S: Clone> Clone for TokenBudget<S> {
             inner: self.inner.clone(),
             budget: self.budget.clone(),
             missing_cost: self.missing_cost,
+            class_headroom: self.class_headroom,
             vacancy_key: None,
         }
     }
@@ -81,9 +95,9 @@ impl<S> Drop for TokenBudget<S> {
     }
 }
 
-impl<S, B> Service<Request<B>> for TokenBudget<S>
+impl<S, B, ResBody> Service<Request<B>> for TokenBudget<S>
 where
-    S: Service<Request<B>> + Clone,
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
     S::Error: Into<BoxError>,
 {
     type Response = S::Response;
@@ -105,6 +119,18 @@ where
                 return ResponseFuture::failed(Error::missing_cost());
             }
         };
-        ResponseFuture::new(self.budget.reserve(cost), self.inner.clone(), request)
+        let priority = request.extensions().get::<Priority>().copied();
+        let keep = priority.map_or(0.0, |p| self.class_headroom[p.index()]);
+        let deadline = request
+            .extensions()
+            .get::<Deadline>()
+            .map(Deadline::instant);
+        ResponseFuture::new(
+            self.budget.reserve(cost).keeping(keep),
+            self.inner.clone(),
+            request,
+            priority,
+            deadline,
+        )
     }
 }

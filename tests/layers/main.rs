@@ -3,5 +3,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod queue;
 mod reconcile;
 mod token_budget;

@@ -1,0 +1,167 @@
+//! Request classes and admission deadlines, carried in request extensions.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// How urgently a request must be served; place it in the request's extensions.
+///
+/// [`PriorityQueueLayer`](crate::PriorityQueueLayer) serves a lower class only when the higher
+/// ones are empty, first in, first out inside a class, and promotes a request one class up
+/// once it has waited past its class's aging ceiling.
+///
+/// # Example
+///
+/// ```
+/// use tower_llm_quota::Priority;
+///
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(Priority::Batch);
+/// assert!(Priority::Interactive > Priority::Async && Priority::Async > Priority::Batch);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Priority {
+    /// Minutes or hours of tolerance: nightly jobs, backfills.
+    Batch,
+    /// Seconds to minutes of tolerance: background work someone will look at later.
+    Async,
+    /// A person is waiting: seconds of tolerance.
+    Interactive,
+}
+
+impl Priority {
+    /// Every class, highest first.
+    pub const ALL: [Priority; 3] = [Priority::Interactive, Priority::Async, Priority::Batch];
+
+    /// The class one step up, if any.
+    pub const fn promoted(self) -> Option<Priority> {
+        match self {
+            Priority::Batch => Some(Priority::Async),
+            Priority::Async => Some(Priority::Interactive),
+            Priority::Interactive => None,
+        }
+    }
+
+    /// A short lowercase name, stable enough for logs and metric labels.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Priority::Interactive => "interactive",
+            Priority::Async => "async",
+            Priority::Batch => "batch",
+        }
+    }
+
+    /// The position in [`Priority::ALL`].
+    pub(crate) const fn index(self) -> usize {
+        match self {
+            Priority::Interactive => 0,
+            Priority::Async => 1,
+            Priority::Batch => 2,
+        }
+    }
+}
+
+impl fmt::Display for Priority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The latest instant at which a request may still be admitted; place it in the request's
+/// extensions to override its class's maximum wait.
+///
+/// [`PriorityQueueLayer`](crate::PriorityQueueLayer) sets one on every request it forwards (its
+/// own, or the class's), and [`TokenBudgetLayer`](crate::TokenBudgetLayer) gives up waiting for
+/// the budget when it passes: the request fails locally, and nothing is sent.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_llm_quota::Deadline;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(Deadline::after(Duration::from_millis(300)));
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Deadline(Instant);
+
+impl Deadline {
+    /// A deadline at `instant`.
+    pub const fn at(instant: Instant) -> Self {
+        Self(instant)
+    }
+
+    /// A deadline `wait` from now.
+    pub fn after(wait: Duration) -> Self {
+        Self(Instant::now() + wait)
+    }
+
+    /// The instant.
+    pub const fn instant(&self) -> Instant {
+        self.0
+    }
+}
+
+/// Where a response's time went, in its extensions: waiting is measured apart from the call.
+///
+/// Each layer fills in its part: [`PriorityQueueLayer`](crate::PriorityQueueLayer) the time
+/// queued, [`TokenBudgetLayer`](crate::TokenBudgetLayer) the time waiting for the budget (and
+/// for the inner service's readiness) and the call until the response head arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Timings {
+    pub(crate) queued: Duration,
+    pub(crate) budget: Duration,
+    pub(crate) call: Duration,
+}
+
+impl Timings {
+    /// Time spent in the priority queue.
+    pub fn queued(&self) -> Duration {
+        self.queued
+    }
+
+    /// Time spent waiting for the budget to admit the cost, and for the inner service to be
+    /// ready (a concurrency slot, a connection).
+    pub fn budget(&self) -> Duration {
+        self.budget
+    }
+
+    /// Time from sending to the response head.
+    pub fn call(&self) -> Duration {
+        self.call
+    }
+
+    /// Time waited before the call: queued plus budget.
+    pub fn waited(&self) -> Duration {
+        self.queued + self.budget
+    }
+
+    /// Records the time queued in `extensions`' timings.
+    pub(crate) fn record_queued(extensions: &mut http::Extensions, queued: Duration) {
+        Self::update(extensions, |t| t.queued = queued);
+    }
+
+    /// Records the budget wait and call time in `extensions`' timings.
+    pub(crate) fn record_call(extensions: &mut http::Extensions, budget: Duration, call: Duration) {
+        Self::update(extensions, |t| {
+            t.budget = budget;
+            t.call = call;
+        });
+    }
+
+    fn update(extensions: &mut http::Extensions, change: impl FnOnce(&mut Timings)) {
+        match extensions.get_mut::<Timings>() {
+            Some(timings) => change(timings),
+            None => {
+                let mut timings = Timings::default();
+                change(&mut timings);
+                extensions.insert(timings);
+            }
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! The scheduling decision: who goes next. Plain data, no clock of its own, no locking.
+//!
+//! Each class is a FIFO ordered by enqueue time. Aging applies to the *front* of each class:
+//! it is promoted once it has been the front for its class's ceiling, counted from when it
+//! became the front (its enqueue time, if the class was empty). Promotion is computed when a
+//! decision is made: no timer per item, no scan, only the fronts of the three classes compared.
+//!
+//! Why the front only: aging every item by its own enqueue time would promote a whole backlog at
+//! once (a batch job of 10,000 items submitted together would, 150 s later, outrank every new
+//! interactive request until all 10,000 are served). Aging the front still bounds every
+//! request's wait, and a higher class waits behind at most one promoted request of each lower
+//! class at a time.
+//!
+//! A later per-tenant fair share replaces a class's FIFO by a set of per-tenant FIFOs served in
+//! weighted turns; the decision still only asks each class for its front.
+
+use std::collections::BTreeMap;
+use std::task::Waker;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::config::QueueConfig;
+use crate::priority::Priority;
+
+/// A waiting request: its class, when it was enqueued, and a tie-breaking ticket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Key {
+    priority: Priority,
+    slot: (Instant, u64),
+}
+
+/// Requests waiting for their turn, by class.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    config: QueueConfig,
+    /// One FIFO per class, indexed as `Priority::ALL`.
+    classes: [Class; 3],
+    len: usize,
+    next_ticket: u64,
+    /// Whether a request is being handed to the inner service: nobody else may go meanwhile.
+    dispatching: bool,
+}
+
+/// One class's FIFO.
+#[derive(Debug, Default)]
+struct Class {
+    waiting: BTreeMap<(Instant, u64), Option<Waker>>,
+    /// When the current front became the front: its aging starts there.
+    front_since: Option<Instant>,
+}
+
+impl Class {
+    fn front(&self) -> Option<(Instant, u64)> {
+        self.waiting.first_key_value().map(|(slot, _)| *slot)
+    }
+}
+
+/// Why a request could not join the queue: the depth it would exceed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Full(pub(crate) usize);
+
+/// The depth and oldest wait of one class, from [`Engine::snapshot`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClassState {
+    pub(crate) priority: Priority,
+    pub(crate) depth: usize,
+    pub(crate) oldest_wait: Duration,
+}
+
+impl Engine {
+    pub(crate) fn new(config: QueueConfig) -> Self {
+        Self {
+            config,
+            classes: Default::default(),
+            len: 0,
+            next_ticket: 0,
+            dispatching: false,
+        }
+    }
+
+    pub(crate) fn config(&self) -> &QueueConfig {
+        &self.config
+    }
+
+    /// Adds a request of `priority` enqueued at `enqueued_at`, unless a depth limit is reached.
+    pub(crate) fn push(&mut self, priority: Priority, enqueued_at: Instant) -> Result<Key, Full> {
+        let total = self.config.total_max_depth().get();
+        if self.len >= total {
+            return Err(Full(total));
+        }
+        let class = &mut self.classes[priority.index()];
+        if let Some(max) = self.config.class(priority).max_depth() {
+            if class.waiting.len() >= max.get() {
+                return Err(Full(max.get()));
+            }
+        }
+        let slot = (enqueued_at, self.next_ticket);
+        self.next_ticket += 1;
+        if class.front().is_none_or(|front| slot < front) {
+            // First in line at once (an empty class, or an earlier enqueue time kept across a
+            // retry): it has been waiting since it was enqueued.
+            class.front_since = Some(enqueued_at);
+        }
+        class.waiting.insert(slot, None);
+        self.len += 1;
+        Ok(Key { priority, slot })
+    }
+
+    /// Removes a request at `now`; returns whether it was there.
+    pub(crate) fn remove(&mut self, key: Key, now: Instant) -> bool {
+        let class = &mut self.classes[key.priority.index()];
+        let was_front = class.front() == Some(key.slot);
+        let removed = class.waiting.remove(&key.slot).is_some();
+        if was_front {
+            // The next in line becomes the front now, and starts aging.
+            class.front_since = class.front().map(|(enqueued_at, _)| enqueued_at.max(now));
+        }
+        self.len -= usize::from(removed);
+        removed
+    }
+
+    /// Stores the waker of a waiting request.
+    pub(crate) fn set_waker(&mut self, key: Key, waker: &Waker) {
+        if let Some(slot) = self.classes[key.priority.index()]
+            .waiting
+            .get_mut(&key.slot)
+        {
+            match slot {
+                Some(existing) if existing.will_wake(waker) => {}
+                _ => *slot = Some(waker.clone()),
+            }
+        }
+    }
+
+    /// The request to serve next at `now`, unless one is being dispatched.
+    pub(crate) fn next(&self, now: Instant) -> Option<Key> {
+        if self.dispatching {
+            return None;
+        }
+        self.top(now)
+    }
+
+    /// The waker of the request to serve next, to wake once the lock is released.
+    pub(crate) fn next_waker(&self, now: Instant) -> Option<Waker> {
+        let key = self.next(now)?;
+        self.classes[key.priority.index()]
+            .waiting
+            .get(&key.slot)
+            .cloned()
+            .flatten()
+    }
+
+    /// Removes `key` to hand it to the inner service; nobody else goes until
+    /// [`Engine::end_dispatch`].
+    pub(crate) fn begin_dispatch(&mut self, key: Key, now: Instant) {
+        self.remove(key, now);
+        self.dispatching = true;
+    }
+
+    pub(crate) fn end_dispatch(&mut self) {
+        self.dispatching = false;
+    }
+
+    /// How many requests wait.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The depth and oldest wait of every class, highest first.
+    pub(crate) fn snapshot(&self, now: Instant) -> [ClassState; 3] {
+        Priority::ALL.map(|priority| {
+            let class = &self.classes[priority.index()];
+            ClassState {
+                priority,
+                depth: class.waiting.len(),
+                oldest_wait: class
+                    .front()
+                    .map_or(Duration::ZERO, |(at, _)| now.saturating_duration_since(at)),
+            }
+        })
+    }
+
+    /// The front of the highest effective class; among equals, the one that entered that class
+    /// first.
+    fn top(&self, now: Instant) -> Option<Key> {
+        Priority::ALL
+            .iter()
+            .filter_map(|&priority| {
+                let class = &self.classes[priority.index()];
+                let slot = class.front()?;
+                let since = class.front_since.unwrap_or(slot.0);
+                let (class, entered) = self.aged(priority, since, now);
+                Some((
+                    (std::cmp::Reverse(class), entered, slot.1),
+                    Key { priority, slot },
+                ))
+            })
+            .min_by_key(|(rank, _)| *rank)
+            .map(|(_, key)| key)
+    }
+
+    /// The class a front of `priority` since `since` has reached by `now`, and when it entered
+    /// it.
+    fn aged(&self, priority: Priority, since: Instant, now: Instant) -> (Priority, Instant) {
+        let (mut class, mut entered) = (priority, since);
+        while let (Some(up), Some(after)) =
+            (class.promoted(), self.config.class(class).promote_after())
+        {
+            match entered.checked_add(after) {
+                Some(at) if at <= now => (class, entered) = (up, at),
+                _ => break,
+            }
+        }
+        (class, entered)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::num::NonZeroUsize;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn higher_classes_first_fifo_within() {
+        let t0 = Instant::now();
+        let mut engine = Engine::new(QueueConfig::new());
+        let batch = engine.push(Priority::Batch, t0).unwrap();
+        let async1 = engine.push(Priority::Async, t0 + SEC).unwrap();
+        let async2 = engine.push(Priority::Async, t0 + 2 * SEC).unwrap();
+        let interactive = engine.push(Priority::Interactive, t0 + 3 * SEC).unwrap();
+        let now = t0 + 4 * SEC;
+        let mut order = Vec::new();
+        while let Some(key) = engine.next(now) {
+            order.push(key);
+            engine.remove(key, now);
+        }
+        assert_eq!(order, [interactive, async1, async2, batch]);
+    }
+
+    #[test]
+    fn aging_promotes_at_the_exact_threshold() {
+        let t0 = Instant::now();
+        let mut engine = Engine::new(QueueConfig::new());
+        let batch = engine.push(Priority::Batch, t0).unwrap();
+        let asynchronous = engine.push(Priority::Async, t0 + 100 * SEC).unwrap();
+        // At 119.999 s the batch item is still batch; at 120 s it is async, and entered async
+        // at 120 s, after the async item (100 s): the async item goes first.
+        assert_eq!(
+            engine.next(t0 + 120 * SEC - Duration::from_millis(1)),
+            Some(asynchronous)
+        );
+        assert_eq!(engine.next(t0 + 120 * SEC), Some(asynchronous));
+        // At 130 s the async item reaches interactive (30 s): still first.
+        assert_eq!(engine.next(t0 + 130 * SEC), Some(asynchronous));
+        engine.remove(asynchronous, t0 + 130 * SEC);
+        let interactive = engine.push(Priority::Interactive, t0 + 140 * SEC).unwrap();
+        // The batch item reaches interactive at 150 s, entering before one enqueued at 151 s,
+        // but after one enqueued at 140 s.
+        assert_eq!(engine.next(t0 + 150 * SEC), Some(interactive));
+        engine.remove(interactive, t0 + 150 * SEC);
+        let late = engine.push(Priority::Interactive, t0 + 151 * SEC).unwrap();
+        assert_eq!(engine.next(t0 + 151 * SEC), Some(batch));
+        engine.remove(batch, t0 + 151 * SEC);
+        assert_eq!(engine.next(t0 + 151 * SEC), Some(late));
+    }
+
+    #[test]
+    fn only_the_front_ages_so_a_backlog_is_not_promoted_at_once() {
+        let t0 = Instant::now();
+        let mut engine = Engine::new(QueueConfig::new());
+        let first = engine.push(Priority::Batch, t0).unwrap();
+        let second = engine.push(Priority::Batch, t0).unwrap();
+        let at = t0 + 150 * SEC;
+        let interactive = engine.push(Priority::Interactive, at).unwrap();
+        // The front has waited 150 s: interactive now, entered at 150 s, like the newcomer,
+        // whose ticket is later.
+        assert_eq!(engine.next(at), Some(first));
+        engine.remove(first, at);
+        // The second batch item became the front at 150 s: it starts aging only now.
+        assert_eq!(engine.next(at), Some(interactive));
+        engine.remove(interactive, at);
+        assert_eq!(engine.next(at + 149 * SEC), Some(second));
+        let newcomer = engine.push(Priority::Interactive, at + 149 * SEC).unwrap();
+        assert_eq!(engine.next(at + 149 * SEC), Some(newcomer));
+        // At 150 s of being the front it is interactive too, but entered after the newcomer.
+        assert_eq!(engine.next(at + 150 * SEC), Some(newcomer));
+        engine.remove(newcomer, at + 150 * SEC);
+        let later = engine.push(Priority::Interactive, at + 151 * SEC).unwrap();
+        assert_eq!(engine.next(at + 151 * SEC), Some(second));
+        engine.remove(second, at + 151 * SEC);
+        assert_eq!(engine.next(at + 151 * SEC), Some(later));
+    }
+
+    #[test]
+    fn depth_limits_shed() {
+        let t0 = Instant::now();
+        let config = QueueConfig::new()
+            .max_depth(NonZeroUsize::new(3).unwrap())
+            .class_max_depth(Priority::Batch, NonZeroUsize::new(1).unwrap());
+        let mut engine = Engine::new(config);
+        engine.push(Priority::Batch, t0).unwrap();
+        assert_eq!(engine.push(Priority::Batch, t0), Err(Full(1)));
+        engine.push(Priority::Async, t0).unwrap();
+        engine.push(Priority::Interactive, t0).unwrap();
+        assert_eq!(engine.push(Priority::Interactive, t0), Err(Full(3)));
+        assert_eq!(engine.len(), 3);
+    }
+
+    #[test]
+    fn dispatching_blocks_the_next_decision() {
+        let t0 = Instant::now();
+        let mut engine = Engine::new(QueueConfig::new());
+        let a = engine.push(Priority::Async, t0).unwrap();
+        let b = engine.push(Priority::Async, t0).unwrap();
+        engine.begin_dispatch(a, t0);
+        assert_eq!(engine.next(t0), None);
+        engine.end_dispatch();
+        assert_eq!(engine.next(t0), Some(b));
+        let snapshot = engine.snapshot(t0 + SEC);
+        assert_eq!(snapshot[1].depth, 1);
+        assert_eq!(snapshot[1].oldest_wait, SEC);
+    }
+}

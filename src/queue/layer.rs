@@ -1,0 +1,46 @@
+use std::sync::Arc;
+
+use tower::Layer;
+
+use super::PriorityQueue;
+use super::config::QueueConfig;
+use super::engine::Engine;
+use super::shared::{QueueHandle, Shared};
+
+/// Applies [`PriorityQueue`] to services; see the [module documentation](crate::queue).
+///
+/// Every service this layer builds, and their clones, share one queue.
+#[derive(Debug, Clone)]
+pub struct PriorityQueueLayer {
+    shared: Arc<Shared>,
+}
+
+impl PriorityQueueLayer {
+    /// A queue configured by `config`.
+    pub fn new(config: QueueConfig) -> Self {
+        Self {
+            shared: Arc::new(Shared::new(Engine::new(config))),
+        }
+    }
+
+    /// A handle for introspection: depth and oldest wait by class.
+    pub fn handle(&self) -> QueueHandle {
+        QueueHandle {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Default for PriorityQueueLayer {
+    fn default() -> Self {
+        Self::new(QueueConfig::default())
+    }
+}
+
+impl<S> Layer<S> for PriorityQueueLayer {
+    type Service = PriorityQueue<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PriorityQueue::new(inner, self.shared.clone())
+    }
+}
