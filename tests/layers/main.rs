@@ -3,6 +3,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod in_flight;
 mod queue;
 mod reconcile;
 mod token_budget;
