@@ -10,6 +10,7 @@ mod priority;
 pub mod queue;
 mod quota;
 pub mod reconcile;
+mod timer;
 pub mod token_budget;
 
 pub use budget::{

@@ -6,6 +6,8 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::reconcile::BodyEnd;
+
 pin_project! {
     /// A response body holding a concurrency slot until it ends, fails or is dropped. Frames
     /// pass through unchanged.
@@ -37,11 +39,7 @@ impl<B: Body> Body for InFlightBody<B> {
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        let ended = match &frame {
-            Some(Ok(_)) => this.inner.is_end_stream(),
-            Some(Err(_)) | None => true,
-        };
-        if ended {
+        if BodyEnd::after(&frame, this.inner.is_end_stream()).is_some() {
             this.permit.take();
         }
         Poll::Ready(frame)

@@ -6,13 +6,14 @@ use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep, sleep_until};
+use tokio::time::Instant;
 use tower::Service;
 
 use super::engine::Key;
 use super::shared::Shared;
 use crate::error::{BoxError, Error};
 use crate::priority::{Priority, Timings};
+use crate::timer::DeadlineTimer;
 
 pin_project! {
     /// The response future of [`PriorityQueue`](super::PriorityQueue): waits for its turn,
@@ -35,9 +36,8 @@ pin_project! {
         priority: Option<Priority>,
         enqueued_at: Option<Instant>,
         dispatched_at: Option<Instant>,
-        // Armed when the request has to wait.
         #[pin]
-        timer: Option<Sleep>,
+        deadline: DeadlineTimer,
     }
 
     impl<S, B> PinnedDrop for ResponseFuture<S, B>
@@ -63,7 +63,6 @@ struct Queued<S, B> {
     key: Key,
     service: S,
     request: Request<B>,
-    deadline: Instant,
 }
 
 pin_project! {
@@ -96,13 +95,12 @@ where
                 key,
                 service,
                 request,
-                deadline,
             }),
             dispatching: None,
             priority: Some(priority),
             enqueued_at: Some(enqueued_at),
             dispatched_at: None,
-            timer: None,
+            deadline: DeadlineTimer::new(Some(deadline)),
         }
     }
 
@@ -114,7 +112,7 @@ where
             priority: None,
             enqueued_at: None,
             dispatched_at: None,
-            timer: None,
+            deadline: DeadlineTimer::new(None),
         }
     }
 }
@@ -161,12 +159,8 @@ where
                         Turn::Wait => {
                             // Not our turn, or the inner service is not ready: wait, until
                             // the deadline.
-                            let deadline = queued.deadline;
-                            if this.timer.is_none() {
-                                this.timer.set(Some(sleep_until(deadline)));
-                            }
-                            if let Some(timer) = this.timer.as_mut().as_pin_mut() {
-                                ready!(timer.poll(cx));
+                            if !this.deadline.as_mut().poll_expired(cx) {
+                                return Poll::Pending;
                             }
                             let waited = this.enqueued_at.map(|at| at.elapsed());
                             tracing::debug!(priority = ?this.priority, ?waited, "deadline passed while queued");

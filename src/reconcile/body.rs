@@ -101,21 +101,16 @@ where
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        let end = match &frame {
-            Some(Ok(frame)) => {
-                if let Some(pending) = this.pending.as_mut() {
-                    if let Some(data) = frame.data_ref() {
-                        pending.scanner.data(data.as_ref());
-                    } else if let Some(trailers) = frame.trailers_ref() {
-                        pending.scanner.trailers(trailers);
-                    }
+        if let Some(Ok(frame)) = &frame {
+            if let Some(pending) = this.pending.as_mut() {
+                if let Some(data) = frame.data_ref() {
+                    pending.scanner.data(data.as_ref());
+                } else if let Some(trailers) = frame.trailers_ref() {
+                    pending.scanner.trailers(trailers);
                 }
-                // Some servers stop polling once the body says it has ended.
-                this.inner.is_end_stream().then_some(BodyEnd::Complete)
             }
-            Some(Err(_)) => Some(BodyEnd::Error),
-            None => Some(BodyEnd::Complete),
-        };
+        }
+        let end = BodyEnd::after(&frame, this.inner.is_end_stream());
         if let Some(end) = end {
             if let Some(pending) = this.pending.take() {
                 pending.settle(end);

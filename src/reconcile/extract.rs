@@ -83,6 +83,21 @@ pub enum BodyEnd {
     Dropped,
 }
 
+impl BodyEnd {
+    /// How a body ended, if it did, given the frame it just yielded and whether it now says it
+    /// has ended (some servers stop polling once it does).
+    pub(crate) fn after<D, E>(
+        frame: &Option<Result<http_body::Frame<D>, E>>,
+        ended: bool,
+    ) -> Option<Self> {
+        match frame {
+            Some(Ok(_)) => ended.then_some(BodyEnd::Complete),
+            Some(Err(_)) => Some(BodyEnd::Error),
+            None => Some(BodyEnd::Complete),
+        }
+    }
+}
+
 /// The default [`ExtractUsage`]: reads no body, and relies on a [`Usage`] the inner client put
 /// in the response's extensions.
 #[derive(Debug, Clone, Copy, Default)]

@@ -5,12 +5,13 @@ use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::time::{Instant, Sleep, sleep_until};
+use tokio::time::Instant;
 use tower::Service;
 
 use crate::budget::{Reservation, ReservationSlot, Reserve};
 use crate::error::{BoxError, Error};
 use crate::priority::{Priority, Timings};
+use crate::timer::DeadlineTimer;
 
 pin_project! {
     /// The response future of [`TokenBudget`](super::TokenBudget): waits for the budget, then
@@ -31,10 +32,8 @@ pin_project! {
         request: Option<Request<B>>,
         priority: Option<Priority>,
         started: Option<Instant>,
-        deadline: Option<Instant>,
-        // Armed only when the request has a deadline and has to wait.
         #[pin]
-        timer: Option<Sleep>,
+        deadline: DeadlineTimer,
     }
 }
 
@@ -76,8 +75,7 @@ where
             request: Some(request),
             priority,
             started: None,
-            deadline,
-            timer: None,
+            deadline: DeadlineTimer::new(deadline),
         }
     }
 
@@ -88,8 +86,7 @@ where
             request: None,
             priority: None,
             started: None,
-            deadline: None,
-            timer: None,
+            deadline: DeadlineTimer::new(None),
         }
     }
 }
@@ -167,16 +164,8 @@ where
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             // Waiting for the budget or the inner service: give up at the deadline.
-            let Some(deadline) = *this.deadline else {
+            if !this.deadline.as_mut().poll_expired(cx) {
                 return waiting;
-            };
-            if this.timer.is_none() {
-                this.timer.set(Some(sleep_until(deadline)));
-            }
-            if let Some(timer) = this.timer.as_mut().as_pin_mut() {
-                if timer.poll(cx).is_pending() {
-                    return waiting;
-                }
             }
             // Leaving the state leaves the budget's queue, or refunds the reservation.
             this.state.set(State::Done);
@@ -202,7 +191,6 @@ where
         f.debug_struct("ResponseFuture")
             .field("state", &state)
             .field("priority", &self.priority)
-            .field("deadline", &self.deadline)
             .finish()
     }
 }
