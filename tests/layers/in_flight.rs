@@ -13,15 +13,14 @@ use tower_llm_quota::{Cost, InFlightLimitLayer, TokenBudgetLayer};
 use crate::support::{request_with, tokens_10_per_sec};
 
 type Chunk = Result<Frame<Bytes>, Infallible>;
+type Streaming = StreamBody<mpsc::UnboundedReceiver<Chunk>>;
+/// The sender of every response body the client opened, in order.
+type Opened = mpsc::UnboundedReceiver<mpsc::UnboundedSender<Chunk>>;
 
 /// A client whose every response streams until the test closes its sender.
 fn streaming_client() -> (
-    impl Service<
-        Request<&'static str>,
-        Response = Response<StreamBody<mpsc::UnboundedReceiver<Chunk>>>,
-        Error = Infallible,
-    > + Clone,
-    mpsc::UnboundedReceiver<mpsc::UnboundedSender<Chunk>>,
+    impl Service<Request<&'static str>, Response = Response<Streaming>, Error = Infallible> + Clone,
+    Opened,
 ) {
     let (senders, opened) = mpsc::unbounded();
     let client = service_fn(move |_request: Request<&'static str>| {
