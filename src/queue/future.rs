@@ -3,6 +3,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -12,8 +13,7 @@ use tower::Service;
 use super::engine::Key;
 use super::shared::Shared;
 use crate::error::{BoxError, Error};
-use crate::priority::{Priority, Timings};
-use crate::timer::DeadlineTimer;
+use crate::priority::Timings;
 
 pin_project! {
     /// The response future of [`PriorityQueue`](super::PriorityQueue): waits for its turn,
@@ -29,15 +29,7 @@ pin_project! {
         S: Service<Request<B>>,
     {
         #[pin]
-        state: State<S::Future>,
-        queue: Option<Queued<S, B>>,
-        // Set from the hand-over until the inner future's first poll.
-        dispatching: Option<Arc<Shared>>,
-        priority: Option<Priority>,
-        enqueued_at: Option<Instant>,
-        dispatched_at: Option<Instant>,
-        #[pin]
-        deadline: DeadlineTimer,
+        state: State<S, B, S::Future>,
     }
 
     impl<S, B> PinnedDrop for ResponseFuture<S, B>
@@ -45,32 +37,40 @@ pin_project! {
         S: Service<Request<B>>,
     {
         fn drop(this: Pin<&mut Self>) {
-            let this = this.project();
-            if let Some(queued) = this.queue.take() {
-                queued.shared.leave(queued.key);
-            }
-            // Only if the inner service panicked during the hand-over.
-            if let Some(shared) = this.dispatching.take() {
-                shared.end_dispatch();
+            match this.project().state.project() {
+                StateProj::Queued { shared, key, .. } => shared.leave(*key),
+                // Only if the inner service panicked during the hand-over.
+                StateProj::Calling { dispatching, .. } => {
+                    if let Some(shared) = dispatching.take() {
+                        shared.end_dispatch();
+                    }
+                }
+                _ => {}
             }
         }
     }
 }
 
-/// What a request holds while it waits for its turn.
-struct Queued<S, B> {
-    shared: Arc<Shared>,
-    key: Key,
-    service: S,
-    request: Request<B>,
-}
-
 pin_project! {
+    // What a request holds while it waits shares its space with the inner future it becomes.
     #[project = StateProj]
-    enum State<F> {
+    #[project_replace = StateReplace]
+    enum State<S, B, F> {
         Failed { error: Option<Error> },
-        Queued,
-        Calling { #[pin] future: F },
+        Queued {
+            shared: Arc<Shared>,
+            key: Key,
+            service: S,
+            request: Request<B>,
+        },
+        Calling {
+            #[pin]
+            future: F,
+            // Set from the hand-over until the inner future's first poll.
+            dispatching: Option<Arc<Shared>>,
+            key: Key,
+            queued: Duration,
+        },
         Done,
     }
 }
@@ -79,40 +79,20 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
 {
-    pub(crate) fn queued(
-        shared: Arc<Shared>,
-        key: Key,
-        service: S,
-        request: Request<B>,
-        priority: Priority,
-        enqueued_at: Instant,
-        deadline: Instant,
-    ) -> Self {
+    pub(crate) fn queued(shared: Arc<Shared>, key: Key, service: S, request: Request<B>) -> Self {
         Self {
-            state: State::Queued,
-            queue: Some(Queued {
+            state: State::Queued {
                 shared,
                 key,
                 service,
                 request,
-            }),
-            dispatching: None,
-            priority: Some(priority),
-            enqueued_at: Some(enqueued_at),
-            dispatched_at: None,
-            deadline: DeadlineTimer::new(Some(deadline)),
+            },
         }
     }
 
     pub(crate) fn failed(error: Error) -> Self {
         Self {
             state: State::Failed { error: Some(error) },
-            queue: None,
-            dispatching: None,
-            priority: None,
-            enqueued_at: None,
-            dispatched_at: None,
-            deadline: DeadlineTimer::new(None),
         }
     }
 }
@@ -125,67 +105,73 @@ where
     type Output = Result<S::Response, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
+        let mut state = self.project().state;
         loop {
-            match this.state.as_mut().project() {
+            match state.as_mut().project() {
                 StateProj::Failed { error } => {
                     let error = error.take().expect("polled after completion");
-                    this.state.set(State::Done);
+                    state.set(State::Done);
                     return Poll::Ready(Err(error));
                 }
-                StateProj::Queued => {
-                    let queued = this.queue.as_mut().expect("polled after completion");
-                    let error = match poll_turn(queued, cx) {
+                StateProj::Queued {
+                    shared,
+                    key,
+                    service,
+                    ..
+                } => {
+                    let error = match poll_turn(shared, *key, service, cx) {
                         Turn::Go => {
-                            let Queued {
+                            let StateReplace::Queued {
                                 shared,
+                                key,
                                 mut service,
                                 request,
-                                key,
                                 ..
-                            } = this.queue.take().expect("polled after completion");
-                            let now = Instant::now();
-                            *this.dispatched_at = Some(now);
+                            } = state.as_mut().project_replace(State::Done)
+                            else {
+                                unreachable!("matched above")
+                            };
                             // Nobody else may go until the inner future had its first poll
                             // (entering the budget's queue, say): see `Calling`.
-                            shared.lock().begin_dispatch(key, now);
-                            *this.dispatching = Some(shared);
-                            this.state.set(State::Calling {
+                            state.set(State::Calling {
                                 future: service.call(request),
+                                dispatching: Some(shared),
+                                key,
+                                queued: key.enqueued_at().elapsed(),
                             });
                             continue;
                         }
                         Turn::Fail(error) => error,
+                        // Not our turn, or the inner service is not ready: wait, until the
+                        // deadline.
+                        Turn::Wait if shared.poll_deadline(*key, cx).is_pending() => {
+                            return Poll::Pending;
+                        }
                         Turn::Wait => {
-                            // Not our turn, or the inner service is not ready: wait, until
-                            // the deadline.
-                            if !this.deadline.as_mut().poll_expired(cx) {
-                                return Poll::Pending;
-                            }
-                            let waited = this.enqueued_at.map(|at| at.elapsed());
-                            tracing::debug!(priority = ?this.priority, ?waited, "deadline passed while queued");
-                            Error::deadline_exceeded(*this.priority, waited.unwrap_or_default())
+                            let waited = key.enqueued_at().elapsed();
+                            let priority = key.priority();
+                            tracing::debug!(%priority, ?waited, "deadline passed while queued");
+                            Error::deadline_exceeded(Some(priority), waited)
                         }
                     };
-                    if let Some(queued) = this.queue.take() {
-                        queued.shared.leave(queued.key);
-                    }
-                    this.state.set(State::Done);
+                    shared.leave(*key);
+                    state.set(State::Done);
                     return Poll::Ready(Err(error));
                 }
-                StateProj::Calling { future } => {
+                StateProj::Calling {
+                    future,
+                    dispatching,
+                    key,
+                    queued,
+                } => {
                     let output = future.poll(cx);
-                    if let Some(shared) = this.dispatching.take() {
+                    if let Some(shared) = dispatching.take() {
                         shared.end_dispatch();
                     }
                     let output = ready!(output);
-                    this.state.set(State::Done);
-                    return Poll::Ready(finish(
-                        output,
-                        *this.priority,
-                        *this.enqueued_at,
-                        *this.dispatched_at,
-                    ));
+                    let (key, queued) = (*key, *queued);
+                    state.set(State::Done);
+                    return Poll::Ready(finish(output, key, queued));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
@@ -194,7 +180,7 @@ where
 }
 
 enum Turn {
-    /// Our turn, and the inner service is ready.
+    /// Our turn, and the inner service is ready: the hand-over has begun.
     Go,
     /// Not yet.
     Wait,
@@ -202,22 +188,23 @@ enum Turn {
     Fail(Error),
 }
 
-/// Whether it is this request's turn, and the inner service is ready for it.
-fn poll_turn<S, B>(queued: &mut Queued<S, B>, cx: &mut Context<'_>) -> Turn
+/// Whether it is this request's turn and the inner service is ready for it; if so, begins the
+/// hand-over.
+fn poll_turn<S, B>(shared: &Shared, key: Key, service: &mut S, cx: &mut Context<'_>) -> Turn
 where
     S: Service<Request<B>>,
     S::Error: Into<BoxError>,
 {
     let now = Instant::now();
-    let mut engine = queued.shared.lock();
-    engine.set_waker(queued.key, cx.waker());
-    match engine.next(now) {
-        Some(next) if next == queued.key => {}
+    let mut state = shared.lock();
+    state.engine.set_waker(key, cx.waker());
+    match state.engine.next(now) {
+        Some(next) if next == key => {}
         next => {
             // Someone else goes first. Aging may have made it first since the last event, so
             // make sure it looks.
-            let wake = next.and_then(|_| engine.next_waker(now));
-            drop(engine);
+            let wake = next.and_then(|_| state.engine.next_waker(now));
+            drop(state);
             if let Some(waker) = wake {
                 if !waker.will_wake(cx.waker()) {
                     waker.wake();
@@ -226,44 +213,29 @@ where
             return Turn::Wait;
         }
     }
-    drop(engine);
-    match queued.service.poll_ready(cx) {
+    drop(state);
+    match service.poll_ready(cx) {
         Poll::Pending => Turn::Wait,
         Poll::Ready(Err(e)) => Turn::Fail(Error::from_inner(e)),
-        Poll::Ready(Ok(())) => {
-            // Still first? Another task may have queued ahead while we looked.
-            let engine = queued.shared.lock();
-            if engine.next(Instant::now()) == Some(queued.key) {
-                Turn::Go
-            } else {
-                Turn::Wait
-            }
-        }
+        // Still first? Another task may have queued ahead while we looked; the check and the
+        // start of the hand-over happen under one lock.
+        Poll::Ready(Ok(())) if shared.begin_dispatch(key) => Turn::Go,
+        Poll::Ready(Ok(())) => Turn::Wait,
     }
 }
 
 /// Records the time queued, and tells deadline errors from inner layers for the whole wait.
 fn finish<ResBody, E: Into<BoxError>>(
     output: Result<Response<ResBody>, E>,
-    priority: Option<Priority>,
-    enqueued_at: Option<Instant>,
-    dispatched_at: Option<Instant>,
+    key: Key,
+    queued: Duration,
 ) -> Result<Response<ResBody>, Error> {
     match output {
         Ok(mut response) => {
-            if let (Some(enqueued), Some(dispatched)) = (enqueued_at, dispatched_at) {
-                let queued = dispatched.saturating_duration_since(enqueued);
-                Timings::record_queued(response.extensions_mut(), queued);
-            }
+            Timings::record_queued(response.extensions_mut(), queued);
             Ok(response)
         }
-        Err(e) => {
-            let error = Error::from_inner(e);
-            Err(match (priority, enqueued_at) {
-                (Some(priority), Some(at)) => error.with_wait(priority, at.elapsed()),
-                _ => error,
-            })
-        }
+        Err(e) => Err(Error::from_inner(e).with_wait(key.priority(), key.enqueued_at().elapsed())),
     }
 }
 
@@ -274,13 +246,12 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Failed { .. } => "failed",
-            State::Queued => "queued",
+            State::Queued { .. } => "queued",
             State::Calling { .. } => "calling",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")
             .field("state", &state)
-            .field("priority", &self.priority)
             .finish()
     }
 }

@@ -55,29 +55,26 @@ where
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let now = Instant::now();
-        let mut engine = self.shared.lock();
-        let config = *engine.config();
+        let mut state = self.shared.lock();
+        let config = *state.engine.config();
         let priority = *request
             .extensions_mut()
             .get_or_insert(config.default_class());
-        let deadline = *request
-            .extensions_mut()
-            .get_or_insert_with(|| Deadline::at(now + config.class(priority).max_wait()));
-        match engine.push(priority, now) {
+        let own_deadline = request
+            .extensions()
+            .get::<Deadline>()
+            .map(Deadline::instant);
+        match state.engine.push(priority, now, own_deadline) {
             Ok(key) => {
-                drop(engine);
-                ResponseFuture::queued(
-                    self.shared.clone(),
-                    key,
-                    self.inner.clone(),
-                    request,
-                    priority,
-                    now,
-                    deadline.instant(),
-                )
+                drop(state);
+                // Inner layers keep enforcing it (the budget, while the request waits there).
+                request
+                    .extensions_mut()
+                    .insert(Deadline::at(key.deadline()));
+                ResponseFuture::queued(self.shared.clone(), key, self.inner.clone(), request)
             }
             Err(Full(depth)) => {
-                drop(engine);
+                drop(state);
                 tracing::debug!(%priority, depth, "queue full, request shed");
                 ResponseFuture::failed(Error::queue_full(priority, depth))
             }

@@ -391,3 +391,57 @@ async fn class_headroom_keeps_the_last_share_for_higher_classes() {
         ]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn one_alarm_expires_every_waiting_request_at_its_own_deadline() {
+    let budget = drained();
+    let config = QueueConfig::new().max_wait(Priority::Interactive, SEC * 3 / 10);
+    let stack = Stack::new(&budget, config);
+    let start = Instant::now();
+    let head = stack
+        .spawn(Stack::request("head", Priority::Batch, 100))
+        .await;
+
+    let with_deadline = |label, priority, millis| {
+        let mut request = Stack::request(label, priority, 1);
+        request
+            .extensions_mut()
+            .insert(Deadline::at(start + Duration::from_millis(millis)));
+        request
+    };
+    let mut waiting = vec![
+        (
+            "a",
+            stack
+                .spawn(Stack::request("a", Priority::Interactive, 1))
+                .await,
+        ),
+        (
+            "b",
+            stack.spawn(with_deadline("b", Priority::Batch, 200)).await,
+        ),
+        (
+            "c",
+            stack.spawn(with_deadline("c", Priority::Async, 500)).await,
+        ),
+    ];
+    time::sleep(SEC / 10).await;
+    waiting.push((
+        "d",
+        stack
+            .spawn(Stack::request("d", Priority::Interactive, 1))
+            .await,
+    ));
+
+    let mut expired = Vec::new();
+    for (label, task) in waiting {
+        let error = task.await.unwrap().unwrap_err();
+        assert!(error.is_deadline_exceeded());
+        expired.push((label, error.waited().unwrap().as_millis()));
+    }
+    // a: 300 ms class wait; b: its own 200 ms; c: its own 500 ms; d: enqueued at 100 ms.
+    assert_eq!(expired, [("a", 300), ("b", 200), ("c", 500), ("d", 300)]);
+    assert_eq!(start.elapsed(), SEC / 2);
+    assert_eq!(stack.queue.snapshot().depth(), 0);
+    head.await.unwrap().unwrap();
+}
