@@ -132,10 +132,13 @@ where
                                 unreachable!("matched above")
                             };
                             // Nobody else may go until the inner future had its first poll
-                            // (entering the budget's queue, say): see `Calling`.
+                            // (entering the budget's queue, say): see `Calling`. Should the
+                            // inner service panic in `call`, the guard ends the hand-over.
+                            let guard = Dispatching(Some(shared));
+                            let future = service.call(request);
                             state.set(State::Calling {
-                                future: service.call(request),
-                                dispatching: Some(shared),
+                                future,
+                                dispatching: guard.disarm(),
                                 key,
                                 queued: key.enqueued_at().elapsed(),
                             });
@@ -175,6 +178,23 @@ where
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
+        }
+    }
+}
+
+/// Ends a hand-over if dropped before it is disarmed.
+struct Dispatching(Option<Arc<Shared>>);
+
+impl Dispatching {
+    fn disarm(mut self) -> Option<Arc<Shared>> {
+        self.0.take()
+    }
+}
+
+impl Drop for Dispatching {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            shared.end_dispatch();
         }
     }
 }

@@ -273,3 +273,39 @@ fn futures_and_services_are_send() {
     send(&service);
     send(&service.call(request_with(Cost::new(1, 0))));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_bounds_the_wait_for_budget_and_for_inner_readiness() {
+    let budget = tokens_10_per_sec();
+    let (mut service, mut handle) = governed(&budget);
+    budget
+        .try_reserve(Cost::new(100, 0))
+        .unwrap()
+        .charge_estimate();
+    let start = time::Instant::now();
+
+    // Waiting for tokens: gives up at the deadline and leaves the budget's queue.
+    let mut request = request_with(Cost::new(50, 0));
+    request
+        .extensions_mut()
+        .insert(tower_llm_quota::Deadline::at(start + SEC));
+    let error = service.call(request).await.unwrap_err();
+    assert!(error.is_deadline_exceeded() && error.is_local());
+    assert_eq!((error.waited(), error.priority()), (Some(SEC), None));
+    assert_eq!((budget.waiters(), levels(&budget)), (0, vec![10]));
+
+    // Admitted, but the inner service stays busy: the reservation is refunded at the deadline.
+    handle.allow(0);
+    let mut request = request_with(Cost::new(10, 0));
+    request
+        .extensions_mut()
+        .insert(tower_llm_quota::Deadline::at(start + 2 * SEC));
+    let error = service.call(request).await.unwrap_err();
+    assert!(error.is_deadline_exceeded());
+    assert_eq!(start.elapsed(), 2 * SEC);
+    assert_eq!(
+        levels(&budget),
+        [20],
+        "refunded: 10 refilled, nothing spent"
+    );
+}
