@@ -10,11 +10,14 @@
 //!   clock advances, every level, admission decision and reported time equals the model's, and
 //!   a full refill brings every level back to capacity.
 
+mod support;
+
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proptest::prelude::*;
+use support::levels;
 use tokio::time::Instant;
 use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, Reservation, TryReserveError, Usage};
 
@@ -230,15 +233,6 @@ impl Model {
     fn levels(&self) -> Vec<i64> {
         self.buckets.iter().map(ModelBucket::reported).collect()
     }
-}
-
-fn levels(budget: &Budget) -> Vec<i64> {
-    budget
-        .snapshot()
-        .limits()
-        .iter()
-        .map(|l| l.level())
-        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,26 +4,20 @@
 //! waiting, every level is exactly the capacity minus the net charge (no capacity leaked or
 //! created) and, with a short period, refills to capacity.
 
-use std::num::NonZeroU64;
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use support::limit;
 use tokio::time::{Instant, sleep, timeout};
-use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, Reservation, Usage};
+use tower_llm_quota::{Budget, Cost, Dimension, Quota, Reservation, Usage};
 
 const TASKS: u64 = 200;
 const ROUNDS: u64 = 30;
-
-fn limit(dimension: Dimension, amount: u64, period: Duration, burst: u64) -> Limit {
-    Limit::new(dimension, NonZeroU64::new(amount).unwrap(), period)
-        .unwrap()
-        .with_headroom(1.0)
-        .unwrap()
-        .with_burst(NonZeroU64::new(burst).unwrap())
-}
 
 /// What the tasks did, counted as they did it.
 #[derive(Debug, Default)]
