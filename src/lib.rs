@@ -1,7 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
-mod budget;
+pub mod budget;
 mod builder;
 mod cost;
 mod error;
