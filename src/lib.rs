@@ -21,7 +21,7 @@ pub use builder::ServiceBuilderExt;
 pub use cost::{Cost, Usage};
 pub use error::{BoxError, Error, InsufficientCapacity, NotUntil, TryReserveError};
 pub use in_flight::{InFlightBody, InFlightLimit, InFlightLimitLayer};
-pub use priority::{Deadline, Priority, Timings};
+pub use priority::{Deadline, EnqueuedAt, Priority, Timings};
 pub use queue::{
     ClassSnapshot, PriorityQueue, PriorityQueueLayer, QueueConfig, QueueHandle, QueueSnapshot,
 };

@@ -107,6 +107,26 @@ impl Deadline {
     }
 }
 
+/// When a logical request first entered the queue; place it in a retried request's extensions
+/// so that [`PriorityQueueLayer`](crate::PriorityQueueLayer) keeps its place and its aging
+/// from the first attempt. The retry layer does.
+///
+/// Only the order and aging use it: each attempt still gets the full maximum wait of its class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct EnqueuedAt(Instant);
+
+impl EnqueuedAt {
+    /// First enqueued at `instant`.
+    pub const fn at(instant: Instant) -> Self {
+        Self(instant)
+    }
+
+    /// The instant.
+    pub const fn instant(&self) -> Instant {
+        self.0
+    }
+}
+
 /// Where a response's time went, in its extensions: waiting is measured apart from the call.
 ///
 /// Each layer fills in its part: [`PriorityQueueLayer`](crate::PriorityQueueLayer) the time

@@ -159,6 +159,14 @@ impl Bucket {
         self.full_at = self.ticks(now) + u128::try_from(owed.max(0)).unwrap_or(0);
     }
 
+    /// Empties the bucket until `until` (nanoseconds): nothing is admitted before, and it
+    /// refills from zero after. Never shortens a pause or forgives debt.
+    pub(crate) fn pause_until(&mut self, until: u64) {
+        self.full_at = self
+            .full_at
+            .max(self.ticks(until) + self.units(self.capacity));
+    }
+
     /// Lowers the level to at most `level` (never raises it): someone else spends this quota.
     pub(crate) fn cap_level(&mut self, level: u64, now: u64) {
         let owed = self.units(self.capacity.saturating_sub(level));
@@ -288,6 +296,18 @@ mod tests {
         assert_eq!(b.fit(3, Floor::NONE, 0), Fit::Now);
         assert_eq!(Floor::from_fraction(f64::NAN), Floor::NONE);
         assert_eq!(Floor::from_fraction(2.0).of(10), 10);
+    }
+
+    #[test]
+    fn a_pause_admits_nothing_until_it_ends_then_refills_from_zero() {
+        let mut b = bucket();
+        b.pause_until(2 * SEC);
+        // Two seconds of refill to come before the level is back to zero.
+        assert_eq!(b.level(0), -20);
+        assert_eq!(b.fit(1, Floor::NONE, 0), Fit::At(2 * SEC + 100 * MS));
+        assert_eq!(b.level(2 * SEC), 0);
+        b.pause_until(SEC);
+        assert_eq!(b.level(2 * SEC), 0, "an earlier end does not shorten it");
     }
 
     #[test]

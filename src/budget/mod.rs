@@ -78,7 +78,7 @@ pub use store::ReservationId;
 
 use crate::cost::Cost;
 use crate::error::{InsufficientCapacity, NotUntil, TryReserveError};
-use crate::quota::{Limit, Quota};
+use crate::quota::{Dimension, Limit, Quota};
 use bucket::Floor;
 use store::{Denial, MemoryStore, Store, nanos};
 use waiters::{VacancyWatchers, WaitQueue};
@@ -232,6 +232,18 @@ impl Budget {
     pub fn observe(&self, observation: &Observation) {
         let now = self.nanos_since_origin(Instant::now());
         self.update_store(|store| store.observe(observation, now));
+    }
+
+    /// Admits nothing in any of `dimensions` until `until`, for every holder of this budget:
+    /// the provider said (with a 429) that the quota they share is spent until then. After it,
+    /// the buckets refill from zero. A later pause extends an earlier one; an earlier end
+    /// never shortens it.
+    pub fn pause(&self, dimensions: &[Dimension], until: Instant) {
+        let until = self.nanos_since_origin(until);
+        self.update_store(|store| {
+            dimensions.iter().for_each(|&d| store.pause(d, until));
+            false
+        });
     }
 
     /// How many requests wait for admission.

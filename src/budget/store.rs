@@ -12,7 +12,7 @@ use super::bucket::{Bucket, Fit, Floor};
 use super::observation::Observation;
 use crate::cost::Cost;
 use crate::error::InsufficientCapacity;
-use crate::quota::{Limit, Quota};
+use crate::quota::{Dimension, Limit, Quota};
 
 /// A reservation's identity, unique within its budget; a shared store settles by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -72,6 +72,9 @@ pub(crate) trait Store {
 
     /// Replaces (or adds) the limit of the same dimension and period, keeping its level.
     fn set_limit(&mut self, limit: Limit, now: u64);
+
+    /// Admits nothing in `dimension` until `until`: the provider said its quota is spent.
+    fn pause(&mut self, dimension: Dimension, until: u64);
 
     /// The earliest time every limit could hold `amount`, ignoring capacities: when a request
     /// queued behind `amount - cost` of others could be admitted at the earliest.
@@ -195,6 +198,14 @@ impl Store for MemoryStore {
         }
     }
 
+    fn pause(&mut self, dimension: Dimension, until: u64) {
+        for bucket in &mut self.buckets {
+            if bucket.limit().dimension() == dimension {
+                bucket.pause_until(until);
+            }
+        }
+    }
+
     fn not_before(&self, amount: &Cost, now: u64) -> Option<(u64, usize)> {
         self.touched(amount)
             .map(|(i, bucket, amount)| (bucket.ready_at(amount).max(now), i))
@@ -247,7 +258,6 @@ pub(crate) fn nanos(duration: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quota::Dimension;
     use std::num::NonZeroU64;
 
     const MS: u64 = 1_000_000;

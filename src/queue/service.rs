@@ -9,7 +9,7 @@ use super::ResponseFuture;
 use super::engine::Full;
 use super::shared::{QueueHandle, Shared};
 use crate::error::{BoxError, Error};
-use crate::priority::Deadline;
+use crate::priority::{Deadline, EnqueuedAt};
 
 /// Orders requests by [`Priority`](crate::Priority) before the inner service sees them; see the
 /// [module documentation](crate::queue).
@@ -60,11 +60,18 @@ where
         let priority = *request
             .extensions_mut()
             .get_or_insert(config.default_class());
+        let enqueued_at = request
+            .extensions()
+            .get::<EnqueuedAt>()
+            .map_or(now, |at| at.instant().min(now));
+        // A retried request keeps its place from its first attempt, but waits its class's full
+        // maximum from now.
         let own_deadline = request
             .extensions()
             .get::<Deadline>()
-            .map(Deadline::instant);
-        match state.engine.push(priority, now, own_deadline) {
+            .map(Deadline::instant)
+            .or_else(|| (enqueued_at < now).then(|| now + config.class(priority).max_wait()));
+        match state.engine.push(priority, enqueued_at, own_deadline) {
             Ok(key) => {
                 drop(state);
                 // Inner layers keep enforcing it (the budget, while the request waits there).

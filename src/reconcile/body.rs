@@ -44,6 +44,8 @@ pub(crate) struct Pending<X> {
     scanner: X,
     /// A usage the inner client put in the response's extensions.
     from_extensions: Option<Usage>,
+    /// Whether the response is an error (4xx, 5xx): providers bill no tokens for those.
+    failed: bool,
 }
 
 impl<X> Pending<X> {
@@ -51,11 +53,13 @@ impl<X> Pending<X> {
         reservation: Reservation,
         scanner: X,
         from_extensions: Option<Usage>,
+        failed: bool,
     ) -> Self {
         Self {
             reservation,
             scanner,
             from_extensions,
+            failed,
         }
     }
 }
@@ -66,6 +70,10 @@ impl<X: ScanUsage> Pending<X> {
             Some(usage) => {
                 let settled = self.reservation.settle(&usage);
                 tracing::trace!(?end, ?settled, "reservation settled");
+            }
+            None if self.failed => {
+                let settled = self.reservation.settle(&Usage::new(0, 0));
+                tracing::trace!(?end, ?settled, "error response: tokens refunded");
             }
             None => {
                 let charged = self.reservation.charge_estimate();

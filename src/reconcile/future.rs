@@ -51,7 +51,8 @@ where
             (Some(reservation), Some(extract)) => {
                 let scanner = extract.start(&head, reservation.budget());
                 let from_extensions = head.extensions.get::<Usage>().copied();
-                Some(Pending::new(reservation, scanner, from_extensions))
+                let failed = head.status.is_client_error() || head.status.is_server_error();
+                Some(Pending::new(reservation, scanner, from_extensions, failed))
             }
             _ => None,
         };

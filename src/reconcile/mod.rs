@@ -10,7 +10,9 @@
 //! through to the caller unchanged (nothing is buffered by this layer) and may report a
 //! [`Usage`](crate::Usage) at the end. Without one, or when it finds nothing, a `Usage` placed in
 //! the response's extensions by the inner client is used. With neither, the usage is missing and
-//! the reservation is charged its estimate: never refunded blindly.
+//! the reservation is charged its estimate: never refunded blindly. The exception is an error
+//! response (4xx or 5xx) without usage: providers bill no tokens for a rejected call, so its
+//! tokens are refunded and only its request stays counted.
 //!
 //! # Example
 //!

@@ -259,3 +259,27 @@ async fn the_reservation_is_held_until_the_stream_ends_even_across_refill() {
     // 100 used against 60 reserved: 40 of overrun.
     assert_eq!(levels(&budget), [20]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_error_response_without_usage_refunds_its_tokens_but_not_its_request() {
+    let budget = crate::support::requests_and_tokens();
+    let client = service_fn(|_request: Request<&'static str>| async {
+        let mut response = Response::new(Full::new(Bytes::from_static(b"{\"error\":{}}")));
+        *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
+        Ok::<_, Infallible>(response)
+    });
+    let mut service = ServiceBuilder::new()
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .layer(ReconcileLayer::new())
+        .service(client);
+    let response = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request_with(Cost::new(40, 20)))
+        .await
+        .unwrap();
+    assert_eq!(levels(&budget), [9, 40]);
+    drop(response);
+    assert_eq!(levels(&budget), [9, 100]);
+}
