@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use crate::priority::Priority;
 use crate::quota::Dimension;
+use crate::retry::RetryReport;
 
 /// A boxed error, as tower services return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -157,6 +158,7 @@ enum Kind {
         priority: Priority,
         depth: usize,
     },
+    GaveUp(RetryReport),
     Inner,
 }
 
@@ -179,6 +181,10 @@ impl Error {
         Self::new(Kind::QueueFull { priority, depth }, None)
     }
 
+    pub(crate) fn gave_up(report: RetryReport, last: BoxError) -> Self {
+        Self::new(Kind::GaveUp(report), Some(last))
+    }
+
     /// Wraps an inner service's error, unless it already is an [`Error`] of this crate (an
     /// inner layer of the same stack), which is passed on unchanged.
     pub(crate) fn from_inner(error: impl Into<BoxError>) -> Self {
@@ -190,7 +196,22 @@ impl Error {
 
     /// Whether the request was refused locally, before anything was sent.
     pub fn is_local(&self) -> bool {
-        !self.is_inner()
+        !matches!(self.inner.kind, Kind::Inner | Kind::GaveUp(_))
+    }
+
+    /// Whether the retry layer gave up on a request whose attempts failed without a response;
+    /// [`Error::retry_report`] says why, [`source`](std::error::Error::source) is the last
+    /// failure.
+    pub fn is_retries_exhausted(&self) -> bool {
+        matches!(self.inner.kind, Kind::GaveUp(_))
+    }
+
+    /// What the retry layer did, when [`Error::is_retries_exhausted`].
+    pub fn retry_report(&self) -> Option<&RetryReport> {
+        match &self.inner.kind {
+            Kind::GaveUp(report) => Some(report),
+            _ => None,
+        }
     }
 
     /// Whether the inner service failed; [`source`](std::error::Error::source) is its error.
@@ -300,6 +321,12 @@ impl fmt::Display for Error {
             Kind::QueueFull { priority, depth } => write!(
                 f,
                 "rejected locally: the queue is full ({depth} {priority} requests may wait)"
+            ),
+            Kind::GaveUp(report) => write!(
+                f,
+                "gave up after {} attempts: {}",
+                report.attempts(),
+                report.gave_up().unwrap_or(crate::retry::GaveUp::Permanent)
             ),
             Kind::Inner => f.write_str("inner service failed"),
         }

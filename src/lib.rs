@@ -6,10 +6,12 @@ mod builder;
 mod cost;
 mod error;
 pub mod in_flight;
+pub mod parse;
 mod priority;
 pub mod queue;
 mod quota;
 pub mod reconcile;
+pub mod retry;
 mod timer;
 pub mod token_budget;
 
@@ -28,5 +30,9 @@ pub use queue::{
 pub use quota::{DEFAULT_BURST_FRACTION, DEFAULT_HEADROOM, Dimension, InvalidLimit, Limit, Quota};
 pub use reconcile::{
     BodyEnd, ExtensionUsage, ExtractUsage, Reconcile, ReconcileBody, ReconcileLayer, ScanUsage,
+};
+pub use retry::{
+    Classify, ClassifyFn, FailureClass, ProviderErrors, RetryAfter, RetryAfterLayer, RetryPolicy,
+    RetryReport,
 };
 pub use token_budget::{MissingCost, TokenBudget, TokenBudgetLayer};

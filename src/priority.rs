@@ -109,7 +109,7 @@ impl Deadline {
 
 /// When a logical request first entered the queue; place it in a retried request's extensions
 /// so that [`PriorityQueueLayer`](crate::PriorityQueueLayer) keeps its place and its aging
-/// from the first attempt. The retry layer does.
+/// from the first attempt. [`RetryAfterLayer`](crate::RetryAfterLayer) does.
 ///
 /// Only the order and aging use it: each attempt still gets the full maximum wait of its class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

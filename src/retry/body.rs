@@ -1,0 +1,93 @@
+use std::fmt;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use pin_project_lite::pin_project;
+
+use crate::error::BoxError;
+
+pin_project! {
+    /// The body of a response from [`RetryAfter`](super::RetryAfter): the inner body, streamed
+    /// as it comes, or an error body the layer had to read to classify it.
+    pub struct RetryBody<B> {
+        #[pin]
+        inner: Inner<B>,
+    }
+}
+
+pin_project! {
+    #[project = InnerProj]
+    enum Inner<B> {
+        Streaming { #[pin] body: B },
+        Buffered { #[pin] body: Full<Bytes> },
+    }
+}
+
+impl<B> RetryBody<B> {
+    pub(crate) fn streaming(body: B) -> Self {
+        Self {
+            inner: Inner::Streaming { body },
+        }
+    }
+
+    pub(crate) fn buffered(bytes: Bytes) -> Self {
+        Self {
+            inner: Inner::Buffered {
+                body: Full::new(bytes),
+            },
+        }
+    }
+
+    /// Whether this is an error body the layer read to classify the failure.
+    pub fn is_buffered(&self) -> bool {
+        matches!(self.inner, Inner::Buffered { .. })
+    }
+}
+
+impl<B> Body for RetryBody<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project().inner.project() {
+            InnerProj::Streaming { body } => body
+                .poll_frame(cx)
+                .map(|frame| frame.map(|frame| frame.map_err(Into::into))),
+            InnerProj::Buffered { body } => body
+                .poll_frame(cx)
+                .map(|frame| frame.map(|frame| frame.map_err(|never| match never {}))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Inner::Streaming { body } => body.is_end_stream(),
+            Inner::Buffered { body } => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Inner::Streaming { body } => body.size_hint(),
+            Inner::Buffered { body } => body.size_hint(),
+        }
+    }
+}
+
+impl<B> fmt::Debug for RetryBody<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryBody")
+            .field("buffered", &self.is_buffered())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,348 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::response::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::combinators::Collect;
+use http_body_util::{BodyExt, Limited};
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep, sleep};
+use tower::Service;
+use tower::retry::budget::Budget as _;
+
+use super::layer::Settings;
+use super::{Classify, Failure, FailureClass, GaveUp, Permanent, RetryBody, RetryReport, hints};
+use crate::error::{BoxError, Error};
+use crate::priority::{Deadline, EnqueuedAt, Priority};
+
+/// Error bodies larger than this are not read: the failure is classified by status and headers.
+const ERROR_BODY_LIMIT: usize = 64 * 1024;
+
+pin_project! {
+    #[project = FutureProj]
+    /// The response future of [`RetryAfter`](super::RetryAfter).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping it drops the attempt in flight (cancel safe in this crate's layers) or the wait
+    /// between attempts; nothing is left behind.
+    pub struct ResponseFuture<S, B, ResBody, C>
+    where
+        S: Service<Request<B>>,
+        ResBody: Body,
+        ResBody::Error: Into<BoxError>,
+    {
+        #[pin]
+        state: State<S::Future, ResBody>,
+        service: S,
+        template: Request<B>,
+        settings: Arc<Settings<C>>,
+        priority: Priority,
+        deadline: Option<Instant>,
+        started: Instant,
+        report: RetryReport,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, ResBody>
+    where
+        ResBody: Body,
+        ResBody::Error: Into<BoxError>,
+    {
+        Calling { #[pin] future: F },
+        // An error response whose body is read to classify it.
+        Reading { #[pin] collect: Collect<Limited<ResBody>>, head: Option<Parts> },
+        Waiting { #[pin] sleep: Sleep },
+        Readying,
+        Done,
+    }
+}
+
+/// After a failed attempt: wait, then try again; or finish with this.
+enum After<T> {
+    Wait(Duration),
+    Finish(T),
+}
+
+/// What to do after a failed attempt.
+enum Next {
+    Retry(Duration),
+    GiveUp(GaveUp),
+}
+
+impl<S, B, ResBody, C> ResponseFuture<S, B, ResBody, C>
+where
+    S: Service<Request<B>>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+{
+    pub(crate) fn new(
+        first: S::Future,
+        service: S,
+        template: Request<B>,
+        settings: Arc<Settings<C>>,
+    ) -> Self {
+        let priority = template
+            .extensions()
+            .get::<Priority>()
+            .copied()
+            .unwrap_or(Priority::Async);
+        let deadline = template
+            .extensions()
+            .get::<Deadline>()
+            .map(Deadline::instant);
+        Self {
+            state: State::Calling { future: first },
+            service,
+            template,
+            settings,
+            priority,
+            deadline,
+            started: Instant::now(),
+            report: RetryReport {
+                attempts: 1,
+                waited: Duration::ZERO,
+                last_status: None,
+                last_class: None,
+                gave_up: None,
+                asked_wait: None,
+            },
+        }
+    }
+}
+
+impl<S, B, ResBody, C> Future for ResponseFuture<S, B, ResBody, C>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    B: Clone,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+    C: Classify,
+{
+    type Output = Result<Response<RetryBody<ResBody>>, Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Calling { future } => match ready!(future.poll(cx)) {
+                    Ok(response) if !is_failure(&response) => {
+                        // Handed to the caller: once its body starts, nothing is retried.
+                        this.state.set(State::Done);
+                        let mut response = response.map(RetryBody::streaming);
+                        if this.report.attempts > 1 {
+                            response.extensions_mut().insert(*this.report);
+                        }
+                        return Poll::Ready(Ok(response));
+                    }
+                    Ok(response) => {
+                        let (head, body) = response.into_parts();
+                        let readable = body
+                            .size_hint()
+                            .upper()
+                            .is_none_or(|n| n <= ERROR_BODY_LIMIT as u64);
+                        if readable {
+                            this.state.set(State::Reading {
+                                collect: Limited::new(body, ERROR_BODY_LIMIT).collect(),
+                                head: Some(head),
+                            });
+                            continue;
+                        }
+                        drop(body);
+                        match respond_or_retry(&mut this, head, Bytes::new()) {
+                            After::Wait(wait) => wait,
+                            After::Finish(response) => return Poll::Ready(Ok(response)),
+                        }
+                    }
+                    Err(error) => match error_or_retry(&mut this, error.into()) {
+                        After::Wait(wait) => wait,
+                        After::Finish(error) => return Poll::Ready(Err(error)),
+                    },
+                },
+                StateProj::Reading { collect, head } => {
+                    let collected = ready!(collect.poll(cx));
+                    let head = head.take().expect("polled after completion");
+                    match collected {
+                        Ok(collected) => {
+                            match respond_or_retry(&mut this, head, collected.to_bytes()) {
+                                After::Wait(wait) => wait,
+                                After::Finish(response) => return Poll::Ready(Ok(response)),
+                            }
+                        }
+                        // The error body itself failed (cut, or larger than it said).
+                        Err(error) => match error_or_retry(&mut this, error) {
+                            After::Wait(wait) => wait,
+                            After::Finish(error) => return Poll::Ready(Err(error)),
+                        },
+                    }
+                }
+                StateProj::Waiting { sleep } => {
+                    ready!(sleep.poll(cx));
+                    this.state.set(State::Readying);
+                    continue;
+                }
+                StateProj::Readying => {
+                    if let Err(error) = ready!(this.service.poll_ready(cx)) {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Err(Error::from_inner(error)));
+                    }
+                    let mut request = this.template.clone();
+                    // Queue again, keeping the first attempt's place for aging.
+                    request
+                        .extensions_mut()
+                        .insert(EnqueuedAt::at(*this.started));
+                    this.report.attempts += 1;
+                    tracing::debug!(attempt = this.report.attempts, "retrying");
+                    this.state.set(State::Calling {
+                        future: this.service.call(request),
+                    });
+                    continue;
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            };
+            this.report.waited += next;
+            this.state.set(State::Waiting { sleep: sleep(next) });
+        }
+    }
+}
+
+/// A failed response: retry after a wait, or give it to the caller with the report.
+fn respond_or_retry<S, B, ResBody, C>(
+    this: &mut FutureProj<'_, S, B, ResBody, C>,
+    head: Parts,
+    body: Bytes,
+) -> After<Response<RetryBody<ResBody>>>
+where
+    S: Service<Request<B>>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+    C: Classify,
+{
+    let failure = Failure::Response {
+        status: head.status,
+        headers: &head.headers,
+        body: &body,
+    };
+    let class = this.settings.classify.classify(&failure);
+    let now = SystemTime::now();
+    let hint = hints::provider_wait(&head.headers, &body, now);
+    if class == FailureClass::Transient(super::Transient::RateLimited) {
+        if let Some(budget) = &this.settings.pause {
+            let (dimensions, reset) = hints::spent(&head.headers, &body, hint, now);
+            if let Some(reset) = reset {
+                tracing::debug!(?dimensions, ?reset, "provider rate limit: budget paused");
+                budget.pause(&dimensions, Instant::now() + reset);
+            }
+        }
+    }
+    this.report.last_status = Some(head.status);
+    match next(this, class, hint) {
+        Next::Retry(wait) => After::Wait(wait),
+        Next::GiveUp(reason) => {
+            this.report.gave_up = Some(reason);
+            this.state.set(State::Done);
+            let mut response = Response::from_parts(head, RetryBody::buffered(body));
+            response.extensions_mut().insert(*this.report);
+            After::Finish(response)
+        }
+    }
+}
+
+/// A failed attempt without a response: retry after a wait, or fail.
+fn error_or_retry<S, B, ResBody, C>(
+    this: &mut FutureProj<'_, S, B, ResBody, C>,
+    error: BoxError,
+) -> After<Error>
+where
+    S: Service<Request<B>>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+    C: Classify,
+{
+    let class = this.settings.classify.classify(&Failure::Error(&*error));
+    this.report.last_status = None;
+    match next(this, class, None) {
+        Next::Retry(wait) => After::Wait(wait),
+        Next::GiveUp(reason) => {
+            this.state.set(State::Done);
+            // A first failure that is not worth a retry is the inner error, unchanged.
+            if this.report.attempts == 1 && reason == GaveUp::Permanent {
+                return After::Finish(Error::from_inner(error));
+            }
+            this.report.gave_up = Some(reason);
+            After::Finish(Error::gave_up(*this.report, error))
+        }
+    }
+}
+
+/// The retry decision: the class, then the provider's wait, the class's limits, the deadline
+/// and the retry budget, in that order.
+fn next<S, B, ResBody, C>(
+    this: &mut FutureProj<'_, S, B, ResBody, C>,
+    class: FailureClass,
+    hint: Option<Duration>,
+) -> Next
+where
+    S: Service<Request<B>>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+{
+    let policy = &this.settings.policy;
+    this.report.last_class = Some(class);
+    this.report.asked_wait = hint;
+    if let FailureClass::Permanent(_) = class {
+        return Next::GiveUp(GaveUp::Permanent);
+    }
+    if hint.is_some_and(|hint| !policy.honors(hint)) {
+        this.report.last_class = Some(FailureClass::Permanent(Permanent::WaitTooLong));
+        return Next::GiveUp(GaveUp::WaitTooLong);
+    }
+    if this.report.attempts >= policy.attempts(*this.priority) {
+        return Next::GiveUp(GaveUp::Attempts);
+    }
+    let wait = policy.wait(
+        this.report.attempts - 1,
+        hint,
+        this.settings.jitter.fraction(),
+    );
+    if this.started.elapsed() + wait > policy.total(*this.priority) {
+        return Next::GiveUp(GaveUp::Time);
+    }
+    if this
+        .deadline
+        .is_some_and(|deadline| Instant::now() + wait > deadline)
+    {
+        return Next::GiveUp(GaveUp::Deadline);
+    }
+    if !this.settings.budget.withdraw() {
+        return Next::GiveUp(GaveUp::Budget);
+    }
+    tracing::debug!(?class, ?wait, "transient failure, retrying after a wait");
+    Next::Retry(wait)
+}
+
+fn is_failure<B>(response: &Response<B>) -> bool {
+    response.status().is_client_error() || response.status().is_server_error()
+}
+
+impl<S, B, ResBody, C> fmt::Debug for ResponseFuture<S, B, ResBody, C>
+where
+    S: Service<Request<B>>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture")
+            .field("report", &self.report)
+            .finish_non_exhaustive()
+    }
+}

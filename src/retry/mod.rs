@@ -1,0 +1,90 @@
+//! The safety net: retry what is transient, obey the provider, spread the herd, share the
+//! cooldown.
+//!
+//! [`RetryAfterLayer`] sits outermost. It classifies each failed attempt ([`Classify`];
+//! [`ProviderErrors`] by default): 429, 408, 409, 5xx, "overloaded", connection resets and
+//! timeouts are transient; validation, authentication, context-length, policy and
+//! quota-exhausted failures are not, and neither are this crate's local decisions. It waits at
+//! least what the provider asks (`retry-after-ms`, `x-ms-retry-after-ms`, `retry-after` as
+//! seconds or a date, Gemini's `RetryInfo`), with jitter so that a herd does not come back in the
+//! same millisecond, or full-jitter backoff without a hint ([`RetryPolicy`]).
+//!
+//! # Example
+//!
+//! ```
+//! use std::num::NonZeroU64;
+//! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+//! use tower_llm_quota::{
+//!     Budget, Cost, Dimension, Limit, PriorityQueueLayer, Quota, RetryAfterLayer, RetryPolicy,
+//!     TokenBudgetLayer,
+//! };
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_llm_quota::BoxError> {
+//! let budget = Budget::new(Quota::new().with_limit(Limit::per_minute(
+//!     Dimension::TotalTokens,
+//!     NonZeroU64::new(30_000).unwrap(),
+//! )));
+//! let client = service_fn(|_req: http::Request<String>| async {
+//!     let body = http_body_util::Full::new(bytes::Bytes::from("ok"));
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(body))
+//! });
+//! let mut llm = ServiceBuilder::new()
+//!     .layer(RetryAfterLayer::new(RetryPolicy::new()).pause_on_rate_limit(budget.clone()))
+//!     .layer(PriorityQueueLayer::default())
+//!     .layer(TokenBudgetLayer::new(budget))
+//!     .service(client);
+//!
+//! let mut request = http::Request::new(String::from("{...}"));
+//! request.extensions_mut().insert(Cost::new(800, 200));
+//! let response = llm.ready().await?.call(request).await?;
+//! assert!(response.status().is_success());
+//! # Ok(()) }
+//! ```
+//!
+//! # Rules
+//!
+//! - **The provider's wait is a minimum.** It is re-read on every attempt; a wait above
+//!   [`RetryPolicy::max_honored_delay`] (a daily quota) is not honoured: the failure is
+//!   permanent. With a hint, the retry comes between the hint and the hint plus twice the larger
+//!   of the hint and the backoff window (at most the backoff cap).
+//! - **Per class** ([`Priority`](crate::Priority) in the request): attempts and total time are
+//!   bounded (3 / 8 s interactive, 5 / 60 s async, 8 / 300 s batch by default), and a wait
+//!   that would cross them, or the request's [`Deadline`](crate::Deadline), is not started.
+//! - **A retry budget** bounds retries to a share of recent requests (tower's `TpsBudget`: a
+//!   deposit per original request, a withdrawal per retry; 10 % plus 1 per second by default),
+//!   so a failing provider sees about 1.1 attempts per request instead of 4.
+//! - **Every attempt re-enters admission**: the layer sits outside the queue and the budget,
+//!   so a retry queues again (keeping its first attempt's [`EnqueuedAt`](crate::EnqueuedAt)
+//!   for aging) and reserves again. Requests are re-sent from a clone: the body must be `Clone`
+//!   (`Full<Bytes>`, `String`, `Bytes`; buffer a streaming request body first).
+//! - **A 429 pauses the shared budget** ([`RetryAfterLayer::pause_on_rate_limit`]): the
+//!   dimensions it names (from the rate-limit headers or the message; all when unknown) admit
+//!   nothing until the provider's reset, for every request of that budget. Overloaded answers
+//!   (529, 503) pause nothing.
+//! - **Streams are not retried once handed over**: only error statuses are retried; a success
+//!   goes to the caller at once, with its body untouched.
+//! - **The outcome is reported**: a final failed response carries a [`RetryReport`] (attempts,
+//!   time waited, last status and class, why it gave up, the wait asked); a failure without a
+//!   response is an [`Error`](crate::Error) with the same report. Error bodies (up to 64 KiB)
+//!   are read to classify them and returned buffered.
+
+mod body;
+mod classify;
+mod future;
+mod hints;
+mod layer;
+mod policy;
+mod report;
+mod service;
+
+pub use body::RetryBody;
+pub use classify::{
+    Classify, ClassifyError, ClassifyFn, Failure, FailureClass, Permanent, ProviderErrors,
+    Transient,
+};
+pub use future::ResponseFuture;
+pub use layer::RetryAfterLayer;
+pub use policy::{InvalidBackoff, Jitter, RetryPolicy, SeededJitter, ThreadJitter};
+pub use report::{GaveUp, RetryReport};
+pub use service::RetryAfter;

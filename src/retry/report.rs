@@ -1,0 +1,84 @@
+//! What the retry layer did, for the caller and for dashboards.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use super::FailureClass;
+
+/// What happened to a request that failed at least once; in the final response's extensions,
+/// or in the [`Error`](crate::Error) when there was no response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryReport {
+    pub(crate) attempts: u32,
+    pub(crate) waited: Duration,
+    pub(crate) last_status: Option<StatusCode>,
+    pub(crate) last_class: Option<FailureClass>,
+    pub(crate) gave_up: Option<GaveUp>,
+    pub(crate) asked_wait: Option<Duration>,
+}
+
+impl RetryReport {
+    /// Attempts made, the first included.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// Time spent waiting between attempts.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// The status of the last failed attempt, if it had a response.
+    pub fn last_status(&self) -> Option<StatusCode> {
+        self.last_status
+    }
+
+    /// How the last failure was classified.
+    pub fn last_class(&self) -> Option<FailureClass> {
+        self.last_class
+    }
+
+    /// Why retrying stopped, if the request finally failed.
+    pub fn gave_up(&self) -> Option<GaveUp> {
+        self.gave_up
+    }
+
+    /// The wait the provider asked for last, if any (above the honoured maximum when
+    /// [`GaveUp::WaitTooLong`]).
+    pub fn asked_wait(&self) -> Option<Duration> {
+        self.asked_wait
+    }
+}
+
+/// Why the retry layer stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GaveUp {
+    /// The failure is not transient.
+    Permanent,
+    /// The class's maximum number of attempts was reached.
+    Attempts,
+    /// The next wait would cross the class's maximum total time.
+    Time,
+    /// The next wait would cross the request's deadline.
+    Deadline,
+    /// The retry budget (a share of recent traffic) is spent.
+    Budget,
+    /// The provider asked for a wait beyond the honoured maximum.
+    WaitTooLong,
+}
+
+impl fmt::Display for GaveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GaveUp::Permanent => "the failure is not transient",
+            GaveUp::Attempts => "no attempts left",
+            GaveUp::Time => "the next wait would cross the time limit",
+            GaveUp::Deadline => "the next wait would cross the deadline",
+            GaveUp::Budget => "the retry budget is spent",
+            GaveUp::WaitTooLong => "the provider asked for a wait beyond the honoured maximum",
+        })
+    }
+}
