@@ -521,3 +521,40 @@ async fn the_retry_budget_bounds_amplification_against_a_naive_loop() {
     // Every request sent after the recovery succeeded.
     assert!(succeeded >= originals / 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_overloaded_answer_is_retried_but_pauses_nobody() {
+    let budget = budget([limit(Dimension::Requests, 100, SEC, 100)]);
+    let answers = vec![
+        Answer::Status(
+            529,
+            &[("retry-after", "2")],
+            r#"{"type":"error","error":{"type":"overloaded_error"}}"#,
+        ),
+        ok(),
+    ];
+    let (provider, log) = provider(answers, Instant::now());
+    let client = ServiceBuilder::new()
+        .layer(
+            RetryAfterLayer::new(RetryPolicy::new())
+                .jitter(Fixed(0.0))
+                .pause_on_rate_limit(budget.clone()),
+        )
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .service(provider);
+    let client = BoxCloneService::new(client);
+    let first = tokio::spawn(client.clone().oneshot(request("first", Priority::Async)));
+    time::sleep(SEC / 10).await;
+    client
+        .clone()
+        .oneshot(request("other", Priority::Async))
+        .await
+        .unwrap();
+    let response = first.await.unwrap().unwrap();
+    assert_eq!(
+        report_of(&response).last_class(),
+        Some(FailureClass::Transient(Transient::Overloaded))
+    );
+    // The other request went at once: no cooldown for an overloaded provider.
+    assert_eq!(times(&log), [0.0, 0.1, 2.0]);
+}
