@@ -111,7 +111,8 @@ impl<C: Classify + ?Sized> Classify for Arc<C> {
 /// The default classifier walks an error's [`source`](StdError::source) chain and asks each
 /// link; implement it for your transport's error type and use it from a [`ClassifyFn`], or
 /// rely on the built-in rules: [`io::Error`] by kind, tower's timeout, this crate's local
-/// decisions.
+/// decisions, and with the `hyper` and `reqwest` features their client errors (timeouts,
+/// closed connections, connect errors).
 pub trait ClassifyError {
     /// The class of this error, if it knows.
     fn classify_error(&self) -> Option<FailureClass>;
@@ -133,6 +134,40 @@ impl ClassifyError for crate::Error {
     fn classify_error(&self) -> Option<FailureClass> {
         self.is_local()
             .then_some(FailureClass::Permanent(Permanent::Local))
+    }
+}
+
+#[cfg(feature = "hyper")]
+impl ClassifyError for hyper::Error {
+    fn classify_error(&self) -> Option<FailureClass> {
+        if self.is_timeout() {
+            Some(FailureClass::Transient(Transient::Timeout))
+        } else if self.is_closed() || self.is_incomplete_message() || self.is_canceled() {
+            Some(FailureClass::Transient(Transient::Connection))
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(feature = "hyper")]
+impl ClassifyError for hyper_util::client::legacy::Error {
+    fn classify_error(&self) -> Option<FailureClass> {
+        self.is_connect()
+            .then_some(FailureClass::Transient(Transient::Connection))
+    }
+}
+
+#[cfg(feature = "reqwest")]
+impl ClassifyError for reqwest::Error {
+    fn classify_error(&self) -> Option<FailureClass> {
+        if self.is_timeout() {
+            Some(FailureClass::Transient(Transient::Timeout))
+        } else if self.is_connect() {
+            Some(FailureClass::Transient(Transient::Connection))
+        } else {
+            None
+        }
     }
 }
 
@@ -241,18 +276,39 @@ fn classify_status(status: StatusCode, text: &str) -> FailureClass {
     }
 }
 
+/// The class of one error of a known type, if it knows.
+fn known_error(error: &(dyn StdError + 'static)) -> Option<FailureClass> {
+    if let Some(e) = error.downcast_ref::<crate::Error>() {
+        return e.classify_error();
+    }
+    if let Some(e) = error.downcast_ref::<io::Error>() {
+        return e.classify_error();
+    }
+    if let Some(e) = error.downcast_ref::<tower::timeout::error::Elapsed>() {
+        return e.classify_error();
+    }
+    #[cfg(feature = "hyper")]
+    {
+        if let Some(e) = error.downcast_ref::<hyper::Error>() {
+            return e.classify_error();
+        }
+        if let Some(e) = error.downcast_ref::<hyper_util::client::legacy::Error>() {
+            return e.classify_error();
+        }
+    }
+    #[cfg(feature = "reqwest")]
+    {
+        if let Some(e) = error.downcast_ref::<reqwest::Error>() {
+            return e.classify_error();
+        }
+    }
+    None
+}
+
 fn classify_error_chain(error: &(dyn StdError + 'static)) -> FailureClass {
     let mut link = Some(error);
     while let Some(error) = link {
-        let known = if let Some(e) = error.downcast_ref::<crate::Error>() {
-            e.classify_error()
-        } else if let Some(e) = error.downcast_ref::<io::Error>() {
-            e.classify_error()
-        } else if let Some(e) = error.downcast_ref::<tower::timeout::error::Elapsed>() {
-            e.classify_error()
-        } else {
-            None
-        };
+        let known = known_error(error);
         if let Some(class) = known {
             return class;
         }
