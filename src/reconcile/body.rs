@@ -66,7 +66,8 @@ impl<X> Pending<X> {
 
 impl<X: ScanUsage> Pending<X> {
     fn settle(self, end: BodyEnd) {
-        match self.scanner.finish(end).or(self.from_extensions) {
+        let reserved = self.reservation.cost();
+        match self.scanner.finish(end, reserved).or(self.from_extensions) {
             Some(usage) => {
                 let settled = self.reservation.settle(&usage);
                 tracing::trace!(?end, ?settled, "reservation settled");

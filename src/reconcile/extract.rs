@@ -4,7 +4,7 @@ use http::HeaderMap;
 use http::response::Parts;
 
 use crate::budget::Budget;
-use crate::cost::Usage;
+use crate::cost::{Cost, Usage};
 
 /// Makes a [`ScanUsage`] for each response: the seam for provider-specific usage extraction
 /// (OpenAI and Anthropic JSON bodies and event streams).
@@ -19,7 +19,7 @@ use crate::cost::Usage;
 ///
 /// ```
 /// use http::response::Parts;
-/// use tower_llm_quota::{BodyEnd, Budget, ExtractUsage, ScanUsage, Usage};
+/// use tower_llm_quota::{BodyEnd, Budget, Cost, ExtractUsage, ScanUsage, Usage};
 ///
 /// #[derive(Clone)]
 /// struct Trailer;
@@ -38,7 +38,7 @@ use crate::cost::Usage;
 ///     fn data(&mut self, chunk: &[u8]) {
 ///         self.0.extend_from_slice(chunk);
 ///     }
-///     fn finish(self, end: BodyEnd) -> Option<Usage> {
+///     fn finish(self, end: BodyEnd, _reserved: Cost) -> Option<Usage> {
 ///         if end != BodyEnd::Complete {
 ///             return None;
 ///         }
@@ -66,9 +66,11 @@ pub trait ScanUsage: Send + 'static {
         let _ = trailers;
     }
 
-    /// The body ended as `end` says; the usage found, if any. `None` falls back to a `Usage`
-    /// in the response's extensions, then to charging the estimate.
-    fn finish(self, end: BodyEnd) -> Option<Usage>;
+    /// The body ended as `end` says; the usage found, if any. `reserved` is the request's
+    /// estimate, from which a scanner may derive a charge when the body was cut before its
+    /// usage arrived. `None` falls back to a `Usage` in the response's extensions, then to
+    /// charging the estimate.
+    fn finish(self, end: BodyEnd, reserved: Cost) -> Option<Usage>;
 }
 
 /// How a response body ended.
@@ -118,7 +120,7 @@ impl ExtractUsage for ExtensionUsage {
 impl ScanUsage for NoScan {
     fn data(&mut self, _chunk: &[u8]) {}
 
-    fn finish(self, _end: BodyEnd) -> Option<Usage> {
+    fn finish(self, _end: BodyEnd, _reserved: Cost) -> Option<Usage> {
         None
     }
 }

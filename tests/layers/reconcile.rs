@@ -73,7 +73,7 @@ impl ScanUsage for TrailerScan {
         self.text.extend_from_slice(chunk);
     }
 
-    fn finish(self, end: BodyEnd) -> Option<Usage> {
+    fn finish(self, end: BodyEnd, _reserved: Cost) -> Option<Usage> {
         self.ends.lock().unwrap().push(end);
         let text = String::from_utf8(self.text).ok()?;
         let (input, output) = text.rsplit_once("usage=")?.1.split_once(',')?;
