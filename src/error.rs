@@ -265,6 +265,13 @@ impl Error {
         }
     }
 
+    /// The same failure as a normalized [`RateLimitError`](crate::provider::RateLimitError),
+    /// when it is a local rate-limit refusal (a cost that never fits, a deadline passed while
+    /// waiting, a full queue).
+    pub fn rate_limit(&self) -> Option<crate::provider::RateLimitError> {
+        crate::provider::RateLimitError::from_local(self)
+    }
+
     /// The bucket that is too small, when [`Error::is_too_large`].
     pub fn insufficient_capacity(&self) -> Option<&InsufficientCapacity> {
         match &self.inner.kind {

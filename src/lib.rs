@@ -8,12 +8,14 @@ mod error;
 pub mod in_flight;
 pub mod parse;
 mod priority;
+pub mod provider;
 pub mod queue;
 mod quota;
 pub mod reconcile;
 pub mod retry;
 mod timer;
 pub mod token_budget;
+pub mod usage;
 
 pub use budget::{
     Budget, BudgetSnapshot, LimitSnapshot, Observation, Reservation, ReservationId,

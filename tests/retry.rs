@@ -215,6 +215,17 @@ async fn a_wait_beyond_the_honoured_maximum_is_permanent() {
         report.last_class(),
         Some(FailureClass::Permanent(Permanent::WaitTooLong))
     );
+    // The final 429 is also described as one normalized rate-limit failure.
+    let rate_limit = response
+        .extensions()
+        .get::<tower_llm_quota::provider::RateLimitError>()
+        .unwrap();
+    assert_eq!(
+        rate_limit.decision(),
+        tower_llm_quota::provider::Decision::Provider
+    );
+    assert_eq!(rate_limit.retry_after(), Some(86_400 * SEC));
+    assert!(!rate_limit.is_transient());
 }
 
 #[tokio::test(start_paused = true)]

@@ -20,6 +20,7 @@ use super::layer::Settings;
 use super::{Classify, Failure, FailureClass, GaveUp, Permanent, RetryBody, RetryReport, hints};
 use crate::error::{BoxError, Error};
 use crate::priority::{Deadline, EnqueuedAt, Priority};
+use crate::provider::{RateLimitError, Scope};
 
 /// Error bodies larger than this are not read: the failure is classified by status and headers.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
@@ -250,8 +251,18 @@ where
         Next::GiveUp(reason) => {
             this.report.gave_up = Some(reason);
             this.state.set(State::Done);
-            let mut response = Response::from_parts(head, RetryBody::buffered(body));
+            let mut response = Response::from_parts(head, RetryBody::buffered(body.clone()));
             response.extensions_mut().insert(*this.report);
+            if let Some(scope) = this.template.extensions().get::<Scope>() {
+                response.extensions_mut().insert(scope.clone());
+            }
+            // A final 429 also carries its normalized description.
+            if let Some(rate_limit) = RateLimitError::from_response(&response, &body) {
+                let exhausted = reason == GaveUp::WaitTooLong;
+                response
+                    .extensions_mut()
+                    .insert(rate_limit.exhausted(exhausted));
+            }
             After::Finish(response)
         }
     }

@@ -64,7 +64,9 @@
 //!   (529, 503) pause nothing.
 //! - **Streams are not retried once handed over**: only error statuses are retried; a success
 //!   goes to the caller at once, with its body untouched.
-//! - **The outcome is reported**: a final failed response carries a [`RetryReport`] (attempts,
+//! - **The outcome is reported**: a final 429 carries a normalized
+//!   [`RateLimitError`](crate::provider::RateLimitError) (decision, limit, scope, wait), and
+//!   every final failed response a [`RetryReport`] (attempts,
 //!   time waited, last status and class, why it gave up, the wait asked); a failure without a
 //!   response is an [`Error`](crate::Error) with the same report. Error bodies (up to 64 KiB)
 //!   are read to classify them and returned buffered.

@@ -1,0 +1,99 @@
+//! Usage from provider bodies, plugged into [`ReconcileLayer`](crate::ReconcileLayer).
+
+use http::response::Parts;
+
+use super::Profile;
+use crate::budget::Budget;
+use crate::cost::{Cost, Usage};
+use crate::reconcile::{BodyEnd, ExtractUsage, ScanUsage};
+use crate::usage::UsageScanner;
+
+/// Reads the usage a provider reports in its bodies, JSON or event streams, and adapts the
+/// budget from its rate-limit headers on every response. Use it with
+/// [`ReconcileLayer::with_extractor`](crate::ReconcileLayer::with_extractor).
+///
+/// Every byte passes through to the caller unchanged; the scanner holds no event, only the
+/// usage object itself (at most 16 KiB).
+///
+/// A stream cut before its usage arrived (dropped, failed, or ended without it) is charged the
+/// input estimate plus the output it streamed, counted at 3.5 characters per token, but never
+/// less than the provider's partial report: never refunded blindly.
+///
+/// Extraction needs the decoded body: put tower-http's `DecompressionLayer` *inside*
+/// `ReconcileLayer` (between it and the client), so that it sees plain JSON or SSE.
+///
+/// # Example
+///
+/// ```
+/// use tower::ServiceBuilder;
+/// use tower_llm_quota::provider::{Profile, ProviderUsage};
+/// use tower_llm_quota::ReconcileLayer;
+///
+/// let reconcile = ReconcileLayer::with_extractor(ProviderUsage::new(Profile::anthropic()));
+/// let _builder = ServiceBuilder::new().layer(reconcile);
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct ProviderUsage {
+    profile: Profile,
+}
+
+impl ProviderUsage {
+    /// Reads bodies and headers as `profile` says.
+    pub const fn new(profile: Profile) -> Self {
+        Self { profile }
+    }
+}
+
+/// The scanner of [`ProviderUsage`] for one response.
+#[derive(Debug)]
+pub struct ProviderScan {
+    profile: Profile,
+    scanner: UsageScanner,
+    streaming: bool,
+}
+
+impl ExtractUsage for ProviderUsage {
+    type Scanner = ProviderScan;
+
+    fn start(&self, head: &Parts, budget: &Budget) -> ProviderScan {
+        self.profile.adapt(&head.headers, budget);
+        let streaming = head
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        ProviderScan {
+            profile: self.profile,
+            scanner: UsageScanner::new(self.profile.wire_format(), streaming),
+            streaming,
+        }
+    }
+}
+
+impl ScanUsage for ProviderScan {
+    fn data(&mut self, chunk: &[u8]) {
+        self.scanner.data(chunk);
+    }
+
+    fn finish(self, end: BodyEnd, reserved: Cost) -> Option<Usage> {
+        let reported = self
+            .scanner
+            .usage()
+            .and_then(|raw| self.profile.usage(&raw));
+        let complete = end == BodyEnd::Complete && reported.is_some();
+        if !self.streaming || complete {
+            return reported;
+        }
+        // Cut before the final usage: the input as reported or estimated, the output streamed.
+        let streamed = self.scanner.streamed_chars().saturating_mul(2).div_ceil(7);
+        let input = reported.map_or(reserved.input_tokens(), |u| u.input_tokens());
+        let output = reported.map_or(streamed, |u| u.output_tokens().max(streamed));
+        tracing::debug!(
+            ?end,
+            input,
+            output,
+            "usage missing from a cut stream, estimated"
+        );
+        Some(Usage::new(input, output))
+    }
+}

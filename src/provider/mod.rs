@@ -1,0 +1,17 @@
+//! Provider profiles: usage from bodies and streams, adaptation from rate-limit headers, and
+//! one normalized rate-limit error.
+//!
+//! A [`Profile`] says how a provider (OpenAI Chat and Responses, Azure OpenAI, Anthropic,
+//! Gemini, OpenAI-compatible servers) reports usage and limits. [`ProviderUsage`] plugs it into
+//! [`ReconcileLayer`](crate::ReconcileLayer): it settles each reservation with the usage found
+//! in the body (JSON, or the event stream's final usage), and on every response lowers the
+//! budget when the provider reports less left than we hold. [`RateLimitError`] tells a local
+//! refusal from a provider's 429, with the dimension, scope and wait.
+
+mod extract;
+mod profile;
+mod rate_limit;
+
+pub use extract::{ProviderScan, ProviderUsage};
+pub use profile::{AdoptLimits, LimitReport, Profile};
+pub use rate_limit::{Decision, LimitedBy, RateLimitError, Scope};

@@ -1,0 +1,164 @@
+//! Provider profiles end to end: the budget follows what the provider's headers say, and a
+//! stream cut before its usage is charged from what it streamed.
+
+mod support;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use support::{budget, levels, limit};
+use tokio::time::Instant;
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tower_llm_quota::provider::{Profile, ProviderUsage};
+use tower_llm_quota::{Cost, Dimension, ReconcileLayer, TokenBudgetLayer};
+
+const SEC: Duration = Duration::from_secs(1);
+
+/// A provider that enforces a token bucket of its own (`limit` per minute, as much at once),
+/// shared with another client we cannot see, and reports its state in OpenAI's headers.
+#[derive(Debug)]
+struct Provider {
+    limit: u64,
+    level: f64,
+    at: Instant,
+    rejected: u64,
+}
+
+impl Provider {
+    fn refill(&mut self) {
+        let now = Instant::now();
+        let rate = self.limit as f64 / 60.0;
+        self.level = (self.level + (now - self.at).as_secs_f64() * rate).min(self.limit as f64);
+        self.at = now;
+    }
+
+    fn answer(&mut self, tokens: u64) -> Response<Full<Bytes>> {
+        self.refill();
+        let mut response = if self.level + 1e-6 >= tokens as f64 {
+            self.level -= tokens as f64;
+            let body = format!(
+                r#"{{"id":"x","choices":[{{"message":{{"content":"ok"}}}}],"usage":{{"prompt_tokens":{tokens},"completion_tokens":0,"total_tokens":{tokens}}}}}"#
+            );
+            Response::new(Full::new(Bytes::from(body)))
+        } else {
+            self.rejected += 1;
+            let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
+            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            response
+        };
+        let headers = response.headers_mut();
+        headers.insert("x-ratelimit-limit-tokens", self.limit.into());
+        headers.insert(
+            "x-ratelimit-remaining-tokens",
+            (self.level.floor() as u64).into(),
+        );
+        headers.insert("content-type", "application/json".parse().unwrap());
+        response
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_budget_follows_the_providers_remaining_and_its_lowered_limit() {
+    // Our view: 12,000 tokens a minute, all of it at once if free.
+    let budget = budget([limit(Dimension::TotalTokens, 12_000, 60 * SEC, 12_000)]);
+    // The provider's: the same, but another client already spent 10,000.
+    let provider = Arc::new(Mutex::new(Provider {
+        limit: 12_000,
+        level: 2_000.0,
+        at: Instant::now(),
+        rejected: 0,
+    }));
+    let state = provider.clone();
+    let client = service_fn(move |request: Request<String>| {
+        let tokens: u64 = request.body().parse().unwrap();
+        let response = state.lock().unwrap().answer(tokens);
+        async move { Ok::<_, Infallible>(response) }
+    });
+    let llm = ServiceBuilder::new()
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .layer(ReconcileLayer::with_extractor(ProviderUsage::new(
+            Profile::openai(),
+        )))
+        .service(client);
+
+    let send = |tokens: u64| {
+        let llm = llm.clone();
+        async move {
+            let mut request = Request::new(tokens.to_string());
+            request.extensions_mut().insert(Cost::new(tokens, 0));
+            let response = llm.oneshot(request).await.unwrap();
+            let status = response.status();
+            response.into_body().collect().await.unwrap();
+            status
+        }
+    };
+
+    // The first response says 1,500 are left: our level drops from 11,500 to it.
+    assert_eq!(send(500).await, StatusCode::OK);
+    assert_eq!(levels(&budget), [1_500]);
+    // So the next requests wait for refill instead of meeting a 429.
+    for _ in 0..10 {
+        assert_eq!(send(1_000).await, StatusCode::OK);
+    }
+
+    // A quiet minute, then the provider halves its limit without notice: the next response
+    // says so, and the budget follows it from there.
+    tokio::time::sleep(60 * SEC).await;
+    provider.lock().unwrap().limit = 6_000;
+    for _ in 0..10 {
+        assert_eq!(send(1_000).await, StatusCode::OK);
+    }
+    let snapshot = budget.snapshot();
+    assert_eq!(snapshot.limits()[0].limit().amount().get(), 6_000);
+    assert_eq!(
+        provider.lock().unwrap().rejected,
+        0,
+        "the provider never said 429"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_cut_before_its_usage_is_charged_what_it_streamed() {
+    let budget = budget([limit(Dimension::TotalTokens, 10_000, 60 * SEC, 10_000)]);
+    let (tx, rx) =
+        futures::channel::mpsc::unbounded::<Result<http_body::Frame<Bytes>, Infallible>>();
+    let rx = Arc::new(Mutex::new(Some(rx)));
+    let client = service_fn(move |_request: Request<String>| {
+        let rx = rx.lock().unwrap().take().unwrap();
+        async move {
+            let mut response = Response::new(StreamBody::new(rx));
+            response
+                .headers_mut()
+                .insert("content-type", "text/event-stream".parse().unwrap());
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let llm = ServiceBuilder::new()
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .layer(ReconcileLayer::with_extractor(ProviderUsage::new(
+            Profile::openai(),
+        )))
+        .service(client);
+    let mut request = Request::new(String::new());
+    request.extensions_mut().insert(Cost::new(300, 1_000));
+    let response = llm.oneshot(request).await.unwrap();
+    assert_eq!(levels(&budget), [8_700]);
+
+    // 70 characters of answer, then the connection drops: no usage chunk ever came.
+    let delta = r#"data: {"choices":[{"index":0,"delta":{"content":"0123456789"}}],"usage":null}"#;
+    let mut body = response.into_body();
+    for _ in 0..7 {
+        tx.unbounded_send(Ok(http_body::Frame::data(Bytes::from(format!(
+            "{delta}\n\n"
+        )))))
+        .unwrap();
+        body.frame().await.unwrap().unwrap();
+    }
+    drop(body);
+    // Charged 300 (the input estimate) + 20 (70 characters at 3.5 a token): 980 refunded.
+    assert_eq!(levels(&budget), [10_000 - 320]);
+}
