@@ -134,13 +134,19 @@ where
                             // Nobody else may go until the inner future had its first poll
                             // (entering the budget's queue, say): see `Calling`. Should the
                             // inner service panic in `call`, the guard ends the hand-over.
+                            let queued = key.enqueued_at().elapsed();
+                            tracing::debug!(
+                                priority = key.priority().as_str(),
+                                queued_ms = queued.as_millis() as u64,
+                                "turn came"
+                            );
                             let guard = Dispatching(Some(shared));
                             let future = service.call(request);
                             state.set(State::Calling {
                                 future,
                                 dispatching: guard.disarm(),
                                 key,
-                                queued: key.enqueued_at().elapsed(),
+                                queued,
                             });
                             continue;
                         }

@@ -34,6 +34,8 @@ pin_project! {
         started: Option<Instant>,
         #[pin]
         deadline: DeadlineTimer,
+        // Carries the wait for the budget and the call time, for subscribers.
+        span: tracing::Span,
     }
 }
 
@@ -69,10 +71,19 @@ where
         priority: Option<Priority>,
         deadline: Option<Instant>,
     ) -> Self {
+        let reserve_cost = reserve.cost();
         Self {
             state: State::Admitting { reserve },
             service: Some(service),
             request: Some(request),
+            span: tracing::debug_span!(
+                "token_budget",
+                priority = priority.map(Priority::as_str),
+                input_tokens = reserve_cost.input_tokens(),
+                output_tokens = reserve_cost.output_tokens(),
+                budget_wait_ms = tracing::field::Empty,
+                call_ms = tracing::field::Empty,
+            ),
             priority,
             started: None,
             deadline: DeadlineTimer::new(deadline),
@@ -87,6 +98,7 @@ where
             priority: None,
             started: None,
             deadline: DeadlineTimer::new(None),
+            span: tracing::Span::none(),
         }
     }
 }
@@ -100,6 +112,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let _entered = this.span.enter();
         let started = *this.started.get_or_insert_with(Instant::now);
         loop {
             let waiting = match this.state.as_mut().project() {
@@ -133,10 +146,13 @@ where
                             let mut request = this.request.take().expect("polled after completion");
                             request.extensions_mut().insert(slot.clone());
                             let future = service.call(request);
+                            let waited = started.elapsed();
+                            this.span
+                                .record("budget_wait_ms", waited.as_millis() as u64);
                             this.state.set(State::Calling {
                                 future,
                                 unclaimed: Unclaimed(slot),
-                                waited: started.elapsed(),
+                                waited,
                             });
                             continue;
                         }
@@ -155,6 +171,7 @@ where
                     return Poll::Ready(match output {
                         Ok(mut response) => {
                             let call = started.elapsed().saturating_sub(waited);
+                            this.span.record("call_ms", call.as_millis() as u64);
                             Timings::record_call(response.extensions_mut(), waited, call);
                             Ok(response)
                         }
