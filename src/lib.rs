@@ -5,6 +5,7 @@ pub mod budget;
 mod builder;
 mod cost;
 mod error;
+pub mod estimate;
 pub mod in_flight;
 pub mod parse;
 mod priority;
@@ -24,6 +25,7 @@ pub use budget::{
 pub use builder::ServiceBuilderExt;
 pub use cost::{Cost, Usage};
 pub use error::{BoxError, Error, InsufficientCapacity, NotUntil, TryReserveError};
+pub use estimate::{CharEstimator, Estimate, EstimateLayer, Estimator, LearnedOutput, OutputRoute};
 pub use in_flight::{InFlightBody, InFlightLimit, InFlightLimitLayer};
 pub use priority::{Deadline, EnqueuedAt, Priority, Timings};
 pub use queue::{

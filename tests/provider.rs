@@ -12,7 +12,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use support::{budget, levels, limit};
 use tokio::time::Instant;
-use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::provider::{Profile, ProviderUsage};
 use tower_llm_quota::{Cost, Dimension, ReconcileLayer, TokenBudgetLayer};
 
@@ -161,4 +161,68 @@ async fn a_stream_cut_before_its_usage_is_charged_what_it_streamed() {
     drop(body);
     // Charged 300 (the input estimate) + 20 (70 characters at 3.5 a token): 980 refunded.
     assert_eq!(levels(&budget), [10_000 - 320]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn real_output_teaches_the_estimate_of_the_next_requests() {
+    use tower_llm_quota::estimate::{EstimateLayer, LearnedOutput};
+
+    let budget = budget([limit(
+        Dimension::OutputTokens,
+        1_000_000,
+        60 * SEC,
+        1_000_000,
+    )]);
+    let learned = LearnedOutput::new();
+    let client = service_fn(|_request: Request<Full<Bytes>>| async {
+        // Every answer uses 120 output tokens, far below max_tokens.
+        let body = r#"{"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":120,"total_tokens":140}}"#;
+        let mut response = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+        response
+            .headers_mut()
+            .insert("content-type", "application/json".parse().unwrap());
+        Ok::<_, Infallible>(response)
+    });
+    let llm = ServiceBuilder::new()
+        .layer(EstimateLayer::new().learn_output(learned.clone()))
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .layer(ReconcileLayer::with_extractor(ProviderUsage::new(
+            Profile::openai(),
+        )))
+        .service(client);
+    let body = r#"{"model":"gpt-4o","max_tokens":2000,"messages":[{"role":"user","content":"Classify this ticket."}]}"#;
+    let send = || {
+        let llm = llm.clone();
+        async move {
+            let mut request = Request::new(Full::new(Bytes::from_static(body.as_bytes())));
+            *request.uri_mut() = "/v1/chat/completions".parse().unwrap();
+            request
+                .headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            let response = llm.oneshot(request).await.unwrap();
+            response.into_body().collect().await.unwrap();
+        }
+    };
+    for _ in 0..25 {
+        send().await;
+    }
+    assert_eq!(learned.routes(), 1);
+    // Once learned, the next request reserves the p95 of real output (120), not max_tokens.
+    let before = levels(&budget)[0];
+    let mut request = Request::new(Full::new(Bytes::from_static(body.as_bytes())));
+    *request.uri_mut() = "/v1/chat/completions".parse().unwrap();
+    request
+        .headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    let inner = service_fn(|request: Request<Full<Bytes>>| async move {
+        Ok::<_, Infallible>(*request.extensions().get::<Cost>().unwrap())
+    });
+    let estimated = EstimateLayer::new()
+        .learn_output(learned.clone())
+        .layer(inner)
+        .oneshot(request)
+        .await
+        .unwrap();
+    assert_eq!(estimated.output_tokens(), 120);
+    assert_eq!(levels(&budget)[0], before);
 }

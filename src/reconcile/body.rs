@@ -8,6 +8,7 @@ use pin_project_lite::pin_project;
 use super::{BodyEnd, ScanUsage};
 use crate::budget::Reservation;
 use crate::cost::Usage;
+use crate::estimate::OutputRoute;
 
 pin_project! {
     /// A response body that settles its request's reservation when it ends, fails or is
@@ -46,6 +47,8 @@ pub(crate) struct Pending<X> {
     from_extensions: Option<Usage>,
     /// Whether the response is an error (4xx, 5xx): providers bill no tokens for those.
     failed: bool,
+    /// A learned output estimate to feed with the real output.
+    learn: Option<OutputRoute>,
 }
 
 impl<X> Pending<X> {
@@ -54,12 +57,14 @@ impl<X> Pending<X> {
         scanner: X,
         from_extensions: Option<Usage>,
         failed: bool,
+        learn: Option<OutputRoute>,
     ) -> Self {
         Self {
             reservation,
             scanner,
             from_extensions,
             failed,
+            learn,
         }
     }
 }
@@ -69,6 +74,9 @@ impl<X: ScanUsage> Pending<X> {
         let reserved = self.reservation.cost();
         match self.scanner.finish(end, reserved).or(self.from_extensions) {
             Some(usage) => {
+                if let Some(route) = &self.learn {
+                    route.record(usage.output_tokens());
+                }
                 let settled = self.reservation.settle(&usage);
                 tracing::trace!(?end, ?settled, "reservation settled");
             }

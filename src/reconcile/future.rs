@@ -10,6 +10,7 @@ use super::body::Pending;
 use super::{ExtractUsage, ReconcileBody};
 use crate::budget::Reservation;
 use crate::cost::Usage;
+use crate::estimate::OutputRoute;
 
 pin_project! {
     /// The response future of [`Reconcile`](super::Reconcile).
@@ -23,15 +24,22 @@ pin_project! {
         inner: F,
         reservation: Option<Reservation>,
         extract: Option<X>,
+        learn: Option<OutputRoute>,
     }
 }
 
 impl<F, X> ResponseFuture<F, X> {
-    pub(crate) fn new(inner: F, reservation: Option<Reservation>, extract: Option<X>) -> Self {
+    pub(crate) fn new(
+        inner: F,
+        reservation: Option<Reservation>,
+        extract: Option<X>,
+        learn: Option<OutputRoute>,
+    ) -> Self {
         Self {
             inner,
             reservation,
             extract,
+            learn,
         }
     }
 }
@@ -52,7 +60,13 @@ where
                 let scanner = extract.start(&head, reservation.budget());
                 let from_extensions = head.extensions.get::<Usage>().copied();
                 let failed = head.status.is_client_error() || head.status.is_server_error();
-                Some(Pending::new(reservation, scanner, from_extensions, failed))
+                Some(Pending::new(
+                    reservation,
+                    scanner,
+                    from_extensions,
+                    failed,
+                    this.learn.take(),
+                ))
             }
             _ => None,
         };

@@ -5,6 +5,7 @@ use tower::Service;
 
 use super::{ExtractUsage, ReconcileBody, ResponseFuture};
 use crate::budget::ReservationSlot;
+use crate::estimate::OutputRoute;
 
 /// Settles each request's reservation when its response body ends; see the
 /// [module documentation](crate::reconcile).
@@ -51,6 +52,8 @@ where
                 reservation
             });
         let extract = reservation.is_some().then(|| self.extract.clone());
-        ResponseFuture::new(self.inner.call(request), reservation, extract)
+        // Real output tokens feed a learned output estimate, when the request asked for one.
+        let learn = request.extensions().get::<OutputRoute>().cloned();
+        ResponseFuture::new(self.inner.call(request), reservation, extract, learn)
     }
 }

@@ -1,0 +1,212 @@
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use http::Request;
+use http::request::Parts;
+use http_body::Body;
+use pin_project_lite::pin_project;
+use tower::Service;
+
+use super::layer::Settings;
+use super::{OutputRoute, read_request};
+use crate::error::BoxError;
+
+pin_project! {
+    /// The response future of [`Estimate`](super::Estimate): reads the request body when it
+    /// has one to estimate, then calls the inner service.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while reading the body, the request is dropped unsent, and nothing was
+    /// reserved: the estimate is only an extension until a budget reserves it. Dropped during
+    /// the call, it drops the inner service's future.
+    pub struct ResponseFuture<S, B>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        state: State<S::Future, B>,
+        read: Option<Read<S>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, B> {
+        Reading { #[pin] body: B },
+        Calling { #[pin] future: F },
+        Done,
+    }
+}
+
+/// What a reading future holds besides the body.
+struct Read<S> {
+    parts: Parts,
+    buffer: Buffer,
+    service: S,
+    settings: Arc<Settings>,
+}
+
+/// The body read so far: a single frame is kept as it came (no copy), several are joined.
+#[derive(Default)]
+enum Buffer {
+    #[default]
+    Empty,
+    One(Bytes),
+    Many(BytesMut),
+}
+
+impl Buffer {
+    fn push(&mut self, mut data: impl Buf) {
+        if !data.has_remaining() {
+            return;
+        }
+        *self = match std::mem::take(self) {
+            // Free for `Bytes` frames, a copy for other buffers.
+            Self::Empty => Self::One(data.copy_to_bytes(data.remaining())),
+            Self::One(first) => {
+                let mut joined = BytesMut::with_capacity(first.len() + data.remaining());
+                joined.put(first);
+                joined.put(data);
+                Self::Many(joined)
+            }
+            Self::Many(mut joined) => {
+                joined.put(data);
+                Self::Many(joined)
+            }
+        };
+    }
+
+    fn freeze(self) -> Bytes {
+        match self {
+            Self::Empty => Bytes::new(),
+            Self::One(bytes) => bytes,
+            Self::Many(joined) => joined.freeze(),
+        }
+    }
+}
+
+impl<S, B> ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    pub(super) fn calling(future: S::Future) -> Self {
+        Self {
+            state: State::Calling { future },
+            read: None,
+        }
+    }
+
+    pub(super) fn reading(parts: Parts, body: B, service: S, settings: Arc<Settings>) -> Self {
+        Self {
+            state: State::Reading { body },
+            read: Some(Read {
+                parts,
+                buffer: Buffer::Empty,
+                service,
+                settings,
+            }),
+        }
+    }
+}
+
+impl<S, B> Future for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+    S::Error: Into<BoxError>,
+    B: Body + From<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Output = Result<S::Response, BoxError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Reading { mut body } => {
+                    let read = this.read.as_mut().expect("polled after completion");
+                    match ready!(body.as_mut().poll_frame(cx)) {
+                        Some(Ok(frame)) => {
+                            match frame.into_data() {
+                                Ok(data) => read.buffer.push(data),
+                                // Bodies rebuilt from bytes carry no trailers.
+                                Err(_) => tracing::debug!("request trailers dropped"),
+                            }
+                            continue;
+                        }
+                        Some(Err(error)) => {
+                            this.state.set(State::Done);
+                            this.read.take();
+                            return Poll::Ready(Err(error.into()));
+                        }
+                        None => {}
+                    }
+                    let Read {
+                        mut parts,
+                        buffer,
+                        mut service,
+                        settings,
+                    } = this.read.take().expect("polled after completion");
+                    let bytes = buffer.freeze();
+                    estimate_into(&mut parts, &bytes, &settings);
+                    let future = service.call(Request::from_parts(parts, B::from(bytes)));
+                    this.state.set(State::Calling { future });
+                }
+                StateProj::Calling { future } => {
+                    let output = ready!(future.poll(cx));
+                    this.state.set(State::Done);
+                    return Poll::Ready(output.map_err(Into::into));
+                }
+                StateProj::Done => panic!("ResponseFuture polled after completion"),
+            }
+        }
+    }
+}
+
+/// Puts the estimated cost of `body`, and the route its output is learned under, into the
+/// request's extensions.
+fn estimate_into(parts: &mut Parts, body: &[u8], settings: &Settings) {
+    if body.len() > settings.max_body_bytes {
+        return;
+    }
+    let Some(request) = read_request(body, settings.estimator.as_ref(), &settings.defaults) else {
+        tracing::debug!("request body not estimated: not a known JSON request");
+        return;
+    };
+    let route = settings
+        .learned
+        .as_ref()
+        .and_then(|learned| Some((learned, (settings.route_key)(parts, &request)?)));
+    let cost = match route {
+        Some((learned, route)) => {
+            let cost = request.cost_learned(&settings.defaults, learned, &route);
+            parts
+                .extensions
+                .insert(OutputRoute::new(learned.clone(), route, request.choices()));
+            cost
+        }
+        None => request.cost(&settings.defaults),
+    };
+    tracing::trace!(?cost, model = request.model(), "request estimated");
+    parts.extensions.insert(cost);
+}
+
+impl<S, B> fmt::Debug for ResponseFuture<S, B>
+where
+    S: Service<Request<B>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Reading { .. } => "reading",
+            State::Calling { .. } => "calling",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,117 @@
+use std::fmt;
+use std::sync::Arc;
+
+use http::request::Parts;
+use tower::Layer;
+
+use super::{CharEstimator, Defaults, Estimate, Estimator, LearnedOutput, RequestEstimate};
+
+/// Chooses the route a request's output is learned under; `None` learns nothing for it.
+type RouteKey = dyn Fn(&Parts, &RequestEstimate) -> Option<String> + Send + Sync;
+
+/// What an [`EstimateLayer`] and its services share.
+#[derive(Clone)]
+pub(super) struct Settings {
+    pub(super) estimator: Arc<dyn Estimator>,
+    pub(super) defaults: Defaults,
+    pub(super) max_body_bytes: usize,
+    pub(super) learned: Option<LearnedOutput>,
+    pub(super) route_key: Arc<RouteKey>,
+}
+
+impl fmt::Debug for Settings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Settings")
+            .field("defaults", &self.defaults)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("learned", &self.learned)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The default route: the request's path, and its model when the body names one.
+fn path_and_model(parts: &Parts, request: &RequestEstimate) -> Option<String> {
+    let path = parts.uri.path();
+    Some(match request.model() {
+        Some(model) => format!("{path} {model}"),
+        None => path.to_owned(),
+    })
+}
+
+/// Applies [`Estimate`] to a service; see the [module documentation](crate::estimate).
+///
+/// Every service this layer builds shares its estimator and its [`LearnedOutput`].
+#[derive(Debug, Clone)]
+pub struct EstimateLayer {
+    settings: Arc<Settings>,
+}
+
+impl EstimateLayer {
+    /// Bodies larger than this, 4 MiB by default, pass without an estimate.
+    pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+
+    /// Estimates with a [`CharEstimator`] and the default [`Defaults`].
+    pub fn new() -> Self {
+        Self::with_estimator(CharEstimator::new())
+    }
+
+    /// Estimates with `estimator` and the default [`Defaults`].
+    pub fn with_estimator(estimator: impl Estimator) -> Self {
+        Self {
+            settings: Arc::new(Settings {
+                estimator: Arc::new(estimator),
+                defaults: Defaults::new(),
+                max_body_bytes: Self::DEFAULT_MAX_BODY_BYTES,
+                learned: None,
+                route_key: Arc::new(path_and_model),
+            }),
+        }
+    }
+
+    /// What to assume where a request says nothing countable; see [`Defaults`].
+    pub fn defaults(mut self, defaults: Defaults) -> Self {
+        Arc::make_mut(&mut self.settings).defaults = defaults;
+        self
+    }
+
+    /// Reads bodies of up to `max_body_bytes` bytes; larger ones, and bodies whose size is not
+    /// known in advance, pass without an estimate. Defaults to 4 MiB.
+    pub fn max_body_bytes(mut self, max_body_bytes: usize) -> Self {
+        Arc::make_mut(&mut self.settings).max_body_bytes = max_body_bytes;
+        self
+    }
+
+    /// Reserves the output `learned` expects for the request's route (bounded by its
+    /// `max_tokens`) once the route has enough samples, and puts an
+    /// [`OutputRoute`](super::OutputRoute) in the request's extensions so that the real usage
+    /// can be recorded. The route is the request's path and model unless
+    /// [`EstimateLayer::route_key`] says otherwise.
+    pub fn learn_output(mut self, learned: LearnedOutput) -> Self {
+        Arc::make_mut(&mut self.settings).learned = Some(learned);
+        self
+    }
+
+    /// Chooses the route a request's output is learned under (by default
+    /// `"{path} {model}"`, or the path alone); `None` learns nothing for that request.
+    pub fn route_key<F>(mut self, route_key: F) -> Self
+    where
+        F: Fn(&Parts, &RequestEstimate) -> Option<String> + Send + Sync + 'static,
+    {
+        Arc::make_mut(&mut self.settings).route_key = Arc::new(route_key);
+        self
+    }
+}
+
+impl Default for EstimateLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S> Layer<S> for EstimateLayer {
+    type Service = Estimate<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Estimate::from_settings(inner, self.settings.clone())
+    }
+}

@@ -1,0 +1,405 @@
+use serde_json::{Map, Value};
+
+use super::{Estimator, LearnedOutput};
+use crate::cost::Cost;
+
+/// What the body reader assumes where a request says nothing countable: the output reserved
+/// without a `max_tokens`, the framing of each message, an image.
+///
+/// # Example
+///
+/// ```
+/// use tower_llm_quota::estimate::Defaults;
+///
+/// let defaults = Defaults::new().with_output_tokens(1_024);
+/// assert_eq!(defaults.output_tokens(), 1_024);
+/// assert_eq!(defaults.message_tokens(), 4);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Defaults {
+    output_tokens: u64,
+    message_tokens: u64,
+    reply_tokens: u64,
+    image_tokens: u64,
+}
+
+impl Defaults {
+    /// Output tokens reserved for a request without a usable `max_tokens`,
+    /// `max_completion_tokens` or `max_output_tokens`: 4,096.
+    ///
+    /// Without a bound the provider may generate up to the model's limit (16k to 128k tokens),
+    /// which no budget should reserve for every call; 4,096 is above what most chat answers
+    /// use, and the reconcile step refunds what is not spent. Set it to your model's limit
+    /// when long answers without a `max_tokens` are common, or send a `max_tokens`.
+    pub const DEFAULT_OUTPUT_TOKENS: u64 = 4_096;
+    /// Tokens of framing per message: 4. OpenAI's token-counting guide counts 3 per message
+    /// for current chat models (`<|start|>role ... <|end|>`) and 4 for the first GPT-3.5 Turbo;
+    /// the higher figure errs high. A message's `name` is counted as text.
+    pub const DEFAULT_MESSAGE_TOKENS: u64 = 4;
+    /// Tokens priming the reply, once per request with messages: 3
+    /// (`<|start|>assistant<|message|>` in OpenAI's guide).
+    pub const DEFAULT_REPLY_TOKENS: u64 = 3;
+    /// Tokens per image, audio clip or file part: 1,600, a flat amount since the body reader
+    /// does not decode images.
+    ///
+    /// Anthropic charges about (width × height) / 750 tokens and resizes images beyond about
+    /// 1.15 megapixels, so an image costs at most about 1,600 tokens; OpenAI's GPT-4o charges
+    /// 85 to 1,105 for the largest high-detail image. Models that bill images with a
+    /// multiplier (`gpt-4o-mini`, `gpt-4.1-mini`) count more: raise it for them.
+    pub const DEFAULT_IMAGE_TOKENS: u64 = 1_600;
+
+    /// The defaults above.
+    pub const fn new() -> Self {
+        Self {
+            output_tokens: Self::DEFAULT_OUTPUT_TOKENS,
+            message_tokens: Self::DEFAULT_MESSAGE_TOKENS,
+            reply_tokens: Self::DEFAULT_REPLY_TOKENS,
+            image_tokens: Self::DEFAULT_IMAGE_TOKENS,
+        }
+    }
+
+    /// Output tokens reserved for a request that sets no usable maximum.
+    pub const fn with_output_tokens(self, output_tokens: u64) -> Self {
+        Self {
+            output_tokens,
+            ..self
+        }
+    }
+
+    /// Tokens of framing per message.
+    pub const fn with_message_tokens(self, message_tokens: u64) -> Self {
+        Self {
+            message_tokens,
+            ..self
+        }
+    }
+
+    /// Tokens priming the reply, once per request with messages.
+    pub const fn with_reply_tokens(self, reply_tokens: u64) -> Self {
+        Self {
+            reply_tokens,
+            ..self
+        }
+    }
+
+    /// Tokens per image, audio clip or file part.
+    pub const fn with_image_tokens(self, image_tokens: u64) -> Self {
+        Self {
+            image_tokens,
+            ..self
+        }
+    }
+
+    /// Output tokens reserved for a request that sets no usable maximum.
+    pub const fn output_tokens(&self) -> u64 {
+        self.output_tokens
+    }
+
+    /// Tokens of framing per message.
+    pub const fn message_tokens(&self) -> u64 {
+        self.message_tokens
+    }
+
+    /// Tokens priming the reply.
+    pub const fn reply_tokens(&self) -> u64 {
+        self.reply_tokens
+    }
+
+    /// Tokens per image, audio clip or file part.
+    pub const fn image_tokens(&self) -> u64 {
+        self.image_tokens
+    }
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What the body reader found in a request: its prompt tokens, the output bound it sets and
+/// how many choices it asks for. [`RequestEstimate::cost`] turns it into a [`Cost`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestEstimate {
+    model: Option<String>,
+    input_tokens: u64,
+    max_output_tokens: Option<u64>,
+    choices: u64,
+}
+
+impl RequestEstimate {
+    /// The body's `model`, when it names one.
+    pub fn model(&self) -> Option<&str> {
+        self.model.as_deref()
+    }
+
+    /// Estimated prompt tokens, framing included.
+    pub fn input_tokens(&self) -> u64 {
+        self.input_tokens
+    }
+
+    /// The output bound the request sets (`max_completion_tokens`, `max_tokens` or
+    /// `max_output_tokens`), per choice.
+    pub fn max_output_tokens(&self) -> Option<u64> {
+        self.max_output_tokens
+    }
+
+    /// Choices asked for (`n`), at least 1.
+    pub fn choices(&self) -> u64 {
+        self.choices
+    }
+
+    /// Output tokens to reserve per choice: the request's bound, or the default.
+    pub fn output_bound(&self, defaults: &Defaults) -> u64 {
+        self.max_output_tokens.unwrap_or(defaults.output_tokens)
+    }
+
+    /// The cost: the prompt, plus the output bound (or the default reservation) times the
+    /// choices; one request.
+    pub fn cost(&self, defaults: &Defaults) -> Cost {
+        Cost::new(
+            self.input_tokens,
+            self.output_bound(defaults).saturating_mul(self.choices),
+        )
+    }
+
+    /// The cost, reserving per choice what `learned` expects for `route` (its quantile of
+    /// recent outputs) when it has enough samples, bounded by the request's own maximum;
+    /// otherwise as [`RequestEstimate::cost`].
+    pub fn cost_learned(&self, defaults: &Defaults, learned: &LearnedOutput, route: &str) -> Cost {
+        let per_choice = match learned.estimate(route) {
+            Some(expected) => match self.max_output_tokens {
+                Some(max) => expected.min(max),
+                None => expected,
+            },
+            None => self.output_bound(defaults),
+        };
+        Cost::new(self.input_tokens, per_choice.saturating_mul(self.choices))
+    }
+}
+
+/// The [`Cost`] of an LLM request body, or `None` when it is not a JSON request of a known
+/// shape; shorthand for [`read_request`] then [`RequestEstimate::cost`].
+///
+/// # Example
+///
+/// ```
+/// use tower_llm_quota::estimate::{self, CharEstimator, Defaults};
+///
+/// let body = br#"{"model":"gpt-4o","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+/// let cost = estimate::estimate(body, &CharEstimator::new(), &Defaults::new()).unwrap();
+/// // 4 of framing + "user" (4) + "hi" (3) + 3 priming the reply.
+/// assert_eq!(cost.input_tokens(), 14);
+/// assert_eq!(cost.output_tokens(), 100);
+/// assert_eq!(estimate::estimate(b"not json", &CharEstimator::new(), &Defaults::new()), None);
+/// ```
+pub fn estimate(body: &[u8], estimator: &dyn Estimator, defaults: &Defaults) -> Option<Cost> {
+    read_request(body, estimator, defaults).map(|request| request.cost(defaults))
+}
+
+/// Reads an LLM request body: its prompt tokens, output bound and choices. `None` when the body
+/// is not a JSON object with `messages`, `input` or `prompt`.
+///
+/// # What is counted
+///
+/// One reader serves OpenAI Chat Completions, OpenAI Responses and Anthropic Messages (and the
+/// legacy Completions `prompt`), since their fields do not clash:
+///
+/// - **Messages** (`messages[]`, and the items of a Responses `input` array): each costs
+///   [`Defaults::message_tokens`] of framing plus its text; the request adds
+///   [`Defaults::reply_tokens`] once. A message's text is every string in it: `role`, `name`,
+///   `content` as a string or as parts or blocks (`text`, `tool_result` content, `tool_use`
+///   input, `tool_calls`, `function_call_output` output, reasoning summaries...), nested
+///   objects counted as their JSON text. Skipped: `type`, `cache_control`, and opaque
+///   payloads (`signature`, `encrypted_content`, `data`, `file_data`).
+/// - **Images, audio and files** (`image_url`, `input_image`, `image`, `input_audio`, `file`,
+///   `input_file`, and Anthropic `document` blocks whose source is not text): a flat
+///   [`Defaults::image_tokens`] each.
+/// - **System prompts**: Anthropic's `system` (a string or text blocks) and the Responses
+///   `instructions` count as one more message; a string `input` too.
+/// - **Tools and schemas**: `tools`, `functions`, `tool_choice`, `response_format` and the
+///   Responses `text` format count as their JSON text, which is more than the providers'
+///   own rendering of them.
+/// - **Output**: `max_completion_tokens`, `max_tokens` or `max_output_tokens` (the first
+///   positive one), else [`Defaults::output_tokens`]; times `n` (Chat Completions' choices).
+///
+/// Each piece of text is counted with [`Estimator::count_for`] and the body's `model`.
+pub fn read_request(
+    body: &[u8],
+    estimator: &dyn Estimator,
+    defaults: &Defaults,
+) -> Option<RequestEstimate> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let object = value.as_object()?;
+    let model = object.get("model").and_then(Value::as_str);
+    let reader = Reader {
+        estimator,
+        model,
+        defaults,
+    };
+    let mut input = 0u64;
+    let mut messages = 0u64;
+    let mut known = false;
+    let mut message = |tokens: u64| {
+        messages += 1;
+        defaults.message_tokens.saturating_add(tokens)
+    };
+    // Chat Completions and Anthropic Messages.
+    if let Some(list) = object.get("messages").and_then(Value::as_array) {
+        known = true;
+        for item in list {
+            input = input.saturating_add(message(reader.item(item)));
+        }
+    }
+    // Responses.
+    match object.get("input") {
+        Some(Value::String(text)) => {
+            known = true;
+            input = input.saturating_add(message(reader.text(text)));
+        }
+        Some(Value::Array(items)) => {
+            known = true;
+            for item in items {
+                input = input.saturating_add(message(reader.item(item)));
+            }
+        }
+        _ => {}
+    }
+    // Anthropic's system prompt, the Responses instructions.
+    for key in ["system", "instructions"] {
+        if let Some(system) = object.get(key).filter(|v| !v.is_null()) {
+            input = input.saturating_add(message(reader.item(system)));
+        }
+    }
+    if known && messages > 0 {
+        input = input.saturating_add(defaults.reply_tokens);
+    }
+    // Legacy Completions.
+    if let Some(prompt) = object
+        .get("prompt")
+        .filter(|p| p.is_string() || p.is_array())
+    {
+        known = true;
+        input = input.saturating_add(reader.item(prompt));
+    }
+    if !known {
+        return None;
+    }
+    // Tools and output schemas reach the model as text.
+    for key in [
+        "tools",
+        "functions",
+        "tool_choice",
+        "response_format",
+        "text",
+    ] {
+        let tokens = match object.get(key) {
+            Some(Value::String(text)) if key == "tool_choice" => reader.text(text),
+            Some(value @ (Value::Array(_) | Value::Object(_))) => reader.json(value),
+            _ => 0,
+        };
+        input = input.saturating_add(tokens);
+    }
+    let max_output_tokens = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
+        .iter()
+        .find_map(|key| object.get(*key).and_then(Value::as_u64).filter(|&n| n > 0));
+    let choices = object
+        .get("n")
+        .and_then(Value::as_u64)
+        .filter(|&n| n > 0)
+        .unwrap_or(1);
+    Some(RequestEstimate {
+        model: model.map(str::to_owned),
+        input_tokens: input,
+        max_output_tokens,
+        choices,
+    })
+}
+
+/// Keys whose values are not sent to the model as text.
+const SKIPPED: [&str; 6] = [
+    "type",
+    "cache_control",
+    "signature",
+    "encrypted_content",
+    "data",
+    "file_data",
+];
+
+/// Keys holding content: a string, parts or blocks, walked rather than counted as JSON.
+const CONTENT: [&str; 3] = ["content", "output", "summary"];
+
+struct Reader<'a> {
+    estimator: &'a dyn Estimator,
+    model: Option<&'a str>,
+    defaults: &'a Defaults,
+}
+
+impl Reader<'_> {
+    fn text(&self, text: &str) -> u64 {
+        match self.model {
+            Some(model) => self.estimator.count_for(model, text),
+            None => self.estimator.count(text),
+        }
+    }
+
+    fn json(&self, value: &Value) -> u64 {
+        self.text(&value.to_string())
+    }
+
+    /// A message, an input item, content or a part.
+    fn item(&self, value: &Value) -> u64 {
+        match value {
+            Value::Null => 0,
+            Value::String(text) => self.text(text),
+            Value::Array(items) => items
+                .iter()
+                .fold(0u64, |sum, item| sum.saturating_add(self.item(item))),
+            Value::Object(map) => self.object(map),
+            Value::Bool(_) | Value::Number(_) => self.json(value),
+        }
+    }
+
+    fn object(&self, map: &Map<String, Value>) -> u64 {
+        let kind = map.get("type").and_then(Value::as_str).unwrap_or_default();
+        match kind {
+            "image_url" | "input_image" | "image" | "input_audio" | "audio" | "file"
+            | "input_file" => return self.defaults.image_tokens,
+            "document" => return self.document(map),
+            _ if map.contains_key("image_url") => return self.defaults.image_tokens,
+            _ => {}
+        }
+        map.iter()
+            .filter(|(key, _)| !SKIPPED.contains(&key.as_str()))
+            .fold(0u64, |sum, (key, value)| {
+                let tokens = match value {
+                    Value::Null | Value::Bool(_) => 0,
+                    Value::String(text) => self.text(text),
+                    _ if CONTENT.contains(&key.as_str()) => self.item(value),
+                    _ => self.json(value),
+                };
+                sum.saturating_add(tokens)
+            })
+    }
+
+    /// An Anthropic document block: its text when the source is text, a flat amount when it
+    /// is a PDF or an image.
+    fn document(&self, map: &Map<String, Value>) -> u64 {
+        let source = map.get("source").and_then(Value::as_object);
+        let body = match source.and_then(|s| s.get("type")).and_then(Value::as_str) {
+            Some("text") => source
+                .and_then(|s| s.get("data"))
+                .and_then(Value::as_str)
+                .map_or(0, |text| self.text(text)),
+            Some("content") => source
+                .and_then(|s| s.get("content"))
+                .map_or(0, |content| self.item(content)),
+            _ => self.defaults.image_tokens,
+        };
+        let extra = ["title", "context"]
+            .iter()
+            .filter_map(|key| map.get(*key).and_then(Value::as_str))
+            .fold(0u64, |sum, text| sum.saturating_add(self.text(text)));
+        body.saturating_add(extra)
+    }
+}

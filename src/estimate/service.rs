@@ -1,0 +1,102 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, header};
+use http_body::Body;
+use tower::Service;
+
+use super::ResponseFuture;
+use super::layer::Settings;
+use crate::cost::Cost;
+use crate::error::BoxError;
+
+/// Estimates each request's [`Cost`] from its body and puts it in the request's extensions;
+/// see the [module documentation](crate::estimate).
+#[derive(Debug, Clone)]
+pub struct Estimate<S> {
+    inner: S,
+    settings: Arc<Settings>,
+}
+
+impl<S> Estimate<S> {
+    /// Wraps `inner`, estimating with a [`CharEstimator`](super::CharEstimator) and the default
+    /// [`Defaults`](super::Defaults); configure through [`EstimateLayer`](super::EstimateLayer).
+    pub fn new(inner: S) -> Self {
+        tower::Layer::layer(&super::EstimateLayer::new(), inner)
+    }
+
+    pub(super) fn from_settings(inner: S, settings: Arc<Settings>) -> Self {
+        Self { inner, settings }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+/// Whether a content type is JSON: `application/json`, or any `+json` type.
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        // No content type: look at the body.
+        return true;
+    };
+    let Ok(value) = value.to_str() else {
+        return false;
+    };
+    let essence = value.split(';').next().unwrap_or_default().trim();
+    essence.eq_ignore_ascii_case("application/json")
+        || essence
+            .get(essence.len().saturating_sub(5)..)
+            .is_some_and(|suffix| suffix.eq_ignore_ascii_case("+json"))
+}
+
+/// Whether the request's body should be read: no cost yet, a JSON (or unnamed) content type,
+/// and a size known to be between 1 byte and `max` bytes.
+fn wants_body<B: Body>(request: &Request<B>, max: usize) -> bool {
+    if request.extensions().get::<Cost>().is_some() || !is_json(request.headers()) {
+        return false;
+    }
+    let max = u64::try_from(max).unwrap_or(u64::MAX);
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > max) {
+        return false;
+    }
+    request
+        .body()
+        .size_hint()
+        .upper()
+        .is_some_and(|upper| upper > 0 && upper <= max)
+}
+
+impl<S, B> Service<Request<B>> for Estimate<S>
+where
+    S: Service<Request<B>> + Clone,
+    S::Error: Into<BoxError>,
+    B: Body + From<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        if !wants_body(&request, self.settings.max_body_bytes) {
+            return ResponseFuture::calling(self.inner.call(request));
+        }
+        // The ready service goes with the request; this one readies a clone for the next call.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        let (parts, body) = request.into_parts();
+        ResponseFuture::reading(parts, body, ready, self.settings.clone())
+    }
+}
