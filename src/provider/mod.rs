@@ -13,5 +13,6 @@ mod profile;
 mod rate_limit;
 
 pub use extract::{ProviderScan, ProviderUsage};
+pub(crate) use profile::reports_of_any_provider;
 pub use profile::{AdoptLimits, LimitReport, Profile};
 pub use rate_limit::{Decision, LimitedBy, RateLimitError, Scope};

@@ -291,6 +291,14 @@ impl Profile {
     }
 }
 
+/// The rate-limit reports of a response from whichever provider sent it (OpenAI-style and
+/// Anthropic headers; the windows are the defaults), for code that does not know the profile.
+pub(crate) fn reports_of_any_provider(headers: &HeaderMap, now: SystemTime) -> Vec<LimitReport> {
+    let mut reports = Profile::openai().limits(headers, now);
+    reports.extend(Profile::anthropic().limits(headers, now));
+    reports
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@ use http::{HeaderMap, Response, StatusCode};
 
 use crate::error::Error;
 use crate::parse;
+use crate::quota::Dimension;
 use crate::retry::{Classify, Failure, FailureClass, ProviderErrors};
 
 /// Who refused the request.
@@ -87,7 +88,7 @@ impl RateLimitError {
         let text = String::from_utf8_lossy(body).to_ascii_lowercase();
         Some(Self {
             decision: Decision::Provider,
-            limited_by: limited_by(headers, &text),
+            limited_by: limited_by(headers, body, &text),
             scope: response
                 .extensions()
                 .get::<Scope>()
@@ -106,7 +107,6 @@ impl RateLimitError {
     /// fits, a deadline passed while waiting, a full queue); `None` for other errors.
     pub(crate) fn from_local(error: &Error) -> Option<Self> {
         let (limited_by, exhausted) = if let Some(too_large) = error.insufficient_capacity() {
-            use crate::quota::Dimension;
             let by = match too_large.dimension() {
                 Dimension::Requests => LimitedBy::Requests,
                 Dimension::InputTokens => LimitedBy::InputTokens,
@@ -192,36 +192,26 @@ impl fmt::Display for RateLimitError {
 impl std::error::Error for RateLimitError {}
 
 /// The limit a 429 names, from its headers or its message.
-fn limited_by(headers: &HeaderMap, text: &str) -> LimitedBy {
-    let spent = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .and_then(parse::count)
-            == Some(0)
-    };
-    if text.contains("per day")
-        || text.contains("perday")
-        || text.contains("(rpd)")
-        || text.contains("(tpd)")
+fn limited_by(headers: &HeaderMap, body: &[u8], text: &str) -> LimitedBy {
+    if ["per day", "perday", "(rpd)", "(tpd)"]
+        .iter()
+        .any(|w| text.contains(w))
     {
-        LimitedBy::Daily
-    } else if spent("x-ratelimit-remaining-requests")
-        || spent("anthropic-ratelimit-requests-remaining")
-        || text.contains("requests per min")
-    {
-        LimitedBy::Requests
-    } else if spent("anthropic-ratelimit-input-tokens-remaining") {
-        LimitedBy::InputTokens
-    } else if spent("anthropic-ratelimit-output-tokens-remaining") {
-        LimitedBy::OutputTokens
-    } else if spent("x-ratelimit-remaining-tokens")
-        || spent("anthropic-ratelimit-tokens-remaining")
-        || text.contains("tokens per min")
-    {
-        LimitedBy::Tokens
-    } else {
-        LimitedBy::Unknown
+        return LimitedBy::Daily;
+    }
+    let (dimensions, _) = crate::retry::spent(headers, body, None, SystemTime::now());
+    let has = |d| dimensions.contains(&d);
+    match (
+        has(Dimension::Requests),
+        has(Dimension::InputTokens),
+        has(Dimension::OutputTokens),
+    ) {
+        _ if dimensions.len() == Dimension::ALL.len() => LimitedBy::Unknown,
+        (true, false, false) => LimitedBy::Requests,
+        (false, true, false) => LimitedBy::InputTokens,
+        (false, false, true) => LimitedBy::OutputTokens,
+        (false, ..) => LimitedBy::Tokens,
+        (true, ..) => LimitedBy::Unknown,
     }
 }
 

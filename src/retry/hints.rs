@@ -14,79 +14,54 @@ pub(crate) fn provider_wait(headers: &HeaderMap, body: &[u8], now: SystemTime) -
 }
 
 /// Which dimensions a 429 says are spent, and until when (the longest of their resets and the
-/// provider's wait). Unknown dimensions: all of them.
+/// provider's wait). Read from the rate-limit headers of any known provider (a report with
+/// nothing remaining), else from the message; unknown dimensions: all of them.
 pub(crate) fn spent(
     headers: &HeaderMap,
     body: &[u8],
     wait: Option<Duration>,
     now: SystemTime,
 ) -> (Vec<Dimension>, Option<Duration>) {
-    const TOKENS: [Dimension; 3] = [
-        Dimension::InputTokens,
-        Dimension::OutputTokens,
-        Dimension::TotalTokens,
-    ];
-    // (remaining header, reset header, dimensions it covers)
-    let reports: [(&str, &str, &[Dimension]); 5] = [
-        (
-            "x-ratelimit-remaining-requests",
-            "x-ratelimit-reset-requests",
-            &[Dimension::Requests],
-        ),
-        (
-            "x-ratelimit-remaining-tokens",
-            "x-ratelimit-reset-tokens",
-            &TOKENS,
-        ),
-        (
-            "anthropic-ratelimit-requests-remaining",
-            "anthropic-ratelimit-requests-reset",
-            &[Dimension::Requests],
-        ),
-        (
-            "anthropic-ratelimit-input-tokens-remaining",
-            "anthropic-ratelimit-input-tokens-reset",
-            &[Dimension::InputTokens, Dimension::TotalTokens],
-        ),
-        (
-            "anthropic-ratelimit-output-tokens-remaining",
-            "anthropic-ratelimit-output-tokens-reset",
-            &[Dimension::OutputTokens, Dimension::TotalTokens],
-        ),
-    ];
-    let text = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-    };
     let mut dimensions = Vec::new();
     let mut until = wait;
-    for (remaining, reset, covered) in reports {
-        if text(remaining).and_then(|v| v.parse::<u64>().ok()) != Some(0) {
+    for report in crate::provider::reports_of_any_provider(headers, now) {
+        if report.remaining != Some(0) {
             continue;
         }
-        for dimension in covered {
+        for dimension in covered(report.dimension) {
             if !dimensions.contains(dimension) {
                 dimensions.push(*dimension);
             }
         }
-        let reset = text(reset).and_then(|v| {
-            parse::reset_duration(v).or_else(|| parse::rfc3339(v).map(|at| parse::until(at, now)))
-        });
-        until = until.max(reset);
+        until = until.max(report.reset);
     }
     if dimensions.is_empty() {
         let body = String::from_utf8_lossy(body).to_ascii_lowercase();
         if body.contains("requests per min") || body.contains("(rpm)") {
             dimensions.push(Dimension::Requests);
         } else if body.contains("tokens per min") || body.contains("(tpm)") {
-            dimensions.extend(TOKENS);
+            dimensions.extend(covered(Dimension::TotalTokens));
         } else {
             dimensions.extend(Dimension::ALL);
         }
     }
     (dimensions, until)
+}
+
+/// The dimensions to pause when a provider says one is spent: a total-token limit constrains
+/// every token dimension we may have configured for it; input or output also constrain the
+/// total.
+fn covered(dimension: Dimension) -> &'static [Dimension] {
+    match dimension {
+        Dimension::Requests => &[Dimension::Requests],
+        Dimension::InputTokens => &[Dimension::InputTokens, Dimension::TotalTokens],
+        Dimension::OutputTokens => &[Dimension::OutputTokens, Dimension::TotalTokens],
+        _ => &[
+            Dimension::InputTokens,
+            Dimension::OutputTokens,
+            Dimension::TotalTokens,
+        ],
+    }
 }
 
 #[cfg(test)]

@@ -86,6 +86,7 @@ pub use classify::{
     Transient,
 };
 pub use future::ResponseFuture;
+pub(crate) use hints::spent;
 pub use layer::RetryAfterLayer;
 pub use policy::{InvalidBackoff, Jitter, RetryPolicy, SeededJitter, ThreadJitter};
 pub use report::{GaveUp, RetryReport};
