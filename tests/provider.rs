@@ -226,3 +226,60 @@ async fn real_output_teaches_the_estimate_of_the_next_requests() {
     assert_eq!(estimated.output_tokens(), 120);
     assert_eq!(levels(&budget)[0], before);
 }
+
+#[tokio::test(start_paused = true)]
+async fn usage_asked_for_the_caller_is_settled_then_hidden_from_it() {
+    use tower_llm_quota::estimate::EstimateLayer;
+    use tower_llm_quota::provider::StripUsageLayer;
+
+    let budget = budget([limit(Dimension::TotalTokens, 100_000, 60 * SEC, 100_000)]);
+    let stream = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Billing\"}}],\"usage\":null}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,\"total_tokens\":42}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let seen = Arc::new(Mutex::new(String::new()));
+    let sent = seen.clone();
+    let client = service_fn(move |request: Request<Full<Bytes>>| {
+        let sent = sent.clone();
+        async move {
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            *sent.lock().unwrap() = String::from_utf8(body.to_vec()).unwrap();
+            let mut response = Response::new(Full::new(Bytes::from_static(stream.as_bytes())));
+            response
+                .headers_mut()
+                .insert("content-type", "text/event-stream".parse().unwrap());
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let llm = ServiceBuilder::new()
+        .layer(EstimateLayer::new().include_stream_usage(true))
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .layer(StripUsageLayer)
+        .layer(ReconcileLayer::with_extractor(ProviderUsage::new(
+            Profile::openai(),
+        )))
+        .service(client);
+    let body = r#"{"model":"gpt-4o","stream":true,"max_tokens":500,"messages":[{"role":"user","content":"Classify."}]}"#;
+    let mut request = Request::new(Full::new(Bytes::from_static(body.as_bytes())));
+    request
+        .headers_mut()
+        .insert("content-type", "application/json".parse().unwrap());
+    let response = llm.oneshot(request).await.unwrap();
+    let received = response.into_body().collect().await.unwrap().to_bytes();
+
+    assert!(
+        seen.lock()
+            .unwrap()
+            .contains(r#""stream_options":{"include_usage":true}"#)
+    );
+    assert_eq!(
+        received,
+        concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Billing\"}}],\"usage\":null}\n\n",
+            "data: [DONE]\n\n",
+        )
+    );
+    // Settled with the usage the caller never saw.
+    assert_eq!(levels(&budget), [100_000 - 42]);
+}

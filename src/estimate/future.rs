@@ -151,7 +151,10 @@ where
                         mut service,
                         settings,
                     } = this.read.take().expect("polled after completion");
-                    let bytes = buffer.freeze();
+                    let mut bytes = buffer.freeze();
+                    if settings.include_stream_usage {
+                        bytes = include_stream_usage(&mut parts, bytes);
+                    }
                     estimate_into(&mut parts, &bytes, &settings);
                     let future = service.call(Request::from_parts(parts, B::from(bytes)));
                     this.state.set(State::Calling { future });
@@ -165,6 +168,39 @@ where
             }
         }
     }
+}
+
+/// Adds `stream_options.include_usage` to a streaming OpenAI-style request that lacks it, and
+/// marks the request so that the usage chunk is removed from its response.
+fn include_stream_usage(parts: &mut Parts, body: Bytes) -> Bytes {
+    let Ok(serde_json::Value::Object(mut json)) = serde_json::from_slice(&body) else {
+        return body;
+    };
+    let streaming = json.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
+    let asked = json
+        .get("stream_options")
+        .and_then(|o| o.get("include_usage"))
+        .and_then(serde_json::Value::as_bool)
+        == Some(true);
+    if !streaming || asked {
+        return body;
+    }
+    let options = json
+        .entry("stream_options")
+        .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+    let Some(options) = options.as_object_mut() else {
+        return body;
+    };
+    options.insert("include_usage".to_owned(), serde_json::Value::Bool(true));
+    let Ok(rewritten) = serde_json::to_vec(&json) else {
+        return body;
+    };
+    parts.headers.remove(http::header::CONTENT_LENGTH);
+    parts
+        .extensions
+        .insert(crate::provider::InjectedStreamUsage);
+    tracing::debug!("stream usage asked of the provider for this crate");
+    Bytes::from(rewritten)
 }
 
 /// Puts the estimated cost of `body`, and the route its output is learned under, into the

@@ -17,6 +17,7 @@ pub(super) struct Settings {
     pub(super) max_body_bytes: usize,
     pub(super) learned: Option<LearnedOutput>,
     pub(super) route_key: Arc<RouteKey>,
+    pub(super) include_stream_usage: bool,
 }
 
 impl fmt::Debug for Settings {
@@ -64,6 +65,7 @@ impl EstimateLayer {
                 max_body_bytes: Self::DEFAULT_MAX_BODY_BYTES,
                 learned: None,
                 route_key: Arc::new(path_and_model),
+                include_stream_usage: false,
             }),
         }
     }
@@ -98,6 +100,23 @@ impl EstimateLayer {
         F: Fn(&Parts, &RequestEstimate) -> Option<String> + Send + Sync + 'static,
     {
         Arc::make_mut(&mut self.settings).route_key = Arc::new(route_key);
+        self
+    }
+}
+
+impl EstimateLayer {
+    /// Asks for the usage of OpenAI-style streams whose caller did not: a request with
+    /// `"stream": true` and no `stream_options.include_usage` gets it (its body is rewritten,
+    /// the only case where it is not passed on unchanged), and is marked
+    /// [`InjectedStreamUsage`](crate::provider::InjectedStreamUsage) so that a
+    /// [`StripUsageLayer`](crate::provider::StripUsageLayer) removes the usage chunk before the
+    /// caller sees it. Without it, such a stream ends without usage and is charged from what
+    /// it streamed. Defaults to off.
+    ///
+    /// Turn it on only in front of OpenAI Chat Completions and compatible endpoints: Anthropic
+    /// and Gemini report usage in every stream and may refuse the unknown field.
+    pub fn include_stream_usage(mut self, include: bool) -> Self {
+        Arc::make_mut(&mut self.settings).include_stream_usage = include;
         self
     }
 }

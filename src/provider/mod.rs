@@ -11,8 +11,12 @@
 mod extract;
 mod profile;
 mod rate_limit;
+mod strip;
 
 pub use extract::{ProviderScan, ProviderUsage};
 pub(crate) use profile::reports_of_any_provider;
 pub use profile::{AdoptLimits, LimitReport, Profile};
 pub use rate_limit::{Decision, LimitedBy, RateLimitError, Scope};
+pub use strip::{
+    InjectedStreamUsage, StripUsage, StripUsageBody, StripUsageFuture, StripUsageLayer,
+};
