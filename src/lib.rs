@@ -7,6 +7,7 @@ mod cost;
 mod error;
 pub mod estimate;
 pub mod in_flight;
+mod observe;
 pub mod parse;
 mod priority;
 pub mod provider;

@@ -16,6 +16,8 @@ mod strip;
 pub use extract::{ProviderScan, ProviderUsage};
 pub(crate) use profile::reports_of_any_provider;
 pub use profile::{AdoptLimits, LimitReport, Profile};
+#[cfg(feature = "metrics")]
+pub(crate) use rate_limit::limit_type;
 pub use rate_limit::{Decision, LimitedBy, RateLimitError, Scope};
 pub use strip::{
     InjectedStreamUsage, StripUsage, StripUsageBody, StripUsageFuture, StripUsageLayer,

@@ -191,6 +191,22 @@ impl fmt::Display for RateLimitError {
 
 impl std::error::Error for RateLimitError {}
 
+/// The limit a 429 names, as a metric label.
+#[cfg(feature = "metrics")]
+pub(crate) fn limit_type(headers: &HeaderMap, body: &[u8]) -> &'static str {
+    let text = String::from_utf8_lossy(body).to_ascii_lowercase();
+    match limited_by(headers, body, &text) {
+        LimitedBy::Requests => "requests",
+        LimitedBy::InputTokens => "input_tokens",
+        LimitedBy::OutputTokens => "output_tokens",
+        LimitedBy::Tokens => "tokens",
+        LimitedBy::Daily => "daily",
+        LimitedBy::Concurrency => "concurrency",
+        LimitedBy::Queue => "queue",
+        LimitedBy::Unknown => "unknown",
+    }
+}
+
 /// The limit a 429 names, from its headers or its message.
 fn limited_by(headers: &HeaderMap, body: &[u8], text: &str) -> LimitedBy {
     if ["per day", "perday", "(rpd)", "(tpd)"]

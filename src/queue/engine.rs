@@ -305,6 +305,15 @@ impl Engine {
         self.len
     }
 
+    /// Records the depth of every class as a metric (nothing without the `metrics` feature).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn record_depths(&self, now: Instant) {
+        #[cfg(feature = "metrics")]
+        for class in self.snapshot(now) {
+            crate::observe::queue_depth(class.priority, class.depth);
+        }
+    }
+
     /// The depth and oldest wait of every class, highest first.
     pub(crate) fn snapshot(&self, now: Instant) -> [ClassState; 3] {
         Priority::ALL.map(|priority| {

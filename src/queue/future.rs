@@ -13,7 +13,8 @@ use tower::Service;
 use super::engine::Key;
 use super::shared::Shared;
 use crate::error::{BoxError, Error};
-use crate::priority::Timings;
+use crate::observe;
+use crate::priority::{Priority, Timings};
 
 pin_project! {
     /// The response future of [`PriorityQueue`](super::PriorityQueue): waits for its turn,
@@ -62,6 +63,8 @@ pin_project! {
             key: Key,
             service: S,
             request: Request<B>,
+            // When this attempt arrived (the key keeps a retried request's first enqueue time).
+            arrived: Instant,
         },
         Calling {
             #[pin]
@@ -69,6 +72,7 @@ pin_project! {
             // Set from the hand-over until the inner future's first poll.
             dispatching: Option<Arc<Shared>>,
             key: Key,
+            arrived: Instant,
             queued: Duration,
         },
         Done,
@@ -86,6 +90,7 @@ where
                 key,
                 service,
                 request,
+                arrived: Instant::now(),
             },
         }
     }
@@ -117,6 +122,7 @@ where
                     shared,
                     key,
                     service,
+                    arrived,
                     ..
                 } => {
                     let error = match poll_turn(shared, *key, service, cx) {
@@ -126,7 +132,7 @@ where
                                 key,
                                 mut service,
                                 request,
-                                ..
+                                arrived,
                             } = state.as_mut().project_replace(State::Done)
                             else {
                                 unreachable!("matched above")
@@ -134,18 +140,20 @@ where
                             // Nobody else may go until the inner future had its first poll
                             // (entering the budget's queue, say): see `Calling`. Should the
                             // inner service panic in `call`, the guard ends the hand-over.
-                            let queued = key.enqueued_at().elapsed();
+                            let queued = arrived.elapsed();
                             tracing::debug!(
                                 priority = key.priority().as_str(),
                                 queued_ms = queued.as_millis() as u64,
                                 "turn came"
                             );
+                            observe::queue_wait(key.priority(), queued);
                             let guard = Dispatching(Some(shared));
                             let future = service.call(request);
                             state.set(State::Calling {
                                 future,
                                 dispatching: guard.disarm(),
                                 key,
+                                arrived,
                                 queued,
                             });
                             continue;
@@ -157,9 +165,10 @@ where
                             return Poll::Pending;
                         }
                         Turn::Wait => {
-                            let waited = key.enqueued_at().elapsed();
+                            let waited = arrived.elapsed();
                             let priority = key.priority();
                             tracing::debug!(%priority, ?waited, "deadline passed while queued");
+                            observe::rate_limit_hit("deadline", "local");
                             Error::deadline_exceeded(Some(priority), waited)
                         }
                     };
@@ -171,6 +180,7 @@ where
                     future,
                     dispatching,
                     key,
+                    arrived,
                     queued,
                 } => {
                     let output = future.poll(cx);
@@ -178,9 +188,9 @@ where
                         shared.end_dispatch();
                     }
                     let output = ready!(output);
-                    let (key, queued) = (*key, *queued);
+                    let (priority, arrived, queued) = (key.priority(), *arrived, *queued);
                     state.set(State::Done);
-                    return Poll::Ready(finish(output, key, queued));
+                    return Poll::Ready(finish(output, priority, arrived, queued));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
@@ -253,7 +263,8 @@ where
 /// Records the time queued, and tells deadline errors from inner layers for the whole wait.
 fn finish<ResBody, E: Into<BoxError>>(
     output: Result<Response<ResBody>, E>,
-    key: Key,
+    priority: Priority,
+    arrived: Instant,
     queued: Duration,
 ) -> Result<Response<ResBody>, Error> {
     match output {
@@ -261,7 +272,7 @@ fn finish<ResBody, E: Into<BoxError>>(
             Timings::record_queued(response.extensions_mut(), queued);
             Ok(response)
         }
-        Err(e) => Err(Error::from_inner(e).with_wait(key.priority(), key.enqueued_at().elapsed())),
+        Err(e) => Err(Error::from_inner(e).with_wait(priority, arrived.elapsed())),
     }
 }
 

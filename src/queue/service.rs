@@ -73,6 +73,7 @@ where
             .or_else(|| (enqueued_at < now).then(|| now + config.class(priority).max_wait()));
         match state.engine.push(priority, enqueued_at, own_deadline) {
             Ok(key) => {
+                state.engine.record_depths(now);
                 drop(state);
                 // Inner layers keep enforcing it (the budget, while the request waits there).
                 request
@@ -83,6 +84,7 @@ where
             Err(Full(depth)) => {
                 drop(state);
                 tracing::debug!(%priority, depth, "queue full, request shed");
+                crate::observe::rate_limit_hit("queue_full", "local");
                 ResponseFuture::failed(Error::queue_full(priority, depth))
             }
         }

@@ -9,6 +9,7 @@ use super::{BodyEnd, ScanUsage};
 use crate::budget::Reservation;
 use crate::cost::Usage;
 use crate::estimate::OutputRoute;
+use crate::observe::{self, Labels};
 
 pin_project! {
     /// A response body that settles its request's reservation when it ends, fails or is
@@ -49,6 +50,7 @@ pub(crate) struct Pending<X> {
     failed: bool,
     /// A learned output estimate to feed with the real output.
     learn: Option<OutputRoute>,
+    labels: Labels,
 }
 
 impl<X> Pending<X> {
@@ -58,6 +60,7 @@ impl<X> Pending<X> {
         from_extensions: Option<Usage>,
         failed: bool,
         learn: Option<OutputRoute>,
+        labels: Labels,
     ) -> Self {
         Self {
             reservation,
@@ -65,6 +68,7 @@ impl<X> Pending<X> {
             from_extensions,
             failed,
             learn,
+            labels,
         }
     }
 }
@@ -72,7 +76,10 @@ impl<X> Pending<X> {
 impl<X: ScanUsage> Pending<X> {
     fn settle(self, end: BodyEnd) {
         let reserved = self.reservation.cost();
-        match self.scanner.finish(end, reserved).or(self.from_extensions) {
+        #[cfg(feature = "metrics")]
+        let budget = self.reservation.budget().clone();
+        let usage = self.scanner.finish(end, reserved).or(self.from_extensions);
+        match usage {
             Some(usage) => {
                 if let Some(route) = &self.learn {
                     route.record(usage.output_tokens());
@@ -89,6 +96,11 @@ impl<X: ScanUsage> Pending<X> {
                 tracing::debug!(?end, ?charged, "usage missing, estimate charged");
             }
         }
+        if !self.failed {
+            observe::settled(&self.labels, &reserved, usage.as_ref());
+        }
+        #[cfg(feature = "metrics")]
+        observe::budget(&budget);
     }
 }
 

@@ -11,6 +11,7 @@ use super::{ExtractUsage, ReconcileBody};
 use crate::budget::Reservation;
 use crate::cost::Usage;
 use crate::estimate::OutputRoute;
+use crate::observe::{self, Labels};
 
 pin_project! {
     /// The response future of [`Reconcile`](super::Reconcile).
@@ -25,6 +26,7 @@ pin_project! {
         reservation: Option<Reservation>,
         extract: Option<X>,
         learn: Option<OutputRoute>,
+        labels: Labels,
     }
 }
 
@@ -34,12 +36,14 @@ impl<F, X> ResponseFuture<F, X> {
         reservation: Option<Reservation>,
         extract: Option<X>,
         learn: Option<OutputRoute>,
+        labels: Labels,
     ) -> Self {
         Self {
             inner,
             reservation,
             extract,
             learn,
+            labels,
         }
     }
 }
@@ -53,7 +57,14 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        let response = ready!(this.inner.poll(cx))?;
+        let response = match ready!(this.inner.poll(cx)) {
+            Ok(response) => response,
+            Err(error) => {
+                observe::request(this.labels, None);
+                return Poll::Ready(Err(error));
+            }
+        };
+        observe::request(this.labels, Some(response.status()));
         let (head, body) = response.into_parts();
         let pending = match (this.reservation.take(), this.extract.take()) {
             (Some(reservation), Some(extract)) => {
@@ -66,6 +77,7 @@ where
                     from_extensions,
                     failed,
                     this.learn.take(),
+                    std::mem::take(this.labels),
                 ))
             }
             _ => None,

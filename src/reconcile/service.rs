@@ -6,6 +6,7 @@ use tower::Service;
 use super::{ExtractUsage, ReconcileBody, ResponseFuture};
 use crate::budget::ReservationSlot;
 use crate::estimate::OutputRoute;
+use crate::observe::Labels;
 
 /// Settles each request's reservation when its response body ends; see the
 /// [module documentation](crate::reconcile).
@@ -54,6 +55,13 @@ where
         let extract = reservation.is_some().then(|| self.extract.clone());
         // Real output tokens feed a learned output estimate, when the request asked for one.
         let learn = request.extensions().get::<OutputRoute>().cloned();
-        ResponseFuture::new(self.inner.call(request), reservation, extract, learn)
+        let labels = Labels::of(request.extensions());
+        ResponseFuture::new(
+            self.inner.call(request),
+            reservation,
+            extract,
+            learn,
+            labels,
+        )
     }
 }

@@ -246,6 +246,13 @@ where
         }
     }
     this.report.last_status = Some(head.status);
+    #[cfg(feature = "metrics")]
+    if head.status == http::StatusCode::TOO_MANY_REQUESTS {
+        crate::observe::rate_limit_hit(
+            crate::provider::limit_type(&head.headers, &body),
+            "provider",
+        );
+    }
     match next(this, class, hint) {
         Next::Retry(wait) => After::Wait(wait),
         Next::GiveUp(reason) => {
@@ -338,6 +345,10 @@ where
         return Next::GiveUp(GaveUp::Budget);
     }
     tracing::debug!(?class, ?wait, "transient failure, retrying after a wait");
+    crate::observe::retry(
+        &crate::observe::Labels::of(this.template.extensions()),
+        class,
+    );
     Next::Retry(wait)
 }
 

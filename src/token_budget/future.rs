@@ -10,6 +10,7 @@ use tower::Service;
 
 use crate::budget::{Reservation, ReservationSlot, Reserve};
 use crate::error::{BoxError, Error};
+use crate::observe::{self, Labels};
 use crate::priority::{Priority, Timings};
 use crate::timer::DeadlineTimer;
 
@@ -31,6 +32,7 @@ pin_project! {
         service: Option<S>,
         request: Option<Request<B>>,
         priority: Option<Priority>,
+        labels: Labels,
         started: Option<Instant>,
         #[pin]
         deadline: DeadlineTimer,
@@ -70,6 +72,7 @@ where
         request: Request<B>,
         priority: Option<Priority>,
         deadline: Option<Instant>,
+        labels: Labels,
     ) -> Self {
         let reserve_cost = reserve.cost();
         Self {
@@ -85,6 +88,7 @@ where
                 call_ms = tracing::field::Empty,
             ),
             priority,
+            labels,
             started: None,
             deadline: DeadlineTimer::new(deadline),
         }
@@ -96,6 +100,7 @@ where
             service: None,
             request: None,
             priority: None,
+            labels: Labels::default(),
             started: None,
             deadline: DeadlineTimer::new(None),
             span: tracing::Span::none(),
@@ -123,12 +128,14 @@ where
                 }
                 StateProj::Admitting { reserve } => match reserve.poll(cx) {
                     Poll::Ready(Ok(reservation)) => {
+                        observe::reserved(this.labels, &reservation.cost());
                         this.state.set(State::Readying {
                             reservation: Some(reservation),
                         });
                         continue;
                     }
                     Poll::Ready(Err(too_large)) => {
+                        observe::rate_limit_hit(too_large.dimension().as_str(), "local");
                         tracing::debug!(%too_large, "request rejected locally");
                         this.state.set(State::Done);
                         return Poll::Ready(Err(too_large.into()));
@@ -173,6 +180,7 @@ where
                             let call = started.elapsed().saturating_sub(waited);
                             this.span.record("call_ms", call.as_millis() as u64);
                             Timings::record_call(response.extensions_mut(), waited, call);
+                            observe::call(this.labels, call);
                             Ok(response)
                         }
                         Err(e) => Err(Error::from_inner(e)),
@@ -188,6 +196,7 @@ where
             this.state.set(State::Done);
             let waited = started.elapsed();
             tracing::debug!(?waited, "deadline passed while waiting for the budget");
+            observe::rate_limit_hit("deadline", "local");
             return Poll::Ready(Err(Error::deadline_exceeded(*this.priority, waited)));
         }
     }

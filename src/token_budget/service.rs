@@ -7,6 +7,7 @@ use super::ResponseFuture;
 use crate::budget::Budget;
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};
+use crate::observe::Labels;
 use crate::priority::{Deadline, Priority};
 
 /// What [`TokenBudget`] does with a request that carries no [`Cost`].
@@ -125,12 +126,14 @@ where
             .extensions()
             .get::<Deadline>()
             .map(Deadline::instant);
+        let labels = Labels::of(request.extensions());
         ResponseFuture::new(
             self.budget.reserve(cost).keeping(keep),
             self.inner.clone(),
             request,
             priority,
             deadline,
+            labels,
         )
     }
 }

@@ -1,0 +1,233 @@
+//! With the `metrics` feature, a scripted scenario records exact values in every series:
+//! 10 requests, 2 refused locally, 1 provider 429 then a successful retry, known usage.
+#![cfg(feature = "metrics")]
+
+mod support;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::{CompositeKey, MetricKind};
+use support::{budget, limit};
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tower_llm_quota::provider::{Profile, ProviderUsage, Scope};
+use tower_llm_quota::retry::Jitter;
+use tower_llm_quota::{
+    Cost, Dimension, PriorityQueueLayer, ReconcileLayer, RetryAfterLayer, RetryPolicy,
+    TokenBudgetLayer,
+};
+
+const SEC: Duration = Duration::from_secs(1);
+
+struct NoJitter;
+
+impl Jitter for NoJitter {
+    fn fraction(&self) -> f64 {
+        0.0
+    }
+}
+
+/// `name{label=value,...}` for every series, with its value.
+fn series(
+    snapshot: Vec<(
+        CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        DebugValue,
+    )>,
+) -> HashMap<String, DebugValue> {
+    snapshot
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let (kind, key) = key.into_parts();
+            let mut labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            let kind = match kind {
+                MetricKind::Counter => "counter",
+                MetricKind::Gauge => "gauge",
+                MetricKind::Histogram => "histogram",
+            };
+            (
+                format!("{kind} {}{{{}}}", key.name(), labels.join(",")),
+                value,
+            )
+        })
+        .collect()
+}
+
+fn counter(series: &HashMap<String, DebugValue>, name: &str) -> u64 {
+    match series.get(&format!("counter {name}")) {
+        Some(DebugValue::Counter(n)) => *n,
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+fn samples(series: &HashMap<String, DebugValue>, name: &str) -> Vec<f64> {
+    match series.get(&format!("histogram {name}")) {
+        Some(DebugValue::Histogram(values)) => values.iter().map(|v| v.into_inner()).collect(),
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scripted_scenario_records_every_series() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().unwrap();
+
+    let budget = budget([limit(Dimension::TotalTokens, 60_000, 60 * SEC, 1_000)]);
+    let calls = Arc::new(Mutex::new(0u32));
+    let counted = calls.clone();
+    let client = service_fn(move |_request: Request<String>| {
+        let call = {
+            let mut calls = counted.lock().unwrap();
+            *calls += 1;
+            *calls
+        };
+        async move {
+            let mut response = if call == 3 {
+                let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
+                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                let headers = response.headers_mut();
+                headers.insert("retry-after", "1".parse().unwrap());
+                headers.insert("x-ratelimit-remaining-tokens", "0".parse().unwrap());
+                response
+            } else {
+                let body = r#"{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":20,"total_tokens":120}}"#;
+                Response::new(Full::new(Bytes::from_static(body.as_bytes())))
+            };
+            response
+                .headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            tokio::time::sleep(SEC / 4).await;
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let llm = ServiceBuilder::new()
+        .layer(RetryAfterLayer::new(RetryPolicy::new()).jitter(NoJitter))
+        .layer(PriorityQueueLayer::default())
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .layer(ReconcileLayer::with_extractor(ProviderUsage::new(
+            Profile::openai(),
+        )))
+        .service(client);
+
+    let scope = Scope {
+        provider: Some("openai".into()),
+        model: Some("gpt-4o".into()),
+        key: None,
+    };
+    for i in 0..10 {
+        let mut request = Request::new(String::new());
+        // Two requests ask for more than the burst of 1,000 tokens: refused locally.
+        let cost = if i == 5 || i == 7 {
+            Cost::new(2_000, 50)
+        } else {
+            Cost::new(100, 50)
+        };
+        request.extensions_mut().insert(cost);
+        request.extensions_mut().insert(scope.clone());
+        match llm.clone().oneshot(request).await {
+            Ok(response) => {
+                assert_eq!(response.status(), StatusCode::OK);
+                response.into_body().collect().await.unwrap();
+            }
+            Err(error) => assert!(error.is_too_large()),
+        }
+    }
+
+    let series = series(snapshotter.snapshot().into_vec());
+    let by = "model=gpt-4o,provider=openai";
+    assert_eq!(
+        counter(&series, &format!("llm_requests_total{{{by},status=200}}")),
+        8
+    );
+    assert_eq!(
+        counter(&series, &format!("llm_requests_total{{{by},status=429}}")),
+        1
+    );
+    // 8 admitted requests and the one retried: 9 reservations; usage from the 8 answers.
+    assert_eq!(
+        counter(
+            &series,
+            &format!("llm_tokens_reserved_total{{dimension=input_tokens,{by}}}")
+        ),
+        900
+    );
+    assert_eq!(
+        counter(
+            &series,
+            &format!("llm_tokens_reserved_total{{dimension=output_tokens,{by}}}")
+        ),
+        450
+    );
+    assert_eq!(
+        counter(
+            &series,
+            &format!("llm_tokens_used_total{{dimension=input_tokens,{by}}}")
+        ),
+        800
+    );
+    assert_eq!(
+        counter(
+            &series,
+            &format!("llm_tokens_used_total{{dimension=output_tokens,{by}}}")
+        ),
+        160
+    );
+    assert_eq!(
+        counter(
+            &series,
+            &format!("llm_retries_total{{error_type=rate_limited,{by}}}")
+        ),
+        1
+    );
+    assert_eq!(
+        counter(
+            &series,
+            "llm_rate_limit_hits_total{decision=local,limit_type=total_tokens}"
+        ),
+        2
+    );
+    assert_eq!(
+        counter(
+            &series,
+            "llm_rate_limit_hits_total{decision=provider,limit_type=tokens}"
+        ),
+        1
+    );
+    assert!(!series.contains_key("counter llm_usage_missing_total{}"));
+    // Reserved / used: 1.0 for input, 2.5 for output, once per settled answer.
+    assert_eq!(
+        samples(&series, "llm_estimate_error_ratio{dimension=input_tokens}"),
+        [1.0; 8]
+    );
+    assert_eq!(
+        samples(&series, "llm_estimate_error_ratio{dimension=output_tokens}"),
+        [2.5; 8]
+    );
+    // Queue time and call time apart: 11 hand-overs (the 2 refused ones too), 9 calls of 250 ms.
+    let queued = samples(&series, "llm_queue_wait_seconds{priority=async}");
+    assert_eq!(queued.len(), 11);
+    assert!(queued.iter().all(|&q| q < 0.001), "{queued:?}");
+    assert_eq!(
+        samples(&series, &format!("llm_call_seconds{{{by}}}")),
+        [0.25; 9]
+    );
+    assert_eq!(
+        series.get("gauge llm_queue_depth{priority=async}"),
+        Some(&DebugValue::Gauge(0.0.into()))
+    );
+    assert!(
+        series.contains_key("gauge llm_budget_level{dimension=total_tokens,window_seconds=60}")
+    );
+}
