@@ -15,6 +15,8 @@ pub mod queue;
 mod quota;
 pub mod reconcile;
 pub mod retry;
+#[cfg(feature = "serde")]
+mod serialize;
 mod timer;
 pub mod token_budget;
 pub mod usage;

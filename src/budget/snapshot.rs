@@ -6,6 +6,9 @@ use crate::cost::Cost;
 use crate::quota::Limit;
 
 /// A budget's state at one instant, from [`Budget::snapshot`](crate::Budget::snapshot).
+///
+/// With the `serde` feature it serializes (times relative to the snapshot), for a health or
+/// debug endpoint.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BudgetSnapshot {
     pub(crate) taken_at: Instant,

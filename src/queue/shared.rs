@@ -134,6 +134,8 @@ impl QueueHandle {
 }
 
 /// A queue's state at one instant.
+///
+/// With the `serde` feature it serializes, for a health or debug endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueSnapshot {
     classes: [ClassSnapshot; 3],
