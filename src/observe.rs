@@ -159,9 +159,12 @@ pub(crate) fn settled(labels: &Labels, reserved: &Cost, usage: Option<&Usage>) {
     }
 }
 
-/// The levels and debts of a budget, after a settlement.
+/// The levels and debts of a budget, after a settlement; at most ten times a second.
 #[cfg(feature = "metrics")]
 pub(crate) fn budget(budget: &crate::budget::Budget) {
+    if !budget.gauges_due() {
+        return;
+    }
     when_enabled! {
         for limit in budget.snapshot().limits() {
             let dimension = limit.limit().dimension().as_str();

@@ -96,6 +96,9 @@ struct Shared {
     /// The zero of the budget's clock; times inside are nanoseconds since it.
     origin: Instant,
     state: Mutex<State>,
+    /// When the level gauges were last recorded (nanoseconds on the budget's clock).
+    #[cfg(feature = "metrics")]
+    gauges_at: std::sync::atomic::AtomicU64,
 }
 
 struct State {
@@ -137,6 +140,8 @@ impl Budget {
         Self {
             shared: Arc::new(Shared {
                 origin: Instant::now(),
+                #[cfg(feature = "metrics")]
+                gauges_at: std::sync::atomic::AtomicU64::new(0),
                 state: Mutex::new(State {
                     store: MemoryStore::new(&quota),
                     queue: WaitQueue::default(),
@@ -346,6 +351,20 @@ impl Budget {
     /// Forgets a registration made by [`Budget::poll_vacancy`].
     pub(crate) fn forget_vacancy(&self, key: u64) {
         self.lock().vacancy.forget(key);
+    }
+
+    /// Whether the level gauges are due (at most ten recordings a second per budget).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn gauges_due(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        let now = self.nanos_since_origin(Instant::now());
+        let last = self.shared.gauges_at.load(Ordering::Relaxed);
+        (last == 0 || now.saturating_sub(last) >= 100_000_000)
+            && self
+                .shared
+                .gauges_at
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -183,6 +183,7 @@ impl Engine {
             self.own_deadlines.insert((key.deadline, slot.1), key);
         }
         self.len += 1;
+        self.record_depth(priority);
         Ok(key)
     }
 
@@ -201,6 +202,7 @@ impl Engine {
             self.own_deadlines.remove(&(key.deadline, key.slot.1));
         }
         self.len -= usize::from(removed);
+        self.record_depth(key.priority);
         removed
     }
 
@@ -305,13 +307,12 @@ impl Engine {
         self.len
     }
 
-    /// Records the depth of every class as a metric (nothing without the `metrics` feature).
+    /// Records the depth of `priority`'s class as a metric (nothing without the `metrics`
+    /// feature).
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    pub(crate) fn record_depths(&self, now: Instant) {
+    fn record_depth(&self, priority: Priority) {
         #[cfg(feature = "metrics")]
-        for class in self.snapshot(now) {
-            crate::observe::queue_depth(class.priority, class.depth);
-        }
+        crate::observe::queue_depth(priority, self.classes[priority.index()].len());
     }
 
     /// The depth and oldest wait of every class, highest first.

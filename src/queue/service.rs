@@ -73,7 +73,6 @@ where
             .or_else(|| (enqueued_at < now).then(|| now + config.class(priority).max_wait()));
         match state.engine.push(priority, enqueued_at, own_deadline) {
             Ok(key) => {
-                state.engine.record_depths(now);
                 drop(state);
                 // Inner layers keep enforcing it (the budget, while the request waits there).
                 request

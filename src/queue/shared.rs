@@ -87,7 +87,6 @@ impl Shared {
         let now = Instant::now();
         let mut state = self.lock();
         change(&mut state.engine, now);
-        state.engine.record_depths(now);
         let next = state.engine.next_waker(now);
         let first_deadline = state.engine.first_deadline();
         let sentinel = match first_deadline {

@@ -1,0 +1,111 @@
+//! What the governed stack costs per request, beside the bare client, and what the `metrics`
+//! feature adds to it.
+//!
+//! Run with `cargo bench --bench stack --features metrics` (without the feature only the first
+//! two are measured). The client answers at once with its usage, so what is measured is the
+//! stack's own work: retry, queue, budget (reserve and settle), in-flight slot, reconcile.
+//!
+//! - `stack/bare`: the client alone.
+//! - `stack/governed`: the full stack, metrics compiled in but no recorder installed (no-ops).
+//! - `stack/governed_recorded`: the same after installing a Prometheus recorder, in the same
+//!   run. The overhead of metrics is `(recorded - governed) / (governed - bare)`.
+
+use std::convert::Infallible;
+use std::hint::black_box;
+use std::num::NonZeroU64;
+
+use bytes::Bytes;
+use criterion::{Criterion, Throughput};
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use tower::util::BoxCloneService;
+use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+use tower_llm_quota::{
+    Budget, Cost, Dimension, InFlightLimitLayer, Limit, PriorityQueueLayer, Quota, ReconcileLayer,
+    RetryAfterLayer, RetryPolicy, TokenBudgetLayer, Usage,
+};
+
+type Client = BoxCloneService<Request<String>, Response<Full<Bytes>>, Infallible>;
+
+fn client() -> Client {
+    BoxCloneService::new(service_fn(|_request: Request<String>| async {
+        let mut response = Response::new(Full::new(Bytes::from_static(b"{}")));
+        response.extensions_mut().insert(Usage::new(1_000, 100));
+        Ok::<_, Infallible>(response)
+    }))
+}
+
+/// A budget that never runs out during the bench.
+fn budget() -> Budget {
+    let huge = |dimension| {
+        Limit::per_second(dimension, NonZeroU64::new(1_000_000_000_000).unwrap())
+            .with_burst(NonZeroU64::new(1_000_000_000_000_000).unwrap())
+    };
+    Budget::new(
+        Quota::new()
+            .with_limit(huge(Dimension::Requests))
+            .with_limit(huge(Dimension::TotalTokens)),
+    )
+}
+
+fn request() -> Request<String> {
+    let mut request = Request::new(String::from("{}"));
+    request.extensions_mut().insert(Cost::new(1_000, 200));
+    request
+}
+
+fn bench(c: &mut Criterion) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let mut group = c.benchmark_group("stack");
+    group.throughput(Throughput::Elements(1));
+
+    let bare = client();
+    group.bench_function("bare", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let response = bare.clone().oneshot(request()).await.unwrap();
+                black_box(response.into_body().collect().await.unwrap());
+            })
+        })
+    });
+
+    let budget = budget();
+    let governed = ServiceBuilder::new()
+        .layer(RetryAfterLayer::new(RetryPolicy::new()))
+        .layer(PriorityQueueLayer::default())
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .layer(InFlightLimitLayer::new(1_024))
+        .layer(ReconcileLayer::new())
+        .service(client());
+    let run = |name: &str, group: &mut criterion::BenchmarkGroup<'_, _>| {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                runtime.block_on(async {
+                    let mut llm = governed.clone();
+                    let response = llm.ready().await.unwrap().call(request()).await.unwrap();
+                    black_box(response.into_body().collect().await.unwrap());
+                })
+            })
+        });
+    };
+    run("governed", &mut group);
+
+    #[cfg(feature = "metrics")]
+    {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .unwrap();
+        run("governed_recorded", &mut group);
+    }
+    group.finish();
+}
+
+// What `criterion_group!`/`criterion_main!` expand to, without their undocumented `pub fn`.
+fn main() {
+    let mut c = Criterion::default().configure_from_args();
+    bench(&mut c);
+    c.final_summary();
+}
