@@ -147,6 +147,8 @@ where
                                 "turn came"
                             );
                             observe::queue_wait(key.priority(), queued);
+                            tracing::Span::current()
+                                .record("queue_wait_ms", queued.as_millis() as u64);
                             let guard = Dispatching(Some(shared));
                             let future = service.call(request);
                             state.set(State::Calling {

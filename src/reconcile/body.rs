@@ -51,6 +51,7 @@ pub(crate) struct Pending<X> {
     /// A learned output estimate to feed with the real output.
     learn: Option<OutputRoute>,
     labels: Labels,
+    span: tracing::Span,
 }
 
 impl<X> Pending<X> {
@@ -60,7 +61,7 @@ impl<X> Pending<X> {
         from_extensions: Option<Usage>,
         failed: bool,
         learn: Option<OutputRoute>,
-        labels: Labels,
+        (labels, span): (Labels, tracing::Span),
     ) -> Self {
         Self {
             reservation,
@@ -69,6 +70,7 @@ impl<X> Pending<X> {
             failed,
             learn,
             labels,
+            span,
         }
     }
 }
@@ -81,6 +83,8 @@ impl<X: ScanUsage> Pending<X> {
         let usage = self.scanner.finish(end, reserved).or(self.from_extensions);
         match usage {
             Some(usage) => {
+                self.span.record("usage_input", usage.input_tokens());
+                self.span.record("usage_output", usage.output_tokens());
                 if let Some(route) = &self.learn {
                     route.record(usage.output_tokens());
                 }

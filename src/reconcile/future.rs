@@ -27,6 +27,7 @@ pin_project! {
         extract: Option<X>,
         learn: Option<OutputRoute>,
         labels: Labels,
+        span: tracing::Span,
     }
 }
 
@@ -36,7 +37,7 @@ impl<F, X> ResponseFuture<F, X> {
         reservation: Option<Reservation>,
         extract: Option<X>,
         learn: Option<OutputRoute>,
-        labels: Labels,
+        (labels, span): (Labels, tracing::Span),
     ) -> Self {
         Self {
             inner,
@@ -44,6 +45,7 @@ impl<F, X> ResponseFuture<F, X> {
             extract,
             learn,
             labels,
+            span,
         }
     }
 }
@@ -77,7 +79,7 @@ where
                     from_extensions,
                     failed,
                     this.learn.take(),
-                    std::mem::take(this.labels),
+                    (std::mem::take(this.labels), this.span.clone()),
                 ))
             }
             _ => None,

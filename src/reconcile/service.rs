@@ -56,12 +56,15 @@ where
         // Real output tokens feed a learned output estimate, when the request asked for one.
         let learn = request.extensions().get::<OutputRoute>().cloned();
         let labels = Labels::of(request.extensions());
+        // The request's span, if an outer layer opened one: the usage is recorded into it when
+        // the body ends, outside any poll of the layers.
+        let span = tracing::Span::current();
         ResponseFuture::new(
             self.inner.call(request),
             reservation,
             extract,
             learn,
-            labels,
+            (labels, span),
         )
     }
 }

@@ -48,6 +48,8 @@ pin_project! {
         deadline: Option<Instant>,
         started: Instant,
         report: RetryReport,
+        // The request's span: the inner layers record their facts into it.
+        span: tracing::Span,
     }
 }
 
@@ -90,6 +92,7 @@ where
         service: S,
         template: Request<B>,
         settings: Arc<Settings<C>>,
+        span: tracing::Span,
     ) -> Self {
         let priority = template
             .extensions()
@@ -108,6 +111,7 @@ where
             priority,
             deadline,
             started: Instant::now(),
+            span,
             report: RetryReport {
                 attempts: 1,
                 waited: Duration::ZERO,
@@ -133,12 +137,15 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let span = this.span.clone();
+        let _entered = span.enter();
         loop {
             let next = match this.state.as_mut().project() {
                 StateProj::Calling { future } => match ready!(future.poll(cx)) {
                     Ok(response) if !is_failure(&response) => {
                         // Handed to the caller: once its body starts, nothing is retried.
                         this.state.set(State::Done);
+                        this.span.record("decision", "ok");
                         let mut response = response.map(RetryBody::streaming);
                         if this.report.attempts > 1 {
                             response.extensions_mut().insert(*this.report);
@@ -202,6 +209,7 @@ where
                         .extensions_mut()
                         .insert(EnqueuedAt::at(*this.started));
                     this.report.attempts += 1;
+                    this.span.record("attempt", this.report.attempts);
                     tracing::debug!(attempt = this.report.attempts, "retrying");
                     this.state.set(State::Calling {
                         future: this.service.call(request),
@@ -258,6 +266,12 @@ where
         Next::GiveUp(reason) => {
             this.report.gave_up = Some(reason);
             this.state.set(State::Done);
+            let decision = if head.status == http::StatusCode::TOO_MANY_REQUESTS {
+                "provider"
+            } else {
+                "failed"
+            };
+            this.span.record("decision", decision);
             let mut response = Response::from_parts(head, RetryBody::buffered(body.clone()));
             response.extensions_mut().insert(*this.report);
             if let Some(scope) = this.template.extensions().get::<Scope>() {
@@ -292,6 +306,9 @@ where
         Next::Retry(wait) => After::Wait(wait),
         Next::GiveUp(reason) => {
             this.state.set(State::Done);
+            let local = class == FailureClass::Permanent(Permanent::Local);
+            this.span
+                .record("decision", if local { "local" } else { "failed" });
             // A first failure that is not worth a retry is the inner error, unchanged.
             if this.report.attempts == 1 && reason == GaveUp::Permanent {
                 return After::Finish(Error::from_inner(error));

@@ -64,6 +64,11 @@
 //!   (529, 503) pause nothing.
 //! - **Streams are not retried once handed over**: only error statuses are retried; a success
 //!   goes to the caller at once, with its body untouched.
+//! - **One span per request**: the layer opens a `llm_request` span (debug level) with the
+//!   request's priority and estimated cost; the layers inside record into it the queue wait, the
+//!   budget wait, the call time, the attempt, the usage and the decision (`ok`, `local`,
+//!   `provider`, `failed`). Without this layer, open a span with those field names around the
+//!   call to collect them.
 //! - **The outcome is reported**: a final 429 carries a normalized
 //!   [`RateLimitError`](crate::provider::RateLimitError) (decision, limit, scope, wait), and
 //!   every final failed response a [`RetryReport`] (attempts,

@@ -49,6 +49,25 @@ impl<S: fmt::Debug, C> fmt::Debug for RetryAfter<S, C> {
     }
 }
 
+/// The span of one logical request, across its attempts and the layers inside.
+fn request_span<B>(request: &Request<B>) -> tracing::Span {
+    let priority = request.extensions().get::<crate::priority::Priority>();
+    let cost = request.extensions().get::<crate::cost::Cost>();
+    tracing::debug_span!(
+        "llm_request",
+        priority = priority.map(|p| p.as_str()),
+        input_tokens = cost.map(|c| c.input_tokens()),
+        output_tokens = cost.map(|c| c.output_tokens()),
+        attempt = 1u32,
+        queue_wait_ms = tracing::field::Empty,
+        budget_wait_ms = tracing::field::Empty,
+        call_ms = tracing::field::Empty,
+        usage_input = tracing::field::Empty,
+        usage_output = tracing::field::Empty,
+        decision = tracing::field::Empty,
+    )
+}
+
 impl<S, C, B, ResBody> Service<Request<B>> for RetryAfter<S, C>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
@@ -73,7 +92,9 @@ where
         let clone = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, clone);
         let template = request.clone();
-        let first = ready.call(request);
-        ResponseFuture::new(first, ready, template, self.settings.clone())
+        let span = request_span(&template);
+        // Inner layers record their facts (queue wait, budget wait, call time, usage) into it.
+        let first = span.in_scope(|| ready.call(request));
+        ResponseFuture::new(first, ready, template, self.settings.clone(), span)
     }
 }

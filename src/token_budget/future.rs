@@ -36,8 +36,6 @@ pin_project! {
         started: Option<Instant>,
         #[pin]
         deadline: DeadlineTimer,
-        // Carries the wait for the budget and the call time, for subscribers.
-        span: tracing::Span,
     }
 }
 
@@ -74,19 +72,10 @@ where
         deadline: Option<Instant>,
         labels: Labels,
     ) -> Self {
-        let reserve_cost = reserve.cost();
         Self {
             state: State::Admitting { reserve },
             service: Some(service),
             request: Some(request),
-            span: tracing::debug_span!(
-                "token_budget",
-                priority = priority.map(Priority::as_str),
-                input_tokens = reserve_cost.input_tokens(),
-                output_tokens = reserve_cost.output_tokens(),
-                budget_wait_ms = tracing::field::Empty,
-                call_ms = tracing::field::Empty,
-            ),
             priority,
             labels,
             started: None,
@@ -103,7 +92,6 @@ where
             labels: Labels::default(),
             started: None,
             deadline: DeadlineTimer::new(None),
-            span: tracing::Span::none(),
         }
     }
 }
@@ -117,7 +105,6 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let _entered = this.span.enter();
         let started = *this.started.get_or_insert_with(Instant::now);
         loop {
             let waiting = match this.state.as_mut().project() {
@@ -154,7 +141,8 @@ where
                             request.extensions_mut().insert(slot.clone());
                             let future = service.call(request);
                             let waited = started.elapsed();
-                            this.span
+                            // Into the request's span, if an outer layer opened one.
+                            tracing::Span::current()
                                 .record("budget_wait_ms", waited.as_millis() as u64);
                             this.state.set(State::Calling {
                                 future,
@@ -178,7 +166,7 @@ where
                     return Poll::Ready(match output {
                         Ok(mut response) => {
                             let call = started.elapsed().saturating_sub(waited);
-                            this.span.record("call_ms", call.as_millis() as u64);
+                            tracing::Span::current().record("call_ms", call.as_millis() as u64);
                             Timings::record_call(response.extensions_mut(), waited, call);
                             observe::call(this.labels, call);
                             Ok(response)
