@@ -286,6 +286,7 @@ impl Profile {
                 tracing::debug!(dimension = %report.dimension, limit, "provider limit adopted");
                 observation = observation.with_limit(limit);
             }
+            tracing::trace!(?observation, "rate-limit headers applied to the budget");
             budget.observe(&observation);
         }
     }

@@ -242,6 +242,9 @@ where
         body: &body,
     };
     let class = this.settings.classify.classify(&failure);
+    if head.status == http::StatusCode::TOO_MANY_REQUESTS {
+        tracing::debug!(?class, "provider rate limit (429)");
+    }
     let now = SystemTime::now();
     let hint = hints::provider_wait(&head.headers, &body, now);
     if class == FailureClass::Transient(super::Transient::RateLimited) {

@@ -116,6 +116,7 @@ where
                 StateProj::Admitting { reserve } => match reserve.poll(cx) {
                     Poll::Ready(Ok(reservation)) => {
                         observe::reserved(this.labels, &reservation.cost());
+                        tracing::trace!(cost = ?reservation.cost(), "admitted by the budget");
                         this.state.set(State::Readying {
                             reservation: Some(reservation),
                         });
