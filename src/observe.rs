@@ -46,67 +46,191 @@ impl Labels {
 
 #[cfg(feature = "metrics")]
 mod enabled {
-    use std::sync::Once;
+    //! Handles are cached per thread, per recorder: registering a labelled series on every call
+    //! (building its key, looking it up) cost more than the rest of the stack. The cache is keyed
+    //! by the recorder's identity too, so a recorder installed after the first requests (or a
+    //! local one in a test) gets fresh handles and the descriptions, never stale no-ops.
 
-    pub(super) fn describe() {
-        static ONCE: Once = Once::new();
-        ONCE.call_once(|| {
-            use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
-            describe_counter!(
-                "llm_requests_total",
-                "Calls that reached the provider, by status."
-            );
-            describe_counter!(
-                "llm_tokens_reserved_total",
-                Unit::Count,
-                "Tokens reserved before calls."
-            );
-            describe_counter!(
-                "llm_tokens_used_total",
-                Unit::Count,
-                "Tokens the provider reported."
-            );
-            describe_counter!("llm_retries_total", "Retries, by failure class.");
-            describe_gauge!("llm_queue_depth", "Requests waiting in the priority queue.");
-            describe_histogram!(
-                "llm_queue_wait_seconds",
-                Unit::Seconds,
-                "Time queued before the budget."
-            );
-            describe_histogram!(
-                "llm_call_seconds",
-                Unit::Seconds,
-                "Time from sending to the response head."
-            );
-            describe_counter!(
-                "llm_rate_limit_hits_total",
-                "Rate-limit refusals, local or the provider's."
-            );
-            describe_counter!(
-                "llm_usage_missing_total",
-                "Responses settled without reported usage."
-            );
-            describe_histogram!(
-                "llm_estimate_error_ratio",
-                "Reserved divided by used, per dimension."
-            );
-            describe_gauge!(
-                "llm_budget_level",
-                "Budget level after a settlement, per limit."
-            );
-            describe_gauge!(
-                "llm_budget_debt",
-                "Budget debt after a settlement, per limit."
-            );
-            describe_counter!(
-                "llm_fallbacks_total",
-                "Requests routed to a fallback (reserved)."
-            );
-            describe_counter!(
-                "llm_duplicate_suppressed_total",
-                "Duplicates suppressed (reserved)."
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use metrics::{Counter, Gauge, Histogram, Key, Label, Level, Metadata, Recorder, SharedString};
+
+    static METADATA: Metadata<'static> =
+        Metadata::new("tower_llm_quota", Level::INFO, Some(module_path!()));
+
+    /// A series: its name and up to three label values (the label names are fixed per name).
+    type Series = (&'static str, [SharedString; 3]);
+
+    type Map<H> = HashMap<Series, H, foldhash::fast::RandomState>;
+
+    #[derive(Default)]
+    struct Cache {
+        recorder: usize,
+        counters: Map<Counter>,
+        gauges: Map<Gauge>,
+        histograms: Map<Histogram>,
+    }
+
+    /// At most this many series are cached per thread and kind; past it the cache starts over.
+    const MAX_SERIES: usize = 4_096;
+
+    thread_local! {
+        static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
+    }
+
+    fn recorder_id() -> usize {
+        metrics::with_recorder(|r| r as *const dyn Recorder as *const () as usize)
+    }
+
+    fn key(name: &'static str, labels: &[(&'static str, SharedString)]) -> Key {
+        Key::from_parts(
+            name,
+            labels
+                .iter()
+                .map(|(k, v)| Label::new(*k, v.clone()))
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    /// The cache, emptied (and the descriptions given again) if the recorder changed.
+    fn with_cache<T>(f: impl FnOnce(&mut Cache) -> T) -> T {
+        let id = recorder_id();
+        CACHE.with_borrow_mut(|cache| {
+            if cache.recorder != id {
+                *cache = Cache {
+                    recorder: id,
+                    ..Cache::default()
+                };
+                describe();
+            }
+            f(cache)
+        })
+    }
+
+    fn series(name: &'static str, labels: &[(&'static str, SharedString)]) -> Series {
+        let mut values = [const { SharedString::const_str("") }; 3];
+        for (slot, (_, value)) in values.iter_mut().zip(labels) {
+            *slot = value.clone();
+        }
+        (name, values)
+    }
+
+    pub(super) fn counter(
+        name: &'static str,
+        labels: &[(&'static str, SharedString)],
+        record: impl FnOnce(&Counter),
+    ) {
+        with_cache(|cache| {
+            if cache.counters.len() >= MAX_SERIES {
+                cache.counters.clear();
+            }
+            record(
+                cache
+                    .counters
+                    .entry(series(name, labels))
+                    .or_insert_with(|| {
+                        metrics::with_recorder(|r| {
+                            r.register_counter(&key(name, labels), &METADATA)
+                        })
+                    }),
             );
         });
+    }
+
+    pub(super) fn gauge(
+        name: &'static str,
+        labels: &[(&'static str, SharedString)],
+        record: impl FnOnce(&Gauge),
+    ) {
+        with_cache(|cache| {
+            if cache.gauges.len() >= MAX_SERIES {
+                cache.gauges.clear();
+            }
+            record(cache.gauges.entry(series(name, labels)).or_insert_with(|| {
+                metrics::with_recorder(|r| r.register_gauge(&key(name, labels), &METADATA))
+            }));
+        });
+    }
+
+    pub(super) fn histogram(
+        name: &'static str,
+        labels: &[(&'static str, SharedString)],
+        record: impl FnOnce(&Histogram),
+    ) {
+        with_cache(|cache| {
+            if cache.histograms.len() >= MAX_SERIES {
+                cache.histograms.clear();
+            }
+            record(
+                cache
+                    .histograms
+                    .entry(series(name, labels))
+                    .or_insert_with(|| {
+                        metrics::with_recorder(|r| {
+                            r.register_histogram(&key(name, labels), &METADATA)
+                        })
+                    }),
+            );
+        });
+    }
+
+    fn describe() {
+        use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+        describe_counter!(
+            "llm_requests_total",
+            "Calls that reached the provider, by status."
+        );
+        describe_counter!(
+            "llm_tokens_reserved_total",
+            Unit::Count,
+            "Tokens reserved before calls."
+        );
+        describe_counter!(
+            "llm_tokens_used_total",
+            Unit::Count,
+            "Tokens the provider reported."
+        );
+        describe_counter!("llm_retries_total", "Retries, by failure class.");
+        describe_gauge!("llm_queue_depth", "Requests waiting in the priority queue.");
+        describe_histogram!(
+            "llm_queue_wait_seconds",
+            Unit::Seconds,
+            "Time queued before the budget."
+        );
+        describe_histogram!(
+            "llm_call_seconds",
+            Unit::Seconds,
+            "Time from sending to the response head."
+        );
+        describe_counter!(
+            "llm_rate_limit_hits_total",
+            "Rate-limit refusals, local or the provider's."
+        );
+        describe_counter!(
+            "llm_usage_missing_total",
+            "Responses settled without reported usage."
+        );
+        describe_histogram!(
+            "llm_estimate_error_ratio",
+            "Reserved divided by used, per dimension."
+        );
+        describe_gauge!(
+            "llm_budget_level",
+            "Budget level after a settlement, per limit."
+        );
+        describe_gauge!(
+            "llm_budget_debt",
+            "Budget debt after a settlement, per limit."
+        );
+        describe_counter!(
+            "llm_fallbacks_total",
+            "Requests routed to a fallback (reserved)."
+        );
+        describe_counter!(
+            "llm_duplicate_suppressed_total",
+            "Duplicates suppressed (reserved)."
+        );
     }
 }
 
@@ -114,18 +238,30 @@ macro_rules! when_enabled {
     ($($body:tt)*) => {{
         #[cfg(feature = "metrics")]
         {
-            enabled::describe();
             $($body)*
         }
     }};
 }
 
+#[cfg(feature = "metrics")]
+use metrics::SharedString;
+
+#[cfg(feature = "metrics")]
+const INPUT: SharedString = SharedString::const_str("input_tokens");
+#[cfg(feature = "metrics")]
+const OUTPUT: SharedString = SharedString::const_str("output_tokens");
+
 /// A call reached the provider and answered with `status`, or failed without an answer.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn request(labels: &Labels, status: Option<http::StatusCode>) {
     when_enabled! {
-        let status = status.map_or_else(|| "error".to_owned(), |s| s.as_str().to_owned());
-        metrics::counter!("llm_requests_total", "provider" => labels.provider.clone(), "model" => labels.model.clone(), "status" => status).increment(1);
+        let status = match status {
+            Some(status) => SharedString::from(status.as_str().to_owned()),
+            None => SharedString::const_str("error"),
+        };
+        enabled::counter(
+            "llm_requests_total",
+            &[("provider", labels.provider.clone()), ("model", labels.model.clone()), ("status", status)], |h| h.increment(1));
     }
 }
 
@@ -133,8 +269,10 @@ pub(crate) fn request(labels: &Labels, status: Option<http::StatusCode>) {
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn reserved(labels: &Labels, cost: &Cost) {
     when_enabled! {
-        for (dimension, tokens) in [("input_tokens", cost.input_tokens()), ("output_tokens", cost.output_tokens())] {
-            metrics::counter!("llm_tokens_reserved_total", "provider" => labels.provider.clone(), "model" => labels.model.clone(), "dimension" => dimension).increment(tokens);
+        for (dimension, tokens) in [(INPUT, cost.input_tokens()), (OUTPUT, cost.output_tokens())] {
+            enabled::counter(
+                "llm_tokens_reserved_total",
+                &[("provider", labels.provider.clone()), ("model", labels.model.clone()), ("dimension", dimension)], |h| h.increment(tokens));
         }
     }
 }
@@ -144,16 +282,18 @@ pub(crate) fn reserved(labels: &Labels, cost: &Cost) {
 pub(crate) fn settled(labels: &Labels, reserved: &Cost, usage: Option<&Usage>) {
     when_enabled! {
         let Some(usage) = usage else {
-            metrics::counter!("llm_usage_missing_total").increment(1);
+            enabled::counter("llm_usage_missing_total", &[], |h| h.increment(1));
             return;
         };
         for (dimension, reserved, used) in [
-            ("input_tokens", reserved.input_tokens(), usage.input_tokens()),
-            ("output_tokens", reserved.output_tokens(), usage.output_tokens()),
+            (INPUT, reserved.input_tokens(), usage.input_tokens()),
+            (OUTPUT, reserved.output_tokens(), usage.output_tokens()),
         ] {
-            metrics::counter!("llm_tokens_used_total", "provider" => labels.provider.clone(), "model" => labels.model.clone(), "dimension" => dimension).increment(used);
+            enabled::counter(
+                "llm_tokens_used_total",
+                &[("provider", labels.provider.clone()), ("model", labels.model.clone()), ("dimension", dimension.clone())], |h| h.increment(used));
             if used > 0 {
-                metrics::histogram!("llm_estimate_error_ratio", "dimension" => dimension).record(reserved as f64 / used as f64);
+                enabled::histogram("llm_estimate_error_ratio", &[("dimension", dimension)], |h| h.record(reserved as f64 / used as f64));
             }
         }
     }
@@ -165,58 +305,67 @@ pub(crate) fn budget(budget: &crate::budget::Budget) {
     if !budget.gauges_due() {
         return;
     }
-    when_enabled! {
-        for limit in budget.snapshot().limits() {
-            let dimension = limit.limit().dimension().as_str();
-            let window = limit.limit().period().as_secs().to_string();
-            metrics::gauge!("llm_budget_level", "dimension" => dimension, "window_seconds" => window.clone()).set(limit.level() as f64);
-            metrics::gauge!("llm_budget_debt", "dimension" => dimension, "window_seconds" => window).set(limit.debt() as f64);
-        }
+    for limit in budget.snapshot().limits() {
+        let labels = [
+            (
+                "dimension",
+                SharedString::const_str(limit.limit().dimension().as_str()),
+            ),
+            (
+                "window_seconds",
+                SharedString::from(limit.limit().period().as_secs().to_string()),
+            ),
+        ];
+        enabled::gauge("llm_budget_level", &labels, |h| h.set(limit.level() as f64));
+        enabled::gauge("llm_budget_debt", &labels, |h| h.set(limit.debt() as f64));
     }
 }
 
-/// A retry after a failure of `class` (`"rate_limited"`, `"server"`, ...).
+/// A retry after a failure of `class`.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn retry(labels: &Labels, class: crate::retry::FailureClass) {
-    #[cfg(feature = "metrics")]
-    let class = {
+    when_enabled! {
         use crate::retry::{FailureClass, Transient};
-        match class {
+        let class = match class {
             FailureClass::Transient(Transient::RateLimited) => "rate_limited",
             FailureClass::Transient(Transient::Overloaded) => "overloaded",
             FailureClass::Transient(Transient::Server) => "server",
             FailureClass::Transient(Transient::Timeout) => "timeout",
             FailureClass::Transient(Transient::Connection) => "connection",
             _ => "other",
-        }
-    };
-    when_enabled! {
-        metrics::counter!("llm_retries_total", "provider" => labels.provider.clone(), "model" => labels.model.clone(), "error_type" => class).increment(1);
+        };
+        enabled::counter(
+            "llm_retries_total",
+            &[("provider", labels.provider.clone()), ("model", labels.model.clone()), ("error_type", SharedString::const_str(class))], |h| h.increment(1));
     }
 }
 
-/// A rate-limit refusal: `limit_type` (`"requests"`, `"tokens"`, `"queue"`, ...) and
+/// A rate-limit refusal: `limit_type` (`"requests"`, `"tokens"`, `"queue_full"`, ...) and
 /// `decision` (`"local"` or `"provider"`).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn rate_limit_hit(limit_type: &'static str, decision: &'static str) {
     when_enabled! {
-        metrics::counter!("llm_rate_limit_hits_total", "limit_type" => limit_type, "decision" => decision).increment(1);
+        enabled::counter(
+            "llm_rate_limit_hits_total",
+            &[("limit_type", SharedString::const_str(limit_type)), ("decision", SharedString::const_str(decision))], |h| h.increment(1));
     }
 }
 
 /// The depth of one class of the priority queue.
 #[cfg(feature = "metrics")]
 pub(crate) fn queue_depth(priority: Priority, depth: usize) {
-    when_enabled! {
-        metrics::gauge!("llm_queue_depth", "priority" => priority.as_str()).set(depth as f64);
-    }
+    enabled::gauge(
+        "llm_queue_depth",
+        &[("priority", SharedString::const_str(priority.as_str()))],
+        |h| h.set(depth as f64),
+    );
 }
 
 /// A request of `priority` waited `wait` in the queue.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn queue_wait(priority: Priority, wait: Duration) {
     when_enabled! {
-        metrics::histogram!("llm_queue_wait_seconds", "priority" => priority.as_str()).record(wait.as_secs_f64());
+        enabled::histogram("llm_queue_wait_seconds", &[("priority", SharedString::const_str(priority.as_str()))], |h| h.record(wait.as_secs_f64()));
     }
 }
 
@@ -224,6 +373,8 @@ pub(crate) fn queue_wait(priority: Priority, wait: Duration) {
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn call(labels: &Labels, call: Duration) {
     when_enabled! {
-        metrics::histogram!("llm_call_seconds", "provider" => labels.provider.clone(), "model" => labels.model.clone()).record(call.as_secs_f64());
+        enabled::histogram(
+            "llm_call_seconds",
+            &[("provider", labels.provider.clone()), ("model", labels.model.clone())], |h| h.record(call.as_secs_f64()));
     }
 }
