@@ -6,9 +6,13 @@
 //! stack's own work: retry, queue, budget (reserve and settle), in-flight slot, reconcile.
 //!
 //! - `stack/bare`: the client alone.
-//! - `stack/governed`: the full stack, metrics compiled in but no recorder installed (no-ops).
+//! - `stack/governed`: the full stack (with `--features metrics`: compiled in, no recorder).
 //! - `stack/governed_recorded`: the same after installing a Prometheus recorder, in the same
-//!   run. The overhead of metrics is `(recorded - governed) / (governed - bare)`.
+//!   run.
+//!
+//! What metrics cost is `(governed_recorded - governed without the feature) / (governed - bare)`,
+//! the first `governed` from a run without the feature (a cargo feature cannot change inside one
+//! run); with it, most of the cost is already in `governed` (the per-thread handle cache).
 
 use std::convert::Infallible;
 use std::hint::black_box;
