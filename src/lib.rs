@@ -17,6 +17,8 @@ pub mod reconcile;
 pub mod retry;
 #[cfg(feature = "serde")]
 mod serialize;
+#[cfg(test)]
+mod test_util;
 mod timer;
 pub mod token_budget;
 pub mod usage;

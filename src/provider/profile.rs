@@ -303,13 +303,7 @@ pub(crate) fn reports_of_any_provider(headers: &HeaderMap, now: SystemTime) -> V
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.parse().unwrap(), v.parse().unwrap()))
-            .collect()
-    }
+    use crate::test_util::headers;
 
     #[test]
     fn usage_maps_to_the_dimensions_each_provider_counts() {

@@ -322,13 +322,9 @@ mod tests {
     use super::*;
 
     fn response(status: u16, headers: &[(&'static str, &'static str)], body: &str) -> FailureClass {
-        let mut map = HeaderMap::new();
-        for (name, value) in headers {
-            map.insert(*name, value.parse().unwrap());
-        }
         ProviderErrors.classify(&Failure::Response {
             status: StatusCode::from_u16(status).unwrap(),
-            headers: &map,
+            headers: &crate::test_util::headers(headers),
             body: body.as_bytes(),
         })
     }

@@ -67,13 +67,7 @@ fn covered(dimension: Dimension) -> &'static [Dimension] {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.parse().unwrap(), v.parse().unwrap()))
-            .collect()
-    }
+    use crate::test_util::headers;
 
     #[test]
     fn the_spent_dimension_and_its_reset() {

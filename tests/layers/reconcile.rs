@@ -46,6 +46,24 @@ fn data(text: &'static str) -> Chunk {
     Ok(Frame::data(Bytes::from_static(text.as_bytes())))
 }
 
+/// Sends a request of `cost` through a budget and a reconcile layer to `client`.
+async fn through_budget<C, B>(
+    budget: &Budget,
+    client: C,
+    cost: Cost,
+) -> Response<tower_llm_quota::ReconcileBody<B, tower_llm_quota::reconcile::NoScan>>
+where
+    C: Service<Request<&'static str>, Response = Response<B>, Error = Infallible> + Clone,
+{
+    ServiceBuilder::new()
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .layer(ReconcileLayer::new())
+        .service(client)
+        .oneshot(request_with(cost))
+        .await
+        .unwrap()
+}
+
 /// Reads `usage=<input>,<output>` at the end of a body; records how the body ended.
 #[derive(Clone, Default)]
 struct TrailerUsage {
@@ -85,17 +103,7 @@ impl ScanUsage for TrailerScan {
 async fn settles_when_the_body_ends_not_when_the_headers_arrive() {
     let budget = tokens_10_per_sec();
     let (client, tx) = streaming_client(Some(Usage::new(20, 5)));
-    let mut service = ServiceBuilder::new()
-        .layer(TokenBudgetLayer::new(budget.clone()))
-        .layer(ReconcileLayer::new())
-        .service(client);
-    let response = service
-        .ready()
-        .await
-        .unwrap()
-        .call(request_with(Cost::new(20, 40)))
-        .await
-        .unwrap();
+    let response = through_budget(&budget, client, Cost::new(20, 40)).await;
     assert_eq!(levels(&budget), [40], "headers arrived: still reserved");
 
     let mut body = response.into_body();
@@ -191,17 +199,7 @@ async fn a_body_that_says_it_ended_is_settled_without_another_poll() {
         response.extensions_mut().insert(Usage::new(5, 5));
         Ok::<_, Infallible>(response)
     });
-    let mut service = ServiceBuilder::new()
-        .layer(TokenBudgetLayer::new(budget.clone()))
-        .layer(ReconcileLayer::new())
-        .service(client);
-    let response = service
-        .ready()
-        .await
-        .unwrap()
-        .call(request_with(Cost::new(5, 45)))
-        .await
-        .unwrap();
+    let response = through_budget(&budget, client, Cost::new(5, 45)).await;
     let mut body = task::spawn(response.into_body());
     let frame = assert_ready!(body.enter(|cx, body| body.poll_frame(cx)));
     assert_eq!(frame.unwrap().unwrap().into_data().unwrap(), "whole answer");
@@ -268,17 +266,7 @@ async fn an_error_response_without_usage_refunds_its_tokens_but_not_its_request(
         *response.status_mut() = http::StatusCode::TOO_MANY_REQUESTS;
         Ok::<_, Infallible>(response)
     });
-    let mut service = ServiceBuilder::new()
-        .layer(TokenBudgetLayer::new(budget.clone()))
-        .layer(ReconcileLayer::new())
-        .service(client);
-    let response = service
-        .ready()
-        .await
-        .unwrap()
-        .call(request_with(Cost::new(40, 20)))
-        .await
-        .unwrap();
+    let response = through_budget(&budget, client, Cost::new(40, 20)).await;
     assert_eq!(levels(&budget), [9, 40]);
     drop(response);
     assert_eq!(levels(&budget), [9, 100]);
