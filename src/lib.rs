@@ -7,6 +7,8 @@ mod cost;
 mod error;
 pub mod estimate;
 pub mod in_flight;
+#[cfg(feature = "reqwest")]
+pub mod middleware;
 mod observe;
 pub mod parse;
 mod priority;
@@ -17,6 +19,9 @@ pub mod reconcile;
 pub mod retry;
 #[cfg(feature = "serde")]
 mod serialize;
+#[cfg(feature = "sim")]
+pub mod sim;
+pub mod stack;
 #[cfg(test)]
 mod test_util;
 mod timer;

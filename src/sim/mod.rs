@@ -1,0 +1,1 @@
+//! A simulated LLM provider that enforces quota like the real ones (feature `sim`).

@@ -1,0 +1,1 @@
+//! The recommended stack, assembled in one call for a provider profile.
