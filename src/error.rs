@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::budget::StoreUnavailable;
 use crate::priority::Priority;
 use crate::quota::Dimension;
 use crate::retry::RetryReport;
@@ -104,12 +105,14 @@ impl fmt::Display for NotUntil {
 impl std::error::Error for NotUntil {}
 
 /// Why [`Budget::try_reserve`](crate::Budget::try_reserve) admitted nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum TryReserveError {
     /// Not yet: retry at the time it names.
     NotYet(NotUntil),
     /// Never: the cost exceeds a bucket's capacity.
     Never(InsufficientCapacity),
+    /// The budget is shared through a store that a synchronous call cannot ask.
+    Unavailable(StoreUnavailable),
 }
 
 impl fmt::Display for TryReserveError {
@@ -117,6 +120,7 @@ impl fmt::Display for TryReserveError {
         match self {
             TryReserveError::NotYet(e) => e.fmt(f),
             TryReserveError::Never(e) => e.fmt(f),
+            TryReserveError::Unavailable(e) => e.fmt(f),
         }
     }
 }
@@ -126,6 +130,47 @@ impl std::error::Error for TryReserveError {
         match self {
             TryReserveError::NotYet(e) => Some(e),
             TryReserveError::Never(e) => Some(e),
+            TryReserveError::Unavailable(e) => Some(e),
+        }
+    }
+}
+
+/// Why [`Budget::reserve`](crate::Budget::reserve) admitted nothing.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum ReserveError {
+    /// The cost exceeds a bucket's capacity: it can never be admitted.
+    TooLarge(InsufficientCapacity),
+    /// The budget's shared store did not answer and its
+    /// [`FailurePolicy`](crate::budget::FailurePolicy) is to refuse (or the local fallback
+    /// share cannot pay the cost).
+    Unavailable(StoreUnavailable),
+}
+
+impl ReserveError {
+    /// The bucket that is too small, when the cost can never be admitted.
+    pub fn insufficient_capacity(&self) -> Option<&InsufficientCapacity> {
+        match self {
+            ReserveError::TooLarge(e) => Some(e),
+            ReserveError::Unavailable(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for ReserveError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ReserveError::TooLarge(e) => e.fmt(f),
+            ReserveError::Unavailable(e) => e.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ReserveError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ReserveError::TooLarge(e) => Some(e),
+            ReserveError::Unavailable(e) => Some(e),
         }
     }
 }
@@ -149,6 +194,7 @@ struct Inner {
 #[derive(Debug)]
 enum Kind {
     TooLarge(InsufficientCapacity),
+    StoreUnavailable(StoreUnavailable),
     MissingCost,
     DeadlineExceeded {
         priority: Option<Priority>,
@@ -224,6 +270,12 @@ impl Error {
         matches!(self.inner.kind, Kind::TooLarge(_))
     }
 
+    /// Whether the budget's shared store (Redis) did not answer in time and the budget's
+    /// [`FailurePolicy`](crate::budget::FailurePolicy) is to refuse rather than fall back.
+    pub fn is_store_unavailable(&self) -> bool {
+        matches!(self.inner.kind, Kind::StoreUnavailable(_))
+    }
+
     /// Whether the request had no [`Cost`](crate::Cost) and the layer was set to refuse it.
     pub fn is_missing_cost(&self) -> bool {
         matches!(self.inner.kind, Kind::MissingCost)
@@ -295,6 +347,15 @@ impl From<InsufficientCapacity> for Error {
     }
 }
 
+impl From<ReserveError> for Error {
+    fn from(e: ReserveError) -> Self {
+        match e {
+            ReserveError::TooLarge(e) => e.into(),
+            ReserveError::Unavailable(e) => Self::new(Kind::StoreUnavailable(e), None),
+        }
+    }
+}
+
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("tower_llm_quota::Error");
@@ -310,6 +371,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner.kind {
             Kind::TooLarge(e) => write!(f, "rejected locally: {e}"),
+            Kind::StoreUnavailable(e) => write!(f, "rejected locally: {e}"),
             Kind::MissingCost => f.write_str("rejected locally: the request carries no cost"),
             Kind::DeadlineExceeded {
                 priority: Some(priority),

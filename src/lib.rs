@@ -29,12 +29,12 @@ pub mod token_budget;
 pub mod usage;
 
 pub use budget::{
-    Budget, BudgetSnapshot, LimitSnapshot, Observation, Reservation, ReservationId,
-    ReservationSlot, Reserve, Settlement,
+    Budget, BudgetSnapshot, FailurePolicy, LimitSnapshot, Observation, Reservation, ReservationId,
+    ReservationSlot, Reserve, Settlement, StoreUnavailable,
 };
 pub use builder::ServiceBuilderExt;
 pub use cost::{Cost, Usage};
-pub use error::{BoxError, Error, InsufficientCapacity, NotUntil, TryReserveError};
+pub use error::{BoxError, Error, InsufficientCapacity, NotUntil, ReserveError, TryReserveError};
 pub use estimate::{CharEstimator, Estimate, EstimateLayer, Estimator, LearnedOutput, OutputRoute};
 pub use in_flight::{InFlightBody, InFlightLimit, InFlightLimitLayer};
 pub use priority::{Deadline, EnqueuedAt, Priority, Timings};

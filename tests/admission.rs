@@ -123,6 +123,7 @@ async fn a_cost_above_capacity_fails_at_once() {
     let budget = requests_and_tokens();
     let start = Instant::now();
     let error = budget.reserve(Cost::new(90, 11)).await.unwrap_err();
+    let error = error.insufficient_capacity().expect("too large");
     assert_eq!(start.elapsed(), Duration::ZERO);
     assert_eq!(error.dimension(), Dimension::TotalTokens);
     assert_eq!((error.cost(), error.capacity()), (101, 100));
@@ -215,7 +216,7 @@ async fn a_raised_limit_wakes_the_head_early_and_a_lowered_one_can_refuse_it() {
     budget.set_limit(limit(Dimension::TotalTokens, 100, SEC, 100));
     assert!(too_big.is_woken());
     let error = assert_ready!(too_big.poll()).unwrap_err();
-    assert_eq!(error.capacity(), 100);
+    assert_eq!(error.insufficient_capacity().unwrap().capacity(), 100);
     assert_eq!(budget.waiters(), 0);
 }
 

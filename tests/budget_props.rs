@@ -630,7 +630,7 @@ fn check_conservation(quota: &Quota, ops: &[Op]) -> Result<(), TestCaseError> {
                                 not_until
                             );
                         }
-                        Err(TryReserveError::Never(e)) => {
+                        Err(e) => {
                             prop_assert!(false, "step {step}: {cost:?} fits, got {e:?}");
                         }
                     }

@@ -56,8 +56,12 @@
 
 mod bucket;
 mod observation;
+#[cfg(feature = "redis")]
+pub mod redis;
+mod remote;
 mod reservation;
 mod reserve;
+mod shared;
 mod snapshot;
 pub(crate) mod store;
 mod waiters;
@@ -71,6 +75,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 pub use observation::Observation;
+pub use remote::{FailurePolicy, StoreUnavailable};
 pub use reservation::{Reservation, ReservationSlot, Settlement};
 pub use reserve::Reserve;
 pub use snapshot::{BudgetSnapshot, LimitSnapshot};
@@ -80,6 +85,9 @@ use crate::cost::Cost;
 use crate::error::{InsufficientCapacity, NotUntil, TryReserveError};
 use crate::quota::{Dimension, Limit, Quota};
 use bucket::Floor;
+use remote::Decision;
+use reservation::Origin;
+use shared::{Remote, SharedState};
 use store::{Denial, MemoryStore, Store, nanos};
 use waiters::{VacancyWatchers, WaitQueue};
 
@@ -96,13 +104,18 @@ struct Shared {
     /// The zero of the budget's clock; times inside are nanoseconds since it.
     origin: Instant,
     state: Mutex<State>,
+    /// The store shared with other processes, when there is one.
+    remote: Option<Remote>,
     /// When the level gauges were last recorded (nanoseconds on the budget's clock).
     #[cfg(feature = "metrics")]
     gauges_at: std::sync::atomic::AtomicU64,
 }
 
 struct State {
+    /// The buckets of an in-memory budget; of a shared one, its local fallback share.
     store: MemoryStore,
+    /// The limits and circuit breaker of a shared budget.
+    shared: Option<SharedState>,
     queue: WaitQueue,
     vacancy: VacancyWatchers,
     next_id: u64,
@@ -110,8 +123,12 @@ struct State {
 
 /// One step of a waiting admission.
 pub(crate) enum Step {
-    Admitted(ReservationId),
+    Admitted(ReservationId, Origin),
     Never(InsufficientCapacity),
+    /// The shared store could not be asked, and the policy is to refuse.
+    Unavailable(StoreUnavailable),
+    /// At the head of the queue of a shared budget: ask the shared store, under this id.
+    Ask(ReservationId, Arc<[Limit]>),
     /// At the head of the queue: the cost fits at this instant.
     WaitUntil(Instant),
     /// Behind others: woken when it reaches the head.
@@ -137,13 +154,19 @@ impl Wakeups {
 impl Budget {
     /// A budget enforcing every limit of `quota`, with every bucket full.
     pub fn new(quota: Quota) -> Self {
+        Self::with_store(MemoryStore::new(&quota), None, None)
+    }
+
+    fn with_store(store: MemoryStore, shared: Option<SharedState>, remote: Option<Remote>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 origin: Instant::now(),
+                remote,
                 #[cfg(feature = "metrics")]
                 gauges_at: std::sync::atomic::AtomicU64::new(0),
                 state: Mutex::new(State {
-                    store: MemoryStore::new(&quota),
+                    store,
+                    shared,
                     queue: WaitQueue::default(),
                     vacancy: VacancyWatchers::default(),
                     next_id: 0,
@@ -169,7 +192,16 @@ impl Budget {
     ///
     /// It does not overtake waiting requests: while others wait, it fails with a
     /// [`NotUntil`] that counts their costs ahead of this one.
+    ///
+    /// A budget shared through a store in another process (such as Redis) cannot answer
+    /// without a round trip: its `try_reserve` fails with [`TryReserveError::Unavailable`];
+    /// use [`Budget::reserve`].
     pub fn try_reserve(&self, cost: Cost) -> Result<Reservation, TryReserveError> {
+        if self.shared.remote.is_some() {
+            return Err(TryReserveError::Unavailable(StoreUnavailable::new(
+                "a shared budget admits through `reserve`, which asks the shared store",
+            )));
+        }
         let now = Instant::now();
         let ns = self.nanos_since_origin(now);
         let mut state = self.lock();
@@ -188,7 +220,7 @@ impl Budget {
         match state.store.reserve(id, &cost, Floor::NONE, ns) {
             Ok(()) => {
                 drop(state);
-                Ok(Reservation::new(self.clone(), id, cost))
+                Ok(Reservation::new(self.clone(), id, cost, Origin::Local))
             }
             Err(Denial::NotUntil { at, limit }) => {
                 let limit = state.store.limit(limit);
@@ -227,26 +259,57 @@ impl Budget {
     /// current level, clamped to the new capacity. Waiters are re-examined at once.
     pub fn set_limit(&self, limit: Limit) {
         let now = self.nanos_since_origin(Instant::now());
-        self.update_store(|store| {
-            store.set_limit(limit, now);
+        self.update_state(|state| {
+            let local = match &mut state.shared {
+                Some(shared) => shared.set_limit(limit),
+                None => limit,
+            };
+            state.store.set_limit(local, now);
             true
         });
     }
 
     /// Applies a provider's report on one of the limits; see [`Observation`].
+    ///
+    /// A shared budget writes it to the shared store too, in the background, so that every
+    /// process sharing the quota sees it.
     pub fn observe(&self, observation: &Observation) {
         let now = self.nanos_since_origin(Instant::now());
-        self.update_store(|store| store.observe(observation, now));
+        self.update_state(|state| match &mut state.shared {
+            Some(shared) => {
+                let lowered = shared.observe(observation);
+                if let Some(remote) = &self.shared.remote {
+                    lowered.for_each(|(limit, remaining)| {
+                        remote.lower(limit, Some(remaining), Duration::ZERO)
+                    });
+                }
+                state
+                    .store
+                    .observe(&shared.local_observation(observation), now)
+            }
+            None => state.store.observe(observation, now),
+        });
     }
 
     /// Admits nothing in any of `dimensions` until `until`, for every holder of this budget:
     /// the provider said (with a 429) that the quota they share is spent until then. After it,
     /// the buckets refill from zero. A later pause extends an earlier one; an earlier end
     /// never shortens it.
+    ///
+    /// A shared budget writes the pause to the shared store too, in the background: one
+    /// process's 429 pauses every process sharing the quota.
     pub fn pause(&self, dimensions: &[Dimension], until: Instant) {
+        let pause = until.saturating_duration_since(Instant::now());
         let until = self.nanos_since_origin(until);
-        self.update_store(|store| {
-            dimensions.iter().for_each(|&d| store.pause(d, until));
+        self.update_state(|state| {
+            dimensions.iter().for_each(|&d| state.store.pause(d, until));
+            if let (Some(shared), Some(remote)) = (&state.shared, &self.shared.remote) {
+                shared
+                    .limits()
+                    .iter()
+                    .filter(|limit| dimensions.contains(&limit.dimension()))
+                    .for_each(|&limit| remote.lower(limit, None, pause));
+            }
             false
         });
     }
@@ -262,14 +325,21 @@ impl Budget {
     }
 
     /// One step of [`Reserve`]: admit, queue, or say when to look again.
+    ///
+    /// A shared budget asks its shared store (`Step::Ask`) unless `local` (the store failed
+    /// and the policy is to fall back) or its breaker is open; not before `retry_at`, the
+    /// store's last hint.
     pub(crate) fn poll_admission(
         &self,
         ticket: &mut Option<u64>,
         cost: &Cost,
         floor: Floor,
         waker: &Waker,
+        local: bool,
+        retry_at: Option<Instant>,
     ) -> Step {
-        let ns = self.nanos_since_origin(Instant::now());
+        let now = Instant::now();
+        let ns = self.nanos_since_origin(now);
         let mut state = self.lock();
         let at_head = match *ticket {
             None => state.queue.is_empty(),
@@ -278,12 +348,39 @@ impl Budget {
         if !at_head {
             if ticket.is_none() {
                 // Refuse at once what can never fit, rather than after a wait in line.
-                if let Err(e) = state.store.check_capacity(cost, floor) {
+                if let Err(e) = state.check_capacity(cost, floor) {
                     return Step::Never(e);
                 }
             }
             state.wait(ticket, cost, waker);
             return Step::Queued;
+        }
+        if let (Some(remote), Some(shared), false) =
+            (&self.shared.remote, state.shared.as_mut(), local)
+        {
+            if let Some(at) = retry_at.filter(|at| *at > now) {
+                state.wait(ticket, cost, waker);
+                return Step::WaitUntil(at);
+            }
+            if shared.breaker.allow(ns) {
+                let limits = shared.limits().clone();
+                return Step::Ask(state.next_id(), limits);
+            }
+            if remote.policy() == FailurePolicy::FailClosed {
+                let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
+                drop(state);
+                wakeups.wake();
+                return Step::Unavailable(StoreUnavailable::breaker_open());
+            }
+        }
+        if state.shared.is_some() && state.store.check_capacity(cost, floor).is_err() {
+            // The store is out of reach and the local share cannot pay this cost at all.
+            let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
+            drop(state);
+            wakeups.wake();
+            return Step::Unavailable(StoreUnavailable::new(
+                "the shared store is out of reach and the cost exceeds the local fallback share",
+            ));
         }
         let id = state.next_id();
         match state.store.reserve(id, cost, floor, ns) {
@@ -291,7 +388,7 @@ impl Budget {
                 let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
                 drop(state);
                 wakeups.wake();
-                Step::Admitted(id)
+                Step::Admitted(id, Origin::Local)
             }
             Err(Denial::NotUntil { at, .. }) => {
                 state.wait(ticket, cost, waker);
@@ -313,17 +410,109 @@ impl Budget {
         wakeups.wake();
     }
 
-    /// Settles a reservation: `actual` replaces `reserved`.
-    pub(crate) fn settle(&self, id: ReservationId, reserved: &Cost, actual: &Cost) {
-        let now = || self.nanos_since_origin(Instant::now());
-        self.update_store(|store| store.settle(id, reserved, actual, now));
+    /// What the shared store answered to the head's question (`Step::Ask`).
+    pub(crate) fn answered(
+        &self,
+        ticket: &mut Option<u64>,
+        id: ReservationId,
+        answer: Result<Decision, StoreUnavailable>,
+        cost: &Cost,
+        waker: &Waker,
+    ) -> Answer {
+        let Some(remote) = &self.shared.remote else {
+            unreachable!("only a shared budget asks a shared store")
+        };
+        let now = Instant::now();
+        let ns = self.nanos_since_origin(now);
+        let mut state = self.lock();
+        let shared = state
+            .shared
+            .as_mut()
+            .expect("a shared budget has shared state");
+        let mut leave = false;
+        let answer = match answer {
+            Ok(decision) => {
+                shared.breaker.succeeded();
+                match decision {
+                    Decision::Admitted => {
+                        leave = true;
+                        Answer::Admitted
+                    }
+                    Decision::Denied { wait, .. } => {
+                        state.wait(ticket, cost, waker);
+                        Answer::RetryAt(now + remote.jittered(wait))
+                    }
+                    Decision::TooLarge { limit } => {
+                        leave = true;
+                        Answer::Never(shared.too_large(limit, cost))
+                    }
+                }
+            }
+            Err(error) => {
+                shared.breaker.failed(ns);
+                // The script may have run after all: give back whatever it took.
+                remote.release(id, *cost, shared.limits().clone());
+                tracing::warn!(%error, "the shared quota store did not answer");
+                match remote.policy() {
+                    FailurePolicy::LocalFallback { .. } => Answer::Fallback,
+                    FailurePolicy::FailClosed => {
+                        leave = true;
+                        Answer::Unavailable(error)
+                    }
+                }
+            }
+        };
+        if leave {
+            let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
+            drop(state);
+            wakeups.wake();
+        }
+        answer
     }
 
-    /// Changes the store; when `change` says capacity may have come sooner, wakes the head of
-    /// the queue (after releasing the lock) to look again.
-    fn update_store(&self, change: impl FnOnce(&mut MemoryStore) -> bool) {
+    /// A question to the shared store was abandoned (its caller left): give back whatever it
+    /// may have taken, and let another caller probe the store.
+    pub(crate) fn abandoned(&self, id: ReservationId, cost: &Cost) {
         let mut state = self.lock();
-        let head = if change(&mut state.store) {
+        if let (Some(shared), Some(remote)) = (state.shared.as_mut(), &self.shared.remote) {
+            shared.breaker.abandoned();
+            remote.release(id, *cost, shared.limits().clone());
+        }
+    }
+
+    /// The question for the shared store, bounded by its timeout.
+    pub(crate) fn ask(
+        &self,
+        id: ReservationId,
+        cost: Cost,
+        floor: Floor,
+        limits: Arc<[Limit]>,
+    ) -> remote::StoreFuture<Decision> {
+        let Some(remote) = &self.shared.remote else {
+            unreachable!("only a shared budget asks a shared store")
+        };
+        remote.reserve(id, cost, floor, limits)
+    }
+
+    /// Settles a reservation: `actual` replaces `reserved`.
+    pub(crate) fn settle(&self, id: ReservationId, origin: Origin, reserved: &Cost, actual: &Cost) {
+        if let (Origin::Shared, Some(remote)) = (origin, &self.shared.remote) {
+            let limits = match &self.lock().shared {
+                Some(shared) => shared.limits().clone(),
+                None => return,
+            };
+            remote.settle(id, *reserved, *actual, limits);
+            return;
+        }
+        let now = || self.nanos_since_origin(Instant::now());
+        self.update_state(|state| state.store.settle(id, reserved, actual, now));
+    }
+
+    /// Changes the state; when `change` says capacity may have come sooner, wakes the head of
+    /// the queue (after releasing the lock) to look again.
+    fn update_state(&self, change: impl FnOnce(&mut State) -> bool) {
+        let mut state = self.lock();
+        let head = if change(&mut state) {
             state.queue.head_waker()
         } else {
             None
@@ -392,7 +581,27 @@ impl Budget {
     }
 }
 
+/// What a shared budget makes of its store's answer.
+pub(crate) enum Answer {
+    Admitted,
+    Never(InsufficientCapacity),
+    /// Denied for now: ask again at this instant, keeping the place in the queue.
+    RetryAt(Instant),
+    /// The store failed: admit from the local fallback share.
+    Fallback,
+    Unavailable(StoreUnavailable),
+}
+
 impl State {
+    /// Fails when `cost` exceeds a capacity (less `floor`): of the shared limits for a shared
+    /// budget, of the buckets for an in-memory one.
+    fn check_capacity(&self, cost: &Cost, floor: Floor) -> Result<(), InsufficientCapacity> {
+        match &self.shared {
+            Some(shared) => shared.check_capacity(cost, floor),
+            None => self.store.check_capacity(cost, floor),
+        }
+    }
+
     /// Joins the queue, or refreshes the waker of a waiter already in it.
     fn wait(&mut self, ticket: &mut Option<u64>, cost: &Cost, waker: &Waker) {
         match *ticket {

@@ -25,16 +25,18 @@ use crate::quota::Dimension;
 pub struct Reservation {
     budget: Budget,
     id: ReservationId,
+    origin: Origin,
     cost: Cost,
     sent: bool,
     finished: bool,
 }
 
 impl Reservation {
-    pub(crate) fn new(budget: Budget, id: ReservationId, cost: Cost) -> Self {
+    pub(crate) fn new(budget: Budget, id: ReservationId, cost: Cost, origin: Origin) -> Self {
         Self {
             budget,
             id,
+            origin,
             cost,
             sent: false,
             finished: false,
@@ -92,7 +94,8 @@ impl Reservation {
 
     fn finish(mut self, actual: Cost) -> Settlement {
         self.finished = true;
-        self.budget.settle(self.id, &self.cost, &actual);
+        self.budget
+            .settle(self.id, self.origin, &self.cost, &actual);
         Settlement {
             reserved: self.cost,
             actual,
@@ -109,7 +112,8 @@ impl Drop for Reservation {
             } else {
                 Cost::default()
             };
-            self.budget.settle(self.id, &self.cost, &actual);
+            self.budget
+                .settle(self.id, self.origin, &self.cost, &actual);
         }
     }
 }
@@ -122,6 +126,15 @@ impl fmt::Debug for Reservation {
             .field("sent", &self.sent)
             .finish()
     }
+}
+
+/// Which store admitted a reservation, and so settles it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// The budget's own buckets (for a shared budget, its local fallback share).
+    Local,
+    /// The store shared with other processes.
+    Shared,
 }
 
 /// What a settlement changed: the reserved cost and the actual one.

@@ -122,11 +122,13 @@ where
                         });
                         continue;
                     }
-                    Poll::Ready(Err(too_large)) => {
-                        observe::rate_limit_hit(too_large.dimension().as_str(), "local");
-                        tracing::debug!(%too_large, "request rejected locally");
+                    Poll::Ready(Err(refused)) => {
+                        if let Some(too_large) = refused.insufficient_capacity() {
+                            observe::rate_limit_hit(too_large.dimension().as_str(), "local");
+                        }
+                        tracing::debug!(%refused, "request rejected locally");
                         this.state.set(State::Done);
-                        return Poll::Ready(Err(too_large.into()));
+                        return Poll::Ready(Err(refused.into()));
                     }
                     Poll::Pending => Poll::Pending,
                 },

@@ -1,0 +1,147 @@
+//! Reserve + settle against a private loopback `redis-server`, beside the in-memory budget in
+//! the same run: admissions per second and latency percentiles from 1 and 64 concurrent tasks,
+//! and Redis round trips per admission (counted by the server's `INFO commandstats`).
+//!
+//! ```sh
+//! cargo bench --bench redis
+//! ```
+//!
+//! The quota is far above the offered load, so nothing waits: this measures the cost of an
+//! admission, not the quota.
+
+#[path = "../tests/redis_server/mod.rs"]
+mod redis_server;
+
+use std::num::NonZeroU64;
+use std::time::{Duration, Instant};
+
+use redis_server::RedisServer;
+use tower_llm_quota::budget::redis::RedisBudget;
+use tower_llm_quota::{Budget, Cost, Dimension, FailurePolicy, Limit, Quota};
+
+const RUN: Duration = Duration::from_secs(3);
+
+fn quota() -> Quota {
+    let nz = |n| NonZeroU64::new(n).unwrap();
+    Quota::new()
+        .with_limit(Limit::per_second(Dimension::Requests, nz(1_000_000_000)))
+        .with_limit(Limit::per_second(
+            Dimension::InputTokens,
+            nz(1_000_000_000_000),
+        ))
+        .with_limit(Limit::per_second(
+            Dimension::OutputTokens,
+            nz(1_000_000_000_000),
+        ))
+}
+
+struct Figures {
+    admissions: usize,
+    per_second: f64,
+    p50: Duration,
+    p99: Duration,
+}
+
+/// `tasks` tasks reserving and settling as fast as they can for `RUN`.
+async fn measure(budget: &Budget, tasks: usize) -> Figures {
+    let start = Instant::now();
+    let workers: Vec<_> = (0..tasks)
+        .map(|_| {
+            let budget = budget.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                while start.elapsed() < RUN {
+                    let asked = Instant::now();
+                    let mut reservation = budget.reserve(Cost::new(1_000, 200)).await.unwrap();
+                    latencies.push(asked.elapsed());
+                    reservation.mark_sent();
+                    reservation.settle_cost(Cost::new(1_000, 50).with_requests(1));
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for worker in workers {
+        latencies.extend(worker.await.unwrap());
+    }
+    let elapsed = start.elapsed();
+    latencies.sort();
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
+    Figures {
+        admissions: latencies.len(),
+        per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
+        p50: at(0.50),
+        p99: at(0.99),
+    }
+}
+
+fn evalsha_calls(server: &RedisServer) -> u64 {
+    let stats = redis::Client::open(server.url())
+        .and_then(|c| c.get_connection())
+        .and_then(|mut c| {
+            redis::cmd("INFO")
+                .arg("commandstats")
+                .query::<String>(&mut c)
+        })
+        .unwrap_or_default();
+    stats
+        .lines()
+        .find(|line| line.starts_with("cmdstat_evalsha:"))
+        .and_then(|line| line.split("calls=").nth(1))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|calls| calls.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let server = RedisServer::start();
+    let redis_budget = RedisBudget::new(server.url(), "bench")
+        .failure_policy(FailurePolicy::FailClosed)
+        .connect(&quota())
+        .await
+        .expect("connected");
+    let memory = Budget::new(quota());
+
+    println!("reserve + settle, 3 dimensions, {RUN:?} per row, nothing waits");
+    println!(
+        "{:<10} {:>6} {:>12} {:>14} {:>10} {:>10}",
+        "store", "tasks", "admissions", "admissions/s", "p50", "p99"
+    );
+    let mut rows = Vec::new();
+    for tasks in [1, 64] {
+        let before = evalsha_calls(&server);
+        let figures = measure(&redis_budget, tasks).await;
+        tokio::time::sleep(Duration::from_millis(200)).await; // settlements drain
+        let calls = evalsha_calls(&server) - before;
+        let round_trips = calls as f64 / figures.admissions as f64;
+        rows.push(("redis", tasks, figures, Some(round_trips)));
+        let figures = measure(&memory, tasks).await;
+        rows.push(("memory", tasks, figures, None));
+    }
+    for (store, tasks, f, round_trips) in &rows {
+        println!(
+            "{store:<10} {tasks:>6} {:>12} {:>14.0} {:>10.1?} {:>10.1?}{}",
+            f.admissions,
+            f.per_second,
+            f.p50,
+            f.p99,
+            round_trips.map_or(String::new(), |r| format!(
+                "   {r:.3} script calls per reservation (one to admit, one to settle)"
+            ))
+        );
+    }
+    for tasks in [1, 64] {
+        let find = |store: &str| {
+            rows.iter()
+                .find(|(s, t, _, _)| *s == store && *t == tasks)
+                .map(|(_, _, f, _)| f.per_second)
+                .unwrap()
+        };
+        println!(
+            "{tasks} tasks: memory / redis admissions per second = {:.0}x",
+            find("memory") / find("redis")
+        );
+    }
+}

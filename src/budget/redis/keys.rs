@@ -1,0 +1,124 @@
+//! Key names, and a limit's rate as the integer fraction the scripts compute with.
+
+use crate::quota::Limit;
+
+/// The names of one quota's keys: every key shares the quota's hash tag.
+#[derive(Debug, Clone)]
+pub(super) struct Keys {
+    /// `<prefix>:{<quota key>}`
+    root: String,
+}
+
+impl Keys {
+    pub(super) fn new(prefix: &str, quota_key: &str) -> Self {
+        // Braces inside the quota key would change the hash tag: keep them out.
+        let tag: String = quota_key
+            .chars()
+            .map(|c| if c == '{' || c == '}' { '_' } else { c })
+            .collect();
+        Self {
+            root: format!("{prefix}:{{{tag}}}"),
+        }
+    }
+
+    /// The bucket of `limit`: one per dimension and period.
+    pub(super) fn bucket(&self, limit: &Limit) -> String {
+        format!(
+            "{}:{}:{}",
+            self.root,
+            limit.dimension().as_str(),
+            limit.period().as_millis()
+        )
+    }
+
+    /// The record of reservation `id`.
+    pub(super) fn record(&self, id: &str) -> String {
+        format!("{}:r:{id}", self.root)
+    }
+}
+
+/// A limit in the scripts' integer arithmetic: a unit is `den` ticks, a millisecond adds `num`
+/// ticks, and the bucket holds `capacity` units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Rate {
+    pub(super) num: u64,
+    pub(super) den: u64,
+    pub(super) capacity: u64,
+}
+
+/// Lua numbers are doubles: a bucket's ticks, debt included, must stay below 2^53.
+const MAX_TICKS: u64 = 1 << 51;
+
+impl Rate {
+    pub(super) fn of(limit: &Limit) -> Self {
+        let amount = limit.effective_amount().max(1);
+        let period_ms = u64::try_from(limit.period().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let g = gcd(amount, period_ms);
+        let (mut num, mut den) = (amount / g, period_ms / g);
+        let capacity = limit.capacity();
+        if capacity.saturating_mul(den) > MAX_TICKS {
+            // Too fine for doubles: a coarser denominator, the rate rounded down (slower, never
+            // faster, than the limit).
+            let coarse = (MAX_TICKS / capacity.max(1)).max(1);
+            let scaled = u128::from(num) * u128::from(coarse) / u128::from(den);
+            num = u64::try_from(scaled).unwrap_or(u64::MAX).max(1);
+            den = coarse;
+        }
+        Self { num, den, capacity }
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quota::Dimension;
+    use std::num::NonZeroU64;
+    use std::time::Duration;
+
+    fn nz(n: u64) -> NonZeroU64 {
+        NonZeroU64::new(n).unwrap()
+    }
+
+    #[test]
+    fn keys_share_one_hash_tag() {
+        let keys = Keys::new("llmq", "org-{1}");
+        let rpm = Limit::per_minute(Dimension::Requests, nz(500));
+        assert_eq!(keys.bucket(&rpm), "llmq:{org-_1_}:requests:60000");
+        assert_eq!(keys.record("ab-7"), "llmq:{org-_1_}:r:ab-7");
+    }
+
+    #[test]
+    fn rates_are_exact_fractions() {
+        // 500 RPM at 85 %: 425 per 60,000 ms = 17 per 2,400 ms.
+        let rpm = Limit::per_minute(Dimension::Requests, nz(500));
+        let rate = Rate::of(&rpm);
+        assert_eq!((rate.num, rate.den, rate.capacity), (17, 2_400, 71));
+    }
+
+    #[test]
+    fn huge_daily_limits_stay_below_2_pow_53() {
+        let tpd = Limit::new(
+            Dimension::TotalTokens,
+            nz(10_000_000_007),
+            Duration::from_secs(86_401),
+        )
+        .unwrap();
+        let rate = Rate::of(&tpd);
+        assert!(u128::from(rate.capacity) * u128::from(rate.den) * 2 < 1 << 53);
+        let exact = tpd.effective_amount() as f64 / 86_401_000.0;
+        let coarse = rate.num as f64 / rate.den as f64;
+        assert!(
+            coarse <= exact && coarse > exact * 0.999,
+            "{coarse} vs {exact}"
+        );
+    }
+}

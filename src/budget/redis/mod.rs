@@ -1,0 +1,190 @@
+//! One quota shared by several processes, kept in Redis (feature `redis`).
+//!
+//! [`RedisBudget`] builds a [`Budget`] whose buckets live in Redis: the same handle, layers
+//! and API as an in-memory budget, for every instance of a service that spends one provider
+//! account. Each admission is **one round trip**: a Lua script refills and checks every
+//! dimension of the request with the Redis server's clock and takes the cost from all of them
+//! or from none. A denial writes nothing and tells how long to wait; the request then waits
+//! in its process's own queue (first in, first out, or by priority with the queue layer) and
+//! asks again when the wait is over, so no process polls in a loop.
+//!
+//! ```no_run
+//! use std::num::NonZeroU64;
+//! use tower_llm_quota::budget::redis::RedisBudget;
+//! use tower_llm_quota::{Cost, Dimension, Limit, Quota, Usage};
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let nz = |n| NonZeroU64::new(n).unwrap();
+//! let quota = Quota::new()
+//!     .with_limit(Limit::per_minute(Dimension::Requests, nz(500)))
+//!     .with_limit(Limit::per_minute(Dimension::TotalTokens, nz(30_000)));
+//! // Every process naming the same account shares its quota.
+//! let budget = RedisBudget::new("redis://127.0.0.1:6379", "openai-org-1")
+//!     .expected_instances(4)
+//!     .connect(&quota)
+//!     .await?;
+//! let mut reservation = budget.reserve(Cost::new(1_200, 200)).await?;
+//! reservation.mark_sent();
+//! reservation.settle(&Usage::new(1_200, 50)); // the refund is written in the background
+//! # Ok(()) }
+//! ```
+//!
+//! # Keys
+//!
+//! A bucket per limit, `<prefix>:{<quota key>}:<dimension>:<period in ms>` (a hash of its level
+//! and refill time), and a record per reservation, `<prefix>:{<quota key>}:r:<id>`. The quota
+//! key is a Redis Cluster hash tag, so every key of one account lives in one slot and the
+//! scripts run on a cluster. A bucket's TTL is its time to refill: an absent key is a full
+//! bucket, so an idle account leaves nothing behind. A record lives for the lease (ten
+//! minutes by default), long enough to recognise a duplicate settlement.
+//!
+//! # Exactness
+//!
+//! Levels are integers: a unit (a request, a token) is `den` ticks and a millisecond adds `num`
+//! ticks, `num / den` being the limit's rate reduced to lowest terms, so refill never drifts.
+//! The clock is the Redis server's `TIME`, never a caller's; a clock stepping back (a
+//! failover) adds nothing. Settlement is idempotent by reservation id: a duplicate neither
+//! refunds nor charges twice, and a settlement arriving after its record expired charges an
+//! overrun but refunds nothing. Debt is bounded at one capacity.
+//!
+//! # When Redis fails
+//!
+//! Every call has a timeout (50 ms by default), and a circuit breaker stops asking after three
+//! failures in a row, letting one probe through every 500 ms. While Redis cannot answer, the
+//! [`FailurePolicy`] decides: by default each process admits from a local bucket holding its
+//! share of the quota (`1 / expected_instances`), and returns to Redis as soon as a probe
+//! succeeds; [`FailurePolicy::FailClosed`] refuses with a typed error instead. Either way no
+//! request waits longer than the timeout for Redis, and a deadline set on the request still
+//! holds. Replication to a replica is asynchronous: a failover may lose the last writes, at
+//! most about one burst per limit.
+
+mod keys;
+mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+use super::Budget;
+use super::remote::FailurePolicy;
+use super::shared::RemoteOptions;
+use crate::quota::Quota;
+use keys::Keys;
+use store::RedisStore;
+
+/// Builds a [`Budget`] kept in Redis; see the [module documentation](self).
+#[derive(Debug, Clone)]
+pub struct RedisBudget {
+    url: String,
+    quota_key: String,
+    prefix: String,
+    timeout: Duration,
+    policy: FailurePolicy,
+    lease: Duration,
+    breaker_threshold: u32,
+    breaker_open_for: Duration,
+}
+
+impl RedisBudget {
+    /// A budget in the Redis server at `url`, under `quota_key`: the provider account (or any
+    /// name) whose quota every process naming it shares.
+    pub fn new(url: impl Into<String>, quota_key: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            quota_key: quota_key.into(),
+            prefix: "llmq".to_owned(),
+            timeout: Duration::from_millis(50),
+            policy: FailurePolicy::default(),
+            lease: Duration::from_secs(600),
+            breaker_threshold: 3,
+            breaker_open_for: Duration::from_millis(500),
+        }
+    }
+
+    /// The prefix of every key (default `llmq`).
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// The longest an admission waits for Redis before the failure policy applies (default
+    /// 50 ms). Also bounds each background settlement.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// What to do when Redis does not answer (default: a local fallback holding half of the
+    /// quota; see [`RedisBudget::expected_instances`]).
+    pub fn failure_policy(mut self, policy: FailurePolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// How many processes share the quota: while Redis is out of reach, each falls back to
+    /// `1 / instances` of it, so together they stay within it.
+    pub fn expected_instances(self, instances: u32) -> Self {
+        self.failure_policy(FailurePolicy::local_share_of(instances))
+    }
+
+    /// How long a reservation's record lives (default 10 minutes): longer than the longest
+    /// call. A settlement after it refunds nothing.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The circuit breaker: it opens after `failures` failures in a row, and lets one probe
+    /// through every `open_for` (defaults 3 and 500 ms).
+    pub fn breaker(mut self, failures: u32, open_for: Duration) -> Self {
+        self.breaker_threshold = failures;
+        self.breaker_open_for = open_for;
+        self
+    }
+
+    /// Connects and loads the scripts, then returns the budget. Must be called within a tokio
+    /// runtime.
+    ///
+    /// Fails on an invalid URL; when Redis does not answer, fails only under
+    /// [`FailurePolicy::FailClosed`]: with a local fallback the budget starts on it and moves
+    /// to Redis when Redis answers.
+    pub async fn connect(self, quota: &Quota) -> Result<Budget, ::redis::RedisError> {
+        let client = ::redis::Client::open(self.url.as_str())?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.timeout.max(Duration::from_millis(100))))
+            .set_response_timeout(Some(self.timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(100));
+        let connection = ConnectionManager::new_lazy_with_config(client, config)?;
+        let store = RedisStore::new(
+            connection,
+            Keys::new(&self.prefix, &self.quota_key),
+            self.lease,
+        );
+        match tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), store.load()).await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) if self.policy == FailurePolicy::FailClosed => return Err(error),
+            Err(_) if self.policy == FailurePolicy::FailClosed => {
+                return Err(::redis::RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "Redis did not answer",
+                )));
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "Redis is out of reach: starting on the local fallback");
+            }
+            Err(_) => tracing::warn!("Redis did not answer: starting on the local fallback"),
+        }
+        let options = RemoteOptions {
+            policy: self.policy,
+            timeout: self.timeout,
+            breaker_threshold: self.breaker_threshold,
+            breaker_open_for: self.breaker_open_for,
+        };
+        Ok(Budget::with_remote(quota, Arc::new(store), options))
+    }
+}

@@ -1,0 +1,244 @@
+//! The Redis store: the three scripts, their arguments and their replies.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::Script;
+use ::redis::aio::ConnectionManager;
+
+use super::keys::{Keys, Rate};
+use crate::budget::bucket::Floor;
+use crate::budget::remote::{Decision, RemoteStore, StoreFuture, StoreUnavailable};
+use crate::cost::Cost;
+use crate::quota::Limit;
+
+/// The scripts, each with the shared bucket functions in front.
+#[derive(Debug)]
+struct Scripts {
+    reserve: Script,
+    settle: Script,
+    lower: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Self {
+            reserve: Script::new(concat!(
+                include_str!("bucket.lua"),
+                include_str!("reserve.lua")
+            )),
+            settle: Script::new(concat!(
+                include_str!("bucket.lua"),
+                include_str!("settle.lua")
+            )),
+            lower: Script::new(concat!(
+                include_str!("bucket.lua"),
+                include_str!("lower.lua")
+            )),
+        }
+    }
+}
+
+/// A [`RemoteStore`] in Redis. Scripts run with `EVALSHA`, reloaded after `NOSCRIPT` (a
+/// restart, a failover, a `SCRIPT FLUSH`).
+#[derive(Debug)]
+pub(super) struct RedisStore {
+    connection: ConnectionManager,
+    keys: Keys,
+    lease_ms: u64,
+    scripts: Arc<Scripts>,
+}
+
+impl RedisStore {
+    pub(super) fn new(connection: ConnectionManager, keys: Keys, lease: Duration) -> Self {
+        Self {
+            connection,
+            keys,
+            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1),
+            scripts: Arc::new(Scripts::new()),
+        }
+    }
+
+    /// Loads every script: a health check that exercises the scripting engine, not a PING.
+    pub(super) async fn load(&self) -> Result<(), ::redis::RedisError> {
+        let mut connection = self.connection.clone();
+        for script in [
+            &self.scripts.reserve,
+            &self.scripts.settle,
+            &self.scripts.lower,
+        ] {
+            script.prepare_invoke().load_async(&mut connection).await?;
+        }
+        Ok(())
+    }
+}
+
+/// One script call: its keys and arguments, made before the call so the future owns them.
+struct Call {
+    keys: Vec<String>,
+    args: Vec<String>,
+}
+
+impl Call {
+    fn new() -> Self {
+        Self {
+            keys: Vec::with_capacity(5),
+            args: Vec::with_capacity(16),
+        }
+    }
+
+    fn arg(&mut self, value: impl ToString) -> &mut Self {
+        self.args.push(value.to_string());
+        self
+    }
+
+    async fn run<T: ::redis::FromRedisValue>(
+        self,
+        script: &Script,
+        connection: &mut ConnectionManager,
+    ) -> Result<T, StoreUnavailable> {
+        let mut invocation = script.prepare_invoke();
+        for key in &self.keys {
+            invocation.key(key);
+        }
+        for arg in &self.args {
+            invocation.arg(arg);
+        }
+        invocation
+            .invoke_async(connection)
+            .await
+            .map_err(StoreUnavailable::new)
+    }
+}
+
+impl RemoteStore for RedisStore {
+    fn reserve(
+        &self,
+        id: String,
+        cost: Cost,
+        floor: Floor,
+        limits: Arc<[Limit]>,
+    ) -> StoreFuture<Decision> {
+        let touched: Vec<usize> = (0..limits.len())
+            .filter(|&i| cost.amount(limits[i].dimension()) > 0)
+            .collect();
+        let mut call = Call::new();
+        // The clock override is for tests of the script alone; the server's clock is used.
+        call.arg("").arg(self.lease_ms);
+        for &i in &touched {
+            let limit = &limits[i];
+            let rate = Rate::of(limit);
+            call.keys.push(self.keys.bucket(limit));
+            call.arg(rate.num)
+                .arg(rate.den)
+                .arg(rate.capacity)
+                .arg(cost.amount(limit.dimension()))
+                .arg(floor.of(rate.capacity));
+        }
+        call.keys.push(self.keys.record(&id));
+        let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
+        Box::pin(async move {
+            if touched.is_empty() {
+                return Ok(Decision::Admitted);
+            }
+            let reply: Vec<i64> = call.run(&scripts.reserve, &mut connection).await?;
+            decision(&reply, &touched)
+        })
+    }
+
+    fn settle(
+        &self,
+        id: String,
+        reserved: Cost,
+        actual: Cost,
+        limits: Arc<[Limit]>,
+    ) -> StoreFuture<()> {
+        let mut call = Call::new();
+        call.arg("").arg(self.lease_ms);
+        for limit in limits.iter() {
+            let dimension = limit.dimension();
+            let (reserved, actual) = (reserved.amount(dimension), actual.amount(dimension));
+            if reserved == 0 && actual == 0 {
+                continue;
+            }
+            let rate = Rate::of(limit);
+            call.keys.push(self.keys.bucket(limit));
+            call.arg(rate.num)
+                .arg(rate.den)
+                .arg(rate.capacity)
+                .arg(reserved)
+                .arg(actual);
+        }
+        call.keys.push(self.keys.record(&id));
+        let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
+        Box::pin(async move {
+            let _: i64 = call.run(&scripts.settle, &mut connection).await?;
+            Ok(())
+        })
+    }
+
+    fn lower(&self, limit: Limit, remaining: Option<u64>, pause: Duration) -> StoreFuture<()> {
+        let rate = Rate::of(&limit);
+        let mut call = Call::new();
+        call.keys.push(self.keys.bucket(&limit));
+        call.arg("").arg(rate.num).arg(rate.den).arg(rate.capacity);
+        match remaining {
+            Some(remaining) => call.arg(remaining.min(rate.capacity)),
+            None => call.arg(""),
+        };
+        call.arg(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
+        let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
+        Box::pin(async move {
+            let _: i64 = call.run(&scripts.lower, &mut connection).await?;
+            Ok(())
+        })
+    }
+}
+
+/// Reads the reserve script's reply: `{1, levels...}`, `{0, wait_ms, bucket}` or
+/// `{-1, bucket}`, buckets numbered from 1 among the `touched` limits.
+fn decision(reply: &[i64], touched: &[usize]) -> Result<Decision, StoreUnavailable> {
+    let limit = |bucket: i64| {
+        usize::try_from(bucket - 1)
+            .ok()
+            .and_then(|b| touched.get(b).copied())
+            .ok_or_else(|| StoreUnavailable::new(format_args!("unexpected reply {reply:?}")))
+    };
+    match *reply {
+        [1, ..] => Ok(Decision::Admitted),
+        [0, wait, bucket] => Ok(Decision::Denied {
+            wait: Duration::from_millis(u64::try_from(wait).unwrap_or(0)),
+            limit: limit(bucket)?,
+        }),
+        [-1, bucket] => Ok(Decision::TooLarge {
+            limit: limit(bucket)?,
+        }),
+        _ => Err(StoreUnavailable::new(format_args!(
+            "unexpected reply {reply:?}"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_map_back_to_the_limits_asked_about() {
+        let touched = [0, 2];
+        assert_eq!(decision(&[1, 5, 7], &touched).unwrap(), Decision::Admitted);
+        assert_eq!(
+            decision(&[0, 250, 2], &touched).unwrap(),
+            Decision::Denied {
+                wait: Duration::from_millis(250),
+                limit: 2
+            }
+        );
+        assert_eq!(
+            decision(&[-1, 1], &touched).unwrap(),
+            Decision::TooLarge { limit: 0 }
+        );
+        assert!(decision(&[0, 250, 3], &touched).is_err());
+        assert!(decision(&[], &touched).is_err());
+    }
+}

@@ -1,0 +1,233 @@
+//! The seam to a store shared by several processes, and what a budget does when it fails.
+//!
+//! A shared budget keeps its wait queue in the process, as an in-memory one does, but asks the
+//! shared store for every admission in one asynchronous round trip. Settlements and provider
+//! reports are sent in the background: they are idempotent, so they may be retried. When the
+//! store cannot answer in time, a [`FailurePolicy`] decides: admit from a local share of the
+//! quota, or refuse with a [`StoreUnavailable`] error. A circuit breaker stops asking a store
+//! that keeps failing, and lets one probe through from time to time to notice its return.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::bucket::Floor;
+use crate::cost::Cost;
+use crate::quota::Limit;
+
+/// A boxed, sendable future: the shape of the shared store's answers.
+pub(crate) type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreUnavailable>> + Send>>;
+
+/// What a shared store answered to a reservation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Every limit paid.
+    Admitted,
+    /// Nothing was taken; the cost fits in `wait` at the earliest, `limit` (an index into the
+    /// limits asked about) being the one that refills the longest.
+    Denied { wait: Duration, limit: usize },
+    /// The cost exceeds the capacity of `limit` (an index into the limits asked about).
+    TooLarge { limit: usize },
+}
+
+/// The operations a shared quota store performs, each as one atomic call.
+///
+/// Reservation ids are unique across every process sharing the store. Settlements are
+/// idempotent: a duplicate neither refunds nor charges twice, so callers may retry them.
+pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
+    /// Reserves `cost` in every limit of `limits` it touches, leaving `floor` of each, or
+    /// nothing.
+    fn reserve(
+        &self,
+        id: String,
+        cost: Cost,
+        floor: Floor,
+        limits: Arc<[Limit]>,
+    ) -> StoreFuture<Decision>;
+
+    /// Replaces the reservation's `reserved` cost by the `actual` one.
+    fn settle(
+        &self,
+        id: String,
+        reserved: Cost,
+        actual: Cost,
+        limits: Arc<[Limit]>,
+    ) -> StoreFuture<()>;
+
+    /// Lowers `limit`'s level to `remaining` units, and pauses it for `pause`.
+    fn lower(&self, limit: Limit, remaining: Option<u64>, pause: Duration) -> StoreFuture<()>;
+}
+
+/// What a shared budget does when its store does not answer within its timeout.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Admit from a bucket in this process holding `share` (in `(0, 1]`) of every limit, until
+    /// the store answers again. With `n` processes sharing the quota, a share of `1 / n` keeps
+    /// their sum within it.
+    LocalFallback {
+        /// The fraction of each limit this process may spend alone.
+        share: f64,
+    },
+    /// Refuse: the reservation fails with [`StoreUnavailable`].
+    FailClosed,
+}
+
+impl FailurePolicy {
+    /// A local fallback holding `1 / instances` of the quota.
+    pub fn local_share_of(instances: u32) -> Self {
+        FailurePolicy::LocalFallback {
+            share: 1.0 / f64::from(instances.max(1)),
+        }
+    }
+}
+
+impl Default for FailurePolicy {
+    /// A local fallback holding half of the quota.
+    fn default() -> Self {
+        FailurePolicy::local_share_of(2)
+    }
+}
+
+/// The shared store did not answer: a timeout, a refused connection, a script error.
+#[derive(Debug, Clone)]
+pub struct StoreUnavailable {
+    reason: Arc<str>,
+}
+
+impl StoreUnavailable {
+    pub(crate) fn new(reason: impl fmt::Display) -> Self {
+        Self {
+            reason: reason.to_string().into(),
+        }
+    }
+
+    /// The store was not asked: its circuit breaker is open after repeated failures.
+    pub(crate) fn breaker_open() -> Self {
+        Self::new("the circuit breaker is open after repeated failures")
+    }
+
+    /// Why the store did not answer.
+    pub fn reason(&self) -> &str {
+        &self.reason
+    }
+}
+
+impl fmt::Display for StoreUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the shared quota store is unavailable: {}", self.reason)
+    }
+}
+
+impl std::error::Error for StoreUnavailable {}
+
+/// A circuit breaker over the shared store: pure state, times in nanoseconds of the budget's
+/// clock.
+///
+/// Closed, every admission asks the store. After `threshold` failures in a row it opens for
+/// `open_for`: nobody asks. Then one probe asks; its success closes the breaker, its failure
+/// opens it again.
+#[derive(Debug, Clone)]
+pub(crate) struct Breaker {
+    threshold: u32,
+    open_for: u64,
+    failures: u32,
+    open_until: Option<u64>,
+    probing: bool,
+}
+
+impl Breaker {
+    pub(crate) fn new(threshold: u32, open_for: Duration) -> Self {
+        Self {
+            threshold: threshold.max(1),
+            open_for: super::store::nanos(open_for),
+            failures: 0,
+            open_until: None,
+            probing: false,
+        }
+    }
+
+    /// Whether an admission may ask the store now; the first one after the breaker opened is
+    /// the probe.
+    pub(crate) fn allow(&mut self, now: u64) -> bool {
+        match self.open_until {
+            None => true,
+            Some(until) if now >= until && !self.probing => {
+                self.probing = true;
+                true
+            }
+            Some(_) => false,
+        }
+    }
+
+    /// Whether the breaker lets admissions through without a probe.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.open_until.is_none()
+    }
+
+    pub(crate) fn succeeded(&mut self) {
+        self.failures = 0;
+        self.open_until = None;
+        self.probing = false;
+    }
+
+    pub(crate) fn failed(&mut self, now: u64) {
+        self.failures = self.failures.saturating_add(1);
+        if self.probing || self.failures >= self.threshold {
+            self.open_until = Some(now.saturating_add(self.open_for));
+            self.probing = false;
+        }
+    }
+
+    /// A call that was abandoned (its caller left): a probe gives its turn to the next one.
+    pub(crate) fn abandoned(&mut self) {
+        self.probing = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn opens_after_the_threshold_then_lets_one_probe_through() {
+        let mut breaker = Breaker::new(3, Duration::from_millis(500));
+        assert!(breaker.allow(0));
+        breaker.failed(0);
+        breaker.failed(0);
+        assert!(breaker.allow(0), "two failures: still closed");
+        breaker.failed(10 * MS);
+        assert!(!breaker.allow(10 * MS));
+        assert!(!breaker.allow(509 * MS));
+        assert!(breaker.allow(510 * MS), "the probe");
+        assert!(!breaker.allow(510 * MS), "one probe at a time");
+        breaker.failed(520 * MS);
+        assert!(!breaker.allow(1_000 * MS), "a failed probe opens it again");
+        assert!(breaker.allow(1_020 * MS));
+        breaker.succeeded();
+        assert!(breaker.is_closed());
+        assert!(breaker.allow(1_020 * MS) && breaker.allow(1_020 * MS));
+    }
+
+    #[test]
+    fn a_success_resets_the_count() {
+        let mut breaker = Breaker::new(2, Duration::from_millis(500));
+        breaker.failed(0);
+        breaker.succeeded();
+        breaker.failed(0);
+        assert!(breaker.allow(0));
+    }
+
+    #[test]
+    fn an_abandoned_probe_gives_its_turn() {
+        let mut breaker = Breaker::new(1, Duration::from_millis(100));
+        breaker.failed(0);
+        assert!(breaker.allow(100 * MS));
+        breaker.abandoned();
+        assert!(breaker.allow(100 * MS));
+    }
+}

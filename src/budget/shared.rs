@@ -1,0 +1,331 @@
+//! The parts of a budget that talk to a shared store: its limits, its breaker, and the
+//! background worker that sends settlements and provider reports.
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::bucket::Floor;
+use super::remote::{Breaker, Decision, FailurePolicy, RemoteStore, StoreFuture, StoreUnavailable};
+use super::store::MemoryStore;
+use super::{Budget, Observation, ReservationId};
+use crate::cost::Cost;
+use crate::error::InsufficientCapacity;
+use crate::quota::{Limit, Quota};
+
+/// How a budget uses its shared store.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RemoteOptions {
+    pub(crate) policy: FailurePolicy,
+    /// The longest an admission waits for the store's answer.
+    pub(crate) timeout: Duration,
+    /// Failures in a row that open the breaker.
+    pub(crate) breaker_threshold: u32,
+    /// How long the breaker stays open before one probe.
+    pub(crate) breaker_open_for: Duration,
+}
+
+/// The handle on the shared store.
+#[derive(Debug)]
+pub(crate) struct Remote {
+    store: Arc<dyn RemoteStore>,
+    options: RemoteOptions,
+    /// Makes this process's reservation ids unique among every process sharing the store.
+    instance: u64,
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+/// The limits and breaker of a shared budget, under the budget's lock.
+#[derive(Debug)]
+pub(crate) struct SharedState {
+    limits: Arc<[Limit]>,
+    share: f64,
+    pub(crate) breaker: Breaker,
+}
+
+/// Work sent to the store in the background.
+#[derive(Debug, Clone)]
+enum Command {
+    Settle {
+        id: String,
+        reserved: Cost,
+        actual: Cost,
+        limits: Arc<[Limit]>,
+    },
+    Lower {
+        limit: Limit,
+        remaining: Option<u64>,
+        pause: Duration,
+    },
+}
+
+impl Budget {
+    /// A budget whose buckets live in `store`, shared with other processes. Must be called
+    /// within a tokio runtime: it spawns the task that sends settlements.
+    pub(crate) fn with_remote(
+        quota: &Quota,
+        store: Arc<dyn RemoteStore>,
+        options: RemoteOptions,
+    ) -> Self {
+        let share = match options.policy {
+            FailurePolicy::LocalFallback { share } if share.is_finite() => share.clamp(0.0, 1.0),
+            _ => 1.0,
+        };
+        let fallback = quota
+            .limits()
+            .iter()
+            .fold(Quota::new(), |q, limit| q.with_limit(scaled(*limit, share)));
+        let (commands, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(send_in_background(store.clone(), receiver, options.timeout));
+        let remote = Remote {
+            store,
+            options,
+            instance: fastrand::u64(..),
+            commands,
+        };
+        let shared = SharedState {
+            limits: quota.limits().into(),
+            share,
+            breaker: Breaker::new(options.breaker_threshold, options.breaker_open_for),
+        };
+        Self::with_store(MemoryStore::new(&fallback), Some(shared), Some(remote))
+    }
+
+    /// Whether the budget is shared through a store in another process.
+    pub fn is_shared(&self) -> bool {
+        self.shared.remote.is_some()
+    }
+
+    /// Whether a shared budget admits through its store now (its circuit breaker is closed);
+    /// `false` while it falls back or refuses. Always `false` for an in-memory budget.
+    pub fn is_store_reachable(&self) -> bool {
+        self.lock()
+            .shared
+            .as_ref()
+            .is_some_and(|shared| shared.breaker.is_closed())
+    }
+}
+
+/// `limit` with `share` of its amount and burst, never below one unit.
+fn scaled(limit: Limit, share: f64) -> Limit {
+    if share >= 1.0 {
+        return limit;
+    }
+    let part =
+        |n: u64| NonZeroU64::new(((n as f64) * share).floor() as u64).unwrap_or(NonZeroU64::MIN);
+    // The effective amount after headroom and the burst are both scaled: a share of the
+    // whole limit.
+    let amount = part(limit.amount().get());
+    let burst = part(limit.capacity());
+    limit.with_amount(amount).with_burst(burst)
+}
+
+impl Remote {
+    pub(crate) fn policy(&self) -> FailurePolicy {
+        self.options.policy
+    }
+
+    fn id(&self, id: ReservationId) -> String {
+        format!("{:016x}-{}", self.instance, id.get())
+    }
+
+    /// `wait`, lengthened by up to a tenth (and a millisecond) at random, so that processes
+    /// told the same wait do not all ask again at the same instant.
+    pub(crate) fn jittered(&self, wait: Duration) -> Duration {
+        let spread = wait / 10 + Duration::from_millis(1);
+        wait + spread.mul_f64(fastrand::f64())
+    }
+
+    pub(crate) fn reserve(
+        &self,
+        id: ReservationId,
+        cost: Cost,
+        floor: Floor,
+        limits: Arc<[Limit]>,
+    ) -> StoreFuture<Decision> {
+        let call = self.store.reserve(self.id(id), cost, floor, limits);
+        bounded(self.options.timeout, call)
+    }
+
+    pub(crate) fn settle(
+        &self,
+        id: ReservationId,
+        reserved: Cost,
+        actual: Cost,
+        limits: Arc<[Limit]>,
+    ) {
+        self.send(Command::Settle {
+            id: self.id(id),
+            reserved,
+            actual,
+            limits,
+        });
+    }
+
+    /// Gives back a reservation that may or may not have been made.
+    pub(crate) fn release(&self, id: ReservationId, reserved: Cost, limits: Arc<[Limit]>) {
+        self.settle(id, reserved, Cost::default(), limits);
+    }
+
+    pub(crate) fn lower(&self, limit: Limit, remaining: Option<u64>, pause: Duration) {
+        self.send(Command::Lower {
+            limit,
+            remaining,
+            pause,
+        });
+    }
+
+    fn send(&self, command: Command) {
+        // The worker ends only when every handle on the budget is gone.
+        if self.commands.send(command).is_err() {
+            tracing::debug!("the shared store's worker has stopped");
+        }
+    }
+}
+
+impl SharedState {
+    pub(crate) fn limits(&self) -> &Arc<[Limit]> {
+        &self.limits
+    }
+
+    /// Replaces (or adds) a shared limit; returns the local fallback's share of it.
+    pub(crate) fn set_limit(&mut self, limit: Limit) -> Limit {
+        let mut limits = self.limits.to_vec();
+        match limits.iter_mut().find(|l| l.same_bucket(&limit)) {
+            Some(l) => *l = limit,
+            None => limits.push(limit),
+        }
+        self.limits = limits.into();
+        scaled(limit, self.share)
+    }
+
+    /// Applies a provider's report to the shared limits; returns the levels to lower in the
+    /// shared store (each limit with the remaining units it may still use).
+    pub(crate) fn observe(
+        &mut self,
+        observation: &Observation,
+    ) -> impl Iterator<Item = (Limit, u64)> + use<> {
+        if let Some(amount) = observation.limit() {
+            let changed: Vec<Limit> = self
+                .limits
+                .iter()
+                .filter(|l| matches(l, observation) && l.amount() != amount)
+                .map(|l| l.with_amount(amount))
+                .collect();
+            for limit in changed {
+                self.set_limit(limit);
+            }
+        }
+        let lowered: Vec<(Limit, u64)> = match observation.remaining() {
+            Some(remaining) => self
+                .limits
+                .iter()
+                .filter(|l| matches(l, observation))
+                .map(|l| (*l, (remaining as f64 * l.headroom()).floor() as u64))
+                .collect(),
+            None => Vec::new(),
+        };
+        lowered.into_iter()
+    }
+
+    /// The report as the local fallback share sees it: its limit scaled by the share.
+    pub(crate) fn local_observation(&self, observation: &Observation) -> Observation {
+        let mut local = Observation::new(observation.dimension(), observation.period());
+        if let Some(amount) = observation.limit() {
+            let part = ((amount.get() as f64) * self.share).floor() as u64;
+            local = local.with_limit(NonZeroU64::new(part).unwrap_or(NonZeroU64::MIN));
+        }
+        if let Some(remaining) = observation.remaining() {
+            local = local.with_remaining(remaining);
+        }
+        local
+    }
+
+    pub(crate) fn check_capacity(
+        &self,
+        cost: &Cost,
+        floor: Floor,
+    ) -> Result<(), InsufficientCapacity> {
+        for (i, limit) in self.limits.iter().enumerate() {
+            let amount = cost.amount(limit.dimension());
+            if amount > 0 && amount > usable(limit, floor) {
+                return Err(self.too_large(i, cost));
+            }
+        }
+        Ok(())
+    }
+
+    /// The error for a cost that exceeds the capacity of the limit at `index`.
+    pub(crate) fn too_large(&self, index: usize, cost: &Cost) -> InsufficientCapacity {
+        let limit = self.limits[index.min(self.limits.len().saturating_sub(1))];
+        InsufficientCapacity {
+            dimension: limit.dimension(),
+            period: limit.period(),
+            cost: cost.amount(limit.dimension()),
+            capacity: limit.capacity(),
+        }
+    }
+}
+
+fn matches(limit: &Limit, observation: &Observation) -> bool {
+    limit.dimension() == observation.dimension() && limit.period() == observation.period()
+}
+
+fn usable(limit: &Limit, floor: Floor) -> u64 {
+    limit.capacity() - floor.of(limit.capacity())
+}
+
+/// `call`, failing with [`StoreUnavailable`] when it takes longer than `timeout`.
+fn bounded<T: Send + 'static>(timeout: Duration, call: StoreFuture<T>) -> StoreFuture<T> {
+    Box::pin(async move {
+        match tokio::time::timeout(timeout, call).await {
+            Ok(answer) => answer,
+            Err(_) => Err(StoreUnavailable::new(format_args!(
+                "no answer within {timeout:?}"
+            ))),
+        }
+    })
+}
+
+/// Sends settlements and reports, each on its own task, retried a few times: the store's
+/// operations are idempotent. Ends when the budget is dropped.
+async fn send_in_background(
+    store: Arc<dyn RemoteStore>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    timeout: Duration,
+) {
+    const ATTEMPTS: u32 = 4;
+    while let Some(command) = commands.recv().await {
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut backoff = Duration::from_millis(50);
+            for attempt in 1..=ATTEMPTS {
+                let call = match &command {
+                    Command::Settle {
+                        id,
+                        reserved,
+                        actual,
+                        limits,
+                    } => store.settle(id.clone(), *reserved, *actual, limits.clone()),
+                    Command::Lower {
+                        limit,
+                        remaining,
+                        pause,
+                    } => store.lower(*limit, *remaining, *pause),
+                };
+                match bounded(timeout, call).await {
+                    Ok(()) => return,
+                    Err(error) if attempt == ATTEMPTS => {
+                        tracing::warn!(%error, ?command, "the shared quota store missed an update");
+                    }
+                    Err(_) => {
+                        tokio::time::sleep(backoff.mul_f64(0.5 + fastrand::f64())).await;
+                        backoff *= 4;
+                    }
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,335 @@
+//! The Redis-backed budget against a private `redis-server`: a shared quota never
+//! over-admitted, settlements idempotent, and the failure policy under a killed, flushed or
+//! paused Redis.
+
+mod redis_server;
+
+use std::num::NonZeroU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tower_llm_quota::budget::redis::RedisBudget;
+use tower_llm_quota::{Budget, Cost, Dimension, FailurePolicy, Limit, Quota, ReserveError};
+
+use redis_server::RedisServer;
+
+fn nz(n: u64) -> NonZeroU64 {
+    NonZeroU64::new(n).unwrap()
+}
+
+/// `amount` per `period` exactly (no headroom), `burst` at once.
+fn limit(dimension: Dimension, amount: u64, period: Duration, burst: u64) -> Limit {
+    Limit::new(dimension, nz(amount), period)
+        .unwrap()
+        .with_headroom(1.0)
+        .unwrap()
+        .with_burst(nz(burst))
+}
+
+/// 200 requests and 20,000 tokens per second; bursts of 20 and 2,000.
+fn quota() -> Quota {
+    Quota::new()
+        .with_limit(limit(Dimension::Requests, 200, Duration::from_secs(1), 20))
+        .with_limit(limit(
+            Dimension::TotalTokens,
+            20_000,
+            Duration::from_secs(1),
+            2_000,
+        ))
+}
+
+async fn connect(server: &RedisServer, key: &str, policy: FailurePolicy) -> Budget {
+    RedisBudget::new(server.url(), key)
+        .failure_policy(policy)
+        .connect(&quota())
+        .await
+        .expect("connected")
+}
+
+/// Admissions, as (instant, tokens), logged by every caller.
+type Log = Arc<Mutex<Vec<(Instant, u64)>>>;
+
+/// `callers` tasks reserving `cost` over and over on `budget` until `until`, each settling
+/// with exactly what it reserved (so admitted = consumed).
+fn spawn_callers(
+    budget: &Budget,
+    callers: usize,
+    cost: Cost,
+    until: Instant,
+    log: &Log,
+) -> Vec<tokio::task::JoinHandle<usize>> {
+    (0..callers)
+        .map(|_| {
+            let (budget, log) = (budget.clone(), log.clone());
+            tokio::spawn(async move {
+                let mut failures = 0;
+                while Instant::now() < until {
+                    match tokio::time::timeout_at(until, budget.reserve(cost)).await {
+                        Ok(Ok(mut reservation)) => {
+                            log.lock()
+                                .unwrap()
+                                .push((Instant::now(), cost.total_tokens()));
+                            reservation.mark_sent();
+                            reservation.charge_estimate();
+                        }
+                        Ok(Err(_)) => failures += 1,
+                        Err(_) => break,
+                    }
+                }
+                failures
+            })
+        })
+        .collect()
+}
+
+/// The most tokens admitted in any window of `length` (starting at an admission).
+fn busiest(log: &[(Instant, u64)], length: Duration) -> u64 {
+    let mut log = log.to_vec();
+    log.sort_by_key(|(at, _)| *at);
+    let (mut best, mut sum, mut start) = (0, 0, 0);
+    for end in 0..log.len() {
+        sum += log[end].1;
+        while log[end].0 - log[start].0 >= length {
+            sum -= log[start].1;
+            start += 1;
+        }
+        best = best.max(sum);
+    }
+    best
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_budgets_share_one_quota_exactly() {
+    let server = RedisServer::start();
+    let budgets = [
+        connect(&server, "shared", FailurePolicy::FailClosed).await,
+        connect(&server, "shared", FailurePolicy::FailClosed).await,
+        connect(&server, "shared", FailurePolicy::FailClosed).await,
+        connect(&server, "shared", FailurePolicy::FailClosed).await,
+    ];
+    // Demand: 4 x 16 callers of 500 tokens as fast as admitted, i.e. far above 40 calls/s.
+    let run = Duration::from_secs(5);
+    let cost = Cost::new(400, 100);
+    let start = Instant::now();
+    let log: Log = Arc::default();
+    let callers: Vec<_> = budgets
+        .iter()
+        .flat_map(|b| spawn_callers(b, 16, cost, start + run, &log))
+        .collect();
+    for caller in callers {
+        assert_eq!(caller.await.unwrap(), 0, "no reservation failed");
+    }
+    let log = log.lock().unwrap();
+    let admitted: u64 = log.iter().map(|(_, t)| t).sum();
+    // Tokens bind: 2,000 at once, then 20,000 per second.
+    let bound = 2_000 + 20_000 * run.as_millis() as u64 / 1_000;
+    let window = busiest(&log, Duration::from_secs(1));
+    println!(
+        "4 budgets x 16 callers, {run:?}: admitted {admitted} tokens of at most {bound} \
+         ({:.1} %), busiest second {window} (bound 22,000)",
+        100.0 * admitted as f64 / bound as f64
+    );
+    // One call of slack for the clocks: admissions are logged on arrival of Redis's answer.
+    assert!(
+        admitted <= bound + 500,
+        "over-admitted: {admitted} > {bound}"
+    );
+    assert!(window <= 22_000 + 500, "busiest second {window}");
+    assert!(
+        admitted as f64 >= 0.95 * bound as f64,
+        "utilisation {admitted} / {bound}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_from_one_process_holds_every_process() {
+    let server = RedisServer::start();
+    let a = connect(&server, "paused", FailurePolicy::FailClosed).await;
+    let b = connect(&server, "paused", FailurePolicy::FailClosed).await;
+    a.pause(
+        &[Dimension::Requests],
+        Instant::now() + Duration::from_millis(600),
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await; // the pause is written in the background
+    let start = Instant::now();
+    let reservation = b.reserve(Cost::requests_only(1)).await.unwrap();
+    let waited = start.elapsed();
+    drop(reservation);
+    // After 600 ms (less the 50 written ahead), the bucket refills from zero: 5 ms per request.
+    assert!(
+        waited >= Duration::from_millis(540),
+        "admitted after {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(800),
+        "admitted after {waited:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_come_back_and_a_too_large_cost_is_refused() {
+    let server = RedisServer::start();
+    let budget = connect(&server, "refunds", FailurePolicy::FailClosed).await;
+    let refused = budget.reserve(Cost::new(2_001, 0)).await.unwrap_err();
+    assert!(matches!(refused, ReserveError::TooLarge(ref e) if e.capacity() == 2_000));
+    // Take the whole burst, then give 1,500 back: 1,500 can be reserved at once again.
+    let mut first = budget.reserve(Cost::new(1_900, 100)).await.unwrap();
+    first.mark_sent();
+    first.settle_cost(Cost::new(400, 100).with_requests(1));
+    tokio::time::sleep(Duration::from_millis(30)).await; // settled in the background
+    let start = Instant::now();
+    let second = budget.reserve(Cost::new(1_500, 0)).await.unwrap();
+    assert!(
+        start.elapsed() < Duration::from_millis(40),
+        "refunded capacity"
+    );
+    drop(second);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_redis_falls_back_to_the_local_share_then_returns() {
+    let mut server = RedisServer::start();
+    let budget = RedisBudget::new(server.url(), "outage")
+        .expected_instances(4)
+        .connect(&quota())
+        .await
+        .unwrap();
+    assert!(budget.is_store_reachable());
+    let cost = Cost::new(80, 20); // 100 tokens: 200 per second at a quarter of the quota
+    let latencies = Arc::new(Mutex::new(Vec::new()));
+    let admitted = Arc::new(Mutex::new(Vec::new()));
+    let stop = Instant::now() + Duration::from_secs(14);
+    let workers: Vec<_> = (0..8)
+        .map(|_| {
+            let (budget, latencies, admitted) =
+                (budget.clone(), latencies.clone(), admitted.clone());
+            tokio::spawn(async move {
+                while Instant::now() < stop {
+                    let asked = Instant::now();
+                    let Ok(Ok(mut reservation)) =
+                        tokio::time::timeout_at(stop, budget.reserve(cost)).await
+                    else {
+                        break;
+                    };
+                    latencies.lock().unwrap().push((asked, asked.elapsed()));
+                    admitted.lock().unwrap().push(Instant::now());
+                    reservation.mark_sent();
+                    reservation.charge_estimate();
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    server.kill();
+    let killed = Instant::now();
+    // Restarted 10 s later.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!budget.is_store_reachable(), "the breaker opened");
+    server.restart();
+    let restarted = Instant::now();
+    let mut back = None;
+    while restarted.elapsed() < Duration::from_secs(3) {
+        if budget.is_store_reachable() && server.command("DBSIZE") != ":0" {
+            back = Some(restarted.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    for worker in workers {
+        worker.await.expect("no panic");
+    }
+    let back = back.expect("back on Redis");
+    let outage = restarted - killed;
+    let admitted = admitted.lock().unwrap();
+    let during = admitted
+        .iter()
+        .filter(|at| **at > killed + Duration::from_millis(60) && **at < restarted)
+        .count() as f64;
+    // A quarter of 20,000 tokens per second at 100 tokens a call, plus the share's burst.
+    let share = 50.0 * outage.as_secs_f64() + 5.0;
+    let slowest = latencies
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(asked, _)| *asked > killed && *asked < restarted)
+        .map(|(_, waited)| *waited)
+        .max()
+        .unwrap_or_default();
+    println!(
+        "outage {outage:?}: {during} admitted locally (share {share:.0}), slowest admission \
+         {slowest:?} (waits for the local share included), back on Redis {back:?} after its \
+         restart"
+    );
+    assert!(during <= share, "{during} admitted during the outage");
+    assert!(
+        during >= 0.8 * (share - 5.0),
+        "the fallback admitted {during}"
+    );
+    assert!(back <= Duration::from_secs(1), "back after {back:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_script_flush_fails_no_call() {
+    let server = RedisServer::start();
+    let budget = connect(&server, "flush", FailurePolicy::FailClosed).await;
+    let mut failures = 0;
+    for i in 0..200 {
+        if i % 50 == 25 {
+            assert_eq!(server.command("SCRIPT FLUSH"), "+OK");
+        }
+        match budget.reserve(Cost::requests_only(1)).await {
+            Ok(reservation) => drop(reservation.refund()),
+            Err(_) => failures += 1,
+        }
+    }
+    assert_eq!(failures, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_makes_no_request_wait_past_the_timeout() {
+    let server = RedisServer::start();
+    let closed = connect(&server, "slow", FailurePolicy::FailClosed).await;
+    let fallback = connect(&server, "slow", FailurePolicy::local_share_of(2)).await;
+    assert_eq!(server.command("CLIENT PAUSE 1500 ALL"), "+OK");
+    for _ in 0..5 {
+        let start = Instant::now();
+        let error = closed.reserve(Cost::requests_only(1)).await.unwrap_err();
+        assert!(matches!(error, ReserveError::Unavailable(_)), "{error}");
+        assert!(
+            start.elapsed() < Duration::from_millis(150),
+            "{:?}",
+            start.elapsed()
+        );
+        let start = Instant::now();
+        let reservation = fallback.reserve(Cost::requests_only(1)).await.unwrap();
+        assert!(
+            start.elapsed() < Duration::from_millis(150),
+            "{:?}",
+            start.elapsed()
+        );
+        reservation.refund();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keys_expire() {
+    let server = RedisServer::start();
+    let budget = RedisBudget::new(server.url(), "idle")
+        .lease(Duration::from_millis(500))
+        .connect(&quota())
+        .await
+        .unwrap();
+    for _ in 0..30 {
+        let mut reservation = budget.reserve(Cost::new(50, 10)).await.unwrap();
+        reservation.mark_sent();
+        reservation.settle_cost(Cost::new(50, 5).with_requests(1));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_ne!(server.command("DBSIZE"), ":0");
+    // Buckets expire once full again (well under a second here, plus a second of slack);
+    // records after their lease.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(server.command("DBSIZE"), ":0");
+}

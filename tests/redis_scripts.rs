@@ -1,0 +1,199 @@
+//! The Redis store's scripts alone, on a private `redis-server`, with the clock argument that
+//! only tests pass: settlements duplicated, reordered and late conserve tokens, and a clock
+//! stepping back never adds any. An exact model of one bucket is checked after every step.
+
+mod redis_server;
+
+use proptest::prelude::*;
+use redis::Script;
+
+use redis_server::RedisServer;
+
+const BUCKET: &str = "t:{q}:total_tokens:1000";
+/// One unit per millisecond (num 1, den 3: a unit is 3 ticks, 3 ticks a millisecond).
+const NUM: i64 = 3;
+const DEN: i64 = 3;
+const CAP: i64 = 1_000;
+const LEASE_MS: i64 = 60_000;
+
+fn script(body: &str) -> Script {
+    Script::new(&format!(
+        "{}{}",
+        include_str!("../src/budget/redis/bucket.lua"),
+        body
+    ))
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Reserve(i64),
+    /// Settle the n-th reservation (modulo) with this actual cost; may repeat.
+    Settle(usize, i64),
+    /// Its record expires (the lease passed).
+    Expire(usize),
+    Advance(i64),
+    StepBack(i64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (1i64..600).prop_map(Op::Reserve),
+        3 => (0usize..8, 0i64..900).prop_map(|(i, a)| Op::Settle(i, a)),
+        1 => (0usize..8).prop_map(Op::Expire),
+        2 => (0i64..400).prop_map(Op::Advance),
+        1 => (0i64..5_000).prop_map(Op::StepBack),
+    ]
+}
+
+const FULL: i64 = CAP * DEN;
+
+/// The bucket as the scripts define it, in ticks; no `ts` when the key is absent (full).
+#[derive(Clone, Copy)]
+struct Model {
+    tok: i64,
+    ts: Option<i64>,
+}
+
+impl Model {
+    /// The bucket read at `now`: refilled, never by time running back.
+    fn at(self, now: i64) -> Self {
+        match self.ts {
+            None => Model {
+                tok: FULL,
+                ts: Some(now),
+            },
+            Some(ts) if now > ts => Model {
+                tok: (self.tok + (now - ts) * NUM).min(FULL),
+                ts: Some(now),
+            },
+            Some(_) => self,
+        }
+    }
+
+    /// The bucket written at `now`: a full one is deleted.
+    fn written(self, now: i64) -> Self {
+        match self.ts {
+            Some(ts) if self.tok >= FULL && ts <= now => Model {
+                tok: FULL,
+                ts: None,
+            },
+            _ => self,
+        }
+    }
+
+    fn charge(self, delta: i64, now: i64) -> Self {
+        let read = self.at(now);
+        Model {
+            tok: (read.tok - delta * DEN).clamp(-FULL, FULL),
+            ..read
+        }
+        .written(now)
+    }
+}
+
+struct Reservation {
+    id: String,
+    cost: i64,
+    settled: bool,
+    expired: bool,
+}
+
+fn level(connection: &mut redis::Connection) -> i64 {
+    let tok: Option<i64> = redis::cmd("HGET")
+        .arg(BUCKET)
+        .arg("tok")
+        .query(connection)
+        .unwrap();
+    tok.unwrap_or(FULL)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn settlements_conserve_tokens_and_time_never_runs_back(
+        ops in proptest::collection::vec(op(), 1..60)
+    ) {
+        thread_local! {
+            static SERVER: RedisServer = RedisServer::start();
+        }
+        let url = SERVER.with(RedisServer::url);
+        let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+        let reserve = script(include_str!("../src/budget/redis/reserve.lua"));
+        let settle = script(include_str!("../src/budget/redis/settle.lua"));
+
+        let mut now: i64 = 1_000_000;
+        let mut model = Model { tok: FULL, ts: None };
+        let mut reservations: Vec<Reservation> = Vec::new();
+        for (step, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Reserve(cost) => {
+                    let id = format!("t:{{q}}:r:{step}");
+                    let reply: Vec<i64> = reserve
+                        .key(BUCKET)
+                        .key(&id)
+                        .arg(now)
+                        .arg(LEASE_MS)
+                        .arg(NUM).arg(DEN).arg(CAP).arg(cost).arg(0)
+                        .invoke(&mut connection)
+                        .unwrap();
+                    let read = model.at(now);
+                    if read.tok >= cost * DEN {
+                        prop_assert_eq!(reply[0], 1, "step {}: refused though it fits", step);
+                        model = Model { tok: read.tok - cost * DEN, ..read }.written(now);
+                        reservations.push(Reservation { id, cost, settled: false, expired: false });
+                    } else {
+                        prop_assert_eq!(reply[0], 0, "step {}: admitted beyond the level", step);
+                        let wait = (cost * DEN - read.tok + NUM - 1) / NUM
+                            + (read.ts.unwrap_or(now) - now).max(0);
+                        prop_assert_eq!(reply[1], wait, "step {}: wrong wait", step);
+                    }
+                }
+                Op::Settle(i, actual) => {
+                    if reservations.is_empty() {
+                        continue;
+                    }
+                    let n = reservations.len();
+                    let r = &mut reservations[i % n];
+                    let answer: i64 = settle
+                        .key(BUCKET)
+                        .key(&r.id)
+                        .arg(now)
+                        .arg(LEASE_MS)
+                        .arg(NUM).arg(DEN).arg(CAP).arg(r.cost).arg(actual)
+                        .invoke(&mut connection)
+                        .unwrap();
+                    let delta = actual - r.cost;
+                    if r.settled {
+                        prop_assert_eq!(answer, 0, "step {}: settled twice", step);
+                    } else if r.expired {
+                        prop_assert_eq!(answer, 2, "step {}: a late settlement", step);
+                        if delta > 0 {
+                            model = model.charge(delta, now);
+                        }
+                    } else {
+                        prop_assert_eq!(answer, 1, "step {}", step);
+                        if delta != 0 {
+                            model = model.charge(delta, now);
+                        }
+                    }
+                    r.settled = true;
+                }
+                Op::Expire(i) => {
+                    if reservations.is_empty() {
+                        continue;
+                    }
+                    let n = reservations.len();
+                    let r = &mut reservations[i % n];
+                    let _: i64 = redis::cmd("DEL").arg(&r.id).query(&mut connection).unwrap();
+                    r.expired = true;
+                    r.settled = false;
+                }
+                Op::Advance(ms) => now += ms,
+                Op::StepBack(ms) => now -= ms,
+            }
+            prop_assert_eq!(level(&mut connection), model.tok, "step {}: stored level", step);
+        }
+    }
+}

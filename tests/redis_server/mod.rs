@@ -1,0 +1,89 @@
+//! A private `redis-server` on a free loopback port, which a test may kill and restart.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A `redis-server` child process; killed when dropped.
+pub(crate) struct RedisServer {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    /// Starts a server that keeps nothing on disk, on a free port.
+    pub(crate) fn start() -> Self {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free loopback port")
+            .port();
+        let mut server = Self { port, child: None };
+        server.restart();
+        server
+    }
+
+    /// `redis://127.0.0.1:<port>`
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Kills the server with SIGKILL: no shutdown, connections cut.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (empty: nothing was saved).
+    pub(crate) fn restart(&mut self) {
+        self.kill();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start `redis-server` ({e}): these tests need it on the PATH; \
+                     install it with `apt-get install redis-server` (Debian, Ubuntu) or \
+                     `brew install redis` (macOS)"
+                )
+            });
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.command("PING") != "+PONG" {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends one inline command and returns the first line of the reply ("" if none).
+    pub(crate) fn command(&self, command: &str) -> String {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return String::new();
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+        if stream
+            .write_all(format!("{command}\r\n").as_bytes())
+            .is_err()
+        {
+            return String::new();
+        }
+        let mut reply = [0u8; 4096];
+        let n = stream.read(&mut reply).unwrap_or(0);
+        String::from_utf8_lossy(&reply[..n])
+            .lines()
+            .next()
+            .unwrap_or("")
+            .to_owned()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
