@@ -56,7 +56,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower::{Service, ServiceExt};
+//! use tower::ServiceExt;
 //! use tower_llm_quota::Dimension;
 //! use tower_llm_quota::sim::{SimConfig, Simulator};
 //!
@@ -73,7 +73,7 @@
 //!     .body(http_body_util::Full::new(bytes::Bytes::from(
 //!         r#"{"model":"m","max_tokens":50,"messages":[{"role":"user","content":"Hello!"}]}"#,
 //!     )))?;
-//! let response = simulator.service().ready().await?.call(request).await?;
+//! let response = simulator.service().oneshot(request).await?;
 //! assert_eq!(response.status(), 200);
 //! assert_eq!(response.headers()["x-ratelimit-limit-requests"], "60");
 //!

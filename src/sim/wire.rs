@@ -115,7 +115,7 @@ pub(crate) fn per(
 ) -> String {
     use crate::quota::Dimension;
     let unit = match dimension {
-        Dimension::Requests => "R",
+        Dimension::Requests => "RP",
         Dimension::InputTokens => "ITP",
         Dimension::OutputTokens => "OTP",
         Dimension::TotalTokens => "TP",
@@ -398,6 +398,21 @@ mod tests {
         }
         assert_eq!(completion_tokens(100, (1.0, 1.0), 42, 0), 100);
         assert_eq!(completion_tokens(1, (0.0, 0.0), 42, 0), 1);
+    }
+
+    #[test]
+    fn periods_read_as_the_providers_write_them() {
+        use crate::quota::Dimension;
+        let minute = Duration::from_secs(2);
+        assert_eq!(per(Dimension::Requests, minute, minute), "per min (RPM)");
+        assert_eq!(per(Dimension::TotalTokens, minute, minute), "per min (TPM)");
+        assert_eq!(
+            per(Dimension::InputTokens, minute, minute),
+            "per min (ITPM)"
+        );
+        let day = Duration::from_secs(2 * 1_440);
+        assert_eq!(per(Dimension::OutputTokens, day, minute), "per day (OTPD)");
+        assert_eq!(per(Dimension::Requests, minute / 60, minute), "per 34ms");
     }
 
     #[test]
