@@ -250,8 +250,9 @@ impl SimConfig {
     }
 
     /// From `at` (simulated time since the simulator was created), the per-minute limit of
-    /// `dimension` (and its sub-windows) is `amount`, without notice. Headers report the new
-    /// limit from then on.
+    /// `dimension` (and its sub-windows) is `amount` (at least 1), without notice: the level
+    /// is cut to the new capacity and refills at the new rate. Headers report the new limit
+    /// from then on.
     pub fn lower_limit_at(mut self, at: Duration, dimension: Dimension, amount: u64) -> Self {
         self.changes.push(QuotaChange {
             at,

@@ -229,9 +229,11 @@ impl Engine {
         nanos(Instant::now().saturating_duration_since(self.epoch))
     }
 
-    /// The state, with every quota change due by `now` in effect.
-    fn lock(&self, now: u64) -> MutexGuard<'_, State> {
+    /// The state, with every quota change due by now in effect, and the instant: read under
+    /// the lock, so instants are recorded in order.
+    fn lock(&self) -> (MutexGuard<'_, State>, u64) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = self.now();
         while let Some(change) = self.config.changes.get(state.changes_applied) {
             let at = nanos(change.at);
             if at > now {
@@ -239,8 +241,9 @@ impl Engine {
             }
             for (i, limit) in self.limits.iter().enumerate() {
                 if limit.per_minute && limit.dimension == change.dimension {
-                    state.amounts[i] = change.amount;
-                    let capacity = limit.capacity(change.amount);
+                    let amount = change.amount.max(1);
+                    state.amounts[i] = amount;
+                    let capacity = limit.capacity(amount);
                     for buckets in &mut state.buckets {
                         buckets[i].set_capacity(at, capacity);
                     }
@@ -248,7 +251,7 @@ impl Engine {
             }
             state.changes_applied += 1;
         }
-        state
+        (state, now)
     }
 
     /// Decides what to do with a request: refuse it, reset it, or admit it (charging the
@@ -260,8 +263,7 @@ impl Engine {
         headers: &HeaderMap,
         body: Result<Bytes, Refusal>,
     ) -> Outcome {
-        let now = self.now();
-        let mut state = self.lock(now);
+        let (mut state, now) = self.lock();
         state.counters.received += 1;
         let style = self.config.style;
         let route = match style {
@@ -552,8 +554,7 @@ impl Engine {
         stream: bool,
         completion_id: &str,
     ) -> HeaderMap {
-        let now = self.now();
-        let mut state = self.lock(now);
+        let (mut state, now) = self.lock();
         let mut headers = HeaderMap::new();
         let content_type = if stream {
             "text/event-stream; charset=utf-8"
@@ -573,8 +574,7 @@ impl Engine {
 
     /// Replaces the admission's `max_tokens` with the real completion.
     fn settle(&self, settlement: &Settlement) {
-        let now = self.now();
-        let mut state = self.lock(now);
+        let (mut state, now) = self.lock();
         let unused = settlement
             .max_tokens
             .saturating_sub(settlement.completion_tokens);
@@ -598,8 +598,7 @@ impl Engine {
 
     /// A snapshot of the statistics.
     pub(crate) fn stats(&self) -> SimStats {
-        let now = self.now();
-        let mut state = self.lock(now);
+        let (mut state, now) = self.lock();
         let interval = self
             .config
             .series_interval
@@ -649,8 +648,7 @@ impl Engine {
 
     /// Zeroes the statistics; the quota's state is kept.
     pub(crate) fn reset_stats(&self) {
-        let now = self.now();
-        let mut state = self.lock(now);
+        let (mut state, now) = self.lock();
         state.counters = Counters::default();
         state.entries.clear();
         state.rejections.clear();

@@ -45,12 +45,21 @@
 //!
 //! # Headers
 //!
-//! Every response to a known key carries the rate-limit headers of the per-minute limits as
+//! Every response to an authenticated request (admitted or refused) carries the rate-limit headers of the per-minute limits as
 //! they stand when the head is sent: OpenAI `x-ratelimit-{limit,remaining,reset}-{requests,
 //! tokens}` (resets as Go durations, the time until the bucket is full, rounded up to the
 //! millisecond); Anthropic `anthropic-ratelimit-{requests,input-tokens,output-tokens}-{limit,
 //! remaining,reset}` (resets as RFC 3339 with milliseconds: the wall clock now plus the
 //! simulated time until full). Remaining values are exact, not rounded.
+//!
+//! # Statistics
+//!
+//! [`Simulator::stats`] counts requests by outcome (admitted, 429 per limit, 400/401,
+//! injected faults), tokens charged, the largest amount admitted in any sliding window of each
+//! limit's period (each admission at its admission instant, with its final usage), and a time
+//! series of admissions and 429s per interval. It keeps one record of 32 bytes per admission
+//! and of 24 bytes per 429, so a run of a million requests holds a few tens of megabytes;
+//! [`Simulator::reset_stats`] frees them.
 //!
 //! # Example
 //!

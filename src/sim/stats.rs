@@ -122,7 +122,7 @@ pub(crate) struct Counters {
     pub(crate) completion_tokens: u64,
 }
 
-/// One admission (24 bytes on 64-bit targets, plus the index).
+/// One admission (32 bytes on 64-bit targets).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Entry {
     /// Nanoseconds since the simulator started.
@@ -169,7 +169,7 @@ pub(crate) fn max_in_window(
     let (mut left, mut sum, mut best) = (0, 0u64, 0u64);
     for &(at, amount) in &ours {
         sum = sum.saturating_add(amount);
-        while at - ours[left].0 >= window {
+        while at.saturating_sub(ours[left].0) >= window {
             sum -= ours[left].1;
             left += 1;
         }
