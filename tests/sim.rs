@@ -955,3 +955,164 @@ async fn over_http_a_stream_arrives_in_events_and_a_reset_closes_the_connection(
     assert!(!error.is_status());
     assert_eq!(resetting.stats().connection_resets, 1);
 }
+
+/// Reads a response the way the reconcile layer does, with `ProviderUsage`.
+async fn provider_usage(
+    profile: Profile,
+    response: http::Response<tower_llm_quota::sim::SimBody>,
+) -> tower_llm_quota::Usage {
+    use tower_llm_quota::provider::ProviderUsage;
+    use tower_llm_quota::{BodyEnd, Budget, Cost, ExtractUsage, Quota, ScanUsage};
+
+    let (parts, mut body) = response.into_parts();
+    let mut scan = ProviderUsage::new(profile).start(&parts, &Budget::new(Quota::new()));
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            scan.data(&data);
+        }
+    }
+    scan.finish(BodyEnd::Complete, Cost::new(0, 0)).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn provider_usage_reads_both_streams_and_bodies() {
+    let openai_sim = instant(SimConfig::openai(100, 100_000).completion_share(0.5, 0.5));
+    let mut body = openai_body(80, 40);
+    for stream in [false, true] {
+        body["stream"] = json!(stream);
+        body["stream_options"] = json!({"include_usage": true});
+        let response = openai_sim
+            .service()
+            .oneshot(openai("k", &body))
+            .await
+            .unwrap();
+        let usage = provider_usage(Profile::openai(), response).await;
+        assert_eq!((usage.input_tokens(), usage.output_tokens()), (24, 20));
+    }
+    let anthropic_sim =
+        instant(SimConfig::anthropic(100, 100_000, 100_000).completion_share(0.5, 0.5));
+    let mut body = anthropic_body(80, 40);
+    for stream in [false, true] {
+        body["stream"] = json!(stream);
+        let response = anthropic_sim
+            .service()
+            .oneshot(anthropic("k", &body))
+            .await
+            .unwrap();
+        let usage = provider_usage(Profile::anthropic(), response).await;
+        assert_eq!((usage.input_tokens(), usage.output_tokens()), (24, 20));
+    }
+    assert_eq!(openai_sim.stats().completion_tokens, 40);
+    assert_eq!(anthropic_sim.stats().completion_tokens, 40);
+}
+
+#[tokio::test(start_paused = true)]
+async fn stream_events_are_spread_over_the_generation_time() {
+    let simulator = Simulator::new(
+        SimConfig::openai(100, 100_000)
+            .latency(Duration::from_millis(500), Duration::from_millis(20))
+            .completion_share(1.0, 1.0),
+    );
+    let mut body = openai_body(8, 32);
+    body["stream"] = json!(true);
+    let start = Instant::now();
+    let response = simulator
+        .service()
+        .oneshot(openai("k", &body))
+        .await
+        .unwrap();
+    // The head after the base latency.
+    assert_eq!(start.elapsed(), Duration::from_millis(500));
+    let mut body = response.into_body();
+    let mut arrivals = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let data = frame.unwrap().into_data().unwrap();
+        if std::str::from_utf8(&data)
+            .unwrap()
+            .contains("\"content\":\" ")
+        {
+            arrivals.push(start.elapsed());
+        }
+    }
+    // 32 tokens in 16 events of 2 tokens, 40 ms apart.
+    let expected: Vec<Duration> = (1..=16)
+        .map(|i| Duration::from_millis(500 + 40 * i))
+        .collect();
+    assert_eq!(arrivals, expected);
+
+    // Not streamed: the whole latency, then the whole body.
+    body_timing(&simulator).await;
+}
+
+async fn body_timing(simulator: &Simulator) {
+    let start = Instant::now();
+    let response = simulator
+        .service()
+        .oneshot(openai("k", &openai_body(8, 32)))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(500 + 32 * 20));
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_dropped_midway_is_settled_with_its_whole_completion() {
+    let simulator = Simulator::new(
+        SimConfig::anthropic(100, 100_000, 1_000)
+            .minute(Duration::from_secs(3_600))
+            .latency(Duration::ZERO, Duration::from_millis(10))
+            .completion_share(0.5, 0.5),
+    );
+    let mut body = anthropic_body(8, 400);
+    body["stream"] = json!(true);
+    let response = simulator
+        .service()
+        .oneshot(anthropic("k", &body))
+        .await
+        .unwrap();
+    let mut body = response.into_body();
+    for _ in 0..4 {
+        body.frame().await.unwrap().unwrap();
+    }
+    assert_eq!(simulator.stats().completed, 0);
+    assert_eq!(
+        simulator
+            .stats()
+            .limit(Dimension::OutputTokens)
+            .unwrap()
+            .remaining,
+        600,
+        "max_tokens held while streaming"
+    );
+    drop(body);
+    let stats = simulator.stats();
+    assert_eq!((stats.completed, stats.completion_tokens), (1, 200));
+    let otpm = stats.limit(Dimension::OutputTokens).unwrap();
+    // 200 charged; 130 ms of refill at 1000 per hour is under one token.
+    assert_eq!((otpm.remaining, otpm.max_in_window), (800, 200));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_on_threads_are_all_counted_once() {
+    let simulator = instant(SimConfig::openai(100, 1_000_000).minute(Duration::from_secs(3_600)));
+    let mut tasks = Vec::new();
+    for _ in 0..300 {
+        let service = simulator.service();
+        tasks.push(tokio::spawn(async move {
+            service
+                .oneshot(openai("k", &openai_body(8, 10)))
+                .await
+                .unwrap()
+                .status()
+        }));
+    }
+    let mut ok = 0;
+    for task in tasks {
+        if task.await.unwrap() == StatusCode::OK {
+            ok += 1;
+        }
+    }
+    let stats = simulator.stats();
+    assert_eq!((ok, stats.admitted, stats.rate_limited), (100, 100, 200));
+    assert_eq!(stats.limit(Dimension::Requests).unwrap().max_in_window, 100);
+}
