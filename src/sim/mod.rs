@@ -45,12 +45,28 @@
 //!
 //! # Headers
 //!
-//! Every response to an authenticated request (admitted or refused) carries the rate-limit headers of the per-minute limits as
-//! they stand when the head is sent: OpenAI `x-ratelimit-{limit,remaining,reset}-{requests,
-//! tokens}` (resets as Go durations, the time until the bucket is full, rounded up to the
-//! millisecond); Anthropic `anthropic-ratelimit-{requests,input-tokens,output-tokens}-{limit,
-//! remaining,reset}` (resets as RFC 3339 with milliseconds: the wall clock now plus the
-//! simulated time until full). Remaining values are exact, not rounded.
+//! Every response to an authenticated request (admitted or refused) carries the rate-limit
+//! headers of the per-minute limits as they stand when its head is sent: OpenAI
+//! `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (resets as Go durations, the time
+//! until the bucket is full, rounded up to the millisecond); Anthropic
+//! `anthropic-ratelimit-{requests,input-tokens,output-tokens}-{limit,remaining,reset}`
+//! (resets as RFC 3339 with milliseconds: the wall clock now plus the simulated time until
+//! full). Remaining values are exact, not rounded. Both parse with
+//! [`Profile::limits`](crate::provider::Profile::limits).
+//!
+//! # Errors and faults
+//!
+//! | Status | When | Body |
+//! |---|---|---|
+//! | 401 | no or unknown key (`Authorization: Bearer` / `x-api-key`) | `invalid_api_key` / `authentication_error` |
+//! | 400 | bad JSON, no `messages`, a non-positive or (Anthropic) missing `max_tokens`, a cost above a limit | `invalid_request_error` |
+//! | 404, 405 | another path, another method | |
+//! | 429 | a bucket cannot pay now | `rate_limit_exceeded` with `type` `requests` or `tokens` / `rate_limit_error` |
+//! | 500, 503, 529 | injected ([`Faults::server_errors`]) | `server_error` / `api_error`, `overloaded_error` |
+//!
+//! Faults ([`SimConfig::faults`]) are drawn per valid, authenticated request from a generator
+//! seeded with [`SimConfig::seed`]; a request answered with an injected error or reset is not
+//! charged. [`SimConfig::lower_limit_at`] lowers a limit at a given instant.
 //!
 //! # Statistics
 //!
@@ -121,6 +137,10 @@ use engine::Engine;
 
 /// A simulated provider: a cheap, cloneable handle on one engine (its buckets, faults and
 /// statistics), shared by its [services](Self::service) and [servers](Self::serve).
+///
+/// The service is generic over the request body, so call it with
+/// [`oneshot`](tower::ServiceExt::oneshot), or name the request type when waiting for
+/// readiness: `ServiceExt::<http::Request<Full<Bytes>>>::ready(&mut service)`.
 #[derive(Debug, Clone)]
 pub struct Simulator {
     engine: Arc<Engine>,
