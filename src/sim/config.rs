@@ -1,0 +1,330 @@
+//! How a simulated provider behaves: its wire style, quota, latency, keys and faults.
+
+use std::time::Duration;
+
+use crate::quota::Dimension;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// Which provider's API the simulator speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Style {
+    /// OpenAI Chat Completions: `POST /v1/chat/completions`, `Authorization: Bearer <key>`,
+    /// `x-ratelimit-*` headers, RPM and TPM (input plus output).
+    OpenAi,
+    /// Anthropic Messages: `POST /v1/messages`, `x-api-key: <key>`, `anthropic-ratelimit-*`
+    /// headers, RPM, input TPM and output TPM.
+    Anthropic,
+}
+
+/// The period a limit counts over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Period {
+    /// The simulated minute ([`SimConfig::minute`]).
+    Minute,
+    /// A fixed length of (simulated) time.
+    Fixed(Duration),
+}
+
+/// One configured limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LimitSpec {
+    pub(crate) dimension: Dimension,
+    pub(crate) amount: u64,
+    pub(crate) period: Period,
+    /// 1 for a whole period; `n` for a sub-window of `1/n` of the period holding `amount / n`.
+    pub(crate) parts: u32,
+}
+
+/// A quota lowered without notice at a given instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct QuotaChange {
+    pub(crate) at: Duration,
+    pub(crate) dimension: Dimension,
+    pub(crate) amount: u64,
+}
+
+/// Faults injected on demand, drawn from the simulator's seeded generator: the same seed and
+/// the same sequence of requests give the same faults.
+///
+/// Each share is the probability, per valid authenticated request, of that fault; a request
+/// answered with a server error or a reset is not charged to the quota. Shares are clamped to
+/// `[0, 1]`.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_llm_quota::sim::Faults;
+///
+/// let faults = Faults::none()
+///     .server_errors(0.05)
+///     .connection_resets(0.01)
+///     .latency_spikes(0.02, Duration::from_secs(5));
+/// # let _ = faults;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct Faults {
+    pub(crate) server_errors: f64,
+    pub(crate) connection_resets: f64,
+    pub(crate) latency_spikes: f64,
+    pub(crate) spike: Duration,
+}
+
+impl Faults {
+    /// No faults (the default).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Answers `share` of the requests with a server error: 500 or 503 for OpenAI, 500 or 529
+    /// (`overloaded_error`) for Anthropic, half each.
+    pub fn server_errors(self, share: f64) -> Self {
+        Self {
+            server_errors: clamp_share(share),
+            ..self
+        }
+    }
+
+    /// Resets the connection of `share` of the requests: the in-process service fails with an
+    /// [`std::io::Error`] of kind [`ConnectionReset`](std::io::ErrorKind::ConnectionReset);
+    /// the HTTP server closes the connection without answering.
+    pub fn connection_resets(self, share: f64) -> Self {
+        Self {
+            connection_resets: clamp_share(share),
+            ..self
+        }
+    }
+
+    /// Adds `extra` latency before the first token of `share` of the admitted requests.
+    pub fn latency_spikes(self, share: f64, extra: Duration) -> Self {
+        Self {
+            latency_spikes: clamp_share(share),
+            spike: extra,
+            ..self
+        }
+    }
+}
+
+fn clamp_share(share: f64) -> f64 {
+    if share.is_nan() {
+        0.0
+    } else {
+        share.clamp(0.0, 1.0)
+    }
+}
+
+/// The configuration of a [`Simulator`](super::Simulator), built in steps.
+///
+/// Start from [`SimConfig::openai`] or [`SimConfig::anthropic`] with the per-minute quota,
+/// then adjust. A zero amount disables that limit. Every organisation gets its own buckets,
+/// each with the same quota.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_llm_quota::Dimension;
+/// use tower_llm_quota::sim::SimConfig;
+///
+/// let config = SimConfig::openai(60, 10_000)
+///     .minute(Duration::from_secs(2)) // a minute lasts 2 s of (simulated) time
+///     .limit(Dimension::Requests, 10_000, Duration::from_secs(2 * 60 * 24)) // per "day"
+///     .sub_window(Dimension::Requests, 60) // RPM also enforced per 1/60 of the minute
+///     .latency(Duration::from_millis(200), Duration::from_millis(10))
+///     .key("sk-a", "org-1")
+///     .key("sk-b", "org-1")
+///     .seed(7);
+/// # let _ = config;
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimConfig {
+    pub(crate) style: Style,
+    pub(crate) minute: Duration,
+    pub(crate) limits: Vec<LimitSpec>,
+    pub(crate) sub_windows: Vec<(Dimension, u32)>,
+    pub(crate) changes: Vec<QuotaChange>,
+    pub(crate) base_latency: Duration,
+    pub(crate) per_output_token: Duration,
+    pub(crate) completion_share: (f64, f64),
+    pub(crate) default_max_tokens: u64,
+    pub(crate) seed: u64,
+    pub(crate) keys: Vec<(String, String)>,
+    pub(crate) faults: Faults,
+    pub(crate) series_interval: Option<Duration>,
+}
+
+impl SimConfig {
+    fn new(style: Style, limits: &[(Dimension, u64)]) -> Self {
+        Self {
+            style,
+            minute: MINUTE,
+            limits: limits
+                .iter()
+                .map(|&(dimension, amount)| LimitSpec {
+                    dimension,
+                    amount,
+                    period: Period::Minute,
+                    parts: 1,
+                })
+                .collect(),
+            sub_windows: Vec::new(),
+            changes: Vec::new(),
+            base_latency: Duration::from_millis(300),
+            per_output_token: Duration::from_millis(10),
+            completion_share: (0.1, 1.0),
+            default_max_tokens: 1_024,
+            seed: 0,
+            keys: Vec::new(),
+            faults: Faults::none(),
+            series_interval: None,
+        }
+    }
+
+    /// An OpenAI-style provider: `requests_per_minute` (RPM) and `tokens_per_minute` (TPM,
+    /// [`Dimension::TotalTokens`]).
+    ///
+    /// TPM is charged `prompt + max_tokens` at admission and corrected to
+    /// `prompt + completion` when the completion ends (the unused part is refunded).
+    pub fn openai(requests_per_minute: u64, tokens_per_minute: u64) -> Self {
+        Self::new(
+            Style::OpenAi,
+            &[
+                (Dimension::Requests, requests_per_minute),
+                (Dimension::TotalTokens, tokens_per_minute),
+            ],
+        )
+    }
+
+    /// An Anthropic-style provider: `requests_per_minute`, `input_tokens_per_minute` (ITPM)
+    /// and `output_tokens_per_minute` (OTPM).
+    ///
+    /// Input is charged the prompt at admission. Output is charged `max_tokens` at admission
+    /// and corrected to the real output when the completion ends, as Anthropic describes its
+    /// OTPM estimate.
+    pub fn anthropic(
+        requests_per_minute: u64,
+        input_tokens_per_minute: u64,
+        output_tokens_per_minute: u64,
+    ) -> Self {
+        Self::new(
+            Style::Anthropic,
+            &[
+                (Dimension::Requests, requests_per_minute),
+                (Dimension::InputTokens, input_tokens_per_minute),
+                (Dimension::OutputTokens, output_tokens_per_minute),
+            ],
+        )
+    }
+
+    /// How long a simulated minute lasts (default 60 s). Per-minute limits refill over it;
+    /// under tokio's paused clock any length runs in no real time.
+    pub fn minute(self, minute: Duration) -> Self {
+        Self { minute, ..self }
+    }
+
+    /// Adds a limit of `amount` of `dimension` per `period` (for example per day), on top of
+    /// the per-minute quota. Its period is not scaled by [`minute`](Self::minute).
+    ///
+    /// Request costs per dimension: [`Dimension::Requests`] 1, [`Dimension::InputTokens`] the
+    /// prompt, [`Dimension::OutputTokens`] `max_tokens` then the completion,
+    /// [`Dimension::TotalTokens`] the sum of both.
+    pub fn limit(mut self, dimension: Dimension, amount: u64, period: Duration) -> Self {
+        self.limits.push(LimitSpec {
+            dimension,
+            amount,
+            period: Period::Fixed(period),
+            parts: 1,
+        });
+        self
+    }
+
+    /// Also enforces the per-minute limit of `dimension` over `1/parts` of the minute, holding
+    /// `amount / parts` (at least 1) at once, as Azure counts RPM per second or per 10 seconds.
+    /// Off by default; `parts` below 2 is ignored.
+    pub fn sub_window(mut self, dimension: Dimension, parts: u32) -> Self {
+        if parts >= 2 {
+            self.sub_windows.push((dimension, parts));
+        }
+        self
+    }
+
+    /// From `at` (simulated time since the simulator was created), the per-minute limit of
+    /// `dimension` (and its sub-windows) is `amount` (at least 1), without notice: the level
+    /// is cut to the new capacity and refills at the new rate. Headers report the new limit
+    /// from then on.
+    pub fn lower_limit_at(mut self, at: Duration, dimension: Dimension, amount: u64) -> Self {
+        self.changes.push(QuotaChange {
+            at,
+            dimension,
+            amount,
+        });
+        self
+    }
+
+    /// The latency of a completion: `base` until the first token, then `per_output_token` for
+    /// each token generated. Defaults: 300 ms and 10 ms.
+    pub fn latency(self, base: Duration, per_output_token: Duration) -> Self {
+        Self {
+            base_latency: base,
+            per_output_token,
+            ..self
+        }
+    }
+
+    /// The completion length, as a share of `max_tokens`: uniform between `min` and `max`
+    /// (clamped to `[0, 1]`, swapped if reversed), chosen by a hash of the prompt. Defaults to
+    /// `0.1` and `1.0`; `(1.0, 1.0)` always uses the whole `max_tokens`. At least one token.
+    pub fn completion_share(self, min: f64, max: f64) -> Self {
+        let (min, max) = (clamp_share(min), clamp_share(max));
+        Self {
+            completion_share: (min.min(max), min.max(max)),
+            ..self
+        }
+    }
+
+    /// The `max_tokens` assumed for an OpenAI request that sets neither `max_tokens` nor
+    /// `max_completion_tokens` (default 1024; at least 1).
+    pub fn default_max_tokens(self, max_tokens: u64) -> Self {
+        Self {
+            default_max_tokens: max_tokens.max(1),
+            ..self
+        }
+    }
+
+    /// The seed of the fault generator and of the completion lengths (default 0).
+    pub fn seed(self, seed: u64) -> Self {
+        Self { seed, ..self }
+    }
+
+    /// Accepts the API key `key`, charged to `organization`'s quota; keys of one organisation
+    /// share its buckets. With no key configured, any non-empty key is accepted, all sharing
+    /// one organisation named `default`.
+    pub fn key(mut self, key: impl Into<String>, organization: impl Into<String>) -> Self {
+        self.keys.push((key.into(), organization.into()));
+        self
+    }
+
+    /// The faults to inject (none by default).
+    pub fn faults(self, faults: Faults) -> Self {
+        Self { faults, ..self }
+    }
+
+    /// The width of one point of the statistics' time series (default: 1/60 of the minute).
+    pub fn series_interval(self, interval: Duration) -> Self {
+        Self {
+            series_interval: Some(interval),
+            ..self
+        }
+    }
+
+    /// The wire style.
+    pub fn style(&self) -> Style {
+        self.style
+    }
+
+    /// The length of the simulated minute.
+    pub fn minute_length(&self) -> Duration {
+        self.minute
+    }
+}

@@ -1,0 +1,232 @@
+//! The OpenAI Chat Completions shapes: requests, bodies, event streams, headers, errors.
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use serde_json::{Value, json};
+
+use super::engine::Level;
+use super::wire::{self, ChatRequest, Completion, Fnv, Frame, Invalid, Refusal};
+use crate::quota::Dimension;
+
+/// The API key of `Authorization: Bearer <key>`.
+pub(crate) fn api_key(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let key = value.strip_prefix("Bearer ")?.trim();
+    (!key.is_empty()).then_some(key)
+}
+
+/// Parses a Chat Completions request. `max_completion_tokens` wins over `max_tokens`; without
+/// either, `default_max_tokens` applies.
+pub(crate) fn parse(body: &[u8], default_max_tokens: u64) -> Result<ChatRequest, Invalid> {
+    let body = wire::object(body)?;
+    let messages = wire::messages(&body)?;
+    let (mut prompt_tokens, mut hash) = (0, Fnv::new());
+    wire::count_messages(messages, &mut prompt_tokens, &mut hash)?;
+    let max_tokens = match wire::positive(&body, "max_completion_tokens")? {
+        Some(n) => n,
+        None => wire::positive(&body, "max_tokens")?.unwrap_or(default_max_tokens),
+    };
+    let include_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(options @ Value::Object(_)) => wire::flag(options, "include_usage")?,
+        Some(_) => return Err("stream_options must be an object".to_owned()),
+    };
+    Ok(ChatRequest {
+        model: wire::model(&body),
+        prompt_tokens,
+        max_tokens,
+        stream: wire::flag(&body, "stream")?,
+        include_usage,
+        prompt_hash: hash.finish(),
+    })
+}
+
+fn usage(c: &Completion) -> Value {
+    json!({
+        "prompt_tokens": c.prompt_tokens,
+        "completion_tokens": c.completion_tokens,
+        "total_tokens": c.prompt_tokens + c.completion_tokens,
+    })
+}
+
+fn finish_reason(c: &Completion) -> &'static str {
+    if c.truncated() { "length" } else { "stop" }
+}
+
+/// The `chat.completion` body.
+pub(crate) fn completion(c: &Completion) -> Bytes {
+    let text: String = wire::content_pieces(c.completion_tokens)
+        .into_iter()
+        .map(|(_, text)| text)
+        .collect();
+    let body = json!({
+        "id": c.id,
+        "object": "chat.completion",
+        "created": c.created,
+        "model": c.model,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": null},
+            "logprobs": null,
+            "finish_reason": finish_reason(c),
+        }],
+        "usage": usage(c),
+        "system_fingerprint": "fp_sim",
+    });
+    Bytes::from(body.to_string())
+}
+
+/// The `chat.completion.chunk` stream: the role, the content pieces, the finish reason, the
+/// usage chunk when `stream_options.include_usage` was set, then `[DONE]`.
+pub(crate) fn frames(c: &Completion) -> Vec<Frame> {
+    let chunk = |delta: Value, finish: Value| {
+        let mut chunk = json!({
+            "id": c.id,
+            "object": "chat.completion.chunk",
+            "created": c.created,
+            "model": c.model,
+            "system_fingerprint": "fp_sim",
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        if c.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    };
+    let event = |tokens, value: Value, settles| Frame {
+        tokens,
+        data: Bytes::from(format!("data: {value}\n\n")),
+        settles,
+    };
+    let mut frames = vec![event(
+        0,
+        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+        false,
+    )];
+    for (tokens, text) in wire::content_pieces(c.completion_tokens) {
+        frames.push(event(
+            tokens,
+            chunk(json!({"content": text}), Value::Null),
+            false,
+        ));
+    }
+    frames.push(event(0, chunk(json!({}), json!(finish_reason(c))), true));
+    if c.include_usage {
+        let last = json!({
+            "id": c.id,
+            "object": "chat.completion.chunk",
+            "created": c.created,
+            "model": c.model,
+            "system_fingerprint": "fp_sim",
+            "choices": [],
+            "usage": usage(c),
+        });
+        frames.push(event(0, last, false));
+    }
+    frames.push(Frame {
+        tokens: 0,
+        data: Bytes::from_static(b"data: [DONE]\n\n"),
+        settles: false,
+    });
+    frames
+}
+
+/// The status and body of a refusal.
+pub(crate) fn refusal(refusal: &Refusal) -> (StatusCode, Bytes) {
+    let error = |status, message: &str, kind: &str, code: Value| {
+        let body =
+            json!({"error": {"message": message, "type": kind, "param": null, "code": code}});
+        (status, Bytes::from(body.to_string()))
+    };
+    match refusal {
+        Refusal::Unauthorized => error(
+            StatusCode::UNAUTHORIZED,
+            "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys.",
+            "invalid_request_error",
+            json!("invalid_api_key"),
+        ),
+        Refusal::Invalid(message) => error(
+            StatusCode::BAD_REQUEST,
+            message,
+            "invalid_request_error",
+            Value::Null,
+        ),
+        Refusal::TooLarge(message) => error(
+            StatusCode::BAD_REQUEST,
+            message,
+            "invalid_request_error",
+            json!("request_too_large"),
+        ),
+        Refusal::NotFound(path) => error(
+            StatusCode::NOT_FOUND,
+            &format!("Invalid URL (POST {path})"),
+            "invalid_request_error",
+            Value::Null,
+        ),
+        Refusal::MethodNotAllowed => error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Only POST is allowed here.",
+            "invalid_request_error",
+            Value::Null,
+        ),
+        Refusal::RateLimited(limited) => {
+            let kind = if limited.dimension == Dimension::Requests {
+                "requests"
+            } else {
+                "tokens"
+            };
+            let message = format!(
+                "Rate limit reached for {} in organization {} on {} {}: Limit {}, Used {}, \
+                 Requested {}. Please try again in {}.",
+                limited.model,
+                limited.organization,
+                kind,
+                limited.per,
+                limited.limit,
+                limited.limit.saturating_sub(limited.remaining),
+                limited.requested,
+                wire::go_duration(limited.wait),
+            );
+            error(
+                StatusCode::TOO_MANY_REQUESTS,
+                &message,
+                kind,
+                json!("rate_limit_exceeded"),
+            )
+        }
+        Refusal::ServerError => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "The server had an error while processing your request. Sorry about that!",
+            "server_error",
+            Value::Null,
+        ),
+        Refusal::Overloaded => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The engine is currently overloaded, please try again later.",
+            "server_error",
+            Value::Null,
+        ),
+    }
+}
+
+/// The `x-ratelimit-*` headers for the per-minute requests and tokens limits.
+pub(crate) fn rate_limit_headers(levels: &[Level], headers: &mut HeaderMap) {
+    for level in levels {
+        let name = match level.dimension {
+            Dimension::Requests => "requests",
+            Dimension::TotalTokens => "tokens",
+            _ => continue,
+        };
+        let mut put = |field: &str, value: String| {
+            if let (Ok(name), Ok(value)) = (
+                http::HeaderName::try_from(format!("x-ratelimit-{field}-{name}")),
+                http::HeaderValue::try_from(value),
+            ) {
+                headers.insert(name, value);
+            }
+        };
+        put("limit", level.limit.to_string());
+        put("remaining", level.remaining.to_string());
+        put("reset", wire::go_duration(level.until_full));
+    }
+}
