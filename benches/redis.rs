@@ -128,7 +128,7 @@ async fn main() {
             f.p50,
             f.p99,
             round_trips.map_or(String::new(), |r| format!(
-                "   {r:.3} script calls per reservation (one to admit, one to settle)"
+                "   {r:.3} script calls per reservation (one to admit, settlements batched)"
             ))
         );
     }

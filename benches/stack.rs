@@ -6,6 +6,8 @@
 //! stack's own work: retry, queue, budget (reserve and settle), in-flight slot, reconcile.
 //!
 //! - `stack/bare`: the client alone.
+//! - `stack/tower_bare`: the peer, what a request-count-only client uses: tower's `RateLimit`
+//!   + `Retry` (a plain policy) + `ConcurrencyLimit` around the same client.
 //! - `stack/governed`: the full stack (with `--features metrics`: compiled in, no recorder).
 //! - `stack/governed_recorded`: the same after installing a Prometheus recorder, in the same
 //!   run.
@@ -76,6 +78,22 @@ fn bench(c: &mut Criterion) {
         })
     });
 
+    // The peer: requests per second (never reached here), a plain retry, calls in flight.
+    let mut tower_bare = ServiceBuilder::new()
+        .rate_limit(1_000_000_000, std::time::Duration::from_secs(1))
+        .retry(PlainRetry(3))
+        .concurrency_limit(1_024)
+        .service(client());
+    group.bench_function("tower_bare", |b| {
+        b.iter(|| {
+            runtime.block_on(async {
+                let service = tower_bare.ready().await.unwrap();
+                let response = service.call(request()).await.unwrap();
+                black_box(response.into_body().collect().await.unwrap());
+            })
+        })
+    });
+
     let budget = budget();
     let governed = ServiceBuilder::new()
         .layer(RetryAfterLayer::new(RetryPolicy::new()))
@@ -105,6 +123,35 @@ fn bench(c: &mut Criterion) {
         run("governed_recorded", &mut group);
     }
     group.finish();
+}
+
+/// Retries any failure up to `.0` times, at once: the usual request-count-only client.
+#[derive(Clone)]
+struct PlainRetry(u32);
+
+impl<B> tower::retry::Policy<Request<String>, Response<B>, Infallible> for PlainRetry {
+    type Future = std::future::Ready<()>;
+
+    fn retry(
+        &mut self,
+        _request: &mut Request<String>,
+        result: &mut Result<Response<B>, Infallible>,
+    ) -> Option<Self::Future> {
+        match result {
+            Ok(_) => None,
+            Err(_) if self.0 == 0 => None,
+            Err(_) => {
+                self.0 -= 1;
+                Some(std::future::ready(()))
+            }
+        }
+    }
+
+    fn clone_request(&mut self, request: &Request<String>) -> Option<Request<String>> {
+        let mut clone = Request::new(request.body().clone());
+        *clone.headers_mut() = request.headers().clone();
+        Some(clone)
+    }
 }
 
 // What `criterion_group!`/`criterion_main!` expand to, without their undocumented `pub fn`.

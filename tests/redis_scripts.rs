@@ -15,6 +15,7 @@ const NUM: i64 = 3;
 const DEN: i64 = 3;
 const CAP: i64 = 1_000;
 const LEASE_MS: i64 = 60_000;
+const TOMBSTONE_MS: i64 = 30_000;
 
 fn script(body: &str) -> Script {
     Script::new(&format!(
@@ -27,8 +28,9 @@ fn script(body: &str) -> Script {
 #[derive(Debug, Clone)]
 enum Op {
     Reserve(i64),
-    /// Settle the n-th reservation (modulo) with this actual cost; may repeat.
-    Settle(usize, i64),
+    /// Settle, in one call, the n-th reservations (modulo) with these actual costs; a
+    /// reservation may repeat, in one call or across calls.
+    Settle(Vec<(usize, i64)>),
     /// Its record expires (the lease passed).
     Expire(usize),
     Advance(i64),
@@ -38,7 +40,7 @@ enum Op {
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (1i64..600).prop_map(Op::Reserve),
-        3 => (0usize..8, 0i64..900).prop_map(|(i, a)| Op::Settle(i, a)),
+        3 => proptest::collection::vec((0usize..8, 0i64..900), 1..4).prop_map(Op::Settle),
         1 => (0usize..8).prop_map(Op::Expire),
         2 => (0i64..400).prop_map(Op::Advance),
         1 => (0i64..5_000).prop_map(Op::StepBack),
@@ -99,12 +101,8 @@ struct Reservation {
 }
 
 fn level(connection: &mut redis::Connection) -> i64 {
-    let tok: Option<i64> = redis::cmd("HGET")
-        .arg(BUCKET)
-        .arg("tok")
-        .query(connection)
-        .unwrap();
-    tok.unwrap_or(FULL)
+    let value: Option<String> = redis::cmd("GET").arg(BUCKET).query(connection).unwrap();
+    value.map_or(FULL, |v| v.split(':').next().unwrap().parse().unwrap())
 }
 
 proptest! {
@@ -150,35 +148,37 @@ proptest! {
                         prop_assert_eq!(reply[1], wait, "step {}: wrong wait", step);
                     }
                 }
-                Op::Settle(i, actual) => {
+                Op::Settle(settlements) => {
                     if reservations.is_empty() {
                         continue;
                     }
                     let n = reservations.len();
-                    let r = &mut reservations[i % n];
-                    let answer: i64 = settle
-                        .key(BUCKET)
-                        .key(&r.id)
-                        .arg(now)
-                        .arg(LEASE_MS)
-                        .arg(NUM).arg(DEN).arg(CAP).arg(r.cost).arg(actual)
-                        .invoke(&mut connection)
-                        .unwrap();
-                    let delta = actual - r.cost;
-                    if r.settled {
-                        prop_assert_eq!(answer, 0, "step {}: settled twice", step);
-                    } else if r.expired {
-                        prop_assert_eq!(answer, 2, "step {}: a late settlement", step);
-                        if delta > 0 {
-                            model = model.charge(delta, now);
-                        }
-                    } else {
-                        prop_assert_eq!(answer, 1, "step {}", step);
-                        if delta != 0 {
-                            model = model.charge(delta, now);
-                        }
+                    // KEYS: the bucket, then one record per settlement (a record may repeat).
+                    let mut invocation = settle.key(BUCKET);
+                    invocation.arg(now).arg(TOMBSTONE_MS).arg(1).arg(NUM).arg(DEN).arg(CAP);
+                    for (k, (i, actual)) in settlements.iter().enumerate() {
+                        let r = &reservations[i % n];
+                        invocation.key(&r.id).arg(k + 2).arg(1).arg(1).arg(r.cost).arg(*actual);
                     }
-                    r.settled = true;
+                    let answers: Vec<i64> = invocation.invoke(&mut connection).unwrap();
+                    for ((i, actual), answer) in settlements.iter().zip(answers) {
+                        let r = &mut reservations[i % n];
+                        let delta = actual - r.cost;
+                        if r.settled {
+                            prop_assert_eq!(answer, 0, "step {}: settled twice", step);
+                        } else if r.expired {
+                            prop_assert_eq!(answer, 2, "step {}: a late settlement", step);
+                            if delta > 0 {
+                                model = model.charge(delta, now);
+                            }
+                        } else {
+                            prop_assert_eq!(answer, 1, "step {}", step);
+                            if delta != 0 {
+                                model = model.charge(delta, now);
+                            }
+                        }
+                        r.settled = true;
+                    }
                 }
                 Op::Expire(i) => {
                     if reservations.is_empty() {

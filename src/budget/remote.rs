@@ -32,6 +32,15 @@ pub(crate) enum Decision {
     TooLarge { limit: usize },
 }
 
+/// One reservation to settle: `actual` replaces `reserved` in every limit of `limits`.
+#[derive(Debug, Clone)]
+pub(crate) struct Settle {
+    pub(crate) id: String,
+    pub(crate) reserved: Cost,
+    pub(crate) actual: Cost,
+    pub(crate) limits: Arc<[Limit]>,
+}
+
 /// The operations a shared quota store performs, each as one atomic call.
 ///
 /// Reservation ids are unique across every process sharing the store. Settlements are
@@ -47,14 +56,8 @@ pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
         limits: Arc<[Limit]>,
     ) -> StoreFuture<Decision>;
 
-    /// Replaces the reservation's `reserved` cost by the `actual` one.
-    fn settle(
-        &self,
-        id: String,
-        reserved: Cost,
-        actual: Cost,
-        limits: Arc<[Limit]>,
-    ) -> StoreFuture<()>;
+    /// Settles every reservation of `batch`, in one call.
+    fn settle(&self, batch: Vec<Settle>) -> StoreFuture<()>;
 
     /// Lowers `limit`'s level to `remaining` units, and pauses it for `pause`.
     fn lower(&self, limit: Limit, remaining: Option<u64>, pause: Duration) -> StoreFuture<()>;

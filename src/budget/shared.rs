@@ -8,7 +8,9 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::bucket::Floor;
-use super::remote::{Breaker, Decision, FailurePolicy, RemoteStore, StoreFuture, StoreUnavailable};
+use super::remote::{
+    Breaker, Decision, FailurePolicy, RemoteStore, Settle, StoreFuture, StoreUnavailable,
+};
 use super::store::MemoryStore;
 use super::{Budget, Observation, ReservationId};
 use crate::cost::Cost;
@@ -48,12 +50,7 @@ pub(crate) struct SharedState {
 /// Work sent to the store in the background.
 #[derive(Debug, Clone)]
 enum Command {
-    Settle {
-        id: String,
-        reserved: Cost,
-        actual: Cost,
-        limits: Arc<[Limit]>,
-    },
+    Settle(Settle),
     Lower {
         limit: Limit,
         remaining: Option<u64>,
@@ -156,12 +153,12 @@ impl Remote {
         actual: Cost,
         limits: Arc<[Limit]>,
     ) {
-        self.send(Command::Settle {
+        self.send(Command::Settle(Settle {
             id: self.id(id),
             reserved,
             actual,
             limits,
-        });
+        }));
     }
 
     /// Gives back a reservation that may or may not have been made.
@@ -289,43 +286,63 @@ fn bounded<T: Send + 'static>(timeout: Duration, call: StoreFuture<T>) -> StoreF
     })
 }
 
-/// Sends settlements and reports, each on its own task, retried a few times: the store's
-/// operations are idempotent. Ends when the budget is dropped.
+/// Settlements sent in one call at most.
+const BATCH: usize = 64;
+
+/// Sends settlements and reports in the background. Settlements go one call at a time: those
+/// arriving meanwhile wait and go together in the next call, so under load one call settles
+/// many. A failed call is retried on its own task (the store's operations are idempotent).
+/// Ends when the budget is dropped.
 async fn send_in_background(
     store: Arc<dyn RemoteStore>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     timeout: Duration,
 ) {
-    const ATTEMPTS: u32 = 4;
-    while let Some(command) = commands.recv().await {
-        let store = store.clone();
-        tokio::spawn(async move {
-            let mut backoff = Duration::from_millis(50);
-            for attempt in 1..=ATTEMPTS {
-                let call = match &command {
-                    Command::Settle {
-                        id,
-                        reserved,
-                        actual,
-                        limits,
-                    } => store.settle(id.clone(), *reserved, *actual, limits.clone()),
-                    Command::Lower {
-                        limit,
-                        remaining,
-                        pause,
-                    } => store.lower(*limit, *remaining, *pause),
-                };
-                match bounded(timeout, call).await {
-                    Ok(()) => return,
-                    Err(error) if attempt == ATTEMPTS => {
-                        tracing::warn!(%error, ?command, "the shared quota store missed an update");
-                    }
-                    Err(_) => {
-                        tokio::time::sleep(backoff.mul_f64(0.5 + fastrand::f64())).await;
-                        backoff *= 4;
-                    }
+    while let Some(first) = commands.recv().await {
+        let mut batch = Vec::new();
+        let mut next = Some(first);
+        while let Some(command) = next.take() {
+            match command {
+                Command::Settle(settle) => batch.push(settle),
+                Command::Lower {
+                    limit,
+                    remaining,
+                    pause,
+                } => {
+                    let store = store.clone();
+                    let call = move || store.lower(limit, remaining, pause);
+                    tokio::spawn(with_retries(call, timeout));
                 }
             }
-        });
+            if batch.len() < BATCH {
+                next = commands.try_recv().ok();
+            }
+        }
+        if batch.is_empty() {
+            continue;
+        }
+        if bounded(timeout, store.settle(batch.clone())).await.is_err() {
+            let store = store.clone();
+            let call = move || store.settle(batch.clone());
+            tokio::spawn(with_retries(call, timeout));
+        }
+    }
+}
+
+/// Calls until a call succeeds, four times at most, with a growing, jittered pause between.
+async fn with_retries(call: impl Fn() -> StoreFuture<()>, timeout: Duration) {
+    const ATTEMPTS: u32 = 4;
+    let mut backoff = Duration::from_millis(50);
+    for attempt in 1..=ATTEMPTS {
+        match bounded(timeout, call()).await {
+            Ok(()) => return,
+            Err(error) if attempt == ATTEMPTS => {
+                tracing::warn!(%error, "the shared quota store missed an update");
+            }
+            Err(_) => {
+                tokio::time::sleep(backoff.mul_f64(0.5 + fastrand::f64())).await;
+                backoff *= 4;
+            }
+        }
     }
 }

@@ -1,8 +1,8 @@
 -- Shared by every script of the Redis store: the clock, and one bucket's refill and write.
 --
--- A bucket is a hash {tok, ts}. `tok` counts ticks: one unit (a request, a token) is `den`
--- ticks and each millisecond adds `num` ticks, so refill is exact integer arithmetic for any
--- rate. `ts` is the millisecond up to which the bucket was refilled; it lies in the future
+-- A bucket is a string "<tok>:<ts>". `tok` counts ticks: one unit (a request, a token) is
+-- `den` ticks and each millisecond adds `num` ticks, so refill is exact integer arithmetic for
+-- any rate. `ts` is the millisecond up to which the bucket was refilled; it lies in the future
 -- while the bucket is paused. An absent key is a full bucket, so a key may expire as soon as
 -- its bucket would be full again. Every number stays below 2^53: the client picks `den` so.
 
@@ -15,11 +15,14 @@ local function clock(override)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The bucket refilled up to `now`. Time going backwards (a failover to another clock) adds
--- nothing: `ts` only ever moves forward.
-local function load(key, now, num, full)
-  local v = redis.call('HMGET', key, 'tok', 'ts')
-  local tok, ts = tonumber(v[1]), tonumber(v[2])
+-- The bucket stored as `value` (false when absent), refilled up to `now`. Time going
+-- backwards (a failover to another clock) adds nothing: `ts` only ever moves forward.
+local function load(value, now, num, full)
+  if not value then
+    return full, now
+  end
+  local tok, ts = string.match(value, '^(-?%d+):(%d+)$')
+  tok, ts = tonumber(tok), tonumber(ts)
   if tok == nil or ts == nil then
     return full, now
   end
@@ -45,6 +48,5 @@ local function store(key, tok, ts, now, num, full)
     return
   end
   local ttl = math.ceil((full - tok) / num) + math.max(ts - now, 0) + 1000
-  redis.call('HSET', key, 'tok', string.format('%.0f', tok), 'ts', string.format('%.0f', ts))
-  redis.call('PEXPIRE', key, ttl)
+  redis.call('SET', key, string.format('%.0f:%.0f', tok, ts), 'PX', string.format('%.0f', ttl))
 end

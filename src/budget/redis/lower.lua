@@ -6,7 +6,7 @@
 local now = clock(ARGV[1])
 local num, den, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local full = cap * den
-local tok, ts = load(KEYS[1], now, num, full)
+local tok, ts = load(redis.call('GET', KEYS[1]), now, num, full)
 if ARGV[5] ~= '' then
   tok = math.min(tok, tonumber(ARGV[5]) * den)
 end

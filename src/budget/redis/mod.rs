@@ -32,12 +32,13 @@
 //!
 //! # Keys
 //!
-//! A bucket per limit, `<prefix>:{<quota key>}:<dimension>:<period in ms>` (a hash of its level
-//! and refill time), and a record per reservation, `<prefix>:{<quota key>}:r:<id>`. The quota
+//! A bucket per limit, `<prefix>:{<quota key>}:<dimension>:<period in ms>` (a string holding its
+//! level and refill time), and a record per reservation, `<prefix>:{<quota key>}:r:<id>`. The quota
 //! key is a Redis Cluster hash tag, so every key of one account lives in one slot and the
 //! scripts run on a cluster. A bucket's TTL is its time to refill: an absent key is a full
 //! bucket, so an idle account leaves nothing behind. A record lives for the lease (ten
-//! minutes by default), long enough to recognise a duplicate settlement.
+//! minutes by default) until it is settled, then as a tombstone for 30 s, long enough to
+//! recognise a duplicate settlement.
 //!
 //! # Exactness
 //!

@@ -5,12 +5,12 @@
 -- Returns {1, level...} when admitted, {0, wait_ms, bucket} when not yet (nothing written),
 -- {-1, bucket} when the cost can never fit.
 local now = clock(ARGV[1])
-local record = KEYS[#KEYS]
-if redis.call('EXISTS', record) == 1 then
-  -- A retried call whose first attempt was admitted: the decision stands.
+local n = #KEYS - 1
+local values = redis.call('MGET', unpack(KEYS))
+if values[n + 1] then
+  -- A retried call whose first attempt was decided: the decision stands.
   return {1}
 end
-local n = #KEYS - 1
 local toks, tss = {}, {}
 local wait, limiting = 0, 0
 for i = 1, n do
@@ -20,7 +20,7 @@ for i = 1, n do
   if cost + floor > cap then
     return {-1, i}
   end
-  local tok, ts = load(KEYS[i], now, num, cap * den)
+  local tok, ts = load(values[i], now, num, cap * den)
   toks[i], tss[i] = tok, ts
   local need = (cost + floor) * den
   if tok < need then
@@ -33,16 +33,16 @@ end
 if limiting > 0 then
   return {0, wait, limiting}
 end
-local reply = {1}
+-- The record: "r" and, per bucket, "|<key>=<cost>", so that settling knows what was taken.
+local reply, record = {1}, {'r'}
 for i = 1, n do
   local a = 3 + (i - 1) * 5
   local num, den, cap = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local cost = tonumber(ARGV[a + 3])
   local tok = toks[i] - cost * den
   store(KEYS[i], tok, tss[i], now, num, cap * den)
-  redis.call('HSET', record, KEYS[i], ARGV[a + 3])
+  record[#record + 1] = '|' .. KEYS[i] .. '=' .. ARGV[a + 3]
   reply[i + 1] = math.floor(tok / den)
 end
-redis.call('HSET', record, '~', 'r')
-redis.call('PEXPIRE', record, tonumber(ARGV[2]))
+redis.call('SET', KEYS[n + 1], table.concat(record), 'PX', ARGV[2])
 return reply

@@ -1,35 +1,66 @@
--- SETTLE: the actual cost replaces the reserved one, once. Unused estimate is refunded, an
--- overrun is charged as debt (at most one capacity below zero).
--- KEYS: the buckets, then the reservation record.
--- ARGV: clock override, lease in ms, then per bucket: num, den, capacity, reserved, actual.
--- Returns 1 when settled, 0 when it already was, 2 when the record had expired (late: only
--- overruns are charged, nothing is refunded blind).
+-- SETTLE: for each reservation, once, the actual cost replaces the reserved one. Unused
+-- estimate is refunded, an overrun is charged as debt (at most one capacity below zero).
+-- Many reservations are settled in one call; each bucket is read and written once.
+-- KEYS: the buckets, then the reservation records.
+-- ARGV: clock override, how long a tombstone lives (ms), the number of buckets, then per
+--       bucket: num, den, capacity; then per reservation: its record's index in KEYS, the
+--       number k of its buckets, then k times: bucket index, reserved, actual.
+-- Returns per reservation: 1 settled, 0 already settled, 2 late (its record had expired:
+-- only overruns are charged, nothing is refunded blind).
 local now = clock(ARGV[1])
-local record = KEYS[#KEYS]
-local state = redis.call('HGET', record, '~')
-if state == 'd' then
-  return 0
+local buckets = tonumber(ARGV[3])
+local values = redis.call('MGET', unpack(KEYS))
+local rates, levels, settled = {}, {}, {}
+local a = 4
+for b = 1, buckets do
+  rates[b] = {tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])}
+  a = a + 3
 end
-local late = not state
-for i = 1, #KEYS - 1 do
-  local a = 3 + (i - 1) * 5
-  local num, den, cap = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local reserved, actual = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  if not late then
-    reserved = tonumber(redis.call('HGET', record, KEYS[i])) or 0
+local answers = {}
+while a <= #ARGV do
+  local r, k = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  a = a + 2
+  -- A record named twice in one call is settled once: look it up by name.
+  local record = settled[KEYS[r]] or values[r]
+  if record == 'd' then
+    answers[#answers + 1] = 0
+  else
+    local late = not record
+    for j = 1, k do
+      local b, reserved, actual = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+      a = a + 3
+      if not late then
+        -- What was taken from this bucket, as the record says (nothing if it is not named).
+        reserved = 0
+        local at = string.find(record, '|' .. KEYS[b] .. '=', 1, true)
+        if at then
+          reserved = tonumber(string.match(record, '^(%d+)', at + #KEYS[b] + 2)) or 0
+        end
+      end
+      local delta = actual - reserved
+      if delta > 0 or (delta < 0 and not late) then
+        local num, den, cap = rates[b][1], rates[b][2], rates[b][3]
+        local full = cap * den
+        local level = levels[b]
+        if not level then
+          local tok, ts = load(values[b], now, num, full)
+          level = {tok, ts}
+          levels[b] = level
+        end
+        level[1] = math.max(-full, math.min(full, level[1] - delta * den))
+      end
+    end
+    -- A tombstone, so that a duplicate is recognised.
+    redis.call('SET', KEYS[r], 'd', 'PX', ARGV[2])
+    settled[KEYS[r]] = 'd'
+    answers[#answers + 1] = late and 2 or 1
   end
-  local delta = actual - reserved
-  if delta > 0 or (delta < 0 and not late) then
-    local full = cap * den
-    local tok, ts = load(KEYS[i], now, num, full)
-    tok = math.max(-full, math.min(full, tok - delta * den))
-    store(KEYS[i], tok, ts, now, num, full)
+  if record == 'd' then
+    a = a + 3 * k
   end
 end
--- A tombstone for the lease, so that a duplicate is recognised.
-redis.call('HSET', record, '~', 'd')
-redis.call('PEXPIRE', record, tonumber(ARGV[2]))
-if late then
-  return 2
+for b, level in pairs(levels) do
+  local num, den, cap = rates[b][1], rates[b][2], rates[b][3]
+  store(KEYS[b], level[1], level[2], now, num, cap * den)
 end
-return 1
+return answers

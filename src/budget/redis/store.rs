@@ -8,9 +8,13 @@ use ::redis::aio::ConnectionManager;
 
 use super::keys::{Keys, Rate};
 use crate::budget::bucket::Floor;
-use crate::budget::remote::{Decision, RemoteStore, StoreFuture, StoreUnavailable};
+use crate::budget::remote::{Decision, RemoteStore, Settle, StoreFuture, StoreUnavailable};
 use crate::cost::Cost;
 use crate::quota::Limit;
+
+/// How long a settled reservation's tombstone lives: settlements are retried within seconds,
+/// so a duplicate arrives well within it.
+const TOMBSTONE: Duration = Duration::from_secs(30);
 
 /// The scripts, each with the shared bucket functions in front.
 #[derive(Debug)]
@@ -46,15 +50,18 @@ pub(super) struct RedisStore {
     connection: ConnectionManager,
     keys: Keys,
     lease_ms: u64,
+    tombstone_ms: u64,
     scripts: Arc<Scripts>,
 }
 
 impl RedisStore {
     pub(super) fn new(connection: ConnectionManager, keys: Keys, lease: Duration) -> Self {
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1);
         Self {
             connection,
             keys,
-            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1),
+            lease_ms,
+            tombstone_ms: lease_ms.min(TOMBSTONE.as_millis() as u64),
             scripts: Arc::new(Scripts::new()),
         }
     }
@@ -146,33 +153,52 @@ impl RemoteStore for RedisStore {
         })
     }
 
-    fn settle(
-        &self,
-        id: String,
-        reserved: Cost,
-        actual: Cost,
-        limits: Arc<[Limit]>,
-    ) -> StoreFuture<()> {
-        let mut call = Call::new();
-        call.arg("").arg(self.lease_ms);
-        for limit in limits.iter() {
-            let dimension = limit.dimension();
-            let (reserved, actual) = (reserved.amount(dimension), actual.amount(dimension));
-            if reserved == 0 && actual == 0 {
-                continue;
+    fn settle(&self, batch: Vec<Settle>) -> StoreFuture<()> {
+        // Every bucket once, then every record.
+        let mut buckets: Vec<(String, Rate)> = Vec::new();
+        let mut index = |limit: &Limit| {
+            let key = self.keys.bucket(limit);
+            match buckets.iter().position(|(k, _)| *k == key) {
+                Some(i) => i + 1,
+                None => {
+                    buckets.push((key, Rate::of(limit)));
+                    buckets.len()
+                }
             }
-            let rate = Rate::of(limit);
-            call.keys.push(self.keys.bucket(limit));
-            call.arg(rate.num)
-                .arg(rate.den)
-                .arg(rate.capacity)
-                .arg(reserved)
-                .arg(actual);
+        };
+        let mut settlements = Vec::with_capacity(batch.len());
+        for settle in &batch {
+            let touched: Vec<(usize, u64, u64)> = settle
+                .limits
+                .iter()
+                .filter_map(|limit| {
+                    let dimension = limit.dimension();
+                    let (reserved, actual) = (
+                        settle.reserved.amount(dimension),
+                        settle.actual.amount(dimension),
+                    );
+                    (reserved > 0 || actual > 0).then(|| (index(limit), reserved, actual))
+                })
+                .collect();
+            settlements.push(touched);
         }
-        call.keys.push(self.keys.record(&id));
+        let mut call = Call::new();
+        call.arg("").arg(self.tombstone_ms).arg(buckets.len());
+        for (_, rate) in &buckets {
+            call.arg(rate.num).arg(rate.den).arg(rate.capacity);
+        }
+        for (i, touched) in settlements.iter().enumerate() {
+            call.arg(buckets.len() + i + 1).arg(touched.len());
+            for (bucket, reserved, actual) in touched {
+                call.arg(bucket).arg(reserved).arg(actual);
+            }
+        }
+        call.keys.extend(buckets.into_iter().map(|(key, _)| key));
+        call.keys
+            .extend(batch.iter().map(|settle| self.keys.record(&settle.id)));
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
         Box::pin(async move {
-            let _: i64 = call.run(&scripts.settle, &mut connection).await?;
+            let _: Vec<i64> = call.run(&scripts.settle, &mut connection).await?;
             Ok(())
         })
     }
