@@ -333,3 +333,44 @@ async fn idle_keys_expire() {
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     assert_eq!(server.command("DBSIZE"), ":0");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_floor_keeps_the_last_share_for_interactive_work_of_any_process() {
+    let server = RedisServer::start();
+    // 2,000 tokens a minute, all at once: a refill of 33 a second.
+    let slow = Quota::new().with_limit(limit(
+        Dimension::TotalTokens,
+        2_000,
+        Duration::from_secs(60),
+        2_000,
+    ));
+    let process = || async {
+        RedisBudget::new(server.url(), "floors")
+            .failure_policy(FailurePolicy::FailClosed)
+            .connect(&slow)
+            .await
+            .unwrap()
+    };
+    let (batch_process, interactive_process) = (process().await, process().await);
+    // Batch work keeps half of every bucket free: 1,000 of the 2,000 tokens.
+    let mut taken = batch_process
+        .reserve(Cost::new(900, 100))
+        .keeping(0.5)
+        .await
+        .unwrap();
+    taken.mark_sent();
+    taken.charge_estimate();
+    let start = Instant::now();
+    let more_batch = tokio::time::timeout(
+        Duration::from_millis(30),
+        batch_process.reserve(Cost::new(90, 10)).keeping(0.5),
+    )
+    .await;
+    assert!(more_batch.is_err(), "batch may not dig into the floor");
+    let interactive = interactive_process
+        .reserve(Cost::new(900, 100))
+        .await
+        .unwrap();
+    assert!(start.elapsed() < Duration::from_millis(80));
+    interactive.refund();
+}
