@@ -79,11 +79,14 @@ fn bench(c: &mut Criterion) {
     });
 
     // The peer: requests per second (never reached here), a plain retry, calls in flight.
-    let mut tower_bare = ServiceBuilder::new()
-        .rate_limit(1_000_000_000, std::time::Duration::from_secs(1))
-        .retry(PlainRetry(3))
-        .concurrency_limit(1_024)
-        .service(client());
+    // `RateLimit` arms its timer when built: inside the runtime.
+    let mut tower_bare = runtime.block_on(async {
+        ServiceBuilder::new()
+            .rate_limit(1_000_000_000, std::time::Duration::from_secs(1))
+            .retry(PlainRetry(3))
+            .concurrency_limit(1_024)
+            .service(client())
+    });
     group.bench_function("tower_bare", |b| {
         b.iter(|| {
             runtime.block_on(async {

@@ -310,3 +310,19 @@ fn public_types_are_send_sync_and_unpin_where_it_matters() {
     send_unpin::<Budget>();
     send_unpin::<Reservation>();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_pause_empties_the_shortest_window_and_spares_the_daily_one() {
+    let day = Duration::from_secs(86_400);
+    let budget = budget([
+        limit(Dimension::Requests, 10, SEC, 10),
+        limit(Dimension::Requests, 1_000, day, 1_000),
+    ]);
+    budget.pause(&[Dimension::Requests], Instant::now() + 2 * SEC);
+    assert_eq!(levels(&budget), vec![-20, 1_000]);
+    let start = Instant::now();
+    drop(budget.reserve(Cost::requests_only(1)).await.unwrap());
+    // Two seconds of pause, then 100 ms to refill one request from zero.
+    assert_eq!(start.elapsed(), 2 * SEC + SEC / 10);
+    assert_eq!(levels(&budget)[1], 1_000, "the daily level is kept");
+}

@@ -292,9 +292,11 @@ impl Budget {
     }
 
     /// Admits nothing in any of `dimensions` until `until`, for every holder of this budget:
-    /// the provider said (with a 429) that the quota they share is spent until then. After it,
-    /// the buckets refill from zero. A later pause extends an earlier one; an earlier end
-    /// never shortens it.
+    /// the provider said (with a 429) that the quota they share is spent until then. The
+    /// shortest window of each dimension is emptied until then and refills from zero after it
+    /// (which holds every request of the dimension); longer windows, such as a daily limit,
+    /// keep their level. A later pause extends an earlier one; an earlier end never shortens
+    /// it.
     ///
     /// A shared budget writes the pause to the shared store too, in the background: one
     /// process's 429 pauses every process sharing the quota.
@@ -304,11 +306,16 @@ impl Budget {
         self.update_state(|state| {
             dimensions.iter().for_each(|&d| state.store.pause(d, until));
             if let (Some(shared), Some(remote)) = (&state.shared, &self.shared.remote) {
-                shared
-                    .limits()
-                    .iter()
-                    .filter(|limit| dimensions.contains(&limit.dimension()))
-                    .for_each(|&limit| remote.lower(limit, None, pause));
+                for &dimension in dimensions {
+                    let shortest = shared
+                        .limits()
+                        .iter()
+                        .filter(|limit| limit.dimension() == dimension)
+                        .min_by_key(|limit| limit.period());
+                    if let Some(&limit) = shortest {
+                        remote.lower(limit, None, pause);
+                    }
+                }
             }
             false
         });

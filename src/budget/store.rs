@@ -74,6 +74,7 @@ pub(crate) trait Store {
     fn set_limit(&mut self, limit: Limit, now: u64);
 
     /// Admits nothing in `dimension` until `until`: the provider said its quota is spent.
+    /// Empties the dimension's shortest window only.
     fn pause(&mut self, dimension: Dimension, until: u64);
 
     /// The earliest time every limit could hold `amount`, ignoring capacities: when a request
@@ -199,10 +200,16 @@ impl Store for MemoryStore {
     }
 
     fn pause(&mut self, dimension: Dimension, until: u64) {
-        for bucket in &mut self.buckets {
-            if bucket.limit().dimension() == dimension {
-                bucket.pause_until(until);
-            }
+        // The shortest window of the dimension is the one a 429 empties; every request in the
+        // dimension pays it too, so emptying it holds them all. A longer window (a day) keeps
+        // its level: the provider's daily quota is not spent by a per-minute refusal.
+        if let Some(bucket) = self
+            .buckets
+            .iter_mut()
+            .filter(|b| b.limit().dimension() == dimension)
+            .min_by_key(|b| b.limit().period())
+        {
+            bucket.pause_until(until);
         }
     }
 
