@@ -1,1 +1,245 @@
 //! The recommended stack, assembled in one call for a provider profile.
+//!
+//! [`QuotaStack`] is a tower [`Layer`] that wraps a client in every layer of this crate, in the
+//! documented order (outermost first):
+//!
+//! 1. [`EstimateLayer`]: fills each request's [`Cost`](crate::Cost) from its JSON body, once;
+//! 2. [`RetryAfterLayer`], pausing the budget on a provider 429: every attempt re-enters
+//!    admission;
+//! 3. [`PriorityQueueLayer`]: decides which waiting request the budget considers next;
+//! 4. [`TokenBudgetLayer`]: reserves the cost, or waits;
+//! 5. [`InFlightLimitLayer`]: caps the calls in flight until their bodies end;
+//! 6. [`ReconcileLayer`] with [`ProviderUsage`] for the profile: settles with the usage in the
+//!    provider's body and lowers the budget when its rate-limit headers report less left.
+//!
+//! The result is a [`QuotaService`]; its responses carry a [`QuotaBody`].
+//!
+//! # Example
+//!
+//! ```
+//! use std::num::NonZeroU64;
+//! use bytes::Bytes;
+//! use http_body_util::{BodyExt, Full};
+//! use tower::{Layer, Service, ServiceExt, service_fn};
+//! use tower_llm_quota::{Dimension, Limit, Priority, Quota, stack::QuotaStack};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), tower_llm_quota::BoxError> {
+//! let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(30_000).unwrap());
+//! let stack = QuotaStack::openai(Quota::new().with_limit(tpm)).concurrency(16);
+//! let budget = stack.budget().clone();
+//!
+//! // Any client: hyper, a `reqwest_middleware` client (see the `middleware` module), a mock.
+//! let client = service_fn(|_request: http::Request<Full<Bytes>>| async {
+//!     let body = r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}"#;
+//!     Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(body))))
+//! });
+//! let mut llm = stack.layer(client);
+//!
+//! let request = http::Request::post("https://api.openai.com/v1/chat/completions")
+//!     .header("content-type", "application/json")
+//!     .extension(Priority::Interactive)
+//!     .body(Full::new(Bytes::from(
+//!         r#"{"model":"gpt-4o-mini","max_tokens":100,"messages":[{"role":"user","content":"Hi"}]}"#,
+//!     )))?;
+//! let response = llm.ready().await?.call(request).await?;
+//! response.into_body().collect().await?; // the end of the body settles the reservation
+//! assert_eq!(budget.snapshot().limits()[0].level(), 4_250 - 42);
+//! # Ok(()) }
+//! ```
+//!
+//! # What the client must accept
+//!
+//! - **Request body**: `B: http_body::Body + From<Bytes> + Clone`, with `B::Error:
+//!   Into<BoxError>`. The estimation layer reads the body and rebuilds it from bytes, the retry
+//!   layer re-sends clones: `http_body_util::Full<Bytes>` fits. `String` and `reqwest::Body` do
+//!   not (the [`middleware`](crate::middleware) module adapts reqwest).
+//! - **Response body**: `ResBody: http_body::Body<Data = Bytes>`, with `ResBody::Error:
+//!   Into<BoxError>`.
+//! - **The client**: `Service<http::Request<B>, Response = http::Response<ResBody>> + Clone`,
+//!   with `S::Error: Into<BoxError>`.
+//!
+//! The stack's error is a [`BoxError`](crate::BoxError): downcast it to
+//! [`Error`](crate::Error) to read a local decision (`is_too_large()`, `is_queue_full()`,
+//! `is_deadline_exceeded()`, ...) or the retry report.
+//!
+//! # Requests without an estimate
+//!
+//! A request whose body the estimator cannot read (not JSON, a size unknown in advance, an
+//! unknown shape) and that carries no `Cost` of its own is refused by default
+//! ([`MissingCost::Reject`]); see [`QuotaStack::missing_cost`].
+
+use tower::Layer;
+
+use crate::budget::Budget;
+use crate::estimate::{Estimate, EstimateLayer, Estimator};
+use crate::in_flight::{InFlightBody, InFlightLimit, InFlightLimitLayer};
+use crate::priority::Priority;
+use crate::provider::{Profile, ProviderScan, ProviderUsage};
+use crate::queue::{PriorityQueue, PriorityQueueLayer, QueueConfig, QueueHandle};
+use crate::quota::Quota;
+use crate::reconcile::{Reconcile, ReconcileBody, ReconcileLayer};
+use crate::retry::{ProviderErrors, RetryAfter, RetryAfterLayer, RetryBody, RetryPolicy};
+use crate::token_budget::{MissingCost, TokenBudget, TokenBudgetLayer};
+
+/// The service a [`QuotaStack`] builds around a client `S`, outermost layer first.
+pub type QuotaService<S> = Estimate<
+    RetryAfter<
+        PriorityQueue<TokenBudget<InFlightLimit<Reconcile<S, ProviderUsage>>>>,
+        ProviderErrors,
+    >,
+>;
+
+/// The body of a [`QuotaService`]'s responses around a client's response body `B`: it holds the
+/// call's in-flight slot and settles its reservation when it ends, fails or is dropped.
+pub type QuotaBody<B> = RetryBody<InFlightBody<ReconcileBody<B, ProviderScan>>>;
+
+/// The recommended stack for one provider quota; see the [module documentation](self).
+///
+/// Cloning it, or applying it to several clients, shares the budget, the queue, the in-flight
+/// limit and the retry budget.
+#[derive(Debug, Clone)]
+pub struct QuotaStack {
+    profile: Profile,
+    budget: Budget,
+    estimate: EstimateLayer,
+    retry: RetryAfterLayer,
+    queue: PriorityQueueLayer,
+    in_flight: InFlightLimitLayer,
+    missing_cost: MissingCost,
+    /// The share of every bucket each class leaves to higher ones, by `Priority::index`.
+    class_headroom: [f64; 3],
+}
+
+impl QuotaStack {
+    /// Calls in flight by default, until [`QuotaStack::concurrency`] says otherwise.
+    pub const DEFAULT_CONCURRENCY: usize = 64;
+
+    /// The stack for OpenAI Chat Completions ([`Profile::openai`]) over a new budget for
+    /// `quota`.
+    pub fn openai(quota: Quota) -> Self {
+        Self::for_profile(Profile::openai(), quota)
+    }
+
+    /// The stack for Anthropic Messages ([`Profile::anthropic`]) over a new budget for
+    /// `quota`.
+    pub fn anthropic(quota: Quota) -> Self {
+        Self::for_profile(Profile::anthropic(), quota)
+    }
+
+    /// The stack for the provider `profile` describes, over a new budget for `quota`, with
+    /// the defaults of every layer and at most [`QuotaStack::DEFAULT_CONCURRENCY`] calls in
+    /// flight.
+    pub fn for_profile(profile: Profile, quota: Quota) -> Self {
+        Self {
+            profile,
+            budget: Budget::new(quota),
+            estimate: EstimateLayer::new(),
+            retry: RetryAfterLayer::default(),
+            queue: PriorityQueueLayer::default(),
+            in_flight: InFlightLimitLayer::new(Self::DEFAULT_CONCURRENCY),
+            missing_cost: MissingCost::default(),
+            class_headroom: [0.0; 3],
+        }
+    }
+
+    /// Spends `budget` instead of the stack's own, for example one that other clients or
+    /// processes already share. The quota given to the constructor is then unused.
+    pub fn with_budget(mut self, budget: Budget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// At most `max` calls in flight (at least one), each holding its slot until its response
+    /// body ends. Defaults to [`QuotaStack::DEFAULT_CONCURRENCY`].
+    pub fn concurrency(mut self, max: usize) -> Self {
+        let max = max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
+        self.in_flight = InFlightLimitLayer::new(max);
+        self
+    }
+
+    /// Retries by `policy`, with the default classifier and jitter. Defaults to
+    /// [`RetryPolicy::new`].
+    pub fn retry(self, policy: RetryPolicy) -> Self {
+        self.retry_layer(RetryAfterLayer::new(policy))
+    }
+
+    /// Retries with `layer` (its policy, jitter and retry budget). The stack makes it pause
+    /// the stack's budget on a provider 429, replacing any budget it was given.
+    pub fn retry_layer(mut self, layer: RetryAfterLayer) -> Self {
+        self.retry = layer;
+        self
+    }
+
+    /// Queues by `config`, in a new queue: take [`QuotaStack::queue_handle`] after this call.
+    /// Defaults to [`QueueConfig::new`].
+    pub fn queue(mut self, config: QueueConfig) -> Self {
+        self.queue = PriorityQueueLayer::new(config);
+        self
+    }
+
+    /// Estimates with `estimator` and the default [`Defaults`](crate::estimate::Defaults).
+    /// Defaults to a [`CharEstimator`](crate::CharEstimator).
+    pub fn estimator(self, estimator: impl Estimator) -> Self {
+        self.estimate(EstimateLayer::with_estimator(estimator))
+    }
+
+    /// Estimates with `layer`, for its other settings (defaults, body size, learned output).
+    pub fn estimate(mut self, layer: EstimateLayer) -> Self {
+        self.estimate = layer;
+        self
+    }
+
+    /// What the budget does with a request that has no `Cost` after estimation. Defaults to
+    /// [`MissingCost::Reject`].
+    pub fn missing_cost(mut self, missing_cost: MissingCost) -> Self {
+        self.missing_cost = missing_cost;
+        self
+    }
+
+    /// Makes requests of `priority` leave `fraction` of every bucket to higher classes; see
+    /// [`TokenBudgetLayer::class_headroom`]. Defaults to 0 for every class.
+    pub fn class_headroom(mut self, priority: Priority, fraction: f64) -> Self {
+        self.class_headroom[priority.index()] = fraction;
+        self
+    }
+
+    /// The provider profile.
+    pub fn profile(&self) -> &Profile {
+        &self.profile
+    }
+
+    /// The budget the stack spends: snapshot it, or hand clones to other stacks.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// The queue's depth and oldest wait by class.
+    pub fn queue_handle(&self) -> QueueHandle {
+        self.queue.handle()
+    }
+
+    /// Calls in flight now, across every service of this stack.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.in_flight()
+    }
+}
+
+impl<S> Layer<S> for QuotaStack {
+    type Service = QuotaService<S>;
+
+    fn layer(&self, client: S) -> Self::Service {
+        let reconcile = ReconcileLayer::with_extractor(ProviderUsage::new(self.profile));
+        let token_budget = Priority::ALL.into_iter().fold(
+            TokenBudgetLayer::new(self.budget.clone()).missing_cost(self.missing_cost),
+            |layer, priority| layer.class_headroom(priority, self.class_headroom[priority.index()]),
+        );
+        let retry = self.retry.clone().pause_on_rate_limit(self.budget.clone());
+        let service = reconcile.layer(client);
+        let service = self.in_flight.layer(service);
+        let service = token_budget.layer(service);
+        let service = self.queue.layer(service);
+        let service = retry.layer(service);
+        self.estimate.layer(service)
+    }
+}
