@@ -29,7 +29,7 @@
 //! let stack = QuotaStack::openai(Quota::new().with_limit(tpm)).concurrency(16);
 //! let budget = stack.budget().clone();
 //!
-//! // Any client: hyper, a `reqwest_middleware` client (see the `middleware` module), a mock.
+//! // Any client: hyper, a `reqwest_middleware` client (the `middleware` module), a mock.
 //! let client = service_fn(|_request: http::Request<Full<Bytes>>| async {
 //!     let body = r#"{"choices":[],"usage":{"prompt_tokens":12,"completion_tokens":30,"total_tokens":42}}"#;
 //!     Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::from(body))))
@@ -53,7 +53,7 @@
 //! - **Request body**: `B: http_body::Body + From<Bytes> + Clone`, with `B::Error:
 //!   Into<BoxError>`. The estimation layer reads the body and rebuilds it from bytes, the retry
 //!   layer re-sends clones: `http_body_util::Full<Bytes>` fits. `String` and `reqwest::Body` do
-//!   not (the [`middleware`](crate::middleware) module adapts reqwest).
+//!   not (the `middleware` module, behind the `reqwest` feature, adapts reqwest).
 //! - **Response body**: `ResBody: http_body::Body<Data = Bytes>`, with `ResBody::Error:
 //!   Into<BoxError>`.
 //! - **The client**: `Service<http::Request<B>, Response = http::Response<ResBody>> + Clone`,
