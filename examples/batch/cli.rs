@@ -33,6 +33,9 @@ pub(crate) struct Args {
     /// embedded provider, which nobody else uses; the crate's 0.85 with --url or --redis-url].
     #[arg(long, value_name = "SHARE")]
     pub(crate) headroom: Option<f64>,
+    /// The share of a limit that may be spent at once, in (0, 1] [default: the crate's 1/6].
+    #[arg(long, value_name = "FRACTION")]
+    pub(crate) burst: Option<f64>,
     /// Work items, one JSON object a line: id, prompt, max_tokens, priority
     /// (interactive|async|batch), optional arrive_ms.
     #[arg(long, value_name = "FILE.jsonl")]

@@ -273,7 +273,11 @@ async fn governed_stack(args: &Args, settings: &Settings) -> Result<QuotaStack, 
     let spec = settings.quota;
     let limit = |dimension, amount| -> Result<Limit, Failure> {
         let amount = NonZeroU64::new(amount).ok_or("a limit must be positive")?;
-        Ok(Limit::new(dimension, amount, spec.minute)?.with_headroom(settings.headroom)?)
+        let limit = Limit::new(dimension, amount, spec.minute)?.with_headroom(settings.headroom)?;
+        Ok(match args.burst {
+            Some(fraction) => limit.with_burst_fraction(fraction)?,
+            None => limit,
+        })
     };
     let quota = Quota::new()
         .with_limit(limit(Dimension::Requests, spec.rpm)?)

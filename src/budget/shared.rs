@@ -128,10 +128,11 @@ impl Remote {
         format!("{:016x}-{}", self.instance, id.get())
     }
 
-    /// `wait`, lengthened by up to a tenth (and a millisecond) at random, so that processes
-    /// told the same wait do not all ask again at the same instant.
+    /// `wait`, lengthened by up to a fiftieth (and a millisecond) at random, so that processes
+    /// told the same wait do not all ask again at the same instant. Little: while the first
+    /// to ask is on its way, the bucket refills for nobody.
     pub(crate) fn jittered(&self, wait: Duration) -> Duration {
-        let spread = wait / 10 + Duration::from_millis(1);
+        let spread = wait / 50 + Duration::from_millis(1);
         wait + spread.mul_f64(fastrand::f64())
     }
 
