@@ -44,8 +44,9 @@
 //! # Other modes
 //!
 //! - `--url http://host/v1/chat/completions --api-key-env VAR`: any OpenAI-compatible endpoint
-//!   over plain HTTP (a hyper-util client) instead of the embedded provider; `--minute-ms`
-//!   then defaults to 60000. The figures are those the client measured.
+//!   over plain HTTP instead of the embedded provider, through reqwest: the governed run puts
+//!   the stack in a `reqwest_middleware` client (`QuotaMiddleware`); `--minute-ms` then
+//!   defaults to 60000. The figures are those the client measured.
 //! - `--input FILE.jsonl`: one object a line, `{"id": "t1", "prompt": "...", "max_tokens":
 //!   200, "priority": "interactive", "arrive_ms": 1500}` (`arrive_ms` optional).
 //! - `--redis-url redis://127.0.0.1/ --quota-key NAME --instances N`: the governed budget lives
@@ -58,6 +59,7 @@
 mod cli;
 mod input;
 mod plot;
+mod remote;
 mod report;
 mod run;
 mod workload;
@@ -73,9 +75,6 @@ use clap::Parser;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::Full;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::time::Instant;
 use tower::{Layer, Service};
@@ -113,9 +112,9 @@ async fn main() -> ExitCode {
 /// Where the calls go.
 enum Provider {
     /// A fresh in-process simulator per run, so each run starts with a full quota.
-    Embedded(SimConfig),
+    Embedded(Box<SimConfig>),
     /// An OpenAI-compatible endpoint over HTTP.
-    Remote(Client<HttpConnector, Full<Bytes>>),
+    Remote(reqwest::Client),
 }
 
 async fn run(args: Args) -> Result<ExitCode, Failure> {
@@ -131,8 +130,8 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
         ),
     };
     let provider = match &args.url {
-        Some(_) => Provider::Remote(Client::builder(TokioExecutor::new()).build_http()),
-        None => Provider::Embedded(simulator_config(settings.quota, args.seed)),
+        Some(_) => Provider::Remote(reqwest::Client::new()),
+        None => Provider::Embedded(Box::new(simulator_config(settings.quota, args.seed))),
     };
     settings.describe(&args, items.len());
 
@@ -350,7 +349,7 @@ async fn measure(
     let meter = Meter::new(start);
     match provider {
         Provider::Embedded(config) => {
-            let simulator = Simulator::new(config.clone());
+            let simulator = Simulator::new(SimConfig::clone(config));
             let client = Metered::new(simulator.service(), Arc::clone(&meter));
             let outcomes = drive(client, items, settings, mode, start).await;
             let stats = simulator.stats();
@@ -369,8 +368,20 @@ async fn measure(
             )
         }
         Provider::Remote(client) => {
-            let client = Metered::new(client.clone(), Arc::clone(&meter));
-            let outcomes = drive(client, items, settings, mode, start).await;
+            let outcomes = match mode {
+                Mode::Naive(_) => {
+                    let client =
+                        Metered::new(remote::Reqwest::plain(client.clone()), Arc::clone(&meter));
+                    drive(client, items, settings, mode, start).await
+                }
+                Mode::Governed(stack, bar) => {
+                    // The stack runs inside the reqwest client, as its middleware.
+                    let client =
+                        remote::Reqwest::governed(client.clone(), stack, Arc::clone(&meter));
+                    let target = &settings.target;
+                    run::run_all(client, items, target, None, start, &progress(bar)).await
+                }
+            };
             let wall = start.elapsed();
             let rate_limited_at = meter.rate_limited_at();
             let done = || outcomes.iter().filter_map(|o| o.result.as_ref().ok());
@@ -412,13 +423,18 @@ where
             run::run_all(client, items, target, Some(*retry), start, &|_| {}).await
         }
         Mode::Governed(stack, bar) => {
-            let on_done = |outcome: &Outcome| {
-                bar.inc(1);
-                if outcome.result.is_err() {
-                    bar.set_message(format!("(last failure: {})", outcome.id));
-                }
-            };
-            run::run_all(stack.layer(client), items, target, None, start, &on_done).await
+            let client = stack.layer(client);
+            run::run_all(client, items, target, None, start, &progress(bar)).await
+        }
+    }
+}
+
+/// Advances the progress bar as items end.
+fn progress(bar: &ProgressBar) -> impl Fn(&Outcome) + Sync + '_ {
+    move |outcome: &Outcome| {
+        bar.inc(1);
+        if outcome.result.is_err() {
+            bar.set_message(format!("(last failure: {})", outcome.id));
         }
     }
 }
