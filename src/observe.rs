@@ -225,7 +225,7 @@ mod enabled {
         );
         describe_counter!(
             "llm_fallbacks_total",
-            "Requests routed to a fallback (reserved)."
+            "Admissions from the local fallback share of a shared budget, by reason."
         );
         describe_counter!(
             "llm_duplicate_suppressed_total",
@@ -262,6 +262,15 @@ pub(crate) fn request(labels: &Labels, status: Option<http::StatusCode>) {
         enabled::counter(
             "llm_requests_total",
             &[("provider", labels.provider.clone()), ("model", labels.model.clone()), ("status", status)], |h| h.increment(1));
+    }
+}
+
+/// A shared budget admitted from its local fallback share: its store did not answer
+/// (`store_unavailable`) or its breaker was open (`breaker_open`).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn fallback(reason: &'static str) {
+    when_enabled! {
+        enabled::counter("llm_fallbacks_total", &[("reason", SharedString::const_str(reason))], |h| h.increment(1));
     }
 }
 

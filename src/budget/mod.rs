@@ -379,6 +379,7 @@ impl Budget {
                 wakeups.wake();
                 return Step::Unavailable(StoreUnavailable::breaker_open());
             }
+            crate::observe::fallback("breaker_open");
         }
         if state.shared.is_some() && state.store.check_capacity(cost, floor).is_err() {
             // The store is out of reach and the local share cannot pay this cost at all.
@@ -461,7 +462,10 @@ impl Budget {
                 remote.release(id, *cost, shared.limits().clone());
                 tracing::warn!(%error, "the shared quota store did not answer");
                 match remote.policy() {
-                    FailurePolicy::LocalFallback { .. } => Answer::Fallback,
+                    FailurePolicy::LocalFallback { .. } => {
+                        crate::observe::fallback("store_unavailable");
+                        Answer::Fallback
+                    }
                     FailurePolicy::FailClosed => {
                         leave = true;
                         Answer::Unavailable(error)

@@ -6,6 +6,7 @@
 //! store cannot answer in time, a [`FailurePolicy`] decides: admit from a local share of the
 //! quota, or refuse with a [`StoreUnavailable`] error. A circuit breaker stops asking a store
 //! that keeps failing, and lets one probe through from time to time to notice its return.
+#![cfg_attr(not(feature = "redis"), allow(dead_code, unused_imports))]
 
 use std::fmt;
 use std::future::Future;

@@ -1,5 +1,8 @@
 //! The parts of a budget that talk to a shared store: its limits, its breaker, and the
 //! background worker that sends settlements and provider reports.
+//!
+//! Compiled always, used when a shared store is (the `redis` feature).
+#![cfg_attr(not(feature = "redis"), allow(dead_code, unused_imports))]
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
@@ -61,6 +64,7 @@ enum Command {
 impl Budget {
     /// A budget whose buckets live in `store`, shared with other processes. Must be called
     /// within a tokio runtime: it spawns the task that sends settlements.
+    #[cfg(feature = "redis")]
     pub(crate) fn with_remote(
         quota: &Quota,
         store: Arc<dyn RemoteStore>,
@@ -288,8 +292,10 @@ fn bounded<T: Send + 'static>(timeout: Duration, call: StoreFuture<T>) -> StoreF
 }
 
 /// Settlements sent in one call at most.
+#[cfg(feature = "redis")]
 const BATCH: usize = 64;
 
+#[cfg(feature = "redis")]
 /// Sends settlements and reports in the background. Settlements go one call at a time: those
 /// arriving meanwhile wait and go together in the next call, so under load one call settles
 /// many. A failed call is retried on its own task (the store's operations are idempotent).
@@ -330,6 +336,7 @@ async fn send_in_background(
     }
 }
 
+#[cfg(feature = "redis")]
 /// Calls until a call succeeds, four times at most, with a growing, jittered pause between.
 async fn with_retries(call: impl Fn() -> StoreFuture<()>, timeout: Duration) {
     const ATTEMPTS: u32 = 4;
