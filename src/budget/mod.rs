@@ -231,6 +231,10 @@ impl Budget {
     }
 
     /// The state of every limit and of the queue, now.
+    ///
+    /// For a budget shared through a store in another process (Redis), the limits are those
+    /// of its local fallback share, with the levels this process spent from it while the
+    /// store was out of reach; the shared levels live in the store.
     pub fn snapshot(&self) -> BudgetSnapshot {
         let now = Instant::now();
         let ns = self.nanos_since_origin(now);
