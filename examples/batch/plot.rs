@@ -81,7 +81,14 @@ pub(crate) fn svg(panels: &[Panel]) -> String {
 fn draw_panel(out: &mut String, panel: &Panel, top: f64, seconds: usize) {
     let plot_w = WIDTH - MARGIN_LEFT - MARGIN_RIGHT;
     let plot_h = PANEL_HEIGHT - MARGIN_TOP - MARGIN_BOTTOM;
-    let peak = panel.tokens.iter().copied().max().unwrap_or(0) as f64;
+    // Long runs average the bars over a few seconds each, so that they stay readable.
+    let group = seconds.div_ceil(150).max(1);
+    let averaged: Vec<f64> = panel
+        .tokens
+        .chunks(group)
+        .map(|chunk| chunk.iter().sum::<u64>() as f64 / group as f64)
+        .collect();
+    let peak = averaged.iter().copied().fold(0.0, f64::max);
     let y_max = (peak.max(panel.quota) * 1.1).max(1.0);
     let x = |second: f64| MARGIN_LEFT + plot_w * second / seconds as f64;
     let y = |value: f64| top + MARGIN_TOP + plot_h * (1.0 - value / y_max);
@@ -110,19 +117,25 @@ fn draw_panel(out: &mut String, panel: &Panel, top: f64, seconds: usize) {
     );
     let _ = writeln!(
         out,
-        r#"<text x="{}" y="{}" text-anchor="middle">simulated seconds (0 to {seconds}); bars: tokens admitted per second</text>"#,
+        r#"<text x="{}" y="{}" text-anchor="middle">simulated seconds (0 to {seconds}); bars: tokens admitted per second{}</text>"#,
         MARGIN_LEFT + plot_w / 2.0,
-        bottom + 30.0
+        bottom + 30.0,
+        if group > 1 {
+            format!(", averaged over {group} s")
+        } else {
+            String::new()
+        }
     );
     // Tokens admitted per second.
     let bar = (plot_w / seconds as f64).max(0.5);
-    for (second, &tokens) in panel.tokens.iter().enumerate() {
+    let wide = bar * group as f64;
+    for (index, &tokens) in averaged.iter().enumerate() {
         let _ = writeln!(
             out,
-            r##"<rect x="{:.2}" y="{:.2}" width="{bar:.2}" height="{:.2}" fill="#4a7bd0"/>"##,
-            x(second as f64),
-            y(tokens as f64),
-            bottom - y(tokens as f64)
+            r##"<rect x="{:.2}" y="{:.2}" width="{wide:.2}" height="{:.2}" fill="#4a7bd0"/>"##,
+            x((index * group) as f64),
+            y(tokens),
+            bottom - y(tokens)
         );
     }
     // The quota line.
