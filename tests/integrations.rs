@@ -3,6 +3,7 @@
 //! the demand: no 429 reaches the provider's counters, no window holds more than the quota,
 //! every item is done.
 
+use std::future::Future;
 use std::num::NonZeroU64;
 use std::time::Duration;
 
@@ -70,6 +71,15 @@ fn body(i: usize) -> String {
     .to_string()
 }
 
+/// Runs every call at once; counts those that succeeded.
+async fn succeeded<E>(calls: impl Iterator<Item = impl Future<Output = Result<bool, E>>>) -> usize {
+    join_all(calls)
+        .await
+        .into_iter()
+        .filter(|r| matches!(r, Ok(true)))
+        .count()
+}
+
 /// What every test asserts of the provider's counters.
 fn assert_governed(stats: &SimStats, done: usize) {
     assert_eq!(done, ITEMS, "every item done");
@@ -114,11 +124,7 @@ async fn hyper_client_governed_by_the_stack() {
             Ok::<_, tower_llm_quota::BoxError>(status.is_success())
         }
     });
-    let done = join_all(calls)
-        .await
-        .into_iter()
-        .filter(|r| matches!(r, Ok(true)))
-        .count();
+    let done = succeeded(calls).await;
     assert_governed(&simulator.stats(), done);
 }
 
@@ -146,10 +152,6 @@ async fn reqwest_middleware_client_governed_by_the_stack() {
             Ok::<_, reqwest_middleware::Error>(ok)
         }
     });
-    let done = join_all(calls)
-        .await
-        .into_iter()
-        .filter(|r| matches!(r, Ok(true)))
-        .count();
+    let done = succeeded(calls).await;
     assert_governed(&simulator.stats(), done);
 }

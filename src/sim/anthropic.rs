@@ -215,12 +215,11 @@ pub(crate) fn rate_limit_headers(levels: &[Level], headers: &mut HeaderMap) {
             Dimension::TotalTokens => "tokens",
         };
         let mut put = |field: &str, value: String| {
-            if let (Ok(name), Ok(value)) = (
-                http::HeaderName::try_from(format!("anthropic-ratelimit-{name}-{field}")),
-                http::HeaderValue::try_from(value),
-            ) {
-                headers.insert(name, value);
-            }
+            wire::insert_header(
+                headers,
+                format!("anthropic-ratelimit-{name}-{field}"),
+                value,
+            );
         };
         put("limit", level.limit.to_string());
         put("remaining", level.remaining.to_string());

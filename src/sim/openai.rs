@@ -218,12 +218,7 @@ pub(crate) fn rate_limit_headers(levels: &[Level], headers: &mut HeaderMap) {
             _ => continue,
         };
         let mut put = |field: &str, value: String| {
-            if let (Ok(name), Ok(value)) = (
-                http::HeaderName::try_from(format!("x-ratelimit-{field}-{name}")),
-                http::HeaderValue::try_from(value),
-            ) {
-                headers.insert(name, value);
-            }
+            wire::insert_header(headers, format!("x-ratelimit-{field}-{name}"), value);
         };
         put("limit", level.limit.to_string());
         put("remaining", level.remaining.to_string());

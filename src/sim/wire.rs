@@ -278,6 +278,16 @@ pub(crate) fn pieces(tokens: u64, max_pieces: u64) -> Vec<u64> {
         .collect()
 }
 
+/// Inserts a header built at run time; a name or value that is not valid HTTP is skipped.
+pub(crate) fn insert_header(headers: &mut http::HeaderMap, name: String, value: String) {
+    if let (Ok(name), Ok(value)) = (
+        http::HeaderName::try_from(name),
+        http::HeaderValue::try_from(value),
+    ) {
+        headers.insert(name, value);
+    }
+}
+
 /// A duration as Go prints it (`0s`, `120ms`, `1.5s`, `6m0s`, `1h2m3.5s`), rounded up to the
 /// millisecond, as OpenAI's `x-ratelimit-reset-*` headers.
 pub(crate) fn go_duration(duration: Duration) -> String {
