@@ -189,13 +189,25 @@ async fn refunds_come_back_and_a_too_large_cost_is_refused() {
     // (refilling them would take 45 s).
     let mut first = budget.reserve(Cost::new(1_900, 100)).await.unwrap();
     first.mark_sent();
-    first.settle_cost(Cost::new(400, 100).with_requests(1));
+    // A second request waits: the store told it 45 s.
+    let waiting = tokio::spawn({
+        let budget = budget.clone();
+        async move { budget.reserve(Cost::new(1_500, 0)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(budget.waiters(), 1);
     let start = Instant::now();
-    let second = tokio::time::timeout(Duration::from_secs(5), budget.reserve(Cost::new(1_500, 0)))
+    first.settle_cost(Cost::new(400, 100).with_requests(1));
+    // The refund reaches the store, and the waiter asks again at once.
+    let second = tokio::time::timeout(Duration::from_secs(5), waiting)
         .await
         .expect("the refund came back")
+        .unwrap()
         .unwrap();
-    println!("refunded capacity reserved after {:?}", start.elapsed());
+    println!(
+        "refunded capacity reserved {:?} after the settlement",
+        start.elapsed()
+    );
     drop(second);
 }
 
@@ -341,8 +353,8 @@ async fn idle_keys_expire() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_ne!(server.command("DBSIZE"), ":0");
     // Buckets expire once full again (well under a second here, plus a second of slack);
-    // records after their lease.
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // records after their lease, settled ones after their tombstone's 5 s.
+    tokio::time::sleep(Duration::from_millis(6_000)).await;
     assert_eq!(server.command("DBSIZE"), ":0");
 }
 
@@ -380,4 +392,69 @@ async fn a_class_floor_keeps_the_last_share_for_interactive_work_of_any_process(
     // Waiting for refill instead would take 27 s.
     assert!(start.elapsed() < Duration::from_secs(3));
     interactive.refund();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_during_a_pause_shortens_it_only_by_its_worth() {
+    let server = RedisServer::start();
+    let a = connect(&server, "pause-refund", FailurePolicy::FailClosed).await;
+    let b = connect(&server, "pause-refund", FailurePolicy::FailClosed).await;
+    let mut running = b.reserve(Cost::new(900, 100)).await.unwrap();
+    running.mark_sent();
+    // A 429 pauses for 600 ms: 12,000 tokens of refill owed. Then a call ends with 500 of its
+    // 1,000 tokens unused.
+    a.pause(
+        &[Dimension::TotalTokens],
+        Instant::now() + Duration::from_millis(600),
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await; // written in the background
+    running.settle_cost(Cost::new(400, 100).with_requests(1));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let start = Instant::now();
+    let reservation = a.reserve(Cost::new(400, 0)).await.unwrap();
+    let waited = start.elapsed();
+    reservation.refund();
+    // The refund pays 25 ms of the pause: about 535 ms remain, plus 20 ms to refill 400.
+    assert!(
+        waited >= Duration::from_millis(450),
+        "admitted after {waited:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_configured_differently_share_whole_units() {
+    let server = RedisServer::start();
+    let process = |amount| {
+        let quota = Quota::new().with_limit(limit(
+            Dimension::TotalTokens,
+            amount,
+            Duration::from_secs(60),
+            5_000,
+        ));
+        let url = server.url();
+        async move {
+            RedisBudget::new(url, "rolling-deploy")
+                .failure_policy(FailurePolicy::FailClosed)
+                .connect(&quota)
+                .await
+                .unwrap()
+        }
+    };
+    // A rolling deploy: one process at 30,000 tokens a minute, one at 29,999.
+    let (new, old) = (process(30_000).await, process(29_999).await);
+    let mut first = old.reserve(Cost::new(100, 0)).await.unwrap();
+    first.mark_sent();
+    first.charge_estimate();
+    let mut second = new.reserve(Cost::new(4_900, 0)).await.unwrap();
+    second.mark_sent();
+    second.charge_estimate();
+    // The bucket of 5,000 is empty: 200 more take 0.4 s to refill at 500 a second.
+    let start = Instant::now();
+    let third = new.reserve(Cost::new(200, 0)).await.unwrap();
+    let waited = start.elapsed();
+    third.refund();
+    assert!(
+        waited >= Duration::from_millis(300),
+        "admitted after {waited:?}"
+    );
 }

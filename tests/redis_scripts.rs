@@ -86,7 +86,11 @@ impl Model {
     fn charge(self, delta: i64, now: i64) -> Self {
         let read = self.at(now);
         Model {
-            tok: (read.tok - delta * DEN).clamp(-FULL, FULL),
+            tok: if delta > 0 {
+                (read.tok - delta * DEN).max(read.tok.min(-FULL))
+            } else {
+                (read.tok - delta * DEN).min(FULL)
+            },
             ..read
         }
         .written(now)
@@ -101,8 +105,13 @@ struct Reservation {
 }
 
 fn level(connection: &mut redis::Connection) -> i64 {
+    // "<units>:<ticks>:<den>:<ts>"
     let value: Option<String> = redis::cmd("GET").arg(BUCKET).query(connection).unwrap();
-    value.map_or(FULL, |v| v.split(':').next().unwrap().parse().unwrap())
+    value.map_or(FULL, |v| {
+        let parts: Vec<i64> = v.split(':').map(|p| p.parse().unwrap()).collect();
+        assert_eq!(parts[2], DEN);
+        parts[0] * DEN + parts[1]
+    })
 }
 
 proptest! {

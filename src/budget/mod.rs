@@ -260,7 +260,8 @@ impl Budget {
     }
 
     /// Replaces the limit of the same dimension and period (or adds it), keeping the bucket's
-    /// current level, clamped to the new capacity. Waiters are re-examined at once.
+    /// current level, clamped to the new capacity. Waiters are re-examined at once (for a
+    /// shared budget, the head asks the store again when the store's last wait is over).
     pub fn set_limit(&self, limit: Limit) {
         let now = self.nanos_since_origin(Instant::now());
         self.update_state(|state| {
@@ -347,7 +348,7 @@ impl Budget {
         floor: Floor,
         waker: &Waker,
         local: bool,
-        retry_at: Option<Instant>,
+        retry_at: Option<(Instant, u64)>,
     ) -> Step {
         let now = Instant::now();
         let ns = self.nanos_since_origin(now);
@@ -366,14 +367,19 @@ impl Budget {
             state.wait(ticket, cost, waker);
             return Step::Queued;
         }
-        if let (Some(remote), Some(shared), false) =
-            (&self.shared.remote, state.shared.as_mut(), local)
-        {
-            if let Some(at) = retry_at.filter(|at| *at > now) {
+        if let (Some(remote), true, false) = (&self.shared.remote, state.shared.is_some(), local) {
+            // The store's wait, unless a refund reached the store since it told it.
+            let refunds = state.shared.as_ref().map_or(0, |shared| shared.refunds);
+            if let Some((at, _)) = retry_at.filter(|(at, told)| *at > now && *told == refunds) {
                 state.wait(ticket, cost, waker);
                 return Step::WaitUntil(at);
             }
-            if shared.breaker.allow(ns) {
+            let id = state.peek_id();
+            let shared = state
+                .shared
+                .as_mut()
+                .expect("a shared budget has shared state");
+            if shared.breaker.allow(id.get(), ns) {
                 let limits = shared.limits().clone();
                 return Step::Ask(state.next_id(), limits);
             }
@@ -383,7 +389,6 @@ impl Budget {
                 wakeups.wake();
                 return Step::Unavailable(StoreUnavailable::breaker_open());
             }
-            crate::observe::fallback("breaker_open");
         }
         if state.shared.is_some() && state.store.check_capacity(cost, floor).is_err() {
             // The store is out of reach and the local share cannot pay this cost at all.
@@ -397,6 +402,14 @@ impl Budget {
         let id = state.next_id();
         match state.store.reserve(id, cost, floor, ns) {
             Ok(()) => {
+                if state.shared.is_some() {
+                    let reason = if local {
+                        "store_unavailable"
+                    } else {
+                        "breaker_open"
+                    };
+                    crate::observe::fallback(reason);
+                }
                 let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
                 drop(state);
                 wakeups.wake();
@@ -451,8 +464,9 @@ impl Budget {
                         Answer::Admitted
                     }
                     Decision::Denied { wait, .. } => {
+                        let refunds = shared.refunds;
                         state.wait(ticket, cost, waker);
-                        Answer::RetryAt(now + remote.jittered(wait))
+                        Answer::RetryAt(now + remote.jittered(wait), refunds)
                     }
                     Decision::TooLarge { limit } => {
                         leave = true;
@@ -466,10 +480,7 @@ impl Budget {
                 remote.release(id, *cost, shared.limits().clone());
                 tracing::warn!(%error, "the shared quota store did not answer");
                 match remote.policy() {
-                    FailurePolicy::LocalFallback { .. } => {
-                        crate::observe::fallback("store_unavailable");
-                        Answer::Fallback
-                    }
+                    FailurePolicy::LocalFallback { .. } => Answer::Fallback,
                     FailurePolicy::FailClosed => {
                         leave = true;
                         Answer::Unavailable(error)
@@ -490,7 +501,7 @@ impl Budget {
     pub(crate) fn abandoned(&self, id: ReservationId, cost: &Cost) {
         let mut state = self.lock();
         if let (Some(shared), Some(remote)) = (state.shared.as_mut(), &self.shared.remote) {
-            shared.breaker.abandoned();
+            shared.breaker.abandoned(id.get());
             remote.release(id, *cost, shared.limits().clone());
         }
     }
@@ -600,8 +611,9 @@ impl Budget {
 pub(crate) enum Answer {
     Admitted,
     Never(InsufficientCapacity),
-    /// Denied for now: ask again at this instant, keeping the place in the queue.
-    RetryAt(Instant),
+    /// Denied for now: ask again at this instant (unless a refund reaches the store first:
+    /// the second field counts them), keeping the place in the queue.
+    RetryAt(Instant, u64),
     /// The store failed: admit from the local fallback share.
     Fallback,
     Unavailable(StoreUnavailable),
@@ -628,6 +640,11 @@ impl State {
     fn next_id(&mut self) -> ReservationId {
         self.next_id += 1;
         ReservationId(self.next_id)
+    }
+
+    /// The id [`State::next_id`] will give.
+    fn peek_id(&self) -> ReservationId {
+        ReservationId(self.next_id + 1)
     }
 
     /// Removes a waiter; collects the wakers of whoever should look again.

@@ -70,7 +70,8 @@ pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
 pub enum FailurePolicy {
     /// Admit from a bucket in this process holding `share` (in `(0, 1]`) of every limit, until
     /// the store answers again. With `n` processes sharing the quota, a share of `1 / n` keeps
-    /// their sum within it.
+    /// their sum within it. A share above 1 counts as 1; zero, negative or NaN as the smallest
+    /// share (one unit of each limit).
     LocalFallback {
         /// The fraction of each limit this process may spend alone.
         share: f64,
@@ -132,14 +133,16 @@ impl std::error::Error for StoreUnavailable {}
 ///
 /// Closed, every admission asks the store. After `threshold` failures in a row it opens for
 /// `open_for`: nobody asks. Then one probe asks; its success closes the breaker, its failure
-/// opens it again.
+/// opens it again. A probe that neither answers nor is dropped within `open_for` (its caller
+/// stopped polling it) no longer holds the others back: another may probe.
 #[derive(Debug, Clone)]
 pub(crate) struct Breaker {
     threshold: u32,
     open_for: u64,
     failures: u32,
     open_until: Option<u64>,
-    probing: bool,
+    /// The probe in flight: its question's id, and when it was asked.
+    probe: Option<(u64, u64)>,
 }
 
 impl Breaker {
@@ -149,18 +152,29 @@ impl Breaker {
             open_for: super::store::nanos(open_for),
             failures: 0,
             open_until: None,
-            probing: false,
+            probe: None,
         }
     }
 
-    /// Whether an admission may ask the store now; the first one after the breaker opened is
-    /// the probe.
-    pub(crate) fn allow(&mut self, now: u64) -> bool {
+    /// Opens the breaker at once: the store is known to be out of reach.
+    pub(crate) fn open(&mut self, now: u64) {
+        self.failures = self.threshold;
+        self.open_until = Some(now);
+    }
+
+    /// Whether the question `id` may ask the store now; the first one after the breaker
+    /// opened is the probe.
+    pub(crate) fn allow(&mut self, id: u64, now: u64) -> bool {
         match self.open_until {
             None => true,
-            Some(until) if now >= until && !self.probing => {
-                self.probing = true;
-                true
+            Some(until) if now >= until => {
+                let stale = |(_, asked): (u64, u64)| now >= asked.saturating_add(self.open_for);
+                if self.probe.is_none_or(stale) {
+                    self.probe = Some((id, now));
+                    true
+                } else {
+                    false
+                }
             }
             Some(_) => false,
         }
@@ -174,20 +188,23 @@ impl Breaker {
     pub(crate) fn succeeded(&mut self) {
         self.failures = 0;
         self.open_until = None;
-        self.probing = false;
+        self.probe = None;
     }
 
     pub(crate) fn failed(&mut self, now: u64) {
         self.failures = self.failures.saturating_add(1);
-        if self.probing || self.failures >= self.threshold {
+        if self.probe.is_some() || self.failures >= self.threshold {
             self.open_until = Some(now.saturating_add(self.open_for));
-            self.probing = false;
+            self.probe = None;
         }
     }
 
-    /// A call that was abandoned (its caller left): a probe gives its turn to the next one.
-    pub(crate) fn abandoned(&mut self) {
-        self.probing = false;
+    /// The question `id` was abandoned (its caller left): if it was the probe, the next
+    /// caller probes instead.
+    pub(crate) fn abandoned(&mut self, id: u64) {
+        if self.probe.is_some_and(|(probe, _)| probe == id) {
+            self.probe = None;
+        }
     }
 }
 
@@ -200,21 +217,24 @@ mod tests {
     #[test]
     fn opens_after_the_threshold_then_lets_one_probe_through() {
         let mut breaker = Breaker::new(3, Duration::from_millis(500));
-        assert!(breaker.allow(0));
+        assert!(breaker.allow(1, 0));
         breaker.failed(0);
         breaker.failed(0);
-        assert!(breaker.allow(0), "two failures: still closed");
+        assert!(breaker.allow(2, 0), "two failures: still closed");
         breaker.failed(10 * MS);
-        assert!(!breaker.allow(10 * MS));
-        assert!(!breaker.allow(509 * MS));
-        assert!(breaker.allow(510 * MS), "the probe");
-        assert!(!breaker.allow(510 * MS), "one probe at a time");
+        assert!(!breaker.allow(3, 10 * MS));
+        assert!(!breaker.allow(4, 509 * MS));
+        assert!(breaker.allow(5, 510 * MS), "the probe");
+        assert!(!breaker.allow(6, 510 * MS), "one probe at a time");
         breaker.failed(520 * MS);
-        assert!(!breaker.allow(1_000 * MS), "a failed probe opens it again");
-        assert!(breaker.allow(1_020 * MS));
+        assert!(
+            !breaker.allow(7, 1_000 * MS),
+            "a failed probe opens it again"
+        );
+        assert!(breaker.allow(8, 1_020 * MS));
         breaker.succeeded();
         assert!(breaker.is_closed());
-        assert!(breaker.allow(1_020 * MS) && breaker.allow(1_020 * MS));
+        assert!(breaker.allow(9, 1_020 * MS) && breaker.allow(10, 1_020 * MS));
     }
 
     #[test]
@@ -223,15 +243,38 @@ mod tests {
         breaker.failed(0);
         breaker.succeeded();
         breaker.failed(0);
-        assert!(breaker.allow(0));
+        assert!(breaker.allow(1, 0));
     }
 
     #[test]
-    fn an_abandoned_probe_gives_its_turn() {
+    fn only_the_probe_abandoned_gives_its_turn() {
         let mut breaker = Breaker::new(1, Duration::from_millis(100));
         breaker.failed(0);
-        assert!(breaker.allow(100 * MS));
-        breaker.abandoned();
-        assert!(breaker.allow(100 * MS));
+        assert!(breaker.allow(1, 100 * MS));
+        breaker.abandoned(2);
+        assert!(
+            !breaker.allow(3, 100 * MS),
+            "another question left, not the probe"
+        );
+        breaker.abandoned(1);
+        assert!(breaker.allow(4, 100 * MS));
+    }
+
+    #[test]
+    fn a_probe_never_answered_lets_another_probe_after_a_while() {
+        let mut breaker = Breaker::new(1, Duration::from_millis(100));
+        breaker.failed(0);
+        assert!(breaker.allow(1, 100 * MS));
+        assert!(!breaker.allow(2, 199 * MS));
+        assert!(breaker.allow(3, 200 * MS), "the first probe is stale");
+    }
+
+    #[test]
+    fn opened_at_once_when_the_store_is_known_out_of_reach() {
+        let mut breaker = Breaker::new(3, Duration::from_millis(100));
+        breaker.open(50 * MS);
+        assert!(!breaker.is_closed());
+        assert!(breaker.allow(1, 50 * MS), "a probe right away");
+        assert!(!breaker.allow(2, 50 * MS));
     }
 }

@@ -38,7 +38,7 @@ pin_project! {
         // (Behind a `SyncWrapper`, which only lends it mutably, so `Reserve` stays `Sync`.)
         asking: Option<(ReservationId, SyncWrapper<StoreFuture<Decision>>)>,
         // The store's hint: not to be asked again before.
-        retry_at: Option<Instant>,
+        retry_at: Option<(Instant, u64)>,
         // The store failed: admit from the local fallback share.
         local: bool,
     }
@@ -113,7 +113,7 @@ impl Future for Reserve {
                     Answer::Unavailable(e) => {
                         return Poll::Ready(Err(ReserveError::Unavailable(e)));
                     }
-                    Answer::RetryAt(at) => *this.retry_at = Some(at),
+                    Answer::RetryAt(at, refunds) => *this.retry_at = Some((at, refunds)),
                     Answer::Fallback => *this.local = true,
                 }
             }

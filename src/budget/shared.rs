@@ -48,6 +48,21 @@ pub(crate) struct SharedState {
     limits: Arc<[Limit]>,
     share: f64,
     pub(crate) breaker: Breaker,
+    /// Counts the refunds this process made to the store: a wait the store told before the
+    /// latest one may be too long.
+    pub(crate) refunds: u64,
+}
+
+/// Tells the budget, if it still exists, that a refund reached the store.
+#[derive(Debug, Clone)]
+struct Refunded(std::sync::Weak<super::Shared>);
+
+impl Refunded {
+    fn notify(&self) {
+        if let Some(shared) = self.0.upgrade() {
+            Budget { shared }.refunded_remotely();
+        }
+    }
 }
 
 /// Work sent to the store in the background.
@@ -65,33 +80,67 @@ impl Budget {
     /// A budget whose buckets live in `store`, shared with other processes. Must be called
     /// within a tokio runtime: it spawns the task that sends settlements.
     #[cfg(feature = "redis")]
+    ///
+    /// When the store is known to be out of reach, the breaker starts open: the first
+    /// admissions use the fallback at once, and a probe looks for the store.
     pub(crate) fn with_remote(
         quota: &Quota,
         store: Arc<dyn RemoteStore>,
         options: RemoteOptions,
+        reachable: bool,
     ) -> Self {
         let share = match options.policy {
-            FailurePolicy::LocalFallback { share } if share.is_finite() => share.clamp(0.0, 1.0),
-            _ => 1.0,
+            FailurePolicy::LocalFallback { share } => valid_share(share),
+            FailurePolicy::FailClosed => 1.0,
         };
         let fallback = quota
             .limits()
             .iter()
             .fold(Quota::new(), |q, limit| q.with_limit(scaled(*limit, share)));
         let (commands, receiver) = mpsc::unbounded_channel();
-        tokio::spawn(send_in_background(store.clone(), receiver, options.timeout));
+        let worker = store.clone();
         let remote = Remote {
             store,
             options,
-            instance: fastrand::u64(..),
+            instance: instance_id(),
             commands,
         };
+        let mut breaker = Breaker::new(options.breaker_threshold, options.breaker_open_for);
+        if !reachable {
+            breaker.open(0);
+        }
         let shared = SharedState {
             limits: quota.limits().into(),
             share,
-            breaker: Breaker::new(options.breaker_threshold, options.breaker_open_for),
+            breaker,
+            refunds: 0,
         };
-        Self::with_store(MemoryStore::new(&fallback), Some(shared), Some(remote))
+        let budget = Self::with_store(MemoryStore::new(&fallback), Some(shared), Some(remote));
+        let refunded = Refunded(Arc::downgrade(&budget.shared));
+        tokio::spawn(send_in_background(
+            worker,
+            receiver,
+            options.timeout,
+            refunded,
+        ));
+        budget
+    }
+
+    /// A refund reached the shared store: the head of the queue asks again now, rather than
+    /// when the store's last wait is over.
+    fn refunded_remotely(&self) {
+        let mut state = self.lock();
+        let head = match state.shared.as_mut() {
+            Some(shared) => {
+                shared.refunds = shared.refunds.wrapping_add(1);
+                state.queue.head_waker()
+            }
+            None => None,
+        };
+        drop(state);
+        if let Some(head) = head {
+            head.wake();
+        }
     }
 
     /// Whether the budget is shared through a store in another process.
@@ -106,6 +155,27 @@ impl Budget {
             .shared
             .as_ref()
             .is_some_and(|shared| shared.breaker.is_closed())
+    }
+}
+
+/// An id for this process among those sharing the store: random, mixed with the process id
+/// and the time, so that processes seeding `fastrand` alike still differ.
+fn instance_id() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    fastrand::Rng::new().u64(..) ^ (u64::from(std::process::id()) << 32) ^ nanos
+}
+
+/// A fallback share in `(0, 1]`: above 1 is the whole quota, and anything else (zero,
+/// negative, NaN) the smallest share, a unit of each limit: the safe side.
+fn valid_share(share: f64) -> f64 {
+    if share >= 1.0 {
+        1.0
+    } else if share > 0.0 {
+        share
+    } else {
+        f64::MIN_POSITIVE
     }
 }
 
@@ -240,7 +310,9 @@ impl SharedState {
             local = local.with_limit(NonZeroU64::new(part).unwrap_or(NonZeroU64::MIN));
         }
         if let Some(remaining) = observation.remaining() {
-            local = local.with_remaining(remaining);
+            // What is left of the whole account, shared like the rest: each process may spend
+            // its share of it.
+            local = local.with_remaining(((remaining as f64) * self.share).floor() as u64);
         }
         local
     }
@@ -304,6 +376,7 @@ async fn send_in_background(
     store: Arc<dyn RemoteStore>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     timeout: Duration,
+    refunded: Refunded,
 ) {
     while let Some(first) = commands.recv().await {
         let mut batch = Vec::new();
@@ -318,7 +391,7 @@ async fn send_in_background(
                 } => {
                     let store = store.clone();
                     let call = move || store.lower(limit, remaining, pause);
-                    tokio::spawn(with_retries(call, timeout));
+                    tokio::spawn(with_retries(call, timeout, None));
                 }
             }
             if batch.len() < BATCH {
@@ -328,22 +401,42 @@ async fn send_in_background(
         if batch.is_empty() {
             continue;
         }
-        if bounded(timeout, store.settle(batch.clone())).await.is_err() {
+        let refunds = batch.iter().any(|s| {
+            s.limits
+                .iter()
+                .any(|l| s.actual.amount(l.dimension()) < s.reserved.amount(l.dimension()))
+        });
+        let refunded = refunds.then(|| refunded.clone());
+        if bounded(timeout, store.settle(batch.clone())).await.is_ok() {
+            if let Some(refunded) = refunded {
+                refunded.notify();
+            }
+        } else {
             let store = store.clone();
             let call = move || store.settle(batch.clone());
-            tokio::spawn(with_retries(call, timeout));
+            tokio::spawn(with_retries(call, timeout, refunded));
         }
     }
 }
 
 #[cfg(feature = "redis")]
-/// Calls until a call succeeds, four times at most, with a growing, jittered pause between.
-async fn with_retries(call: impl Fn() -> StoreFuture<()>, timeout: Duration) {
+/// Calls until a call succeeds, four times at most, with a growing, jittered pause between;
+/// then tells `refunded`, if any.
+async fn with_retries(
+    call: impl Fn() -> StoreFuture<()>,
+    timeout: Duration,
+    refunded: Option<Refunded>,
+) {
     const ATTEMPTS: u32 = 4;
     let mut backoff = Duration::from_millis(50);
     for attempt in 1..=ATTEMPTS {
         match bounded(timeout, call()).await {
-            Ok(()) => return,
+            Ok(()) => {
+                if let Some(refunded) = &refunded {
+                    refunded.notify();
+                }
+                return;
+            }
             Err(error) if attempt == ATTEMPTS => {
                 tracing::warn!(%error, "the shared quota store missed an update");
             }

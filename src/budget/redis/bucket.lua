@@ -1,10 +1,13 @@
 -- Shared by every script of the Redis store: the clock, and one bucket's refill and write.
 --
--- A bucket is a string "<tok>:<ts>". `tok` counts ticks: one unit (a request, a token) is
--- `den` ticks and each millisecond adds `num` ticks, so refill is exact integer arithmetic for
--- any rate. `ts` is the millisecond up to which the bucket was refilled; it lies in the future
--- while the bucket is paused. An absent key is a full bucket, so a key may expire as soon as
--- its bucket would be full again. Every number stays below 2^53: the client picks `den` so.
+-- A bucket is a string "<units>:<ticks>:<den>:<ts>". Its level is `units` whole units (requests
+-- or tokens) plus `ticks` of a unit, one unit being `den` ticks: each millisecond adds `num`
+-- ticks, so refill is exact integer arithmetic for any rate. `den` is stored because
+-- processes may configure a limit differently (a rolling deploy, a limit lowered by a
+-- provider's headers): one reading another's bucket rescales the fraction, rounding down,
+-- while whole units mean the same to all. `ts` is the millisecond up to which the bucket was
+-- refilled. An absent key is a full bucket, so a key may expire as soon as its bucket would
+-- be full again. Every number stays below 2^53: the client picks `den` so.
 
 -- The server's clock in milliseconds, never the caller's (`override` exists for tests only).
 local function clock(override)
@@ -15,17 +18,21 @@ local function clock(override)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- The bucket stored as `value` (false when absent), refilled up to `now`. Time going
--- backwards (a failover to another clock) adds nothing: `ts` only ever moves forward.
-local function load(value, now, num, full)
+-- The bucket stored as `value` (false when absent) in ticks of `den`, refilled up to `now`.
+-- Time going backwards (a failover to another clock) adds nothing: `ts` only moves forward.
+local function load(value, now, num, den, full)
   if not value then
     return full, now
   end
-  local tok, ts = string.match(value, '^(-?%d+):(%d+)$')
-  tok, ts = tonumber(tok), tonumber(ts)
-  if tok == nil or ts == nil then
+  local units, ticks, stored, ts = string.match(value, '^(-?%d+):(%d+):(%d+):(%d+)$')
+  units, ticks, stored, ts = tonumber(units), tonumber(ticks), tonumber(stored), tonumber(ts)
+  if units == nil or ticks == nil or stored == nil or stored == 0 or ts == nil then
     return full, now
   end
+  if stored ~= den then
+    ticks = math.floor(ticks * den / stored)
+  end
+  local tok = math.min(full, units * den + ticks)
   if now > ts then
     local deficit = full - tok
     if deficit > 0 then
@@ -42,11 +49,19 @@ local function load(value, now, num, full)
 end
 
 -- Writes the bucket with a TTL of its time to full (an absent key is a full bucket).
-local function store(key, tok, ts, now, num, full)
+local function store(key, tok, ts, now, num, den, full)
   if tok >= full and ts <= now then
     redis.call('DEL', key)
     return
   end
+  local units = math.floor(tok / den)
+  local ticks = tok - units * den
+  if ticks < 0 then
+    units, ticks = units - 1, ticks + den
+  elseif ticks >= den then
+    units, ticks = units + 1, ticks - den
+  end
   local ttl = math.ceil((full - tok) / num) + math.max(ts - now, 0) + 1000
-  redis.call('SET', key, string.format('%.0f:%.0f', tok, ts), 'PX', string.format('%.0f', ttl))
+  redis.call('SET', key, string.format('%.0f:%.0f:%.0f:%.0f', units, ticks, den, ts),
+    'PX', string.format('%.0f', ttl))
 end

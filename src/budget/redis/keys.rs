@@ -11,11 +11,15 @@ pub(super) struct Keys {
 
 impl Keys {
     pub(super) fn new(prefix: &str, quota_key: &str) -> Self {
-        // Braces inside the quota key would change the hash tag: keep them out.
-        let tag: String = quota_key
+        // Braces inside the quota key would change the hash tag, and an empty one (`{}`) is no
+        // hash tag at all: keep them out.
+        let mut tag: String = quota_key
             .chars()
             .map(|c| if c == '{' || c == '}' { '_' } else { c })
             .collect();
+        if tag.is_empty() {
+            tag.push('_');
+        }
         Self {
             root: format!("{prefix}:{{{tag}}}"),
         }
@@ -94,6 +98,7 @@ mod tests {
         let rpm = Limit::per_minute(Dimension::Requests, nz(500));
         assert_eq!(keys.bucket(&rpm), "llmq:{org-_1_}:requests:60000");
         assert_eq!(keys.record("ab-7"), "llmq:{org-_1_}:r:ab-7");
+        assert_eq!(Keys::new("llmq", "").record("1"), "llmq:{_}:r:1");
     }
 
     #[test]

@@ -165,9 +165,10 @@ impl RedisBudget {
             Keys::new(&self.prefix, &self.quota_key),
             self.lease,
         );
+        let mut reachable = false;
         match tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), store.load()).await
         {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => reachable = true,
             Ok(Err(error)) if self.policy == FailurePolicy::FailClosed => return Err(error),
             Err(_) if self.policy == FailurePolicy::FailClosed => {
                 return Err(::redis::RedisError::from(std::io::Error::new(
@@ -186,6 +187,11 @@ impl RedisBudget {
             breaker_threshold: self.breaker_threshold,
             breaker_open_for: self.breaker_open_for,
         };
-        Ok(Budget::with_remote(quota, Arc::new(store), options))
+        Ok(Budget::with_remote(
+            quota,
+            Arc::new(store),
+            options,
+            reachable,
+        ))
     }
 }

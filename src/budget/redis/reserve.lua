@@ -3,12 +3,15 @@
 -- ARGV: clock override ('' in production), lease in ms, then per bucket: num, den,
 --       capacity, cost, floor (units).
 -- Returns {1, level...} when admitted, {0, wait_ms, bucket} when not yet (nothing written),
--- {-1, bucket} when the cost can never fit.
+-- {-1, bucket} when the cost can never fit, {-2} when the id was already settled.
 local now = clock(ARGV[1])
 local n = #KEYS - 1
 local values = redis.call('MGET', unpack(KEYS))
-if values[n + 1] then
-  -- A retried call whose first attempt was decided: the decision stands.
+if values[n + 1] == 'd' then
+  -- The id was released or settled already: it admits nothing again.
+  return {-2}
+elseif values[n + 1] then
+  -- A retried call whose first attempt was admitted: the decision stands.
   return {1}
 end
 local toks, tss = {}, {}
@@ -20,7 +23,7 @@ for i = 1, n do
   if cost + floor > cap then
     return {-1, i}
   end
-  local tok, ts = load(values[i], now, num, cap * den)
+  local tok, ts = load(values[i], now, num, den, cap * den)
   toks[i], tss[i] = tok, ts
   local need = (cost + floor) * den
   if tok < need then
@@ -40,7 +43,7 @@ for i = 1, n do
   local num, den, cap = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local cost = tonumber(ARGV[a + 3])
   local tok = toks[i] - cost * den
-  store(KEYS[i], tok, tss[i], now, num, cap * den)
+  store(KEYS[i], tok, tss[i], now, num, den, cap * den)
   record[#record + 1] = '|' .. KEYS[i] .. '=' .. ARGV[a + 3]
   reply[i + 1] = math.floor(tok / den)
 end

@@ -1,5 +1,6 @@
 -- SETTLE: for each reservation, once, the actual cost replaces the reserved one. Unused
--- estimate is refunded, an overrun is charged as debt (at most one capacity below zero).
+-- estimate is refunded, an overrun is charged as debt (down to one capacity below zero at
+-- most; the debt of a pause may be deeper and is kept).
 -- Many reservations are settled in one call; each bucket is read and written once.
 -- KEYS: the buckets, then the reservation records.
 -- ARGV: clock override, how long a tombstone lives (ms), the number of buckets, then per
@@ -43,11 +44,16 @@ while a <= #ARGV do
         local full = cap * den
         local level = levels[b]
         if not level then
-          local tok, ts = load(values[b], now, num, full)
+          local tok, ts = load(values[b], now, num, den, full)
           level = {tok, ts}
           levels[b] = level
         end
-        level[1] = math.max(-full, math.min(full, level[1] - delta * den))
+        local tok = level[1] - delta * den
+        if delta > 0 then
+          -- An overrun's debt stops at one capacity; a pause's deeper debt is kept.
+          tok = math.max(tok, math.min(level[1], -full))
+        end
+        level[1] = math.min(full, tok)
       end
     end
     -- A tombstone, so that a duplicate is recognised.
@@ -61,6 +67,6 @@ while a <= #ARGV do
 end
 for b, level in pairs(levels) do
   local num, den, cap = rates[b][1], rates[b][2], rates[b][3]
-  store(KEYS[b], level[1], level[2], now, num, cap * den)
+  store(KEYS[b], level[1], level[2], now, num, den, cap * den)
 end
 return answers

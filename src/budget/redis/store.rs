@@ -12,9 +12,12 @@ use crate::budget::remote::{Decision, RemoteStore, Settle, StoreFuture, StoreUna
 use crate::cost::Cost;
 use crate::quota::Limit;
 
-/// How long a settled reservation's tombstone lives: settlements are retried within seconds,
-/// so a duplicate arrives well within it.
-const TOMBSTONE: Duration = Duration::from_secs(30);
+/// How long a settled reservation's tombstone lives, at least and at most: settlements are
+/// retried within a few seconds, so a duplicate arrives well within it.
+const TOMBSTONE: (Duration, Duration) = (Duration::from_secs(5), Duration::from_secs(30));
+
+/// The longest pause written.
+const MAX_PAUSE: Duration = Duration::from_secs(86_400);
 
 /// The scripts, each with the shared bucket functions in front.
 #[derive(Debug)]
@@ -61,7 +64,10 @@ impl RedisStore {
             connection,
             keys,
             lease_ms,
-            tombstone_ms: lease_ms.min(TOMBSTONE.as_millis() as u64),
+            tombstone_ms: lease_ms.clamp(
+                TOMBSTONE.0.as_millis() as u64,
+                TOMBSTONE.1.as_millis() as u64,
+            ),
             scripts: Arc::new(Scripts::new()),
         }
     }
@@ -212,7 +218,8 @@ impl RemoteStore for RedisStore {
             Some(remaining) => call.arg(remaining.min(rate.capacity)),
             None => call.arg(""),
         };
-        call.arg(u64::try_from(pause.as_millis()).unwrap_or(u64::MAX));
+        // A day at most: a provider's longest wait, and the debt stays far below 2^53.
+        call.arg(pause.min(MAX_PAUSE).as_millis());
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
         Box::pin(async move {
             let _: i64 = call.run(&scripts.lower, &mut connection).await?;
@@ -239,6 +246,9 @@ fn decision(reply: &[i64], touched: &[usize]) -> Result<Decision, StoreUnavailab
         [-1, bucket] => Ok(Decision::TooLarge {
             limit: limit(bucket)?,
         }),
+        [-2] => Err(StoreUnavailable::new(
+            "the reservation id was already settled: ids must not be reused",
+        )),
         _ => Err(StoreUnavailable::new(format_args!(
             "unexpected reply {reply:?}"
         ))),
