@@ -76,7 +76,8 @@ async fn measure(budget: &Budget, tasks: usize) -> Figures {
     }
 }
 
-fn evalsha_calls(server: &RedisServer) -> u64 {
+/// The server's own count of `EVALSHA` calls and the microseconds they took in all.
+fn evalsha_stats(server: &RedisServer) -> (u64, u64) {
     let stats = redis::Client::open(server.url())
         .and_then(|c| c.get_connection())
         .and_then(|mut c| {
@@ -85,13 +86,17 @@ fn evalsha_calls(server: &RedisServer) -> u64 {
                 .query::<String>(&mut c)
         })
         .unwrap_or_default();
+    let field = |line: &str, name: &str| -> u64 {
+        line.split(&format!("{name}="))
+            .nth(1)
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0)
+    };
     stats
         .lines()
         .find(|line| line.starts_with("cmdstat_evalsha:"))
-        .and_then(|line| line.split("calls=").nth(1))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|calls| calls.parse().ok())
-        .unwrap_or(0)
+        .map_or((0, 0), |line| (field(line, "calls"), field(line, "usec")))
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -111,10 +116,16 @@ async fn main() {
     );
     let mut rows = Vec::new();
     for tasks in [1, 64] {
-        let before = evalsha_calls(&server);
+        let before = evalsha_stats(&server);
         let figures = measure(&redis_budget, tasks).await;
         tokio::time::sleep(Duration::from_millis(200)).await; // settlements drain
-        let calls = evalsha_calls(&server) - before;
+        let after = evalsha_stats(&server);
+        let (calls, usec) = (after.0 - before.0, after.1 - before.1);
+        println!(
+            "redis, {tasks} tasks: the server spent {:.1} µs per script call, {:.1} µs per reservation",
+            usec as f64 / calls as f64,
+            usec as f64 / figures.admissions as f64
+        );
         let round_trips = calls as f64 / figures.admissions as f64;
         rows.push(("redis", tasks, figures, Some(round_trips)));
         let figures = measure(&memory, tasks).await;
