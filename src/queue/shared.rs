@@ -87,6 +87,11 @@ impl Shared {
         let now = Instant::now();
         let mut state = self.lock();
         change(&mut state.engine, now);
+        if state.engine.len() == 0 {
+            // Nobody waits: nobody to wake, no deadline to watch (the common case of a queue
+            // that keeps up).
+            return;
+        }
         let next = state.engine.next_waker(now);
         let first_deadline = state.engine.first_deadline();
         let sentinel = match first_deadline {
