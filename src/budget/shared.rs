@@ -447,3 +447,189 @@ async fn with_retries(
         }
     }
 }
+
+/// The admission state machine of a shared budget against a scripted store, under tokio's
+/// paused clock: waits, timeouts, fallback, the breaker, releases and settlements, exactly.
+#[cfg(all(test, feature = "redis"))]
+mod tests {
+    use std::collections::VecDeque;
+    use std::num::NonZeroU64;
+    use std::sync::Mutex;
+
+    use tokio::time::Instant;
+
+    use super::*;
+    use crate::quota::Dimension;
+
+    /// What the scripted store does with the next reservation.
+    #[derive(Debug, Clone, Copy)]
+    enum Script {
+        Answer(Decision),
+        Fail,
+        /// Never answers: the budget's timeout ends the question.
+        Hang,
+    }
+
+    #[derive(Debug, Default)]
+    struct ScriptedStore {
+        script: Mutex<VecDeque<Script>>,
+        asked: Mutex<Vec<(String, Instant)>>,
+        settled: Mutex<Vec<Settle>>,
+    }
+
+    impl RemoteStore for ScriptedStore {
+        fn reserve(
+            &self,
+            id: String,
+            _cost: Cost,
+            _floor: Floor,
+            _limits: Arc<[Limit]>,
+        ) -> StoreFuture<Decision> {
+            self.asked.lock().unwrap().push((id, Instant::now()));
+            let next = self.script.lock().unwrap().pop_front();
+            match next.unwrap_or(Script::Answer(Decision::Admitted)) {
+                Script::Answer(decision) => Box::pin(async move { Ok(decision) }),
+                Script::Fail => Box::pin(async { Err(StoreUnavailable::new("scripted failure")) }),
+                Script::Hang => Box::pin(std::future::pending()),
+            }
+        }
+
+        fn settle(&self, batch: Vec<Settle>) -> StoreFuture<()> {
+            self.settled.lock().unwrap().extend(batch);
+            Box::pin(async { Ok(()) })
+        }
+
+        fn lower(
+            &self,
+            _limit: Limit,
+            _remaining: Option<u64>,
+            _pause: Duration,
+        ) -> StoreFuture<()> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn budget(store: &Arc<ScriptedStore>, policy: FailurePolicy) -> Budget {
+        let limit = Limit::per_second(Dimension::TotalTokens, NonZeroU64::new(1_000).unwrap())
+            .with_headroom(1.0)
+            .unwrap()
+            .with_burst(NonZeroU64::new(1_000).unwrap());
+        let options = RemoteOptions {
+            policy,
+            timeout: 50 * MS,
+            breaker_threshold: 3,
+            breaker_open_for: 500 * MS,
+        };
+        let store: Arc<dyn RemoteStore> = store.clone();
+        Budget::with_remote(&Quota::new().with_limit(limit), store, options, true)
+    }
+
+    fn scripted(script: &[Script]) -> Arc<ScriptedStore> {
+        let store = ScriptedStore::default();
+        store.script.lock().unwrap().extend(script.iter().copied());
+        Arc::new(store)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_denial_waits_for_the_stores_hint_then_asks_again() {
+        let wait = Duration::from_millis(200);
+        let store = scripted(&[Script::Answer(Decision::Denied { wait, limit: 0 })]);
+        let budget = budget(&store, FailurePolicy::FailClosed);
+        let start = Instant::now();
+        let reservation = budget.reserve(Cost::new(100, 0)).await.unwrap();
+        let waited = start.elapsed();
+        // The hint, lengthened by at most a fiftieth and a millisecond.
+        assert!(waited >= wait && waited <= wait + 5 * MS, "{waited:?}");
+        assert_eq!(store.asked.lock().unwrap().len(), 2);
+        assert_eq!(budget.waiters(), 0);
+        drop(reservation);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timeouts_fall_back_then_open_the_breaker_which_probes_later() {
+        let store = scripted(&[Script::Hang, Script::Hang, Script::Hang, Script::Fail]);
+        let budget = budget(&store, FailurePolicy::local_share_of(2));
+        for _ in 0..3 {
+            let start = Instant::now();
+            let reservation = budget.reserve(Cost::new(10, 0)).await.unwrap();
+            assert_eq!(
+                start.elapsed(),
+                50 * MS,
+                "admitted locally after the timeout"
+            );
+            reservation.refund();
+        }
+        assert!(
+            !budget.is_store_reachable(),
+            "three failures open the breaker"
+        );
+        // Open: no question, admitted locally at once.
+        let start = Instant::now();
+        budget.reserve(Cost::new(10, 0)).await.unwrap().refund();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        assert_eq!(store.asked.lock().unwrap().len(), 3);
+        // 500 ms later one probe asks; it fails, so the breaker opens again.
+        tokio::time::advance(500 * MS).await;
+        budget.reserve(Cost::new(10, 0)).await.unwrap().refund();
+        assert_eq!(store.asked.lock().unwrap().len(), 4);
+        assert!(!budget.is_store_reachable());
+        // The next probe is answered: back on the store.
+        tokio::time::advance(500 * MS).await;
+        budget.reserve(Cost::new(10, 0)).await.unwrap().refund();
+        assert_eq!(store.asked.lock().unwrap().len(), 5);
+        assert!(budget.is_store_reachable());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fail_closed_refuses_within_the_timeout() {
+        let store = scripted(&[Script::Hang]);
+        let budget = budget(&store, FailurePolicy::FailClosed);
+        let start = Instant::now();
+        let error = budget.reserve(Cost::new(10, 0)).await.unwrap_err();
+        assert!(
+            matches!(error, crate::ReserveError::Unavailable(_)),
+            "{error}"
+        );
+        assert_eq!(start.elapsed(), 50 * MS);
+        assert_eq!(budget.waiters(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_question_dropped_in_flight_is_released() {
+        let store = scripted(&[Script::Hang]);
+        let budget = budget(&store, FailurePolicy::FailClosed);
+        let dropped = tokio::time::timeout(10 * MS, budget.reserve(Cost::new(300, 0))).await;
+        assert!(dropped.is_err(), "still asking when dropped");
+        tokio::time::sleep(MS).await; // the worker sends the release
+        let settled = store.settled.lock().unwrap();
+        let asked = store.asked.lock().unwrap();
+        assert_eq!(settled.len(), 1);
+        assert_eq!(settled[0].id, asked[0].0, "the same reservation id");
+        assert_eq!(settled[0].reserved, Cost::new(300, 0));
+        assert_eq!(settled[0].actual, Cost::default(), "nothing was sent");
+        assert_eq!(budget.waiters(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn settlements_reach_the_store_and_local_admissions_do_not() {
+        let store = scripted(&[Script::Fail]);
+        let budget = budget(&store, FailurePolicy::local_share_of(2));
+        let mut local = budget.reserve(Cost::new(10, 0)).await.unwrap();
+        let mut shared = budget.reserve(Cost::new(20, 0)).await.unwrap();
+        local.mark_sent();
+        shared.mark_sent();
+        local.settle_cost(Cost::new(5, 0));
+        shared.settle_cost(Cost::new(15, 0));
+        tokio::time::sleep(MS).await;
+        let settled = store.settled.lock().unwrap();
+        // The failed question's release, then the shared reservation; the local one stays here.
+        assert_eq!(settled.len(), 2);
+        assert_eq!(settled[0].actual, Cost::default());
+        assert_eq!(
+            (settled[1].reserved, settled[1].actual),
+            (Cost::new(20, 0), Cost::new(15, 0))
+        );
+    }
+}
