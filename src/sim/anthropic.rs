@@ -53,10 +53,7 @@ fn stop_reason(c: &Completion) -> &'static str {
 
 /// The `message` body.
 pub(crate) fn completion(c: &Completion) -> Bytes {
-    let text: String = wire::content_pieces(c.completion_tokens)
-        .into_iter()
-        .map(|(_, text)| text)
-        .collect();
+    let text = wire::completion_text(c.completion_tokens);
     let body = json!({
         "id": c.id,
         "type": "message",

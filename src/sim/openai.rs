@@ -55,10 +55,7 @@ fn finish_reason(c: &Completion) -> &'static str {
 
 /// The `chat.completion` body.
 pub(crate) fn completion(c: &Completion) -> Bytes {
-    let text: String = wire::content_pieces(c.completion_tokens)
-        .into_iter()
-        .map(|(_, text)| text)
-        .collect();
+    let text = wire::completion_text(c.completion_tokens);
     let body = json!({
         "id": c.id,
         "object": "chat.completion",

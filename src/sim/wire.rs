@@ -58,6 +58,14 @@ pub(crate) struct Frame {
 /// frame.
 pub(crate) const MAX_CONTENT_FRAMES: u64 = 16;
 
+/// The whole text of a completion of `completion_tokens`, as a non-streamed body carries it.
+pub(crate) fn completion_text(completion_tokens: u64) -> String {
+    content_pieces(completion_tokens)
+        .into_iter()
+        .map(|(_, text)| text)
+        .collect()
+}
+
 /// The content frames' token counts and texts.
 pub(crate) fn content_pieces(completion_tokens: u64) -> Vec<(u64, String)> {
     let mut offset = 0;
