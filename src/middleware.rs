@@ -240,12 +240,21 @@ async fn into_http_request(
     Ok(http::Request::from_parts(parts, body))
 }
 
-/// Runs one attempt through the rest of the chain and answers the stack with its result.
+/// Runs one attempt through the rest of the chain and answers the stack with its result. When
+/// the stack stops waiting for it (a timeout layer gave up, say), the call is dropped at once
+/// rather than left running beside its retry.
 async fn run_attempt(next: Next<'_>, attempt: Attempt) {
-    let Attempt { request, reply } = attempt;
-    let result = send(next, request).await;
-    // The stack may no longer wait for this attempt (a timeout layer, say).
-    let _ = reply.send(result);
+    let Attempt { request, mut reply } = attempt;
+    let mut call = pin!(send(next, request));
+    let result = poll_fn(|cx| match call.as_mut().poll(cx) {
+        Poll::Ready(result) => Poll::Ready(Some(result)),
+        Poll::Pending => reply.poll_closed(cx).map(|()| None),
+    })
+    .await;
+    if let Some(result) = result {
+        // The stack may have stopped waiting meanwhile: then nobody reads it.
+        let _ = reply.send(result);
+    }
 }
 
 async fn send(next: Next<'_>, request: http::Request<ReplayBody>) -> AttemptResult {

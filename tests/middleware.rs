@@ -419,3 +419,104 @@ async fn a_streaming_body_is_sent_once() {
     );
     assert_eq!((provider.names().len(), recorder.attempts().len()), (1, 1));
 }
+
+/// A middleware after the quota middleware that takes 300 ms before passing the request on,
+/// and records, per attempt, how long it ran before it was dropped (or `None` if it ended).
+#[derive(Clone, Default)]
+struct Slow {
+    runs: Arc<Mutex<Vec<Option<Duration>>>>,
+}
+
+struct Running {
+    runs: Arc<Mutex<Vec<Option<Duration>>>>,
+    index: usize,
+    started: tokio::time::Instant,
+    finished: bool,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.runs.lock().unwrap()[self.index] = Some(self.started.elapsed());
+        }
+    }
+}
+
+impl Middleware for Slow {
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        request: reqwest::Request,
+        extensions: &'life1 mut Extensions,
+        next: Next<'life2>,
+    ) -> Pin<
+        Box<
+            dyn Future<Output = reqwest_middleware::Result<reqwest::Response>>
+                + Send
+                + 'async_trait,
+        >,
+    >
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        let running = {
+            let mut runs = self.runs.lock().unwrap();
+            runs.push(None);
+            Running {
+                runs: self.runs.clone(),
+                index: runs.len() - 1,
+                started: tokio::time::Instant::now(),
+                finished: false,
+            }
+        };
+        Box::pin(async move {
+            let mut running = running; // the whole guard, not only its flag
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            running.finished = true;
+            next.run(request, extensions).await
+        })
+    }
+}
+
+#[tokio::test]
+async fn an_attempt_the_stack_gave_up_on_stops_at_once() {
+    use std::num::NonZeroU32;
+    use tower::ServiceBuilder;
+    use tower::timeout::TimeoutLayer;
+    use tower_llm_quota::RetryAfterLayer;
+
+    let policy = RetryPolicy::new()
+        .max_attempts(Priority::Async, NonZeroU32::new(2).unwrap())
+        .backoff(Duration::from_millis(1), Duration::from_millis(2))
+        .unwrap();
+    // Each attempt may take 100 ms; the one after it is tried once more.
+    let layer = ServiceBuilder::new()
+        .layer(RetryAfterLayer::new(policy))
+        .layer(TimeoutLayer::new(Duration::from_millis(100)));
+    let slow = Slow::default();
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(QuotaMiddleware::new(layer))
+        .with(slow.clone())
+        .build();
+    let error = client
+        .post("http://127.0.0.1:9/v1/chat/completions")
+        .body(CHAT)
+        .send()
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("retr") || error.is_middleware(),
+        "{error}"
+    );
+    let runs = slow.runs.lock().unwrap().clone();
+    println!("attempts ran {runs:?}");
+    assert_eq!(runs.len(), 2, "two attempts");
+    // The first attempt is dropped when its timeout fires, not when the whole request ends.
+    let first = runs[0].expect("dropped, never finished");
+    assert!(
+        first < Duration::from_millis(180),
+        "the first attempt ran {first:?}"
+    );
+}
