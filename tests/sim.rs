@@ -350,7 +350,11 @@ async fn anthropic_charges_input_and_output_buckets_and_names_the_refusing_one()
     );
     // 100 more output tokens refill in 12 s.
     assert_eq!(header(&refused.headers, "retry-after"), "12");
-    assert_eq!(header(&refused.headers, "retry-after-ms"), "12000");
+    assert_eq!(
+        header(&refused.headers, "retry-after-ms"),
+        "",
+        "Anthropic sends whole seconds only"
+    );
     let reports = Profile::anthropic().limits(&refused.headers, SystemTime::now());
     let dims: Vec<Dimension> = reports.iter().map(|r| r.dimension).collect();
     assert_eq!(
@@ -723,7 +727,6 @@ async fn faults_come_at_their_seeded_shares_and_repeat_with_the_seed() {
     assert!((140..=220).contains(&stats.server_errors), "{stats:?}");
     assert!(count(500) > 50 && count(529) > 50);
     assert!((40..=100).contains(&stats.latency_spikes), "{stats:?}");
-    assert_eq!(stats.rate_limited, 0, "faults are not charged");
 
     let (again, _) = run(7).await;
     assert_eq!(outcomes, again, "the same seed, the same faults");
@@ -1125,4 +1128,47 @@ async fn concurrent_clients_on_threads_are_all_counted_once() {
     let stats = simulator.stats();
     assert_eq!((ok, stats.admitted, stats.rate_limited), (100, 100, 200));
     assert_eq!(stats.limit(Dimension::Requests).unwrap().max_in_window, 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn injected_faults_are_not_charged_to_the_quota() {
+    // 3 requests a minute; half of the requests fail with a 5xx before reaching the quota.
+    let simulator = Simulator::new(
+        SimConfig::openai(3, 1_000_000)
+            .faults(Faults::none().server_errors(0.5))
+            .seed(3),
+    );
+    let service = simulator.service();
+    let mut statuses = Vec::new();
+    for _ in 0..12 {
+        let answer = call(&service, openai("sk-a", &openai_body(100, 10))).await;
+        statuses.push(answer.status.as_u16());
+    }
+    let stats = simulator.stats();
+    let faults = statuses.iter().filter(|&&s| s >= 500).count() as u64;
+    assert!(faults >= 3, "enough faults to matter: {statuses:?}");
+    assert!(
+        statuses.iter().position(|&s| s >= 500) < statuses.iter().position(|&s| s == 200),
+        "a fault comes before the first admission: {statuses:?}"
+    );
+    // The three requests the quota holds were admitted all the same; the rest were refused.
+    assert_eq!(stats.admitted, 3, "{statuses:?}");
+    assert_eq!(stats.rate_limited, 12 - 3 - faults);
+    assert_eq!(stats.limit(Dimension::Requests).unwrap().remaining, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_max_tokens_above_the_models_is_refused() {
+    let simulator = Simulator::new(SimConfig::openai(100, 0).max_output_tokens(4_096));
+    let service = simulator.service();
+    let answer = call(&service, openai("sk-a", &openai_body(100, 20_000_000))).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert!(
+        answer.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_tokens")
+    );
+    let answer = call(&service, openai("sk-a", &openai_body(100, 4_096))).await;
+    assert_eq!(answer.status, StatusCode::OK);
 }

@@ -9,6 +9,9 @@ use tower_llm_quota::Priority;
 
 use crate::workload::Item;
 
+/// The latest arrival accepted: a week after the start.
+const MAX_ARRIVE_MS: u64 = 7 * 24 * 3_600 * 1_000;
+
 /// A line of the input that cannot be used, with its number.
 #[derive(Debug)]
 pub(crate) struct InputError {
@@ -69,7 +72,8 @@ fn parse_line(line: &str) -> Result<Item, String> {
         other => Duration::from_millis(
             other
                 .as_u64()
-                .ok_or("`arrive_ms` must be a non-negative integer")?,
+                .filter(|&ms| ms <= MAX_ARRIVE_MS)
+                .ok_or("`arrive_ms` must be an integer from 0 to 604800000 (a week)")?,
         ),
     };
     Ok(Item::new(id, prompt, max_tokens, priority, arrive))

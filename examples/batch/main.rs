@@ -385,8 +385,10 @@ async fn measure(
             let wall = start.elapsed();
             let rate_limited_at = meter.rate_limited_at();
             let done = || outcomes.iter().filter_map(|o| o.result.as_ref().ok());
+            // What the provider served: the successful calls (a 429, a 5xx or a failed
+            // connection consumed nothing of the quota, as far as the client can tell).
             let used = Consumption {
-                requests: meter.attempts() - rate_limited_at.len() as u64,
+                requests: done().count() as u64,
                 tokens: done().map(|d| d.tokens).sum(),
             };
             let panel = Panel::from_events(

@@ -86,7 +86,7 @@ fn draw_panel(out: &mut String, panel: &Panel, top: f64, seconds: usize) {
     let averaged: Vec<f64> = panel
         .tokens
         .chunks(group)
-        .map(|chunk| chunk.iter().sum::<u64>() as f64 / group as f64)
+        .map(|chunk| chunk.iter().sum::<u64>() as f64 / chunk.len() as f64)
         .collect();
     let peak = averaged.iter().copied().fold(0.0, f64::max);
     let y_max = (peak.max(panel.quota) * 1.1).max(1.0);

@@ -141,7 +141,10 @@ pub(crate) fn print_table(frame: &Frame, naive: Option<&RunFigures>, governed: &
         ),
         (
             "wall ÷ theoretical minimum".into(),
-            cell(&|r| format!("{:.3}", r.wall.as_secs_f64() / frame.minimum.as_secs_f64())),
+            cell(&|r| match frame.minimum.as_secs_f64() {
+                0.0 => "-".to_owned(), // nothing was consumed
+                minimum => format!("{:.3}", r.wall.as_secs_f64() / minimum),
+            }),
         ),
     ];
     for priority in Priority::ALL {

@@ -148,6 +148,7 @@ pub struct SimConfig {
     pub(crate) per_output_token: Duration,
     pub(crate) completion_share: (f64, f64),
     pub(crate) default_max_tokens: u64,
+    pub(crate) max_output_tokens: u64,
     pub(crate) seed: u64,
     pub(crate) keys: Vec<(String, String)>,
     pub(crate) faults: Faults,
@@ -174,6 +175,7 @@ impl SimConfig {
             per_output_token: Duration::from_millis(10),
             completion_share: (0.1, 1.0),
             default_max_tokens: 1_024,
+            max_output_tokens: 128_000,
             seed: 0,
             keys: Vec::new(),
             faults: Faults::none(),
@@ -219,8 +221,13 @@ impl SimConfig {
 
     /// How long a simulated minute lasts (default 60 s). Per-minute limits refill over it;
     /// under tokio's paused clock any length runs in no real time.
+    ///
+    /// At least a millisecond.
     pub fn minute(self, minute: Duration) -> Self {
-        Self { minute, ..self }
+        Self {
+            minute: minute.max(Duration::from_millis(1)),
+            ..self
+        }
     }
 
     /// Adds a limit of `amount` of `dimension` per `period` (for example per day), on top of
@@ -292,6 +299,15 @@ impl SimConfig {
         }
     }
 
+    /// The model's largest `max_tokens` (default 128,000): a request asking for more is
+    /// refused with 400, as providers do. It also bounds the completion text generated.
+    pub fn max_output_tokens(self, max_tokens: u64) -> Self {
+        Self {
+            max_output_tokens: max_tokens.max(1),
+            ..self
+        }
+    }
+
     /// The seed of the fault generator and of the completion lengths (default 0).
     pub fn seed(self, seed: u64) -> Self {
         Self { seed, ..self }
@@ -310,10 +326,11 @@ impl SimConfig {
         Self { faults, ..self }
     }
 
-    /// The width of one point of the statistics' time series (default: 1/60 of the minute).
+    /// The width of one point of the statistics' time series (default: 1/60 of the minute;
+    /// at least a millisecond).
     pub fn series_interval(self, interval: Duration) -> Self {
         Self {
-            series_interval: Some(interval),
+            series_interval: Some(interval.max(Duration::from_millis(1))),
             ..self
         }
     }

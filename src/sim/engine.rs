@@ -298,6 +298,16 @@ impl Engine {
             }
             .map_err(Refusal::Invalid)
         });
+        let parsed = parsed.and_then(|request| {
+            if request.max_tokens > self.config.max_output_tokens {
+                Err(Refusal::Invalid(format!(
+                    "max_tokens is too large: {} (this model supports at most {})",
+                    request.max_tokens, self.config.max_output_tokens
+                )))
+            } else {
+                Ok(request)
+            }
+        });
         let request = match parsed {
             Ok(request) => request,
             Err(refusal) => {
@@ -411,7 +421,10 @@ impl Engine {
                 let secs = wait.as_nanos().div_ceil(1_000_000_000);
                 let millis = wait.as_nanos().div_ceil(1_000_000);
                 headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs as u64));
-                headers.insert("retry-after-ms", HeaderValue::from(millis as u64));
+                // Anthropic sends whole seconds only; OpenAI-compatible servers add milliseconds.
+                if self.config.style == Style::OpenAi {
+                    headers.insert("retry-after-ms", HeaderValue::from(millis as u64));
+                }
             }
             return outcome;
         }
@@ -587,7 +600,10 @@ impl Engine {
             }
         }
         state.counters.completed += 1;
-        state.counters.completion_tokens += settlement.completion_tokens;
+        state.counters.completion_tokens = state
+            .counters
+            .completion_tokens
+            .saturating_add(settlement.completion_tokens);
         let (generation, index) = settlement.entry;
         if generation == state.generation {
             if let Some(entry) = state.entries.get_mut(index) {
@@ -603,7 +619,7 @@ impl Engine {
             .config
             .series_interval
             .unwrap_or(self.config.minute / 60)
-            .max(Duration::from_nanos(1));
+            .max(Duration::from_millis(1));
         let state = &mut *state;
         let limits = self
             .organizations

@@ -19,9 +19,10 @@
 //! Every organisation has one token bucket per limit: capacity the amount per period,
 //! refilling continuously at amount per period. A request is admitted only if every bucket
 //! can pay its cost now; otherwise it gets a 429 with `retry-after` (whole seconds, rounded
-//! up) and `retry-after-ms`, blaming the limit with the longest wait. A cost above a bucket's
-//! capacity can never be admitted: 400 (`request_too_large` for OpenAI,
-//! `invalid_request_error` for Anthropic), not 429.
+//! up) and, OpenAI style only, `retry-after-ms`, blaming the limit with the longest wait. A
+//! cost above a bucket's capacity can never be admitted: 400 (`request_too_large` for
+//! OpenAI, `invalid_request_error` for Anthropic), not 429; nor can a `max_tokens` above
+//! [`SimConfig::max_output_tokens`].
 //!
 //! | Dimension | Charged at admission | Corrected when the completion ends |
 //! |---|---|---|

@@ -45,7 +45,7 @@ fn usage(c: &Completion) -> Value {
     json!({
         "prompt_tokens": c.prompt_tokens,
         "completion_tokens": c.completion_tokens,
-        "total_tokens": c.prompt_tokens + c.completion_tokens,
+        "total_tokens": c.prompt_tokens.saturating_add(c.completion_tokens),
     })
 }
 

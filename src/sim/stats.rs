@@ -67,8 +67,10 @@ pub struct LimitStats {
     /// prompt; output the completion, or `max_tokens` while it runs; total their sum).
     ///
     /// A token bucket admits at most its capacity at once plus its refill over a window, so a
-    /// provider enforcing this limit lets through up to twice `amount` in one window; a client
-    /// that keeps this at or below `amount` never came close.
+    /// provider enforcing this limit lets through up to twice `amount` in one window. It is
+    /// what the provider finally counted, not what it held at admission (prompt plus
+    /// `max_tokens` for tokens): a client keeping it at or below `amount` consumed no more than
+    /// the quota in any window; whether it was ever refused is [`SimStats::rate_limited`].
     pub max_in_window: u64,
 }
 
@@ -208,8 +210,8 @@ pub(crate) fn snapshot(
     for entry in entries {
         if let Some(point) = series.get_mut(index(entry.at)) {
             point.requests += 1;
-            point.input_tokens += entry.input;
-            point.output_tokens += entry.output;
+            point.input_tokens = point.input_tokens.saturating_add(entry.input);
+            point.output_tokens = point.output_tokens.saturating_add(entry.output);
         }
     }
     for rejection in rejections {
