@@ -35,6 +35,8 @@ struct Provider {
     rate_limited: Arc<AtomicUsize>,
     /// The budget's level when each request arrived.
     levels: Arc<Mutex<Vec<i64>>>,
+    /// The length of each request's body, as received.
+    bodies: Arc<Mutex<Vec<usize>>>,
 }
 
 impl Provider {
@@ -45,6 +47,7 @@ impl Provider {
             names: Arc::default(),
             rate_limited: Arc::new(AtomicUsize::new(rate_limited)),
             levels: Arc::default(),
+            bodies: Arc::default(),
         };
         let serving = provider.clone();
         let budget = budget.clone();
@@ -54,10 +57,19 @@ impl Provider {
                     return;
                 };
                 let (serving, budget) = (serving.clone(), budget.clone());
-                let service = hyper::service::service_fn(move |request| {
-                    let response = serving.answer(&request, &budget);
-                    async move { Ok::<_, Infallible>(response) }
-                });
+                let service = hyper::service::service_fn(
+                    move |request: http::Request<hyper::body::Incoming>| {
+                        let response = serving.answer(&request, &budget);
+                        let bodies = serving.bodies.clone();
+                        async move {
+                            use http_body_util::BodyExt;
+                            let body = request.into_body().collect().await;
+                            let length = body.map_or(0, |body| body.to_bytes().len());
+                            bodies.lock().unwrap().push(length);
+                            Ok::<_, Infallible>(response)
+                        }
+                    },
+                );
                 tokio::spawn(
                     hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), service),
@@ -274,6 +286,8 @@ async fn a_429_is_retried_through_the_rest_of_the_chain() {
     response.text().await.unwrap();
     assert_eq!(provider.names().len(), 2);
     assert_eq!(recorder.attempts(), [Some(Priority::Batch); 2]);
+    // Both attempts carried the whole body.
+    assert_eq!(*provider.bodies.lock().unwrap(), [CHAT.len(); 2]);
 }
 
 #[tokio::test]
