@@ -1,9 +1,9 @@
 //! A private `redis-server` on a free loopback port, which a test may kill and restart.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A `redis-server` child process; killed when dropped.
 pub(crate) struct RedisServer {
@@ -39,10 +39,10 @@ impl RedisServer {
     /// Starts the server again on the same port (empty: nothing was saved).
     pub(crate) fn restart(&mut self) {
         self.kill();
-        let child = Command::new("redis-server")
+        let mut child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| {
@@ -52,12 +52,18 @@ impl RedisServer {
                      `brew install redis` (macOS)"
                 )
             });
+        // No polling: the server says when it accepts connections. Its log is then drained
+        // on a thread of its own, so that it never blocks on a full pipe.
+        let log = child.stdout.take().expect("piped");
+        let mut lines = BufReader::new(log).lines();
+        let ready = lines
+            .by_ref()
+            .map_while(Result::ok)
+            .any(|line| line.contains("Ready to accept connections"));
+        assert!(ready, "redis-server stopped before accepting connections");
+        std::thread::spawn(move || lines.for_each(drop));
         self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.command("PING") != "+PONG" {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        assert_eq!(self.command("PING"), "+PONG");
     }
 
     /// Sends one inline command and returns the first line of the reply ("" if none).
