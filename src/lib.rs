@@ -6,7 +6,6 @@ mod builder;
 mod cost;
 mod error;
 pub mod estimate;
-pub mod in_flight;
 #[cfg(feature = "reqwest")]
 pub mod middleware;
 mod observe;
@@ -17,6 +16,7 @@ pub mod queue;
 mod quota;
 pub mod reconcile;
 pub mod retry;
+mod sched;
 #[cfg(feature = "serde")]
 mod serialize;
 #[cfg(feature = "sim")]
@@ -36,7 +36,6 @@ pub use builder::ServiceBuilderExt;
 pub use cost::{Cost, Usage};
 pub use error::{BoxError, Error, InsufficientCapacity, NotUntil, ReserveError, TryReserveError};
 pub use estimate::{CharEstimator, Estimate, EstimateLayer, Estimator, LearnedOutput, OutputRoute};
-pub use in_flight::{InFlightBody, InFlightLimit, InFlightLimitLayer};
 pub use priority::{Deadline, EnqueuedAt, Priority, Timings};
 pub use queue::{
     ClassSnapshot, PriorityQueue, PriorityQueueLayer, QueueConfig, QueueHandle, QueueSnapshot,
