@@ -567,7 +567,10 @@ impl Budget {
                     Decision::Denied { wait, .. } => {
                         shared.refused = true;
                         match back(queue) {
-                            Ok(()) => Answer::RetryAt(now + remote.jittered(wait), shared.refunds),
+                            Ok(()) => Answer::RetryAt(
+                                crate::sched::saturating_deadline(now, remote.jittered(wait)),
+                                shared.refunds,
+                            ),
                             Err(depth) => Answer::Full(depth),
                         }
                     }

@@ -224,7 +224,7 @@ impl Remote {
     /// to ask is on its way, the bucket refills for nobody.
     pub(crate) fn jittered(&self, wait: Duration) -> Duration {
         let spread = wait / 50 + Duration::from_millis(1);
-        wait + spread.mul_f64(fastrand::f64())
+        wait.saturating_add(spread.mul_f64(fastrand::f64()))
     }
 
     pub(crate) fn reserve(

@@ -352,12 +352,12 @@ where
         hint,
         this.settings.jitter.fraction(),
     );
-    if this.started.elapsed() + wait > policy.total(*this.priority) {
+    if this.started.elapsed().saturating_add(wait) > policy.total(*this.priority) {
         return Next::GiveUp(GaveUp::Time);
     }
     if this
         .deadline
-        .is_some_and(|deadline| Instant::now() + wait > deadline)
+        .is_some_and(|deadline| crate::sched::saturating_deadline(Instant::now(), wait) > deadline)
     {
         return Next::GiveUp(GaveUp::Deadline);
     }
