@@ -6,6 +6,7 @@ mod builder;
 mod cost;
 mod error;
 pub mod estimate;
+mod loom;
 #[cfg(feature = "reqwest")]
 pub mod middleware;
 mod observe;

@@ -67,6 +67,8 @@
 //! leaks.
 
 mod bucket;
+#[cfg(all(test, loom))]
+mod loom_ordering;
 mod observation;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -80,7 +82,7 @@ mod waiters;
 
 use std::fmt;
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::task::Waker;
 use std::time::Duration;
 
@@ -95,6 +97,7 @@ pub use store::ReservationId;
 
 use crate::cost::Cost;
 use crate::error::{InsufficientCapacity, NotUntil, TryReserveError};
+use crate::loom::{Mutex, MutexGuard};
 use crate::quota::{Dimension, Limit, Quota};
 use crate::sched::QueueSnapshot;
 use crate::sched::order::{Full, Place};
