@@ -34,24 +34,30 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # Design: why readiness does not reserve
+//! # Design: one ordering, readiness that does not reserve
 //!
 //! Tower's `poll_ready` cannot see the request, so it cannot know the cost to reserve. This
-//! layer therefore waits for the budget *inside the response future*, and its `poll_ready`
-//! says something weaker but honest: **ready when no request is waiting for this budget**,
-//! so a new call would be considered at once rather than queue behind others. This gives three
-//! properties:
+//! layer therefore waits for the budget *inside the response future*, in the budget's one
+//! ordering, and is always ready. This gives these properties:
 //!
-//! - **Inner readiness stays honest.** The inner service's `poll_ready` is driven only after
-//!   the budget admitted the request, right before `call`: a request waiting for quota never
-//!   holds a scarce inner slot (such as a concurrency permit).
-//! - **An outer scheduler decides the order.** While one request waits for budget, the layer
-//!   reports not ready, so a priority queue in front of it keeps the others and hands over the
-//!   best one when the budget frees up, instead of every request queueing here in arrival
-//!   order. Clones of the service each see the same readiness; requests that do enter the
-//!   budget's queue are admitted first in, first out.
+//! - **One ordering at every wait.** A waiting request is placed by its class (aging up as
+//!   [`QueueConfig`](crate::QueueConfig) says), then by when it first entered (kept across
+//!   retries), then by arrival, from what a
+//!   [`PriorityQueueLayer`](crate::PriorityQueueLayer) outside stamped on it (or its own
+//!   [`Priority`](crate::Priority) and [`EnqueuedAt`](crate::EnqueuedAt)). Only the head is
+//!   admitted, with every resource at once: the buckets its cost touches and, when the quota
+//!   caps calls in flight, a slot. Whatever binds, the next request served is the one the
+//!   ordering names — across every client and layer sharing the budget.
+//! - **Nothing held while waiting.** A request waiting for tokens holds no slot, one waiting
+//!   for a slot holds no tokens, and neither holds the inner service's readiness: its future
+//!   asks for it only once admitted, right before `call`.
+//! - **Readiness.** `poll_ready` asks the inner service's readiness (for the service itself,
+//!   so that a request the budget admits at once is sent at once, without waiting states)
+//!   and is otherwise always ready: backpressure shows as waiting requests and local
+//!   refusals, not as `Pending`. A `LoadShed` outside never sheds; a `Buffer` outside
+//!   forwards at once; a full ordering refuses with `is_queue_full()`.
 //! - **Cancel safety at every await point.** Dropped while waiting for the budget: it leaves
-//!   the queue and reserves nothing. Dropped after admission but before the call: the
+//!   the ordering and reserves nothing. Dropped after admission but before the call: the
 //!   reservation is refunded in full. Dropped during the call: the reservation is charged its
 //!   estimate (the provider may have counted the call), unless an inner layer such as
 //!   [`ReconcileLayer`](crate::ReconcileLayer) took it to settle with real usage.
