@@ -6,6 +6,7 @@ mod builder;
 mod cost;
 mod error;
 pub mod estimate;
+pub mod idempotency;
 pub mod in_flight;
 #[cfg(feature = "reqwest")]
 pub mod middleware;
@@ -36,6 +37,7 @@ pub use builder::ServiceBuilderExt;
 pub use cost::{Cost, Usage};
 pub use error::{BoxError, Error, InsufficientCapacity, NotUntil, ReserveError, TryReserveError};
 pub use estimate::{CharEstimator, Estimate, EstimateLayer, Estimator, LearnedOutput, OutputRoute};
+pub use idempotency::{IdempotencyLayer, Operation};
 pub use in_flight::{InFlightBody, InFlightLimit, InFlightLimitLayer};
 pub use priority::{Deadline, EnqueuedAt, Priority, Timings};
 pub use queue::{

@@ -229,7 +229,7 @@ mod enabled {
         );
         describe_counter!(
             "llm_duplicate_suppressed_total",
-            "Duplicates suppressed (reserved)."
+            "Requests answered without a call of their own: joined an identical call in flight, or replayed a stored response; by task type."
         );
     }
 }
@@ -385,5 +385,14 @@ pub(crate) fn call(labels: &Labels, call: Duration) {
         enabled::histogram(
             "llm_call_seconds",
             &[("provider", labels.provider.clone()), ("model", labels.model.clone())], |h| h.record(call.as_secs_f64()));
+    }
+}
+
+/// A request of `task` was answered without a call of its own (coalesced or replayed).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn duplicate_suppressed(task: Option<&str>) {
+    when_enabled! {
+        let task = task.map_or(SharedString::const_str("unknown"), |t| SharedString::from(t.to_owned()));
+        enabled::counter("llm_duplicate_suppressed_total", &[("task_type", task)], |h| h.increment(1));
     }
 }
