@@ -131,7 +131,7 @@ struct State {
 
 /// What to tell the store after the flight's lock is released.
 enum Outcome {
-    Complete(Record),
+    Complete(Box<Record>),
     Release,
 }
 
@@ -171,7 +171,7 @@ impl Flight {
                     .recording
                     .as_ref()
                     .map_or(Duration::ZERO, |r| r.ttl);
-                keyed.store.complete(&keyed.key, &keyed.owner, record, ttl);
+                keyed.store.complete(&keyed.key, &keyed.owner, *record, ttl);
             }
             Outcome::Release => keyed.store.release(&keyed.key, &keyed.owner),
         }
@@ -457,7 +457,12 @@ fn record(state: &mut State) -> Outcome {
         body.freeze()
     });
     let usage = recording.scanner.usage();
-    Outcome::Complete(Record::new(head.status, &head.headers, usage, body))
+    Outcome::Complete(Box::new(Record::new(
+        head.status,
+        &head.headers,
+        usage,
+        body,
+    )))
 }
 
 impl fmt::Debug for IdempotentBody {

@@ -281,7 +281,7 @@ where
                                 .into_handle();
                             crate::observe::duplicate_suppressed(this.task.as_deref());
                             tracing::debug!("duplicate answered from the stored record");
-                            return Poll::Ready(match handle.publish_record(record) {
+                            return Poll::Ready(match handle.publish_record(*record) {
                                 Ok(head) => {
                                     Ok(respond(&head, handle.body(), Some(Suppressed::Replayed)))
                                 }

@@ -65,6 +65,9 @@ pub struct RedisIdempotencyStore {
     inner: Arc<Inner>,
 }
 
+/// Per key: the notification its local waiters listen to, and how many they are.
+type Waiters = HashMap<Vec<u8>, (Arc<Notify>, usize)>;
+
 struct Inner {
     client: ::redis::Client,
     connection: ConnectionManager,
@@ -72,7 +75,7 @@ struct Inner {
     channel: String,
     claim: Script,
     finish: Script,
-    waiters: Mutex<HashMap<Vec<u8>, (Arc<Notify>, usize)>>,
+    waiters: Mutex<Waiters>,
     /// Whether the listener is subscribed now; `None` until it is started.
     subscribed: Mutex<Option<watch::Receiver<bool>>>,
     /// Dropped with the store: the listener stops.
@@ -297,7 +300,7 @@ fn parse_claim(value: Value) -> Result<Claim, crate::BoxError> {
             let meta = items.get(1).and_then(bytes).unwrap_or_default();
             let body = items.get(2).and_then(bytes).unwrap_or_default();
             match Record::decode(&meta, body) {
-                Some(record) => Ok(Claim::Completed(record)),
+                Some(record) => Ok(Claim::Completed(Box::new(record))),
                 None => Err("an idempotency record in Redis is not readable".into()),
             }
         }
@@ -353,10 +356,6 @@ impl IdempotencyStore for RedisIdempotencyStore {
                 store: Arc::clone(&store.inner),
                 key: key.as_bytes().to_vec(),
             };
-            let notified = notify.notified();
-            let mut notified = std::pin::pin!(notified);
-            notified.as_mut().enable();
-            // Subscribed before looking, so that a completion after the look is heard.
             let mut subscribed = store.listener();
             let ready = tokio::time::timeout_at(deadline, async {
                 subscribed.wait_for(|s| *s).await.is_ok()
@@ -365,6 +364,11 @@ impl IdempotencyStore for RedisIdempotencyStore {
             if ready != Ok(true) {
                 return Ok(());
             }
+            // Listening before looking: a completion after the look is heard, one before it
+            // is seen. (Enabled only now, so that the listener's own wake-up when it
+            // subscribes is not taken for a completion.)
+            let mut notified = std::pin::pin!(notify.notified());
+            notified.as_mut().enable();
             let mut connection = store.inner.connection.clone();
             let state: Option<String> = ::redis::cmd("HGET")
                 .arg(store.record_key(&key))

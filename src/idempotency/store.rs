@@ -25,7 +25,7 @@ pub enum Claim {
     /// Another caller holds the key and has not finished.
     InFlight,
     /// The operation completed within the record's time to live.
-    Completed(Record),
+    Completed(Box<Record>),
 }
 
 /// Where [`IdempotencyLayer`](super::IdempotencyLayer) keeps operation records.
@@ -131,7 +131,9 @@ impl MemoryStore {
         match records.entries.get(key) {
             Some(entry) if entry.until() > now => match entry {
                 Entry::InFlight { .. } => return Claim::InFlight,
-                Entry::Completed { record, .. } => return Claim::Completed(record.clone()),
+                Entry::Completed { record, .. } => {
+                    return Claim::Completed(Box::new(record.clone()));
+                }
             },
             _ => {}
         }
@@ -240,7 +242,7 @@ mod tests {
         store.complete("k", "a", record(), Duration::from_secs(10));
         assert_eq!(
             store.claim("k", "b", lease).await.unwrap(),
-            Claim::Completed(record())
+            Claim::Completed(Box::new(record()))
         );
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(store.claim("k", "b", lease).await.unwrap(), Claim::Claimed);

@@ -64,6 +64,8 @@ pub(crate) struct Engine {
     organizations: Vec<String>,
     keys: HashMap<String, usize>,
     state: Mutex<State>,
+    /// Admitted calls per idempotency key.
+    pub(crate) idempotency_keys: super::keys::KeyCounts,
 }
 
 #[derive(Debug)]
@@ -217,6 +219,7 @@ impl Engine {
             organizations,
             keys,
             state: Mutex::new(state),
+            idempotency_keys: super::keys::KeyCounts::default(),
         }
     }
 
@@ -336,13 +339,17 @@ impl Engine {
             };
             return self.refuse(&mut state, Some(organization), now, refusal);
         }
-        self.admit(
+        let outcome = self.admit(
             state,
             organization,
             now,
             request,
             spike < faults.latency_spikes,
-        )
+        );
+        if let Outcome::Admitted(_) = outcome {
+            self.idempotency_keys.admitted(headers);
+        }
+        outcome
     }
 
     /// Charges the request to every limit, or refuses it.
