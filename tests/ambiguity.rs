@@ -27,6 +27,9 @@ enum Step {
 
 type Body = BoxBody<Bytes, io::Error>;
 
+/// The idempotency key of each call, in order.
+type Calls = Arc<Mutex<Vec<Option<String>>>>;
+
 /// A client playing `steps` in order (the last one repeats), recording the idempotency key
 /// each call carried.
 fn client(
@@ -40,7 +43,7 @@ fn client(
     > + Clone
     + Send
     + 'static,
-    Arc<Mutex<Vec<Option<String>>>>,
+    Calls,
 ) {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let log = Arc::clone(&calls);
