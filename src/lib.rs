@@ -8,6 +8,7 @@ mod error;
 pub mod estimate;
 pub mod idempotency;
 pub mod in_flight;
+pub mod jobs;
 #[cfg(feature = "reqwest")]
 pub mod middleware;
 mod observe;

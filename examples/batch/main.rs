@@ -57,6 +57,7 @@
 //!   simulated second against the quota, with the 429s marked.
 
 mod cli;
+mod durable;
 mod input;
 mod plot;
 mod remote;
@@ -134,6 +135,9 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
         None => Provider::Embedded(Box::new(simulator_config(settings.quota, args.seed))),
     };
     settings.describe(&args, items.len());
+    if args.durable {
+        return durable::run(&args, &settings, &provider, &items).await;
+    }
 
     let naive = if args.governed_only {
         None

@@ -33,9 +33,13 @@ return {'c'}
 ";
 
 /// Completes (with a record) or releases (without) the owner's claim, and publishes the key.
-/// KEYS[1] the record; ARGV owner, channel, key, then ttl (ms), metadata, body to complete.
+/// A claim whose lease lapsed with nobody else claiming is still completed: the operation did
+/// complete. KEYS[1] the record; ARGV owner, channel, key, then ttl (ms), metadata, body to
+/// complete.
 const FINISH: &str = r"
-if redis.call('HGET', KEYS[1], 's') ~= 'f' or redis.call('HGET', KEYS[1], 'o') ~= ARGV[1] then
+local state = redis.call('HGET', KEYS[1], 's')
+local held = state == 'f' and redis.call('HGET', KEYS[1], 'o') == ARGV[1]
+if not held and not (state == false and ARGV[4]) then
   return 0
 end
 redis.call('DEL', KEYS[1])
@@ -370,13 +374,20 @@ impl IdempotencyStore for RedisIdempotencyStore {
             let mut notified = std::pin::pin!(notify.notified());
             notified.as_mut().enable();
             let mut connection = store.inner.connection.clone();
-            let state: Option<String> = ::redis::cmd("HGET")
-                .arg(store.record_key(&key))
+            let record = store.record_key(&key);
+            let (state, pttl): (Option<String>, i64) = ::redis::pipe()
+                .cmd("HGET")
+                .arg(&record)
                 .arg("s")
+                .cmd("PTTL")
+                .arg(&record)
                 .query_async(&mut connection)
                 .await?;
             if state.as_deref() == Some("f") {
-                let _ = tokio::time::timeout_at(deadline, notified).await;
+                // No later than the lease's end: a claim of a dead process lapses then.
+                let lease_end = tokio::time::Instant::now()
+                    + Duration::from_millis(u64::try_from(pttl).unwrap_or(0));
+                let _ = tokio::time::timeout_at(deadline.min(lease_end), notified).await;
             }
             Ok(())
         })

@@ -45,8 +45,9 @@ pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
     /// Dropping the future may leave the claim made: it then lapses when the lease ends.
     fn claim(&self, key: &str, owner: &str, lease: Duration) -> StoreFuture<Claim>;
 
-    /// Completes `owner`'s claim on `key` with `record`, kept for `ttl`. Does nothing when
-    /// `owner` no longer holds the key (its lease ended and another caller claimed it).
+    /// Completes `owner`'s claim on `key` with `record`, kept for `ttl`. A claim whose lease
+    /// ended with nobody else claiming is completed too; when another caller claimed the key
+    /// meanwhile, nothing is written.
     fn complete(&self, key: &str, owner: &str, record: Record, ttl: Duration);
 
     /// Gives up `owner`'s claim on `key`: the operation failed or was abandoned and may be
@@ -156,13 +157,18 @@ impl MemoryStore {
         Claim::Claimed
     }
 
-    /// Replaces `owner`'s claim on `key` by `next` (or removes it), waking its waiters.
+    /// Replaces `owner`'s claim on `key` by `next` (or removes it), waking its waiters. A
+    /// completion also replaces a claim that lapsed (or a record that expired).
     fn finish(&self, key: &str, owner: &str, next: Option<Entry>) {
+        let now = Instant::now();
         let mut records = self.lock();
-        let held = matches!(
-            records.entries.get(key),
-            Some(Entry::InFlight { owner: o, .. }) if o == owner
-        );
+        let held = match records.entries.get(key) {
+            Some(Entry::InFlight {
+                owner: o, until, ..
+            }) => o == owner || (*until <= now && next.is_some()),
+            Some(Entry::Completed { until, .. }) => *until <= now && next.is_some(),
+            None => next.is_some(),
+        };
         if !held {
             return;
         }
@@ -236,8 +242,9 @@ mod tests {
         let lease = Duration::from_secs(60);
         assert_eq!(store.claim("k", "a", lease).await.unwrap(), Claim::Claimed);
         assert_eq!(store.claim("k", "b", lease).await.unwrap(), Claim::InFlight);
-        // Only the owner completes.
+        // Only the owner completes, or releases.
         store.complete("k", "b", record(), Duration::from_secs(10));
+        store.release("k", "b");
         assert_eq!(store.claim("k", "b", lease).await.unwrap(), Claim::InFlight);
         store.complete("k", "a", record(), Duration::from_secs(10));
         assert_eq!(
@@ -248,9 +255,18 @@ mod tests {
         assert_eq!(store.claim("k", "b", lease).await.unwrap(), Claim::Claimed);
         store.release("k", "b");
         assert_eq!(store.claim("k", "c", lease).await.unwrap(), Claim::Claimed);
-        // A lapsed lease lets another caller in.
+        // A lapsed lease lets another caller in; the first can no longer release it.
         tokio::time::advance(lease).await;
         assert_eq!(store.claim("k", "d", lease).await.unwrap(), Claim::Claimed);
+        store.release("k", "c");
+        assert_eq!(store.claim("k", "e", lease).await.unwrap(), Claim::InFlight);
+        // A completion after a lapse that nobody took over still records the operation.
+        tokio::time::advance(lease).await;
+        store.complete("k", "d", record(), Duration::from_secs(10));
+        assert_eq!(
+            store.claim("k", "e", lease).await.unwrap(),
+            Claim::Completed(Box::new(record()))
+        );
     }
 
     #[tokio::test(start_paused = true)]

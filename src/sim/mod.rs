@@ -186,6 +186,12 @@ impl Simulator {
         self.engine.idempotency_keys.snapshot()
     }
 
+    /// Requests answered again from an honoured idempotency key, without billing (see
+    /// [`SimConfig::honour_idempotency_keys`]).
+    pub fn idempotent_replays(&self) -> u64 {
+        self.engine.idempotency_keys.replayed()
+    }
+
     /// The configuration.
     pub fn config(&self) -> &SimConfig {
         self.engine.config()
