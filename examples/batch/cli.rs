@@ -82,10 +82,10 @@ pub(crate) struct Args {
     /// queued or in flight; a job re-run after its worker died waits at most this long.
     #[arg(long, value_name = "MS", default_value_t = 60_000)]
     pub(crate) lease_ms: u64,
-    /// With --durable: the worker heartbeat; a worker silent for two beats is dead, and its
-    /// jobs are re-enqueued.
-    #[arg(long, value_name = "MS", default_value_t = 5_000)]
-    pub(crate) heartbeat_ms: u64,
+    /// With --durable: the worker heartbeat, in whole seconds (apalis-redis keeps heartbeats
+    /// in seconds); a worker silent for two beats is dead, and its jobs are re-enqueued.
+    #[arg(long, value_name = "SECS", default_value_t = 5)]
+    pub(crate) heartbeat_secs: u64,
 }
 
 /// What a durable process does.

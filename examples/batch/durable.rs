@@ -19,7 +19,7 @@
 //!
 //! A worker killed mid-run loses nothing: the jobs it held are re-enqueued by the other
 //! workers (or by itself, restarted under another `--worker-name`) once its heartbeats have
-//! stopped for two intervals (`--heartbeat-ms`).
+//! stopped for two intervals (`--heartbeat-secs`).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -91,7 +91,7 @@ pub(crate) async fn run(
         .map_err(|error| format!("cannot reach Redis at {url}: {error}"))?;
     let config = Config::default()
         .queue(&args.queue)
-        .heartbeat_interval(Duration::from_millis(args.heartbeat_ms.max(10)))
+        .heartbeat_interval(Duration::from_secs(args.heartbeat_secs.max(1)))
         .missed_heartbeats(2);
     let storage = RedisStorage::<Job>::new(connection.clone()).with_config(config.clone());
     if matches!(args.role, Role::Enqueue | Role::Both) {
@@ -135,16 +135,27 @@ fn total_key(queue: &str) -> String {
     format!("{queue}:total")
 }
 
-/// Jobs by state, read from apalis-redis's sets.
+/// Jobs by state, read from apalis-redis's keys: its scheduled set holds every job pushed
+/// (due now, or later), its active list the jobs due and fetched for a worker.
 async fn counts(
     connection: &mut ConnectionManager,
     config: &Config,
 ) -> Result<JobCounts, redis::RedisError> {
-    let (queued, delayed, done, dead): (u64, u64, u64, u64) = redis::pipe()
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let (active, due, delayed, done, dead): (u64, u64, u64, u64, u64) = redis::pipe()
         .cmd("LLEN")
         .arg(config.active_jobs_list())
-        .cmd("ZCARD")
+        .cmd("ZCOUNT")
         .arg(config.scheduled_jobs_set())
+        .arg("-inf")
+        .arg(now)
+        .cmd("ZCOUNT")
+        .arg(config.scheduled_jobs_set())
+        .arg(format!("({now}"))
+        .arg("+inf")
         .cmd("SCARD")
         .arg(config.done_jobs_set())
         .cmd("SCARD")
@@ -152,7 +163,7 @@ async fn counts(
         .query_async(connection)
         .await?;
     Ok(JobCounts {
-        queued,
+        queued: active + due,
         delayed,
         done,
         dead,
