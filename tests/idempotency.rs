@@ -471,3 +471,43 @@ async fn redis_records_expire_and_failed_claims_are_released() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(store.claim("k", "c", lease).await.unwrap(), Claim::Claimed);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_simulator_honours_keys_when_asked_billing_each_once() {
+    let simulator = Simulator::new(
+        SimConfig::openai(500, 100_000)
+            .latency(Duration::from_millis(300), Duration::from_millis(4))
+            .honour_idempotency_keys(Duration::from_secs(60)),
+    );
+    let keyed = |key: &'static str| {
+        let mut request = chat(false);
+        request
+            .headers_mut()
+            .insert("idempotency-key", http::HeaderValue::from_static(key));
+        request
+    };
+    let service = simulator.service();
+    // While the first is generated, a duplicate is told so (409), and not billed.
+    let first = tokio::spawn(service.clone().oneshot(keyed("op-1")));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let during = service.clone().oneshot(keyed("op-1")).await.unwrap();
+    assert_eq!(during.status(), StatusCode::CONFLICT);
+    let first = first.await.unwrap().unwrap();
+    let first = first.into_body().collect().await.unwrap().to_bytes();
+    // After: the same completion, not billed again.
+    let again = service.clone().oneshot(keyed("op-1")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), first);
+    // Another key is another call; a call without a key is not counted by key.
+    service.clone().oneshot(keyed("op-2")).await.unwrap();
+    service.clone().oneshot(chat(false)).await.unwrap();
+    let keys = simulator.calls_by_idempotency_key();
+    assert_eq!((keys["op-1"], keys["op-2"], keys.len()), (1, 1, 2));
+    assert_eq!(simulator.stats().admitted, 3);
+    assert_eq!(simulator.idempotent_replays(), 1);
+    // The ttl ends: billed again.
+    tokio::time::advance(Duration::from_secs(61)).await;
+    service.clone().oneshot(keyed("op-1")).await.unwrap();
+    assert_eq!(simulator.calls_by_idempotency_key()["op-1"], 2);
+}
