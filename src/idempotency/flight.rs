@@ -322,6 +322,8 @@ impl Drop for Handle {
         state.interested -= 1;
         let wakers = std::mem::take(&mut state.wakers);
         let abandoned = state.interested == 0 && state.end.is_none();
+        // Before the head, `fail` and `abandon` released the key already.
+        let release = abandoned && matches!(state.head, HeadState::Ready(_));
         let mut upstream = None;
         if abandoned {
             upstream = state.upstream.take();
@@ -337,7 +339,7 @@ impl Drop for Handle {
         drop(upstream);
         // Whoever the upstream body would have woken may be gone: the others take over.
         wake(wakers);
-        if abandoned {
+        if release {
             self.flight.finish(Outcome::Release);
         }
     }
@@ -416,17 +418,22 @@ impl Body for IdempotentBody {
                 Poll::Ready(Some(Err(error))) => {
                     let error = IdempotencyError::interrupted(&error.to_string());
                     state.end = Some(Err(error));
-                    state.upstream = None;
                     Some(Outcome::Release)
                 }
                 Poll::Ready(None) => {
                     state.end = Some(Ok(()));
-                    state.upstream = None;
                     Some(record(&mut state))
                 }
             };
+            // An ended upstream body is dropped outside the lock: its drop may settle.
+            let ended = if outcome.is_some() {
+                state.upstream.take()
+            } else {
+                None
+            };
             let wakers = std::mem::take(&mut state.wakers);
             drop(state);
+            drop(ended);
             wake(wakers);
             if let Some(outcome) = outcome {
                 flight.finish(outcome);

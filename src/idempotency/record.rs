@@ -72,8 +72,9 @@ impl Record {
         self.body.as_ref()
     }
 
-    /// The metadata (all but the body) as JSON, for a store that keeps strings.
-    pub(crate) fn encode_meta(&self) -> String {
+    /// The metadata (all but the body) as JSON, for a store that keeps strings: with the
+    /// body, what [`Record::decode`] reads back. Header values that are not text are left out.
+    pub fn encode_meta(&self) -> String {
         let headers: Vec<Value> = self
             .headers
             .iter()
@@ -102,8 +103,9 @@ impl Record {
     }
 
     /// The record from its metadata and body; `None` when the metadata is not what
-    /// [`Record::encode_meta`] writes (a foreign or corrupted value).
-    pub(crate) fn decode(meta: &[u8], body: Bytes) -> Option<Self> {
+    /// [`Record::encode_meta`] writes (a foreign or corrupted value). The body is ignored when
+    /// the metadata says it was not kept.
+    pub fn decode(meta: &[u8], body: Bytes) -> Option<Self> {
         let meta: Value = serde_json::from_slice(meta).ok()?;
         let status =
             StatusCode::from_u16(u16::try_from(meta.get("status")?.as_u64()?).ok()?).ok()?;
