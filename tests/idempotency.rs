@@ -511,3 +511,30 @@ async fn the_simulator_honours_keys_when_asked_billing_each_once() {
     service.clone().oneshot(keyed("op-1")).await.unwrap();
     assert_eq!(simulator.calls_by_idempotency_key()["op-1"], 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn bodies_dropped_mid_stream_release_the_call_and_the_key() {
+    let simulator = simulator();
+    let stack = QuotaStack::openai(quota());
+    let layer = IdempotencyLayer::in_memory();
+    let service = layer.layer(stack.layer(simulator.service()));
+    let mut bodies = Vec::new();
+    for _ in 0..10 {
+        let response = service.clone().oneshot(chat(true)).await.unwrap();
+        let mut body = response.into_body();
+        // Each reads the first chunk, then gives up.
+        body.frame().await.unwrap().unwrap();
+        bodies.push(body);
+    }
+    assert_eq!((simulator.stats().admitted, layer.in_flight()), (1, 1));
+    assert_eq!(stack.in_flight(), 1, "one call holds one slot");
+    drop(bodies);
+    // Nothing left: the upstream body dropped (its slot freed), the key released.
+    assert_eq!((layer.in_flight(), stack.in_flight()), (0, 0));
+    let again = receive(service.clone(), chat(true)).await.unwrap();
+    assert_eq!(
+        again.suppressed, None,
+        "the abandoned operation may be tried again"
+    );
+    assert_eq!(simulator.stats().admitted, 2);
+}
