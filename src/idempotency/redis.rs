@@ -203,9 +203,11 @@ async fn listen(
         let connected = tokio::time::timeout(Duration::from_secs(2), connected).await;
         if let Ok(Ok(pubsub)) = connected {
             backoff = Duration::from_millis(50);
-            let _ = subscribed.send(true);
             // Anything published while no connection listened is found by claiming again.
+            // Woken before the subscription is announced: a waiter that registers after it
+            // looks at the key itself, and must not take this wake-up for a completion.
             wake_all(&inner);
+            let _ = subscribed.send(true);
             let mut messages = pubsub.into_on_message();
             loop {
                 let next = poll_fn(|cx| {
