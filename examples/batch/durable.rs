@@ -253,9 +253,18 @@ async fn work(
         .map_err(|error| format!("the worker failed: {error}"))?;
     bar.finish();
 
-    let figures = report(&mut connection, config, &meter, start, simulator.as_ref()).await?;
+    let figures = report(
+        &mut connection,
+        config,
+        settings,
+        &meter,
+        start,
+        simulator.as_ref(),
+    )
+    .await?;
     let frame = Frame::of(settings.quota, &figures);
     crate::report::print_table(&frame, None, &figures);
+    crate::write_outputs(args, settings, &frame, None, &figures)?;
     println!(
         "this worker: {} calls reached the provider, {} provider 429s",
         meter.attempts(),
@@ -347,6 +356,7 @@ fn job_error(error: BoxError) -> BoxDynError {
 async fn report(
     connection: &mut ConnectionManager,
     config: &Config,
+    settings: &Settings,
     meter: &Meter,
     start: Instant,
     simulator: Option<&Simulator>,
@@ -405,12 +415,13 @@ async fn report(
         Some(sim) => sim.stats().rate_limited,
         None => meter.rate_limited_at().len() as u64,
     };
+    // Sending instants are this worker's own: the plot is meant for a single-process run.
     let panel = crate::plot::Panel::from_events(
-        "durable".to_owned(),
+        "durable: jobs through IdempotencyLayer and QuotaStack".to_owned(),
         served().map(|d| (d.sent_at, d.tokens)),
         &meter.rate_limited_at(),
-        Duration::from_secs(1),
-        0.0,
+        settings.second(),
+        settings.quota.tpm as f64 / 60.0,
     );
     Ok(RunFigures::from_outcomes(
         &outcomes,

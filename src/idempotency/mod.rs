@@ -23,6 +23,12 @@
 //! Responses answered without a call carry a [`Suppressed`] extension, and count in
 //! `llm_duplicate_suppressed_total{task_type}`.
 //!
+//! **Name the tenant.** A derived key is only as narrow as the request's [`Operation`]:
+//! requests without one share the empty tenant, so two users sending the same body would share
+//! one answer. Put an `Operation` in every request of a multi-tenant service, or turn
+//! derivation off ([`IdempotencyLayer::derive_keys`]) and deduplicate only requests carrying
+//! a key. A regeneration that must not be deduplicated changes its body (or its key).
+//!
 //! # Example
 //!
 //! ```
