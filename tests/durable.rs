@@ -2,8 +2,9 @@
 //! (apalis), two worker processes of the batch example sharing one quota against the
 //! simulator over HTTP, one killed with SIGKILL and restarted. Every job completes exactly
 //! once (the simulator bills no idempotency key twice), nothing is lost, the provider never
-//! answers 429, and the jobs that can never succeed are in the dead-letter set with their
-//! error.
+//! answers 429, the jobs that can never succeed are in the dead-letter set with their error,
+//! and those whose call failed transiently (injected 5xx, one attempt per call) were
+//! rescheduled and done later.
 
 mod redis_server;
 
@@ -13,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
-use tower_llm_quota::sim::{SimConfig, Simulator};
+use tower_llm_quota::sim::{Faults, SimConfig, Simulator};
 
 const JOBS: usize = 500;
 /// Jobs whose `max_tokens` no quota can ever pay: permanent failures.
@@ -122,6 +123,7 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
             .minute(MINUTE)
             .latency(Duration::from_millis(20), Duration::from_micros(500))
             .honour_idempotency_keys(Duration::from_secs(600))
+            .faults(Faults::none().server_errors(0.05))
             .seed(5),
     );
     let server = simulator
@@ -146,7 +148,14 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
             ])
             .args(["--url", &url, "--api-key-env", "SIM_API_KEY"])
             .args(["--redis-url", &redis.url(), "--quota-key", "shared"])
-            .args(["--instances", "2", "--concurrency", "16"])
+            .args([
+                "--instances",
+                "2",
+                "--concurrency",
+                "16",
+                "--retry-attempts",
+                "1",
+            ])
             .args(["--rpm", &RPM.to_string(), "--tpm", &TPM.to_string()])
             .args(["--minute-ms", &MINUTE.as_millis().to_string()])
             .arg("--input")
@@ -219,23 +228,29 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let mut result_of = |id: &str| -> serde_json::Value {
-        let result: String = redis::cmd("HGET")
+    let mut meta = |id: &str, field: &str| -> String {
+        redis::cmd("HGET")
             .arg(format!("{QUEUE}:meta:{id}"))
-            .arg("result")
+            .arg(field)
             .query(&mut conn)
-            .unwrap();
-        serde_json::from_str(&result).unwrap()
+            .unwrap()
     };
+    let mut rescheduled = 0;
     for id in members(&format!("{QUEUE}:done")) {
-        let result = result_of(&id);
+        let result: serde_json::Value = serde_json::from_str(&meta(&id, "result")).unwrap();
         assert!(
             result["Ok"]["tokens"].as_u64().unwrap() > 0,
             "{id}: {result}"
         );
+        let attempts: u64 = meta(&id, "attempts").parse().unwrap();
+        rescheduled += u64::from(attempts > 1);
     }
+    // Injected server errors failed some calls: their jobs were rescheduled, then done.
+    let server_errors = simulator.stats().server_errors;
+    println!("{server_errors} injected server errors, {rescheduled} jobs done after a reschedule");
+    assert!(server_errors > 0 && rescheduled > 0);
     for id in members(&format!("{QUEUE}:dead")) {
-        let result = result_of(&id);
+        let result: serde_json::Value = serde_json::from_str(&meta(&id, "result")).unwrap();
         let error = result["Err"].as_str().unwrap_or_default();
         assert!(error.contains("exceeds the capacity"), "{id}: {result}");
     }

@@ -65,6 +65,11 @@ pub(crate) struct Args {
     /// this share of it.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub(crate) instances: u32,
+    /// Attempts per call in the governed stack, the first included, for every class
+    /// [default: the crate's, 8 for batch work]; with --durable, a job whose call fails
+    /// transiently that often is rescheduled.
+    #[arg(long, value_name = "N")]
+    pub(crate) retry_attempts: Option<std::num::NonZeroU32>,
     /// Run the batch as durable jobs in Redis (apalis), shared by every worker process of the
     /// same --queue; needs --redis-url.
     #[arg(long, requires = "redis_url")]

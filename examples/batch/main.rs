@@ -82,7 +82,9 @@ use tower::{Layer, Service};
 use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::sim::{SimConfig, SimStats, Simulator};
 use tower_llm_quota::stack::QuotaStack;
-use tower_llm_quota::{BoxError, DEFAULT_HEADROOM, Dimension, Limit, Priority, QueueConfig, Quota};
+use tower_llm_quota::{
+    BoxError, DEFAULT_HEADROOM, Dimension, Limit, Priority, QueueConfig, Quota, RetryPolicy,
+};
 
 use cli::Args;
 use plot::Panel;
@@ -288,9 +290,17 @@ async fn governed_stack(args: &Args, settings: &Settings) -> Result<QuotaStack, 
     let queue = QueueConfig::new()
         .max_wait(Priority::Async, LONG_WAIT)
         .max_wait(Priority::Batch, LONG_WAIT);
-    let stack = QuotaStack::openai(quota.clone())
+    let mut stack = QuotaStack::openai(quota.clone())
         .concurrency(settings.concurrency)
         .queue(queue);
+    if let Some(attempts) = args.retry_attempts {
+        let policy = Priority::ALL
+            .into_iter()
+            .fold(RetryPolicy::new(), |policy, priority| {
+                policy.max_attempts(priority, attempts)
+            });
+        stack = stack.retry(policy);
+    }
     Ok(match &args.redis_url {
         Some(url) => {
             let budget = RedisBudget::new(url.as_str(), args.quota_key.as_str())
