@@ -377,14 +377,18 @@ impl IdempotencyStore for RedisIdempotencyStore {
             notified.as_mut().enable();
             let mut connection = store.inner.connection.clone();
             let record = store.record_key(&key);
-            let (state, pttl): (Option<String>, i64) = ::redis::pipe()
+            let looked: Result<(Option<String>, i64), RedisError> = ::redis::pipe()
                 .cmd("HGET")
                 .arg(&record)
                 .arg("s")
                 .cmd("PTTL")
                 .arg(&record)
                 .query_async(&mut connection)
-                .await?;
+                .await;
+            // A failed look waits like a claim in flight: returning at once would make the
+            // caller claim and look again in a loop while Redis half-answers.
+            let within_ms = i64::try_from(within.as_millis()).unwrap_or(i64::MAX);
+            let (state, pttl) = looked.unwrap_or_else(|_| (Some("f".to_owned()), within_ms));
             if state.as_deref() == Some("f") {
                 // No later than the lease's end: a claim of a dead process lapses then.
                 let lease_end = tokio::time::Instant::now()
