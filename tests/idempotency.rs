@@ -538,3 +538,33 @@ async fn bodies_dropped_mid_stream_release_the_call_and_the_key() {
     );
     assert_eq!(simulator.stats().admitted, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_redis_store_sends_uncoordinated_and_still_coalesces_locally() {
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let store = RedisIdempotencyStore::open_with_timeout(
+        &format!("redis://127.0.0.1:{port}"),
+        "down",
+        Duration::from_millis(100),
+    )
+    .unwrap();
+    let client = Scripted::new(Duration::from_millis(200), |_| ok("{\"ok\":true}"));
+    let service = IdempotencyLayer::new(store).layer(client.service());
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(receive(service.clone(), chat(false))))
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap().body, "{\"ok\":true}");
+    }
+    assert_eq!(client.calls(), 1, "coalesced in this process");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}

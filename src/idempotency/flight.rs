@@ -44,7 +44,7 @@ impl Flights {
         owner: &str,
     ) -> (Handle, bool) {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(flight) = map.get(key) {
+        if let Some(flight) = map.get(key).filter(|flight| flight.joinable()) {
             return (Handle::new(Arc::clone(flight)), false);
         }
         let flight = Arc::new(Flight::new(Some(Keyed {
@@ -159,6 +159,14 @@ impl Flight {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a duplicate may still join: a flight that failed, was abandoned or was cut is
+    /// on its way out of the map, and the operation may be tried again instead.
+    fn joinable(&self) -> bool {
+        let state = self.lock();
+        !matches!(state.head, HeadState::Failed(_) | HeadState::Abandoned)
+            && !matches!(state.end, Some(Err(_)))
     }
 
     /// Reports `outcome` to the store and leaves the map. Called without the lock.
