@@ -6,9 +6,7 @@ mod builder;
 mod cost;
 mod error;
 pub mod estimate;
-pub mod idempotency;
 pub mod in_flight;
-pub mod jobs;
 #[cfg(feature = "reqwest")]
 pub mod middleware;
 mod observe;
@@ -29,6 +27,9 @@ mod test_util;
 mod timer;
 pub mod token_budget;
 pub mod usage;
+
+pub mod idempotency;
+pub mod jobs;
 
 pub use budget::{
     Budget, BudgetSnapshot, FailurePolicy, LimitSnapshot, Observation, Reservation, ReservationId,
