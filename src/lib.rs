@@ -39,7 +39,6 @@ pub use builder::ServiceBuilderExt;
 pub use cost::{Cost, Usage};
 pub use error::{BoxError, Error, InsufficientCapacity, NotUntil, ReserveError, TryReserveError};
 pub use estimate::{CharEstimator, Estimate, EstimateLayer, Estimator, LearnedOutput, OutputRoute};
-pub use idempotency::{IdempotencyLayer, Operation};
 pub use in_flight::{InFlightBody, InFlightLimit, InFlightLimitLayer};
 pub use priority::{Deadline, EnqueuedAt, Priority, Timings};
 pub use queue::{
@@ -54,3 +53,5 @@ pub use retry::{
     RetryReport,
 };
 pub use token_budget::{MissingCost, TokenBudget, TokenBudgetLayer};
+
+pub use idempotency::{IdempotencyLayer, Operation};
