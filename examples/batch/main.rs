@@ -55,6 +55,9 @@
 //!   while Redis is out of reach.
 //! - `--report FILE.json`, `--plot FILE.svg`: the figures as JSON; tokens admitted per
 //!   simulated second against the quota, with the 429s marked.
+//! - `--durable --redis-url URL [--role enqueue|work|both] [--worker-name NAME]`: the items as
+//!   jobs in Redis (apalis), worked by any number of processes through `IdempotencyLayer` and
+//!   the governed stack; see `durable.rs`.
 
 mod cli;
 mod durable;
