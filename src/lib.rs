@@ -29,6 +29,9 @@ mod timer;
 pub mod token_budget;
 pub mod usage;
 
+pub mod idempotency;
+pub mod jobs;
+
 pub use budget::{
     Budget, BudgetSnapshot, FailurePolicy, LimitSnapshot, Observation, Reservation, ReservationId,
     ReservationSlot, Reserve, Settlement, StoreUnavailable,
@@ -50,3 +53,5 @@ pub use retry::{
     RetryReport,
 };
 pub use token_budget::{MissingCost, TokenBudget, TokenBudgetLayer};
+
+pub use idempotency::{IdempotencyLayer, Operation};

@@ -12,7 +12,9 @@
 //! 5. [`ReconcileLayer`] with [`ProviderUsage`] for the profile: settles with the usage in the
 //!    provider's body and lowers the budget when its rate-limit headers report less left.
 //!
-//! The result is a [`QuotaService`]; its responses carry a [`QuotaBody`].
+//! The result is a [`QuotaService`]; its responses carry a [`QuotaBody`]. To make one call per
+//! logical operation, wrap it in an [`IdempotencyLayer`](crate::IdempotencyLayer): outside the
+//! stack, a duplicate neither queues nor reserves.
 //!
 //! # Example
 //!

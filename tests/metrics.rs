@@ -230,3 +230,66 @@ async fn a_scripted_scenario_records_every_series() {
         series.contains_key("gauge llm_budget_level{dimension=total_tokens,window_seconds=60}")
     );
 }
+
+#[test]
+fn duplicates_suppressed_and_jobs_by_state_are_recorded() {
+    use tower::Layer;
+    use tower_llm_quota::idempotency::{IdempotencyLayer, Operation};
+    use tower_llm_quota::jobs::JobCounts;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let client = service_fn(|_request: Request<Full<Bytes>>| async {
+                tokio::time::sleep(SEC).await;
+                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
+            });
+            let llm = IdempotencyLayer::in_memory().layer(client);
+            let request = || {
+                Request::post("/v1/chat/completions")
+                    .extension(Operation::new("acme", "classify"))
+                    .body(Full::new(Bytes::from_static(b"{\"model\":\"m\"}")))
+                    .unwrap()
+            };
+            // Four duplicates in flight with the first, then one after it completed.
+            let calls: Vec<_> = (0..5).map(|_| llm.clone().oneshot(request())).collect();
+            for response in futures::future::join_all(calls).await {
+                response.unwrap().into_body().collect().await.unwrap();
+            }
+            let replayed = llm.clone().oneshot(request()).await.unwrap();
+            replayed.into_body().collect().await.unwrap();
+        });
+        JobCounts {
+            queued: 3,
+            delayed: 1,
+            done: 90,
+            dead: 6,
+        }
+        .record();
+    });
+    let series = series(snapshotter.snapshot().into_vec());
+    assert_eq!(
+        counter(
+            &series,
+            "llm_duplicate_suppressed_total{task_type=classify}"
+        ),
+        5
+    );
+    for (state, count) in [
+        ("queued", 3.0),
+        ("delayed", 1.0),
+        ("done", 90.0),
+        ("dead", 6.0),
+    ] {
+        match series.get(&format!("gauge llm_jobs{{state={state}}}")) {
+            Some(DebugValue::Gauge(value)) => assert_eq!(value.into_inner(), count),
+            other => panic!("llm_jobs{{state={state}}}: {other:?}"),
+        }
+    }
+}

@@ -517,8 +517,10 @@ async fn an_attempt_the_stack_gave_up_on_stops_at_once() {
         .with(QuotaMiddleware::new(layer))
         .with(slow.clone())
         .build();
+    // A timed-out attempt may have been processed: it is retried only with a key.
     let error = client
         .post("http://127.0.0.1:9/v1/chat/completions")
+        .header("idempotency-key", "op-1")
         .body(CHAT)
         .send()
         .await

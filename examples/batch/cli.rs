@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 
 /// Classify support tickets against a rate-limited LLM provider, first naively, then through
 /// the governed stack, and compare.
@@ -65,4 +65,41 @@ pub(crate) struct Args {
     /// this share of it.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub(crate) instances: u32,
+    /// Attempts per call in the governed stack, the first included, for every class
+    /// [default: the crate's, 8 for batch work]; with --durable, a job whose call fails
+    /// transiently that often is rescheduled.
+    #[arg(long, value_name = "N")]
+    pub(crate) retry_attempts: Option<std::num::NonZeroU32>,
+    /// Run the batch as durable jobs in Redis (apalis), shared by every worker process of the
+    /// same --queue; needs --redis-url.
+    #[arg(long, requires = "redis_url")]
+    pub(crate) durable: bool,
+    /// With --durable: enqueue the items, work the queue, or both (enqueue, then work).
+    #[arg(long, value_enum, default_value = "both")]
+    pub(crate) role: Role,
+    /// With --durable: the job queue's name.
+    #[arg(long, value_name = "NAME", default_value = "batch-jobs")]
+    pub(crate) queue: String,
+    /// With --durable: this worker's name (unique among live workers).
+    #[arg(long, value_name = "NAME", default_value = "worker-1")]
+    pub(crate) worker_name: String,
+    /// With --durable: how long a job's claim on its idempotency key holds while its call is
+    /// queued or in flight; a job re-run after its worker died waits at most this long.
+    #[arg(long, value_name = "MS", default_value_t = 60_000)]
+    pub(crate) lease_ms: u64,
+    /// With --durable: the worker heartbeat, in whole seconds (apalis-redis keeps heartbeats
+    /// in seconds); a worker silent for two beats is dead, and its jobs are re-enqueued.
+    #[arg(long, value_name = "SECS", default_value_t = 5)]
+    pub(crate) heartbeat_secs: u64,
+}
+
+/// What a durable process does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Role {
+    /// Push one job per item, then exit.
+    Enqueue,
+    /// Work the queue until every enqueued job is done or dead.
+    Work,
+    /// Enqueue, then work.
+    Both,
 }

@@ -55,8 +55,12 @@
 //!   while Redis is out of reach.
 //! - `--report FILE.json`, `--plot FILE.svg`: the figures as JSON; tokens admitted per
 //!   simulated second against the quota, with the 429s marked.
+//! - `--durable --redis-url URL [--role enqueue|work|both] [--worker-name NAME]`: the items as
+//!   jobs in Redis (apalis), worked by any number of processes through `IdempotencyLayer` and
+//!   the governed stack; see `durable.rs`.
 
 mod cli;
+mod durable;
 mod input;
 mod plot;
 mod remote;
@@ -81,7 +85,9 @@ use tower::{Layer, Service};
 use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::sim::{SimConfig, SimStats, Simulator};
 use tower_llm_quota::stack::QuotaStack;
-use tower_llm_quota::{BoxError, DEFAULT_HEADROOM, Dimension, Limit, Priority, QueueConfig, Quota};
+use tower_llm_quota::{
+    BoxError, DEFAULT_HEADROOM, Dimension, Limit, Priority, QueueConfig, Quota, RetryPolicy,
+};
 
 use cli::Args;
 use plot::Panel;
@@ -134,6 +140,9 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
         None => Provider::Embedded(Box::new(simulator_config(settings.quota, args.seed))),
     };
     settings.describe(&args, items.len());
+    if args.durable {
+        return durable::run(&args, &settings, &provider, &items).await;
+    }
 
     let naive = if args.governed_only {
         None
@@ -284,9 +293,17 @@ async fn governed_stack(args: &Args, settings: &Settings) -> Result<QuotaStack, 
     let queue = QueueConfig::new()
         .max_wait(Priority::Async, LONG_WAIT)
         .max_wait(Priority::Batch, LONG_WAIT);
-    let stack = QuotaStack::openai(quota.clone())
+    let mut stack = QuotaStack::openai(quota.clone())
         .concurrency(settings.concurrency)
         .queue(queue);
+    if let Some(attempts) = args.retry_attempts {
+        let policy = Priority::ALL
+            .into_iter()
+            .fold(RetryPolicy::new(), |policy, priority| {
+                policy.max_attempts(priority, attempts)
+            });
+        stack = stack.retry(policy);
+    }
     Ok(match &args.redis_url {
         Some(url) => {
             let budget = RedisBudget::new(url.as_str(), args.quota_key.as_str())

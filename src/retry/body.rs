@@ -11,7 +11,8 @@ use crate::error::BoxError;
 
 pin_project! {
     /// The body of a response from [`RetryAfter`](super::RetryAfter): the inner body, streamed
-    /// as it comes, or an error body the layer had to read to classify it.
+    /// as it comes, or an error body the layer had to read to classify it. An error of the
+    /// inner body is an [`Interrupted`](super::Interrupted), its source the inner error.
     pub struct RetryBody<B> {
         #[pin]
         inner: Inner<B>,
@@ -60,9 +61,14 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().inner.project() {
-            InnerProj::Streaming { body } => body
-                .poll_frame(cx)
-                .map(|frame| frame.map(|frame| frame.map_err(Into::into))),
+            // A failure after the head: the provider processed the call.
+            InnerProj::Streaming { body } => body.poll_frame(cx).map(|frame| {
+                frame.map(|frame| {
+                    frame.map_err(|error| {
+                        Box::new(super::Interrupted::new(error.into())) as BoxError
+                    })
+                })
+            }),
             InnerProj::Buffered { body } => body
                 .poll_frame(cx)
                 .map(|frame| frame.map(|frame| frame.map_err(|never| match never {}))),

@@ -71,6 +71,10 @@ pub enum Permanent {
     Local,
     /// An error nothing here knows how to classify.
     Unknown,
+    /// Sent, and failed before the response head (a timeout, a reset) without an idempotency
+    /// key: the provider may have processed it, and a retry could bill twice (see
+    /// [`Ambiguity`](super::Ambiguity)).
+    Ambiguous,
 }
 
 /// Decides whether a failure is transient. Object safe, so a policy can hold

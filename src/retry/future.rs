@@ -171,7 +171,7 @@ where
                             After::Finish(response) => return Poll::Ready(Ok(response)),
                         }
                     }
-                    Err(error) => match error_or_retry(&mut this, error.into()) {
+                    Err(error) => match error_or_retry(&mut this, error.into(), true) {
                         After::Wait(wait) => wait,
                         After::Finish(error) => return Poll::Ready(Err(error)),
                     },
@@ -187,7 +187,7 @@ where
                             }
                         }
                         // The error body itself failed (cut, or larger than it said).
-                        Err(error) => match error_or_retry(&mut this, error) {
+                        Err(error) => match error_or_retry(&mut this, error, false) {
                             After::Wait(wait) => wait,
                             After::Finish(error) => return Poll::Ready(Err(error)),
                         },
@@ -296,6 +296,7 @@ where
 fn error_or_retry<S, B, ResBody, C>(
     this: &mut FutureProj<'_, S, B, ResBody, C>,
     error: BoxError,
+    before_head: bool,
 ) -> After<Error>
 where
     S: Service<Request<B>>,
@@ -303,7 +304,12 @@ where
     ResBody::Error: Into<BoxError>,
     C: Classify,
 {
-    let class = this.settings.classify.classify(&Failure::Error(&*error));
+    let mut class = this.settings.classify.classify(&Failure::Error(&*error));
+    if before_head {
+        // Sent but unanswered: retried only when a retry cannot bill twice.
+        let has_key = super::ambiguity::has_key(this.template);
+        class = super::ambiguity::gate(class, &*error, has_key);
+    }
     this.report.last_status = None;
     match next(this, class, None) {
         Next::Retry(wait) => After::Wait(wait),

@@ -63,7 +63,14 @@
 //!   nothing until the provider's reset, for every request of that budget. Overloaded answers
 //!   (529, 503) pause nothing.
 //! - **Streams are not retried once handed over**: only error statuses are retried; a success
-//!   goes to the caller at once, with its body untouched.
+//!   goes to the caller at once, with its body untouched. A body that fails after the head
+//!   fails with [`Interrupted`]: the provider processed the call.
+//! - **Ambiguous failures are retried only with a key** ([`Ambiguity`]): a connect failure
+//!   never reached the provider and is retried; a timeout or reset before the response head
+//!   may have been processed, and is retried (on the same provider: this layer never routes
+//!   elsewhere) only when the request carries an idempotency key, set by
+//!   [`IdempotencyLayer`](crate::IdempotencyLayer) or by the caller's own `idempotency-key`
+//!   header; without one it fails as [`Permanent::Ambiguous`].
 //! - **One span per request**: the layer opens a `llm_request` span (debug level) with the
 //!   request's priority and estimated cost; the layers inside record into it the queue wait, the
 //!   budget wait, the call time, the attempt, the usage and the decision (`ok`, `local`,
@@ -76,6 +83,7 @@
 //!   response is an [`Error`](crate::Error) with the same report. Error bodies (up to 64 KiB)
 //!   are read to classify them and returned buffered.
 
+mod ambiguity;
 mod body;
 mod classify;
 mod future;
@@ -85,6 +93,7 @@ mod policy;
 mod report;
 mod service;
 
+pub use ambiguity::{Ambiguity, Interrupted};
 pub use body::RetryBody;
 pub use classify::{
     Classify, ClassifyError, ClassifyFn, Failure, FailureClass, Permanent, ProviderErrors,

@@ -153,6 +153,7 @@ pub struct SimConfig {
     pub(crate) keys: Vec<(String, String)>,
     pub(crate) faults: Faults,
     pub(crate) series_interval: Option<Duration>,
+    pub(crate) idempotency_ttl: Option<Duration>,
 }
 
 impl SimConfig {
@@ -180,6 +181,7 @@ impl SimConfig {
             keys: Vec::new(),
             faults: Faults::none(),
             series_interval: None,
+            idempotency_ttl: None,
         }
     }
 
@@ -319,6 +321,18 @@ impl SimConfig {
     pub fn key(mut self, key: impl Into<String>, organization: impl Into<String>) -> Self {
         self.keys.push((key.into(), organization.into()));
         self
+    }
+
+    /// Honours the `idempotency-key` request header for `ttl` (off by default), as providers
+    /// that support one do: a request whose key was billed within `ttl` is not billed again;
+    /// it gets the same completion (header `idempotent-replayed: true`) once generated, or a
+    /// 409 while it is being generated. Calls billed per key are counted either way
+    /// ([`Simulator::calls_by_idempotency_key`](super::Simulator::calls_by_idempotency_key)).
+    pub fn honour_idempotency_keys(self, ttl: Duration) -> Self {
+        Self {
+            idempotency_ttl: Some(ttl),
+            ..self
+        }
     }
 
     /// The faults to inject (none by default).

@@ -64,6 +64,8 @@ pub(crate) struct Engine {
     organizations: Vec<String>,
     keys: HashMap<String, usize>,
     state: Mutex<State>,
+    /// Admitted calls per idempotency key.
+    pub(crate) idempotency_keys: super::keys::KeyCounts,
 }
 
 #[derive(Debug)]
@@ -217,6 +219,7 @@ impl Engine {
             organizations,
             keys,
             state: Mutex::new(state),
+            idempotency_keys: super::keys::KeyCounts::default(),
         }
     }
 
@@ -336,13 +339,60 @@ impl Engine {
             };
             return self.refuse(&mut state, Some(organization), now, refusal);
         }
-        self.admit(
+        let key = super::keys::key_of(headers);
+        if let (Some(ttl), Some(key)) = (self.config.idempotency_ttl, key) {
+            if let Some(replay) = self.idempotency_keys.replay(key, now, style) {
+                return replay;
+            }
+            // The key is held from here (a duplicate meanwhile gets 409) until the outcome
+            // is known.
+            let outcome = self.admit(
+                state,
+                organization,
+                now,
+                request,
+                spike < faults.latency_spikes,
+            );
+            return self.keep(outcome, key, now, Some(ttl));
+        }
+        let outcome = self.admit(
             state,
             organization,
             now,
             request,
             spike < faults.latency_spikes,
-        )
+        );
+        match key {
+            Some(key) => self.keep(outcome, key, now, None),
+            None => outcome,
+        }
+    }
+
+    /// Counts an admission under its idempotency key, kept for `ttl` when keys are honoured.
+    fn keep(&self, outcome: Outcome, key: &str, now: u64, ttl: Option<Duration>) -> Outcome {
+        if let Outcome::Admitted(admitted) = &outcome {
+            let kept =
+                ttl.map(|ttl| {
+                    let generation = admitted.first_token.saturating_add(
+                        admitted.per_token.saturating_mul(
+                            u32::try_from(admitted.completion.completion_tokens)
+                                .unwrap_or(u32::MAX),
+                        ),
+                    );
+                    let done_at = now.saturating_add(nanos(generation));
+                    (
+                        &admitted.completion,
+                        admitted.stream,
+                        done_at,
+                        done_at.saturating_add(nanos(ttl)),
+                    )
+                });
+            self.idempotency_keys.billed(key, kept);
+        } else if ttl.is_some() {
+            // Not admitted: nothing billed, the key is free again.
+            self.idempotency_keys.forget(key);
+        }
+        outcome
     }
 
     /// Charges the request to every limit, or refuses it.

@@ -119,6 +119,7 @@ mod anthropic;
 mod bucket;
 mod config;
 mod engine;
+mod keys;
 mod openai;
 mod server;
 mod service;
@@ -175,6 +176,20 @@ impl Simulator {
     /// Zeroes the statistics (the buckets keep their levels).
     pub fn reset_stats(&self) {
         self.engine.reset_stats();
+        self.engine.idempotency_keys.clear();
+    }
+
+    /// Admitted (billed) calls per `idempotency-key` request header: a key counted more than
+    /// once is an operation billed more than once. Calls without the header are not counted
+    /// here.
+    pub fn calls_by_idempotency_key(&self) -> std::collections::HashMap<String, u64> {
+        self.engine.idempotency_keys.snapshot()
+    }
+
+    /// Requests answered again from an honoured idempotency key, without billing (see
+    /// [`SimConfig::honour_idempotency_keys`]).
+    pub fn idempotent_replays(&self) -> u64 {
+        self.engine.idempotency_keys.replayed()
     }
 
     /// The configuration.

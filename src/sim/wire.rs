@@ -25,7 +25,7 @@ pub(crate) struct ChatRequest {
 pub(crate) type Invalid = String;
 
 /// A completion the simulator generates, as both styles render it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub(crate) struct Completion {
     pub(crate) id: String,
     pub(crate) model: String,

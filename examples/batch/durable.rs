@@ -1,0 +1,442 @@
+//! `--durable`: the batch as jobs in Redis, through apalis, worked by one or several processes.
+//!
+//! `--role enqueue` pushes one job per item into the apalis queue `--queue` (and adds their
+//! number to `<queue>:total`); `--role work` works the queue until every enqueued job is done
+//! or dead; `--role both` (the default) does one, then the other. Each worker's calls go
+//! through [`IdempotencyLayer`] (records in Redis) around the governed stack, whose budget is
+//! the shared `RedisBudget` of `--quota-key`, so any number of workers spend one quota:
+//!
+//! - the **job id is the idempotency key**: a job run again after its worker died is answered
+//!   from the record, or waits for the dead claim's lease (`--lease-ms`) and is sent with the
+//!   same key, which a provider honouring keys answers without billing again;
+//! - a **permanent failure** (a 4xx, a cost that can never fit, an answer too large to replay)
+//!   fails the job with apalis's `AbortError`: it goes to the dead-letter set, its error in
+//!   its stored result;
+//! - a **transient failure** the stack's retry layer gave up on is returned as a
+//!   `RetryAfterError`: apalis-redis reschedules the job in its scheduled set with a
+//!   not-before time (its own backoff: the attempt number in seconds) rather than at once;
+//! - a **result** (tokens, waits) is stored with each job by apalis (`<queue>:meta:<id>`).
+//!
+//! A worker killed mid-run loses nothing: the jobs it held are re-enqueued by the other
+//! workers (or by itself, restarted under another `--worker-name`) once its heartbeats have
+//! stopped for two intervals (`--heartbeat-secs`).
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use apalis::prelude::*;
+use apalis_redis::{Config, ConnectionManager, RedisStorage};
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, ServiceExt};
+use tower_llm_quota::idempotency::{
+    IdempotencyError, IdempotencyLayer, IdempotentBody, Operation, RedisIdempotencyStore,
+    Suppressed,
+};
+use tower_llm_quota::jobs::JobCounts;
+use tower_llm_quota::retry::{Failure as Failed, FailureClass, ProviderErrors};
+use tower_llm_quota::sim::Simulator;
+use tower_llm_quota::{BoxError, Classify, Priority, Timings};
+
+use crate::cli::{Args, Role};
+use crate::report::{Frame, RunFigures};
+use crate::run::{Consumption, Done, Meter, Metered, Outcome};
+use crate::workload::Item;
+use crate::{Failure, Provider, Settings};
+
+/// A job: one item's request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Job {
+    item: String,
+    priority: String,
+    body: String,
+}
+
+/// The governed client every job calls through.
+type Llm = BoxCloneSyncService<Request<Full<Bytes>>, Response<IdempotentBody>, BoxError>;
+
+/// What a job handler needs.
+struct Worker {
+    llm: Llm,
+    url: String,
+    api_key: String,
+    queue: String,
+    start: Instant,
+}
+
+/// A provider honouring keys forgets them after this.
+const KEY_TTL: Duration = Duration::from_secs(24 * 3600);
+
+pub(crate) async fn run(
+    args: &Args,
+    settings: &Settings,
+    provider: &Provider,
+    items: &[Item],
+) -> Result<ExitCode, Failure> {
+    let url = args
+        .redis_url
+        .as_deref()
+        .ok_or("--durable needs --redis-url")?;
+    let connection = apalis_redis::connect(url)
+        .await
+        .map_err(|error| format!("cannot reach Redis at {url}: {error}"))?;
+    let config = Config::default()
+        .queue(&args.queue)
+        .heartbeat_interval(Duration::from_secs(args.heartbeat_secs.max(1)))
+        .missed_heartbeats(2);
+    let storage = RedisStorage::<Job>::new(connection.clone()).with_config(config.clone());
+    if matches!(args.role, Role::Enqueue | Role::Both) {
+        enqueue(storage.clone(), connection.clone(), &args.queue, items).await?;
+    }
+    if matches!(args.role, Role::Work | Role::Both) {
+        return work(args, settings, provider, storage, connection, &config).await;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn enqueue(
+    mut storage: RedisStorage<Job>,
+    mut connection: ConnectionManager,
+    queue: &str,
+    items: &[Item],
+) -> Result<(), Failure> {
+    let jobs: Vec<Job> = items
+        .iter()
+        .map(|item| Job {
+            item: item.id.clone(),
+            priority: item.priority.as_str().to_owned(),
+            body: String::from_utf8_lossy(&item.body).into_owned(),
+        })
+        .collect();
+    let count = jobs.len();
+    storage
+        .push_bulk(jobs)
+        .await
+        .map_err(|error| format!("cannot enqueue: {error}"))?;
+    let total: u64 = redis::cmd("INCRBY")
+        .arg(total_key(queue))
+        .arg(count)
+        .query_async(&mut connection)
+        .await?;
+    println!("enqueued {count} jobs in `{queue}` ({total} in all)");
+    Ok(())
+}
+
+fn total_key(queue: &str) -> String {
+    format!("{queue}:total")
+}
+
+/// Jobs by state, read from apalis-redis's keys: its scheduled set holds every job pushed
+/// (due now, or later), its active list the jobs due and fetched for a worker.
+async fn counts(
+    connection: &mut ConnectionManager,
+    config: &Config,
+) -> Result<JobCounts, redis::RedisError> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let (active, due, delayed, done, dead): (u64, u64, u64, u64, u64) = redis::pipe()
+        .cmd("LLEN")
+        .arg(config.active_jobs_list())
+        .cmd("ZCOUNT")
+        .arg(config.scheduled_jobs_set())
+        .arg("-inf")
+        .arg(now)
+        .cmd("ZCOUNT")
+        .arg(config.scheduled_jobs_set())
+        .arg(format!("({now}"))
+        .arg("+inf")
+        .cmd("SCARD")
+        .arg(config.done_jobs_set())
+        .cmd("SCARD")
+        .arg(config.dead_jobs_set())
+        .query_async(connection)
+        .await?;
+    Ok(JobCounts {
+        queued: active + due,
+        delayed,
+        done,
+        dead,
+    })
+}
+
+async fn work(
+    args: &Args,
+    settings: &Settings,
+    provider: &Provider,
+    storage: RedisStorage<Job>,
+    mut connection: ConnectionManager,
+    config: &Config,
+) -> Result<ExitCode, Failure> {
+    let redis_url = args.redis_url.as_deref().unwrap_or_default();
+    let total: u64 = redis::cmd("GET")
+        .arg(total_key(&args.queue))
+        .query_async::<Option<u64>>(&mut connection)
+        .await?
+        .unwrap_or(0);
+    let start = Instant::now();
+    let meter = Meter::new(start);
+    let stack = crate::governed_stack(args, settings).await?;
+    let store = RedisIdempotencyStore::open(redis_url, &args.queue)?;
+    let idempotency =
+        IdempotencyLayer::new(store).lease(Duration::from_millis(args.lease_ms.max(1)));
+    let mut simulator = None;
+    let llm: Llm = match provider {
+        Provider::Embedded(config) => {
+            let sim = Simulator::new(config.as_ref().clone().honour_idempotency_keys(KEY_TTL));
+            let client = Metered::new(sim.service(), Arc::clone(&meter));
+            simulator = Some(sim);
+            BoxCloneSyncService::new(idempotency.layer(stack.layer(client)))
+        }
+        Provider::Remote(_) => {
+            let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+            let client = Metered::new(client, Arc::clone(&meter));
+            BoxCloneSyncService::new(idempotency.layer(stack.layer(client)))
+        }
+    };
+    let worker = Arc::new(Worker {
+        llm,
+        url: settings.target.url.clone(),
+        api_key: settings.target.api_key.clone(),
+        queue: args.queue.clone(),
+        start,
+    });
+    println!(
+        "worker `{}`: working `{}` ({total} jobs enqueued), at most {} calls in flight",
+        args.worker_name, args.queue, settings.concurrency
+    );
+
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template(
+        "durable [{elapsed_precise}] {wide_bar} {pos}/{len} jobs {msg}",
+    ) {
+        bar.set_style(style);
+    }
+    let watch = {
+        let (bar, mut connection, config) = (bar.clone(), connection.clone(), config.clone());
+        async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            loop {
+                tick.tick().await;
+                let Ok(counts) = counts(&mut connection, &config).await else {
+                    continue;
+                };
+                counts.record();
+                bar.set_position(counts.done + counts.dead);
+                bar.set_message(format!(
+                    "(queued {}, delayed {}, done {}, dead {})",
+                    counts.queued, counts.delayed, counts.done, counts.dead
+                ));
+                if counts.settled(total) {
+                    return Ok::<(), WorkerError>(());
+                }
+            }
+        }
+    };
+    WorkerBuilder::new(args.worker_name.as_str())
+        .backend(storage)
+        .data(worker)
+        .concurrency(settings.concurrency)
+        .build(work_job)
+        .run_until(watch)
+        .await
+        .map_err(|error| format!("the worker failed: {error}"))?;
+    bar.finish();
+
+    let figures = report(
+        &mut connection,
+        config,
+        settings,
+        &meter,
+        start,
+        simulator.as_ref(),
+    )
+    .await?;
+    let frame = Frame::of(settings.quota, &figures);
+    crate::report::print_table(&frame, None, &figures);
+    crate::write_outputs(args, settings, &frame, None, &figures)?;
+    println!(
+        "this worker: {} calls reached the provider, {} provider 429s",
+        meter.attempts(),
+        meter.rate_limited_at().len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One job: the call, through the idempotency layer and the governed stack.
+async fn work_job(job: Job, id: TaskId, worker: Data<Arc<Worker>>) -> Result<Value, BoxDynError> {
+    let priority = Priority::ALL
+        .into_iter()
+        .find(|p| p.as_str() == job.priority)
+        .unwrap_or(Priority::Batch);
+    let request = Request::post(worker.url.as_str())
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(
+            http::header::AUTHORIZATION,
+            format!("Bearer {}", worker.api_key),
+        )
+        // The job id is the operation's key: a re-run after a crash is the same operation.
+        .header("idempotency-key", id.to_string())
+        .extension(priority)
+        .extension(Operation::new(worker.queue.clone(), "classify"))
+        .body(Full::new(Bytes::from(job.body)))
+        .map_err(AbortError::new)?;
+    let arrived = worker.start.elapsed();
+    let response = worker
+        .llm
+        .clone()
+        .oneshot(request)
+        .await
+        .map_err(job_error)?;
+    let (parts, body) = response.into_parts();
+    let body = body.collect().await.map_err(job_error)?.to_bytes();
+    if !parts.status.is_success() {
+        let class = ProviderErrors.classify(&Failed::Response {
+            status: parts.status,
+            headers: &parts.headers,
+            body: &body,
+        });
+        let message = format!("HTTP {} for {}", parts.status, job.item);
+        return Err(match class {
+            FailureClass::Transient(_) => {
+                Box::new(RetryAfterError::new(message, Duration::from_secs(1)))
+            }
+            FailureClass::Permanent(_) => Box::new(AbortError::new(message)),
+        });
+    }
+    let waited = parts
+        .extensions
+        .get::<Timings>()
+        .map_or(Duration::ZERO, Timings::waited);
+    let tokens = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v["usage"]["total_tokens"].as_u64())
+        .unwrap_or(0);
+    Ok(json!({
+        "item": job.item,
+        "priority": job.priority,
+        "status": parts.status.as_u16(),
+        "tokens": tokens,
+        "waited_ms": waited.as_millis() as u64,
+        "sent_at_ms": (arrived + waited).as_millis() as u64,
+        "replayed": parts.extensions.get::<Suppressed>().is_some(),
+    }))
+}
+
+/// A failed call as apalis sees it: permanent (dead letter) or transient (rescheduled).
+fn job_error(error: BoxError) -> BoxDynError {
+    let permanent = error
+        .downcast_ref::<IdempotencyError>()
+        .is_some_and(|e| e.is_not_replayable() || e.is_invalid_key())
+        || matches!(
+            ProviderErrors.classify(&Failed::Error(&*error)),
+            FailureClass::Permanent(_)
+        ) && !error
+            .downcast_ref::<tower_llm_quota::Error>()
+            .is_some_and(|e| e.is_deadline_exceeded() || e.is_store_unavailable());
+    if permanent {
+        Box::new(AbortError::new(error))
+    } else {
+        Box::new(RetryAfterError::new(error, Duration::from_secs(1)))
+    }
+}
+
+/// The same report as the other modes, over every job of the queue (each worker's results,
+/// read back from Redis).
+async fn report(
+    connection: &mut ConnectionManager,
+    config: &Config,
+    settings: &Settings,
+    meter: &Meter,
+    start: Instant,
+    simulator: Option<&Simulator>,
+) -> Result<RunFigures, Failure> {
+    let done: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(config.done_jobs_set())
+        .query_async(connection)
+        .await?;
+    let dead: Vec<String> = redis::cmd("SMEMBERS")
+        .arg(config.dead_jobs_set())
+        .query_async(connection)
+        .await?;
+    let mut outcomes = Vec::with_capacity(done.len() + dead.len());
+    for (ids, ok) in [(&done, true), (&dead, false)] {
+        for id in ids {
+            let result: Option<String> = redis::cmd("HGET")
+                .arg(format!("{}:{id}", config.job_meta_hash()))
+                .arg("result")
+                .query_async(connection)
+                .await?;
+            let value: Value = result
+                .and_then(|r| serde_json::from_str(&r).ok())
+                .unwrap_or(Value::Null);
+            // apalis stores `Result<Value, String>` as {"Ok": ...} or {"Err": "..."}.
+            let outcome = if ok {
+                let done = &value["Ok"];
+                let priority = done["priority"].as_str().unwrap_or("batch");
+                Outcome {
+                    id: done["item"].as_str().unwrap_or(id).to_owned(),
+                    priority: Priority::ALL
+                        .into_iter()
+                        .find(|p| p.as_str() == priority)
+                        .unwrap_or(Priority::Batch),
+                    result: Ok(Done {
+                        tokens: done["tokens"].as_u64().unwrap_or(0),
+                        waited: Duration::from_millis(done["waited_ms"].as_u64().unwrap_or(0)),
+                        sent_at: Duration::from_millis(done["sent_at_ms"].as_u64().unwrap_or(0)),
+                    }),
+                }
+            } else {
+                Outcome {
+                    id: id.clone(),
+                    priority: Priority::Batch,
+                    result: Err(value["Err"].as_str().unwrap_or("failed").to_owned()),
+                }
+            };
+            outcomes.push(outcome);
+        }
+    }
+    let served = || outcomes.iter().filter_map(|o| o.result.as_ref().ok());
+    let used = Consumption {
+        requests: served().count() as u64,
+        tokens: served().map(|d| d.tokens).sum(),
+    };
+    let provider_429 = match simulator {
+        Some(sim) => sim.stats().rate_limited,
+        None => meter.rate_limited_at().len() as u64,
+    };
+    // Sending instants are this worker's own: the plot is meant for a single-process run.
+    let panel = crate::plot::Panel::from_events(
+        "durable: jobs through IdempotencyLayer and QuotaStack".to_owned(),
+        served().map(|d| (d.sent_at, d.tokens)),
+        &meter.rate_limited_at(),
+        settings.second(),
+        settings.quota.tpm as f64 / 60.0,
+    );
+    Ok(RunFigures::from_outcomes(
+        &outcomes,
+        meter.attempts(),
+        provider_429,
+        start.elapsed(),
+        used,
+        panel,
+    ))
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("queue", &self.queue)
+            .finish_non_exhaustive()
+    }
+}

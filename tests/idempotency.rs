@@ -1,0 +1,570 @@
+//! `IdempotencyLayer`: one provider call per operation, in process (paused clock, against the
+//! simulator and scripted clients) and across processes sharing Redis (a private
+//! `redis-server`, real time).
+
+mod redis_server;
+
+use std::convert::Infallible;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt, service_fn};
+use tower_llm_quota::budget::redis::RedisBudget;
+use tower_llm_quota::idempotency::{
+    IdempotencyError, IdempotencyLayer, IdempotencyStore, MemoryStore, Operation,
+    RedisIdempotencyStore, Suppressed,
+};
+use tower_llm_quota::sim::{SimConfig, Simulator};
+use tower_llm_quota::stack::QuotaStack;
+use tower_llm_quota::{BoxError, Dimension, Limit, Quota};
+
+use redis_server::RedisServer;
+
+const DUPLICATES: usize = 100;
+
+fn simulator() -> Simulator {
+    Simulator::new(
+        SimConfig::openai(500, 100_000)
+            .minute(Duration::from_secs(60))
+            .latency(Duration::from_millis(300), Duration::from_millis(4))
+            .key("sk-test", "org-1"),
+    )
+}
+
+const DAY: Duration = Duration::from_secs(86_400);
+
+fn nz(n: u64) -> std::num::NonZeroU64 {
+    std::num::NonZeroU64::new(n).unwrap()
+}
+
+fn quota() -> Quota {
+    Quota::new()
+        .with_limit(Limit::per_minute(Dimension::Requests, nz(500)))
+        .with_limit(Limit::per_minute(Dimension::TotalTokens, nz(100_000)))
+}
+
+fn chat(stream: bool) -> Request<Full<Bytes>> {
+    let body = serde_json::json!({
+        "model": "gpt-4o-mini",
+        "max_tokens": 60,
+        "stream": stream,
+        "messages": [{"role": "user", "content": "Classify this ticket: my invoice is wrong."}],
+    });
+    Request::post("/v1/chat/completions")
+        .header("authorization", "Bearer sk-test")
+        .header("content-type", "application/json")
+        .extension(Operation::new("acme", "classify"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// What one caller received.
+#[derive(Debug)]
+struct Received {
+    status: StatusCode,
+    body: Bytes,
+    suppressed: Option<Suppressed>,
+    first_frame_at: Instant,
+    end_at: Instant,
+}
+
+async fn receive<S>(service: S, request: Request<Full<Bytes>>) -> Result<Received, BoxError>
+where
+    S: Service<
+            Request<Full<Bytes>>,
+            Response = Response<tower_llm_quota::idempotency::IdempotentBody>,
+            Error = BoxError,
+        >,
+{
+    let response = service.oneshot(request).await?;
+    let status = response.status();
+    let suppressed = response.extensions().get::<Suppressed>().copied();
+    let mut body = response.into_body();
+    let mut bytes = Vec::new();
+    let mut first_frame_at = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame?;
+        first_frame_at.get_or_insert_with(Instant::now);
+        if let Ok(data) = frame.into_data() {
+            bytes.extend_from_slice(&data);
+        }
+    }
+    let end_at = Instant::now();
+    Ok(Received {
+        status,
+        body: Bytes::from(bytes),
+        suppressed,
+        first_frame_at: first_frame_at.unwrap_or(end_at),
+        end_at,
+    })
+}
+
+fn assert_identical(received: &[Received]) {
+    let first = &received[0];
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(!first.body.is_empty());
+    for other in received {
+        assert_eq!(other.status, first.status);
+        assert_eq!(
+            other.body, first.body,
+            "every caller receives the same bytes"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hundred_identical_requests_make_one_call_streamed_or_not() {
+    for stream in [false, true] {
+        let simulator = simulator();
+        // A daily request limit refills too slowly to hide a second reservation.
+        let daily = Limit::new(Dimension::Requests, nz(1_000), DAY).unwrap();
+        let stack = QuotaStack::openai(quota().with_limit(daily));
+        let budget = stack.budget().clone();
+        let layer = IdempotencyLayer::in_memory();
+        let service = layer.layer(stack.layer(simulator.service()));
+        let tasks: Vec<_> = (0..DUPLICATES)
+            .map(|_| tokio::spawn(receive(service.clone(), chat(stream))))
+            .collect();
+        let mut received = Vec::new();
+        for task in tasks {
+            received.push(task.await.unwrap().unwrap());
+        }
+        let stats = simulator.stats();
+        assert_eq!(stats.received, 1, "stream {stream}: one upstream call");
+        assert_eq!(stats.admitted, 1);
+        assert_identical(&received);
+        let suppressed = received.iter().filter(|r| r.suppressed.is_some()).count();
+        assert_eq!(suppressed, DUPLICATES - 1);
+        // One reservation: the budget was charged for one call only.
+        let snapshot = budget.snapshot();
+        let daily = snapshot
+            .limits()
+            .iter()
+            .find(|l| l.limit().period() == DAY)
+            .unwrap();
+        assert_eq!(
+            daily.capacity() as i64 - daily.level(),
+            1,
+            "stream {stream}: one reservation"
+        );
+        // One key, billed once, and forwarded upstream.
+        let keys = simulator.calls_by_idempotency_key();
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys.values().copied().collect::<Vec<_>>(), [1]);
+        if stream {
+            // The waiters received the stream as it came, not after it ended.
+            for r in &received {
+                assert!(r.first_frame_at < r.end_at, "{r:?}");
+            }
+        }
+        assert_eq!(layer.in_flight(), 0);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_completion_the_stored_response_until_the_ttl_ends() {
+    let simulator = simulator();
+    let stack = QuotaStack::openai(quota());
+    let layer = IdempotencyLayer::in_memory().ttl(Duration::from_secs(10));
+    let service = layer.layer(stack.layer(simulator.service()));
+
+    let first = receive(service.clone(), chat(false)).await.unwrap();
+    assert_eq!(first.suppressed, None);
+    tokio::time::advance(Duration::from_secs(9)).await;
+    let again = receive(service.clone(), chat(false)).await.unwrap();
+    assert_eq!(again.suppressed, Some(Suppressed::Replayed));
+    assert_eq!(again.body, first.body);
+    assert_eq!(simulator.stats().admitted, 1);
+
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let after = receive(service.clone(), chat(false)).await.unwrap();
+    assert_eq!(after.suppressed, None, "the record expired: a new call");
+    assert_eq!(simulator.stats().admitted, 2);
+}
+
+/// What a scripted client answers to its call number `n`.
+type Script = dyn Fn(usize) -> Result<Response<Full<Bytes>>, io::Error> + Send + Sync;
+
+/// A client answering after `latency` with what `script` says for each call, in order.
+#[derive(Clone)]
+struct Scripted {
+    calls: Arc<AtomicUsize>,
+    script: Arc<Script>,
+    latency: Duration,
+}
+
+impl Scripted {
+    fn new(
+        latency: Duration,
+        script: impl Fn(usize) -> Result<Response<Full<Bytes>>, io::Error> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            calls: Arc::default(),
+            script: Arc::new(script),
+            latency,
+        }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn service(
+        &self,
+    ) -> impl Service<
+        Request<Full<Bytes>>,
+        Response = Response<Full<Bytes>>,
+        Error = io::Error,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static {
+        let this = self.clone();
+        service_fn(move |_request: Request<Full<Bytes>>| {
+            let call = this.calls.fetch_add(1, Ordering::SeqCst);
+            let (script, latency) = (Arc::clone(&this.script), this.latency);
+            async move {
+                tokio::time::sleep(latency).await;
+                script(call)
+            }
+        })
+    }
+}
+
+fn ok(body: &'static str) -> Result<Response<Full<Bytes>>, io::Error> {
+    Ok(Response::new(Full::new(Bytes::from(body))))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_first_call_lets_the_next_one_through() {
+    // Without a response: the duplicates in flight get an error that says so.
+    let client = Scripted::new(Duration::from_millis(100), |call| match call {
+        0 => Err(io::Error::new(io::ErrorKind::ConnectionReset, "reset")),
+        _ => ok("{\"ok\":1}"),
+    });
+    let service = IdempotencyLayer::in_memory().layer(client.service());
+    let tasks: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(receive(service.clone(), chat(false))))
+        .collect();
+    let mut leader_failed = 0;
+    for task in tasks {
+        let error = task.await.unwrap().unwrap_err();
+        if error
+            .downcast_ref::<IdempotencyError>()
+            .is_some_and(IdempotencyError::is_leader_failed)
+        {
+            leader_failed += 1;
+        } else {
+            assert!(error.downcast_ref::<io::Error>().is_some(), "{error}");
+        }
+    }
+    assert_eq!((client.calls(), leader_failed), (1, 9));
+    let next = receive(service.clone(), chat(false)).await.unwrap();
+    assert_eq!((next.status, client.calls()), (StatusCode::OK, 2));
+
+    // An error status: shared with the duplicates in flight, never stored.
+    let client = Scripted::new(Duration::from_millis(100), |call| match call {
+        0 => Ok(Response::builder()
+            .status(500)
+            .body(Full::new(Bytes::from("{\"error\":{}}")))
+            .unwrap()),
+        _ => ok("{\"ok\":2}"),
+    });
+    let service = IdempotencyLayer::in_memory().layer(client.service());
+    let tasks: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(receive(service.clone(), chat(false))))
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap().status, 500);
+    }
+    let next = receive(service.clone(), chat(false)).await.unwrap();
+    assert_eq!((next.status, client.calls()), (StatusCode::OK, 2));
+    assert_eq!(next.body, "{\"ok\":2}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_over_the_stored_size_reaches_the_waiters_but_is_not_replayed() {
+    let simulator = simulator();
+    let stack = QuotaStack::openai(quota());
+    let layer = IdempotencyLayer::in_memory().max_body(64);
+    let service = layer.layer(stack.layer(simulator.service()));
+    let tasks: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(receive(service.clone(), chat(true))))
+        .collect();
+    let mut received = Vec::new();
+    for task in tasks {
+        received.push(task.await.unwrap().unwrap());
+    }
+    assert_identical(&received);
+    assert!(received[0].body.len() > 64);
+    // Completed, but too large to keep: an error, not a second billed call.
+    let error = receive(service.clone(), chat(true)).await.unwrap_err();
+    let error = error.downcast_ref::<IdempotencyError>().unwrap();
+    assert!(error.is_not_replayable(), "{error}");
+    assert_eq!(simulator.stats().admitted, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_first_request_hands_the_operation_to_a_duplicate() {
+    let client = Scripted::new(Duration::from_secs(1), |_| ok("{\"done\":true}"));
+    let service = IdempotencyLayer::in_memory().layer(client.service());
+    let first = tokio::spawn(receive(service.clone(), chat(false)));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let second = tokio::spawn(receive(service.clone(), chat(false)));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    first.abort();
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(second.body, "{\"done\":true}");
+    assert_eq!(second.suppressed, None, "it made the call itself");
+    assert_eq!(client.calls(), 2);
+    // And it was recorded.
+    let third = receive(service.clone(), chat(false)).await.unwrap();
+    assert_eq!(third.suppressed, Some(Suppressed::Replayed));
+    assert_eq!(client.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_from_the_header_are_validated_forwarded_and_scoped_by_tenant() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    let client = service_fn(move |request: Request<Full<Bytes>>| {
+        let key = request.headers().get("x-op-key").cloned();
+        record.lock().unwrap().push(key);
+        async { Ok::<_, Infallible>(Response::new(Full::new(Bytes::from("{}")))) }
+    });
+    let service = IdempotencyLayer::new(MemoryStore::new())
+        .forward_as(Some(http::HeaderName::from_static("x-op-key")))
+        .layer(client);
+    let with_key = |key: &[u8], tenant: &str| {
+        let mut request = chat(false);
+        request.headers_mut().insert(
+            "idempotency-key",
+            http::HeaderValue::from_bytes(key).unwrap(),
+        );
+        request.extensions_mut().insert(Operation::tenant(tenant));
+        request
+    };
+    let error = receive(service.clone(), with_key(b"bad key", "acme"))
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .downcast_ref::<IdempotencyError>()
+            .unwrap()
+            .is_invalid_key()
+    );
+    assert!(seen.lock().unwrap().is_empty(), "nothing sent");
+
+    receive(service.clone(), with_key(b"job-1", "acme"))
+        .await
+        .unwrap();
+    let again = receive(service.clone(), with_key(b"job-1", "acme"))
+        .await
+        .unwrap();
+    assert_eq!(again.suppressed, Some(Suppressed::Replayed));
+    let other_tenant = receive(service.clone(), with_key(b"job-1", "globex"))
+        .await
+        .unwrap();
+    assert_eq!(other_tenant.suppressed, None);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|key| key.as_ref().unwrap() == "job-1"));
+}
+
+/// Two instances, each with its own Redis connections, budget and layer, as two processes
+/// would be, against one simulated provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_duplicates_across_two_instances_sharing_redis_make_one_call() {
+    let redis = RedisServer::start();
+    for (round, stream) in [false, true].into_iter().enumerate() {
+        let simulator = simulator();
+        let mut services = Vec::new();
+        let mut budgets = Vec::new();
+        for _ in 0..2 {
+            let budget = RedisBudget::new(redis.url(), format!("account-{round}"))
+                .connect(&quota())
+                .await
+                .unwrap();
+            let store = RedisIdempotencyStore::open(&redis.url(), &format!("t{round}")).unwrap();
+            let stack = QuotaStack::openai(quota()).with_budget(budget.clone());
+            budgets.push(budget);
+            // A lost wake-up would show as a 30 s wait.
+            let layer = IdempotencyLayer::new(store).recheck(Duration::from_secs(30));
+            services.push(layer.layer(stack.layer(simulator.service())));
+        }
+        let started = std::time::Instant::now();
+        let tasks: Vec<_> = (0..DUPLICATES)
+            .map(|i| tokio::spawn(receive(services[i % 2].clone(), chat(stream))))
+            .collect();
+        let mut received = Vec::new();
+        for task in tasks {
+            received.push(task.await.unwrap().unwrap());
+        }
+        let stats = simulator.stats();
+        assert_eq!(stats.received, 1, "stream {stream}: one upstream call");
+        assert_identical(&received);
+        // The second instance's duplicates were woken by the completion, not a timeout.
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        let keys = simulator.calls_by_idempotency_key();
+        assert_eq!(keys.values().copied().collect::<Vec<_>>(), [1]);
+
+        // A third instance, later: the stored response.
+        let store = RedisIdempotencyStore::open(&redis.url(), &format!("t{round}")).unwrap();
+        let late = IdempotencyLayer::new(store)
+            .layer(QuotaStack::openai(quota()).layer(simulator.service()));
+        let replayed = receive(late, chat(stream)).await.unwrap();
+        assert_eq!(replayed.suppressed, Some(Suppressed::Replayed));
+        assert_eq!(replayed.body, received[0].body);
+        assert_eq!(simulator.stats().received, 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_records_expire_and_failed_claims_are_released() {
+    let redis = RedisServer::start();
+    let store = RedisIdempotencyStore::open(&redis.url(), "ttl").unwrap();
+    let lease = Duration::from_secs(30);
+    use tower_llm_quota::idempotency::Claim;
+    assert_eq!(store.claim("k", "a", lease).await.unwrap(), Claim::Claimed);
+    assert_eq!(store.claim("k", "b", lease).await.unwrap(), Claim::InFlight);
+    // A waiter in "another process" is woken by the release, not by its timeout.
+    let other = RedisIdempotencyStore::open(&redis.url(), "ttl").unwrap();
+    let started = std::time::Instant::now();
+    let waiter = tokio::spawn(other.changed("k", Duration::from_secs(20)));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    store.release("k", "a");
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken by the release")
+        .unwrap()
+        .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(store.claim("k", "b", lease).await.unwrap(), Claim::Claimed);
+
+    let record = tower_llm_quota::idempotency::Record::new(
+        StatusCode::OK,
+        &http::HeaderMap::new(),
+        None,
+        Some(Bytes::from("stored")),
+    );
+    store.complete("k", "b", record.clone(), Duration::from_millis(300));
+    let mut claim = store.claim("k", "c", lease).await.unwrap();
+    for _ in 0..50 {
+        if claim != Claim::InFlight {
+            break;
+        }
+        // The completion is written in the background.
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        claim = store.claim("k", "c", lease).await.unwrap();
+    }
+    assert_eq!(claim, Claim::Completed(Box::new(record)));
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(store.claim("k", "c", lease).await.unwrap(), Claim::Claimed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_simulator_honours_keys_when_asked_billing_each_once() {
+    let simulator = Simulator::new(
+        SimConfig::openai(500, 100_000)
+            .latency(Duration::from_millis(300), Duration::from_millis(4))
+            .honour_idempotency_keys(Duration::from_secs(60)),
+    );
+    let keyed = |key: &'static str| {
+        let mut request = chat(false);
+        request
+            .headers_mut()
+            .insert("idempotency-key", http::HeaderValue::from_static(key));
+        request
+    };
+    let service = simulator.service();
+    // While the first is generated, a duplicate is told so (409), and not billed.
+    let first = tokio::spawn(service.clone().oneshot(keyed("op-1")));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let during = service.clone().oneshot(keyed("op-1")).await.unwrap();
+    assert_eq!(during.status(), StatusCode::CONFLICT);
+    let first = first.await.unwrap().unwrap();
+    let first = first.into_body().collect().await.unwrap().to_bytes();
+    // After: the same completion, not billed again.
+    let again = service.clone().oneshot(keyed("op-1")).await.unwrap();
+    assert_eq!(again.status(), StatusCode::OK);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(again.into_body().collect().await.unwrap().to_bytes(), first);
+    // Another key is another call; a call without a key is not counted by key.
+    service.clone().oneshot(keyed("op-2")).await.unwrap();
+    service.clone().oneshot(chat(false)).await.unwrap();
+    let keys = simulator.calls_by_idempotency_key();
+    assert_eq!((keys["op-1"], keys["op-2"], keys.len()), (1, 1, 2));
+    assert_eq!(simulator.stats().admitted, 3);
+    assert_eq!(simulator.idempotent_replays(), 1);
+    // The ttl ends: billed again.
+    tokio::time::advance(Duration::from_secs(61)).await;
+    service.clone().oneshot(keyed("op-1")).await.unwrap();
+    assert_eq!(simulator.calls_by_idempotency_key()["op-1"], 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn bodies_dropped_mid_stream_release_the_call_and_the_key() {
+    let simulator = simulator();
+    let stack = QuotaStack::openai(quota());
+    let layer = IdempotencyLayer::in_memory();
+    let service = layer.layer(stack.layer(simulator.service()));
+    let mut bodies = Vec::new();
+    for _ in 0..10 {
+        let response = service.clone().oneshot(chat(true)).await.unwrap();
+        let mut body = response.into_body();
+        // Each reads the first chunk, then gives up.
+        body.frame().await.unwrap().unwrap();
+        bodies.push(body);
+    }
+    assert_eq!((simulator.stats().admitted, layer.in_flight()), (1, 1));
+    assert_eq!(stack.in_flight(), 1, "one call holds one slot");
+    drop(bodies);
+    // Nothing left: the upstream body dropped (its slot freed), the key released.
+    assert_eq!((layer.in_flight(), stack.in_flight()), (0, 0));
+    let again = receive(service.clone(), chat(true)).await.unwrap();
+    assert_eq!(
+        again.suppressed, None,
+        "the abandoned operation may be tried again"
+    );
+    assert_eq!(simulator.stats().admitted, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_redis_store_sends_uncoordinated_and_still_coalesces_locally() {
+    // A port nobody listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let store = RedisIdempotencyStore::open_with_timeout(
+        &format!("redis://127.0.0.1:{port}"),
+        "down",
+        Duration::from_millis(100),
+    )
+    .unwrap();
+    let client = Scripted::new(Duration::from_millis(200), |_| ok("{\"ok\":true}"));
+    let service = IdempotencyLayer::new(store).layer(client.service());
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(receive(service.clone(), chat(false))))
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap().unwrap().body, "{\"ok\":true}");
+    }
+    assert_eq!(client.calls(), 1, "coalesced in this process");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
