@@ -29,8 +29,8 @@ pub mod token_budget;
 pub mod usage;
 
 pub use budget::{
-    Budget, BudgetSnapshot, FailurePolicy, LimitSnapshot, Observation, Reservation, ReservationId,
-    ReservationSlot, Reserve, Settlement, StoreUnavailable,
+    AdaptiveShare, Budget, BudgetSnapshot, FailurePolicy, LimitSnapshot, Observation, Reservation,
+    ReservationId, ReservationSlot, Reserve, Settlement, StoreUnavailable,
 };
 pub use builder::ServiceBuilderExt;
 pub use cost::{Cost, Usage};

@@ -44,7 +44,7 @@
 //!     )))?;
 //! let response = llm.ready().await?.call(request).await?;
 //! response.into_body().collect().await?; // the end of the body settles the reservation
-//! assert_eq!(budget.snapshot().limits()[0].level(), 4_250 - 42);
+//! assert_eq!(budget.snapshot().limits()[0].level(), 5_000 - 42);
 //! # Ok(()) }
 //! ```
 //!

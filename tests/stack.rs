@@ -168,7 +168,7 @@ async fn estimates_admits_and_settles_from_the_body_usage() {
     let estimated = estimate(CHAT.as_bytes(), &CharEstimator::new(), &Defaults::new()).unwrap();
     assert_eq!(estimated.output_tokens(), 100);
     let response = llm.ready().await.unwrap().call(chat("a")).await.unwrap();
-    let reserved = 4_250 - estimated.total_tokens() as i64;
+    let reserved = 5_000 - estimated.total_tokens() as i64;
     assert_eq!(
         provider.calls(),
         [Call {
@@ -181,7 +181,7 @@ async fn estimates_admits_and_settles_from_the_body_usage() {
     // The body has not ended: the slot and the reservation are still held.
     assert_eq!((stack.in_flight(), level(&budget)), (1, reserved));
     response.into_body().collect().await.unwrap();
-    assert_eq!((stack.in_flight(), level(&budget)), (0, 4_250 - 42));
+    assert_eq!((stack.in_flight(), level(&budget)), (0, 5_000 - 42));
 }
 
 #[tokio::test(start_paused = true)]
@@ -244,12 +244,12 @@ async fn a_cost_that_never_fits_never_reaches_the_client() {
     let provider = Provider::new(stack.budget());
     let llm = stack.layer(provider.service());
 
-    let error = send(llm, priced("huge", Cost::new(5_000, 0), Priority::Async))
+    let error = send(llm, priced("huge", Cost::new(6_000, 0), Priority::Async))
         .await
         .unwrap_err();
     let error = error.downcast::<Error>().unwrap();
     assert!(error.is_too_large() && error.is_local());
-    assert_eq!(error.insufficient_capacity().unwrap().capacity(), 4_250);
+    assert_eq!(error.insufficient_capacity().unwrap().capacity(), 5_000);
     assert_eq!(provider.calls(), []);
 }
 
