@@ -10,7 +10,7 @@ use http::response::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::combinators::Collect;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep};
 use tower::Service;
@@ -18,11 +18,13 @@ use tower::retry::budget::Budget as _;
 
 use super::layer::Settings;
 use super::{Classify, Failure, FailureClass, GaveUp, Permanent, RetryBody, RetryReport, hints};
+use crate::cost::Cost;
 use crate::error::{BoxError, Error};
-use crate::priority::{Deadline, EnqueuedAt, Priority};
+use crate::priority::{Deadline, EnqueuedAt, Priority, Timings};
 use crate::provider::{RateLimitError, Scope};
 
-/// Error bodies larger than this are not read: the failure is classified by status and headers.
+/// Error bodies larger than this are not read: the failure is classified by its status and
+/// headers, with an empty body.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 pin_project! {
@@ -47,6 +49,9 @@ pin_project! {
         priority: Priority,
         deadline: Option<Instant>,
         started: Instant,
+        // When the first failed attempt was sent: the class's total time counts from there,
+        // not from the first wait in the queue.
+        first_sent: Option<Instant>,
         report: RetryReport,
         // The request's span: the inner layers record their facts into it.
         span: tracing::Span,
@@ -111,6 +116,7 @@ where
             priority,
             deadline,
             started: Instant::now(),
+            first_sent: None,
             span,
             report: RetryReport {
                 attempts: 1,
@@ -186,7 +192,14 @@ where
                                 After::Finish(response) => return Poll::Ready(Ok(response)),
                             }
                         }
-                        // The error body itself failed (cut, or larger than it said).
+                        // Larger than the limit: classified by its status, with an empty body.
+                        Err(error) if error.is::<LengthLimitError>() => {
+                            match respond_or_retry(&mut this, head, Bytes::new()) {
+                                After::Wait(wait) => wait,
+                                After::Finish(response) => return Poll::Ready(Ok(response)),
+                            }
+                        }
+                        // The error body itself failed (cut).
                         Err(error) => match error_or_retry(&mut this, error) {
                             After::Wait(wait) => wait,
                             After::Finish(error) => return Poll::Ready(Err(error)),
@@ -245,14 +258,25 @@ where
     if head.status == http::StatusCode::TOO_MANY_REQUESTS {
         tracing::debug!(?class, "provider rate limit (429)");
     }
+    if this.first_sent.is_none() {
+        let call = head
+            .extensions
+            .get::<Timings>()
+            .map_or(Duration::ZERO, Timings::call);
+        *this.first_sent = Some(Instant::now() - call);
+    }
     let now = SystemTime::now();
     let hint = hints::provider_wait(&head.headers, &body, now);
     if class == FailureClass::Transient(super::Transient::RateLimited) {
         if let Some(budget) = &this.settings.pause {
-            let (dimensions, reset) = hints::spent(&head.headers, &body, hint, now);
-            if let Some(reset) = reset {
-                tracing::debug!(?dimensions, ?reset, "provider rate limit: budget paused");
-                budget.pause(&dimensions, Instant::now() + reset);
+            let cost = this.template.extensions().get::<Cost>();
+            let (dimensions, pause) = hints::spent(&head.headers, &body, hint, cost, now);
+            if let Some(pause) = pause {
+                // Never longer than the longest wait honoured: a daily quota's 86,400 s is
+                // not retried, and does not stop the budget for a day either.
+                let pause = pause.min(this.settings.policy.max_honored());
+                tracing::debug!(?dimensions, ?pause, "provider rate limit: budget paused");
+                budget.pause(&dimensions, Instant::now() + pause);
             }
         }
     }
@@ -305,6 +329,9 @@ where
 {
     let class = this.settings.classify.classify(&Failure::Error(&*error));
     this.report.last_status = None;
+    if this.first_sent.is_none() {
+        *this.first_sent = Some(Instant::now());
+    }
     match next(this, class, None) {
         Next::Retry(wait) => After::Wait(wait),
         Next::GiveUp(reason) => {
@@ -324,6 +351,11 @@ where
 
 /// The retry decision: the class, then the provider's wait, the class's limits, the deadline
 /// and the retry budget, in that order.
+///
+/// A rate-limited async or batch request is not lost to the attempt count or the retry
+/// budget: its retry re-enters admission, which the 429 paused and which spaces it, so it
+/// waits for budget bounded only by its deadline and its class's total time. Interactive
+/// requests keep every limit.
 fn next<S, B, ResBody, C>(
     this: &mut FutureProj<'_, S, B, ResBody, C>,
     class: FailureClass,
@@ -344,15 +376,18 @@ where
         this.report.last_class = Some(FailureClass::Permanent(Permanent::WaitTooLong));
         return Next::GiveUp(GaveUp::WaitTooLong);
     }
-    if this.report.attempts >= policy.attempts(*this.priority) {
+    let waits_for_budget = class == FailureClass::Transient(super::Transient::RateLimited)
+        && *this.priority != Priority::Interactive;
+    if !waits_for_budget && this.report.attempts >= policy.attempts(*this.priority) {
         return Next::GiveUp(GaveUp::Attempts);
     }
     let wait = policy.wait(
-        this.report.attempts - 1,
+        (this.report.attempts - 1).min(30),
         hint,
         this.settings.jitter.fraction(),
     );
-    if this.started.elapsed() + wait > policy.total(*this.priority) {
+    let first_sent = this.first_sent.unwrap_or(*this.started);
+    if first_sent.elapsed() + wait > policy.total(*this.priority) {
         return Next::GiveUp(GaveUp::Time);
     }
     if this
@@ -362,7 +397,10 @@ where
         return Next::GiveUp(GaveUp::Deadline);
     }
     if !this.settings.budget.withdraw() {
-        return Next::GiveUp(GaveUp::Budget);
+        if !waits_for_budget {
+            return Next::GiveUp(GaveUp::Budget);
+        }
+        tracing::debug!("retry budget spent: the rate-limited request waits for admission");
     }
     tracing::debug!(?class, ?wait, "transient failure, retrying after a wait");
     crate::observe::retry(

@@ -100,7 +100,9 @@ impl RetryPolicy {
 
     /// A provider wait above `max` is not honoured: the failure becomes permanent
     /// ([`Permanent::WaitTooLong`](crate::retry::Permanent::WaitTooLong)). Azure's "retry after
-    /// 86400 seconds" is a daily quota, not a pause. Defaults to 60 s.
+    /// 86400 seconds" is a daily quota, not a pause. It also caps the pause a 429 puts on the
+    /// shared budget ([`RetryAfterLayer::pause_on_rate_limit`](crate::RetryAfterLayer::pause_on_rate_limit)).
+    /// Defaults to 60 s.
     pub const fn max_honored_delay(self, max: Duration) -> Self {
         Self {
             max_honored_delay: max,
@@ -133,6 +135,10 @@ impl RetryPolicy {
 
     pub(crate) fn honors(&self, wait: Duration) -> bool {
         wait <= self.max_honored_delay
+    }
+
+    pub(crate) fn max_honored(&self) -> Duration {
+        self.max_honored_delay
     }
 
     pub(crate) fn budget(&self) -> tower::retry::budget::TpsBudget {
