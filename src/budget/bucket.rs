@@ -31,6 +31,10 @@ pub(crate) struct Bucket {
     held_until: u64,
     /// The adaptive share's controller, unless the limit's share is fixed.
     share: Option<ShareController>,
+    /// With an adaptive share: the provider's bucket as it would be if this budget were alone
+    /// on the key (the nominal amount, refilled over the period, debited and refunded as this
+    /// bucket is). What the provider reports below it, someone else spent.
+    shadow: Option<Box<Bucket>>,
 }
 
 /// A share of a bucket's capacity that a request must leave untouched, so that requests of a
@@ -79,7 +83,18 @@ impl Bucket {
             share: limit
                 .adaptive_share()
                 .map(|params| ShareController::new(params, limit.period(), limit.headroom(), 0)),
+            shadow: limit
+                .adaptive_share()
+                .and_then(|_| shadow_of(&limit))
+                .map(|shadow| Box::new(Bucket::new(shadow))),
         }
+    }
+
+    /// What the provider should hold at `now` if this budget were alone on the key: `None`
+    /// for a fixed share.
+    pub(crate) fn expected_remaining(&self, now: u64) -> Option<u64> {
+        let shadow = self.shadow.as_ref()?;
+        Some(u64::try_from(shadow.level(now)).unwrap_or(0))
     }
 
     /// The adaptive share's controller, if the limit has one.
@@ -148,6 +163,9 @@ impl Bucket {
     /// capacity: as in the shared store, an overrun beyond that is forgiven, so that a single
     /// absurd report cannot block the bucket for longer than two refills.
     pub(crate) fn debit(&mut self, amount: u64, now: u64) {
+        if let Some(shadow) = &mut self.shadow {
+            shadow.debit(amount, now);
+        }
         let start = self.full_at.max(self.ticks(now));
         let floor = self.ticks(now) + 2 * self.units(self.capacity);
         self.full_at = (start + self.units(amount)).min(floor.max(start));
@@ -156,6 +174,9 @@ impl Bucket {
     /// Gives `amount` back. A bucket never holds more than its capacity: what overflows is
     /// dropped when the level is next read.
     pub(crate) fn refund(&mut self, amount: u64) {
+        if let Some(shadow) = &mut self.shadow {
+            shadow.refund(amount);
+        }
         self.full_at = self.full_at.saturating_sub(self.units(amount));
     }
 
@@ -179,11 +200,18 @@ impl Bucket {
         let owed = self.deficit(now);
         let old_capacity = self.capacity;
         let (held_until, share) = (self.held_until, self.share);
+        let mut shadow = self.shadow.take();
         let same_plan = limit.adaptive_share() == self.limit.adaptive_share();
         *self = Bucket::new(limit);
         self.held_until = held_until;
         if same_plan && share.is_some() {
             self.share = share;
+            if let (Some(shadow), Some(nominal)) = (&mut shadow, shadow_of(&limit)) {
+                if shadow.limit().amount() != nominal.amount() {
+                    shadow.set_limit(nominal, now);
+                }
+            }
+            self.shadow = shadow;
         }
         // Same period, so ticks of deficit per unit are unchanged: deficit' = capacity' − level.
         let owed = i128::try_from(owed).unwrap_or(i128::MAX)
@@ -209,6 +237,12 @@ impl Bucket {
             self.full_at = self.ticks(now) + owed;
         }
     }
+}
+
+/// The provider's own bucket for `limit`: its nominal amount, all of it at once.
+fn shadow_of(limit: &Limit) -> Option<Limit> {
+    let nominal = limit.with_headroom(1.0).ok()?;
+    Some(nominal.with_burst(limit.amount()))
 }
 
 #[cfg(test)]

@@ -13,10 +13,15 @@
 //! (additive increase, multiplicative decrease):
 //!
 //! - **Decrease.** When the provider reports less remaining than the budget expects (by more
-//!   than [`AdaptiveShare::tolerance`] of the nominal limit), or a 429 arrives, the share is
-//!   multiplied by [`AdaptiveShare::decrease`], at most once per sixth of the limit's period
+//!   than [`AdaptiveShare::tolerance`] of the nominal limit), the share is multiplied by
+//!   `1 - gap / nominal`, but never by less than [`AdaptiveShare::decrease`]: a small gap
+//!   (a neighbour whose share was nearly left) costs a small step, a wide one the whole
+//!   factor. A 429 multiplies it by the decrease factor. At most once per sixth of the limit's period
 //!   (the time the default burst takes to refill), so one burst of responses carrying the
-//!   same news counts once. It never goes below [`AdaptiveShare::min`].
+//!   same news counts once. After a decrease, the provider's backlog takes a while to drain:
+//!   a gap no wider than the one that caused the last decrease lowers nothing more (nor does
+//!   the share grow meanwhile); only a wider one does. It never goes below
+//!   [`AdaptiveShare::min`].
 //! - **Increase.** While the gap stays closed, the share grows by
 //!   [`AdaptiveShare::increase`] of the nominal limit per period, continuously, starting a
 //!   sixth of a period after the last decrease. It never exceeds the nominal limit (a share
@@ -24,13 +29,14 @@
 //!
 //! # What the budget expects
 //!
-//! The provider's bucket holds the nominal amount `L` and refills it over the period; the
-//! budget's bucket holds its capacity `C` and refills at the planned share of the same rate,
-//! never faster. Alone on the key, every unit the budget took is also missing from the
-//! provider's bucket, and the provider refills at least as fast, so the provider's
-//! remaining is at least `L - (C - level)`. A report below that bound, by more than the
-//! tolerance, is someone else's spending. Estimates err high and reservations are debited
-//! before the provider sees the call, so both errors keep the bound on the safe side.
+//! Next to each adaptive bucket the budget keeps a *shadow* of the provider's bucket as it
+//! would be if the budget were alone on the key: it holds the nominal amount, refills it over
+//! the period, and is debited and refunded exactly as the budget's own bucket is. Its level is
+//! what the provider should report as remaining; what the provider reports below it (beyond
+//! the tolerance) is someone else's spending. Estimates err high and reservations are debited
+//! before the provider sees the call, so both errors keep the shadow below the provider and
+//! the controller on the safe side. The shadow does not move when the share does, so a
+//! decrease does not look like a wider gap.
 
 use std::time::Duration;
 
@@ -160,6 +166,8 @@ pub(crate) struct ShareController {
     share: f64,
     /// When the share was last lowered.
     decreased_at: Option<u64>,
+    /// The gap that lowered it last; 0 once the gap closed.
+    lowered_for: u64,
     /// Up to when the increase has been counted.
     counted_to: u64,
 }
@@ -175,6 +183,7 @@ impl ShareController {
             period: u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1),
             share: share.clamp(params.min, 1.0),
             decreased_at: None,
+            lowered_for: 0,
             counted_to: now,
         }
     }
@@ -198,19 +207,34 @@ impl ShareController {
         now: u64,
     ) -> Option<f64> {
         let tolerance = (nominal as f64 * self.params.tolerance).ceil() as u64;
-        if reported.saturating_add(tolerance) < expected {
-            self.lower(now)
-        } else {
-            self.recover(now)
+        let gap = expected.saturating_sub(reported);
+        if gap <= tolerance {
+            self.lowered_for = 0;
+            return self.recover(now);
         }
+        // The provider's backlog drains only after a decrease: a gap that is not wider than
+        // the one that lowered the share last is the same news, and the last decrease is
+        // still working on it.
+        if gap <= self.lowered_for {
+            self.counted_to = now;
+            return None;
+        }
+        // In proportion to the gap, down to the decrease factor: a small, slowly growing gap
+        // (a neighbour whose share was nearly left) costs a small step.
+        let factor = (1.0 - gap as f64 / nominal.max(1) as f64).clamp(self.params.decrease, 1.0);
+        let lowered = self.lower(factor, now);
+        if lowered.is_some() {
+            self.lowered_for = gap;
+        }
+        lowered
     }
 
     /// The provider refused with a 429 naming this limit.
     pub(crate) fn rate_limited(&mut self, now: u64) -> Option<f64> {
-        self.lower(now)
+        self.lower(self.params.decrease, now)
     }
 
-    fn lower(&mut self, now: u64) -> Option<f64> {
+    fn lower(&mut self, factor: f64, now: u64) -> Option<f64> {
         self.counted_to = now;
         if self
             .decreased_at
@@ -219,7 +243,7 @@ impl ShareController {
             return None;
         }
         self.decreased_at = Some(now);
-        let lowered = (self.share * self.params.decrease).max(self.params.min);
+        let lowered = (self.share * factor).max(self.params.min);
         (lowered < self.share).then(|| {
             self.share = lowered;
             lowered
@@ -279,9 +303,12 @@ mod tests {
         let mut c = controller();
         assert_eq!(c.observe(900, 500, 1_000, 0), Some(0.8));
         // The same news within a sixth of the period counts once.
-        assert_eq!(c.observe(900, 500, 1_000, 9 * SEC), None);
+        assert_eq!(c.observe(900, 400, 1_000, 9 * SEC), None);
         assert_eq!(c.rate_limited(9 * SEC), None);
-        assert_eq!(c.rate_limited(10 * SEC), Some(0.8 * 0.8));
+        // After it, a gap that is not wider is the last decrease still at work.
+        assert_eq!(c.observe(900, 500, 1_000, 11 * SEC), None);
+        assert_eq!(c.observe(900, 400, 1_000, 12 * SEC), Some(0.8 * 0.8));
+        assert_eq!(c.rate_limited(30 * SEC), Some(0.8 * 0.8 * 0.8));
         for t in 2..100 {
             c.rate_limited(t * 10 * SEC);
         }

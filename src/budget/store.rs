@@ -190,12 +190,10 @@ impl Store for MemoryStore {
                 continue;
             };
             let nominal = bucket.limit().amount().get();
-            if adapt {
-                // Alone on the key, the provider holds at least what its bucket holds less
-                // what ours lacks to be full (see the `share` module).
-                let lacking = i128::from(bucket.capacity()) - i128::from(bucket.level(now));
-                let expected = (i128::from(nominal) - lacking).clamp(0, i128::from(nominal));
-                let expected = u64::try_from(expected).unwrap_or(0);
+            let expected = bucket.expected_remaining(now).filter(|_| adapt);
+            if let Some(expected) = expected {
+                // What the provider holds below what it would hold for us alone, someone
+                // else spent (see the `share` module).
                 let share = bucket
                     .share_mut()
                     .and_then(|c| c.observe(expected, remaining, nominal, now));
