@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep};
 use tower::Service;
-use tower::retry::budget::Budget as _;
+use tower::retry::budget::{Budget as _, TpsBudget};
 
 use super::layer::Settings;
 use super::{Classify, Failure, FailureClass, GaveUp, Permanent, RetryBody, RetryReport, hints};
@@ -52,6 +52,9 @@ pin_project! {
         // When the first failed attempt was sent: the class's total time counts from there,
         // not from the first wait in the queue.
         first_sent: Option<Instant>,
+        // Whether this request earned its retries yet: when its first attempt ends, so that
+        // the retry budget follows the traffic the provider sees, not arrivals in the queue.
+        deposited: bool,
         report: RetryReport,
         // The request's span: the inner layers record their facts into it.
         span: tracing::Span,
@@ -117,6 +120,7 @@ where
             deadline,
             started: Instant::now(),
             first_sent: None,
+            deposited: false,
             span,
             report: RetryReport {
                 attempts: 1,
@@ -147,7 +151,11 @@ where
         let _entered = span.enter();
         loop {
             let next = match this.state.as_mut().project() {
-                StateProj::Calling { future } => match ready!(future.poll(cx)) {
+                StateProj::Calling { future } => match deposit_once(
+                    ready!(future.poll(cx)),
+                    this.deposited,
+                    &this.settings.budget,
+                ) {
                     Ok(response) if !is_failure(&response) => {
                         // Handed to the caller: once its body starts, nothing is retried.
                         this.state.set(State::Done);
@@ -408,6 +416,15 @@ where
         class,
     );
     Next::Retry(wait)
+}
+
+/// The first attempt's outcome earns the request its retries.
+fn deposit_once<T>(outcome: T, deposited: &mut bool, budget: &TpsBudget) -> T {
+    if !*deposited {
+        *deposited = true;
+        budget.deposit();
+    }
+    outcome
 }
 
 fn is_failure<B>(response: &Response<B>) -> bool {
