@@ -298,3 +298,28 @@ async fn a_429_is_retried_after_its_wait_and_pauses_the_budget_for_everyone() {
         assert_eq!(call.cost, estimated);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_absurd_usage_report_delays_the_next_request_by_one_refill_at_most() {
+    let stack = QuotaStack::openai(tpm(30_000));
+    let budget = stack.budget().clone();
+    let provider = Provider {
+        usage: Some((12, 1_000_000_000_000)),
+        ..Provider::new(&budget)
+    };
+    let llm = stack.layer(provider.service());
+    let capacity = budget.snapshot().limits()[0].capacity();
+    send(llm.clone(), chat("absurd")).await.unwrap();
+    // Charged the bucket's capacity, not 10^12 tokens: no debt of 27,000 days.
+    let after = level(&budget);
+    assert!(after > -(capacity as i64), "level {after}");
+    send(llm, chat("next")).await.unwrap();
+    // One refill of the bucket: its capacity at 30,000 per minute.
+    let refill = Duration::from_secs(60).mul_f64(capacity as f64 / 30_000.0);
+    let calls = provider.calls();
+    assert!(
+        calls[1].at <= refill,
+        "the next call went after {:?} (one refill: {refill:?})",
+        calls[1].at
+    );
+}
