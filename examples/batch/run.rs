@@ -18,7 +18,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
-use tower_llm_quota::{BoxError, Priority, Timings};
+use tower_llm_quota::{BoxError, Priority, RetryReport, Timings};
 
 use crate::workload::Item;
 
@@ -211,12 +211,22 @@ where
     let mut attempt = 1;
     let result = loop {
         match call_once(client.clone(), target, item, arrived, start).await {
-            Ok(Answer::Refused(StatusCode::TOO_MANY_REQUESTS)) if attempt < attempts => {
+            Ok(Answer::Refused(StatusCode::TOO_MANY_REQUESTS, _)) if attempt < attempts => {
                 tokio::time::sleep(retry.wait).await;
                 attempt += 1;
             }
             Ok(Answer::Done(done)) => break Ok(done),
-            Ok(Answer::Refused(status)) => {
+            // The governed stack says how many attempts it made and why it stopped.
+            Ok(Answer::Refused(status, Some(report))) => {
+                let why = report
+                    .gave_up()
+                    .map_or_else(String::new, |why| format!(": {why}"));
+                break Err(format!(
+                    "HTTP {status} after {} attempt(s){why}",
+                    report.attempts()
+                ));
+            }
+            Ok(Answer::Refused(status, None)) => {
                 break Err(format!("HTTP {status} after {attempt} attempt(s)"));
             }
             Err(error) => break Err(error.to_string()),
@@ -231,7 +241,7 @@ where
 
 enum Answer {
     Done(Done),
-    Refused(StatusCode),
+    Refused(StatusCode, Option<RetryReport>),
 }
 
 async fn call_once<S, B>(
@@ -252,7 +262,8 @@ where
     let (parts, body) = response.into_parts();
     let body = body.collect().await.map_err(Into::into)?.to_bytes();
     if parts.status != StatusCode::OK {
-        return Ok(Answer::Refused(parts.status));
+        let report = parts.extensions.get::<RetryReport>().copied();
+        return Ok(Answer::Refused(parts.status, report));
     }
     let sent = parts
         .extensions
