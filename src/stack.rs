@@ -130,6 +130,12 @@ impl QuotaStack {
     /// The stack for the provider `profile` describes, over a new budget for `quota`, with
     /// the defaults of every layer and at most [`QuotaStack::DEFAULT_CONCURRENCY`] calls in
     /// flight.
+    ///
+    /// The provider's rate-limit headers are matched to the quota's limits by the amount they
+    /// report and the window their numbers imply; the profile's windows
+    /// ([`Profile::windows`]) are the fallback. Against a provider whose minute is not 60 s (a
+    /// simulator with a compressed minute) or whose limits count per day (Groq), give the
+    /// profile those windows: `Profile::openai().windows(minute, minute)`.
     pub fn for_profile(profile: Profile, quota: Quota) -> Self {
         Self {
             profile,
