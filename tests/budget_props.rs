@@ -809,3 +809,77 @@ proptest! {
         check_conservation(&quota_of(&specs), &ops)?;
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The adaptive share.
+
+#[derive(Debug, Clone)]
+enum ShareOp {
+    /// The provider reports this share (in thousandths) of the nominal limit remaining.
+    Report(u64),
+    /// A 429.
+    Pause,
+    Advance(u64),
+}
+
+fn share_ops() -> impl Strategy<Value = Vec<ShareOp>> {
+    let op = prop_oneof![
+        4 => (0..=1_200u64).prop_map(ShareOp::Report),
+        1 => Just(ShareOp::Pause),
+        3 => (0..=2_000_000_000u64).prop_map(ShareOp::Advance),
+    ];
+    prop::collection::vec(op, 1..60)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Whatever the provider reports, the planned share stays within its bounds, the bucket's
+    /// rate and capacity follow it, the level never exceeds the capacity, and once the
+    /// provider's reports show nobody else spending the quota, the share climbs back to the
+    /// whole quota.
+    #[test]
+    fn the_adaptive_share_stays_in_bounds_and_recovers(
+        amount in 60..=100_000u64,
+        ops in share_ops(),
+    ) {
+        paused_runtime().block_on(async {
+            let period = Duration::from_secs(1);
+            let limit = Limit::new(Dimension::TotalTokens, NonZeroU64::new(amount).unwrap(), period)
+                .unwrap();
+            let budget = Budget::new(Quota::new().with_limit(limit));
+            let report = |thousandths: u64| {
+                tower_llm_quota::Observation::new(Dimension::TotalTokens, period)
+                    .with_remaining(amount * thousandths / 1_000)
+            };
+            let check = |budget: &Budget| -> Result<(), TestCaseError> {
+                let snapshot = budget.snapshot();
+                let state = &snapshot.limits()[0];
+                let share = state.limit().headroom();
+                prop_assert!((0.2..=1.0).contains(&share), "share {share}");
+                let planned = ((amount as f64 * share).floor() as u64).clamp(1, amount);
+                prop_assert_eq!(state.limit().effective_amount(), planned);
+                prop_assert_eq!(state.capacity(), state.limit().capacity());
+                prop_assert!(state.level() <= i64::try_from(state.capacity()).unwrap());
+                Ok(())
+            };
+            for op in &ops {
+                match *op {
+                    ShareOp::Report(thousandths) => budget.observe(&report(thousandths)),
+                    ShareOp::Pause => budget.pause(&[Dimension::TotalTokens], Instant::now()),
+                    ShareOp::Advance(ns) => tokio::time::advance(Duration::from_nanos(ns)).await,
+                }
+                check(&budget)?;
+            }
+            // Nobody else: the provider reports its whole quota, for long enough.
+            for _ in 0..200 {
+                tokio::time::advance(period / 10).await;
+                budget.observe(&report(1_000));
+                check(&budget)?;
+            }
+            let share = budget.snapshot().limits()[0].limit().headroom();
+            prop_assert_eq!(share, 1.0);
+            Ok(())
+        })?;
+    }
+}

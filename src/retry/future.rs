@@ -271,7 +271,8 @@ where
             .extensions
             .get::<Timings>()
             .map_or(Duration::ZERO, Timings::call);
-        *this.first_sent = Some(Instant::now() - call);
+        let now = Instant::now();
+        *this.first_sent = Some(now.checked_sub(call).unwrap_or(now));
     }
     let now = SystemTime::now();
     let hint = hints::provider_wait(&head.headers, &body, now);
