@@ -24,7 +24,7 @@
 //!     Budget, Cost, Dimension, Limit, Quota, ReconcileLayer, TokenBudgetLayer, Usage,
 //! };
 //!
-//! # #[tokio::main(flavor = "current_thread")]
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), tower_llm_quota::BoxError> {
 //! let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(30_000).unwrap());
 //! let budget = Budget::new(Quota::new().with_limit(tpm));
