@@ -121,8 +121,10 @@ impl AdaptiveShare {
     }
 
     /// How far below the expected remaining (as a share of the nominal limit) a provider's
-    /// report may be before it counts as someone else's spending: rounding (Anthropic rounds
-    /// to the thousand) and timing. Defaults to 0.02; clamped to `[0, 0.5]`.
+    /// report may be before it counts as someone else's spending: rounding and timing.
+    /// Defaults to 0.02; clamped to `[0, 0.5]`. Anthropic rounds its input and output
+    /// remaining to the nearest thousand: for a limit below 25,000 tokens, raise the
+    /// tolerance to `500 / limit` or more so that rounding is not taken for a neighbour.
     pub fn tolerance(self, share: f64) -> Self {
         Self {
             tolerance: clamp(share, 0.0, 0.5, DEFAULT.tolerance),
