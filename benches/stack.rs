@@ -3,7 +3,8 @@
 //!
 //! Run with `cargo bench --bench stack --features metrics` (without the feature only the first
 //! two are measured). The client answers at once with its usage, so what is measured is the
-//! stack's own work: retry, queue, budget (reserve and settle), in-flight slot, reconcile.
+//! stack's own work: retry, queue, budget (reserve and settle, with an in-flight slot),
+//! reconcile.
 //!
 //! - `stack/bare`: the client alone.
 //! - `stack/tower_bare`: the peer, what a request-count-only client uses: tower's `RateLimit`
@@ -27,8 +28,8 @@ use http_body_util::{BodyExt, Full};
 use tower::util::BoxCloneService;
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::{
-    Budget, Cost, Dimension, InFlightLimitLayer, Limit, PriorityQueueLayer, Quota, ReconcileLayer,
-    RetryAfterLayer, RetryPolicy, TokenBudgetLayer, Usage,
+    Budget, Cost, Dimension, Limit, PriorityQueueLayer, Quota, ReconcileLayer, RetryAfterLayer,
+    RetryPolicy, TokenBudgetLayer, Usage,
 };
 
 type Client = BoxCloneService<Request<String>, Response<Full<Bytes>>, Infallible>;
@@ -50,7 +51,8 @@ fn budget() -> Budget {
     Budget::new(
         Quota::new()
             .with_limit(huge(Dimension::Requests))
-            .with_limit(huge(Dimension::TotalTokens)),
+            .with_limit(huge(Dimension::TotalTokens))
+            .with_max_in_flight(std::num::NonZeroUsize::new(1_024).unwrap()),
     )
 }
 
@@ -102,7 +104,6 @@ fn bench(c: &mut Criterion) {
         .layer(RetryAfterLayer::new(RetryPolicy::new()))
         .layer(PriorityQueueLayer::default())
         .layer(TokenBudgetLayer::new(budget.clone()))
-        .layer(InFlightLimitLayer::new(1_024))
         .layer(ReconcileLayer::new())
         .service(client());
     let run = |name: &str, group: &mut criterion::BenchmarkGroup<'_, _>| {

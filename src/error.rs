@@ -106,9 +106,12 @@ impl std::error::Error for NotUntil {}
 
 /// Why [`Budget::try_reserve`](crate::Budget::try_reserve) admitted nothing.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum TryReserveError {
     /// Not yet: retry at the time it names.
     NotYet(NotUntil),
+    /// Every in-flight slot of the quota is taken: retry when a call ends.
+    NoSlot,
     /// Never: the cost exceeds a bucket's capacity.
     Never(InsufficientCapacity),
     /// The budget is shared through a store that a synchronous call cannot ask.
@@ -119,6 +122,7 @@ impl fmt::Display for TryReserveError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TryReserveError::NotYet(e) => e.fmt(f),
+            TryReserveError::NoSlot => f.write_str("every in-flight slot is taken"),
             TryReserveError::Never(e) => e.fmt(f),
             TryReserveError::Unavailable(e) => e.fmt(f),
         }
@@ -129,6 +133,7 @@ impl std::error::Error for TryReserveError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             TryReserveError::NotYet(e) => Some(e),
+            TryReserveError::NoSlot => None,
             TryReserveError::Never(e) => Some(e),
             TryReserveError::Unavailable(e) => Some(e),
         }
@@ -145,6 +150,14 @@ pub enum ReserveError {
     /// [`FailurePolicy`](crate::budget::FailurePolicy) is to refuse (or the local fallback
     /// share cannot pay the cost).
     Unavailable(StoreUnavailable),
+    /// The budget's ordering holds as many waiting requests as the request's
+    /// [`QueueConfig`](crate::QueueConfig) allows.
+    QueueFull {
+        /// The request's class.
+        priority: Priority,
+        /// The depth it would exceed.
+        depth: usize,
+    },
 }
 
 impl ReserveError {
@@ -152,7 +165,7 @@ impl ReserveError {
     pub fn insufficient_capacity(&self) -> Option<&InsufficientCapacity> {
         match self {
             ReserveError::TooLarge(e) => Some(e),
-            ReserveError::Unavailable(_) => None,
+            ReserveError::Unavailable(_) | ReserveError::QueueFull { .. } => None,
         }
     }
 }
@@ -162,6 +175,9 @@ impl fmt::Display for ReserveError {
         match self {
             ReserveError::TooLarge(e) => e.fmt(f),
             ReserveError::Unavailable(e) => e.fmt(f),
+            ReserveError::QueueFull { priority, depth } => {
+                write!(f, "{depth} requests already wait (class {priority})")
+            }
         }
     }
 }
@@ -171,6 +187,7 @@ impl std::error::Error for ReserveError {
         match self {
             ReserveError::TooLarge(e) => Some(e),
             ReserveError::Unavailable(e) => Some(e),
+            ReserveError::QueueFull { .. } => None,
         }
     }
 }
@@ -352,6 +369,7 @@ impl From<ReserveError> for Error {
         match e {
             ReserveError::TooLarge(e) => e.into(),
             ReserveError::Unavailable(e) => Self::new(Kind::StoreUnavailable(e), None),
+            ReserveError::QueueFull { priority, depth } => Self::queue_full(priority, depth),
         }
     }
 }

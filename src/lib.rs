@@ -6,7 +6,7 @@ mod builder;
 mod cost;
 mod error;
 pub mod estimate;
-pub mod in_flight;
+mod loom;
 #[cfg(feature = "reqwest")]
 pub mod middleware;
 mod observe;
@@ -17,6 +17,7 @@ pub mod queue;
 mod quota;
 pub mod reconcile;
 pub mod retry;
+mod sched;
 #[cfg(feature = "serde")]
 mod serialize;
 #[cfg(feature = "sim")]
@@ -36,7 +37,6 @@ pub use builder::ServiceBuilderExt;
 pub use cost::{Cost, Usage};
 pub use error::{BoxError, Error, InsufficientCapacity, NotUntil, ReserveError, TryReserveError};
 pub use estimate::{CharEstimator, Estimate, EstimateLayer, Estimator, LearnedOutput, OutputRoute};
-pub use in_flight::{InFlightBody, InFlightLimit, InFlightLimitLayer};
 pub use priority::{Deadline, EnqueuedAt, Priority, Timings};
 pub use queue::{
     ClassSnapshot, PriorityQueue, PriorityQueueLayer, QueueConfig, QueueHandle, QueueSnapshot,

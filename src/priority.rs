@@ -96,9 +96,10 @@ impl Deadline {
         Self(instant)
     }
 
-    /// A deadline `wait` from now.
+    /// A deadline `wait` from now; `Duration::MAX` (or any wait too long to represent) means
+    /// no deadline in practice (a century).
     pub fn after(wait: Duration) -> Self {
-        Self(Instant::now() + wait)
+        Self(crate::sched::saturating_deadline(Instant::now(), wait))
     }
 
     /// The instant.

@@ -1,7 +1,7 @@
 //! Quota configuration: which dimensions are limited, by how much, over which period.
 
 use std::fmt;
-use std::num::NonZeroU64;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::time::Duration;
 
 use crate::budget::AdaptiveShare;
@@ -290,12 +290,33 @@ fn scale(amount: u64, factor: f64, round: fn(f64) -> f64) -> u64 {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Quota {
     limits: Vec<Limit>,
+    max_in_flight: Option<NonZeroUsize>,
 }
 
 impl Quota {
     /// A quota with no limits.
     pub const fn new() -> Self {
-        Self { limits: Vec::new() }
+        Self {
+            limits: Vec::new(),
+            max_in_flight: None,
+        }
+    }
+
+    /// Caps the calls in flight at `max`: a limit that does not refill with time. A budget
+    /// admits a request's slot together with its tokens, from the head of its ordering, and
+    /// takes the slot back when the reservation ends (with
+    /// [`ReconcileLayer`](crate::ReconcileLayer), when the response body ends). For a budget
+    /// shared through Redis, the cap counts this process's calls. Defaults to no cap.
+    pub fn with_max_in_flight(self, max: NonZeroUsize) -> Self {
+        Self {
+            max_in_flight: Some(max),
+            ..self
+        }
+    }
+
+    /// The cap on calls in flight, if any.
+    pub const fn max_in_flight(&self) -> Option<NonZeroUsize> {
+        self.max_in_flight
     }
 
     /// Adds `limit`, replacing any limit of the same dimension and period.

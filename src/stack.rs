@@ -6,10 +6,10 @@
 //! 1. [`EstimateLayer`]: fills each request's [`Cost`](crate::Cost) from its JSON body, once;
 //! 2. [`RetryAfterLayer`], pausing the budget on a provider 429: every attempt re-enters
 //!    admission;
-//! 3. [`PriorityQueueLayer`]: decides which waiting request the budget considers next;
-//! 4. [`TokenBudgetLayer`]: reserves the cost, or waits;
-//! 5. [`InFlightLimitLayer`]: caps the calls in flight until their bodies end;
-//! 6. [`ReconcileLayer`] with [`ProviderUsage`] for the profile: settles with the usage in the
+//! 3. [`PriorityQueueLayer`]: stamps each request's class, place and deadline;
+//! 4. [`TokenBudgetLayer`]: reserves the cost and an in-flight slot together, from the head
+//!    of the budget's ordering, or waits there;
+//! 5. [`ReconcileLayer`] with [`ProviderUsage`] for the profile: settles with the usage in the
 //!    provider's body and lowers the budget when its rate-limit headers report less left.
 //!
 //! The result is a [`QuotaService`]; its responses carry a [`QuotaBody`].
@@ -73,7 +73,8 @@ use tower::Layer;
 
 use crate::budget::Budget;
 use crate::estimate::{Estimate, EstimateLayer, Estimator};
-use crate::in_flight::{InFlightBody, InFlightLimit, InFlightLimitLayer};
+use std::num::NonZeroUsize;
+
 use crate::priority::Priority;
 use crate::provider::{Profile, ProviderScan, ProviderUsage};
 use crate::queue::{PriorityQueue, PriorityQueueLayer, QueueConfig, QueueHandle};
@@ -83,16 +84,12 @@ use crate::retry::{ProviderErrors, RetryAfter, RetryAfterLayer, RetryBody, Retry
 use crate::token_budget::{MissingCost, TokenBudget, TokenBudgetLayer};
 
 /// The service a [`QuotaStack`] builds around a client `S`, outermost layer first.
-pub type QuotaService<S> = Estimate<
-    RetryAfter<
-        PriorityQueue<TokenBudget<InFlightLimit<Reconcile<S, ProviderUsage>>>>,
-        ProviderErrors,
-    >,
->;
+pub type QuotaService<S> =
+    Estimate<RetryAfter<PriorityQueue<TokenBudget<Reconcile<S, ProviderUsage>>>, ProviderErrors>>;
 
-/// The body of a [`QuotaService`]'s responses around a client's response body `B`: it holds the
-/// call's in-flight slot and settles its reservation when it ends, fails or is dropped.
-pub type QuotaBody<B> = RetryBody<InFlightBody<ReconcileBody<B, ProviderScan>>>;
+/// The body of a [`QuotaService`]'s responses around a client's response body `B`: it settles
+/// the call's reservation (giving back its in-flight slot) when it ends, fails or is dropped.
+pub type QuotaBody<B> = RetryBody<ReconcileBody<B, ProviderScan>>;
 
 /// The recommended stack for one provider quota; see the [module documentation](self).
 ///
@@ -105,7 +102,6 @@ pub struct QuotaStack {
     estimate: EstimateLayer,
     retry: RetryAfterLayer,
     queue: PriorityQueueLayer,
-    in_flight: InFlightLimitLayer,
     missing_cost: MissingCost,
     /// The share of every bucket each class leaves to higher ones, by `Priority::index`.
     class_headroom: [f64; 3],
@@ -129,7 +125,7 @@ impl QuotaStack {
 
     /// The stack for the provider `profile` describes, over a new budget for `quota`, with
     /// the defaults of every layer and at most [`QuotaStack::DEFAULT_CONCURRENCY`] calls in
-    /// flight.
+    /// flight unless the quota caps them ([`Quota::with_max_in_flight`]).
     ///
     /// The provider's rate-limit headers are matched to the quota's limits by the amount they
     /// report and the window their numbers imply; the profile's windows
@@ -137,30 +133,40 @@ impl QuotaStack {
     /// simulator with a compressed minute) or whose limits count per day (Groq), give the
     /// profile those windows: `Profile::openai().windows(minute, minute)`.
     pub fn for_profile(profile: Profile, quota: Quota) -> Self {
+        let quota = match quota.max_in_flight() {
+            Some(_) => quota,
+            None => quota.with_max_in_flight(Self::default_concurrency()),
+        };
         Self {
             profile,
             budget: Budget::new(quota),
             estimate: EstimateLayer::new(),
             retry: RetryAfterLayer::default(),
             queue: PriorityQueueLayer::default(),
-            in_flight: InFlightLimitLayer::new(Self::DEFAULT_CONCURRENCY),
             missing_cost: MissingCost::default(),
             class_headroom: [0.0; 3],
         }
     }
 
+    fn default_concurrency() -> NonZeroUsize {
+        NonZeroUsize::new(Self::DEFAULT_CONCURRENCY).expect("a positive default")
+    }
+
     /// Spends `budget` instead of the stack's own, for example one that other clients or
-    /// processes already share. The quota given to the constructor is then unused.
+    /// processes already share. The quota given to the constructor is then unused, and the
+    /// budget keeps its own cap on calls in flight.
     pub fn with_budget(mut self, budget: Budget) -> Self {
         self.budget = budget;
         self
     }
 
     /// At most `max` calls in flight (at least one), each holding its slot until its response
-    /// body ends. Defaults to [`QuotaStack::DEFAULT_CONCURRENCY`].
-    pub fn concurrency(mut self, max: usize) -> Self {
-        let max = max.clamp(1, tokio::sync::Semaphore::MAX_PERMITS);
-        self.in_flight = InFlightLimitLayer::new(max);
+    /// body ends: sets the cap of the stack's budget ([`Budget::set_max_in_flight`]), which
+    /// every holder of that budget shares. Defaults to the quota's cap, else
+    /// [`QuotaStack::DEFAULT_CONCURRENCY`].
+    pub fn concurrency(self, max: usize) -> Self {
+        self.budget
+            .set_max_in_flight(Some(NonZeroUsize::new(max).unwrap_or(NonZeroUsize::MIN)));
         self
     }
 
@@ -220,14 +226,15 @@ impl QuotaStack {
         &self.budget
     }
 
-    /// The queue's depth and oldest wait by class.
+    /// The depth and oldest wait by class of the requests waiting in the stack (in the
+    /// queue's ordering and in the budget's).
     pub fn queue_handle(&self) -> QueueHandle {
-        self.queue.handle()
+        self.queue.handle().including(&self.budget)
     }
 
-    /// Calls in flight now, across every service of this stack.
+    /// Calls in flight now, across every holder of this stack's budget.
     pub fn in_flight(&self) -> usize {
-        self.in_flight.in_flight()
+        self.budget.snapshot().in_flight()
     }
 }
 
@@ -242,7 +249,6 @@ impl<S> Layer<S> for QuotaStack {
         );
         let retry = self.retry.clone().pause_on_rate_limit(self.budget.clone());
         let service = reconcile.layer(client);
-        let service = self.in_flight.layer(service);
         let service = token_budget.layer(service);
         let service = self.queue.layer(service);
         let service = retry.layer(service);

@@ -313,11 +313,12 @@ async fn the_request_priority_orders_the_queue() {
     let mut tasks = vec![send("batch-1", Priority::Batch)];
     until(|| budget.waiters() == 1).await;
     tasks.push(send("batch-2", Priority::Batch));
-    until(|| queue.snapshot().depth() == 1).await;
+    until(|| budget.waiters() == 2).await;
     tasks.push(send("interactive", Priority::Interactive));
-    until(|| queue.snapshot().depth() == 2).await;
+    until(|| queue.snapshot().depth() == 3).await;
+    // All three wait in the budget's ordering, by class.
     assert_eq!(queue.snapshot().class(Priority::Interactive).depth(), 1);
-    assert_eq!(queue.snapshot().class(Priority::Batch).depth(), 1);
+    assert_eq!(queue.snapshot().class(Priority::Batch).depth(), 2);
 
     for sent in 1..=3 {
         drop(held.pop());
@@ -326,7 +327,8 @@ async fn the_request_priority_orders_the_queue() {
     for task in tasks {
         task.await.unwrap();
     }
-    assert_eq!(provider.names(), ["batch-1", "interactive", "batch-2"]);
+    // The interactive request goes first, although both batch requests waited before it came.
+    assert_eq!(provider.names(), ["interactive", "batch-1", "batch-2"]);
 }
 
 #[tokio::test]

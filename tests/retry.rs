@@ -351,7 +351,7 @@ async fn a_retry_queues_again_behind_higher_priority_work_keeping_its_place() {
     let client = BoxCloneService::new(client);
 
     let x = tokio::spawn(client.clone().oneshot(request("x", Priority::Batch)));
-    time::sleep(SEC / 2).await;
+    time::sleep(SEC * 3 / 2).await;
     let i = tokio::spawn(client.clone().oneshot(request("i", Priority::Interactive)));
     time::sleep(SEC / 10).await;
     let b = tokio::spawn(client.clone().oneshot(request("b", Priority::Batch)));
@@ -363,8 +363,8 @@ async fn a_retry_queues_again_behind_higher_priority_work_keeping_its_place() {
         .iter()
         .map(|(label, at)| (label.as_str(), at.as_secs_f64()))
         .collect();
-    // x fails at 1 s and queues again at once: behind i (interactive), ahead of b (batch,
-    // enqueued after x's first attempt).
+    // x fails at 1 s and queues again at once keeping its place from 0 s: behind i
+    // (interactive, 1.5 s), ahead of b (batch, 1.6 s).
     assert_eq!(order, [("x", 1.0), ("i", 2.0), ("x", 3.0), ("b", 4.0)]);
 }
 

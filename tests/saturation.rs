@@ -1,6 +1,8 @@
-//! A 1,000-item batch backlog saturates a token budget while interactive requests keep
-//! arriving: interactive work never waits behind the backlog, batch work keeps its bound, and
-//! everything completes. Runs in virtual time (a few minutes of traffic in milliseconds).
+//! A 1,000-item batch backlog saturates a budget while interactive requests keep arriving:
+//! interactive work never waits behind the backlog, batch work keeps its bound, and everything
+//! completes — whether the binding resource is the token bucket or the in-flight slot. Runs in
+//! virtual time (a few minutes of traffic in milliseconds). The same with a Redis-shared budget
+//! runs in real time, scaled down, in `tests/ordering.rs`.
 
 mod support;
 
@@ -13,7 +15,8 @@ use tokio::time::{self, Instant};
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::{
-    Cost, Dimension, Error, Priority, PriorityQueueLayer, QueueConfig, Timings, TokenBudgetLayer,
+    Budget, Cost, Dimension, Error, Priority, PriorityQueueLayer, QueueConfig, Quota, Timings,
+    TokenBudgetLayer,
 };
 
 const RATE: u64 = 1_000; // tokens per second
@@ -46,10 +49,41 @@ async fn interactive_work_keeps_its_latency_while_batch_work_saturates_the_quota
         Duration::from_secs(1),
         RATE,
     )]);
+    // Interactive: at most its own refill plus one batch item ahead of it in the budget.
+    let bound = refill(INTERACTIVE_COST) + refill(BATCH_COST);
+    saturate(budget, Duration::ZERO, bound).await;
+}
+
+/// The same backlog when calls take longer than the quota's refill and one call at a time may
+/// be in flight: the slot binds, and interactive requests wait for the one call in flight only.
+#[tokio::test(start_paused = true)]
+async fn interactive_work_keeps_its_latency_while_batch_work_holds_every_slot() {
+    const CALL: Duration = Duration::from_millis(150);
+    let budget = Budget::new(
+        Quota::new()
+            .with_limit(limit(
+                Dimension::TotalTokens,
+                RATE * 10,
+                Duration::from_secs(1),
+                RATE * 10,
+            ))
+            .with_max_in_flight(std::num::NonZeroUsize::new(1).unwrap()),
+    );
+    // Plenty of tokens: an interactive request waits for the call in flight (one batch item)
+    // and for nothing else.
+    saturate(budget, CALL, CALL).await;
+}
+
+/// 1,000 batch items at once, then an interactive request every second for 250 s, through a
+/// queue and `budget`, against a client taking `call` per request; every interactive request
+/// must wait at most `interactive_bound`.
+async fn saturate(budget: Budget, call: Duration, interactive_bound: Duration) {
     let queue = PriorityQueueLayer::new(QueueConfig::new());
-    let handle = queue.handle();
-    let client =
-        service_fn(|_request: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
+    let handle = queue.handle().including(&budget);
+    let client = service_fn(move |_request: Request<()>| async move {
+        time::sleep(call).await;
+        Ok::<_, Infallible>(Response::new(()))
+    });
     let llm: Llm = BoxCloneService::new(
         ServiceBuilder::new()
             .layer(queue)
@@ -75,16 +109,15 @@ async fn interactive_work_keeps_its_latency_while_batch_work_saturates_the_quota
     let mut interactive_waits = Vec::new();
     for task in tasks {
         let (priority, elapsed, timings) = task.await.unwrap();
-        // Nothing else takes time in this stack: the wait is all of it, and it was measured.
-        assert_eq!(timings.waited(), elapsed);
+        // Nothing else takes time in this stack: the wait and the call are all of it, and both
+        // were measured.
+        assert_eq!(timings.waited() + timings.call(), elapsed);
         match priority {
             Priority::Batch => batch_waits.push(timings.waited()),
             _ => interactive_waits.push(timings.waited()),
         }
     }
 
-    // Interactive: at most its own refill plus one batch item ahead of it in the budget.
-    let interactive_bound = refill(INTERACTIVE_COST) + refill(BATCH_COST);
     let worst_interactive = *interactive_waits.iter().max().unwrap();
     assert!(
         worst_interactive <= interactive_bound,
@@ -98,7 +131,7 @@ async fn interactive_work_keeps_its_latency_while_batch_work_saturates_the_quota
         assert!(*wait <= Duration::from_secs(150) * (k as u32 + 1));
     }
     let worst_batch = *batch_waits.iter().max().unwrap();
-    let half_rate = refill(BATCH_ITEMS * BATCH_COST) * 2;
+    let half_rate = (refill(BATCH_ITEMS * BATCH_COST) * 2).max(call * BATCH_ITEMS as u32 * 2);
     assert!(
         worst_batch <= half_rate + refill(INTERACTIVE_COST),
         "{worst_batch:?}"

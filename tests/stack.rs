@@ -209,15 +209,15 @@ async fn waiting_requests_get_the_budget_by_priority() {
         waiting.push(tokio::spawn(send(llm.clone(), request)));
         tokio::task::yield_now().await;
     }
-    // batch-1 waits for the budget; the two others wait in the queue, by class.
+    // All three wait in the budget's ordering, by class.
     let snapshot = queue.snapshot();
-    assert_eq!(budget.waiters(), 1);
+    assert_eq!(budget.waiters(), 3);
     assert_eq!(
         (
             snapshot.class(Priority::Interactive).depth(),
             snapshot.class(Priority::Batch).depth()
         ),
-        (1, 1)
+        (1, 2)
     );
     for task in waiting {
         assert_eq!(task.await.unwrap().unwrap(), StatusCode::OK);
@@ -231,8 +231,8 @@ async fn waiting_requests_get_the_budget_by_priority() {
         calls,
         [
             ("first".to_owned(), secs(0)),
-            ("batch-1".to_owned(), secs(10)),
-            ("interactive".to_owned(), secs(20)),
+            ("interactive".to_owned(), secs(10)),
+            ("batch-1".to_owned(), secs(20)),
             ("batch-2".to_owned(), secs(30)),
         ]
     );

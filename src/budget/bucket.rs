@@ -39,7 +39,7 @@ pub(crate) struct Bucket {
 
 /// A share of a bucket's capacity that a request must leave untouched, so that requests of a
 /// higher class find it: in parts per million.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
 pub(crate) struct Floor(u32);
 
 impl Floor {

@@ -38,14 +38,26 @@
 //! passes two bursts at a window boundary. Admission is all or nothing: a request that does not
 //! fit one bucket takes nothing from the others.
 //!
-//! # Waiting: first in, first out
+//! # Waiting: one ordering
 //!
-//! Requests that cannot be admitted at once wait in a queue and are admitted in arrival order:
-//! a large request is never overtaken by a stream of small ones (a sleep-and-recheck loop lets
-//! that happen). The trade-off is head-of-line blocking: a small request that would fit now
-//! waits behind a large one at the head, exactly as tokio's semaphore does. Only the head
-//! sleeps, until the instant its cost becomes available; it is woken earlier when a refund or a
-//! limit change makes that sooner. The others wait without a timer, so waiting costs no CPU.
+//! Requests that cannot be admitted at once wait in the budget's ordering: by
+//! [`Priority`](crate::Priority) (the front of a class ages up), then by the time they first
+//! entered (kept across retries), then by arrival. Only the head may be admitted: a large
+//! request at the head is never overtaken by a stream of small ones (a sleep-and-recheck loop
+//! lets that happen). The trade-off is head-of-line blocking: a small request that would fit
+//! now waits behind a large one at the head, exactly as tokio's semaphore does. One exception
+//! keeps class floors honest: a head that waits only to keep its class's floor
+//! ([`Reserve::keeping`]) lets a request with a lower floor behind it go first.
+//!
+//! Only the head sleeps, until the instant its cost becomes available; it is woken earlier
+//! when a refund, a released in-flight slot or a limit change makes that sooner. The others
+//! wait without a timer, so waiting costs no CPU.
+//!
+//! Every resource of an admission is taken in one step from the head of that one ordering:
+//! every bucket the cost touches and, when the quota caps calls in flight
+//! ([`Quota::with_max_in_flight`]), a slot. So whatever binds — tokens, a slot, a shared
+//! store, a floor — the next request served is the one the ordering names, and a request
+//! waiting for one resource holds none of the others.
 //!
 //! # Cancel safety
 //!
@@ -55,6 +67,8 @@
 //! leaks.
 
 mod bucket;
+#[cfg(all(test, loom))]
+mod loom_ordering;
 mod observation;
 #[cfg(feature = "redis")]
 pub mod redis;
@@ -67,10 +81,10 @@ mod snapshot;
 pub(crate) mod store;
 mod waiters;
 
-use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::num::NonZeroUsize;
+use std::sync::{Arc, PoisonError};
+use std::task::Waker;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -85,13 +99,17 @@ pub use store::ReservationId;
 
 use crate::cost::Cost;
 use crate::error::{InsufficientCapacity, NotUntil, TryReserveError};
+use crate::loom::{Mutex, MutexGuard};
 use crate::quota::{Dimension, Limit, Quota};
+use crate::sched::QueueSnapshot;
+use crate::sched::order::{Full, Place};
 use bucket::Floor;
 use remote::Decision;
 use reservation::Origin;
 use shared::{Remote, SharedState};
 use store::{Denial, MemoryStore, Store, nanos};
-use waiters::{VacancyWatchers, WaitQueue};
+pub(crate) use waiters::Ask;
+use waiters::{Slots, WaitList};
 
 /// A shared quota budget: a cheap handle, and clones share the same buckets and queue.
 ///
@@ -118,8 +136,8 @@ struct State {
     store: MemoryStore,
     /// The limits and circuit breaker of a shared budget.
     shared: Option<SharedState>,
-    queue: WaitQueue,
-    vacancy: VacancyWatchers,
+    queue: WaitList,
+    slots: Slots,
     next_id: u64,
 }
 
@@ -127,39 +145,43 @@ struct State {
 pub(crate) enum Step {
     Admitted(ReservationId, Origin),
     Never(InsufficientCapacity),
+    /// The ordering holds as many requests as the request's configuration allows.
+    Full(usize),
     /// The shared store could not be asked, and the policy is to refuse.
     Unavailable(StoreUnavailable),
     /// At the head of the queue of a shared budget: ask the shared store, under this id.
     Ask(ReservationId, Arc<[Limit]>),
     /// At the head of the queue: the cost fits at this instant.
     WaitUntil(Instant),
-    /// Behind others: woken when it reaches the head.
+    /// Behind others, or waiting for an in-flight slot or a question to the store: woken
+    /// when it may go.
     Queued,
 }
 
-/// Wakers collected under the lock, woken after it is released.
+/// A waker collected under the lock, woken after it is released.
 #[derive(Default)]
-struct Wakeups {
-    head: Option<Waker>,
-    vacancy: BTreeMap<u64, Waker>,
-}
+struct Wakeups(Option<Waker>);
 
 impl Wakeups {
     fn wake(self) {
-        if let Some(head) = self.head {
-            head.wake();
+        if let Some(waker) = self.0 {
+            waker.wake();
         }
-        self.vacancy.into_values().for_each(Waker::wake);
     }
 }
 
 impl Budget {
     /// A budget enforcing every limit of `quota`, with every bucket full.
     pub fn new(quota: Quota) -> Self {
-        Self::with_store(MemoryStore::new(&quota), None, None)
+        Self::with_store(&quota, MemoryStore::new(&quota), None, None)
     }
 
-    fn with_store(store: MemoryStore, shared: Option<SharedState>, remote: Option<Remote>) -> Self {
+    fn with_store(
+        quota: &Quota,
+        store: MemoryStore,
+        shared: Option<SharedState>,
+        remote: Option<Remote>,
+    ) -> Self {
         Self {
             shared: Arc::new(Shared {
                 origin: Instant::now(),
@@ -169,17 +191,19 @@ impl Budget {
                 state: Mutex::new(State {
                     store,
                     shared,
-                    queue: WaitQueue::default(),
-                    vacancy: VacancyWatchers::default(),
+                    queue: WaitList::default(),
+                    slots: Slots::new(quota.max_in_flight()),
                     next_id: 0,
                 }),
             }),
         }
     }
 
-    /// Waits until `cost` can be paid in every limit it touches, then reserves it.
+    /// Waits until `cost` can be paid in every limit it touches (and an in-flight slot is
+    /// free, when the quota caps them), then reserves it.
     ///
-    /// Waiters are admitted first in, first out. Fails at once, without waiting, when `cost`
+    /// Waiters are admitted in the budget's ordering: by the class and place set with
+    /// [`Reserve::priority`] (by default async, in arrival order). Fails at once, without waiting, when `cost`
     /// exceeds a bucket's capacity (or later, should a limit shrink below it while waiting).
     ///
     /// # Cancel safety
@@ -218,9 +242,13 @@ impl Budget {
                 return Err(TryReserveError::NotYet(self.not_until(at, &limit)));
             }
         }
+        if !state.slots.free() {
+            return Err(TryReserveError::NoSlot);
+        }
         let id = state.next_id();
         match state.store.reserve(id, &cost, Floor::NONE, ns) {
             Ok(()) => {
+                state.slots.take();
                 drop(state);
                 Ok(Reservation::new(self.clone(), id, cost, Origin::Local))
             }
@@ -258,7 +286,26 @@ impl Budget {
             limits,
             waiters: state.queue.len(),
             queued: state.queue.queued(),
+            in_flight: state.slots.used(),
+            max_in_flight: state.slots.max(),
         }
+    }
+
+    /// The requests waiting for admission, by class (the budget's ordering).
+    pub fn queue_snapshot(&self) -> QueueSnapshot {
+        self.lock().queue.order().snapshot(Instant::now())
+    }
+
+    /// Caps the calls in flight at `max` (`None`: no cap), from now on; a slot is held from
+    /// admission until the reservation ends (with [`ReconcileLayer`](crate::ReconcileLayer),
+    /// when the response body ends). Lowering it below the calls in flight admits nobody until
+    /// enough of them end. Defaults to the quota's
+    /// [`max_in_flight`](Quota::with_max_in_flight).
+    pub fn set_max_in_flight(&self, max: Option<NonZeroUsize>) {
+        self.update_state(|state| {
+            state.slots.set_max(max);
+            true
+        });
     }
 
     /// Replaces the limit of the same dimension and period (or adds it), keeping the bucket's
@@ -360,61 +407,84 @@ impl Budget {
 
     /// One step of [`Reserve`]: admit, queue, or say when to look again.
     ///
-    /// A shared budget asks its shared store (`Step::Ask`) unless `local` (the store failed
-    /// and the policy is to fall back) or its breaker is open; not before `retry_at`, the
-    /// store's last hint.
+    /// A request may go when it is the head of the ordering (or the ordering is empty), or
+    /// when the heads before it wait only to keep a higher class floor. It then needs a free
+    /// in-flight slot, and every bucket its cost touches. A shared budget asks its shared
+    /// store (`Step::Ask`) unless `local` (the store failed and the policy is to fall back)
+    /// or its breaker is open; not before `retry_at`, the store's last hint.
     pub(crate) fn poll_admission(
         &self,
-        ticket: &mut Option<u64>,
-        cost: &Cost,
-        floor: Floor,
+        place: &mut Option<Place>,
+        ask: &Ask,
         waker: &Waker,
         local: bool,
         retry_at: Option<(Instant, u64)>,
     ) -> Step {
         let now = Instant::now();
-        let ns = self.nanos_since_origin(now);
         let mut state = self.lock();
-        let at_head = match *ticket {
-            None => state.queue.is_empty(),
-            Some(t) => state.queue.head() == Some(t),
-        };
-        if !at_head {
-            if ticket.is_none() {
-                // Refuse at once what can never fit, rather than after a wait in line.
-                if let Err(e) = state.check_capacity(cost, floor) {
-                    return Step::Never(e);
-                }
+        if place.is_none() && !state.queue.is_empty() {
+            // Others wait: refuse at once what can never fit, rather than after a wait in
+            // line, and take a place (it may be the head's: a higher class goes first).
+            if let Err(e) = state.check_capacity(&ask.cost, ask.floor) {
+                return Step::Never(e);
             }
-            state.wait(ticket, cost, waker);
-            return Step::Queued;
+            if let Step::Full(depth) = state.wait(place, ask, waker) {
+                return Step::Full(depth);
+            }
         }
+        if let Some(mine) = *place {
+            if !state.queue.may_go(mine, now) {
+                return state.wait(place, ask, waker);
+            }
+        }
+        if !state.slots.free() {
+            // Every slot is taken: the head waits for one to be given back, holding nothing.
+            return state.wait(place, ask, waker);
+        }
+        let ns = self.nanos_since_origin(now);
         if let (Some(remote), true, false) = (&self.shared.remote, state.shared.is_some(), local) {
             // The store's wait, unless a refund reached the store since it told it.
             let refunds = state.shared.as_ref().map_or(0, |shared| shared.refunds);
             if let Some((at, _)) = retry_at.filter(|(at, told)| *at > now && *told == refunds) {
-                state.wait(ticket, cost, waker);
-                return Step::WaitUntil(at);
+                return match state.wait(place, ask, waker) {
+                    Step::Queued => Step::WaitUntil(at),
+                    other => other,
+                };
             }
             let id = state.peek_id();
             let shared = state
                 .shared
                 .as_mut()
                 .expect("a shared budget has shared state");
+            if !shared.may_ask() {
+                // Another question is on its way: while the store refuses, only one asks at
+                // a time, so the store admits in this process's order.
+                return state.wait(place, ask, waker);
+            }
             if shared.breaker.allow(id.get(), ns) {
+                shared.asking += 1;
                 let limits = shared.limits().clone();
-                return Step::Ask(state.next_id(), limits);
+                state.slots.promise();
+                // It leaves the ordering while it asks (and comes back to its place if the
+                // store refuses), so the next may ask too while the store admits.
+                let next = place.and_then(|mine| state.queue.remove(mine, now));
+                let id = state.next_id();
+                drop(state);
+                if let Some(next) = next {
+                    next.wake();
+                }
+                return Step::Ask(id, limits);
             }
             if remote.policy() == FailurePolicy::FailClosed {
-                let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
+                let wakeups = state.leave(place, now);
                 drop(state);
                 wakeups.wake();
                 return Step::Unavailable(StoreUnavailable::breaker_open());
             }
         }
-        if state.shared.is_some() && state.store.check_capacity(cost, floor).is_err() {
+        if state.shared.is_some() && state.store.check_capacity(&ask.cost, ask.floor).is_err() {
             // The store is out of reach and the local share cannot pay this cost at all.
-            let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
+            let wakeups = state.leave(place, now);
             drop(state);
             wakeups.wake();
             return Step::Unavailable(StoreUnavailable::new(
@@ -422,7 +492,7 @@ impl Budget {
             ));
         }
         let id = state.next_id();
-        match state.store.reserve(id, cost, floor, ns) {
+        match state.store.reserve(id, &ask.cost, ask.floor, ns) {
             Ok(()) => {
                 if state.shared.is_some() {
                     let reason = if local {
@@ -432,18 +502,34 @@ impl Budget {
                     };
                     crate::observe::fallback(reason);
                 }
-                let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
+                state.slots.take();
+                let wakeups = state.leave(place, now);
                 drop(state);
                 wakeups.wake();
                 Step::Admitted(id, Origin::Local)
             }
             Err(Denial::NotUntil { at, .. }) => {
-                state.wait(ticket, cost, waker);
-                Step::WaitUntil(self.instant(at))
+                let step = state.wait(place, ask, waker);
+                let Some(mine) = *place else { return step };
+                // Blocked only by its floor: whoever may go instead is told to look.
+                let fits = state
+                    .store
+                    .not_before(&ask.cost, ns)
+                    .is_none_or(|(at, _)| at <= ns);
+                let floor_only = ask.floor != Floor::NONE && fits;
+                let other = state.queue.set_floor_blocked(mine, floor_only, now);
+                drop(state);
+                if let Some(other) = other {
+                    other.wake();
+                }
+                match step {
+                    Step::Queued => Step::WaitUntil(self.instant(at)),
+                    other => other,
+                }
             }
             Err(Denial::Never(e)) => {
                 // Too large from the start, or a limit shrank below it while it waited.
-                let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
+                let wakeups = state.leave(place, now);
                 drop(state);
                 wakeups.wake();
                 Step::Never(e)
@@ -451,19 +537,21 @@ impl Budget {
         }
     }
 
-    /// Gives up a place in the queue.
-    pub(crate) fn cancel(&self, ticket: u64) {
-        let wakeups = self.lock().leave(ticket);
+    /// Gives up a place in the ordering.
+    pub(crate) fn cancel(&self, place: Place) {
+        let wakeups = self.lock().leave(&mut Some(place), Instant::now());
         wakeups.wake();
     }
 
-    /// What the shared store answered to the head's question (`Step::Ask`).
+    /// What the shared store answered to a question (`Step::Ask`). The asker left the
+    /// ordering to ask; refused, it comes back to its place (or joins, if it asked on
+    /// arrival).
     pub(crate) fn answered(
         &self,
-        ticket: &mut Option<u64>,
+        place: &mut Option<Place>,
         id: ReservationId,
         answer: Result<Decision, StoreUnavailable>,
-        cost: &Cost,
+        ask: &Ask,
         waker: &Waker,
     ) -> Answer {
         let Some(remote) = &self.shared.remote else {
@@ -472,48 +560,73 @@ impl Budget {
         let now = Instant::now();
         let ns = self.nanos_since_origin(now);
         let mut state = self.lock();
-        let shared = state
-            .shared
-            .as_mut()
-            .expect("a shared budget has shared state");
-        let mut leave = false;
+        let State {
+            shared,
+            queue,
+            slots,
+            ..
+        } = &mut *state;
+        let shared = shared.as_mut().expect("a shared budget has shared state");
+        shared.asking = shared.asking.saturating_sub(1);
+        let admitted = matches!(answer, Ok(Decision::Admitted));
+        slots.fulfil(admitted);
+        let mut back = |queue: &mut WaitList| match *place {
+            Some(mine) => {
+                queue.restore(mine, ask, waker);
+                Ok(())
+            }
+            None => match queue.wait(place, ask, waker) {
+                Ok(()) => Ok(()),
+                Err(Full(depth)) => Err(depth),
+            },
+        };
         let answer = match answer {
             Ok(decision) => {
                 shared.breaker.succeeded();
                 match decision {
                     Decision::Admitted => {
-                        leave = true;
+                        shared.refused = false;
+                        *place = None;
                         Answer::Admitted
                     }
                     Decision::Denied { wait, .. } => {
-                        let refunds = shared.refunds;
-                        state.wait(ticket, cost, waker);
-                        Answer::RetryAt(now + remote.jittered(wait), refunds)
+                        shared.refused = true;
+                        match back(queue) {
+                            Ok(()) => Answer::RetryAt(
+                                crate::sched::saturating_deadline(now, remote.jittered(wait)),
+                                shared.refunds,
+                            ),
+                            Err(depth) => Answer::Full(depth),
+                        }
                     }
                     Decision::TooLarge { limit } => {
-                        leave = true;
-                        Answer::Never(shared.too_large(limit, cost))
+                        *place = None;
+                        Answer::Never(shared.too_large(limit, &ask.cost))
                     }
                 }
             }
             Err(error) => {
                 shared.breaker.failed(ns);
                 // The script may have run after all: give back whatever it took.
-                remote.release(id, *cost, shared.limits().clone());
+                remote.release(id, ask.cost, shared.limits().clone());
                 tracing::warn!(%error, "the shared quota store did not answer");
                 match remote.policy() {
-                    FailurePolicy::LocalFallback { .. } => Answer::Fallback,
+                    FailurePolicy::LocalFallback { .. } => match back(queue) {
+                        Ok(()) => Answer::Fallback,
+                        Err(depth) => Answer::Full(depth),
+                    },
                     FailurePolicy::FailClosed => {
-                        leave = true;
+                        *place = None;
                         Answer::Unavailable(error)
                     }
                 }
             }
         };
-        if leave {
-            let wakeups = ticket.take().map(|t| state.leave(t)).unwrap_or_default();
-            drop(state);
-            wakeups.wake();
+        // A question ended: the head may ask (or be admitted) now.
+        let head = queue.head_waker(now).filter(|head| !head.will_wake(waker));
+        drop(state);
+        if let Some(head) = head {
+            head.wake();
         }
         answer
     }
@@ -522,9 +635,16 @@ impl Budget {
     /// may have taken, and let another caller probe the store.
     pub(crate) fn abandoned(&self, id: ReservationId, cost: &Cost) {
         let mut state = self.lock();
+        state.slots.fulfil(false);
         if let (Some(shared), Some(remote)) = (state.shared.as_mut(), &self.shared.remote) {
+            shared.asking = shared.asking.saturating_sub(1);
             shared.breaker.abandoned(id.get());
             remote.release(id, *cost, shared.limits().clone());
+        }
+        let head = state.queue.head_waker(Instant::now());
+        drop(state);
+        if let Some(head) = head {
+            head.wake();
         }
     }
 
@@ -542,26 +662,34 @@ impl Budget {
         remote.reserve(id, cost, floor, limits)
     }
 
-    /// Settles a reservation: `actual` replaces `reserved`.
+    /// Settles a reservation: `actual` replaces `reserved`, and its in-flight slot is given
+    /// back.
     pub(crate) fn settle(&self, id: ReservationId, origin: Origin, reserved: &Cost, actual: &Cost) {
         if let (Origin::Shared, Some(remote)) = (origin, &self.shared.remote) {
-            let limits = match &self.lock().shared {
-                Some(shared) => shared.limits().clone(),
-                None => return,
-            };
-            remote.settle(id, *reserved, *actual, limits);
+            let mut limits = None;
+            self.update_state(|state| {
+                limits = state.shared.as_ref().map(|shared| shared.limits().clone());
+                // A slot given back: the head may go (the refund reaches the store later).
+                state.slots.release_limited()
+            });
+            if let Some(limits) = limits {
+                remote.settle(id, *reserved, *actual, limits);
+            }
             return;
         }
         let now = || self.nanos_since_origin(Instant::now());
-        self.update_state(|state| state.store.settle(id, reserved, actual, now));
+        self.update_state(|state| {
+            let slot = state.slots.release_limited();
+            state.store.settle(id, reserved, actual, now) | slot
+        });
     }
 
     /// Changes the state; when `change` says capacity may have come sooner, wakes the head of
-    /// the queue (after releasing the lock) to look again.
+    /// the ordering (after releasing the lock) to look again.
     fn update_state(&self, change: impl FnOnce(&mut State) -> bool) {
         let mut state = self.lock();
-        let head = if change(&mut state) {
-            state.queue.head_waker()
+        let head = if change(&mut state) && !state.queue.is_empty() {
+            state.queue.head_waker(Instant::now())
         } else {
             None
         };
@@ -569,25 +697,6 @@ impl Budget {
         if let Some(head) = head {
             head.wake();
         }
-    }
-
-    /// Ready when no request waits, so a new one would not queue behind others; otherwise
-    /// registers the caller (under `key`) to be woken when the queue empties.
-    pub(crate) fn poll_vacancy(&self, key: &mut Option<u64>, cx: &mut Context<'_>) -> Poll<()> {
-        let mut state = self.lock();
-        if state.queue.is_empty() {
-            if let Some(key) = key.take() {
-                state.vacancy.forget(key);
-            }
-            return Poll::Ready(());
-        }
-        state.vacancy.register(key, cx.waker());
-        Poll::Pending
-    }
-
-    /// Forgets a registration made by [`Budget::poll_vacancy`].
-    pub(crate) fn forget_vacancy(&self, key: u64) {
-        self.lock().vacancy.forget(key);
     }
 
     /// Whether the level gauges are due (at most ten recordings a second per budget).
@@ -636,6 +745,8 @@ pub(crate) enum Answer {
     /// Denied for now: ask again at this instant (unless a refund reaches the store first:
     /// the second field counts them), keeping the place in the queue.
     RetryAt(Instant, u64),
+    /// Denied, and the ordering is too deep to wait in.
+    Full(usize),
     /// The store failed: admit from the local fallback share.
     Fallback,
     Unavailable(StoreUnavailable),
@@ -651,11 +762,12 @@ impl State {
         }
     }
 
-    /// Joins the queue, or refreshes the waker of a waiter already in it.
-    fn wait(&mut self, ticket: &mut Option<u64>, cost: &Cost, waker: &Waker) {
-        match *ticket {
-            Some(t) => self.queue.set_waker(t, waker),
-            None => *ticket = Some(self.queue.push(*cost, waker)),
+    /// Joins the ordering, or refreshes the waker of a waiter already in it: `Step::Queued`,
+    /// or `Step::Full` when the ordering is as deep as the request allows.
+    fn wait(&mut self, place: &mut Option<Place>, ask: &Ask, waker: &Waker) -> Step {
+        match self.queue.wait(place, ask, waker) {
+            Ok(()) => Step::Queued,
+            Err(Full(depth)) => Step::Full(depth),
         }
     }
 
@@ -669,16 +781,9 @@ impl State {
         ReservationId(self.next_id + 1)
     }
 
-    /// Removes a waiter; collects the wakers of whoever should look again.
-    fn leave(&mut self, ticket: u64) -> Wakeups {
-        let was_head = self.queue.remove(ticket);
-        let mut wakeups = Wakeups::default();
-        if self.queue.is_empty() {
-            wakeups.vacancy = self.vacancy.take();
-        } else if was_head {
-            wakeups.head = self.queue.head_waker();
-        }
-        wakeups
+    /// Leaves the ordering, if in it; collects the waker of the new head.
+    fn leave(&mut self, place: &mut Option<Place>, now: Instant) -> Wakeups {
+        Wakeups(place.take().and_then(|mine| self.queue.remove(mine, now)))
     }
 }
 

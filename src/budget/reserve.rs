@@ -12,26 +12,28 @@ use tokio::time::{Instant, Sleep, sleep_until};
 use super::bucket::Floor;
 use super::remote::{Decision, StoreFuture};
 use super::reservation::Origin;
-use super::{Answer, Budget, Reservation, ReservationId, Step};
+use super::{Answer, Ask, Budget, Reservation, ReservationId, Step};
 use crate::cost::Cost;
 use crate::error::ReserveError;
+use crate::priority::Priority;
+use crate::sched::Scheduling;
+use crate::sched::order::Place;
 
 pin_project! {
     /// Waits for a [`Budget`] to admit a cost; see [`Budget::reserve`].
     ///
     /// # Cancel safety
     ///
-    /// Dropping it before completion reserves nothing and leaves the queue. For a shared
+    /// Dropping it before completion reserves nothing and leaves the ordering. For a shared
     /// budget, a question in flight to the shared store is answered by a release, so that
     /// whatever it took is given back.
     #[must_use = "futures do nothing unless polled"]
     pub struct Reserve {
         budget: Budget,
-        cost: Cost,
-        floor: Floor,
-        // The place in the budget's queue, while waiting.
-        ticket: Option<u64>,
-        // Armed only while at the head of the queue; reset in place.
+        ask: Ask,
+        // The place in the budget's ordering, while waiting.
+        place: Option<Place>,
+        // Armed only while at the head of the ordering; reset in place.
         #[pin]
         sleep: Option<Sleep>,
         // A shared budget's question to its store, in flight, with the id it reserves under.
@@ -47,10 +49,10 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Some((id, _)) = this.asking.take() {
-                this.budget.abandoned(id, this.cost);
+                this.budget.abandoned(id, &this.ask.cost);
             }
-            if let Some(ticket) = this.ticket.take() {
-                this.budget.cancel(ticket);
+            if let Some(place) = this.place.take() {
+                this.budget.cancel(place);
             }
         }
     }
@@ -60,9 +62,12 @@ impl Reserve {
     pub(crate) fn new(budget: Budget, cost: Cost) -> Self {
         Self {
             budget,
-            cost,
-            floor: Floor::NONE,
-            ticket: None,
+            ask: Ask {
+                cost,
+                floor: Floor::NONE,
+                scheduling: Scheduling::new(Priority::Async, Instant::now()),
+            },
+            place: None,
             sleep: None,
             asking: None,
             retry_at: None,
@@ -75,16 +80,37 @@ impl Reserve {
     /// clamped to `[0, 1]`; NaN counts as 0. Defaults to 0.
     ///
     /// A cost above the rest of a bucket's capacity fails at once, as a cost above the whole
-    /// capacity does.
+    /// capacity does. While it waits only to keep its floor, requests behind it with a lower
+    /// floor are admitted first.
     pub fn keeping(mut self, fraction: f64) -> Self {
         // Not `..self`: the future implements `Drop`.
-        self.floor = Floor::from_fraction(fraction);
+        self.ask.floor = Floor::from_fraction(fraction);
+        self
+    }
+
+    /// Waits in `priority`'s class of the budget's ordering. Defaults to
+    /// [`Priority::Async`].
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.ask.scheduling.priority = priority;
+        self
+    }
+
+    /// Keeps the place of a request that first entered an ordering at `instant` (a retry),
+    /// rather than now. Defaults to now.
+    pub fn enqueued_at(mut self, instant: Instant) -> Self {
+        self.ask.scheduling.enqueued_at = instant.min(self.ask.scheduling.enqueued_at);
+        self
+    }
+
+    /// Waits as `scheduling` places it (class, place, aging, depth).
+    pub(crate) fn scheduling(mut self, scheduling: Scheduling) -> Self {
+        self.ask.scheduling = scheduling;
         self
     }
 
     /// The cost being reserved.
     pub fn cost(&self) -> Cost {
-        self.cost
+        self.ask.cost
     }
 }
 
@@ -93,6 +119,7 @@ impl Future for Reserve {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
+        let priority = this.ask.scheduling.priority;
         loop {
             if let Some((id, question)) = this.asking.as_mut() {
                 let Poll::Ready(answer) = question.get_mut().as_mut().poll(cx) else {
@@ -102,38 +129,45 @@ impl Future for Reserve {
                 *this.asking = None;
                 match this
                     .budget
-                    .answered(this.ticket, id, answer, this.cost, cx.waker())
+                    .answered(this.place, id, answer, this.ask, cx.waker())
                 {
                     Answer::Admitted => {
+                        let cost = this.ask.cost;
                         let reservation =
-                            Reservation::new(this.budget.clone(), id, *this.cost, Origin::Shared);
+                            Reservation::new(this.budget.clone(), id, cost, Origin::Shared);
                         return Poll::Ready(Ok(reservation));
                     }
                     Answer::Never(e) => return Poll::Ready(Err(ReserveError::TooLarge(e))),
                     Answer::Unavailable(e) => {
                         return Poll::Ready(Err(ReserveError::Unavailable(e)));
                     }
+                    Answer::Full(depth) => {
+                        return Poll::Ready(Err(ReserveError::QueueFull { priority, depth }));
+                    }
                     Answer::RetryAt(at, refunds) => *this.retry_at = Some((at, refunds)),
                     Answer::Fallback => *this.local = true,
                 }
             }
             match this.budget.poll_admission(
-                this.ticket,
-                this.cost,
-                *this.floor,
+                this.place,
+                this.ask,
                 cx.waker(),
                 *this.local,
                 *this.retry_at,
             ) {
                 Step::Admitted(id, origin) => {
-                    let reservation = Reservation::new(this.budget.clone(), id, *this.cost, origin);
+                    let reservation =
+                        Reservation::new(this.budget.clone(), id, this.ask.cost, origin);
                     return Poll::Ready(Ok(reservation));
                 }
                 Step::Never(e) => return Poll::Ready(Err(ReserveError::TooLarge(e))),
+                Step::Full(depth) => {
+                    return Poll::Ready(Err(ReserveError::QueueFull { priority, depth }));
+                }
                 Step::Unavailable(e) => return Poll::Ready(Err(ReserveError::Unavailable(e))),
                 Step::Ask(id, limits) => {
                     *this.retry_at = None;
-                    let question = this.budget.ask(id, *this.cost, *this.floor, limits);
+                    let question = this.budget.ask(id, this.ask.cost, this.ask.floor, limits);
                     *this.asking = Some((id, SyncWrapper::new(question)));
                 }
                 Step::Queued => return Poll::Pending,
@@ -161,8 +195,9 @@ impl Future for Reserve {
 impl fmt::Debug for Reserve {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reserve")
-            .field("cost", &self.cost)
-            .field("queued", &self.ticket.is_some())
+            .field("cost", &self.ask.cost)
+            .field("priority", &self.ask.scheduling.priority)
+            .field("queued", &self.place.is_some())
             .finish()
     }
 }

@@ -51,7 +51,16 @@ pub(crate) struct SharedState {
     /// Counts the refunds this process made to the store: a wait the store told before the
     /// latest one may be too long.
     pub(crate) refunds: u64,
+    /// Questions on their way to the store.
+    pub(crate) asking: usize,
+    /// The store's last answer was a refusal: until it admits again, one question at a time.
+    pub(crate) refused: bool,
 }
+
+/// Questions a budget may have on their way to its shared store at once while the store
+/// admits; while it refuses, one (the head's), so that the store admits in the ordering's
+/// order.
+pub(crate) const PIPELINE: usize = 8;
 
 /// Tells the budget, if it still exists, that a refund reached the store.
 #[derive(Debug, Clone)]
@@ -114,8 +123,15 @@ impl Budget {
             share,
             breaker,
             refunds: 0,
+            asking: 0,
+            refused: false,
         };
-        let budget = Self::with_store(MemoryStore::new(&fallback), Some(shared), Some(remote));
+        let budget = Self::with_store(
+            quota,
+            MemoryStore::new(&fallback),
+            Some(shared),
+            Some(remote),
+        );
         let refunded = Refunded(Arc::downgrade(&budget.shared));
         tokio::spawn(send_in_background(
             worker,
@@ -133,7 +149,8 @@ impl Budget {
         let head = match state.shared.as_mut() {
             Some(shared) => {
                 shared.refunds = shared.refunds.wrapping_add(1);
-                state.queue.head_waker()
+                shared.refused = false;
+                state.queue.head_waker(tokio::time::Instant::now())
             }
             None => None,
         };
@@ -207,7 +224,7 @@ impl Remote {
     /// to ask is on its way, the bucket refills for nobody.
     pub(crate) fn jittered(&self, wait: Duration) -> Duration {
         let spread = wait / 50 + Duration::from_millis(1);
-        wait + spread.mul_f64(fastrand::f64())
+        wait.saturating_add(spread.mul_f64(fastrand::f64()))
     }
 
     pub(crate) fn reserve(
@@ -260,6 +277,11 @@ impl Remote {
 impl SharedState {
     pub(crate) fn limits(&self) -> &Arc<[Limit]> {
         &self.limits
+    }
+
+    /// Whether one more question may go to the store now.
+    pub(crate) fn may_ask(&self) -> bool {
+        self.asking == 0 || (!self.refused && self.asking < PIPELINE)
     }
 
     /// Replaces (or adds) a shared limit; returns the local fallback's share of it.

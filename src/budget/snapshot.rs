@@ -1,5 +1,7 @@
 //! A point-in-time view of a budget, for introspection and health endpoints.
 
+use std::num::NonZeroUsize;
+
 use tokio::time::Instant;
 
 use crate::cost::Cost;
@@ -15,6 +17,8 @@ pub struct BudgetSnapshot {
     pub(crate) limits: Vec<LimitSnapshot>,
     pub(crate) waiters: usize,
     pub(crate) queued: Cost,
+    pub(crate) in_flight: usize,
+    pub(crate) max_in_flight: Option<NonZeroUsize>,
 }
 
 impl BudgetSnapshot {
@@ -36,6 +40,16 @@ impl BudgetSnapshot {
     /// The total cost of the waiting requests.
     pub fn queued(&self) -> Cost {
         self.queued
+    }
+
+    /// Reservations holding an in-flight slot (calls admitted and not yet ended).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// The cap on calls in flight, if any.
+    pub fn max_in_flight(&self) -> Option<NonZeroUsize> {
+        self.max_in_flight
     }
 }
 

@@ -1,84 +1,151 @@
-//! The queue of requests waiting for a budget, and the services waiting for it to empty.
+//! The requests waiting for a budget, in the one ordering, and its in-flight slots.
 //!
-//! Plain data structures with no clock and no locking: the budget holds them under its mutex.
+//! Plain data with no clock and no locking: the budget holds them under its mutex.
 
-use std::collections::BTreeMap;
+use std::num::NonZeroUsize;
 use std::task::Waker;
 
-use crate::cost::Cost;
+use tokio::time::Instant;
 
-/// Requests waiting for budget, served first in, first out.
+use super::bucket::Floor;
+use crate::cost::Cost;
+use crate::sched::Scheduling;
+use crate::sched::order::{Full, Order, Place};
+
+/// What one admission asks of the budget: its cost, the floor its class keeps, its place.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask {
+    pub(crate) cost: Cost,
+    pub(crate) floor: Floor,
+    pub(crate) scheduling: Scheduling,
+}
+
+/// A request waiting for the budget.
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    cost: Cost,
+    floor: Floor,
+    /// Its last attempt failed only because of its floor: requests behind it with a lower
+    /// floor may go first.
+    floor_blocked: bool,
+}
+
+/// Requests waiting for budget, in priority order (see `sched::order`), with the sum of their
+/// costs.
 ///
-/// Only the head may be admitted; the others wait for their turn without a timer. Entries are
-/// keyed by an increasing ticket, so a cancelled waiter is removed from anywhere in the queue in
-/// `O(log n)`.
+/// Only the head may be admitted, or a request behind heads that wait only to keep their
+/// class floor, when its own floor is lower. The others wait for their turn without a timer.
 #[derive(Debug, Default)]
-pub(crate) struct WaitQueue {
-    next_ticket: u64,
-    waiters: BTreeMap<u64, Waiter>,
+pub(crate) struct WaitList {
+    order: Order<Waiter>,
     /// The sum of the waiting costs, to tell a newcomer when its turn can come at the earliest.
     queued: Cost,
 }
 
-#[derive(Debug)]
-struct Waiter {
-    cost: Cost,
-    waker: Waker,
-}
-
-impl WaitQueue {
-    /// Appends a waiter and returns its ticket.
-    pub(crate) fn push(&mut self, cost: Cost, waker: &Waker) -> u64 {
-        let ticket = self.next_ticket;
-        self.next_ticket += 1;
-        self.waiters.insert(
-            ticket,
-            Waiter {
-                cost,
-                waker: waker.clone(),
-            },
-        );
-        self.queued = self.queued.saturating_add(cost);
-        ticket
+impl WaitList {
+    /// Adds a waiter, or refreshes the waker of one already in the list.
+    pub(crate) fn wait(
+        &mut self,
+        place: &mut Option<Place>,
+        ask: &Ask,
+        waker: &Waker,
+    ) -> Result<(), Full> {
+        let mine = match *place {
+            Some(mine) => mine,
+            None => {
+                let waiter = Waiter {
+                    cost: ask.cost,
+                    floor: ask.floor,
+                    floor_blocked: false,
+                };
+                let mine = self.order.push(&ask.scheduling, None, waiter)?;
+                self.queued = self.queued.saturating_add(ask.cost);
+                *place.insert(mine)
+            }
+        };
+        self.order.set_waker(mine, waker);
+        Ok(())
     }
 
-    /// The ticket at the head of the queue.
-    pub(crate) fn head(&self) -> Option<u64> {
-        self.waiters.first_key_value().map(|(ticket, _)| *ticket)
+    /// Puts back a waiter that left to ask a shared store.
+    pub(crate) fn restore(&mut self, place: Place, ask: &Ask, waker: &Waker) {
+        let waiter = Waiter {
+            cost: ask.cost,
+            floor: ask.floor,
+            floor_blocked: false,
+        };
+        self.order.restore(place, &ask.scheduling, waiter);
+        self.queued = self.queued.saturating_add(ask.cost);
+        self.order.set_waker(place, waker);
     }
 
-    /// A clone of the head's waker, to wake it once the lock is released.
-    pub(crate) fn head_waker(&self) -> Option<Waker> {
-        self.waiters
-            .first_key_value()
-            .map(|(_, waiter)| waiter.waker.clone())
+    /// Removes a waiter; returns the waker of the head, when it changed and someone is left.
+    pub(crate) fn remove(&mut self, place: Place, now: Instant) -> Option<Waker> {
+        let was_head = self.order.top(now) == Some(place);
+        let waiter = self.order.remove(place, now)?;
+        self.queued = self.queued.saturating_sub(waiter.cost);
+        if was_head {
+            self.order.top_waker(now)
+        } else {
+            None
+        }
     }
 
-    /// Updates a waiter's waker, cloning only when it changed.
-    pub(crate) fn set_waker(&mut self, ticket: u64, waker: &Waker) {
-        if let Some(waiter) = self.waiters.get_mut(&ticket) {
-            if !waiter.waker.will_wake(waker) {
-                waiter.waker = waker.clone();
+    /// Whether `place` may try to be admitted now: it is the head, or every request ranked
+    /// before it waits only to keep a class floor higher than its own.
+    pub(crate) fn may_go(&self, place: Place, now: Instant) -> bool {
+        let Some(mine) = self.order.get(place) else {
+            return false;
+        };
+        for front in self.order.ranked(now).into_iter().flatten() {
+            if front == place {
+                return true;
+            }
+            match self.order.get(front) {
+                Some(ahead) if ahead.floor_blocked && ahead.floor > mine.floor => {}
+                _ => return false,
             }
         }
+        false
     }
 
-    /// Removes a waiter; returns whether it was at the head.
-    pub(crate) fn remove(&mut self, ticket: u64) -> bool {
-        let was_head = self.head() == Some(ticket);
-        if let Some(waiter) = self.waiters.remove(&ticket) {
-            self.queued = self.queued.saturating_sub(waiter.cost);
+    /// Records whether `place`'s last attempt failed only because of its floor; if it did,
+    /// returns the waker of the next request that may go instead.
+    pub(crate) fn set_floor_blocked(
+        &mut self,
+        place: Place,
+        blocked: bool,
+        now: Instant,
+    ) -> Option<Waker> {
+        let waiter = self.order.get_mut(place)?;
+        waiter.floor_blocked = blocked;
+        if !blocked {
+            return None;
         }
-        was_head
+        self.order
+            .ranked(now)
+            .into_iter()
+            .flatten()
+            .find(|&front| front != place && self.may_go(front, now))
+            .and_then(|front| self.order.waker(front))
+    }
+
+    /// The waker of the head, to wake once the lock is released.
+    pub(crate) fn head_waker(&self, now: Instant) -> Option<Waker> {
+        self.order.top_waker(now)
+    }
+
+    pub(crate) fn order(&self) -> &Order<Waiter> {
+        &self.order
     }
 
     /// How many requests wait.
     pub(crate) fn len(&self) -> usize {
-        self.waiters.len()
+        self.order.len()
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.waiters.is_empty()
+        self.order.is_empty()
     }
 
     /// The total cost of the waiting requests.
@@ -87,76 +154,151 @@ impl WaitQueue {
     }
 }
 
-/// Services waiting for the queue to empty (see `TokenBudget`'s readiness).
-///
-/// Each service registers once under a key of its own, so the set holds at most one waker per
-/// live service, however often it is polled.
+/// The budget's in-flight slots: a limit that does not refill with time. A slot is taken with
+/// the tokens, in the same admission, and given back when the reservation ends.
 #[derive(Debug, Default)]
-pub(crate) struct VacancyWatchers {
-    next_key: u64,
-    watchers: BTreeMap<u64, Waker>,
+pub(crate) struct Slots {
+    max: Option<NonZeroUsize>,
+    /// Reservations holding a slot.
+    used: usize,
+    /// Slots kept for questions in flight to a shared store.
+    promised: usize,
 }
 
-impl VacancyWatchers {
-    /// Registers (or refreshes) the waker of the service holding `key`.
-    pub(crate) fn register(&mut self, key: &mut Option<u64>, waker: &Waker) {
-        let key = *key.get_or_insert_with(|| {
-            self.next_key += 1;
-            self.next_key
-        });
-        match self.watchers.get_mut(&key) {
-            Some(existing) if existing.will_wake(waker) => {}
-            Some(existing) => *existing = waker.clone(),
-            None => {
-                self.watchers.insert(key, waker.clone());
-            }
+impl Slots {
+    pub(crate) fn new(max: Option<NonZeroUsize>) -> Self {
+        Self {
+            max,
+            ..Self::default()
         }
     }
 
-    /// Forgets a service's registration.
-    pub(crate) fn forget(&mut self, key: u64) {
-        self.watchers.remove(&key);
+    /// Whether one more admission may take a slot.
+    pub(crate) fn free(&self) -> bool {
+        self.max
+            .is_none_or(|max| self.used + self.promised < max.get())
     }
 
-    /// Takes every registered waker, to wake them once the lock is released.
-    pub(crate) fn take(&mut self) -> BTreeMap<u64, Waker> {
-        std::mem::take(&mut self.watchers)
+    pub(crate) fn take(&mut self) {
+        self.used += 1;
+    }
+
+    /// Gives a slot back; returns whether slots are limited (so a waiter may go now).
+    pub(crate) fn release_limited(&mut self) -> bool {
+        self.used = self.used.saturating_sub(1);
+        self.max.is_some()
+    }
+
+    pub(crate) fn promise(&mut self) {
+        self.promised += 1;
+    }
+
+    /// A promised slot is taken (`admitted`) or given back.
+    pub(crate) fn fulfil(&mut self, admitted: bool) {
+        self.promised = self.promised.saturating_sub(1);
+        if admitted {
+            self.used += 1;
+        }
+    }
+
+    pub(crate) fn set_max(&mut self, max: Option<NonZeroUsize>) {
+        self.max = max;
+    }
+
+    pub(crate) fn max(&self) -> Option<NonZeroUsize> {
+        self.max
+    }
+
+    pub(crate) fn used(&self) -> usize {
+        self.used
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::task::Waker;
+    use crate::priority::Priority;
+    use std::time::Duration;
 
-    #[test]
-    fn fifo_with_removal_anywhere() {
-        let mut q = WaitQueue::default();
-        let waker = Waker::noop();
-        let a = q.push(Cost::new(10, 0), waker);
-        let b = q.push(Cost::new(20, 0), waker);
-        let c = q.push(Cost::new(30, 0), waker);
-        assert_eq!(q.head(), Some(a));
-        assert_eq!(q.queued().input_tokens(), 60);
-        assert!(!q.remove(b));
-        assert_eq!(q.queued().input_tokens(), 40);
-        assert!(q.remove(a));
-        assert_eq!(q.head(), Some(c));
-        assert!(q.remove(c));
-        assert!(q.is_empty());
-        assert_eq!(q.queued(), Cost::default());
+    fn ask(priority: Priority, at: Instant, tokens: u64, floor: f64) -> Ask {
+        Ask {
+            cost: Cost::new(tokens, 0),
+            floor: Floor::from_fraction(floor),
+            scheduling: Scheduling::new(priority, at),
+        }
     }
 
     #[test]
-    fn one_registration_per_service() {
-        let mut w = VacancyWatchers::default();
-        let mut key = None;
-        for _ in 0..5 {
-            w.register(&mut key, Waker::noop());
-        }
-        let mut other = None;
-        w.register(&mut other, Waker::noop());
-        assert_eq!(w.take().len(), 2);
-        assert!(w.take().is_empty());
+    fn class_then_arrival_with_removal_anywhere() {
+        let t0 = Instant::now();
+        let mut list = WaitList::default();
+        let waker = Waker::noop();
+        let (mut a, mut b, mut c) = (None, None, None);
+        list.wait(&mut a, &ask(Priority::Batch, t0, 10, 0.0), waker)
+            .unwrap();
+        list.wait(&mut b, &ask(Priority::Batch, t0, 20, 0.0), waker)
+            .unwrap();
+        list.wait(&mut c, &ask(Priority::Interactive, t0, 30, 0.0), waker)
+            .unwrap();
+        let (a, b, c) = (a.unwrap(), b.unwrap(), c.unwrap());
+        assert!(list.may_go(c, t0) && !list.may_go(a, t0));
+        assert_eq!(list.queued().input_tokens(), 60);
+        assert!(list.remove(b, t0).is_none(), "not the head");
+        assert_eq!(list.queued().input_tokens(), 40);
+        assert!(
+            list.remove(c, t0).is_some(),
+            "the head left: the next is woken"
+        );
+        assert!(list.may_go(a, t0));
+        list.remove(a, t0);
+        assert!(list.is_empty());
+        assert_eq!(list.queued(), Cost::default());
+    }
+
+    #[test]
+    fn a_head_blocked_by_its_floor_lets_a_lower_floor_go() {
+        let t0 = Instant::now();
+        let now = t0 + Duration::from_secs(200);
+        let mut list = WaitList::default();
+        let waker = Waker::noop();
+        // A batch request that has aged to interactive (150 s) heads the list; it keeps 10 %
+        // of every bucket for higher classes. An interactive request keeping nothing, and a
+        // second batch request, wait behind it.
+        let (mut batch, mut interactive, mut second) = (None, None, None);
+        list.wait(&mut batch, &ask(Priority::Batch, t0, 10, 0.1), waker)
+            .unwrap();
+        list.wait(
+            &mut interactive,
+            &ask(Priority::Interactive, now, 10, 0.0),
+            waker,
+        )
+        .unwrap();
+        list.wait(&mut second, &ask(Priority::Batch, t0, 10, 0.0), waker)
+            .unwrap();
+        let (batch, interactive, second) = (batch.unwrap(), interactive.unwrap(), second.unwrap());
+        assert!(list.may_go(batch, now) && !list.may_go(interactive, now));
+        // Its last attempt failed only because of its floor: the interactive one may go, and
+        // is the one told to look; the second batch request is no front and still waits.
+        assert!(list.set_floor_blocked(batch, true, now).is_some());
+        assert!(list.may_go(interactive, now));
+        assert!(!list.may_go(second, now));
+        // Once it fails for want of capacity instead, nobody overtakes it.
+        assert!(list.set_floor_blocked(batch, false, now).is_none());
+        assert!(!list.may_go(interactive, now));
+    }
+
+    #[test]
+    fn slots_count_promises() {
+        let mut slots = Slots::new(NonZeroUsize::new(2));
+        slots.take();
+        slots.promise();
+        assert!(!slots.free());
+        slots.fulfil(false);
+        assert!(slots.free());
+        slots.take();
+        assert!(!slots.free());
+        assert!(slots.release_limited());
+        assert!(slots.free());
+        assert_eq!(slots.used(), 1);
     }
 }

@@ -3,7 +3,10 @@
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::priority::Priority;
+use crate::sched::{Aging, Scheduling};
 
 /// The configuration of a [`PriorityQueueLayer`](crate::PriorityQueueLayer).
 ///
@@ -138,6 +141,16 @@ impl QueueConfig {
     /// The class of a request without a [`Priority`].
     pub const fn default_class(&self) -> Priority {
         self.default_priority
+    }
+
+    /// How a request of `priority` that entered at `enqueued_at` is placed in an ordering.
+    pub(crate) fn scheduling(&self, priority: Priority, enqueued_at: Instant) -> Scheduling {
+        Scheduling {
+            aging: Aging::new(self.classes.map(|class| class.promote_after)),
+            max_depth: self.max_depth.get(),
+            class_max_depth: self.class(priority).max_depth.map(NonZeroUsize::get),
+            ..Scheduling::new(priority, enqueued_at)
+        }
     }
 }
 

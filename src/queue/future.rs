@@ -10,15 +10,16 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::Service;
 
-use super::engine::Key;
 use super::shared::Shared;
 use crate::error::{BoxError, Error};
 use crate::observe;
 use crate::priority::{Priority, Timings};
+use crate::sched::Scheduling;
+use crate::sched::order::{Full, Place};
 
 pin_project! {
-    /// The response future of [`PriorityQueue`](super::PriorityQueue): waits for its turn,
-    /// then for the inner service.
+    /// The response future of [`PriorityQueue`](super::PriorityQueue): waits for its turn and
+    /// the inner service's readiness, then for the inner service.
     ///
     /// # Cancel safety
     ///
@@ -38,15 +39,8 @@ pin_project! {
         S: Service<Request<B>>,
     {
         fn drop(this: Pin<&mut Self>) {
-            match this.project().state.project() {
-                StateProj::Queued { shared, key, .. } => shared.leave(*key),
-                // Only if the inner service panicked during the hand-over.
-                StateProj::Calling { dispatching, .. } => {
-                    if let Some(shared) = dispatching.take() {
-                        shared.end_dispatch();
-                    }
-                }
-                _ => {}
+            if let StateProj::Waiting { shared, place: Some(place), .. } = this.project().state.project() {
+                shared.leave(*place);
             }
         }
     }
@@ -57,21 +51,21 @@ pin_project! {
     #[project = StateProj]
     #[project_replace = StateReplace]
     enum State<S, B, F> {
-        Failed { error: Option<Error> },
-        Queued {
+        Waiting {
             shared: Arc<Shared>,
-            key: Key,
+            // Its place in the queue's own ordering, once it had to wait there.
+            place: Option<Place>,
+            scheduling: Scheduling,
+            deadline: Instant,
             service: S,
             request: Request<B>,
-            // When this attempt arrived (the key keeps a retried request's first enqueue time).
+            // When this attempt arrived (a retried request keeps its first enqueue time).
             arrived: Instant,
         },
         Calling {
             #[pin]
             future: F,
-            // Set from the hand-over until the inner future's first poll.
-            dispatching: Option<Arc<Shared>>,
-            key: Key,
+            priority: Priority,
             arrived: Instant,
             queued: Duration,
         },
@@ -83,21 +77,23 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
 {
-    pub(crate) fn queued(shared: Arc<Shared>, key: Key, service: S, request: Request<B>) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        scheduling: Scheduling,
+        deadline: Instant,
+        service: S,
+        request: Request<B>,
+    ) -> Self {
         Self {
-            state: State::Queued {
+            state: State::Waiting {
                 shared,
-                key,
+                place: None,
+                scheduling,
+                deadline,
                 service,
                 request,
                 arrived: Instant::now(),
             },
-        }
-    }
-
-    pub(crate) fn failed(error: Error) -> Self {
-        Self {
-            state: State::Failed { error: Some(error) },
         }
     }
 }
@@ -113,48 +109,47 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Failed { error } => {
-                    let error = error.take().expect("polled after completion");
-                    state.set(State::Done);
-                    return Poll::Ready(Err(error));
-                }
-                StateProj::Queued {
+                StateProj::Waiting {
                     shared,
-                    key,
+                    place,
+                    scheduling,
+                    deadline,
                     service,
                     arrived,
                     ..
                 } => {
-                    let error = match poll_turn(shared, *key, service, cx) {
+                    let error = match poll_turn(shared, place, scheduling, *deadline, service, cx) {
                         Turn::Go => {
-                            let StateReplace::Queued {
+                            let StateReplace::Waiting {
                                 shared,
-                                key,
+                                place,
+                                scheduling,
                                 mut service,
                                 request,
                                 arrived,
+                                ..
                             } = state.as_mut().project_replace(State::Done)
                             else {
                                 unreachable!("matched above")
                             };
-                            // Nobody else may go until the inner future had its first poll
-                            // (entering the budget's queue, say): see `Calling`. Should the
-                            // inner service panic in `call`, the guard ends the hand-over.
                             let queued = arrived.elapsed();
-                            tracing::debug!(
-                                priority = key.priority().as_str(),
-                                queued_ms = queued.as_millis() as u64,
-                                "turn came"
-                            );
-                            observe::queue_wait(key.priority(), queued);
+                            let priority = scheduling.priority;
                             tracing::Span::current()
                                 .record("queue_wait_ms", queued.as_millis() as u64);
-                            let guard = Dispatching(Some(shared));
+                            if let Some(place) = place {
+                                // Handed over: the next in line may look.
+                                shared.leave(place);
+                                tracing::debug!(
+                                    priority = priority.as_str(),
+                                    queued_ms = queued.as_millis() as u64,
+                                    "turn came"
+                                );
+                                observe::queue_wait(priority, queued);
+                            }
                             let future = service.call(request);
                             state.set(State::Calling {
                                 future,
-                                dispatching: guard.disarm(),
-                                key,
+                                priority,
                                 arrived,
                                 queued,
                             });
@@ -163,34 +158,35 @@ where
                         Turn::Fail(error) => error,
                         // Not our turn, or the inner service is not ready: wait, until the
                         // deadline.
-                        Turn::Wait if shared.poll_deadline(*key, cx).is_pending() => {
+                        Turn::Wait
+                            if place.is_some_and(|place| {
+                                shared.poll_deadline(place, cx).is_pending()
+                            }) =>
+                        {
                             return Poll::Pending;
                         }
                         Turn::Wait => {
                             let waited = arrived.elapsed();
-                            let priority = key.priority();
+                            let priority = scheduling.priority;
                             tracing::debug!(%priority, ?waited, "deadline passed while queued");
                             observe::rate_limit_hit("deadline", "local");
                             Error::deadline_exceeded(Some(priority), waited)
                         }
                     };
-                    shared.leave(*key);
+                    if let Some(place) = place.take() {
+                        shared.leave(place);
+                    }
                     state.set(State::Done);
                     return Poll::Ready(Err(error));
                 }
                 StateProj::Calling {
                     future,
-                    dispatching,
-                    key,
+                    priority,
                     arrived,
                     queued,
                 } => {
-                    let output = future.poll(cx);
-                    if let Some(shared) = dispatching.take() {
-                        shared.end_dispatch();
-                    }
-                    let output = ready!(output);
-                    let (priority, arrived, queued) = (key.priority(), *arrived, *queued);
+                    let output = ready!(future.poll(cx));
+                    let (priority, arrived, queued) = (*priority, *arrived, *queued);
                     state.set(State::Done);
                     return Poll::Ready(finish(output, priority, arrived, queued));
                 }
@@ -200,66 +196,91 @@ where
     }
 }
 
-/// Ends a hand-over if dropped before it is disarmed.
-struct Dispatching(Option<Arc<Shared>>);
-
-impl Dispatching {
-    fn disarm(mut self) -> Option<Arc<Shared>> {
-        self.0.take()
-    }
-}
-
-impl Drop for Dispatching {
-    fn drop(&mut self) {
-        if let Some(shared) = self.0.take() {
-            shared.end_dispatch();
-        }
-    }
-}
-
 enum Turn {
-    /// Our turn, and the inner service is ready: the hand-over has begun.
+    /// Our turn, and the inner service is ready.
     Go,
     /// Not yet.
     Wait,
-    /// The inner service failed its readiness.
+    /// The inner service failed its readiness, or the queue is full.
     Fail(Error),
 }
 
-/// Whether it is this request's turn and the inner service is ready for it; if so, begins the
-/// hand-over.
-fn poll_turn<S, B>(shared: &Shared, key: Key, service: &mut S, cx: &mut Context<'_>) -> Turn
+/// Whether it is this request's turn and the inner service is ready for it. A request finding
+/// the queue empty asks the inner service at once and queues only if it is not ready.
+fn poll_turn<S, B>(
+    shared: &Shared,
+    place: &mut Option<Place>,
+    scheduling: &Scheduling,
+    deadline: Instant,
+    service: &mut S,
+    cx: &mut Context<'_>,
+) -> Turn
 where
     S: Service<Request<B>>,
     S::Error: Into<BoxError>,
 {
     let now = Instant::now();
     let mut state = shared.lock();
-    state.engine.set_waker(key, cx.waker());
-    match state.engine.next(now) {
-        Some(next) if next == key => {}
-        next => {
-            // Someone else goes first. Aging may have made it first since the last event, so
-            // make sure it looks.
-            let wake = next.and_then(|_| state.engine.next_waker(now));
+    let mine = match *place {
+        Some(mine) => mine,
+        None if state.order.is_empty() => {
+            // Nobody waits here: the inner service decides (under a budget, it is always
+            // ready and the budget's ordering takes over).
             drop(state);
-            if let Some(waker) = wake {
-                if !waker.will_wake(cx.waker()) {
-                    waker.wake();
-                }
-            }
-            return Turn::Wait;
+            return match service.poll_ready(cx) {
+                Poll::Ready(Ok(())) => Turn::Go,
+                Poll::Ready(Err(e)) => Turn::Fail(Error::from_inner(e)),
+                Poll::Pending => join(shared, place, scheduling, deadline, cx),
+            };
         }
+        None => match state.order.push(scheduling, Some(deadline), ()) {
+            Ok(mine) => *place.insert(mine),
+            Err(Full(depth)) => return Turn::Fail(shed(scheduling, depth)),
+        },
+    };
+    state.order.set_waker(mine, cx.waker());
+    if state.order.top(now) != Some(mine) {
+        // Someone else goes first. Aging may have made it first since the last event, so
+        // make sure it looks.
+        let wake = state.order.top_waker(now);
+        drop(state);
+        if let Some(waker) = wake.filter(|w| !w.will_wake(cx.waker())) {
+            waker.wake();
+        }
+        return Turn::Wait;
     }
     drop(state);
     match service.poll_ready(cx) {
         Poll::Pending => Turn::Wait,
         Poll::Ready(Err(e)) => Turn::Fail(Error::from_inner(e)),
-        // Still first? Another task may have queued ahead while we looked; the check and the
-        // start of the hand-over happen under one lock.
-        Poll::Ready(Ok(())) if shared.begin_dispatch(key) => Turn::Go,
-        Poll::Ready(Ok(())) => Turn::Wait,
+        Poll::Ready(Ok(())) => Turn::Go,
     }
+}
+
+/// Joins the queue's ordering after the inner service was found not ready.
+fn join(
+    shared: &Shared,
+    place: &mut Option<Place>,
+    scheduling: &Scheduling,
+    deadline: Instant,
+    cx: &mut Context<'_>,
+) -> Turn {
+    let mut state = shared.lock();
+    match state.order.push(scheduling, Some(deadline), ()) {
+        Ok(mine) => {
+            state.order.set_waker(mine, cx.waker());
+            *place = Some(mine);
+            Turn::Wait
+        }
+        Err(Full(depth)) => Turn::Fail(shed(scheduling, depth)),
+    }
+}
+
+fn shed(scheduling: &Scheduling, depth: usize) -> Error {
+    let priority = scheduling.priority;
+    tracing::debug!(%priority, depth, "queue full, request shed");
+    observe::rate_limit_hit("queue_full", "local");
+    Error::queue_full(priority, depth)
 }
 
 /// Records the time queued, and tells deadline errors from inner layers for the whole wait.
@@ -284,8 +305,8 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
-            State::Failed { .. } => "failed",
-            State::Queued { .. } => "queued",
+            State::Waiting { place: None, .. } => "arriving",
+            State::Waiting { .. } => "queued",
             State::Calling { .. } => "calling",
             State::Done => "done",
         };

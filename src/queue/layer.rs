@@ -4,7 +4,6 @@ use tower::Layer;
 
 use super::PriorityQueue;
 use super::config::QueueConfig;
-use super::engine::Engine;
 use super::shared::{QueueHandle, Shared};
 
 /// Applies [`PriorityQueue`] to services; see the [module documentation](crate::queue).
@@ -19,15 +18,13 @@ impl PriorityQueueLayer {
     /// A queue configured by `config`.
     pub fn new(config: QueueConfig) -> Self {
         Self {
-            shared: Arc::new(Shared::new(Engine::new(config))),
+            shared: Arc::new(Shared::new(config)),
         }
     }
 
     /// A handle for introspection: depth and oldest wait by class.
     pub fn handle(&self) -> QueueHandle {
-        QueueHandle {
-            shared: self.shared.clone(),
-        }
+        QueueHandle::new(self.shared.clone())
     }
 }
 

@@ -1,9 +1,16 @@
 //! Decide who goes next: priority classes, aging, per-class deadlines, bounded depth.
 //!
-//! [`PriorityQueueLayer`] holds requests until it is their turn and the inner service is ready,
-//! then hands them over one at a time. Placed outside a [`TokenBudgetLayer`], whose readiness
-//! means "nobody waits for the budget", it decides the order in which waiting requests get
-//! budget: by [`Priority`](crate::Priority), then by age, not by arrival.
+//! [`PriorityQueueLayer`] gives every request its class (the configured default if it has
+//! none), its place (its enqueue time, kept across retries by [`EnqueuedAt`](crate::EnqueuedAt))
+//! and its deadline (its class's maximum wait, unless it carries a [`Deadline`](crate::Deadline)),
+//! and orders the requests waiting for the inner service by them: by [`Priority`](crate::Priority),
+//! then by age, not by arrival.
+//!
+//! Placed outside a [`TokenBudgetLayer`], the queue never holds a request itself: the budget is
+//! always ready and its own ordering — the same one, fed by the class, place, aging and depth
+//! the queue stamped on the request — decides which waiting request the quota, an in-flight
+//! slot or a class floor serves next. One ordering holds at every place a request waits
+//! (ARCHITECTURE.md, "The path of one request").
 //!
 //! # Example
 //!
@@ -78,20 +85,26 @@
 //!
 //! The recommended stack, outermost first, and why:
 //!
-//! 1. **retry** outside the queue: every attempt queues again, so retries obey priority and
-//!    budget like first attempts;
-//! 2. **[`PriorityQueueLayer`]** outside the budget: the queue decides which waiting request
-//!    the budget considers next;
-//! 3. **[`TokenBudgetLayer`]**: waits until the quota can pay, without holding anything;
-//! 4. **[`InFlightLimitLayer`](crate::InFlightLimitLayer)** inside the budget: a concurrency
-//!    slot is taken only after admission, right before the call, and held until the response
-//!    body ends;
-//! 5. **[`ReconcileLayer`](crate::ReconcileLayer)** next to the client: it sees the real body
-//!    and settles the reservation when it ends.
+//! 1. **retry** outside the queue: every attempt queues again, keeping its first place, so
+//!    retries obey priority and budget like first attempts;
+//! 2. **[`PriorityQueueLayer`]** outside the budget: it stamps each request's class, place,
+//!    aging and deadline, which the budget's ordering follows;
+//! 3. **[`TokenBudgetLayer`]**: admits the request's tokens and its in-flight slot (a
+//!    [`Quota::with_max_in_flight`](crate::Quota::with_max_in_flight)) together, from the head
+//!    of its ordering, so a request waiting for a slot holds no tokens and one waiting for
+//!    tokens holds no slot;
+//! 4. **[`ReconcileLayer`](crate::ReconcileLayer)** next to the client: it sees the real body
+//!    and settles the reservation (giving back the slot) when it ends.
 //!
-//! In the opposite order (budget outside the queue) requests would take budget in arrival
-//! order and the queue would only reorder requests already paid for; with the concurrency
-//! limit outside the budget, requests waiting for quota would hold the scarce slots.
+//! In the opposite order (budget outside the queue) the budget would order requests by the
+//! defaults rather than by the queue's configuration.
+//!
+//! # Readiness
+//!
+//! [`PriorityQueue`] is always ready: requests wait in its response futures, and a full
+//! ordering refuses there (`is_queue_full()`). A `tower::load_shed::LoadShed` outside it never
+//! sheds; a `tower::buffer::Buffer` outside it forwards at once. Backpressure shows as queue
+//! depth and as local refusals, not as `Pending` readiness.
 //!
 //! # Cancel safety
 //!
@@ -101,14 +114,14 @@
 //! [`TokenBudgetLayer`]: crate::TokenBudgetLayer
 
 mod config;
-mod engine;
 mod future;
 mod layer;
 mod service;
 mod shared;
 
+pub use crate::sched::{ClassSnapshot, QueueSnapshot};
 pub use config::{ClassConfig, QueueConfig};
 pub use future::ResponseFuture;
 pub use layer::PriorityQueueLayer;
 pub use service::PriorityQueue;
-pub use shared::{ClassSnapshot, QueueHandle, QueueSnapshot};
+pub use shared::QueueHandle;

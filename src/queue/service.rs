@@ -6,10 +6,10 @@ use tokio::time::Instant;
 use tower::Service;
 
 use super::ResponseFuture;
-use super::engine::Full;
 use super::shared::{QueueHandle, Shared};
 use crate::error::{BoxError, Error};
 use crate::priority::{Deadline, EnqueuedAt};
+use crate::sched::saturating_deadline;
 
 /// Orders requests by [`Priority`](crate::Priority) before the inner service sees them; see the
 /// [module documentation](crate::queue).
@@ -28,9 +28,7 @@ impl<S> PriorityQueue<S> {
 
     /// A handle for introspection.
     pub fn handle(&self) -> QueueHandle {
-        QueueHandle {
-            shared: self.shared.clone(),
-        }
+        QueueHandle::new(self.shared.clone())
     }
 
     /// The inner service.
@@ -48,15 +46,16 @@ where
     type Error = Error;
     type Future = ResponseFuture<S, B>;
 
-    /// Always ready: the queue is where requests wait. A full queue sheds in `call`.
+    /// Always ready: requests wait in the response future, in priority order (in the queue's
+    /// own ordering while the inner service is not ready, or in a budget's inside). A full
+    /// ordering sheds there, with `is_queue_full()`.
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let now = Instant::now();
-        let mut state = self.shared.lock();
-        let config = *state.engine.config();
+        let config = &self.shared.config;
         let priority = *request
             .extensions_mut()
             .get_or_insert(config.default_class());
@@ -66,26 +65,22 @@ where
             .map_or(now, |at| at.instant().min(now));
         // A retried request keeps its place from its first attempt, but waits its class's full
         // maximum from now.
-        let own_deadline = request
+        let max_wait = config.class(priority).max_wait();
+        let deadline = request
             .extensions()
             .get::<Deadline>()
-            .map(Deadline::instant)
-            .or_else(|| (enqueued_at < now).then(|| now + config.class(priority).max_wait()));
-        match state.engine.push(priority, enqueued_at, own_deadline) {
-            Ok(key) => {
-                drop(state);
-                // Inner layers keep enforcing it (the budget, while the request waits there).
-                request
-                    .extensions_mut()
-                    .insert(Deadline::at(key.deadline()));
-                ResponseFuture::queued(self.shared.clone(), key, self.inner.clone(), request)
-            }
-            Err(Full(depth)) => {
-                drop(state);
-                tracing::debug!(%priority, depth, "queue full, request shed");
-                crate::observe::rate_limit_hit("queue_full", "local");
-                ResponseFuture::failed(Error::queue_full(priority, depth))
-            }
-        }
+            .map_or_else(|| saturating_deadline(now, max_wait), Deadline::instant);
+        let scheduling = config.scheduling(priority, enqueued_at);
+        // Inner layers keep both: a budget orders its waiters by the first, and gives up
+        // waiting at the second.
+        request.extensions_mut().insert(scheduling);
+        request.extensions_mut().insert(Deadline::at(deadline));
+        ResponseFuture::new(
+            self.shared.clone(),
+            scheduling,
+            deadline,
+            self.inner.clone(),
+            request,
+        )
     }
 }

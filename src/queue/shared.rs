@@ -2,35 +2,38 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use tokio::time::{Instant, Sleep, sleep_until};
 
-use super::engine::{Engine, Key};
-use crate::priority::Priority;
+use super::config::QueueConfig;
+use crate::budget::Budget;
+use crate::sched::QueueSnapshot;
+use crate::sched::order::{Order, Place};
 
-/// The engine behind a mutex, with the wake-up rules and the deadline alarm around it.
+/// The ordering behind a mutex, with the wake-up rules and the deadline alarm around it.
 #[derive(Debug)]
 pub(crate) struct Shared {
+    pub(crate) config: QueueConfig,
     state: Mutex<State>,
 }
 
 #[derive(Debug)]
 pub(crate) struct State {
-    pub(crate) engine: Engine,
+    pub(crate) order: Order<()>,
     /// One timer for the whole queue, armed for the first deadline by the request that has it
     /// (the sentinel): no timer per waiting request.
     alarm: Option<Pin<Box<Sleep>>>,
-    sentinel: Option<Key>,
+    sentinel: Option<Place>,
 }
 
 impl Shared {
-    pub(crate) fn new(engine: Engine) -> Self {
+    pub(crate) fn new(config: QueueConfig) -> Self {
         Self {
+            config,
             state: Mutex::new(State {
-                engine,
+                order: Order::default(),
                 alarm: None,
                 sentinel: None,
             }),
@@ -42,148 +45,93 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Removes a waiting request (cancelled, expired, failed) and lets the next one look.
-    pub(crate) fn leave(&self, key: Key) {
-        self.update(|engine, now| {
-            engine.remove(key, now);
-        });
-    }
-
-    /// Hands `key` to the inner service if it goes next; see [`Engine::begin_dispatch`].
-    pub(crate) fn begin_dispatch(&self, key: Key) -> bool {
-        let mut began = false;
-        self.update(|engine, now| began = engine.begin_dispatch(key, now));
-        began
-    }
-
-    /// Ends a dispatch and lets the next request look.
-    pub(crate) fn end_dispatch(&self) {
-        self.update(|engine, _| engine.end_dispatch());
-    }
-
-    /// Ready when `key`'s deadline has passed. Otherwise, if its deadline is the first, arms
-    /// the queue's alarm for it (it becomes the sentinel, woken at its deadline).
-    pub(crate) fn poll_deadline(&self, key: Key, cx: &mut Context<'_>) -> Poll<()> {
-        if Instant::now() >= key.deadline() {
-            return Poll::Ready(());
-        }
-        let mut state = self.lock();
-        if state.engine.first_deadline() != Some(key) {
-            return Poll::Pending;
-        }
-        state.sentinel = Some(key);
-        let alarm = state
-            .alarm
-            .get_or_insert_with(|| Box::pin(sleep_until(key.deadline())));
-        if alarm.deadline() != key.deadline() {
-            alarm.as_mut().reset(key.deadline());
-        }
-        alarm.as_mut().poll(cx)
-    }
-
-    /// Changes the queue, then wakes (after unlocking) the request that goes next, and the one
-    /// whose deadline is now first if the sentinel changed, so that it arms the alarm.
-    fn update(&self, change: impl FnOnce(&mut Engine, Instant)) {
+    /// Removes a waiting request (handed over, cancelled, expired, failed) and lets the next
+    /// one look.
+    pub(crate) fn leave(&self, place: Place) {
         let now = Instant::now();
         let mut state = self.lock();
-        change(&mut state.engine, now);
-        if state.engine.len() == 0 {
+        state.order.remove(place, now);
+        if state.order.is_empty() {
             // Nobody waits: nobody to wake, no deadline to watch (the common case of a queue
             // that keeps up).
             return;
         }
-        let next = state.engine.next_waker(now);
-        let first_deadline = state.engine.first_deadline();
+        let next = state.order.top_waker(now);
+        let first_deadline = state.order.first_deadline();
         let sentinel = match first_deadline {
-            Some(key) if state.sentinel != Some(key) => {
+            Some(place) if state.sentinel != Some(place) => {
                 state.sentinel = None;
-                state.engine.waker(key)
+                state.order.waker(place)
             }
             _ => None,
         };
         drop(state);
-        if let Some(next) = next {
-            if let Some(sentinel) = sentinel.filter(|s| !s.will_wake(&next)) {
-                sentinel.wake();
-            }
-            next.wake();
-        } else if let Some(sentinel) = sentinel {
+        if let Some(sentinel) = sentinel.filter(|s| next.as_ref().is_none_or(|n| !s.will_wake(n))) {
             sentinel.wake();
         }
+        if let Some(next) = next {
+            next.wake();
+        }
+    }
+
+    /// Ready when `place`'s deadline has passed. Otherwise, if its deadline is the first, arms
+    /// the queue's alarm for it (it becomes the sentinel, woken at its deadline).
+    pub(crate) fn poll_deadline(&self, place: Place, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(deadline) = place.deadline() else {
+            return Poll::Pending;
+        };
+        if Instant::now() >= deadline {
+            return Poll::Ready(());
+        }
+        let mut state = self.lock();
+        if state.order.first_deadline() != Some(place) {
+            return Poll::Pending;
+        }
+        state.sentinel = Some(place);
+        let alarm = state
+            .alarm
+            .get_or_insert_with(|| Box::pin(sleep_until(deadline)));
+        if alarm.deadline() != deadline {
+            alarm.as_mut().reset(deadline);
+        }
+        alarm.as_mut().poll(cx)
     }
 }
 
 /// A handle on a priority queue, for introspection; see
 /// [`PriorityQueueLayer::handle`](crate::PriorityQueueLayer::handle).
+///
+/// Under a [`TokenBudgetLayer`](crate::TokenBudgetLayer), requests wait in the budget's
+/// ordering rather than in the queue's own (the queue only stamps their class and place):
+/// [`QueueHandle::including`] adds the budget's waiters to the snapshot.
 #[derive(Debug, Clone)]
 pub struct QueueHandle {
-    pub(crate) shared: std::sync::Arc<Shared>,
+    shared: Arc<Shared>,
+    budget: Option<Budget>,
 }
 
 impl QueueHandle {
-    /// The depth and oldest wait of every class, now.
-    pub fn snapshot(&self) -> QueueSnapshot {
-        let now = Instant::now();
-        let state = self.shared.lock();
-        let engine = &state.engine;
-        QueueSnapshot {
-            classes: engine.snapshot(now).map(|c| ClassSnapshot {
-                priority: c.priority,
-                depth: c.depth,
-                oldest_wait: c.oldest_wait,
-            }),
-            depth: engine.len(),
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Self {
+            shared,
+            budget: None,
         }
     }
-}
 
-/// A queue's state at one instant.
-///
-/// With the `serde` feature it serializes, for a health or debug endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueSnapshot {
-    classes: [ClassSnapshot; 3],
-    depth: usize,
-}
-
-impl QueueSnapshot {
-    /// Every class, highest first.
-    pub fn classes(&self) -> &[ClassSnapshot] {
-        &self.classes
+    /// This handle, counting also the requests waiting in `budget`'s ordering.
+    pub fn including(self, budget: &Budget) -> Self {
+        Self {
+            budget: Some(budget.clone()),
+            ..self
+        }
     }
 
-    /// One class.
-    pub fn class(&self, priority: Priority) -> &ClassSnapshot {
-        &self.classes[priority.index()]
-    }
-
-    /// Requests waiting in all.
-    pub fn depth(&self) -> usize {
-        self.depth
-    }
-}
-
-/// One class in a [`QueueSnapshot`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClassSnapshot {
-    priority: Priority,
-    depth: usize,
-    oldest_wait: Duration,
-}
-
-impl ClassSnapshot {
-    /// The class (as requested, before any promotion).
-    pub fn priority(&self) -> Priority {
-        self.priority
-    }
-
-    /// Requests of this class waiting.
-    pub fn depth(&self) -> usize {
-        self.depth
-    }
-
-    /// How long the oldest of them has waited (zero when none waits).
-    pub fn oldest_wait(&self) -> Duration {
-        self.oldest_wait
+    /// The depth and oldest wait of every class, now.
+    pub fn snapshot(&self) -> QueueSnapshot {
+        let own = self.shared.lock().order.snapshot(Instant::now());
+        match &self.budget {
+            Some(budget) => own.merge(budget.queue_snapshot()),
+            None => own,
+        }
     }
 }

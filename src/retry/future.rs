@@ -396,12 +396,12 @@ where
         this.settings.jitter.fraction(),
     );
     let first_sent = this.first_sent.unwrap_or(*this.started);
-    if first_sent.elapsed() + wait > policy.total(*this.priority) {
+    if first_sent.elapsed().saturating_add(wait) > policy.total(*this.priority) {
         return Next::GiveUp(GaveUp::Time);
     }
     if this
         .deadline
-        .is_some_and(|deadline| Instant::now() + wait > deadline)
+        .is_some_and(|deadline| crate::sched::saturating_deadline(Instant::now(), wait) > deadline)
     {
         return Next::GiveUp(GaveUp::Deadline);
     }

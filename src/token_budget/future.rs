@@ -147,6 +147,10 @@ where
                             // Into the request's span, if an outer layer opened one.
                             tracing::Span::current()
                                 .record("budget_wait_ms", waited.as_millis() as u64);
+                            if let Some(priority) = *this.priority {
+                                // The budget's ordering is where requests queue.
+                                observe::queue_wait(priority, waited);
+                            }
                             this.state.set(State::Calling {
                                 future,
                                 unclaimed: Unclaimed(slot),

@@ -43,6 +43,11 @@ impl TokenBudgetLayer {
         self.class_headroom[priority.index()] = fraction;
         self
     }
+
+    /// The budget this layer's services spend.
+    pub fn budget(&self) -> &Budget {
+        &self.budget
+    }
 }
 
 impl<S> Layer<S> for TokenBudgetLayer {

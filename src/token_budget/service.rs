@@ -8,7 +8,9 @@ use crate::budget::Budget;
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};
 use crate::observe::Labels;
-use crate::priority::{Deadline, Priority};
+use crate::priority::{Deadline, EnqueuedAt, Priority};
+use crate::sched::Scheduling;
+use tokio::time::Instant;
 
 /// What [`TokenBudget`] does with a request that carries no [`Cost`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -24,15 +26,15 @@ pub enum MissingCost {
 
 /// Reserves each request's cost in a [`Budget`] before calling the inner service; see the
 /// [module documentation](crate::token_budget).
-#[derive(Debug)]
+///
+/// Clones share the budget (and its ordering).
+#[derive(Debug, Clone)]
 pub struct TokenBudget<S> {
     inner: S,
     budget: Budget,
     missing_cost: MissingCost,
     /// The share of every bucket each class must leave untouched, by `Priority::index`.
     pub(super) class_headroom: [f64; 3],
-    /// Our registration with the budget while `poll_ready` waits for its queue to empty.
-    vacancy_key: Option<u64>,
 }
 
 impl<S> TokenBudget<S> {
@@ -43,7 +45,6 @@ impl<S> TokenBudget<S> {
             budget,
             missing_cost: MissingCost::default(),
             class_headroom: [0.0; 3],
-            vacancy_key: None,
         }
     }
 
@@ -74,28 +75,6 @@ impl<S> TokenBudget<S> {
     }
 }
 
-// Written by hand: a clone shares the budget but not the readiness registration, which
-// belongs to the service that was polled.
-impl<S: Clone> Clone for TokenBudget<S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            budget: self.budget.clone(),
-            missing_cost: self.missing_cost,
-            class_headroom: self.class_headroom,
-            vacancy_key: None,
-        }
-    }
-}
-
-impl<S> Drop for TokenBudget<S> {
-    fn drop(&mut self) {
-        if let Some(key) = self.vacancy_key.take() {
-            self.budget.forget_vacancy(key);
-        }
-    }
-}
-
 impl<S, B, ResBody> Service<Request<B>> for TokenBudget<S>
 where
     S: Service<Request<B>, Response = Response<ResBody>> + Clone,
@@ -105,10 +84,11 @@ where
     type Error = Error;
     type Future = ResponseFuture<S, B>;
 
-    /// Ready when no request waits for the budget. The inner service's readiness is awaited
-    /// after admission, in the response future.
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.budget.poll_vacancy(&mut self.vacancy_key, cx).map(Ok)
+    /// Always ready: requests wait for the budget in its ordering, in the response future
+    /// (bounded by its depth, refused there with `is_queue_full()`). The inner service's
+    /// readiness is awaited after admission.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
@@ -120,15 +100,28 @@ where
                 return ResponseFuture::failed(Error::missing_cost());
             }
         };
-        let priority = request.extensions().get::<Priority>().copied();
+        let extensions = request.extensions();
+        let priority = extensions.get::<Priority>().copied();
         let keep = priority.map_or(0.0, |p| self.class_headroom[p.index()]);
+        // Placed as a priority queue outside placed it, or by the request's own class and
+        // first enqueue time.
+        let scheduling = extensions.get::<Scheduling>().copied().unwrap_or_else(|| {
+            let now = Instant::now();
+            let enqueued_at = extensions
+                .get::<EnqueuedAt>()
+                .map_or(now, |at| at.instant().min(now));
+            Scheduling::new(priority.unwrap_or(Priority::Async), enqueued_at)
+        });
         let deadline = request
             .extensions()
             .get::<Deadline>()
             .map(Deadline::instant);
         let labels = Labels::of(request.extensions());
         ResponseFuture::new(
-            self.budget.reserve(cost).keeping(keep),
+            self.budget
+                .reserve(cost)
+                .keeping(keep)
+                .scheduling(scheduling),
             self.inner.clone(),
             request,
             priority,

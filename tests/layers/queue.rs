@@ -51,7 +51,7 @@ impl Stack {
             }
         });
         let queue = PriorityQueueLayer::new(config);
-        let handle = queue.handle();
+        let handle = queue.handle().including(budget.budget());
         let llm = ServiceBuilder::new()
             .layer(queue)
             .layer(budget)
@@ -104,7 +104,8 @@ fn arrival(label: &str, at: f64) -> (String, f64) {
 async fn budget_goes_by_class_then_arrival_not_by_arrival_alone() {
     let budget = drained();
     let stack = Stack::new(&budget, QueueConfig::new());
-    // The first request finds the budget free of waiters and waits in it for its tokens.
+    // The first request finds nobody waiting and waits for its tokens; the others join the
+    // same ordering, each by its class: the batch request that came first goes last but one.
     let mut tasks = vec![stack.spawn(Stack::request("b0", Priority::Batch, 10)).await];
     for (label, priority) in [
         ("b1", Priority::Batch),
@@ -116,19 +117,20 @@ async fn budget_goes_by_class_then_arrival_not_by_arrival_alone() {
         tasks.push(stack.spawn(Stack::request(label, priority, 10)).await);
     }
     let snapshot = stack.queue.snapshot();
-    assert_eq!(snapshot.depth(), 5);
+    assert_eq!(snapshot.depth(), 6);
     assert_eq!(snapshot.class(Priority::Interactive).depth(), 2);
+    assert_eq!(snapshot.class(Priority::Batch).depth(), 2);
     for task in tasks {
         task.await.unwrap().unwrap();
     }
     assert_eq!(
         stack.arrivals(),
         [
-            arrival("b0", 1.0),
-            arrival("i1", 2.0),
-            arrival("i2", 3.0),
-            arrival("a1", 4.0),
-            arrival("a2", 5.0),
+            arrival("i1", 1.0),
+            arrival("i2", 2.0),
+            arrival("a1", 3.0),
+            arrival("a2", 4.0),
+            arrival("b0", 5.0),
             arrival("b1", 6.0),
         ]
     );
@@ -152,11 +154,13 @@ async fn a_small_batch_request_does_not_slip_past_a_large_waiting_interactive_on
     for task in [head, large, small] {
         task.await.unwrap().unwrap();
     }
+    // The interactive request outranks the batch request that was waiting before it came:
+    // it goes first, and neither batch request slips past it.
     assert_eq!(
         stack.arrivals(),
         [
-            arrival("head", 1.0),
-            arrival("large", 6.0),
+            arrival("large", 5.0),
+            arrival("head", 6.0),
             arrival("small", 6.1)
         ]
     );
@@ -222,7 +226,7 @@ async fn a_deadline_fails_the_request_at_the_exact_time_in_the_queue_or_in_the_b
     let in_budget = stack
         .spawn(Stack::request("in budget", Priority::Interactive, 50))
         .await;
-    // Waiting in the queue behind it, with its own, longer deadline.
+    // Waiting behind it, with its own, longer deadline.
     let mut own = Stack::request("queued", Priority::Interactive, 1);
     own.extensions_mut().insert(Deadline::at(start + SEC / 2));
     let in_queue = stack.spawn(own).await;
@@ -233,25 +237,30 @@ async fn a_deadline_fails_the_request_at_the_exact_time_in_the_queue_or_in_the_b
     assert_eq!(error.priority(), Some(Priority::Interactive));
     assert_eq!(error.waited(), Some(SEC * 3 / 10));
 
-    // The budget's queue emptied, so the queued request went in: its 1 token is there by then.
+    // The head left, so the request behind it went: its 1 token is there by then.
     in_queue.await.unwrap().unwrap();
     assert_eq!(stack.arrivals(), [arrival("queued", 0.3)]);
     // Nothing of the expired request was kept: 3 tokens refilled, 1 spent.
     assert_eq!((budget.waiters(), levels(&budget)), (0, vec![2]));
 
-    // A request that cannot leave the queue before its deadline.
+    // A request behind a head of its class that cannot be admitted before its deadline.
     let head = stack
         .spawn(Stack::request("head", Priority::Batch, 30))
         .await;
     let queued_at = Instant::now();
-    let late = stack
-        .spawn(Stack::request("late", Priority::Interactive, 1))
-        .await;
+    let mut late = Stack::request("late", Priority::Batch, 1);
+    late.extensions_mut()
+        .insert(Deadline::at(queued_at + SEC * 3 / 10));
+    let late = stack.spawn(late).await;
     let error = late.await.unwrap().unwrap_err();
     assert_eq!(queued_at.elapsed(), SEC * 3 / 10);
     assert!(error.is_deadline_exceeded());
     assert_eq!(error.waited(), Some(SEC * 3 / 10));
-    assert_eq!(stack.queue.snapshot().depth(), 0);
+    assert_eq!(
+        stack.queue.snapshot().depth(),
+        1,
+        "only the head still waits"
+    );
     head.await.unwrap().unwrap();
 }
 
@@ -262,13 +271,13 @@ async fn a_full_queue_sheds_at_the_exact_depth() {
         .max_depth(std::num::NonZeroUsize::new(3).unwrap())
         .class_max_depth(Priority::Batch, std::num::NonZeroUsize::new(2).unwrap());
     let stack = Stack::new(&budget, config);
+    // Every waiting request counts, the one at the head too.
     let _head = stack
         .spawn(Stack::request("head", Priority::Batch, 10))
         .await;
     let _b1 = stack.spawn(Stack::request("b1", Priority::Batch, 10)).await;
-    let _b2 = stack.spawn(Stack::request("b2", Priority::Batch, 10)).await;
     let error = stack
-        .spawn(Stack::request("b3", Priority::Batch, 10))
+        .spawn(Stack::request("b2", Priority::Batch, 10))
         .await
         .await
         .unwrap()
@@ -276,7 +285,7 @@ async fn a_full_queue_sheds_at_the_exact_depth() {
     assert!(error.is_queue_full() && error.is_local());
     assert_eq!(error.priority(), Some(Priority::Batch));
     let _i1 = stack
-        .spawn(Stack::request("i1", Priority::Interactive, 10))
+        .spawn(Stack::request("i1", Priority::Interactive, 100))
         .await;
     let error = stack
         .spawn(Stack::request("i2", Priority::Interactive, 10))
@@ -306,12 +315,12 @@ async fn a_request_dropped_while_queued_leaves_no_trace() {
         .await;
     time::advance(SEC / 2).await;
     let snapshot = stack.queue.snapshot();
-    assert_eq!(snapshot.depth(), 2);
+    assert_eq!(snapshot.depth(), 3);
     assert_eq!(snapshot.class(Priority::Async).oldest_wait(), SEC / 2);
 
     drop(queued);
-    assert_eq!(stack.queue.snapshot().depth(), 1);
-    assert_eq!((budget.waiters(), levels(&budget)), (1, vec![5]));
+    assert_eq!(stack.queue.snapshot().depth(), 2);
+    assert_eq!((budget.waiters(), levels(&budget)), (2, vec![5]));
     head.await.unwrap().unwrap();
     next.await.unwrap().unwrap();
     assert_eq!(
@@ -336,9 +345,10 @@ async fn queue_budget_and_call_times_are_told_apart() {
         .await;
     let response = timed.await.unwrap().unwrap();
     let timings = *response.extensions().get::<Timings>().unwrap();
-    // Queued until the head was admitted (1 s), then 2 s for its 20 tokens, then the call.
-    assert_eq!(timings.queued(), SEC);
-    assert_eq!(timings.budget(), 2 * SEC);
+    // It waits in the budget's ordering: behind the head (1 s), then 2 s for its 20 tokens,
+    // then the call. The queue held neither request itself.
+    assert_eq!(timings.queued(), Duration::ZERO);
+    assert_eq!(timings.budget(), 3 * SEC);
     assert_eq!(timings.call(), SEC / 2);
     assert_eq!(timings.waited(), 3 * SEC);
     let head = head.await.unwrap().unwrap();
@@ -392,15 +402,17 @@ async fn class_headroom_keeps_the_last_share_for_higher_classes() {
     );
 }
 
+/// Over an inner service that is not ready (here a mock allowing no call), requests wait in
+/// the queue's own ordering, which expires each at its own deadline with one alarm.
 #[tokio::test(start_paused = true)]
 async fn one_alarm_expires_every_waiting_request_at_its_own_deadline() {
-    let budget = drained();
+    let (client, mut handle) = tower_test::mock::pair::<Request<String>, Response<String>>();
+    handle.allow(0);
     let config = QueueConfig::new().max_wait(Priority::Interactive, SEC * 3 / 10);
-    let stack = Stack::new(&budget, config);
+    let queue = PriorityQueueLayer::new(config);
+    let snapshot = queue.handle();
+    let llm = ServiceBuilder::new().layer(queue).service(client);
     let start = Instant::now();
-    let head = stack
-        .spawn(Stack::request("head", Priority::Batch, 100))
-        .await;
 
     let with_deadline = |label, priority, millis| {
         let mut request = Stack::request(label, priority, 1);
@@ -409,29 +421,16 @@ async fn one_alarm_expires_every_waiting_request_at_its_own_deadline() {
             .insert(Deadline::at(start + Duration::from_millis(millis)));
         request
     };
+    let spawn = |request| tokio::spawn(llm.clone().oneshot(request));
     let mut waiting = vec![
-        (
-            "a",
-            stack
-                .spawn(Stack::request("a", Priority::Interactive, 1))
-                .await,
-        ),
-        (
-            "b",
-            stack.spawn(with_deadline("b", Priority::Batch, 200)).await,
-        ),
-        (
-            "c",
-            stack.spawn(with_deadline("c", Priority::Async, 500)).await,
-        ),
+        ("a", spawn(Stack::request("a", Priority::Interactive, 1))),
+        ("b", spawn(with_deadline("b", Priority::Batch, 200))),
+        ("c", spawn(with_deadline("c", Priority::Async, 500))),
     ];
     time::sleep(SEC / 10).await;
-    waiting.push((
-        "d",
-        stack
-            .spawn(Stack::request("d", Priority::Interactive, 1))
-            .await,
-    ));
+    waiting.push(("d", spawn(Stack::request("d", Priority::Interactive, 1))));
+    tokio::task::yield_now().await;
+    assert_eq!(snapshot.snapshot().depth(), 4);
 
     let mut expired = Vec::new();
     for (label, task) in waiting {
@@ -442,6 +441,5 @@ async fn one_alarm_expires_every_waiting_request_at_its_own_deadline() {
     // a: 300 ms class wait; b: its own 200 ms; c: its own 500 ms; d: enqueued at 100 ms.
     assert_eq!(expired, [("a", 300), ("b", 200), ("c", 500), ("d", 300)]);
     assert_eq!(start.elapsed(), SEC / 2);
-    assert_eq!(stack.queue.snapshot().depth(), 0);
-    head.await.unwrap().unwrap();
+    assert_eq!(snapshot.snapshot().depth(), 0);
 }

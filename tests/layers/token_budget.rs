@@ -116,7 +116,7 @@ async fn waiting_for_budget_holds_no_inner_readiness() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn readiness_reports_a_waiting_request_and_recovers_when_it_is_admitted() {
+async fn readiness_stays_ready_while_requests_wait_in_the_budgets_ordering() {
     let budget = tokens_10_per_sec();
     let (service, mut handle) = governed(&budget);
     handle.allow(u64::MAX);
@@ -128,15 +128,21 @@ async fn readiness_reports_a_waiting_request_and_recovers_when_it_is_admitted() 
 
     assert_ready_ok!(service.poll_ready());
     let mut first = task::spawn(service.call(request_with(Cost::new(10, 0))));
-    let _ = &mut handle;
     assert_pending!(first.poll());
-    // One request waits for the budget: the next should stay with whoever schedules.
-    assert_pending!(service.poll_ready());
+    // Requests wait in the budget's ordering, not in readiness: a second one is taken at once
+    // and waits behind the first.
+    assert_ready_ok!(service.poll_ready());
+    let mut second = task::spawn(service.call(request_with(Cost::new(10, 0))));
+    assert_pending!(second.poll());
+    assert_eq!(budget.waiters(), 2);
 
     time::advance(SEC).await;
-    assert_pending!(first.poll());
-    assert!(service.is_woken(), "woken when the queue emptied");
-    assert_ready_ok!(service.poll_ready());
+    assert!(first.is_woken());
+    assert_pending!(first.poll(), "admitted, waiting for the mock's answer");
+    assert_eq!(budget.waiters(), 1);
+    assert!(second.is_woken(), "the new head is told to look");
+    assert_pending!(second.poll());
+    let _ = &mut handle;
 }
 
 #[tokio::test(start_paused = true)]

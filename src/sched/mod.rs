@@ -1,0 +1,25 @@
+//! The one ordering every waiting request follows, wherever it waits.
+//!
+//! A request can wait for several things: the quota (in memory or in a shared store), a
+//! concurrency slot, the share of a bucket a class floor keeps, an inner service that is not
+//! ready. Each of these waits is an [`Order`](order::Order): effective class first (a class's
+//! front ages up, see [`QueueConfig::promote_after`](crate::QueueConfig::promote_after)),
+//! then enqueue time, then arrival. The next request served is always the one the order names,
+//! whatever the binding resource, because every resource is admitted at one place: a budget
+//! admits tokens and its in-flight slot together, from the head of its order.
+//!
+//! Plain data, no clock of its own and no locking: the owner (a budget, a queue) holds it under
+//! its mutex and passes the time in.
+//!
+//! # Ready for tenants
+//!
+//! Each request carries a [`Flow`]: a tenant key and a weight. Inside a class, requests are
+//! ordered by a *stamp* (today the enqueue time, so first in, first out); a fair share over
+//! token cost replaces the stamp by the flow's virtual finish time, without touching the rest.
+
+pub(crate) mod order;
+mod scheduling;
+mod snapshot;
+
+pub(crate) use scheduling::{Aging, Scheduling, saturating_deadline};
+pub use snapshot::{ClassSnapshot, QueueSnapshot};

@@ -1,0 +1,453 @@
+//! The ordering of waiting requests: who goes next. Plain data, no clock of its own, no locking.
+//!
+//! Each class is a list ordered by stamp (the enqueue time) then ticket. Aging applies to the
+//! *front* of each class: it moves one class up once it has been the front for its class's
+//! ceiling, counted from when it became the front (its enqueue time, if the class was empty).
+//! Promotion is computed when a decision is made: no timer per item, no scan, only the fronts of
+//! the classes compared.
+//!
+//! Why the front only: aging every item by its own enqueue time would promote a whole backlog at
+//! once (a batch job of 10,000 items submitted together would, 150 s later, outrank every new
+//! interactive request until all 10,000 are served). Aging the front still bounds every
+//! request's wait, and a higher class waits behind at most one promoted request of each lower
+//! class at a time.
+//!
+//! Each entry carries the aging of the configuration that queued it, so requests queued by
+//! differently configured layers share one order.
+
+use std::collections::BTreeMap;
+use std::task::Waker;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::scheduling::{Aging, Flow, Scheduling};
+use super::snapshot::{ClassSnapshot, QueueSnapshot};
+use crate::priority::Priority;
+
+/// Where a waiting request stands: its class, its place in it, and the deadline the order
+/// watches for it (if any).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    priority: Priority,
+    slot: Slot,
+    deadline: Option<Instant>,
+}
+
+/// The order of service within a class: stamp (the enqueue time), then ticket.
+type Slot = (Instant, u64);
+
+impl Place {
+    /// When the request stops waiting, if the order watches a deadline for it.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+}
+
+/// Why a request could not join the order: the depth it would exceed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Full(pub(crate) usize);
+
+/// Requests waiting for their turn, by class, each with a value of the owner's.
+#[derive(Debug)]
+pub(crate) struct Order<T> {
+    /// One list per class, indexed as `Priority::ALL`.
+    classes: [Class<T>; 3],
+    /// The requests whose deadline the order watches, by deadline.
+    deadlines: BTreeMap<(Instant, u64), Place>,
+    len: usize,
+    next_ticket: u64,
+}
+
+#[derive(Debug)]
+struct Class<T> {
+    waiting: BTreeMap<Slot, Entry<T>>,
+    /// When the current front became the front: its aging starts there.
+    front_since: Option<Instant>,
+}
+
+impl<T> Default for Class<T> {
+    fn default() -> Self {
+        Self {
+            waiting: BTreeMap::new(),
+            front_since: None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    value: T,
+    waker: Option<Waker>,
+    deadline: Option<Instant>,
+    aging: Aging,
+    /// The tenant's flow: the key of a later fair share inside the class.
+    #[allow(dead_code)]
+    flow: Flow,
+}
+
+impl<T> Default for Order<T> {
+    fn default() -> Self {
+        Self {
+            classes: Default::default(),
+            deadlines: BTreeMap::new(),
+            len: 0,
+            next_ticket: 0,
+        }
+    }
+}
+
+impl<T> Order<T> {
+    /// Adds a request placed by `scheduling`, watching `deadline` for it, unless a depth limit
+    /// is reached.
+    pub(crate) fn push(
+        &mut self,
+        scheduling: &Scheduling,
+        deadline: Option<Instant>,
+        value: T,
+    ) -> Result<Place, Full> {
+        if self.len >= scheduling.max_depth {
+            return Err(Full(scheduling.max_depth));
+        }
+        let priority = scheduling.priority;
+        if let Some(max) = scheduling.class_max_depth {
+            if self.classes[priority.index()].waiting.len() >= max {
+                return Err(Full(max));
+            }
+        }
+        let place = Place {
+            priority,
+            slot: (scheduling.enqueued_at, self.next_ticket),
+            deadline,
+        };
+        self.next_ticket += 1;
+        self.insert(place, scheduling, value);
+        Ok(place)
+    }
+
+    /// Puts a request back at the place it had (it left to ask a shared store, which refused):
+    /// no depth limit applies, it was counted before.
+    pub(crate) fn restore(&mut self, place: Place, scheduling: &Scheduling, value: T) {
+        self.insert(place, scheduling, value);
+    }
+
+    fn insert(&mut self, place: Place, scheduling: &Scheduling, value: T) {
+        let class = &mut self.classes[place.priority.index()];
+        if class
+            .waiting
+            .first_key_value()
+            .is_none_or(|(&front, _)| place.slot < front)
+        {
+            // First in line at once (an empty class, or an earlier enqueue time kept across a
+            // retry): it has been waiting since it was enqueued.
+            class.front_since = Some(place.slot.0);
+        }
+        let entry = Entry {
+            value,
+            waker: None,
+            deadline: place.deadline,
+            aging: scheduling.aging,
+            flow: scheduling.flow,
+        };
+        if class.waiting.insert(place.slot, entry).is_none() {
+            self.len += 1;
+        }
+        if let Some(deadline) = place.deadline {
+            self.deadlines.insert((deadline, place.slot.1), place);
+        }
+        self.record_depth(place.priority);
+    }
+
+    /// Removes a request at `now`; returns its value if it was there.
+    pub(crate) fn remove(&mut self, place: Place, now: Instant) -> Option<T> {
+        let class = &mut self.classes[place.priority.index()];
+        let was_front = class
+            .waiting
+            .first_key_value()
+            .is_some_and(|(&front, _)| front == place.slot);
+        let entry = class.waiting.remove(&place.slot)?;
+        if was_front {
+            // The next in line becomes the front now, and starts aging.
+            class.front_since = class
+                .waiting
+                .first_key_value()
+                .map(|(&(enqueued_at, _), _)| enqueued_at.max(now));
+        }
+        if let Some(deadline) = place.deadline {
+            self.deadlines.remove(&(deadline, place.slot.1));
+        }
+        self.len -= 1;
+        self.record_depth(place.priority);
+        Some(entry.value)
+    }
+
+    /// Records the depth of `priority`'s class as a metric (nothing without the `metrics`
+    /// feature).
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn record_depth(&self, priority: Priority) {
+        #[cfg(feature = "metrics")]
+        crate::observe::queue_depth(priority, self.classes[priority.index()].waiting.len());
+    }
+
+    /// The value of a waiting request.
+    pub(crate) fn get_mut(&mut self, place: Place) -> Option<&mut T> {
+        self.entry_mut(place).map(|entry| &mut entry.value)
+    }
+
+    /// The value of a waiting request.
+    pub(crate) fn get(&self, place: Place) -> Option<&T> {
+        self.classes[place.priority.index()]
+            .waiting
+            .get(&place.slot)
+            .map(|entry| &entry.value)
+    }
+
+    fn entry_mut(&mut self, place: Place) -> Option<&mut Entry<T>> {
+        self.classes[place.priority.index()]
+            .waiting
+            .get_mut(&place.slot)
+    }
+
+    /// Stores the waker of a waiting request, cloning only when it changed.
+    pub(crate) fn set_waker(&mut self, place: Place, waker: &Waker) {
+        if let Some(entry) = self.entry_mut(place) {
+            match &mut entry.waker {
+                Some(existing) if existing.will_wake(waker) => {}
+                slot => *slot = Some(waker.clone()),
+            }
+        }
+    }
+
+    /// A clone of a waiting request's waker, to wake once the lock is released.
+    pub(crate) fn waker(&self, place: Place) -> Option<Waker> {
+        self.classes[place.priority.index()]
+            .waiting
+            .get(&place.slot)?
+            .waker
+            .clone()
+    }
+
+    /// The waiting request whose watched deadline comes first.
+    pub(crate) fn first_deadline(&self) -> Option<Place> {
+        self.deadlines.values().next().copied()
+    }
+
+    /// The request to serve next at `now`: the front of the highest effective class; among
+    /// equals, the one that entered that class first.
+    pub(crate) fn top(&self, now: Instant) -> Option<Place> {
+        self.ranked(now).into_iter().flatten().next()
+    }
+
+    /// The waker of the request to serve next.
+    pub(crate) fn top_waker(&self, now: Instant) -> Option<Waker> {
+        self.waker(self.top(now)?)
+    }
+
+    /// The front of every class, in the order they would be served at `now`.
+    pub(crate) fn ranked(&self, now: Instant) -> [Option<Place>; 3] {
+        let mut fronts = Priority::ALL.map(|priority| {
+            let class = &self.classes[priority.index()];
+            let (&slot, entry) = class.waiting.first_key_value()?;
+            let since = class.front_since.unwrap_or(slot.0);
+            let (effective, entered) = aged(priority, slot.0, since, entry.aging, now);
+            let place = Place {
+                priority,
+                slot,
+                deadline: entry.deadline,
+            };
+            Some(((std::cmp::Reverse(effective), entered, slot.1), place))
+        });
+        // Three items: sorting is a few comparisons, no allocation.
+        fronts.sort_by_key(|front| front.map(|(rank, _)| rank).ok_or(()));
+        fronts.map(|front| front.map(|(_, place)| place))
+    }
+
+    /// How many requests wait.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The depth and oldest wait of every class, highest first.
+    pub(crate) fn snapshot(&self, now: Instant) -> QueueSnapshot {
+        QueueSnapshot {
+            classes: Priority::ALL.map(|priority| {
+                let class = &self.classes[priority.index()];
+                ClassSnapshot {
+                    priority,
+                    depth: class.waiting.len(),
+                    oldest_wait: class
+                        .waiting
+                        .first_key_value()
+                        .map_or(Duration::ZERO, |(&(enqueued_at, _), _)| {
+                            now.saturating_duration_since(enqueued_at)
+                        }),
+                }
+            }),
+            depth: self.len,
+        }
+    }
+}
+
+/// The class a front of `priority`, enqueued at `enqueued_at` and the front since `since`, has
+/// reached by `now`, and when it entered that class: its enqueue time if it was not promoted,
+/// else the instant of its last promotion.
+fn aged(
+    priority: Priority,
+    enqueued_at: Instant,
+    since: Instant,
+    aging: Aging,
+    now: Instant,
+) -> (Priority, Instant) {
+    let (mut class, mut entered) = (priority, enqueued_at);
+    let mut from = since;
+    while let (Some(up), Some(after)) = (class.promoted(), aging.after(class)) {
+        match from.checked_add(after) {
+            Some(at) if at <= now => (class, entered, from) = (up, at, at),
+            _ => break,
+        }
+    }
+    (class, entered)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    fn push(order: &mut Order<()>, priority: Priority, at: Instant) -> Place {
+        order
+            .push(&Scheduling::new(priority, at), None, ())
+            .unwrap()
+    }
+
+    #[test]
+    fn higher_classes_first_fifo_within() {
+        let t0 = Instant::now();
+        let mut order = Order::default();
+        let batch = push(&mut order, Priority::Batch, t0);
+        let async1 = push(&mut order, Priority::Async, t0 + SEC);
+        let async2 = push(&mut order, Priority::Async, t0 + 2 * SEC);
+        let interactive = push(&mut order, Priority::Interactive, t0 + 3 * SEC);
+        let now = t0 + 4 * SEC;
+        let mut served = Vec::new();
+        while let Some(place) = order.top(now) {
+            served.push(place);
+            order.remove(place, now);
+        }
+        assert_eq!(served, [interactive, async1, async2, batch]);
+        assert!(order.is_empty());
+    }
+
+    #[test]
+    fn aging_promotes_at_the_exact_threshold() {
+        let t0 = Instant::now();
+        let mut order = Order::default();
+        let batch = push(&mut order, Priority::Batch, t0);
+        let asynchronous = push(&mut order, Priority::Async, t0 + 100 * SEC);
+        // At 119.999 s the batch item is still batch; at 120 s it is async, and entered async
+        // at 120 s, after the async item (100 s): the async item goes first.
+        let just_before = t0 + 120 * SEC - Duration::from_millis(1);
+        assert_eq!(order.top(just_before), Some(asynchronous));
+        assert_eq!(order.top(t0 + 120 * SEC), Some(asynchronous));
+        // At 130 s the async item reaches interactive (30 s): still first.
+        assert_eq!(order.top(t0 + 130 * SEC), Some(asynchronous));
+        order.remove(asynchronous, t0 + 130 * SEC);
+        let interactive = push(&mut order, Priority::Interactive, t0 + 140 * SEC);
+        // The batch item reaches interactive at 150 s, entering before one enqueued at 151 s,
+        // but after one enqueued at 140 s.
+        assert_eq!(order.top(t0 + 150 * SEC), Some(interactive));
+        order.remove(interactive, t0 + 150 * SEC);
+        let late = push(&mut order, Priority::Interactive, t0 + 151 * SEC);
+        assert_eq!(order.top(t0 + 151 * SEC), Some(batch));
+        order.remove(batch, t0 + 151 * SEC);
+        assert_eq!(order.top(t0 + 151 * SEC), Some(late));
+    }
+
+    #[test]
+    fn only_the_front_ages_so_a_backlog_is_not_promoted_at_once() {
+        let t0 = Instant::now();
+        let mut order = Order::default();
+        let first = push(&mut order, Priority::Batch, t0);
+        let second = push(&mut order, Priority::Batch, t0);
+        let at = t0 + 150 * SEC;
+        let interactive = push(&mut order, Priority::Interactive, at);
+        // The front has waited 150 s: interactive now, entered at 150 s, like the newcomer,
+        // whose ticket is later.
+        assert_eq!(order.top(at), Some(first));
+        order.remove(first, at);
+        // The second batch item became the front at 150 s: it starts aging only now.
+        assert_eq!(order.top(at), Some(interactive));
+        order.remove(interactive, at);
+        assert_eq!(order.top(at + 149 * SEC), Some(second));
+        let newcomer = push(&mut order, Priority::Interactive, at + 149 * SEC);
+        assert_eq!(order.top(at + 149 * SEC), Some(newcomer));
+        // At 150 s of being the front it is interactive too, but entered after the newcomer.
+        assert_eq!(order.top(at + 150 * SEC), Some(newcomer));
+    }
+
+    #[test]
+    fn each_entry_ages_by_its_own_configuration() {
+        let t0 = Instant::now();
+        let mut order = Order::default();
+        let mut never = Scheduling::new(Priority::Batch, t0);
+        never.aging = Aging::NEVER;
+        let batch = order.push(&never, None, ()).unwrap();
+        let asynchronous = push(&mut order, Priority::Async, t0 + 3_600 * SEC);
+        assert_eq!(order.top(t0 + 3_600 * SEC), Some(asynchronous));
+        order.remove(asynchronous, t0);
+        assert_eq!(order.top(t0 + 3_600 * SEC), Some(batch));
+    }
+
+    #[test]
+    fn depth_limits_shed() {
+        let t0 = Instant::now();
+        let mut order = Order::default();
+        let limited = |priority, class_max| Scheduling {
+            max_depth: 3,
+            class_max_depth: class_max,
+            ..Scheduling::new(priority, t0)
+        };
+        order
+            .push(&limited(Priority::Batch, Some(1)), None, ())
+            .unwrap();
+        assert_eq!(
+            order.push(&limited(Priority::Batch, Some(1)), None, ()),
+            Err(Full(1))
+        );
+        order
+            .push(&limited(Priority::Async, None), None, ())
+            .unwrap();
+        order
+            .push(&limited(Priority::Interactive, None), None, ())
+            .unwrap();
+        assert_eq!(
+            order.push(&limited(Priority::Interactive, None), None, ()),
+            Err(Full(3))
+        );
+        assert_eq!(order.len(), 3);
+    }
+
+    #[test]
+    fn deadlines_are_watched_in_order_and_a_restored_place_keeps_its_rank() {
+        let t0 = Instant::now();
+        let mut order = Order::default();
+        let scheduling = Scheduling::new(Priority::Batch, t0);
+        let late = order.push(&scheduling, Some(t0 + 10 * SEC), ()).unwrap();
+        let early = order.push(&scheduling, Some(t0 + 5 * SEC), ()).unwrap();
+        assert_eq!(order.first_deadline(), Some(early));
+        // The front leaves (to ask a store, say) and comes back: still the front.
+        order.remove(late, t0);
+        assert_eq!(order.top(t0), Some(early));
+        order.restore(late, &scheduling, ());
+        assert_eq!(order.top(t0), Some(late));
+        assert_eq!(order.first_deadline(), Some(early));
+        let snapshot = order.snapshot(t0 + SEC);
+        assert_eq!(snapshot.class(Priority::Batch).depth(), 2);
+        assert_eq!(snapshot.class(Priority::Batch).oldest_wait(), SEC);
+    }
+}

@@ -1,0 +1,114 @@
+//! What a request brings to an ordering: its class, its place, how its class ages, how deep
+//! the order may grow.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::priority::Priority;
+
+/// How long a class's front waits before it moves one class up, per class (indexed as
+/// `Priority::ALL`), in nanoseconds; `u64::MAX` never.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Aging([u64; 3]);
+
+impl Aging {
+    /// No class ever moves up.
+    #[cfg(test)]
+    pub(crate) const NEVER: Aging = Aging([u64::MAX; 3]);
+
+    /// The defaults of [`QueueConfig`](crate::QueueConfig): async after 30 s, batch after
+    /// 120 s.
+    pub(crate) const DEFAULT: Aging = Aging([u64::MAX, 30_000_000_000, 120_000_000_000]);
+
+    /// Aging with `after` for each class, highest first.
+    pub(crate) fn new(after: [Option<Duration>; 3]) -> Self {
+        Aging(after.map(|after| {
+            after.map_or(u64::MAX, |d| {
+                u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+            })
+        }))
+    }
+
+    /// How long the front of `priority` waits before it moves up, if it ever does.
+    pub(crate) fn after(self, priority: Priority) -> Option<Duration> {
+        match self.0[priority.index()] {
+            u64::MAX => None,
+            nanos => Some(Duration::from_nanos(nanos)),
+        }
+    }
+}
+
+/// A tenant's key and weight, for a fair share inside a class. Every request of the default
+/// flow shares one key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Flow {
+    pub(crate) key: u64,
+    pub(crate) weight: u32,
+}
+
+impl Flow {
+    pub(crate) const DEFAULT: Flow = Flow { key: 0, weight: 1 };
+}
+
+/// Everything an ordering needs to place a request; carried in the request's extensions from
+/// the [`PriorityQueueLayer`](crate::PriorityQueueLayer) to the budget, so that the budget
+/// orders its waiters as the queue would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Scheduling {
+    pub(crate) priority: Priority,
+    /// When the logical request first entered an ordering (kept across retries).
+    pub(crate) enqueued_at: Instant,
+    pub(crate) aging: Aging,
+    /// The most requests that may wait in all, and in this request's class.
+    pub(crate) max_depth: usize,
+    pub(crate) class_max_depth: Option<usize>,
+    pub(crate) flow: Flow,
+}
+
+impl Scheduling {
+    /// A request of `priority` entering at `enqueued_at`, with the default aging and no depth
+    /// limit.
+    pub(crate) fn new(priority: Priority, enqueued_at: Instant) -> Self {
+        Self {
+            priority,
+            enqueued_at,
+            aging: Aging::DEFAULT,
+            max_depth: usize::MAX,
+            class_max_depth: None,
+            flow: Flow::DEFAULT,
+        }
+    }
+}
+
+/// `from + wait`, or a century later when that cannot be represented: `Duration::MAX` means no
+/// limit, and deadline arithmetic never overflows.
+pub(crate) fn saturating_deadline(from: Instant, wait: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
+    from.checked_add(wait.min(CENTURY))
+        .or_else(|| from.checked_add(CENTURY))
+        .unwrap_or(from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_saturate() {
+        let now = Instant::now();
+        assert!(saturating_deadline(now, Duration::MAX) > now + Duration::from_secs(86_400));
+        assert_eq!(
+            saturating_deadline(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn aging_round_trips() {
+        let aging = Aging::new([None, Some(Duration::from_secs(30)), Some(Duration::MAX)]);
+        assert_eq!(aging.after(Priority::Interactive), None);
+        assert_eq!(aging.after(Priority::Async), Some(Duration::from_secs(30)));
+        assert_eq!(aging.after(Priority::Batch), None);
+    }
+}

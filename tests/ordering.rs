@@ -1,0 +1,229 @@
+//! One ordering at every place a request waits: an in-flight slot (see also
+//! `tests/layers/in_flight.rs`), a class floor, a shared store, and deadline arithmetic that
+//! never overflows.
+
+mod redis_server;
+mod support;
+
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tokio::time::{self, Instant};
+use tower::util::BoxCloneService;
+use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tower_llm_quota::budget::redis::RedisBudget;
+use tower_llm_quota::{
+    Cost, Dimension, EnqueuedAt, Error, Priority, PriorityQueueLayer, QueueConfig, Quota,
+    TokenBudgetLayer,
+};
+
+use redis_server::RedisServer;
+use support::{budget, limit};
+
+const SEC: Duration = Duration::from_secs(1);
+
+type Log = Arc<Mutex<Vec<(String, Instant)>>>;
+type Llm = BoxCloneService<Request<String>, Response<String>, Error>;
+
+/// A governed client over `budget`; the provider logs each call's label and instant.
+fn governed(config: QueueConfig, budget: TokenBudgetLayer) -> (Llm, Log) {
+    let log: Log = Default::default();
+    let calls = log.clone();
+    let client = service_fn(move |request: Request<String>| {
+        calls
+            .lock()
+            .unwrap()
+            .push((request.into_body(), Instant::now()));
+        async { Ok::<_, Infallible>(Response::new(String::from("ok"))) }
+    });
+    let llm = ServiceBuilder::new()
+        .layer(PriorityQueueLayer::new(config))
+        .layer(budget)
+        .service(client);
+    (BoxCloneService::new(llm), log)
+}
+
+fn request(label: &str, priority: Priority, tokens: u64) -> Request<String> {
+    let mut request = Request::new(label.to_owned());
+    request.extensions_mut().insert(Cost::new(tokens, 0));
+    request.extensions_mut().insert(priority);
+    request
+}
+
+fn labels(log: &Log) -> Vec<String> {
+    log.lock().unwrap().iter().map(|(l, _)| l.clone()).collect()
+}
+
+/// A batch request that has aged to the top of the ordering waits only to keep its class
+/// floor; an interactive request that the floor can pay is admitted at once, not after it.
+#[tokio::test(start_paused = true)]
+async fn a_head_blocked_only_by_its_floor_does_not_block_a_higher_class() {
+    // 1,000 tokens at once, refilling by one a second: levels stay put during the test.
+    let budget = budget([limit(Dimension::TotalTokens, 1, SEC, 1_000)]);
+    budget
+        .try_reserve(Cost::new(400, 0))
+        .unwrap()
+        .charge_estimate();
+    // Batch keeps half of the bucket for higher classes, and ages fast.
+    let config = QueueConfig::new()
+        .promote_after(Priority::Batch, Some(SEC))
+        .promote_after(Priority::Async, Some(SEC));
+    let layer = TokenBudgetLayer::new(budget.clone()).class_headroom(Priority::Batch, 0.5);
+    let (llm, log) = governed(config, layer);
+
+    // 600 left: 200 batch tokens would leave 400, under the floor of 500. It waits, and by
+    // 2 s it ranks as interactive (entered at 2 s).
+    let batch = tokio::spawn(llm.clone().oneshot(request("batch", Priority::Batch, 200)));
+    time::sleep(3 * SEC).await;
+    assert_eq!(budget.waiters(), 1);
+    let arrived = Instant::now();
+    let interactive = llm
+        .clone()
+        .oneshot(request("interactive", Priority::Interactive, 500))
+        .await
+        .unwrap();
+    drop(interactive);
+    assert_eq!(arrived.elapsed(), Duration::ZERO, "admitted at once");
+    assert_eq!(labels(&log), ["interactive"]);
+    assert_eq!(
+        budget.waiters(),
+        1,
+        "the batch request still keeps the floor"
+    );
+    batch.abort();
+}
+
+/// `Duration::MAX` as a class's maximum wait means no limit, also for a retried request that
+/// carries its first enqueue time.
+#[tokio::test(start_paused = true)]
+async fn an_unbounded_maximum_wait_never_overflows() {
+    let budget = budget([limit(Dimension::TotalTokens, 10, SEC, 100)]);
+    let config = QueueConfig::new()
+        .max_wait(Priority::Batch, Duration::MAX)
+        .max_wait(Priority::Interactive, Duration::MAX);
+    let (llm, log) = governed(config, TokenBudgetLayer::new(budget.clone()));
+    time::sleep(10 * SEC).await;
+    let mut retried = request("retried", Priority::Batch, 100);
+    retried
+        .extensions_mut()
+        .insert(EnqueuedAt::at(Instant::now() - 5 * SEC));
+    llm.clone().oneshot(retried).await.unwrap();
+    // Waits 10 s for its tokens, unbounded: no deadline passes.
+    let late = tokio::spawn(llm.clone().oneshot(request("late", Priority::Batch, 100)));
+    let mut deadline = request("own", Priority::Interactive, 1);
+    deadline
+        .extensions_mut()
+        .insert(tower_llm_quota::Deadline::after(Duration::MAX));
+    let own = tokio::spawn(llm.clone().oneshot(deadline));
+    own.await.unwrap().unwrap();
+    late.await.unwrap().unwrap();
+    assert_eq!(labels(&log), ["retried", "own", "late"]);
+}
+
+/// With a Redis-shared budget: one batch request in flight, five batch requests waiting, then
+/// one interactive request. Only the head of the ordering asks the store while it refuses, so
+/// the interactive request is served right after the request in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_redis_budget_interactive_goes_right_after_the_call_in_flight() {
+    let server = RedisServer::start();
+    // Five requests a second, one at a time: a request every 200 ms.
+    let quota = Quota::new().with_limit(limit(Dimension::Requests, 5, SEC, 1));
+    let budget = RedisBudget::new(server.url(), "ordering")
+        .connect(&quota)
+        .await
+        .expect("connected");
+    let (llm, log) = governed(
+        QueueConfig::new().max_wait(Priority::Interactive, 30 * SEC),
+        TokenBudgetLayer::new(budget.clone()),
+    );
+
+    let mut tasks = Vec::new();
+    for k in 0..6 {
+        tasks.push(tokio::spawn(llm.clone().oneshot(request(
+            &format!("batch-{k}"),
+            Priority::Batch,
+            1,
+        ))));
+        // Each one reaches the ordering (or the store) before the next.
+        until(|| budget.waiters() + labels(&log).len() == k + 1).await;
+    }
+    tasks.push(tokio::spawn(llm.clone().oneshot(request(
+        "interactive",
+        Priority::Interactive,
+        1,
+    ))));
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let served = labels(&log);
+    assert_eq!(served.len(), 7);
+    let position = served.iter().position(|l| l == "interactive").unwrap();
+    assert!(position <= 1, "served at {position}: {served:?}");
+    // The batch requests kept their order among themselves.
+    let batch: Vec<_> = served.iter().filter(|l| l.starts_with("batch")).collect();
+    assert!(batch.windows(2).all(|w| w[0] < w[1]), "{served:?}");
+}
+
+/// Waits (in real time, bounded) until `condition` holds.
+async fn until(condition: impl Fn() -> bool) {
+    let give_up = Instant::now() + 10 * SEC;
+    while !condition() {
+        assert!(Instant::now() < give_up, "condition never held");
+        time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The saturation scenario of `tests/saturation.rs` with a Redis-shared budget, in real time
+/// and scaled down: a 100-item batch backlog saturates 2,000 tokens a second while an
+/// interactive request of 500 tokens arrives every second. Each interactive request waits at
+/// most its own refill plus one batch item (plus a margin for the round trips and timers of a
+/// busy machine), and every item completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_redis_budget_interactive_work_keeps_its_latency_under_a_batch_backlog() {
+    const RATE: u64 = 2_000;
+    const BATCH: u64 = 100;
+    const INTERACTIVE: u64 = 500;
+    let server = RedisServer::start();
+    let quota = Quota::new().with_limit(limit(Dimension::TotalTokens, RATE, SEC, RATE));
+    let budget = RedisBudget::new(server.url(), "saturation")
+        .connect(&quota)
+        .await
+        .expect("connected");
+    let (llm, log) = governed(QueueConfig::new(), TokenBudgetLayer::new(budget.clone()));
+    let send = |label: String, priority, tokens| {
+        let call = llm.clone().oneshot(request(&label, priority, tokens));
+        tokio::spawn(async move {
+            let start = Instant::now();
+            call.await.expect("every item completes");
+            (priority, start.elapsed())
+        })
+    };
+    let start = Instant::now();
+    let mut tasks: Vec<_> = (0..100)
+        .map(|k| send(format!("batch-{k}"), Priority::Batch, BATCH))
+        .collect();
+    for second in 0..6 {
+        time::sleep_until(start + SEC * second + SEC / 2).await;
+        tasks.push(send(
+            format!("interactive-{second}"),
+            Priority::Interactive,
+            INTERACTIVE,
+        ));
+    }
+    let mut interactive = Vec::new();
+    for task in tasks {
+        let (priority, waited) = task.await.unwrap();
+        if priority == Priority::Interactive {
+            interactive.push(waited);
+        }
+    }
+    let refill = |tokens: u64| Duration::from_millis(tokens * 1_000 / RATE);
+    let bound = refill(INTERACTIVE) + refill(BATCH) + Duration::from_millis(100);
+    let worst = *interactive.iter().max().unwrap();
+    eprintln!("redis saturation: worst interactive wait {worst:?} (bound {bound:?})");
+    assert!(worst <= bound, "{worst:?} > {bound:?}: {interactive:?}");
+    assert_eq!(labels(&log).len(), 106);
+    assert_eq!(budget.waiters(), 0);
+}
