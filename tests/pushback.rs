@@ -260,3 +260,77 @@ async fn server_errors_and_resets_lose_no_item() {
     assert_eq!(failures(&outcomes), Vec::<String>::new());
     assert_eq!(rate_limited, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_streamed_error_body_over_the_read_limit_is_retried_as_a_server_error() {
+    // 10 % of the answers are 500, 503 or 529 with a body of 100 KiB streamed with no length.
+    let simulator = Simulator::new(
+        SimConfig::openai(RPM, TPM)
+            .minute(MINUTE)
+            .faults(
+                Faults::none()
+                    .server_errors(0.1)
+                    .streamed_error_bodies(100 * 1_024),
+            )
+            .seed(5),
+    );
+    let items = workload::tickets("t", 200, TicketShape::SUPPORT, Priority::Batch, 4);
+    let stack = governed(quota(RPM, TPM, MINUTE), MINUTE);
+    let (outcomes, _, _) = run_governed(&simulator, stack, "sk-a", &items).await;
+    let stats = simulator.stats();
+    eprintln!(
+        "streamed 100 KiB error bodies: {} server errors, {} lost",
+        stats.server_errors,
+        failures(&outcomes).len()
+    );
+    assert!(
+        stats.server_errors >= 10,
+        "{} server errors",
+        stats.server_errors
+    );
+    assert_eq!(failures(&outcomes), Vec::<String>::new());
+    assert_eq!(
+        stats.admitted, 200,
+        "each item admitted once, after its retries"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_daily_quotas_429_is_not_retried_and_pauses_the_budget_only_up_to_the_cap() {
+    // Two requests a day, which the client's quota does not know about.
+    let day = Duration::from_secs(86_400);
+    let simulator = Simulator::new(
+        SimConfig::openai(600, 1_000_000)
+            .latency(Duration::from_millis(10), Duration::ZERO)
+            .limit(Dimension::Requests, 2, day),
+    );
+    let minute = Duration::from_secs(60);
+    let mut items = workload::tickets("t", 3, TicketShape::SUPPORT, Priority::Async, 5);
+    for (n, item) in items.iter_mut().enumerate() {
+        item.arrive = SEC * n as u32;
+    }
+    let stack = governed(quota(600, 1_000_000, minute), minute);
+    let budget = stack.budget().clone();
+    let (outcomes, rate_limited, _) = run_governed(&simulator, stack, "sk-a", &items).await;
+    assert_eq!(rate_limited, 1);
+    let failed = failures(&outcomes);
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(
+        failed[0].contains("after 1 attempt(s)")
+            && failed[0].contains("a wait beyond the honoured maximum"),
+        "{failed:?}"
+    );
+    // `retry-after: 43200` pauses the requests for the honoured maximum (60 s), not half a day.
+    let paused = |budget: &tower_llm_quota::Budget| {
+        let snapshot = budget.snapshot();
+        snapshot.limits()[0].available_at() - snapshot.taken_at()
+    };
+    let left = paused(&budget);
+    assert!(
+        left > Duration::ZERO && left <= 60 * SEC,
+        "paused for {left:?}"
+    );
+    // An operator who knows better lifts it.
+    budget.lift_pause(&[Dimension::Requests]);
+    assert_eq!(paused(&budget), Duration::ZERO);
+}

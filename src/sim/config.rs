@@ -77,6 +77,7 @@ pub struct Faults {
     pub(crate) connection_resets: f64,
     pub(crate) latency_spikes: f64,
     pub(crate) spike: Duration,
+    pub(crate) error_body_bytes: usize,
 }
 
 impl Faults {
@@ -100,6 +101,16 @@ impl Faults {
     pub fn connection_resets(self, share: f64) -> Self {
         Self {
             connection_resets: clamp_share(share),
+            ..self
+        }
+    }
+
+    /// Streams the body of every injected server error padded to `bytes` (its JSON followed
+    /// by spaces), in chunks of 8 KiB with no length announced, as a proxy or a provider's
+    /// HTML error page may. Off (0) by default: error bodies are small and whole.
+    pub fn streamed_error_bodies(self, bytes: usize) -> Self {
+        Self {
+            error_body_bytes: bytes,
             ..self
         }
     }
