@@ -1207,3 +1207,26 @@ async fn a_neighbour_spends_its_share_of_the_quota_unseen() {
     time::sleep(Duration::from_secs(1)).await;
     assert_eq!(simulator.stats().neighbour_admitted, 61);
 }
+
+#[tokio::test(start_paused = true)]
+async fn server_errors_can_stream_large_bodies_with_no_length() {
+    let simulator = Simulator::new(
+        SimConfig::openai(60, 100_000).faults(
+            Faults::none()
+                .server_errors(1.0)
+                .streamed_error_bodies(100 * 1_024),
+        ),
+    );
+    let response = simulator
+        .service()
+        .oneshot(openai("sk-a", &openai_body(100, 10)))
+        .await
+        .unwrap();
+    assert!(response.status().is_server_error());
+    assert_eq!(http_body::Body::size_hint(response.body()).upper(), None);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 100 * 1_024);
+    // The error document, then padding: still one JSON value.
+    let json: Value = serde_json::from_slice(&body).unwrap();
+    assert!(json["error"].is_object(), "{json}");
+}
