@@ -377,6 +377,15 @@ pub(crate) fn queue_depth(priority: Priority, depth: usize) {
     );
 }
 
+/// Records `value` in the field `name` of the current span (the request's, opened by the
+/// retry layer at debug level), unless no subscriber listens at that level: looking the span up
+/// is then skipped.
+pub(crate) fn span_record(name: &'static str, value: u64) {
+    if tracing::level_enabled!(tracing::Level::DEBUG) {
+        tracing::Span::current().record(name, value);
+    }
+}
+
 /// A request of `priority` waited `wait` in the queue.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn queue_wait(priority: Priority, wait: Duration) {

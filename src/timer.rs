@@ -1,20 +1,20 @@
 //! A deadline for a wait, armed only if the wait happens.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::Context;
 
-use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep_until};
 
-pin_project! {
-    /// A deadline whose timer is created on the first wait, so requests that never wait never
-    /// touch the timer wheel. Dropping it cancels the timer.
-    #[derive(Debug)]
-    pub(crate) struct DeadlineTimer {
-        deadline: Option<Instant>,
-        #[pin]
-        sleep: Option<Sleep>,
-    }
+/// A deadline whose timer is created on the first wait, so requests that never wait never
+/// touch the timer wheel nor allocate it. Dropping it cancels the timer.
+///
+/// The timer lives in a box of its own: a future that holds it stays small for the requests
+/// that never wait (most of them), and only a waiting request pays for the allocation.
+#[derive(Debug)]
+pub(crate) struct DeadlineTimer {
+    deadline: Option<Instant>,
+    sleep: Option<Pin<Box<Sleep>>>,
 }
 
 impl DeadlineTimer {
@@ -27,16 +27,16 @@ impl DeadlineTimer {
     }
 
     /// Whether the deadline has passed; if not, the task is woken when it does.
-    pub(crate) fn poll_expired(self: Pin<&mut Self>, cx: &mut Context<'_>) -> bool {
-        let mut this = self.project();
-        let Some(deadline) = *this.deadline else {
+    pub(crate) fn poll_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(deadline) = self.deadline else {
             return false;
         };
-        if this.sleep.is_none() {
-            this.sleep.set(Some(sleep_until(deadline)));
+        if Instant::now() >= deadline {
+            return true;
         }
-        this.sleep
-            .as_pin_mut()
-            .is_some_and(|sleep| sleep.poll(cx).is_ready())
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(sleep_until(deadline)));
+        sleep.as_mut().poll(cx).is_ready()
     }
 }

@@ -260,8 +260,9 @@ async fn requests_are_estimated_debited_and_settled() {
     assert_eq!(provider.levels(), [1_000 - estimated.total_tokens() as i64]);
     response.text().await.unwrap();
     assert_eq!(budget.snapshot().limits()[0].level(), 1_000 - 30);
-    // The queue gave the request its default class.
-    assert_eq!(recorder.attempts(), [Some(Priority::Async)]);
+    // The request carried no class: the queue placed it in its default class without writing
+    // one into the request.
+    assert_eq!(recorder.attempts(), [None]);
 }
 
 #[tokio::test]

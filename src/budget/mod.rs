@@ -103,7 +103,7 @@ use crate::loom::{Mutex, MutexGuard};
 use crate::quota::{Dimension, Limit, Quota};
 use crate::sched::QueueSnapshot;
 use crate::sched::order::{Full, Place};
-use bucket::Floor;
+pub(crate) use bucket::Floor;
 use remote::Decision;
 use reservation::Origin;
 use shared::{Remote, SharedState};
@@ -535,6 +535,29 @@ impl Budget {
                 Step::Never(e)
             }
         }
+    }
+
+    /// Admits `ask` at once, when nobody waits, a slot is free and the in-memory buckets can
+    /// pay; changes nothing otherwise. A shared budget always answers `None`: it must ask its
+    /// store.
+    pub(crate) fn admit_now(&self, ask: &Ask, now: Instant) -> Option<Reservation> {
+        let id = self.admit_id_now(ask, now)?;
+        Some(Reservation::new(self.clone(), id, ask.cost, Origin::Local))
+    }
+
+    fn admit_id_now(&self, ask: &Ask, now: Instant) -> Option<ReservationId> {
+        if self.shared.remote.is_some() {
+            return None;
+        }
+        let ns = self.nanos_since_origin(now);
+        let mut state = self.lock();
+        if !state.queue.is_empty() || !state.slots.free() {
+            return None;
+        }
+        let id = state.peek_id();
+        state.store.reserve(id, &ask.cost, ask.floor, ns).ok()?;
+        state.slots.take();
+        Some(state.next_id())
     }
 
     /// Gives up a place in the ordering.

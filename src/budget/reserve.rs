@@ -60,13 +60,23 @@ pin_project! {
 
 impl Reserve {
     pub(crate) fn new(budget: Budget, cost: Cost) -> Self {
+        let scheduling = Scheduling::new(Priority::Async, Instant::now());
+        let floor = Floor::NONE;
+        Self::asking(
+            budget,
+            Ask {
+                cost,
+                floor,
+                scheduling,
+            },
+        )
+    }
+
+    /// A reservation of what `ask` asks.
+    pub(crate) fn asking(budget: Budget, ask: Ask) -> Self {
         Self {
             budget,
-            ask: Ask {
-                cost,
-                floor: Floor::NONE,
-                scheduling: Scheduling::new(Priority::Async, Instant::now()),
-            },
+            ask,
             place: None,
             sleep: None,
             asking: None,
@@ -99,12 +109,6 @@ impl Reserve {
     /// rather than now. Defaults to now.
     pub fn enqueued_at(mut self, instant: Instant) -> Self {
         self.ask.scheduling.enqueued_at = instant.min(self.ask.scheduling.enqueued_at);
-        self
-    }
-
-    /// Waits as `scheduling` places it (class, place, aging, depth).
-    pub(crate) fn scheduling(mut self, scheduling: Scheduling) -> Self {
-        self.ask.scheduling = scheduling;
         self
     }
 

@@ -39,8 +39,10 @@ pin_project! {
         S: Service<Request<B>>,
     {
         fn drop(this: Pin<&mut Self>) {
-            if let StateProj::Waiting { shared, place: Some(place), .. } = this.project().state.project() {
-                shared.leave(*place);
+            if let StateProj::Waiting { wait } = this.project().state.project() {
+                if let Some(place) = wait.place {
+                    wait.shared.leave(place);
+                }
             }
         }
     }
@@ -51,17 +53,8 @@ pin_project! {
     #[project = StateProj]
     #[project_replace = StateReplace]
     enum State<S, B, F> {
-        Waiting {
-            shared: Arc<Shared>,
-            // Its place in the queue's own ordering, once it had to wait there.
-            place: Option<Place>,
-            scheduling: Scheduling,
-            deadline: Instant,
-            service: S,
-            request: Request<B>,
-            // When this attempt arrived (a retried request keeps its first enqueue time).
-            arrived: Instant,
-        },
+        // Boxed: only a request that could not be handed over at once pays for its space.
+        Waiting { wait: Box<Wait<S, B>> },
         Calling {
             #[pin]
             future: F,
@@ -73,10 +66,35 @@ pin_project! {
     }
 }
 
+/// A request waiting for its turn or for the inner service.
+struct Wait<S, B> {
+    shared: Arc<Shared>,
+    // Its place in the queue's own ordering, once it had to wait there.
+    place: Option<Place>,
+    scheduling: Scheduling,
+    deadline: Instant,
+    service: S,
+    request: Request<B>,
+    // When this attempt arrived (a retried request keeps its first enqueue time).
+    arrived: Instant,
+}
+
 impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
 {
+    /// A request handed over at once: nobody waited and the inner service was ready.
+    pub(crate) fn calling(future: S::Future, priority: Priority, arrived: Instant) -> Self {
+        Self {
+            state: State::Calling {
+                future,
+                priority,
+                arrived,
+                queued: Duration::ZERO,
+            },
+        }
+    }
+
     pub(crate) fn new(
         shared: Arc<Shared>,
         scheduling: Scheduling,
@@ -86,13 +104,15 @@ where
     ) -> Self {
         Self {
             state: State::Waiting {
-                shared,
-                place: None,
-                scheduling,
-                deadline,
-                service,
-                request,
-                arrived: Instant::now(),
+                wait: Box::new(Wait {
+                    shared,
+                    place: None,
+                    scheduling,
+                    deadline,
+                    service,
+                    request,
+                    arrived: Instant::now(),
+                }),
             },
         }
     }
@@ -109,18 +129,24 @@ where
         let mut state = self.project().state;
         loop {
             match state.as_mut().project() {
-                StateProj::Waiting {
-                    shared,
-                    place,
-                    scheduling,
-                    deadline,
-                    service,
-                    arrived,
-                    ..
-                } => {
+                StateProj::Waiting { wait } => {
+                    let Wait {
+                        shared,
+                        place,
+                        scheduling,
+                        deadline,
+                        service,
+                        arrived,
+                        ..
+                    } = &mut **wait;
                     let error = match poll_turn(shared, place, scheduling, *deadline, service, cx) {
                         Turn::Go => {
-                            let StateReplace::Waiting {
+                            let StateReplace::Waiting { wait } =
+                                state.as_mut().project_replace(State::Done)
+                            else {
+                                unreachable!("matched above")
+                            };
+                            let Wait {
                                 shared,
                                 place,
                                 scheduling,
@@ -128,14 +154,10 @@ where
                                 request,
                                 arrived,
                                 ..
-                            } = state.as_mut().project_replace(State::Done)
-                            else {
-                                unreachable!("matched above")
-                            };
+                            } = *wait;
                             let queued = arrived.elapsed();
                             let priority = scheduling.priority;
-                            tracing::Span::current()
-                                .record("queue_wait_ms", queued.as_millis() as u64);
+                            observe::span_record("queue_wait_ms", queued.as_millis() as u64);
                             if let Some(place) = place {
                                 // Handed over: the next in line may look.
                                 shared.leave(place);
@@ -234,7 +256,10 @@ where
             };
         }
         None => match state.order.push(scheduling, Some(deadline), ()) {
-            Ok(mine) => *place.insert(mine),
+            Ok(mine) => {
+                shared.count(&state);
+                *place.insert(mine)
+            }
             Err(Full(depth)) => return Turn::Fail(shed(scheduling, depth)),
         },
     };
@@ -268,6 +293,7 @@ fn join(
     let mut state = shared.lock();
     match state.order.push(scheduling, Some(deadline), ()) {
         Ok(mine) => {
+            shared.count(&state);
             state.order.set_waker(mine, cx.waker());
             *place = Some(mine);
             Turn::Wait
@@ -305,7 +331,7 @@ where
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
-            State::Waiting { place: None, .. } => "arriving",
+            State::Waiting { wait } if wait.place.is_none() => "arriving",
             State::Waiting { .. } => "queued",
             State::Calling { .. } => "calling",
             State::Done => "done",

@@ -8,22 +8,40 @@ use tower::Service;
 use super::ResponseFuture;
 use super::shared::{QueueHandle, Shared};
 use crate::error::{BoxError, Error};
-use crate::priority::{Deadline, EnqueuedAt};
-use crate::sched::saturating_deadline;
+use crate::priority::{Deadline, EnqueuedAt, Priority};
+use crate::sched::{Scheduling, saturating_deadline};
 
 /// Orders requests by [`Priority`](crate::Priority) before the inner service sees them; see the
 /// [module documentation](crate::queue).
 ///
 /// Clones share the queue.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct PriorityQueue<S> {
     inner: S,
     shared: Arc<Shared>,
+    /// `poll_ready` found nobody waiting here and the inner service ready: `call` may hand
+    /// the request over at once.
+    ready: bool,
+}
+
+// Written by hand: a clone shares the queue, but not the readiness its original took.
+impl<S: Clone> Clone for PriorityQueue<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+            ready: false,
+        }
+    }
 }
 
 impl<S> PriorityQueue<S> {
     pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
-        Self { inner, shared }
+        Self {
+            inner,
+            shared,
+            ready: false,
+        }
     }
 
     /// A handle for introspection.
@@ -49,32 +67,51 @@ where
     /// Always ready: requests wait in the response future, in priority order (in the queue's
     /// own ordering while the inner service is not ready, or in a budget's inside). A full
     /// ordering sheds there, with `is_queue_full()`.
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+    ///
+    /// When nobody waits in the queue, it asks the inner service's readiness here, so that
+    /// `call` can hand the request over at once; an inner service that fails its readiness
+    /// fails this one.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if !self.ready && self.shared.is_empty() {
+            match self.inner.poll_ready(cx) {
+                Poll::Ready(Ok(())) => self.ready = true,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::from_inner(e))),
+                // The request will wait in the queue's ordering, in its response future.
+                Poll::Pending => {}
+            }
+        }
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let now = Instant::now();
         let config = &self.shared.config;
-        let priority = *request
-            .extensions_mut()
-            .get_or_insert(config.default_class());
-        let enqueued_at = request
-            .extensions()
+        let extensions = request.extensions();
+        let priority = extensions
+            .get::<Priority>()
+            .copied()
+            .unwrap_or(config.default_class());
+        let enqueued_at = extensions
             .get::<EnqueuedAt>()
             .map_or(now, |at| at.instant().min(now));
         // A retried request keeps its place from its first attempt, but waits its class's full
         // maximum from now.
         let max_wait = config.class(priority).max_wait();
-        let deadline = request
-            .extensions()
+        let deadline = extensions
             .get::<Deadline>()
             .map_or_else(|| saturating_deadline(now, max_wait), Deadline::instant);
-        let scheduling = config.scheduling(priority, enqueued_at);
-        // Inner layers keep both: a budget orders its waiters by the first, and gives up
-        // waiting at the second.
+        let scheduling = Scheduling {
+            deadline: Some(deadline),
+            ..config.scheduling(priority, enqueued_at)
+        };
+        // Inner layers follow it: a budget orders its waiters by it, and gives up waiting at
+        // its deadline.
         request.extensions_mut().insert(scheduling);
-        request.extensions_mut().insert(Deadline::at(deadline));
+        if std::mem::take(&mut self.ready) && self.shared.is_empty() {
+            // Nobody waits here and the inner service is ready: hand it over now.
+            crate::observe::span_record("queue_wait_ms", 0);
+            return ResponseFuture::calling(self.inner.call(request), priority, now);
+        }
         ResponseFuture::new(
             self.shared.clone(),
             scheduling,

@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 
@@ -17,6 +18,8 @@ use crate::sched::order::{Order, Place};
 pub(crate) struct Shared {
     pub(crate) config: QueueConfig,
     state: Mutex<State>,
+    /// How many requests wait, readable without the lock (written under it).
+    waiting: AtomicUsize,
 }
 
 #[derive(Debug)]
@@ -37,7 +40,18 @@ impl Shared {
                 alarm: None,
                 sentinel: None,
             }),
+            waiting: AtomicUsize::new(0),
         }
+    }
+
+    /// Whether nobody waits in the queue's own ordering (a hint: it may change at once).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) == 0
+    }
+
+    /// Records the ordering's length after a change made under the lock.
+    pub(crate) fn count(&self, state: &State) {
+        self.waiting.store(state.order.len(), Ordering::Release);
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
@@ -51,6 +65,7 @@ impl Shared {
         let now = Instant::now();
         let mut state = self.lock();
         state.order.remove(place, now);
+        self.count(&state);
         if state.order.is_empty() {
             // Nobody waits: nobody to wake, no deadline to watch (the common case of a queue
             // that keeps up).

@@ -64,6 +64,8 @@ pub(crate) struct Scheduling {
     pub(crate) max_depth: usize,
     pub(crate) class_max_depth: Option<usize>,
     pub(crate) flow: Flow,
+    /// The latest instant at which the request may still be admitted.
+    pub(crate) deadline: Option<Instant>,
 }
 
 impl Scheduling {
@@ -77,6 +79,7 @@ impl Scheduling {
             max_depth: usize::MAX,
             class_max_depth: None,
             flow: Flow::DEFAULT,
+            deadline: None,
         }
     }
 }

@@ -2,6 +2,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -20,34 +21,40 @@ pin_project! {
     ///
     /// # Cancel safety
     ///
-    /// Dropped while waiting for the budget, it leaves the queue; after admission but before
-    /// the call, its reservation is refunded; during the call, the reservation is charged its
-    /// estimate unless an inner layer took it to settle.
+    /// Dropped while waiting for the budget, it leaves the ordering; after admission but
+    /// before the call, its reservation is refunded; during the call, the reservation is
+    /// charged its estimate unless an inner layer took it to settle.
     pub struct ResponseFuture<S, B>
     where
         S: Service<Request<B>>,
     {
         #[pin]
-        state: State<S::Future>,
-        service: Option<S>,
-        request: Option<Request<B>>,
+        state: State<S, B, S::Future>,
         priority: Option<Priority>,
         labels: Labels,
-        started: Option<Instant>,
-        #[pin]
-        deadline: DeadlineTimer,
+        started: Instant,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<F> {
+    enum State<S, B, F> {
         Failed { error: Option<Error> },
-        Admitting { #[pin] reserve: Reserve },
-        Readying { reservation: Option<Reservation> },
-        Calling { #[pin] future: F, unclaimed: Unclaimed, waited: std::time::Duration },
+        // Boxed: only a request that must wait pays for the space of its wait.
+        Waiting { wait: Box<Wait<S, B>> },
+        Calling { #[pin] future: F, unclaimed: Unclaimed, waited: Duration },
         Done,
     }
+}
+
+/// A request waiting for the budget (`reserve`), then for the inner service's readiness
+/// (`reservation`), until its deadline.
+struct Wait<S, B> {
+    reserve: Option<Pin<Box<Reserve>>>,
+    reservation: Option<Reservation>,
+    service: S,
+    request: Option<Request<B>>,
+    deadline: DeadlineTimer,
 }
 
 /// Takes back a reservation no inner layer claimed when the call ends or is dropped, so it is
@@ -60,38 +67,94 @@ impl Drop for Unclaimed {
     }
 }
 
+/// Sends `request` on `service` (ready for it) with `reservation` in its extensions, marked
+/// sent; the reservation comes back to the future when the call ends, unless an inner layer
+/// took it.
+fn send<S, B>(
+    service: &mut S,
+    mut request: Request<B>,
+    mut reservation: Reservation,
+) -> (S::Future, Unclaimed)
+where
+    S: Service<Request<B>>,
+{
+    reservation.mark_sent();
+    let slot = ReservationSlot::new(reservation);
+    request.extensions_mut().insert(slot.clone());
+    (service.call(request), Unclaimed(slot))
+}
+
 impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<B>>,
 {
-    pub(crate) fn new(
-        reserve: Reserve,
+    /// A request admitted at once and sent on `service`, which was ready.
+    pub(crate) fn sent(
+        service: &mut S,
+        request: Request<B>,
+        reservation: Reservation,
+        priority: Option<Priority>,
+        labels: Labels,
+        started: Instant,
+    ) -> Self {
+        observe::reserved(&labels, &reservation.cost());
+        if let Some(priority) = priority {
+            observe::queue_wait(priority, Duration::ZERO);
+        }
+        observe::span_record("budget_wait_ms", 0);
+        let (future, unclaimed) = send(service, request, reservation);
+        Self {
+            state: State::Calling {
+                future,
+                unclaimed,
+                waited: Duration::ZERO,
+            },
+            priority,
+            labels,
+            started,
+        }
+    }
+
+    /// A request that waits: for the budget (`admitted` is `Err`), or only for the inner
+    /// service's readiness.
+    pub(crate) fn waiting(
+        admitted: Result<Reservation, Reserve>,
         service: S,
         request: Request<B>,
         priority: Option<Priority>,
         deadline: Option<Instant>,
         labels: Labels,
+        started: Instant,
     ) -> Self {
+        let (reserve, reservation) = match admitted {
+            Ok(reservation) => {
+                observe::reserved(&labels, &reservation.cost());
+                (None, Some(reservation))
+            }
+            Err(reserve) => (Some(Box::pin(reserve)), None),
+        };
         Self {
-            state: State::Admitting { reserve },
-            service: Some(service),
-            request: Some(request),
+            state: State::Waiting {
+                wait: Box::new(Wait {
+                    reserve,
+                    reservation,
+                    service,
+                    request: Some(request),
+                    deadline: DeadlineTimer::new(deadline),
+                }),
+            },
             priority,
             labels,
-            started: None,
-            deadline: DeadlineTimer::new(deadline),
+            started,
         }
     }
 
     pub(crate) fn failed(error: Error) -> Self {
         Self {
             state: State::Failed { error: Some(error) },
-            service: None,
-            request: None,
             priority: None,
             labels: Labels::default(),
-            started: None,
-            deadline: DeadlineTimer::new(None),
+            started: Instant::now(),
         }
     }
 }
@@ -105,66 +168,55 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let started = *this.started.get_or_insert_with(Instant::now);
+        let started = *this.started;
         loop {
-            let waiting = match this.state.as_mut().project() {
+            match this.state.as_mut().project() {
                 StateProj::Failed { error } => {
                     let error = error.take().expect("polled after completion");
                     this.state.set(State::Done);
                     return Poll::Ready(Err(error));
                 }
-                StateProj::Admitting { reserve } => match reserve.poll(cx) {
-                    Poll::Ready(Ok(reservation)) => {
-                        observe::reserved(this.labels, &reservation.cost());
-                        tracing::trace!(cost = ?reservation.cost(), "admitted by the budget");
-                        this.state.set(State::Readying {
-                            reservation: Some(reservation),
-                        });
-                        continue;
-                    }
-                    Poll::Ready(Err(refused)) => {
-                        if let Some(too_large) = refused.insufficient_capacity() {
-                            observe::rate_limit_hit(too_large.dimension().as_str(), "local");
-                        }
-                        tracing::debug!(%refused, "request rejected locally");
-                        this.state.set(State::Done);
-                        return Poll::Ready(Err(refused.into()));
-                    }
-                    Poll::Pending => Poll::Pending,
-                },
-                StateProj::Readying { reservation } => {
-                    let service = this.service.as_mut().expect("polled after completion");
-                    match service.poll_ready(cx) {
-                        Poll::Ready(Ok(())) => {
-                            let mut reservation =
-                                reservation.take().expect("polled after completion");
-                            reservation.mark_sent();
-                            let slot = ReservationSlot::new(reservation);
-                            let mut request = this.request.take().expect("polled after completion");
-                            request.extensions_mut().insert(slot.clone());
-                            let future = service.call(request);
-                            let waited = started.elapsed();
-                            // Into the request's span, if an outer layer opened one.
-                            tracing::Span::current()
-                                .record("budget_wait_ms", waited.as_millis() as u64);
-                            if let Some(priority) = *this.priority {
-                                // The budget's ordering is where requests queue.
-                                observe::queue_wait(priority, waited);
-                            }
-                            this.state.set(State::Calling {
-                                future,
-                                unclaimed: Unclaimed(slot),
-                                waited,
-                            });
-                            continue;
-                        }
-                        Poll::Ready(Err(e)) => {
-                            // Dropping the unsent reservation refunds it.
+                StateProj::Waiting { wait } => {
+                    match poll_wait(wait, this.labels, cx) {
+                        Poll::Ready(Ok(())) => {}
+                        Poll::Ready(Err(error)) => {
                             this.state.set(State::Done);
-                            return Poll::Ready(Err(Error::from_inner(e)));
+                            return Poll::Ready(Err(error));
                         }
-                        Poll::Pending => Poll::Pending,
+                        // Waiting for the budget or the inner service: give up at the deadline.
+                        Poll::Pending if !wait.deadline.poll_expired(cx) => return Poll::Pending,
+                        Poll::Pending => {
+                            // Leaving the state leaves the budget's ordering, or refunds the
+                            // reservation.
+                            this.state.set(State::Done);
+                            let waited = started.elapsed();
+                            tracing::debug!(
+                                ?waited,
+                                "deadline passed while waiting for the budget"
+                            );
+                            observe::rate_limit_hit("deadline", "local");
+                            return Poll::Ready(Err(Error::deadline_exceeded(
+                                *this.priority,
+                                waited,
+                            )));
+                        }
                     }
+                    // Admitted, and the inner service is ready.
+                    let reservation = wait.reservation.take().expect("admitted");
+                    let request = wait.request.take().expect("polled after completion");
+                    let (future, unclaimed) = send(&mut wait.service, request, reservation);
+                    let waited = started.elapsed();
+                    // Into the request's span, if an outer layer opened one.
+                    observe::span_record("budget_wait_ms", waited.as_millis() as u64);
+                    if let Some(priority) = *this.priority {
+                        // The budget's ordering is where requests queue.
+                        observe::queue_wait(priority, waited);
+                    }
+                    this.state.set(State::Calling {
+                        future,
+                        unclaimed,
+                        waited,
+                    });
                 }
                 StateProj::Calling { future, waited, .. } => {
                     let waited = *waited;
@@ -173,7 +225,7 @@ where
                     return Poll::Ready(match output {
                         Ok(mut response) => {
                             let call = started.elapsed().saturating_sub(waited);
-                            tracing::Span::current().record("call_ms", call.as_millis() as u64);
+                            observe::span_record("call_ms", call.as_millis() as u64);
                             Timings::record_call(response.extensions_mut(), waited, call);
                             observe::call(this.labels, call);
                             Ok(response)
@@ -182,19 +234,40 @@ where
                     });
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
-            };
-            // Waiting for the budget or the inner service: give up at the deadline.
-            if !this.deadline.as_mut().poll_expired(cx) {
-                return waiting;
             }
-            // Leaving the state leaves the budget's queue, or refunds the reservation.
-            this.state.set(State::Done);
-            let waited = started.elapsed();
-            tracing::debug!(?waited, "deadline passed while waiting for the budget");
-            observe::rate_limit_hit("deadline", "local");
-            return Poll::Ready(Err(Error::deadline_exceeded(*this.priority, waited)));
         }
     }
+}
+
+/// Waits for the budget, then for the inner service's readiness: ready once both are there.
+fn poll_wait<S, B>(
+    wait: &mut Wait<S, B>,
+    labels: &Labels,
+    cx: &mut Context<'_>,
+) -> Poll<Result<(), Error>>
+where
+    S: Service<Request<B>>,
+    S::Error: Into<BoxError>,
+{
+    if let Some(reserve) = wait.reserve.as_mut() {
+        match ready!(reserve.as_mut().poll(cx)) {
+            Ok(reservation) => {
+                observe::reserved(labels, &reservation.cost());
+                tracing::trace!(cost = ?reservation.cost(), "admitted by the budget");
+                wait.reserve = None;
+                wait.reservation = Some(reservation);
+            }
+            Err(refused) => {
+                if let Some(too_large) = refused.insufficient_capacity() {
+                    observe::rate_limit_hit(too_large.dimension().as_str(), "local");
+                }
+                tracing::debug!(%refused, "request rejected locally");
+                return Poll::Ready(Err(refused.into()));
+            }
+        }
+    }
+    // Dropping the unsent reservation (on an error or a deadline) refunds it.
+    wait.service.poll_ready(cx).map_err(Error::from_inner)
 }
 
 impl<S, B> fmt::Debug for ResponseFuture<S, B>
@@ -204,8 +277,8 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Failed { .. } => "failed",
-            State::Admitting { .. } => "admitting",
-            State::Readying { .. } => "readying",
+            State::Waiting { wait } if wait.reserve.is_some() => "admitting",
+            State::Waiting { .. } => "readying",
             State::Calling { .. } => "calling",
             State::Done => "done",
         };

@@ -4,7 +4,7 @@ use http::{Request, Response};
 use tower::Service;
 
 use super::ResponseFuture;
-use crate::budget::Budget;
+use crate::budget::{Ask, Budget, Floor, Reserve};
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};
 use crate::observe::Labels;
@@ -28,13 +28,28 @@ pub enum MissingCost {
 /// [module documentation](crate::token_budget).
 ///
 /// Clones share the budget (and its ordering).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct TokenBudget<S> {
     inner: S,
     budget: Budget,
     missing_cost: MissingCost,
     /// The share of every bucket each class must leave untouched, by `Priority::index`.
     pub(super) class_headroom: [f64; 3],
+    /// `poll_ready` found the inner service ready: a request admitted at once is sent at once.
+    ready: bool,
+}
+
+// Written by hand: a clone shares the budget, but not the readiness its original took.
+impl<S: Clone> Clone for TokenBudget<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            budget: self.budget.clone(),
+            missing_cost: self.missing_cost,
+            class_headroom: self.class_headroom,
+            ready: false,
+        }
+    }
 }
 
 impl<S> TokenBudget<S> {
@@ -45,6 +60,7 @@ impl<S> TokenBudget<S> {
             budget,
             missing_cost: MissingCost::default(),
             class_headroom: [0.0; 3],
+            ready: false,
         }
     }
 
@@ -85,9 +101,20 @@ where
     type Future = ResponseFuture<S, B>;
 
     /// Always ready: requests wait for the budget in its ordering, in the response future
-    /// (bounded by its depth, refused there with `is_queue_full()`). The inner service's
-    /// readiness is awaited after admission.
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+    /// (bounded by its depth, refused there with `is_queue_full()`).
+    ///
+    /// It asks the inner service's readiness here, so that a request the budget admits at
+    /// once is sent at once; a request that must wait holds nothing while it waits, and its
+    /// future asks the inner service's readiness again once admitted. An inner service that
+    /// fails its readiness fails this one.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if !self.ready {
+            match self.inner.poll_ready(cx) {
+                Poll::Ready(Ok(())) => self.ready = true,
+                Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::from_inner(e))),
+                Poll::Pending => {}
+            }
+        }
         Poll::Ready(Ok(()))
     }
 
@@ -101,32 +128,52 @@ where
             }
         };
         let extensions = request.extensions();
-        let priority = extensions.get::<Priority>().copied();
-        let keep = priority.map_or(0.0, |p| self.class_headroom[p.index()]);
-        // Placed as a priority queue outside placed it, or by the request's own class and
-        // first enqueue time.
+        // Placed as a priority queue outside placed it, or by the request's own class, first
+        // enqueue time and deadline.
         let scheduling = extensions.get::<Scheduling>().copied().unwrap_or_else(|| {
             let now = Instant::now();
             let enqueued_at = extensions
                 .get::<EnqueuedAt>()
                 .map_or(now, |at| at.instant().min(now));
-            Scheduling::new(priority.unwrap_or(Priority::Async), enqueued_at)
+            let priority = extensions.get::<Priority>().copied();
+            Scheduling {
+                deadline: extensions.get::<Deadline>().map(Deadline::instant),
+                ..Scheduling::new(priority.unwrap_or(Priority::Async), enqueued_at)
+            }
         });
-        let deadline = request
-            .extensions()
-            .get::<Deadline>()
-            .map(Deadline::instant);
-        let labels = Labels::of(request.extensions());
-        ResponseFuture::new(
-            self.budget
-                .reserve(cost)
-                .keeping(keep)
-                .scheduling(scheduling),
-            self.inner.clone(),
-            request,
-            priority,
-            deadline,
-            labels,
-        )
+        // Requests that carry no class (and met no queue) keep no headroom.
+        let priority = extensions
+            .get::<Priority>()
+            .copied()
+            .or_else(|| extensions.get::<Scheduling>().map(|s| s.priority));
+        let keep = priority.map_or(0.0, |p| self.class_headroom[p.index()]);
+        let labels = Labels::of(extensions);
+        let started = Instant::now();
+        let ask = Ask {
+            cost,
+            floor: Floor::from_fraction(keep),
+            scheduling,
+        };
+        match self.budget.admit_now(&ask, started).ok_or(ask) {
+            // Admitted at once, and the inner service is ready: the common case of a quota
+            // that keeps up.
+            Ok(reservation) if std::mem::take(&mut self.ready) => ResponseFuture::sent(
+                &mut self.inner,
+                request,
+                reservation,
+                priority,
+                labels,
+                started,
+            ),
+            admitted => ResponseFuture::waiting(
+                admitted.map_err(|ask| Reserve::asking(self.budget.clone(), ask)),
+                self.inner.clone(),
+                request,
+                priority,
+                scheduling.deadline,
+                labels,
+                started,
+            ),
+        }
     }
 }
