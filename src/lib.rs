@@ -33,8 +33,8 @@ pub mod idempotency;
 pub mod jobs;
 
 pub use budget::{
-    Budget, BudgetSnapshot, FailurePolicy, LimitSnapshot, Observation, Reservation, ReservationId,
-    ReservationSlot, Reserve, Settlement, StoreUnavailable,
+    AdaptiveShare, Budget, BudgetSnapshot, FailurePolicy, LimitSnapshot, Observation, Reservation,
+    ReservationId, ReservationSlot, Reserve, Settlement, StoreUnavailable,
 };
 pub use builder::ServiceBuilderExt;
 pub use cost::{Cost, Usage};

@@ -227,6 +227,10 @@ mod enabled {
             "llm_budget_debt",
             "Budget debt after a settlement, per limit."
         );
+        describe_gauge!(
+            "llm_budget_share",
+            "Share of the nominal limit the budget plans for (adaptive or fixed), per limit."
+        );
         describe_counter!(
             "llm_fallbacks_total",
             "Admissions from the local fallback share of a shared budget, by reason."
@@ -331,6 +335,9 @@ pub(crate) fn budget(budget: &crate::budget::Budget) {
         ];
         enabled::gauge("llm_budget_level", &labels, |h| h.set(limit.level() as f64));
         enabled::gauge("llm_budget_debt", &labels, |h| h.set(limit.debt() as f64));
+        enabled::gauge("llm_budget_share", &labels, |h| {
+            h.set(limit.limit().headroom())
+        });
     }
 }
 

@@ -4,6 +4,8 @@ use std::fmt;
 use std::num::{NonZeroU64, NonZeroUsize};
 use std::time::Duration;
 
+use crate::budget::AdaptiveShare;
+
 /// A quantity a provider limits.
 ///
 /// A [`Cost`](crate::Cost) has an amount in every dimension; a [`Limit`] caps one dimension over
@@ -52,27 +54,36 @@ impl fmt::Display for Dimension {
     }
 }
 
-/// The share of a nominal limit a [`Limit`] uses by default: 85 %.
+/// The fixed share of a nominal limit the articles recommend: 85 %, for
+/// [`Limit::with_headroom`].
 ///
 /// Provider accounting and ours never match exactly (tokenizers differ, other clients share the
 /// key), so calibrating below the nominal limit turns most would-be 429s into short local waits.
+/// A [`Limit`] no longer uses it by default: it plans with an [`AdaptiveShare`], the whole quota
+/// while the provider's headers show nobody else spending it.
 pub const DEFAULT_HEADROOM: f64 = 0.85;
 
 /// The burst a [`Limit`] accepts at once by default: a sixth of its (headroom-adjusted) amount,
 /// i.e. 10 seconds' worth of a per-minute limit.
 ///
 /// Providers enforce their per-minute limits over shorter windows too (Azure counts RPM over
-/// 10-second windows), so a minute's quota must not be spent in its first second. With the
-/// default headroom, a burst plus one whole period of refill stays below the nominal limit
-/// (`0.85 × (1 + 1/6) ≈ 0.99`), so even a provider that counts over a sliding window of the
-/// full period is never exceeded.
+/// 10-second windows), so a minute's quota must not be spent in its first second. A provider
+/// counting with a token bucket (OpenAI, Anthropic) holds the whole minute's amount: a budget
+/// whose burst is a sixth of it and whose refill is at most the provider's rate keeps five
+/// sixths of the provider's bucket in reserve, so it never meets a 429 while it is alone on the
+/// key. Against a provider counting over a sliding window of the full period, a fixed
+/// [`DEFAULT_HEADROOM`] keeps a burst plus a period of refill below the nominal limit
+/// (`0.85 × (1 + 1/6) ≈ 0.99`).
 pub const DEFAULT_BURST_FRACTION: f64 = 1.0 / 6.0;
 
 /// One limit: at most `amount` of a [`Dimension`] per `period`, as a token bucket.
 ///
-/// The bucket refills continuously at `amount × headroom` per `period` and holds at most its
-/// *burst capacity*. Build one with [`Limit::per_minute`] and friends, or [`Limit::new`] for
-/// any period (tests and demos run a "minute" in seconds).
+/// The bucket refills continuously at `amount × share` per `period` and holds at most its
+/// *burst capacity*. The share is adaptive by default ([`AdaptiveShare`]): the whole quota
+/// while the provider's rate-limit headers show nobody else spending it, lowered when they do
+/// or a 429 arrives; [`Limit::with_headroom`] fixes it instead. Build one with
+/// [`Limit::per_minute`] and friends, or [`Limit::new`] for any period (tests and demos run a
+/// "minute" in seconds).
 ///
 /// # Example
 ///
@@ -81,8 +92,10 @@ pub const DEFAULT_BURST_FRACTION: f64 = 1.0 / 6.0;
 /// use tower_llm_quota::{Dimension, Limit};
 ///
 /// let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(30_000).unwrap());
-/// assert_eq!(tpm.effective_amount(), 25_500); // 85 % headroom
-/// assert_eq!(tpm.capacity(), 4_250); // a sixth of it at once
+/// assert_eq!(tpm.effective_amount(), 30_000); // the whole quota, adaptive
+/// assert_eq!(tpm.capacity(), 5_000); // a sixth of it at once
+/// let fixed = tpm.with_headroom(0.85)?;
+/// assert_eq!((fixed.effective_amount(), fixed.capacity()), (25_500, 4_250));
 ///
 /// let rpm = Limit::per_minute(Dimension::Requests, NonZeroU64::new(500).unwrap())
 ///     .with_headroom(1.0)?
@@ -95,7 +108,10 @@ pub struct Limit {
     dimension: Dimension,
     amount: NonZeroU64,
     period: Duration,
+    /// The share planned now: fixed, or the adaptive controller's starting point.
     headroom: f64,
+    /// The controller's parameters, unless the share is fixed.
+    adaptive: Option<AdaptiveShare>,
     burst: Burst,
 }
 
@@ -125,7 +141,8 @@ impl Limit {
             dimension,
             amount,
             period,
-            headroom: DEFAULT_HEADROOM,
+            headroom: 1.0,
+            adaptive: Some(AdaptiveShare::new()),
             burst: Burst::Fraction(DEFAULT_BURST_FRACTION),
         }
     }
@@ -145,12 +162,40 @@ impl Limit {
         Self::with_period(dimension, amount, Duration::from_secs(86_400))
     }
 
-    /// Uses `headroom` (in `(0, 1]`) of the nominal amount. Defaults to [`DEFAULT_HEADROOM`].
+    /// Uses a fixed `headroom` (in `(0, 1]`) of the nominal amount, for example
+    /// [`DEFAULT_HEADROOM`], instead of the adaptive share. Defaults to an adaptive share.
     pub fn with_headroom(self, headroom: f64) -> Result<Self, InvalidLimit> {
         if !(headroom > 0.0 && headroom <= 1.0) {
             return Err(InvalidLimit("headroom must be in (0, 1]"));
         }
-        Ok(Self { headroom, ..self })
+        Ok(Self {
+            headroom,
+            adaptive: None,
+            ..self
+        })
+    }
+
+    /// Plans the share of the nominal amount with an adaptive controller of these parameters,
+    /// starting from the whole quota. The default, with [`AdaptiveShare::new`].
+    pub const fn with_adaptive_share(self, share: AdaptiveShare) -> Self {
+        Self {
+            headroom: 1.0,
+            adaptive: Some(share),
+            ..self
+        }
+    }
+
+    /// The adaptive share's parameters; `None` when the share is fixed.
+    pub const fn adaptive_share(&self) -> Option<AdaptiveShare> {
+        self.adaptive
+    }
+
+    /// The same limit planning `share` of its amount now (the controller's step).
+    pub(crate) fn with_planned_share(self, share: f64) -> Self {
+        Self {
+            headroom: share.clamp(f64::MIN_POSITIVE, 1.0),
+            ..self
+        }
     }
 
     /// Accepts at most `burst` at once. Defaults to [`DEFAULT_BURST_FRACTION`] of the effective
@@ -196,12 +241,13 @@ impl Limit {
         self.period
     }
 
-    /// The share of the nominal amount used.
+    /// The share of the nominal amount planned: fixed, or where the adaptive controller
+    /// stands now (in a budget's snapshot).
     pub const fn headroom(&self) -> f64 {
         self.headroom
     }
 
-    /// The amount per period the bucket refills: `amount × headroom`, rounded down, at least 1.
+    /// The amount per period the bucket refills: `amount × share`, rounded down, at least 1.
     pub fn effective_amount(&self) -> u64 {
         scale(self.amount.get(), self.headroom, f64::floor)
     }
@@ -315,8 +361,12 @@ mod tests {
     }
 
     #[test]
-    fn defaults_take_headroom_then_a_sixth() {
+    fn defaults_plan_the_whole_quota_and_a_sixth() {
         let limit = Limit::per_minute(Dimension::Requests, nz(500));
+        assert_eq!((limit.effective_amount(), limit.capacity()), (500, 84));
+        assert!(limit.adaptive_share().is_some());
+        let limit = limit.with_headroom(DEFAULT_HEADROOM).unwrap();
+        assert_eq!(limit.adaptive_share(), None);
         assert_eq!(limit.effective_amount(), 425);
         assert_eq!(limit.capacity(), 71);
         // Burst plus a period of refill stays within the nominal limit.

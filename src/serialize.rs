@@ -27,6 +27,10 @@ struct Limit {
     dimension: &'static str,
     period_seconds: f64,
     amount: u64,
+    /// The share of `amount` planned now.
+    share: f64,
+    /// Whether the share is adaptive (else fixed).
+    adaptive: bool,
     effective_amount: u64,
     capacity: u64,
     level: i64,
@@ -68,6 +72,8 @@ impl Serialize for BudgetSnapshot {
                     dimension: l.limit().dimension().as_str(),
                     period_seconds: l.limit().period().as_secs_f64(),
                     amount: l.limit().amount().get(),
+                    share: l.limit().headroom(),
+                    adaptive: l.limit().adaptive_share().is_some(),
                     effective_amount: l.limit().effective_amount(),
                     capacity: l.capacity(),
                     level: l.level(),
@@ -131,7 +137,7 @@ mod tests {
                 "queued": {"requests": 0, "input_tokens": 0, "output_tokens": 0},
                 "limits": [{
                     "dimension": "total_tokens", "period_seconds": 60.0, "amount": 600,
-                    "effective_amount": 600, "capacity": 100, "level": 60, "debt": 0,
+                    "share": 1.0, "adaptive": false, "effective_amount": 600, "capacity": 100, "level": 60, "debt": 0,
                     "available_in_ms": 0, "full_in_ms": 4000
                 }]
             })

@@ -46,7 +46,7 @@
 //!     )))?;
 //! let response = llm.ready().await?.call(request).await?;
 //! response.into_body().collect().await?; // the end of the body settles the reservation
-//! assert_eq!(budget.snapshot().limits()[0].level(), 4_250 - 42);
+//! assert_eq!(budget.snapshot().limits()[0].level(), 5_000 - 42);
 //! # Ok(()) }
 //! ```
 //!
@@ -128,6 +128,12 @@ impl QuotaStack {
     /// The stack for the provider `profile` describes, over a new budget for `quota`, with
     /// the defaults of every layer and at most [`QuotaStack::DEFAULT_CONCURRENCY`] calls in
     /// flight unless the quota caps them ([`Quota::with_max_in_flight`]).
+    ///
+    /// The provider's rate-limit headers are matched to the quota's limits by the amount they
+    /// report and the window their numbers imply; the profile's windows
+    /// ([`Profile::windows`]) are the fallback. Against a provider whose minute is not 60 s (a
+    /// simulator with a compressed minute) or whose limits count per day (Groq), give the
+    /// profile those windows: `Profile::openai().windows(minute, minute)`.
     pub fn for_profile(profile: Profile, quota: Quota) -> Self {
         let quota = match quota.max_in_flight() {
             Some(_) => quota,

@@ -312,17 +312,39 @@ fn public_types_are_send_sync_and_unpin_where_it_matters() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_pause_empties_the_shortest_window_and_spares_the_daily_one() {
+async fn a_pause_holds_the_shortest_window_keeps_its_level_and_can_be_lifted() {
     let day = Duration::from_secs(86_400);
     let budget = budget([
         limit(Dimension::Requests, 10, SEC, 10),
         limit(Dimension::Requests, 1_000, day, 1_000),
     ]);
     budget.pause(&[Dimension::Requests], Instant::now() + 2 * SEC);
-    assert_eq!(levels(&budget), vec![-20, 1_000]);
+    // Held, not emptied: the level is what it was.
+    assert_eq!(levels(&budget), vec![10, 1_000]);
     let start = Instant::now();
-    drop(budget.reserve(Cost::requests_only(1)).await.unwrap());
-    // Two seconds of pause, then 100 ms to refill one request from zero.
-    assert_eq!(start.elapsed(), 2 * SEC + SEC / 10);
-    assert_eq!(levels(&budget)[1], 1_000, "the daily level is kept");
+    budget
+        .reserve(Cost::requests_only(1))
+        .await
+        .unwrap()
+        .charge_estimate();
+    // Admitted the moment the pause ends, from a full bucket.
+    assert_eq!(start.elapsed(), 2 * SEC);
+    assert_eq!(levels(&budget), vec![9, 999]);
+
+    // A long pause, lifted by hand.
+    budget.pause(&[Dimension::Requests], Instant::now() + 3_600 * SEC);
+    let waiting = tokio::spawn({
+        let budget = budget.clone();
+        async move { budget.reserve(Cost::requests_only(1)).await.map(drop) }
+    });
+    tokio::time::sleep(SEC).await;
+    assert!(!waiting.is_finished());
+    assert_eq!(budget.waiters(), 1);
+    budget.lift_pause(&[Dimension::Requests]);
+    waiting.await.unwrap().unwrap();
+    assert_eq!(
+        start.elapsed(),
+        3 * SEC,
+        "admitted as soon as the pause was lifted"
+    );
 }

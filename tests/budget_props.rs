@@ -149,8 +149,14 @@ impl ModelBucket {
         self.at = t;
     }
 
-    fn debit(&mut self, amount: u64) {
-        self.level -= self.units(amount);
+    /// Takes `amount`; debt stops at one capacity (what is beyond is forgiven). Returns the
+    /// ticks really taken.
+    fn debit(&mut self, amount: u64) -> i128 {
+        let floor = (-self.full()).min(self.level);
+        let level = (self.level - self.units(amount)).max(floor);
+        let taken = self.level - level;
+        self.level = level;
+        taken
     }
 
     /// A refund never raises the level above capacity.
@@ -218,16 +224,46 @@ impl Model {
         }
     }
 
-    /// `actual` replaces `reserved`: the difference is refunded or charged as debt.
-    fn settle(&mut self, reserved: &Cost, actual: &Cost) {
+    /// What each event charged each bucket, in ticks, as the model applies it: the log's
+    /// amounts, except that forgiven debt is not charged.
+    fn charges(quota: &Quota, log: &[Event]) -> Vec<Vec<i128>> {
+        let mut model = Model::new(quota);
+        log.iter()
+            .map(|event| {
+                model.advance_to(event.at);
+                match &event.kind {
+                    EventKind::Admission { cost, .. } => {
+                        let charged = model
+                            .buckets
+                            .iter()
+                            .map(|b| b.units(cost.amount(b.dimension)))
+                            .collect();
+                        model.debit(cost);
+                        charged
+                    }
+                    EventKind::Settlement { reserved, actual } => model.settle(reserved, actual),
+                }
+            })
+            .collect()
+    }
+
+    /// `actual` replaces `reserved`: the difference is refunded or charged as debt (a usage
+    /// more than twice above both the estimate and the capacity counts as the larger of the
+    /// two). Returns what each bucket was charged, in ticks (negative: refunded).
+    fn settle(&mut self, reserved: &Cost, actual: &Cost) -> Vec<i128> {
+        let mut charged = Vec::new();
         for b in &mut self.buckets {
             let (reserved, actual) = (reserved.amount(b.dimension), actual.amount(b.dimension));
+            let bound = reserved.max(b.capacity);
+            let actual = if actual / 2 > bound { bound } else { actual };
             if actual < reserved {
                 b.refund(reserved - actual);
+                charged.push(-b.units(reserved - actual));
             } else {
-                b.debit(actual - reserved);
+                charged.push(b.debit(actual - reserved));
             }
         }
+        charged
     }
 
     fn levels(&self) -> Vec<i64> {
@@ -415,8 +451,10 @@ fn run_schedule(quota: &Quota, arrivals: &[Arrival]) -> Vec<Event> {
 /// events `i..=j` charged that limit at most `capacity + rate × (t_j − t_i)`.
 ///
 /// The level before `i` is at most the capacity, refill adds at most `rate × (t_j − t_i)`, a
-/// refund adds at most its amount, and the level after an admission is not negative.
+/// refund adds at most its amount, and the level after an admission is not negative. Debt
+/// beyond one capacity is forgiven, so what a settlement charged is what the model took.
 fn check_rate_bound(quota: &Quota, log: &[Event]) -> Result<(), TestCaseError> {
+    let charges = Model::charges(quota, log);
     for (d, limit) in quota.limits().iter().enumerate() {
         let period = i128::from(nanos(limit.period()));
         let (capacity, rate) = (
@@ -424,8 +462,8 @@ fn check_rate_bound(quota: &Quota, log: &[Event]) -> Result<(), TestCaseError> {
             i128::from(limit.effective_amount()),
         );
         let mut prefix = vec![0i128];
-        for event in log {
-            prefix.push(prefix.last().unwrap() + event.amounts[d]);
+        for charge in &charges {
+            prefix.push(prefix.last().unwrap() + charge[d]);
         }
         for (j, end) in log.iter().enumerate() {
             if !matches!(end.kind, EventKind::Admission { .. }) || end.amounts[d] == 0 {
@@ -435,8 +473,8 @@ fn check_rate_bound(quota: &Quota, log: &[Event]) -> Result<(), TestCaseError> {
                 let charged = prefix[j + 1] - prefix[i];
                 let elapsed = i128::from(end.at - begin.at);
                 prop_assert!(
-                    charged * period <= capacity * period + rate * elapsed,
-                    "{limit:?}: {charged} charged in {elapsed} ns, from event {i} to {j}"
+                    charged <= capacity * period + rate * elapsed,
+                    "{limit:?}: {charged} ticks charged in {elapsed} ns, from event {i} to {j}"
                 );
             }
         }
@@ -769,5 +807,79 @@ proptest! {
         ops in ops(true),
     ) {
         check_conservation(&quota_of(&specs), &ops)?;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The adaptive share.
+
+#[derive(Debug, Clone)]
+enum ShareOp {
+    /// The provider reports this share (in thousandths) of the nominal limit remaining.
+    Report(u64),
+    /// A 429.
+    Pause,
+    Advance(u64),
+}
+
+fn share_ops() -> impl Strategy<Value = Vec<ShareOp>> {
+    let op = prop_oneof![
+        4 => (0..=1_200u64).prop_map(ShareOp::Report),
+        1 => Just(ShareOp::Pause),
+        3 => (0..=2_000_000_000u64).prop_map(ShareOp::Advance),
+    ];
+    prop::collection::vec(op, 1..60)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Whatever the provider reports, the planned share stays within its bounds, the bucket's
+    /// rate and capacity follow it, the level never exceeds the capacity, and once the
+    /// provider's reports show nobody else spending the quota, the share climbs back to the
+    /// whole quota.
+    #[test]
+    fn the_adaptive_share_stays_in_bounds_and_recovers(
+        amount in 60..=100_000u64,
+        ops in share_ops(),
+    ) {
+        paused_runtime().block_on(async {
+            let period = Duration::from_secs(1);
+            let limit = Limit::new(Dimension::TotalTokens, NonZeroU64::new(amount).unwrap(), period)
+                .unwrap();
+            let budget = Budget::new(Quota::new().with_limit(limit));
+            let report = |thousandths: u64| {
+                tower_llm_quota::Observation::new(Dimension::TotalTokens, period)
+                    .with_remaining(amount * thousandths / 1_000)
+            };
+            let check = |budget: &Budget| -> Result<(), TestCaseError> {
+                let snapshot = budget.snapshot();
+                let state = &snapshot.limits()[0];
+                let share = state.limit().headroom();
+                prop_assert!((0.2..=1.0).contains(&share), "share {share}");
+                let planned = ((amount as f64 * share).floor() as u64).clamp(1, amount);
+                prop_assert_eq!(state.limit().effective_amount(), planned);
+                prop_assert_eq!(state.capacity(), state.limit().capacity());
+                prop_assert!(state.level() <= i64::try_from(state.capacity()).unwrap());
+                Ok(())
+            };
+            for op in &ops {
+                match *op {
+                    ShareOp::Report(thousandths) => budget.observe(&report(thousandths)),
+                    ShareOp::Pause => budget.pause(&[Dimension::TotalTokens], Instant::now()),
+                    ShareOp::Advance(ns) => tokio::time::advance(Duration::from_nanos(ns)).await,
+                }
+                check(&budget)?;
+            }
+            // Nobody else: the provider reports its whole quota, for long enough.
+            for _ in 0..200 {
+                tokio::time::advance(period / 10).await;
+                budget.observe(&report(1_000));
+                check(&budget)?;
+            }
+            let share = budget.snapshot().limits()[0].limit().headroom();
+            prop_assert_eq!(share, 1.0);
+            Ok(())
+        })?;
     }
 }

@@ -229,6 +229,11 @@ async fn a_scripted_scenario_records_every_series() {
     assert!(
         series.contains_key("gauge llm_budget_level{dimension=total_tokens,window_seconds=60}")
     );
+    // Alone on its key, the adaptive share plans for the whole quota.
+    assert_eq!(
+        series.get("gauge llm_budget_share{dimension=total_tokens,window_seconds=60}"),
+        Some(&DebugValue::Gauge(1.0.into()))
+    );
 }
 
 #[test]

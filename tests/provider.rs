@@ -283,3 +283,67 @@ async fn usage_asked_for_the_caller_is_settled_then_hidden_from_it() {
     // Settled with the usage the caller never saw.
     assert_eq!(levels(&budget), [100_000 - 42]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn headers_apply_to_the_limit_they_describe_whatever_the_window() {
+    let nz = |n| std::num::NonZeroU64::new(n).unwrap();
+    let headers = |pairs: &[(&'static str, &'static str)]| {
+        let mut map = http::HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, value.parse().unwrap());
+        }
+        map
+    };
+    // Groq: the requests headers count per day, the tokens headers per minute.
+    let day = tower_llm_quota::Limit::per_day(Dimension::Requests, nz(14_400))
+        .with_headroom(1.0)
+        .unwrap()
+        .with_burst(nz(14_400));
+    let tpm = tower_llm_quota::Limit::per_minute(Dimension::TotalTokens, nz(6_000))
+        .with_headroom(1.0)
+        .unwrap()
+        .with_burst(nz(6_000));
+    let groq = tower_llm_quota::Budget::new(
+        tower_llm_quota::Quota::new()
+            .with_limit(day)
+            .with_limit(tpm),
+    );
+    Profile::groq().adapt(
+        &headers(&[
+            ("x-ratelimit-limit-requests", "14400"),
+            ("x-ratelimit-remaining-requests", "14000"),
+            ("x-ratelimit-reset-requests", "2m40s"),
+            ("x-ratelimit-limit-tokens", "6000"),
+            ("x-ratelimit-remaining-tokens", "1000"),
+            ("x-ratelimit-reset-tokens", "50s"),
+        ]),
+        &groq,
+    );
+    assert_eq!(levels(&groq), [14_000, 1_000]);
+
+    // A minute compressed to 2 s, read with the OpenAI profile's 60 s windows: the amounts
+    // name the limits, and a lowered limit is found by the window its numbers imply.
+    let minute = 2 * SEC;
+    let budget = budget([
+        limit(Dimension::Requests, 500, minute, 500),
+        limit(Dimension::TotalTokens, 30_000, minute, 30_000),
+    ]);
+    Profile::openai().adapt(
+        &headers(&[
+            ("x-ratelimit-limit-requests", "500"),
+            ("x-ratelimit-remaining-requests", "450"),
+            ("x-ratelimit-reset-requests", "200ms"),
+            ("x-ratelimit-limit-tokens", "15000"),
+            ("x-ratelimit-remaining-tokens", "12000"),
+            ("x-ratelimit-reset-tokens", "400ms"),
+        ]),
+        &budget,
+    );
+    assert_eq!(levels(&budget), [450, 12_000]);
+    let snapshot = budget.snapshot();
+    assert_eq!(
+        snapshot.limits()[1].limit().amount().get(),
+        15_000,
+        "adopted"
+    );
+}

@@ -571,3 +571,94 @@ async fn an_overloaded_answer_is_retried_but_pauses_nobody() {
     // The other request went at once: no cooldown for an overloaded provider.
     assert_eq!(times(&log), [0.0, 0.1, 2.0]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_daily_quotas_429_is_not_retried_and_pauses_the_budget_only_up_to_the_cap() {
+    let budget = budget([limit(Dimension::Requests, 100, SEC, 100)]);
+    let answers = vec![
+        Answer::Status(
+            429,
+            &[("retry-after", "86400")],
+            "Please retry after 86400 seconds.",
+        ),
+        ok(),
+    ];
+    let (provider, log) = provider(answers, Instant::now());
+    let client = ServiceBuilder::new()
+        .layer(
+            RetryAfterLayer::new(RetryPolicy::new())
+                .jitter(Fixed(0.0))
+                .pause_on_rate_limit(budget.clone()),
+        )
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .service(provider);
+    let client = BoxCloneService::new(client);
+    let response = client
+        .clone()
+        .oneshot(request("daily", Priority::Batch))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(report_of(&response).gave_up(), Some(GaveUp::WaitTooLong));
+    // The pause stops at the honoured maximum (60 s), not a day later.
+    let snapshot = budget.snapshot();
+    let available = snapshot.limits()[0].available_at() - snapshot.taken_at();
+    assert_eq!(available, 60 * SEC);
+    client
+        .oneshot(request("next", Priority::Batch))
+        .await
+        .unwrap();
+    assert_eq!(times(&log), [0.0, 60.0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_error_body_over_the_read_limit_is_retried_by_its_status() {
+    use futures::stream;
+    use http_body::Frame;
+    use http_body_util::StreamBody;
+
+    type Chunks = stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, std::io::Error>>>;
+    let calls = Arc::new(Mutex::new(0u32));
+    let counted = calls.clone();
+    let service = service_fn(move |_request: Request<String>| {
+        let first = {
+            let mut calls = counted.lock().unwrap();
+            *calls += 1;
+            *calls == 1
+        };
+        async move {
+            // 100 KiB streamed, with no length announced.
+            let chunks: Vec<Result<Frame<Bytes>, std::io::Error>> = if first {
+                (0..100)
+                    .map(|_| Ok(Frame::data(Bytes::from(vec![b'x'; 1_024]))))
+                    .collect()
+            } else {
+                vec![Ok(Frame::data(Bytes::from_static(b"ok")))]
+            };
+            let mut response = Response::new(StreamBody::new(stream::iter(chunks) as Chunks));
+            if first {
+                *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            }
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let client = RetryAfterLayer::new(RetryPolicy::new())
+        .jitter(Fixed(0.0))
+        .layer(service);
+    let response = client
+        .oneshot(request("big", Priority::Batch))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let report = report_of(&response);
+    assert_eq!(report.attempts(), 2);
+    assert_eq!(
+        report.last_status(),
+        Some(StatusCode::INTERNAL_SERVER_ERROR)
+    );
+    assert_eq!(
+        report.last_class(),
+        Some(FailureClass::Transient(Transient::Server))
+    );
+    assert_eq!(*calls.lock().unwrap(), 2);
+}

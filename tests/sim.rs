@@ -1172,3 +1172,61 @@ async fn a_max_tokens_above_the_models_is_refused() {
     let answer = call(&service, openai("sk-a", &openai_body(100, 4_096))).await;
     assert_eq!(answer.status, StatusCode::OK);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_neighbour_spends_its_share_of_the_quota_unseen() {
+    // Half of 12,000 TPM in requests of 100 tokens: one a second.
+    let simulator = Simulator::new(
+        SimConfig::openai(600, 12_000)
+            .latency(Duration::ZERO, Duration::ZERO)
+            .completion_share(1.0, 1.0)
+            .key("sk-a", "org-1")
+            .neighbour("org-1", 0.5, 100),
+    );
+    time::sleep(Duration::from_millis(59_900)).await;
+    let stats = simulator.stats();
+    assert_eq!(stats.neighbour_admitted, 60, "at 0 s, 1 s, ..., 59 s");
+    assert_eq!(stats.neighbour_tokens, 6_000);
+    assert_eq!(stats.neighbour_rate_limited, 0);
+    assert_eq!((stats.admitted, stats.received), (0, 0), "counted apart");
+    // A client empties the token bucket (1,004 prompt tokens and 10,996 of output).
+    let answer = call(
+        &simulator.service(),
+        openai("sk-a", &openai_body(4_000, 10_996)),
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    // At 60 s, 20 tokens have refilled: the neighbour's request is refused, not retried.
+    time::sleep(Duration::from_millis(500)).await;
+    let stats = simulator.stats();
+    assert_eq!(
+        (stats.neighbour_admitted, stats.neighbour_rate_limited),
+        (60, 1)
+    );
+    // At 61 s, 220 have: admitted again.
+    time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(simulator.stats().neighbour_admitted, 61);
+}
+
+#[tokio::test(start_paused = true)]
+async fn server_errors_can_stream_large_bodies_with_no_length() {
+    let simulator = Simulator::new(
+        SimConfig::openai(60, 100_000).faults(
+            Faults::none()
+                .server_errors(1.0)
+                .streamed_error_bodies(100 * 1_024),
+        ),
+    );
+    let response = simulator
+        .service()
+        .oneshot(openai("sk-a", &openai_body(100, 10)))
+        .await
+        .unwrap();
+    assert!(response.status().is_server_error());
+    assert_eq!(http_body::Body::size_hint(response.body()).upper(), None);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 100 * 1_024);
+    // The error document, then padding: still one JSON value.
+    let json: Value = serde_json::from_slice(&body).unwrap();
+    assert!(json["error"].is_object(), "{json}");
+}

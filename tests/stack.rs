@@ -168,7 +168,7 @@ async fn estimates_admits_and_settles_from_the_body_usage() {
     let estimated = estimate(CHAT.as_bytes(), &CharEstimator::new(), &Defaults::new()).unwrap();
     assert_eq!(estimated.output_tokens(), 100);
     let response = llm.ready().await.unwrap().call(chat("a")).await.unwrap();
-    let reserved = 4_250 - estimated.total_tokens() as i64;
+    let reserved = 5_000 - estimated.total_tokens() as i64;
     assert_eq!(
         provider.calls(),
         [Call {
@@ -181,7 +181,7 @@ async fn estimates_admits_and_settles_from_the_body_usage() {
     // The body has not ended: the slot and the reservation are still held.
     assert_eq!((stack.in_flight(), level(&budget)), (1, reserved));
     response.into_body().collect().await.unwrap();
-    assert_eq!((stack.in_flight(), level(&budget)), (0, 4_250 - 42));
+    assert_eq!((stack.in_flight(), level(&budget)), (0, 5_000 - 42));
 }
 
 #[tokio::test(start_paused = true)]
@@ -244,12 +244,12 @@ async fn a_cost_that_never_fits_never_reaches_the_client() {
     let provider = Provider::new(stack.budget());
     let llm = stack.layer(provider.service());
 
-    let error = send(llm, priced("huge", Cost::new(5_000, 0), Priority::Async))
+    let error = send(llm, priced("huge", Cost::new(6_000, 0), Priority::Async))
         .await
         .unwrap_err();
     let error = error.downcast::<Error>().unwrap();
     assert!(error.is_too_large() && error.is_local());
-    assert_eq!(error.insufficient_capacity().unwrap().capacity(), 4_250);
+    assert_eq!(error.insufficient_capacity().unwrap().capacity(), 5_000);
     assert_eq!(provider.calls(), []);
 }
 
@@ -297,4 +297,29 @@ async fn a_429_is_retried_after_its_wait_and_pauses_the_budget_for_everyone() {
         // The estimate is made once, outside the retries: every attempt carries it.
         assert_eq!(call.cost, estimated);
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_absurd_usage_report_delays_the_next_request_by_one_refill_at_most() {
+    let stack = QuotaStack::openai(tpm(30_000));
+    let budget = stack.budget().clone();
+    let provider = Provider {
+        usage: Some((12, 1_000_000_000_000)),
+        ..Provider::new(&budget)
+    };
+    let llm = stack.layer(provider.service());
+    let capacity = budget.snapshot().limits()[0].capacity();
+    send(llm.clone(), chat("absurd")).await.unwrap();
+    // Charged the bucket's capacity, not 10^12 tokens: no debt of 27,000 days.
+    let after = level(&budget);
+    assert!(after > -(capacity as i64), "level {after}");
+    send(llm, chat("next")).await.unwrap();
+    // One refill of the bucket: its capacity at 30,000 per minute.
+    let refill = Duration::from_secs(60).mul_f64(capacity as f64 / 30_000.0);
+    let calls = provider.calls();
+    assert!(
+        calls[1].at <= refill,
+        "the next call went after {:?} (one refill: {refill:?})",
+        calls[1].at
+    );
 }

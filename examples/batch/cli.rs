@@ -29,8 +29,8 @@ pub(crate) struct Args {
     /// Calls in flight at most, for the governed run.
     #[arg(long, value_name = "N", default_value_t = 64)]
     pub(crate) concurrency: usize,
-    /// The share of the quota the governed run plans for, in (0, 1] [default: 1.0 with the
-    /// embedded provider, which nobody else uses; the crate's 0.85 with --url or --redis-url].
+    /// A fixed share of the quota for the governed run, in (0, 1] [default: the crate's
+    /// adaptive share; a fixed 0.85 with --redis-url].
     #[arg(long, value_name = "SHARE")]
     pub(crate) headroom: Option<f64>,
     /// The share of a limit that may be spent at once, in (0, 1] [default: the crate's 1/6].

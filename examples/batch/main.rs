@@ -20,9 +20,11 @@
 //!    quota, with a progress bar. It must finish every item without a single provider 429;
 //!    the example checks it and exits with an error otherwise.
 //!
-//! The embedded provider has no other user, so the governed budget plans for the whole quota
-//! (`--headroom 1.0`); against `--url` or with `--redis-url` it keeps the crate's default of
-//! 85 %, which also runs without 429s here (`--headroom 0.85`), only slower.
+//! The governed budget keeps the crate's default, an adaptive share: the whole quota while the
+//! provider's rate-limit headers show nobody else spending it, less when they do. With
+//! `--redis-url` (a budget shared through Redis, whose buckets do not adapt) it plans a fixed
+//! 85 %; `--headroom SHARE` fixes the share in every mode (`--headroom 0.85` also runs
+//! without 429s here, only slower).
 //!
 //! # The figures
 //!
@@ -83,6 +85,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tokio::time::Instant;
 use tower::{Layer, Service};
 use tower_llm_quota::budget::redis::RedisBudget;
+use tower_llm_quota::provider::Profile;
 use tower_llm_quota::sim::{SimConfig, SimStats, Simulator};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{
@@ -170,7 +173,8 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
 /// The run's parameters, from the flags.
 struct Settings {
     quota: QuotaSpec,
-    headroom: f64,
+    /// A fixed share of the quota; `None`: the adaptive default.
+    headroom: Option<f64>,
     concurrency: usize,
     target: Target,
     naive_retry: FixedRetry,
@@ -187,11 +191,10 @@ impl Settings {
         if minute.is_zero() || args.rpm == 0 || args.tpm == 0 {
             return Err("--rpm, --tpm and --minute-ms must be positive".into());
         }
-        let shared = args.url.is_some() || args.redis_url.is_some();
         let headroom = args
             .headroom
-            .unwrap_or(if shared { DEFAULT_HEADROOM } else { 1.0 });
-        if !(headroom > 0.0 && headroom <= 1.0) {
+            .or(args.redis_url.as_ref().map(|_| DEFAULT_HEADROOM));
+        if headroom.is_some_and(|h| !(h > 0.0 && h <= 1.0)) {
             return Err("--headroom must be in (0, 1]".into());
         }
         let target = match &args.url {
@@ -241,14 +244,18 @@ impl Settings {
             self.quota.tpm,
             self.quota.minute.as_millis()
         );
-        let why = if self.headroom < 1.0 {
-            "a margin for other users of the quota and for accounting differences"
-        } else {
-            "the whole quota: this client is its only user"
+        let share = match self.headroom {
+            None => String::from(
+                "an adaptive share of the quota (all of it while nobody else spends it)",
+            ),
+            Some(h) if h < 1.0 => format!(
+                "{:.0} % of the quota (a margin for other users and accounting differences)",
+                h * 100.0
+            ),
+            Some(_) => String::from("the whole quota (this client is its only user)"),
         };
         println!(
-            "governed budget: {:.0} % of the quota ({why}); at most {} calls in flight{}",
-            self.headroom * 100.0,
+            "governed budget: {share}; at most {} calls in flight{}",
             self.concurrency,
             match &args.redis_url {
                 Some(url) => format!("; shared through Redis at {url} as `{}`", args.quota_key),
@@ -281,7 +288,11 @@ async fn governed_stack(args: &Args, settings: &Settings) -> Result<QuotaStack, 
     let spec = settings.quota;
     let limit = |dimension, amount| -> Result<Limit, Failure> {
         let amount = NonZeroU64::new(amount).ok_or("a limit must be positive")?;
-        let limit = Limit::new(dimension, amount, spec.minute)?.with_headroom(settings.headroom)?;
+        let limit = Limit::new(dimension, amount, spec.minute)?;
+        let limit = match settings.headroom {
+            Some(headroom) => limit.with_headroom(headroom)?,
+            None => limit,
+        };
         Ok(match args.burst {
             Some(fraction) => limit.with_burst_fraction(fraction)?,
             None => limit,
@@ -293,7 +304,9 @@ async fn governed_stack(args: &Args, settings: &Settings) -> Result<QuotaStack, 
     let queue = QueueConfig::new()
         .max_wait(Priority::Async, LONG_WAIT)
         .max_wait(Priority::Batch, LONG_WAIT);
-    let mut stack = QuotaStack::openai(quota.clone())
+    // The provider's minute may be compressed: its headers are read with the quota's windows.
+    let profile = Profile::openai().windows(spec.minute, spec.minute);
+    let mut stack = QuotaStack::for_profile(profile, quota.clone())
         .concurrency(settings.concurrency)
         .queue(queue);
     if let Some(attempts) = args.retry_attempts {
@@ -345,10 +358,13 @@ async fn governed_run(
         bar.set_style(style);
     }
     let mode = Mode::Governed(stack, bar.clone());
-    let title = format!(
-        "governed: QuotaStack at {:.0} % of the quota",
-        settings.headroom * 100.0
-    );
+    let title = match settings.headroom {
+        Some(headroom) => format!(
+            "governed: QuotaStack at {:.0} % of the quota",
+            headroom * 100.0
+        ),
+        None => String::from("governed: QuotaStack, adaptive share"),
+    };
     let figures = measure(provider, settings, items, &mode, title).await;
     bar.finish();
     figures

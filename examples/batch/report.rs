@@ -196,7 +196,7 @@ fn ms(duration: Duration) -> f64 {
 pub(crate) fn json_report(
     frame: &Frame,
     provider: &str,
-    headroom: f64,
+    headroom: Option<f64>,
     naive: Option<&RunFigures>,
     governed: &RunFigures,
 ) -> Value {
@@ -206,7 +206,7 @@ pub(crate) fn json_report(
         "rpm": frame.quota.rpm,
         "tpm": frame.quota.tpm,
         "minute_ms": frame.quota.minute.as_millis() as u64,
-        "governed_headroom": headroom,
+        "governed_headroom": headroom.map_or(json!("adaptive"), |h| json!(h)),
     });
     report["binding_dimension"] = json!(frame.binding.name());
     if let Some(naive) = naive {

@@ -18,7 +18,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
-use tower_llm_quota::{BoxError, Priority, Timings};
+use tower_llm_quota::{BoxError, Priority, RetryReport, Timings};
 
 use crate::workload::Item;
 
@@ -30,7 +30,9 @@ pub(crate) struct Target {
 }
 
 impl Target {
-    /// A fresh request for `item` (requests are rebuilt for every attempt).
+    /// A fresh request for `item` (requests are rebuilt for every attempt). Its idempotency
+    /// key is the item's id: a call cut before its answer (a reset) may then be retried on the
+    /// same provider without the risk of billing the item twice.
     fn request(&self, item: &Item) -> Result<Request<Full<Bytes>>, http::Error> {
         Request::post(self.url.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
@@ -38,6 +40,7 @@ impl Target {
                 http::header::AUTHORIZATION,
                 format!("Bearer {}", self.api_key),
             )
+            .header("idempotency-key", item.id.as_str())
             .extension(item.priority)
             .body(Full::new(item.body.clone()))
     }
@@ -211,12 +214,22 @@ where
     let mut attempt = 1;
     let result = loop {
         match call_once(client.clone(), target, item, arrived, start).await {
-            Ok(Answer::Refused(StatusCode::TOO_MANY_REQUESTS)) if attempt < attempts => {
+            Ok(Answer::Refused(StatusCode::TOO_MANY_REQUESTS, _)) if attempt < attempts => {
                 tokio::time::sleep(retry.wait).await;
                 attempt += 1;
             }
             Ok(Answer::Done(done)) => break Ok(done),
-            Ok(Answer::Refused(status)) => {
+            // The governed stack says how many attempts it made and why it stopped.
+            Ok(Answer::Refused(status, Some(report))) => {
+                let why = report
+                    .gave_up()
+                    .map_or_else(String::new, |why| format!(": {why}"));
+                break Err(format!(
+                    "HTTP {status} after {} attempt(s){why}",
+                    report.attempts()
+                ));
+            }
+            Ok(Answer::Refused(status, None)) => {
                 break Err(format!("HTTP {status} after {attempt} attempt(s)"));
             }
             Err(error) => break Err(error.to_string()),
@@ -231,7 +244,7 @@ where
 
 enum Answer {
     Done(Done),
-    Refused(StatusCode),
+    Refused(StatusCode, Option<RetryReport>),
 }
 
 async fn call_once<S, B>(
@@ -252,7 +265,8 @@ where
     let (parts, body) = response.into_parts();
     let body = body.collect().await.map_err(Into::into)?.to_bytes();
     if parts.status != StatusCode::OK {
-        return Ok(Answer::Refused(parts.status));
+        let report = parts.extensions.get::<RetryReport>().copied();
+        return Ok(Answer::Refused(parts.status, report));
     }
     let sent = parts
         .extensions

@@ -7,7 +7,12 @@
 //! To stay exact for any rate, time is counted in *ticks*: one nanosecond is `rate` ticks and
 //! one unit (a request, a token) is `period` (in nanoseconds) ticks. Every quantity is then an
 //! integer and no rounding ever accumulates.
+//!
+//! A pause (a provider's 429) is a second number, the instant before which nothing is
+//! admitted: it holds admissions without touching the level, so when it ends the level is what
+//! the bucket (lowered to what the provider reported) holds by then, and it can be lifted.
 
+use super::share::ShareController;
 use crate::quota::Limit;
 
 /// A token bucket for one [`Limit`].
@@ -22,6 +27,14 @@ pub(crate) struct Bucket {
     capacity: u64,
     /// When the bucket is full again, in ticks; at or before "now" it is full.
     full_at: u128,
+    /// Nothing is admitted before this time (nanoseconds): a provider's pause.
+    held_until: u64,
+    /// The adaptive share's controller, unless the limit's share is fixed.
+    share: Option<ShareController>,
+    /// With an adaptive share: the provider's bucket as it would be if this budget were alone
+    /// on the key (the nominal amount, refilled over the period, debited and refunded as this
+    /// bucket is). What the provider reports below it, someone else spent.
+    shadow: Option<Box<Bucket>>,
 }
 
 /// A share of a bucket's capacity that a request must leave untouched, so that requests of a
@@ -66,7 +79,27 @@ impl Bucket {
             period: u64::try_from(limit.period().as_nanos()).unwrap_or(u64::MAX),
             capacity: limit.capacity(),
             full_at: 0,
+            held_until: 0,
+            share: limit
+                .adaptive_share()
+                .map(|params| ShareController::new(params, limit.period(), limit.headroom(), 0)),
+            shadow: limit
+                .adaptive_share()
+                .and_then(|_| shadow_of(&limit))
+                .map(|shadow| Box::new(Bucket::new(shadow))),
         }
+    }
+
+    /// What the provider should hold at `now` if this budget were alone on the key: `None`
+    /// for a fixed share.
+    pub(crate) fn expected_remaining(&self, now: u64) -> Option<u64> {
+        let shadow = self.shadow.as_ref()?;
+        Some(u64::try_from(shadow.level(now)).unwrap_or(0))
+    }
+
+    /// The adaptive share's controller, if the limit has one.
+    pub(crate) fn share_mut(&mut self) -> Option<&mut ShareController> {
+        self.share.as_mut()
     }
 
     pub(crate) fn limit(&self) -> &Limit {
@@ -102,35 +135,48 @@ impl Bucket {
         }
         let needed = amount + floor.of(self.capacity);
         // The common case needs no division: the level covers the amount now.
-        if self.deficit(now) + self.units(needed) <= self.units(self.capacity) {
+        if now >= self.held_until
+            && self.deficit(now) + self.units(needed) <= self.units(self.capacity)
+        {
             return Fit::Now;
         }
         Fit::At(self.ready_at(needed).max(now))
     }
 
     /// The earliest time (nanoseconds) at which the level reaches `amount`, ignoring the
-    /// capacity (so it also answers for amounts queued one after the other).
+    /// capacity (so it also answers for amounts queued one after the other), and not before
+    /// a pause ends.
     pub(crate) fn ready_at(&self, amount: u64) -> u64 {
         // The level reaches `amount` when the deficit falls to `capacity - amount`, that is
         // when ticks(t) >= full_at - (capacity - amount) × period.
         let target = i128::try_from(self.full_at).unwrap_or(i128::MAX)
             - (i128::from(self.capacity) - i128::from(amount)) * i128::from(self.period);
         if target <= 0 {
-            return 0;
+            return self.held_until;
         }
         let rate = u128::from(self.rate);
         let ns = (target as u128).div_ceil(rate);
-        u64::try_from(ns).unwrap_or(u64::MAX)
+        u64::try_from(ns).unwrap_or(u64::MAX).max(self.held_until)
     }
 
-    /// Takes `amount`, which may drive the level below zero (debt).
+    /// Takes `amount`, which may drive the level below zero (debt), but never below minus one
+    /// capacity: as in the shared store, an overrun beyond that is forgiven, so that a single
+    /// absurd report cannot block the bucket for longer than two refills.
     pub(crate) fn debit(&mut self, amount: u64, now: u64) {
-        self.full_at = self.full_at.max(self.ticks(now)) + self.units(amount);
+        if let Some(shadow) = &mut self.shadow {
+            shadow.debit(amount, now);
+        }
+        let start = self.full_at.max(self.ticks(now));
+        let floor = self.ticks(now) + 2 * self.units(self.capacity);
+        self.full_at = (start + self.units(amount)).min(floor.max(start));
     }
 
     /// Gives `amount` back. A bucket never holds more than its capacity: what overflows is
     /// dropped when the level is next read.
     pub(crate) fn refund(&mut self, amount: u64) {
+        if let Some(shadow) = &mut self.shadow {
+            shadow.refund(amount);
+        }
         self.full_at = self.full_at.saturating_sub(self.units(amount));
     }
 
@@ -148,23 +194,40 @@ impl Bucket {
     }
 
     /// Replaces the limit (a new amount, headroom or burst), keeping the current level, clamped
-    /// to the new capacity.
+    /// to the new capacity, the pause, and the adaptive share's state (unless the new limit
+    /// changes how its share is planned).
     pub(crate) fn set_limit(&mut self, limit: Limit, now: u64) {
         let owed = self.deficit(now);
         let old_capacity = self.capacity;
+        let (held_until, share) = (self.held_until, self.share);
+        let mut shadow = self.shadow.take();
+        let same_plan = limit.adaptive_share() == self.limit.adaptive_share();
         *self = Bucket::new(limit);
+        self.held_until = held_until;
+        if same_plan && share.is_some() {
+            self.share = share;
+            if let (Some(shadow), Some(nominal)) = (&mut shadow, shadow_of(&limit)) {
+                if shadow.limit().amount() != nominal.amount() {
+                    shadow.set_limit(nominal, now);
+                }
+            }
+            self.shadow = shadow;
+        }
         // Same period, so ticks of deficit per unit are unchanged: deficit' = capacity' − level.
         let owed = i128::try_from(owed).unwrap_or(i128::MAX)
             + (i128::from(self.capacity) - i128::from(old_capacity)) * i128::from(self.period);
         self.full_at = self.ticks(now) + u128::try_from(owed.max(0)).unwrap_or(0);
     }
 
-    /// Empties the bucket until `until` (nanoseconds): nothing is admitted before, and it
-    /// refills from zero after. Never shortens a pause or forgives debt.
-    pub(crate) fn pause_until(&mut self, until: u64) {
-        self.full_at = self
-            .full_at
-            .max(self.ticks(until) + self.units(self.capacity));
+    /// Admits nothing before `until` (nanoseconds); the level is left as it is and keeps
+    /// refilling. A later end extends a pause, an earlier one never shortens it.
+    pub(crate) fn hold_until(&mut self, until: u64) {
+        self.held_until = self.held_until.max(until);
+    }
+
+    /// Ends a pause now.
+    pub(crate) fn lift(&mut self) {
+        self.held_until = 0;
     }
 
     /// Lowers the level to at most `level` (never raises it): someone else spends this quota.
@@ -174,6 +237,12 @@ impl Bucket {
             self.full_at = self.ticks(now) + owed;
         }
     }
+}
+
+/// The provider's own bucket for `limit`: its nominal amount, all of it at once.
+fn shadow_of(limit: &Limit) -> Option<Limit> {
+    let nominal = limit.with_headroom(1.0).ok()?;
+    Some(nominal.with_burst(limit.amount()))
 }
 
 #[cfg(test)]
@@ -299,15 +368,33 @@ mod tests {
     }
 
     #[test]
-    fn a_pause_admits_nothing_until_it_ends_then_refills_from_zero() {
+    fn a_pause_holds_admissions_and_keeps_the_level() {
         let mut b = bucket();
-        b.pause_until(2 * SEC);
-        // Two seconds of refill to come before the level is back to zero.
-        assert_eq!(b.level(0), -20);
-        assert_eq!(b.fit(1, Floor::NONE, 0), Fit::At(2 * SEC + 100 * MS));
-        assert_eq!(b.level(2 * SEC), 0);
-        b.pause_until(SEC);
-        assert_eq!(b.level(2 * SEC), 0, "an earlier end does not shorten it");
+        b.debit(10, 0);
+        b.hold_until(2 * SEC);
+        // Nothing before the end of the pause, although the bucket refills meanwhile.
+        assert_eq!(b.fit(1, Floor::NONE, 0), Fit::At(2 * SEC));
+        assert_eq!(b.fit(1, Floor::NONE, SEC), Fit::At(2 * SEC));
+        assert_eq!(b.level(SEC), 10);
+        assert_eq!(b.fit(10, Floor::NONE, 2 * SEC), Fit::Now);
+        b.hold_until(SEC);
+        assert_eq!(b.fit(1, Floor::NONE, 0), Fit::At(2 * SEC), "not shortened");
+        // Lowered to what the provider reports, it refills from there.
+        b.cap_level(0, 0);
+        assert_eq!(b.fit(5, Floor::NONE, 0), Fit::At(2 * SEC));
+        assert_eq!(b.fit(30, Floor::NONE, 0), Fit::Never);
+        b.lift();
+        assert_eq!(b.fit(1, Floor::NONE, 0), Fit::At(100 * MS));
+    }
+
+    #[test]
+    fn debt_is_bounded_at_one_capacity() {
+        let mut b = bucket();
+        b.debit(10, 0);
+        b.debit(1_000_000_000_000, 0);
+        assert_eq!(b.level(0), -10);
+        // Two refills (2 s) bring the next unit.
+        assert_eq!(b.fit(1, Floor::NONE, 0), Fit::At(SEC + 100 * MS));
     }
 
     #[test]

@@ -75,6 +75,7 @@ pub mod redis;
 mod remote;
 mod reservation;
 mod reserve;
+mod share;
 mod shared;
 mod snapshot;
 pub(crate) mod store;
@@ -92,6 +93,7 @@ pub use observation::Observation;
 pub use remote::{FailurePolicy, StoreUnavailable};
 pub use reservation::{Reservation, ReservationSlot, Settlement};
 pub use reserve::Reserve;
+pub use share::AdaptiveShare;
 pub use snapshot::{BudgetSnapshot, LimitSnapshot};
 pub use store::ReservationId;
 
@@ -335,28 +337,35 @@ impl Budget {
                         remote.lower(limit, Some(remaining), Duration::ZERO)
                     });
                 }
+                // The fallback share does not adapt: other processes spend the shared quota.
                 state
                     .store
-                    .observe(&shared.local_observation(observation), now)
+                    .observe(&shared.local_observation(observation), now, false)
             }
-            None => state.store.observe(observation, now),
+            None => state.store.observe(observation, now, true),
         });
     }
 
     /// Admits nothing in any of `dimensions` until `until`, for every holder of this budget:
     /// the provider said (with a 429) that the quota they share is spent until then. The
-    /// shortest window of each dimension is emptied until then and refills from zero after it
-    /// (which holds every request of the dimension); longer windows, such as a daily limit,
-    /// keep their level. A later pause extends an earlier one; an earlier end never shortens
-    /// it.
+    /// shortest window of each dimension is held until then, keeping its level (lower it to
+    /// what the provider reports with [`Budget::observe`]), so that when the pause ends the
+    /// bucket holds what it refilled meanwhile, not nothing; longer windows, such as a daily
+    /// limit, are not held. A later pause extends an earlier one; an earlier end never
+    /// shortens it; [`Budget::lift_pause`] ends it. An adaptive share
+    /// ([`AdaptiveShare`]) counts the refusal and plans less.
     ///
     /// A shared budget writes the pause to the shared store too, in the background: one
     /// process's 429 pauses every process sharing the quota.
     pub fn pause(&self, dimensions: &[Dimension], until: Instant) {
         let pause = until.saturating_duration_since(Instant::now());
+        let now = self.nanos_since_origin(Instant::now());
         let until = self.nanos_since_origin(until);
         self.update_state(|state| {
-            dimensions.iter().for_each(|&d| state.store.pause(d, until));
+            let adapt = state.shared.is_none();
+            dimensions.iter().for_each(|&d| {
+                state.store.pause(d, until, now, adapt);
+            });
             if let (Some(shared), Some(remote)) = (&state.shared, &self.shared.remote) {
                 for &dimension in dimensions {
                     let shortest = shared
@@ -370,6 +379,19 @@ impl Budget {
                 }
             }
             false
+        });
+    }
+
+    /// Ends the pauses of `dimensions` now, so that waiting requests are admitted as soon as
+    /// the levels allow: for example once an operator knows that a provider's long wait (a
+    /// daily quota) is over. Waiters are re-examined at once.
+    ///
+    /// Only this process's buckets are lifted: a pause already written to a shared store
+    /// lasts until its own end.
+    pub fn lift_pause(&self, dimensions: &[Dimension]) {
+        self.update_state(|state| {
+            dimensions.iter().for_each(|&d| state.store.lift(d));
+            true
         });
     }
 

@@ -9,10 +9,16 @@ use crate::quota::Dimension;
 /// (`x-ratelimit-limit-tokens`, `anthropic-ratelimit-requests-remaining`, ...).
 ///
 /// [`Budget::observe`](crate::Budget::observe) applies it to the limit of the same dimension and
-/// period: a different `limit` replaces the nominal amount (keeping headroom and burst rule);
-/// a `remaining` count lowers the local level to at most `remaining × headroom`, because a
+/// period: a different `limit` replaces the nominal amount (keeping the share and burst rule);
+/// a `remaining` count lowers the local level to at most `remaining × share`, because a
 /// provider that has less left than we think is being spent by someone else. An observation
-/// never raises the level: other consumers of the same key are invisible to us.
+/// never raises the level: other consumers of the same key are invisible to us. A limit with
+/// an [`AdaptiveShare`](crate::AdaptiveShare) compares `remaining` with what the provider
+/// would hold if this budget were alone on the key, and plans a smaller share when it is
+/// lower (see its documentation).
+///
+/// [`Profile::adapt`](crate::provider::Profile::adapt) builds observations from rate-limit
+/// headers, naming the period of the budget's limit each header describes.
 ///
 /// # Example
 ///

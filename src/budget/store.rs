@@ -67,15 +67,20 @@ pub(crate) trait Store {
         now: impl FnMut() -> u64,
     ) -> bool;
 
-    /// Applies what the provider reports. Returns whether limits changed.
-    fn observe(&mut self, observation: &Observation, now: u64) -> bool;
+    /// Applies what the provider reports; with `adapt`, the adaptive shares learn from it.
+    /// Returns whether limits changed.
+    fn observe(&mut self, observation: &Observation, now: u64, adapt: bool) -> bool;
 
     /// Replaces (or adds) the limit of the same dimension and period, keeping its level.
     fn set_limit(&mut self, limit: Limit, now: u64);
 
     /// Admits nothing in `dimension` until `until`: the provider said its quota is spent.
-    /// Empties the dimension's shortest window only.
-    fn pause(&mut self, dimension: Dimension, until: u64);
+    /// Holds the dimension's shortest window only, keeping its level; with `adapt`, its
+    /// adaptive share counts the refusal. Returns whether limits changed.
+    fn pause(&mut self, dimension: Dimension, until: u64, now: u64, adapt: bool) -> bool;
+
+    /// Ends every pause of `dimension`.
+    fn lift(&mut self, dimension: Dimension);
 
     /// The earliest time every limit could hold `amount`, ignoring capacities: when a request
     /// queued behind `amount - cost` of others could be admitted at the earliest.
@@ -155,6 +160,7 @@ impl Store for MemoryStore {
         for bucket in &mut self.buckets {
             let dimension = bucket.limit().dimension();
             let (reserved, actual) = (reserved.amount(dimension), actual.amount(dimension));
+            let actual = plausible(actual, reserved, bucket);
             if actual < reserved {
                 bucket.refund(reserved - actual);
                 freed = true;
@@ -165,7 +171,7 @@ impl Store for MemoryStore {
         freed
     }
 
-    fn observe(&mut self, observation: &Observation, now: u64) -> bool {
+    fn observe(&mut self, observation: &Observation, now: u64, adapt: bool) -> bool {
         let mut changed = false;
         for bucket in &mut self.buckets {
             let limit = *bucket.limit();
@@ -180,10 +186,32 @@ impl Store for MemoryStore {
                     changed = true;
                 }
             }
-            if let Some(remaining) = observation.remaining() {
-                let usable = (remaining as f64 * bucket.limit().headroom()).floor() as u64;
-                bucket.cap_level(usable, now);
+            let Some(remaining) = observation.remaining() else {
+                continue;
+            };
+            let nominal = bucket.limit().amount().get();
+            let expected = bucket.expected_remaining(now).filter(|_| adapt);
+            if let Some(expected) = expected {
+                // What the provider holds below what it would hold for us alone, someone
+                // else spent (see the `share` module).
+                let share = bucket
+                    .share_mut()
+                    .and_then(|c| c.observe(expected, remaining, nominal, now));
+                if let Some(share) = share {
+                    tracing::debug!(
+                        dimension = %limit.dimension(),
+                        expected,
+                        remaining,
+                        share,
+                        "adaptive share changed"
+                    );
+                    let planned = bucket.limit().with_planned_share(share);
+                    bucket.set_limit(planned, now);
+                    changed = true;
+                }
             }
+            let usable = (remaining as f64 * bucket.limit().headroom()).floor() as u64;
+            bucket.cap_level(usable, now);
         }
         changed
     }
@@ -194,23 +222,50 @@ impl Store for MemoryStore {
             .iter_mut()
             .find(|b| b.limit().same_bucket(&limit))
         {
-            Some(bucket) => bucket.set_limit(limit, now),
+            Some(bucket) => {
+                bucket.set_limit(limit, now);
+                // A new amount or burst keeps the share the controller planned.
+                if let Some(share) = bucket.share_mut().map(|c| c.share()) {
+                    if share != limit.headroom() {
+                        bucket.set_limit(limit.with_planned_share(share), now);
+                    }
+                }
+            }
             None => self.buckets.push(Bucket::new(limit)),
         }
     }
 
-    fn pause(&mut self, dimension: Dimension, until: u64) {
-        // The shortest window of the dimension is the one a 429 empties; every request in the
-        // dimension pays it too, so emptying it holds them all. A longer window (a day) keeps
-        // its level: the provider's daily quota is not spent by a per-minute refusal.
-        if let Some(bucket) = self
+    fn pause(&mut self, dimension: Dimension, until: u64, now: u64, adapt: bool) -> bool {
+        // The shortest window of the dimension is the one a 429 names; every request in the
+        // dimension pays it too, so holding it holds them all. A longer window (a day) is not
+        // spent by a per-minute refusal.
+        let Some(bucket) = self
             .buckets
             .iter_mut()
             .filter(|b| b.limit().dimension() == dimension)
             .min_by_key(|b| b.limit().period())
-        {
-            bucket.pause_until(until);
+        else {
+            return false;
+        };
+        bucket.hold_until(until);
+        let share = if adapt {
+            bucket.share_mut().and_then(|c| c.rate_limited(now))
+        } else {
+            None
+        };
+        if let Some(share) = share {
+            tracing::debug!(%dimension, share, "adaptive share lowered by a 429");
+            let planned = bucket.limit().with_planned_share(share);
+            bucket.set_limit(planned, now);
         }
+        share.is_some()
+    }
+
+    fn lift(&mut self, dimension: Dimension) {
+        self.buckets
+            .iter_mut()
+            .filter(|b| b.limit().dimension() == dimension)
+            .for_each(Bucket::lift);
     }
 
     fn not_before(&self, amount: &Cost, now: u64) -> Option<(u64, usize)> {
@@ -245,6 +300,27 @@ impl Store for MemoryStore {
             })
             .collect()
     }
+}
+
+/// A reported usage, clamped when it is far above both the estimate and the bucket's capacity
+/// (more than twice the larger): such a report is a provider's or a parser's error, and
+/// charging it would block the bucket for as long as it takes to refill it. It is charged the
+/// larger of the two instead, and logged.
+fn plausible(actual: u64, reserved: u64, bucket: &Bucket) -> u64 {
+    let bound = reserved.max(bucket.capacity());
+    if actual / 2 <= bound {
+        return actual;
+    }
+    let limit = bucket.limit();
+    tracing::warn!(
+        dimension = %limit.dimension(),
+        reported = actual,
+        estimated = reserved,
+        capacity = bucket.capacity(),
+        charged = bound,
+        "implausible usage report clamped"
+    );
+    bound
 }
 
 fn too_large(bucket: &Bucket, amount: u64, floor: Floor) -> InsufficientCapacity {
@@ -328,8 +404,57 @@ mod tests {
         let observation = Observation::new(Dimension::TotalTokens, Duration::from_secs(1))
             .with_limit(NonZeroU64::new(500).unwrap())
             .with_remaining(100);
-        assert!(s.observe(&observation, 0));
+        assert!(s.observe(&observation, 0, true));
         let state = s.snapshot(0)[1];
         assert_eq!((state.capacity, state.level), (500, 100));
+    }
+
+    #[test]
+    fn an_absurd_usage_report_is_clamped() {
+        let mut s = store();
+        let id = ReservationId(0);
+        s.reserve(id, &Cost::new(100, 0), Floor::NONE, 0).unwrap();
+        s.settle(
+            id,
+            &Cost::new(100, 0),
+            &Cost::new(1_000_000_000_000, 0),
+            || 0,
+        );
+        // Charged the capacity (1,000) instead: level 1,000 - 1,000.
+        assert_eq!(s.snapshot(0)[1].level, 0);
+        // An overrun within twice the bound is charged as reported.
+        s.settle(id, &Cost::new(100, 0), &Cost::new(1_500, 0), || 0);
+        assert_eq!(
+            s.snapshot(0)[1].level,
+            -1_000,
+            "debt bounded at one capacity"
+        );
+    }
+
+    #[test]
+    fn the_adaptive_share_follows_the_gap_between_expected_and_reported() {
+        let nz = |n| NonZeroU64::new(n).unwrap();
+        let mut s = MemoryStore::new(
+            &Quota::new().with_limit(Limit::per_second(Dimension::TotalTokens, nz(600))),
+        );
+        let at = |s: &MemoryStore| s.snapshot(0)[0].limit.headroom();
+        let seen = |remaining| {
+            Observation::new(Dimension::TotalTokens, Duration::from_secs(1))
+                .with_remaining(remaining)
+        };
+        // Full: the provider should hold all 600; 590 is within the tolerance (12).
+        assert!(!s.observe(&seen(590), 0, true));
+        assert_eq!(at(&s), 1.0);
+        // Someone else spent 200: lowered to 0.8, and not again within the cooldown.
+        assert!(s.observe(&seen(400), 0, true));
+        assert_eq!(at(&s), 0.8);
+        assert_eq!(s.snapshot(0)[0].capacity, 80);
+        assert!(!s.observe(&seen(400), 100 * MS, true));
+        // A fixed share, or a shared budget's fallback, does not adapt.
+        assert!(!s.observe(&seen(0), 500 * MS, false));
+        assert_eq!(at(&s), 0.8);
+        // A 429 lowers it too.
+        assert!(s.pause(Dimension::TotalTokens, 600 * MS, 500 * MS, true));
+        assert_eq!(at(&s), 0.8 * 0.8);
     }
 }

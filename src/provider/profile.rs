@@ -7,7 +7,7 @@ use http::HeaderMap;
 use crate::budget::{Budget, Observation};
 use crate::cost::Usage;
 use crate::parse;
-use crate::quota::Dimension;
+use crate::quota::{Dimension, Limit};
 use crate::usage::{RawUsage, WireFormat};
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -227,9 +227,14 @@ impl Profile {
             ]
             .into_iter()
             .map(|(dimension, name)| {
+                let window = if dimension == Dimension::Requests {
+                    self.request_window
+                } else {
+                    self.token_window
+                };
                 report(
                     dimension,
-                    MINUTE,
+                    window,
                     &format!("anthropic-ratelimit-{name}-limit"),
                     &format!("anthropic-ratelimit-{name}-remaining"),
                     &format!("anthropic-ratelimit-{name}-reset"),
@@ -259,28 +264,36 @@ impl Profile {
     /// Feeds a response's rate-limit headers back into `budget`: lowers the level of every
     /// limit the provider says has less left than we hold (someone else spends the same
     /// quota), never raises it, and adopts changed limits as [`AdoptLimits`] says.
+    ///
+    /// Each report is applied to the budget's limit it describes ([`LimitReport::describes`]):
+    /// of the same dimension, and the one whose nominal amount is the reported limit, else
+    /// whose period is the window the provider's own numbers imply, else whose period is the
+    /// profile's window. A report matching no limit is ignored.
     pub fn adapt(&self, headers: &HeaderMap, budget: &Budget) {
         let reports = self.limits(headers, SystemTime::now());
         if reports.is_empty() {
             return;
         }
-        let configured = budget.snapshot();
+        let configured: Vec<Limit> = budget
+            .snapshot()
+            .limits()
+            .iter()
+            .map(|l| *l.limit())
+            .collect();
         for report in reports {
-            let mut observation = Observation::new(report.dimension, report.window);
+            let Some(current) = report.describes(&configured) else {
+                tracing::trace!(?report, "rate-limit report matches no limit of the budget");
+                continue;
+            };
+            let mut observation = Observation::new(report.dimension, current.period());
             if let Some(remaining) = report.remaining {
                 observation = observation.with_remaining(remaining);
             }
-            let current = configured
-                .limits()
-                .iter()
-                .find(|l| {
-                    l.limit().dimension() == report.dimension && l.limit().period() == report.window
-                })
-                .map(|l| l.limit().amount().get());
-            let adopt = match (self.adopt, report.limit, current) {
-                (AdoptLimits::Never, ..) | (_, None, _) | (_, _, None) => None,
-                (AdoptLimits::Lower, Some(new), Some(old)) => (new < old).then_some(new),
-                (AdoptLimits::Any, Some(new), Some(old)) => (new != old).then_some(new),
+            let old = current.amount().get();
+            let adopt = match (self.adopt, report.limit) {
+                (AdoptLimits::Never, _) | (_, None) => None,
+                (AdoptLimits::Lower, Some(new)) => (new < old).then_some(new),
+                (AdoptLimits::Any, Some(new)) => (new != old).then_some(new),
             };
             if let Some(limit) = adopt.and_then(std::num::NonZeroU64::new) {
                 tracing::debug!(dimension = %report.dimension, limit, "provider limit adopted");
@@ -289,6 +302,80 @@ impl Profile {
             tracing::trace!(?observation, "rate-limit headers applied to the budget");
             budget.observe(&observation);
         }
+    }
+
+    /// The windows this profile assumes for the provider's request and token limits when the
+    /// headers alone cannot tell: for a provider whose minute is not 60 s (a simulator with a
+    /// compressed minute) or whose limits count per day. Defaults: a minute for both, except
+    /// Groq (requests per day).
+    pub const fn windows(self, request_window: Duration, token_window: Duration) -> Self {
+        Self {
+            request_window,
+            token_window,
+            ..self
+        }
+    }
+
+    /// The window assumed for request limits.
+    pub const fn request_window(&self) -> Duration {
+        self.request_window
+    }
+
+    /// The window assumed for token limits.
+    pub const fn token_window(&self) -> Duration {
+        self.token_window
+    }
+}
+
+impl LimitReport {
+    /// The window the provider's own numbers imply, for a token bucket: its reset is the time
+    /// until the bucket is full again, so it refills `limit - remaining` in `reset`, and a whole
+    /// `limit` in `reset × limit / (limit - remaining)`. `None` when they cannot say (nothing
+    /// spent, no reset, no limit).
+    pub fn implied_window(&self) -> Option<Duration> {
+        let (limit, remaining, reset) = (self.limit?, self.remaining?, self.reset?);
+        if remaining >= limit || reset.is_zero() {
+            return None;
+        }
+        let window = reset.as_secs_f64() * limit as f64 / (limit - remaining) as f64;
+        Duration::try_from_secs_f64(window).ok()
+    }
+
+    /// The limit among `limits` this report describes: of its dimension, the one whose
+    /// nominal amount is the reported limit; else the one whose period is within a factor of
+    /// two of the [implied window](Self::implied_window) (the closest); else the one whose
+    /// period is the profile's window for the dimension. A window set in the profile is
+    /// a fallback, so a compressed minute, a day window or any provider's period works as long
+    /// as the headers carry a limit and a reset.
+    pub fn describes(&self, limits: &[Limit]) -> Option<Limit> {
+        let candidates = || limits.iter().filter(|l| l.dimension() == self.dimension);
+        if let Some(amount) = self.limit {
+            let same: Vec<&Limit> = candidates()
+                .filter(|l| l.amount().get() == amount)
+                .collect();
+            match same.as_slice() {
+                [one] => return Some(**one),
+                [] => {}
+                many => {
+                    let by_window = many.iter().find(|l| l.period() == self.window);
+                    return Some(**by_window.unwrap_or(&many[0]));
+                }
+            }
+        }
+        if let Some(implied) = self.implied_window() {
+            let distance = |l: &Limit| {
+                (l.period().as_secs_f64() / implied.as_secs_f64())
+                    .ln()
+                    .abs()
+            };
+            let closest = candidates()
+                .filter(|l| distance(l) <= std::f64::consts::LN_2)
+                .min_by(|a, b| distance(a).total_cmp(&distance(b)));
+            if let Some(closest) = closest {
+                return Some(*closest);
+            }
+        }
+        candidates().find(|l| l.period() == self.window).copied()
     }
 }
 
@@ -368,5 +455,33 @@ mod tests {
         assert_eq!(reports[0].dimension, Dimension::OutputTokens);
         assert_eq!(reports[0].reset, Some(Duration::from_secs(15)));
         assert!(Profile::gemini().limits(&openai, now).is_empty());
+    }
+
+    #[test]
+    fn reports_describe_the_limit_of_their_amount_or_implied_window() {
+        let nz = |n| std::num::NonZeroU64::new(n).unwrap();
+        let two = Duration::from_secs(2);
+        let rpm = Limit::new(Dimension::Requests, nz(500), two).unwrap();
+        let rpd = Limit::per_day(Dimension::Requests, nz(14_400));
+        let limits = [rpm, rpd];
+        let report = |limit, remaining, reset: f64| LimitReport {
+            dimension: Dimension::Requests,
+            window: MINUTE,
+            limit: Some(limit),
+            remaining: Some(remaining),
+            reset: Some(Duration::from_secs_f64(reset)),
+        };
+        // The amount names the limit, whatever the profile's window.
+        assert_eq!(report(500, 500, 0.0).describes(&limits), Some(rpm));
+        assert_eq!(report(14_400, 14_399, 6.0).describes(&limits), Some(rpd));
+        // A limit halved without notice: 250 per 2 s, 50 spent, full again in 0.4 s.
+        let halved = report(250, 200, 0.4);
+        assert_eq!(halved.implied_window(), Some(two));
+        assert_eq!(halved.describes(&limits), Some(rpm));
+        // A day window cannot be mistaken for the compressed minute.
+        assert_eq!(report(7_200, 7_199, 12.0).describes(&limits), Some(rpd));
+        // Nothing to go by: the profile's window, here matching nothing.
+        assert_eq!(report(250, 250, 0.0).describes(&limits), None);
+        assert_eq!(Profile::openai().windows(two, two).request_window(), two);
     }
 }

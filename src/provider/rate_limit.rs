@@ -215,7 +215,7 @@ fn limited_by(headers: &HeaderMap, body: &[u8], text: &str) -> LimitedBy {
     {
         return LimitedBy::Daily;
     }
-    let (dimensions, _) = crate::retry::spent(headers, body, None, SystemTime::now());
+    let (dimensions, _) = crate::retry::spent(headers, body, None, None, SystemTime::now());
     let has = |d| dimensions.contains(&d);
     match (
         has(Dimension::Requests),

@@ -24,7 +24,7 @@
 //!     Budget, Cost, Dimension, Limit, Quota, ReconcileLayer, TokenBudgetLayer, Usage,
 //! };
 //!
-//! # #[tokio::main(flavor = "current_thread")]
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), tower_llm_quota::BoxError> {
 //! let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(30_000).unwrap());
 //! let budget = Budget::new(Quota::new().with_limit(tpm));
@@ -42,11 +42,11 @@
 //! request.extensions_mut().insert(Cost::new(1_000, 200));
 //! let response = governed.ready().await?.call(request).await?;
 //! // Reserved 1,200 tokens; still held while the body is read...
-//! assert_eq!(budget.snapshot().limits()[0].level(), 4_250 - 1_200);
+//! assert_eq!(budget.snapshot().limits()[0].level(), 5_000 - 1_200);
 //! let body = response.into_body().collect().await?.to_bytes();
 //! assert_eq!(body, "answer");
 //! // ...and settled at its end: 160 unused tokens came back.
-//! assert_eq!(budget.snapshot().limits()[0].level(), 4_250 - 1_040);
+//! assert_eq!(budget.snapshot().limits()[0].level(), 5_000 - 1_040);
 //! # Ok(()) }
 //! ```
 

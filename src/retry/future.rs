@@ -10,19 +10,21 @@ use http::response::Parts;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::combinators::Collect;
-use http_body_util::{BodyExt, Limited};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep};
 use tower::Service;
-use tower::retry::budget::Budget as _;
+use tower::retry::budget::{Budget as _, TpsBudget};
 
 use super::layer::Settings;
 use super::{Classify, Failure, FailureClass, GaveUp, Permanent, RetryBody, RetryReport, hints};
+use crate::cost::Cost;
 use crate::error::{BoxError, Error};
-use crate::priority::{Deadline, EnqueuedAt, Priority};
+use crate::priority::{Deadline, EnqueuedAt, Priority, Timings};
 use crate::provider::{RateLimitError, Scope};
 
-/// Error bodies larger than this are not read: the failure is classified by status and headers.
+/// Error bodies larger than this are not read: the failure is classified by its status and
+/// headers, with an empty body.
 const ERROR_BODY_LIMIT: usize = 64 * 1024;
 
 pin_project! {
@@ -47,6 +49,12 @@ pin_project! {
         priority: Priority,
         deadline: Option<Instant>,
         started: Instant,
+        // When the first failed attempt was sent: the class's total time counts from there,
+        // not from the first wait in the queue.
+        first_sent: Option<Instant>,
+        // Whether this request earned its retries yet: when its first attempt ends, so that
+        // the retry budget follows the traffic the provider sees, not arrivals in the queue.
+        deposited: bool,
         report: RetryReport,
         // The request's span: the inner layers record their facts into it.
         span: tracing::Span,
@@ -111,6 +119,8 @@ where
             priority,
             deadline,
             started: Instant::now(),
+            first_sent: None,
+            deposited: false,
             span,
             report: RetryReport {
                 attempts: 1,
@@ -141,7 +151,11 @@ where
         let _entered = span.enter();
         loop {
             let next = match this.state.as_mut().project() {
-                StateProj::Calling { future } => match ready!(future.poll(cx)) {
+                StateProj::Calling { future } => match deposit_once(
+                    ready!(future.poll(cx)),
+                    this.deposited,
+                    &this.settings.budget,
+                ) {
                     Ok(response) if !is_failure(&response) => {
                         // Handed to the caller: once its body starts, nothing is retried.
                         this.state.set(State::Done);
@@ -182,6 +196,13 @@ where
                     match collected {
                         Ok(collected) => {
                             match respond_or_retry(&mut this, head, collected.to_bytes()) {
+                                After::Wait(wait) => wait,
+                                After::Finish(response) => return Poll::Ready(Ok(response)),
+                            }
+                        }
+                        // Larger than the limit: classified by its status, with an empty body.
+                        Err(error) if error.is::<LengthLimitError>() => {
+                            match respond_or_retry(&mut this, head, Bytes::new()) {
                                 After::Wait(wait) => wait,
                                 After::Finish(response) => return Poll::Ready(Ok(response)),
                             }
@@ -245,14 +266,26 @@ where
     if head.status == http::StatusCode::TOO_MANY_REQUESTS {
         tracing::debug!(?class, "provider rate limit (429)");
     }
+    if this.first_sent.is_none() {
+        let call = head
+            .extensions
+            .get::<Timings>()
+            .map_or(Duration::ZERO, Timings::call);
+        let now = Instant::now();
+        *this.first_sent = Some(now.checked_sub(call).unwrap_or(now));
+    }
     let now = SystemTime::now();
     let hint = hints::provider_wait(&head.headers, &body, now);
     if class == FailureClass::Transient(super::Transient::RateLimited) {
         if let Some(budget) = &this.settings.pause {
-            let (dimensions, reset) = hints::spent(&head.headers, &body, hint, now);
-            if let Some(reset) = reset {
-                tracing::debug!(?dimensions, ?reset, "provider rate limit: budget paused");
-                budget.pause(&dimensions, Instant::now() + reset);
+            let cost = this.template.extensions().get::<Cost>();
+            let (dimensions, pause) = hints::spent(&head.headers, &body, hint, cost, now);
+            if let Some(pause) = pause {
+                // Never longer than the longest wait honoured: a daily quota's 86,400 s is
+                // not retried, and does not stop the budget for a day either.
+                let pause = pause.min(this.settings.policy.max_honored());
+                tracing::debug!(?dimensions, ?pause, "provider rate limit: budget paused");
+                budget.pause(&dimensions, Instant::now() + pause);
             }
         }
     }
@@ -311,6 +344,9 @@ where
         class = super::ambiguity::gate(class, &*error, has_key);
     }
     this.report.last_status = None;
+    if this.first_sent.is_none() {
+        *this.first_sent = Some(Instant::now());
+    }
     match next(this, class, None) {
         Next::Retry(wait) => After::Wait(wait),
         Next::GiveUp(reason) => {
@@ -330,6 +366,11 @@ where
 
 /// The retry decision: the class, then the provider's wait, the class's limits, the deadline
 /// and the retry budget, in that order.
+///
+/// A rate-limited async or batch request is not lost to the attempt count or the retry
+/// budget: its retry re-enters admission, which the 429 paused and which spaces it, so it
+/// waits for budget bounded only by its deadline and its class's total time. Interactive
+/// requests keep every limit.
 fn next<S, B, ResBody, C>(
     this: &mut FutureProj<'_, S, B, ResBody, C>,
     class: FailureClass,
@@ -350,15 +391,18 @@ where
         this.report.last_class = Some(FailureClass::Permanent(Permanent::WaitTooLong));
         return Next::GiveUp(GaveUp::WaitTooLong);
     }
-    if this.report.attempts >= policy.attempts(*this.priority) {
+    let waits_for_budget = class == FailureClass::Transient(super::Transient::RateLimited)
+        && *this.priority != Priority::Interactive;
+    if !waits_for_budget && this.report.attempts >= policy.attempts(*this.priority) {
         return Next::GiveUp(GaveUp::Attempts);
     }
     let wait = policy.wait(
-        this.report.attempts - 1,
+        (this.report.attempts - 1).min(30),
         hint,
         this.settings.jitter.fraction(),
     );
-    if this.started.elapsed().saturating_add(wait) > policy.total(*this.priority) {
+    let first_sent = this.first_sent.unwrap_or(*this.started);
+    if first_sent.elapsed().saturating_add(wait) > policy.total(*this.priority) {
         return Next::GiveUp(GaveUp::Time);
     }
     if this
@@ -368,7 +412,10 @@ where
         return Next::GiveUp(GaveUp::Deadline);
     }
     if !this.settings.budget.withdraw() {
-        return Next::GiveUp(GaveUp::Budget);
+        if !waits_for_budget {
+            return Next::GiveUp(GaveUp::Budget);
+        }
+        tracing::debug!("retry budget spent: the rate-limited request waits for admission");
     }
     tracing::debug!(?class, ?wait, "transient failure, retrying after a wait");
     crate::observe::retry(
@@ -376,6 +423,15 @@ where
         class,
     );
     Next::Retry(wait)
+}
+
+/// The first attempt's outcome earns the request its retries.
+fn deposit_once<T>(outcome: T, deposited: &mut bool, budget: &TpsBudget) -> T {
+    if !*deposited {
+        *deposited = true;
+        budget.deposit();
+    }
+    outcome
 }
 
 fn is_failure<B>(response: &Response<B>) -> bool {

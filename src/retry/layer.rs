@@ -78,7 +78,9 @@ impl<C> RetryAfterLayer<C> {
     }
 
     /// On a provider 429, pauses the dimensions it names in `budget` (all of them when it names
-    /// none) until the provider's reset, so that no request of that budget is sent meanwhile,
+    /// none) until the provider's wait, or without one until the request's cost fits by the
+    /// provider's reported remaining and rate (never until its bucket is full), capped by
+    /// [`RetryPolicy::max_honored_delay`], so that no request of that budget is sent meanwhile,
     /// not only the one that got the 429. Overloaded answers (529, 503) pause nothing. Defaults
     /// to no budget.
     pub fn pause_on_rate_limit(mut self, budget: Budget) -> Self {

@@ -51,17 +51,29 @@
 //! - **Per class** ([`Priority`](crate::Priority) in the request): attempts and total time are
 //!   bounded (3 / 8 s interactive, 5 / 60 s async, 8 / 300 s batch by default), and a wait
 //!   that would cross them, or the request's [`Deadline`](crate::Deadline), is not started.
+//!   The total time counts from the first attempt's sending, not from its wait in the queue:
+//!   an item that waited ten minutes for its turn still has its whole retry time.
 //! - **A retry budget** bounds retries to a share of recent requests (tower's `TpsBudget`: a
-//!   deposit per original request, a withdrawal per retry; 10 % plus 1 per second by default),
-//!   so a failing provider sees about 1.1 attempts per request instead of 4.
+//!   deposit per original request when its first attempt ends, a withdrawal per retry; 10 %
+//!   plus 1 per second by default), so a failing provider sees about 1.1 attempts per request
+//!   instead of 4.
+//! - **A transient refusal loses no batch item.** A rate-limited (429) async or batch request
+//!   is retried whatever its attempt count and the retry budget: its retry re-enters admission,
+//!   which the 429 paused and which spaces it, so it waits for budget, bounded only by its
+//!   deadline and its class's total time. Interactive requests keep every limit.
 //! - **Every attempt re-enters admission**: the layer sits outside the queue and the budget,
 //!   so a retry queues again (keeping its first attempt's [`EnqueuedAt`](crate::EnqueuedAt)
 //!   for aging) and reserves again. Requests are re-sent from a clone: the body must be `Clone`
 //!   (`Full<Bytes>`, `String`, `Bytes`; buffer a streaming request body first).
 //! - **A 429 pauses the shared budget** ([`RetryAfterLayer::pause_on_rate_limit`]): the
 //!   dimensions it names (from the rate-limit headers or the message; all when unknown) admit
-//!   nothing until the provider's reset, for every request of that budget. Overloaded answers
-//!   (529, 503) pause nothing.
+//!   nothing until the provider's wait (`retry-after` and family), or without one until the
+//!   request's cost fits by the provider's reported remaining and refill rate; never until the
+//!   provider's bucket is full again (its reset headers), and never longer than
+//!   [`RetryPolicy::max_honored_delay`]. The pause keeps the levels (which the response's
+//!   rate-limit headers lower to what the provider has left), and
+//!   [`Budget::lift_pause`](crate::Budget::lift_pause) ends it early. Overloaded answers (529,
+//!   503) pause nothing.
 //! - **Streams are not retried once handed over**: only error statuses are retried; a success
 //!   goes to the caller at once, with its body untouched. A body that fails after the head
 //!   fails with [`Interrupted`]: the provider processed the call.
@@ -79,9 +91,11 @@
 //! - **The outcome is reported**: a final 429 carries a normalized
 //!   [`RateLimitError`](crate::provider::RateLimitError) (decision, limit, scope, wait), and
 //!   every final failed response a [`RetryReport`] (attempts,
-//!   time waited, last status and class, why it gave up, the wait asked); a failure without a
+//!   time waited, last status and class, why it gave up: [`GaveUp`] says permanent, attempts,
+//!   time, deadline, retry budget or a wait too long; the wait asked); a failure without a
 //!   response is an [`Error`](crate::Error) with the same report. Error bodies (up to 64 KiB)
-//!   are read to classify them and returned buffered.
+//!   are read to classify them and returned buffered; a larger one is classified by its
+//!   status and headers with an empty body.
 
 mod ambiguity;
 mod body;

@@ -21,6 +21,10 @@ use crate::priority::Priority;
 /// provider wait above 60 s is not honoured: the failure is permanent. Retries are bounded to
 /// 10 % of recent requests plus 1 per second (the SRE book's share; Finagle uses 20 %).
 ///
+/// The total time counts from the first attempt's sending. A rate-limited (429) async or
+/// batch request is bounded by its total time and deadline only: neither the attempt count nor
+/// the retry budget drops it (see the [module documentation](crate::retry)).
+///
 /// # Example
 ///
 /// ```
@@ -73,14 +77,16 @@ impl RetryPolicy {
     }
 
     /// At most `attempts` attempts (the first included) for a request of `priority`. Defaults
-    /// to 3, 5 and 8 for interactive, async and batch.
+    /// to 3, 5 and 8 for interactive, async and batch. Rate-limited async and batch requests
+    /// are not bounded by it.
     pub const fn max_attempts(mut self, priority: Priority, attempts: NonZeroU32) -> Self {
         self.classes[priority.index()].max_attempts = attempts;
         self
     }
 
-    /// At most `total` from the first attempt to the start of the last, for a request of
-    /// `priority`: a wait that would cross it is not started. Defaults to 8 s, 60 s and 300 s.
+    /// At most `total` from the sending of the first attempt to the start of the last, for a
+    /// request of `priority`: a wait that would cross it is not started. Defaults to 8 s, 60 s
+    /// and 300 s.
     pub const fn max_total(mut self, priority: Priority, total: Duration) -> Self {
         self.classes[priority.index()].max_total = total;
         self
@@ -100,7 +106,9 @@ impl RetryPolicy {
 
     /// A provider wait above `max` is not honoured: the failure becomes permanent
     /// ([`Permanent::WaitTooLong`](crate::retry::Permanent::WaitTooLong)). Azure's "retry after
-    /// 86400 seconds" is a daily quota, not a pause. Defaults to 60 s.
+    /// 86400 seconds" is a daily quota, not a pause. It also caps the pause a 429 puts on the
+    /// shared budget ([`RetryAfterLayer::pause_on_rate_limit`](crate::RetryAfterLayer::pause_on_rate_limit)).
+    /// Defaults to 60 s.
     pub const fn max_honored_delay(self, max: Duration) -> Self {
         Self {
             max_honored_delay: max,
@@ -133,6 +141,10 @@ impl RetryPolicy {
 
     pub(crate) fn honors(&self, wait: Duration) -> bool {
         wait <= self.max_honored_delay
+    }
+
+    pub(crate) fn max_honored(&self) -> Duration {
+        self.max_honored_delay
     }
 
     pub(crate) fn budget(&self) -> tower::retry::budget::TpsBudget {

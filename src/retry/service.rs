@@ -6,7 +6,6 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::Body;
 use tower::Service;
-use tower::retry::budget::Budget as _;
 
 use super::layer::Settings;
 use super::{Classify, ResponseFuture, RetryBody};
@@ -86,8 +85,6 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        // Every original request earns retries; retries spend them.
-        self.settings.budget.deposit();
         // The service polled ready makes the first attempt; a clone stays for later ones.
         let clone = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, clone);

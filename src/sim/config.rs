@@ -44,6 +44,14 @@ pub(crate) struct QuotaChange {
     pub(crate) amount: u64,
 }
 
+/// Another client on an organisation's quota, invisible to the simulator's clients.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct NeighbourSpec {
+    pub(crate) organization: String,
+    pub(crate) share: f64,
+    pub(crate) tokens_per_request: u64,
+}
+
 /// Faults injected on demand, drawn from the simulator's seeded generator: the same seed and
 /// the same sequence of requests give the same faults.
 ///
@@ -69,6 +77,7 @@ pub struct Faults {
     pub(crate) connection_resets: f64,
     pub(crate) latency_spikes: f64,
     pub(crate) spike: Duration,
+    pub(crate) error_body_bytes: usize,
 }
 
 impl Faults {
@@ -92,6 +101,16 @@ impl Faults {
     pub fn connection_resets(self, share: f64) -> Self {
         Self {
             connection_resets: clamp_share(share),
+            ..self
+        }
+    }
+
+    /// Streams the body of every injected server error padded to `bytes` (its JSON followed
+    /// by spaces), in chunks of 8 KiB with no length announced, as a proxy or a provider's
+    /// HTML error page may. Off (0) by default: error bodies are small and whole.
+    pub fn streamed_error_bodies(self, bytes: usize) -> Self {
+        Self {
+            error_body_bytes: bytes,
             ..self
         }
     }
@@ -154,6 +173,7 @@ pub struct SimConfig {
     pub(crate) faults: Faults,
     pub(crate) series_interval: Option<Duration>,
     pub(crate) idempotency_ttl: Option<Duration>,
+    pub(crate) neighbour: Option<NeighbourSpec>,
 }
 
 impl SimConfig {
@@ -182,6 +202,7 @@ impl SimConfig {
             faults: Faults::none(),
             series_interval: None,
             idempotency_ttl: None,
+            neighbour: None,
         }
     }
 
@@ -269,6 +290,33 @@ impl SimConfig {
             amount,
         });
         self
+    }
+
+    /// Another client spends `share` (clamped to `[0, 1]`) of `organization`'s per-minute
+    /// token limit (TPM for OpenAI, input TPM for Anthropic), unseen by the simulator's
+    /// clients: one request of `tokens_per_request` prompt tokens (at least 1) and no output
+    /// at a steady pace, each charged to every limit of the organisation (one request, its
+    /// tokens), dropped rather than retried when the quota cannot pay it (counted as its
+    /// 429). Its requests are counted apart ([`SimStats::neighbour_admitted`],
+    /// [`SimStats::neighbour_rate_limited`]), not in the other statistics. With no key
+    /// configured, the organisation is `default`. Off by default.
+    ///
+    /// [`SimStats::neighbour_admitted`]: super::SimStats::neighbour_admitted
+    /// [`SimStats::neighbour_rate_limited`]: super::SimStats::neighbour_rate_limited
+    pub fn neighbour(
+        self,
+        organization: impl Into<String>,
+        share: f64,
+        tokens_per_request: u64,
+    ) -> Self {
+        Self {
+            neighbour: Some(NeighbourSpec {
+                organization: organization.into(),
+                share: clamp_share(share),
+                tokens_per_request: tokens_per_request.max(1),
+            }),
+            ..self
+        }
     }
 
     /// The latency of a completion: `base` until the first token, then `per_output_token` for

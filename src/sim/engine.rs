@@ -63,6 +63,8 @@ pub(crate) struct Engine {
     limits: Vec<Enforced>,
     organizations: Vec<String>,
     keys: HashMap<String, usize>,
+    /// The neighbour's organisation, request cost and pace (nanoseconds between requests).
+    neighbour: Option<(usize, u64, u64)>,
     state: Mutex<State>,
     /// Admitted calls per idempotency key.
     pub(crate) idempotency_keys: super::keys::KeyCounts,
@@ -76,6 +78,8 @@ struct State {
     amounts: Vec<u64>,
     /// How many quota changes (sorted by instant) are in effect.
     changes_applied: usize,
+    /// When the neighbour sends its next request.
+    neighbour_next: u64,
     rng: fastrand::Rng,
     next_id: u64,
     counters: Counters,
@@ -200,10 +204,29 @@ impl Engine {
             .collect();
         let mut config = config;
         config.changes.sort_by_key(|change| change.at);
+        let neighbour = config.neighbour.as_ref().and_then(|spec| {
+            let organization = organizations.iter().position(|o| *o == spec.organization)?;
+            let tokens = limits.iter().zip(&amounts).find(|(limit, _)| {
+                limit.per_minute
+                    && limit.parts == 1
+                    && matches!(
+                        limit.dimension,
+                        Dimension::TotalTokens | Dimension::InputTokens
+                    )
+            })?;
+            let per_minute = *tokens.1 as f64 * spec.share;
+            if per_minute <= 0.0 {
+                return None;
+            }
+            let every =
+                config.minute.as_nanos() as f64 * spec.tokens_per_request as f64 / per_minute;
+            Some((organization, spec.tokens_per_request, (every as u64).max(1)))
+        });
         let state = State {
             buckets,
             amounts,
             changes_applied: 0,
+            neighbour_next: 0,
             rng: fastrand::Rng::with_seed(config.seed),
             next_id: 0,
             counters: Counters::default(),
@@ -218,6 +241,7 @@ impl Engine {
             limits,
             organizations,
             keys,
+            neighbour,
             state: Mutex::new(state),
             idempotency_keys: super::keys::KeyCounts::default(),
         }
@@ -232,29 +256,76 @@ impl Engine {
         nanos(Instant::now().saturating_duration_since(self.epoch))
     }
 
-    /// The state, with every quota change due by now in effect, and the instant: read under
-    /// the lock, so instants are recorded in order.
+    /// The state, with every quota change and neighbour request due by now in effect, and
+    /// the instant: read under the lock, so instants are recorded in order.
     fn lock(&self) -> (MutexGuard<'_, State>, u64) {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         let now = self.now();
-        while let Some(change) = self.config.changes.get(state.changes_applied) {
-            let at = nanos(change.at);
-            if at > now {
-                break;
-            }
-            for (i, limit) in self.limits.iter().enumerate() {
-                if limit.per_minute && limit.dimension == change.dimension {
-                    let amount = change.amount.max(1);
-                    state.amounts[i] = amount;
-                    let capacity = limit.capacity(amount);
-                    for buckets in &mut state.buckets {
-                        buckets[i].set_capacity(at, capacity);
-                    }
+        loop {
+            let change = self
+                .config
+                .changes
+                .get(state.changes_applied)
+                .map(|change| nanos(change.at))
+                .filter(|&at| at <= now);
+            let neighbour = self
+                .neighbour
+                .map(|_| state.neighbour_next)
+                .filter(|&at| at <= now);
+            match (change, neighbour) {
+                (Some(change), Some(neighbour)) if neighbour < change => {
+                    self.neighbour_request(&mut state, neighbour)
                 }
+                (Some(change), _) => self.apply_change(&mut state, change),
+                (None, Some(neighbour)) => self.neighbour_request(&mut state, neighbour),
+                (None, None) => break,
             }
-            state.changes_applied += 1;
         }
         (state, now)
+    }
+
+    /// Puts the next quota change, due at `at`, in effect.
+    fn apply_change(&self, state: &mut State, at: u64) {
+        let change = self.config.changes[state.changes_applied];
+        for (i, limit) in self.limits.iter().enumerate() {
+            if limit.per_minute && limit.dimension == change.dimension {
+                let amount = change.amount.max(1);
+                state.amounts[i] = amount;
+                let capacity = limit.capacity(amount);
+                for buckets in &mut state.buckets {
+                    buckets[i].set_capacity(at, capacity);
+                }
+            }
+        }
+        state.changes_applied += 1;
+    }
+
+    /// The neighbour's request due at `at`: charged to every limit if they can all pay it,
+    /// else refused.
+    fn neighbour_request(&self, state: &mut State, at: u64) {
+        let Some((organization, tokens, every)) = self.neighbour else {
+            return;
+        };
+        state.neighbour_next = at.saturating_add(every);
+        let buckets = &mut state.buckets[organization];
+        let costs: Vec<u64> = self
+            .limits
+            .iter()
+            .map(|limit| cost(limit.dimension, tokens, 0))
+            .collect();
+        let fits = buckets
+            .iter_mut()
+            .zip(&costs)
+            .all(|(bucket, &cost)| bucket.wait_for(at, cost) == Some(0));
+        if fits {
+            for (bucket, &cost) in buckets.iter_mut().zip(&costs) {
+                bucket.take(at, cost);
+            }
+            state.counters.neighbour_admitted += 1;
+            state.counters.neighbour_tokens += tokens;
+        } else {
+            state.counters.neighbour_rate_limited += 1;
+        }
     }
 
     /// Decides what to do with a request: refuse it, reset it, or admit it (charging the

@@ -67,7 +67,10 @@
 //!
 //! Faults ([`SimConfig::faults`]) are drawn per valid, authenticated request from a generator
 //! seeded with [`SimConfig::seed`]; a request answered with an injected error or reset is not
-//! charged. [`SimConfig::lower_limit_at`] lowers a limit at a given instant.
+//! charged. [`Faults::streamed_error_bodies`] pads and streams their error bodies with no length.
+//! [`SimConfig::lower_limit_at`] lowers a limit at a given instant, and
+//! [`SimConfig::neighbour`] adds another client, unseen by the simulator's clients, spending a
+//! share of an organisation's quota (its admissions and 429s counted apart).
 //!
 //! # Statistics
 //!

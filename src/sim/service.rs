@@ -108,7 +108,13 @@ where
             headers,
             body,
         } => {
-            let mut response = Response::new(SimBody::full(body));
+            let padded = engine.config().faults.error_body_bytes;
+            let body = if status.is_server_error() && padded > body.len() {
+                SimBody::chunks(padded_chunks(&body, padded))
+            } else {
+                SimBody::full(body)
+            };
+            let mut response = Response::new(body);
             *response.status_mut() = status;
             *response.headers_mut() = headers;
             return Ok(response);
@@ -156,6 +162,19 @@ where
     Ok(response)
 }
 
+/// `body` followed by spaces up to `total` bytes, in chunks of 8 KiB.
+fn padded_chunks(body: &Bytes, total: usize) -> VecDeque<Bytes> {
+    const CHUNK: usize = 8 * 1024;
+    let mut padded = Vec::with_capacity(total);
+    padded.extend_from_slice(body);
+    padded.resize(total, b' ');
+    let padded = Bytes::from(padded);
+    (0..total)
+        .step_by(CHUNK)
+        .map(|at| padded.slice(at..(at + CHUNK).min(total)))
+        .collect()
+}
+
 /// Sleeps on tokio's clock; a zero wait does not yield.
 async fn pause(duration: Duration) {
     if !duration.is_zero() {
@@ -174,6 +193,8 @@ pub struct SimBody {
 
 enum Kind {
     Full(Option<Bytes>),
+    /// Chunks sent one after the other, with no length announced.
+    Chunks(VecDeque<Bytes>),
     Stream(Box<Stream>),
 }
 
@@ -193,6 +214,10 @@ impl fmt::Debug for SimBody {
                 .debug_struct("SimBody")
                 .field("len", &bytes.as_ref().map_or(0, Bytes::len))
                 .finish(),
+            Kind::Chunks(chunks) => f
+                .debug_struct("SimBody")
+                .field("chunks_left", &chunks.len())
+                .finish(),
             Kind::Stream(stream) => f
                 .debug_struct("SimBody")
                 .field("events_left", &stream.frames.len())
@@ -205,6 +230,12 @@ impl SimBody {
     fn full(bytes: Bytes) -> Self {
         Self {
             kind: Kind::Full(Some(bytes)),
+        }
+    }
+
+    fn chunks(chunks: VecDeque<Bytes>) -> Self {
+        Self {
+            kind: Kind::Chunks(chunks),
         }
     }
 
@@ -231,6 +262,9 @@ impl Body for SimBody {
     ) -> Poll<Option<Result<BodyFrame<Bytes>, Infallible>>> {
         let stream = match &mut self.kind {
             Kind::Full(bytes) => return Poll::Ready(bytes.take().map(|b| Ok(BodyFrame::data(b)))),
+            Kind::Chunks(chunks) => {
+                return Poll::Ready(chunks.pop_front().map(|b| Ok(BodyFrame::data(b))));
+            }
             Kind::Stream(stream) => stream,
         };
         let Some(next) = stream.frames.front() else {
@@ -261,6 +295,7 @@ impl Body for SimBody {
     fn is_end_stream(&self) -> bool {
         match &self.kind {
             Kind::Full(bytes) => bytes.is_none(),
+            Kind::Chunks(chunks) => chunks.is_empty(),
             Kind::Stream(stream) => stream.frames.is_empty(),
         }
     }
@@ -269,7 +304,7 @@ impl Body for SimBody {
         match &self.kind {
             Kind::Full(Some(bytes)) => SizeHint::with_exact(bytes.len() as u64),
             Kind::Full(None) => SizeHint::with_exact(0),
-            Kind::Stream(_) => SizeHint::default(),
+            Kind::Chunks(_) | Kind::Stream(_) => SizeHint::default(),
         }
     }
 }

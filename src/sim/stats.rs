@@ -42,6 +42,12 @@ pub struct SimStats {
     pub series: Vec<SeriesPoint>,
     /// The instant of each 429, in order.
     pub rate_limited_at: Vec<Duration>,
+    /// Requests of the [neighbour](super::SimConfig::neighbour) the quota admitted.
+    pub neighbour_admitted: u64,
+    /// Requests of the neighbour the quota could not pay (its 429s).
+    pub neighbour_rate_limited: u64,
+    /// Tokens the neighbour spent.
+    pub neighbour_tokens: u64,
 }
 
 /// One enforced limit of one organisation.
@@ -122,6 +128,9 @@ pub(crate) struct Counters {
     pub(crate) latency_spikes: u64,
     pub(crate) prompt_tokens: u64,
     pub(crate) completion_tokens: u64,
+    pub(crate) neighbour_admitted: u64,
+    pub(crate) neighbour_rate_limited: u64,
+    pub(crate) neighbour_tokens: u64,
 }
 
 /// One admission (32 bytes on 64-bit targets).
@@ -239,6 +248,9 @@ pub(crate) fn snapshot(
             .iter()
             .map(|r| Duration::from_nanos(r.at))
             .collect(),
+        neighbour_admitted: counters.neighbour_admitted,
+        neighbour_rate_limited: counters.neighbour_rate_limited,
+        neighbour_tokens: counters.neighbour_tokens,
     }
 }
 

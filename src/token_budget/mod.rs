@@ -30,7 +30,7 @@
 //! let response = governed.ready().await?.call(request).await?;
 //! assert_eq!(response.into_body(), "hi");
 //! // No ReconcileLayer settled it, so the estimate stays charged.
-//! assert_eq!(budget.snapshot().limits()[0].level(), 4_250 - 1_200);
+//! assert_eq!(budget.snapshot().limits()[0].level(), 5_000 - 1_200);
 //! # Ok(()) }
 //! ```
 //!

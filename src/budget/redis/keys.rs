@@ -104,7 +104,9 @@ mod tests {
     #[test]
     fn rates_are_exact_fractions() {
         // 500 RPM at 85 %: 425 per 60,000 ms = 17 per 2,400 ms.
-        let rpm = Limit::per_minute(Dimension::Requests, nz(500));
+        let rpm = Limit::per_minute(Dimension::Requests, nz(500))
+            .with_headroom(0.85)
+            .unwrap();
         let rate = Rate::of(&rpm);
         assert_eq!((rate.num, rate.den, rate.capacity), (17, 2_400, 71));
     }
