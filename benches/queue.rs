@@ -20,7 +20,7 @@
 //!   called and polled once: it is first, the inner service is ready, it is handed over and
 //!   completes at once; the gate is closed again.
 //! - `baseline`: what the request itself costs in those operations, without any queue: the
-//!   [`Deadline`] the queue inserts into its extensions, and dropping it.
+//!   an extension of the size of the placement the queue inserts, and dropping it.
 //!
 //! Requests are built outside the timed span; dropping them (and the response) is inside.
 //! Classes never age nor expire during the run: the ceilings and maximum waits are an hour or
@@ -309,15 +309,15 @@ fn per_request<T>(phase: impl FnOnce() -> T) -> (T, f64) {
 ///
 /// 1. `request`: building the requests (cost and class in their extensions), as the client
 ///    would: the heap behind each request (its extension map and boxed values).
-/// 2. `request + deadline`: the same with a [`Deadline`] too, as the queue inserts one (unless
-///    the request carries one): the difference is that extension.
-/// 3. `queue entry`: calling a queue with the requests of phase 2 (so nothing is inserted into
-///    their extensions), keeping the futures unboxed and never polled: only the queue's own
-///    bookkeeping per waiting request (its share of the class's B-tree).
-/// 4. `enqueued`: what a caller does, on a second queue: call with the requests of phase 1,
-///    box the future and poll it once. The request's own struct moves into that box, so the
-///    cost excluding the request is this minus `size_of::<Request<()>>()` (its heap was
-///    counted in phase 1, outside this phase).
+/// 2. `called`: calling a queue with them, keeping the futures unboxed and never polled: the
+///    placement the queue stamps into each request's extensions (a request joins the ordering
+///    only once it has to wait, at its first poll).
+/// 3. `enqueued`: what a caller does, on a second queue: call with the requests of phase 1,
+///    box the future and poll it once, so that it waits (the inner service is not ready): the
+///    future's box, its boxed waiting state, the stamp and the ordering's entry (its place in
+///    its class and in the deadline index). The request's own struct moves into the waiting
+///    state, so the cost excluding the request is this minus `size_of::<Request<()>>()` (its
+///    heap was counted in phase 1, outside this phase).
 fn memory() {
     let Some(start) = data_segment() else {
         println!("memory: /proc/self/status has no VmData here; skipped\n");
@@ -325,41 +325,19 @@ fn memory() {
     };
     let classes = Priority::ALL;
     let class = |i: usize| classes[i % classes.len()];
-    let deadline = Deadline::after(Duration::from_secs(7_200));
 
     let mut plain = Vec::with_capacity(MEMORY_N);
-    let mut for_entry = Vec::with_capacity(MEMORY_N);
-    let mut with_deadline = Vec::with_capacity(MEMORY_N);
+    let mut for_call = Vec::with_capacity(MEMORY_N);
     let mut unpolled: Vec<Waiting> = Vec::with_capacity(MEMORY_N);
-    let mut unpolled_own: Vec<Waiting> = Vec::with_capacity(MEMORY_N);
     let mut waiting: Vec<Pin<Box<Waiting>>> = Vec::with_capacity(MEMORY_N);
-    let (mut queue_a, _gate_a, handle_a) = queue();
+    let (mut queue_a, _gate_a, _handle_a) = queue();
     let (mut queue_b, _gate_b, handle_b) = queue();
-    let (mut queue_c, _gate_c, handle_c) = queue();
 
     let ((), request_heap) = per_request(|| plain.extend((0..MEMORY_N).map(|i| request(class(i)))));
-    for_entry.extend((0..MEMORY_N).map(|i| request(class(i))));
-    let ((), request_deadline) = per_request(|| {
-        with_deadline.extend((0..MEMORY_N).map(|i| {
-            let mut request = request(class(i));
-            request.extensions_mut().insert(deadline);
-            request
-        }))
-    });
-    let deadline_extension = request_deadline - request_heap;
-    // Enqueued without a first poll, into a vector reserved beforehand: what grows is the
-    // queue's entry and the deadline extension `call` inserts into the request.
-    let ((), entry_and_deadline) = per_request(|| {
-        for request in for_entry.drain(..) {
+    for_call.extend((0..MEMORY_N).map(|i| request(class(i))));
+    let ((), stamp) = per_request(|| {
+        for request in for_call.drain(..) {
             unpolled.push(queue_a.call(request));
-        }
-    });
-    let entry = entry_and_deadline - deadline_extension;
-    // The same for requests carrying their own deadline (indexed by it as well); `call`
-    // replaces their extension with one of the same size.
-    let ((), own_entry) = per_request(|| {
-        for request in with_deadline.drain(..) {
-            unpolled_own.push(queue_c.call(request));
         }
     });
     let mut cx = Context::from_waker(Waker::noop());
@@ -370,9 +348,7 @@ fn memory() {
             waiting.push(future);
         }
     });
-    assert_eq!(handle_a.snapshot().depth(), MEMORY_N);
     assert_eq!(handle_b.snapshot().depth(), MEMORY_N);
-    assert_eq!(handle_c.snapshot().depth(), MEMORY_N);
     let end = data_segment().unwrap_or(start);
 
     let request_size = size_of::<Request<()>>();
@@ -387,14 +363,10 @@ fn memory() {
         size_of::<Deadline>(),
     );
     println!("  request heap (cost, class):                {request_heap:>8.1} B/request");
-    println!("  deadline extension the queue inserts:      {deadline_extension:>8.1} B/request");
-    println!("  queue entry (class deadline):              {entry:>8.1} B/request");
+    println!("  placement the queue stamps on a call:      {stamp:>8.1} B/request");
     println!(
-        "  queue entry (own deadline, also indexed):  {:>8.1} B/request",
-        own_entry
-    );
-    println!(
-        "  enqueued (box + entry + deadline + first poll), total {:.1} MiB: {enqueued:.1} B/request",
+        "  enqueued (box + waiting state + stamp + entry + first poll), total {:.1} MiB: \
+         {enqueued:.1} B/request",
         enqueued * MEMORY_N as f64 / (1 << 20) as f64
     );
     println!(
@@ -406,14 +378,7 @@ fn memory() {
         "  whole step: {:.1} MiB\n",
         end.saturating_sub(start) as f64 / (1 << 20) as f64
     );
-    drop((
-        unpolled,
-        unpolled_own,
-        waiting,
-        plain,
-        for_entry,
-        with_deadline,
-    ));
+    drop((unpolled, waiting, plain, for_call));
 }
 
 // What `criterion_group!`/`criterion_main!` expand to, without their undocumented `pub fn`.

@@ -160,6 +160,9 @@ async fn with_a_redis_budget_interactive_goes_right_after_the_call_in_flight() {
     let served = labels(&log);
     assert_eq!(served.len(), 7);
     let position = served.iter().position(|l| l == "interactive").unwrap();
+    eprintln!(
+        "redis ordering: the interactive request was served at position {position}: {served:?}"
+    );
     assert!(position <= 1, "served at {position}: {served:?}");
     // The batch requests kept their order among themselves.
     let batch: Vec<_> = served.iter().filter(|l| l.starts_with("batch")).collect();

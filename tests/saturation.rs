@@ -119,6 +119,11 @@ async fn saturate(budget: Budget, call: Duration, interactive_bound: Duration) {
     }
 
     let worst_interactive = *interactive_waits.iter().max().unwrap();
+    eprintln!(
+        "worst interactive wait {worst_interactive:?} (bound {interactive_bound:?}), worst batch \
+         wait {:?}",
+        batch_waits.iter().max().unwrap()
+    );
     assert!(
         worst_interactive <= interactive_bound,
         "{worst_interactive:?} > {interactive_bound:?}"
