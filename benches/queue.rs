@@ -309,15 +309,16 @@ fn per_request<T>(phase: impl FnOnce() -> T) -> (T, f64) {
 ///
 /// 1. `request`: building the requests (cost and class in their extensions), as the client
 ///    would: the heap behind each request (its extension map and boxed values).
-/// 2. `called`: calling a queue with them, keeping the futures unboxed and never polled: the
-///    placement the queue stamps into each request's extensions (a request joins the ordering
-///    only once it has to wait, at its first poll).
+/// 2. `called`: calling a queue with them (its inner service was not ready), keeping the futures
+///    unboxed and never polled: the boxed waiting state each future holds (the request moves
+///    into it). A request joins the ordering only once it has to wait, at its first poll, and
+///    its placement is stamped into its extensions only when it is handed over.
 /// 3. `enqueued`: what a caller does, on a second queue: call with the requests of phase 1,
-///    box the future and poll it once, so that it waits (the inner service is not ready): the
-///    future's box, its boxed waiting state, the stamp and the ordering's entry (its place in
-///    its class and in the deadline index). The request's own struct moves into the waiting
-///    state, so the cost excluding the request is this minus `size_of::<Request<()>>()` (its
-///    heap was counted in phase 1, outside this phase).
+///    box the future and poll it once, so that it waits: the future's box, its boxed waiting
+///    state and the ordering's entry (its place in its class and in the deadline index). The
+///    request's own struct moves into the waiting state, so the cost excluding the request is
+///    this minus `size_of::<Request<()>>()` (its heap was counted in phase 1, outside this
+///    phase).
 fn memory() {
     let Some(start) = data_segment() else {
         println!("memory: /proc/self/status has no VmData here; skipped\n");
@@ -363,9 +364,9 @@ fn memory() {
         size_of::<Deadline>(),
     );
     println!("  request heap (cost, class):                {request_heap:>8.1} B/request");
-    println!("  placement the queue stamps on a call:      {stamp:>8.1} B/request");
+    println!("  waiting state a call boxes (request in it): {stamp:>7.1} B/request");
     println!(
-        "  enqueued (box + waiting state + stamp + entry + first poll), total {:.1} MiB: \
+        "  enqueued (box + waiting state + entry + first poll), total {:.1} MiB: \
          {enqueued:.1} B/request",
         enqueued * MEMORY_N as f64 / (1 << 20) as f64
     );

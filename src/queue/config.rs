@@ -6,7 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::priority::Priority;
-use crate::sched::{Aging, Scheduling};
+use crate::sched::{Aging, Scheduling, depth};
 
 /// The configuration of a [`PriorityQueueLayer`](crate::PriorityQueueLayer).
 ///
@@ -143,12 +143,29 @@ impl QueueConfig {
         self.default_priority
     }
 
+    /// How a request of `priority` that entered at `enqueued_at` and gives up at `deadline` is
+    /// placed in an ordering.
+    pub(crate) fn placed(
+        &self,
+        priority: Priority,
+        enqueued_at: Instant,
+        deadline: Instant,
+    ) -> Scheduling {
+        Scheduling {
+            deadline: Some(deadline),
+            ..self.scheduling(priority, enqueued_at)
+        }
+    }
+
     /// How a request of `priority` that entered at `enqueued_at` is placed in an ordering.
     pub(crate) fn scheduling(&self, priority: Priority, enqueued_at: Instant) -> Scheduling {
         Scheduling {
             aging: Aging::new(self.classes.map(|class| class.promote_after)),
-            max_depth: self.max_depth.get(),
-            class_max_depth: self.class(priority).max_depth.map(NonZeroUsize::get),
+            max_depth: depth(self.max_depth.get()),
+            class_max_depth: self
+                .class(priority)
+                .max_depth
+                .map_or(u32::MAX, |max| depth(max.get())),
             ..Scheduling::new(priority, enqueued_at)
         }
     }

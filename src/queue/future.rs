@@ -66,12 +66,15 @@ pin_project! {
     }
 }
 
-/// A request waiting for its turn or for the inner service.
+/// A request waiting for its turn or for the inner service. Its placement (the queue's
+/// configuration for its class) is stamped into the request only when it is handed over.
 struct Wait<S, B> {
     shared: Arc<Shared>,
     // Its place in the queue's own ordering, once it had to wait there.
     place: Option<Place>,
-    scheduling: Scheduling,
+    priority: Priority,
+    // When the logical request first entered an ordering (kept across retries).
+    enqueued_at: Instant,
     deadline: Instant,
     service: S,
     request: Request<B>,
@@ -97,7 +100,7 @@ where
 
     pub(crate) fn new(
         shared: Arc<Shared>,
-        scheduling: Scheduling,
+        (priority, enqueued_at): (Priority, Instant),
         deadline: Instant,
         service: S,
         request: Request<B>,
@@ -107,7 +110,8 @@ where
                 wait: Box::new(Wait {
                     shared,
                     place: None,
-                    scheduling,
+                    priority,
+                    enqueued_at,
                     deadline,
                     service,
                     request,
@@ -133,13 +137,16 @@ where
                     let Wait {
                         shared,
                         place,
-                        scheduling,
+                        priority,
+                        enqueued_at,
                         deadline,
                         service,
                         arrived,
                         ..
                     } = &mut **wait;
-                    let error = match poll_turn(shared, place, scheduling, *deadline, service, cx) {
+                    let scheduling = shared.config.placed(*priority, *enqueued_at, *deadline);
+                    let error = match poll_turn(shared, place, &scheduling, *deadline, service, cx)
+                    {
                         Turn::Go => {
                             let StateReplace::Waiting { wait } =
                                 state.as_mut().project_replace(State::Done)
@@ -149,14 +156,16 @@ where
                             let Wait {
                                 shared,
                                 place,
-                                scheduling,
+                                priority,
                                 mut service,
-                                request,
+                                mut request,
                                 arrived,
                                 ..
                             } = *wait;
+                            // Inner layers follow the placement: a budget orders its waiters by
+                            // it, and gives up waiting at its deadline.
+                            request.extensions_mut().insert(scheduling);
                             let queued = arrived.elapsed();
-                            let priority = scheduling.priority;
                             observe::span_record("queue_wait_ms", queued.as_millis() as u64);
                             if let Some(place) = place {
                                 // Handed over: the next in line may look.
@@ -189,7 +198,7 @@ where
                         }
                         Turn::Wait => {
                             let waited = arrived.elapsed();
-                            let priority = scheduling.priority;
+                            let priority = *priority;
                             tracing::debug!(%priority, ?waited, "deadline passed while queued");
                             observe::rate_limit_hit("deadline", "local");
                             Error::deadline_exceeded(Some(priority), waited)

@@ -9,7 +9,7 @@ use super::ResponseFuture;
 use super::shared::{QueueHandle, Shared};
 use crate::error::{BoxError, Error};
 use crate::priority::{Deadline, EnqueuedAt, Priority};
-use crate::sched::{Scheduling, saturating_deadline};
+use crate::sched::saturating_deadline;
 
 /// Orders requests by [`Priority`](crate::Priority) before the inner service sees them; see the
 /// [module documentation](crate::queue).
@@ -100,21 +100,18 @@ where
         let deadline = extensions
             .get::<Deadline>()
             .map_or_else(|| saturating_deadline(now, max_wait), Deadline::instant);
-        let scheduling = Scheduling {
-            deadline: Some(deadline),
-            ..config.scheduling(priority, enqueued_at)
-        };
-        // Inner layers follow it: a budget orders its waiters by it, and gives up waiting at
-        // its deadline.
-        request.extensions_mut().insert(scheduling);
         if std::mem::take(&mut self.ready) && self.shared.is_empty() {
-            // Nobody waits here and the inner service is ready: hand it over now.
+            // Nobody waits here and the inner service is ready: hand it over now. Inner layers
+            // follow the placement: a budget orders its waiters by it, and gives up waiting at
+            // its deadline.
+            let scheduling = config.placed(priority, enqueued_at, deadline);
+            request.extensions_mut().insert(scheduling);
             crate::observe::span_record("queue_wait_ms", 0);
             return ResponseFuture::calling(self.inner.call(request), priority, now);
         }
         ResponseFuture::new(
             self.shared.clone(),
-            scheduling,
+            (priority, enqueued_at),
             deadline,
             self.inner.clone(),
             request,

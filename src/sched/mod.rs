@@ -21,5 +21,5 @@ pub(crate) mod order;
 mod scheduling;
 mod snapshot;
 
-pub(crate) use scheduling::{Aging, Scheduling, saturating_deadline};
+pub(crate) use scheduling::{Aging, Scheduling, depth, saturating_deadline};
 pub use snapshot::{ClassSnapshot, QueueSnapshot};

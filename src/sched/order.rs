@@ -53,8 +53,9 @@ pub(crate) struct Full(pub(crate) usize);
 pub(crate) struct Order<T> {
     /// One list per class, indexed as `Priority::ALL`.
     classes: [Class<T>; 3],
-    /// The requests whose deadline the order watches, by deadline.
-    deadlines: BTreeMap<(Instant, u64), Place>,
+    /// The requests whose deadline the order watches, by deadline (and ticket): their class and
+    /// enqueue time, from which their place is rebuilt.
+    deadlines: BTreeMap<(Instant, u64), (Priority, Instant)>,
     len: usize,
     next_ticket: u64,
 }
@@ -106,14 +107,16 @@ impl<T> Order<T> {
         deadline: Option<Instant>,
         value: T,
     ) -> Result<Place, Full> {
-        if self.len >= scheduling.max_depth {
-            return Err(Full(scheduling.max_depth));
+        let (max, class_max) = (
+            scheduling.max_depth as usize,
+            scheduling.class_max_depth as usize,
+        );
+        if self.len >= max {
+            return Err(Full(max));
         }
         let priority = scheduling.priority;
-        if let Some(max) = scheduling.class_max_depth {
-            if self.classes[priority.index()].waiting.len() >= max {
-                return Err(Full(max));
-            }
+        if self.classes[priority.index()].waiting.len() >= class_max {
+            return Err(Full(class_max));
         }
         let place = Place {
             priority,
@@ -153,7 +156,8 @@ impl<T> Order<T> {
             self.len += 1;
         }
         if let Some(deadline) = place.deadline {
-            self.deadlines.insert((deadline, place.slot.1), place);
+            self.deadlines
+                .insert((deadline, place.slot.1), (place.priority, place.slot.0));
         }
         self.record_depth(place.priority);
     }
@@ -229,7 +233,12 @@ impl<T> Order<T> {
 
     /// The waiting request whose watched deadline comes first.
     pub(crate) fn first_deadline(&self) -> Option<Place> {
-        self.deadlines.values().next().copied()
+        let (&(deadline, ticket), &(priority, enqueued_at)) = self.deadlines.first_key_value()?;
+        Some(Place {
+            priority,
+            slot: (enqueued_at, ticket),
+            deadline: Some(deadline),
+        })
     }
 
     /// The request to serve next at `now`: the front of the highest effective class; among
@@ -407,9 +416,9 @@ mod tests {
     fn depth_limits_shed() {
         let t0 = Instant::now();
         let mut order = Order::default();
-        let limited = |priority, class_max| Scheduling {
+        let limited = |priority, class_max: Option<u32>| Scheduling {
             max_depth: 3,
-            class_max_depth: class_max,
+            class_max_depth: class_max.unwrap_or(u32::MAX),
             ..Scheduling::new(priority, t0)
         };
         order

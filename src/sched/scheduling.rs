@@ -47,6 +47,11 @@ pub(crate) struct Flow {
     pub(crate) weight: u32,
 }
 
+/// A depth limit: how many requests may wait; `u32::MAX` (or more) is no limit.
+pub(crate) fn depth(limit: usize) -> u32 {
+    u32::try_from(limit).unwrap_or(u32::MAX)
+}
+
 impl Flow {
     pub(crate) const DEFAULT: Flow = Flow { key: 0, weight: 1 };
 }
@@ -60,9 +65,10 @@ pub(crate) struct Scheduling {
     /// When the logical request first entered an ordering (kept across retries).
     pub(crate) enqueued_at: Instant,
     pub(crate) aging: Aging,
-    /// The most requests that may wait in all, and in this request's class.
-    pub(crate) max_depth: usize,
-    pub(crate) class_max_depth: Option<usize>,
+    /// The most requests that may wait in all, and in this request's class (`u32::MAX`: no
+    /// limit).
+    pub(crate) max_depth: u32,
+    pub(crate) class_max_depth: u32,
     pub(crate) flow: Flow,
     /// The latest instant at which the request may still be admitted.
     pub(crate) deadline: Option<Instant>,
@@ -76,8 +82,8 @@ impl Scheduling {
             priority,
             enqueued_at,
             aging: Aging::DEFAULT,
-            max_depth: usize::MAX,
-            class_max_depth: None,
+            max_depth: u32::MAX,
+            class_max_depth: u32::MAX,
             flow: Flow::DEFAULT,
             deadline: None,
         }
