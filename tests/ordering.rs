@@ -230,3 +230,44 @@ async fn with_a_redis_budget_interactive_work_keeps_its_latency_under_a_batch_ba
     assert_eq!(labels(&log).len(), 106);
     assert_eq!(budget.waiters(), 0);
 }
+
+/// The floor case with a Redis-shared budget: the script says when only the floor keeps a cost
+/// out, so a request with a lower floor behind the head asks at once instead of waiting for the
+/// head's hint (here a hundred seconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_redis_budget_a_head_blocked_only_by_its_floor_does_not_block_a_higher_class() {
+    let server = RedisServer::start();
+    // 1,000 tokens at once, refilling by one a second.
+    let quota = Quota::new().with_limit(limit(Dimension::TotalTokens, 1, SEC, 1_000));
+    let budget = RedisBudget::new(server.url(), "floors")
+        .connect(&quota)
+        .await
+        .expect("connected");
+    let mut spent = budget.reserve(Cost::new(400, 0)).await.unwrap();
+    spent.mark_sent();
+    let _ = spent.charge_estimate();
+    let config = QueueConfig::new()
+        .promote_after(Priority::Batch, Some(SEC / 2))
+        .promote_after(Priority::Async, Some(SEC / 2));
+    let layer = TokenBudgetLayer::new(budget.clone()).class_headroom(Priority::Batch, 0.5);
+    let (llm, log) = governed(config, layer);
+
+    // 600 left: 200 batch tokens would leave 400, under the floor of 500. By 1 s the batch
+    // request ranks as interactive.
+    let batch = tokio::spawn(llm.clone().oneshot(request("batch", Priority::Batch, 200)));
+    time::sleep(3 * SEC / 2).await;
+    assert_eq!(budget.waiters(), 1);
+    let arrived = Instant::now();
+    llm.clone()
+        .oneshot(request("interactive", Priority::Interactive, 500))
+        .await
+        .unwrap();
+    let waited = arrived.elapsed();
+    eprintln!("redis floor: the interactive request waited {waited:?}");
+    assert!(
+        waited < SEC / 2,
+        "waited {waited:?} behind a head keeping its floor"
+    );
+    assert_eq!(labels(&log), ["interactive"]);
+    batch.abort();
+}

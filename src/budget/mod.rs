@@ -593,6 +593,7 @@ impl Budget {
         shared.asking = shared.asking.saturating_sub(1);
         let admitted = matches!(answer, Ok(Decision::Admitted));
         slots.fulfil(admitted);
+        let mut other = None;
         let mut back = |queue: &mut WaitList| match *place {
             Some(mine) => {
                 queue.restore(mine, ask, waker);
@@ -612,9 +613,17 @@ impl Budget {
                         *place = None;
                         Answer::Admitted
                     }
-                    Decision::Denied { wait, .. } => {
+                    Decision::Denied {
+                        wait, floor_only, ..
+                    } => {
                         shared.refused = true;
-                        match back(queue) {
+                        let restored = back(queue);
+                        if let (Ok(()), Some(mine)) = (&restored, *place) {
+                            // Refused only to keep its class floor: a request with a lower
+                            // floor behind it may ask instead.
+                            other = queue.set_floor_blocked(mine, floor_only, now);
+                        }
+                        match restored {
                             Ok(()) => Answer::RetryAt(
                                 crate::sched::saturating_deadline(now, remote.jittered(wait)),
                                 shared.refunds,
@@ -645,11 +654,11 @@ impl Budget {
                 }
             }
         };
-        // A question ended: the head may ask (or be admitted) now.
+        // A question ended: the head may ask (or be admitted) now, and whoever a floor lets go.
         let head = queue.head_waker(now).filter(|head| !head.will_wake(waker));
         drop(state);
-        if let Some(head) = head {
-            head.wake();
+        for waker in [head, other].into_iter().flatten() {
+            waker.wake();
         }
         answer
     }

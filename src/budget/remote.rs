@@ -27,8 +27,13 @@ pub(crate) enum Decision {
     /// Every limit paid.
     Admitted,
     /// Nothing was taken; the cost fits in `wait` at the earliest, `limit` (an index into the
-    /// limits asked about) being the one that refills the longest.
-    Denied { wait: Duration, limit: usize },
+    /// limits asked about) being the one that refills the longest. `floor_only`: every bucket
+    /// holds the cost, only the floor it must leave keeps it out.
+    Denied {
+        wait: Duration,
+        limit: usize,
+        floor_only: bool,
+    },
     /// The cost exceeds the capacity of `limit` (an index into the limits asked about).
     TooLarge { limit: usize },
 }

@@ -557,7 +557,11 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_denial_waits_for_the_stores_hint_then_asks_again() {
         let wait = Duration::from_millis(200);
-        let store = scripted(&[Script::Answer(Decision::Denied { wait, limit: 0 })]);
+        let store = scripted(&[Script::Answer(Decision::Denied {
+            wait,
+            limit: 0,
+            floor_only: false,
+        })]);
         let budget = budget(&store, FailurePolicy::FailClosed);
         let start = Instant::now();
         let reservation = budget.reserve(Cost::new(100, 0)).await.unwrap();

@@ -2,7 +2,8 @@
 -- KEYS: the buckets, then the reservation record.
 -- ARGV: clock override ('' in production), lease in ms, then per bucket: num, den,
 --       capacity, cost, floor (units).
--- Returns {1, level...} when admitted, {0, wait_ms, bucket} when not yet (nothing written),
+-- Returns {1, level...} when admitted, {0, wait_ms, bucket, floor_only} when not yet (nothing
+-- written; floor_only is 1 when every bucket holds the cost and only the floors keep it out),
 -- {-1, bucket} when the cost can never fit, {-2} when the id was already settled.
 local now = clock(ARGV[1])
 local n = #KEYS - 1
@@ -15,7 +16,7 @@ elseif values[n + 1] then
   return {1}
 end
 local toks, tss = {}, {}
-local wait, limiting = 0, 0
+local wait, limiting, short = 0, 0, 0
 for i = 1, n do
   local a = 3 + (i - 1) * 5
   local num, den, cap = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
@@ -26,6 +27,9 @@ for i = 1, n do
   local tok, ts = load(values[i], now, num, den, cap * den)
   toks[i], tss[i] = tok, ts
   local need = (cost + floor) * den
+  if tok < cost * den then
+    short = 1
+  end
   if tok < need then
     local w = math.max(ts - now, 0) + math.ceil((need - tok) / num)
     if w > wait then
@@ -34,7 +38,7 @@ for i = 1, n do
   end
 end
 if limiting > 0 then
-  return {0, wait, limiting}
+  return {0, wait, limiting, 1 - short}
 end
 -- The record: "r" and, per bucket, "|<key>=<cost>", so that settling knows what was taken.
 local reply, record = {1}, {'r'}

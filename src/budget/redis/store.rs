@@ -228,8 +228,9 @@ impl RemoteStore for RedisStore {
     }
 }
 
-/// Reads the reserve script's reply: `{1, levels...}`, `{0, wait_ms, bucket}` or
-/// `{-1, bucket}`, buckets numbered from 1 among the `touched` limits.
+/// Reads the reserve script's reply: `{1, levels...}`, `{0, wait_ms, bucket, floor_only}` (a
+/// script of an earlier version leaves `floor_only` out) or `{-1, bucket}`, buckets numbered
+/// from 1 among the `touched` limits.
 fn decision(reply: &[i64], touched: &[usize]) -> Result<Decision, StoreUnavailable> {
     let limit = |bucket: i64| {
         usize::try_from(bucket - 1)
@@ -239,9 +240,10 @@ fn decision(reply: &[i64], touched: &[usize]) -> Result<Decision, StoreUnavailab
     };
     match *reply {
         [1, ..] => Ok(Decision::Admitted),
-        [0, wait, bucket] => Ok(Decision::Denied {
+        [0, wait, bucket] | [0, wait, bucket, _] => Ok(Decision::Denied {
             wait: Duration::from_millis(u64::try_from(wait).unwrap_or(0)),
             limit: limit(bucket)?,
+            floor_only: reply.get(3) == Some(&1),
         }),
         [-1, bucket] => Ok(Decision::TooLarge {
             limit: limit(bucket)?,
@@ -267,7 +269,16 @@ mod tests {
             decision(&[0, 250, 2], &touched).unwrap(),
             Decision::Denied {
                 wait: Duration::from_millis(250),
-                limit: 2
+                limit: 2,
+                floor_only: false,
+            }
+        );
+        assert_eq!(
+            decision(&[0, 250, 1, 1], &touched).unwrap(),
+            Decision::Denied {
+                wait: Duration::from_millis(250),
+                limit: 0,
+                floor_only: true,
             }
         );
         assert_eq!(
