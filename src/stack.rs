@@ -107,6 +107,8 @@ pub struct QuotaStack {
     missing_cost: MissingCost,
     /// The share of every bucket each class leaves to higher ones, by `Priority::index`.
     class_headroom: [f64; 3],
+    /// The cap on calls in flight set with [`QuotaStack::concurrency`], if any.
+    concurrency: Option<NonZeroUsize>,
 }
 
 impl QuotaStack {
@@ -147,6 +149,7 @@ impl QuotaStack {
             queue: PriorityQueueLayer::default(),
             missing_cost: MissingCost::default(),
             class_headroom: [0.0; 3],
+            concurrency: None,
         }
     }
 
@@ -155,20 +158,30 @@ impl QuotaStack {
     }
 
     /// Spends `budget` instead of the stack's own, for example one that other clients or
-    /// processes already share. The quota given to the constructor is then unused, and the
-    /// budget keeps its own cap on calls in flight.
+    /// processes already share. The quota given to the constructor is then unused. The cap on
+    /// calls in flight given to [`QuotaStack::concurrency`] (before or after this call) is set
+    /// on `budget`; without one, a budget that caps nothing gets
+    /// [`QuotaStack::DEFAULT_CONCURRENCY`], and one with a cap of its own keeps it.
     pub fn with_budget(mut self, budget: Budget) -> Self {
+        match self.concurrency {
+            Some(max) => budget.set_max_in_flight(Some(max)),
+            None if budget.snapshot().max_in_flight().is_none() => {
+                budget.set_max_in_flight(Some(Self::default_concurrency()));
+            }
+            None => {}
+        }
         self.budget = budget;
         self
     }
 
     /// At most `max` calls in flight (at least one), each holding its slot until its response
     /// body ends: sets the cap of the stack's budget ([`Budget::set_max_in_flight`]), which
-    /// every holder of that budget shares. Defaults to the quota's cap, else
-    /// [`QuotaStack::DEFAULT_CONCURRENCY`].
-    pub fn concurrency(self, max: usize) -> Self {
-        self.budget
-            .set_max_in_flight(Some(NonZeroUsize::new(max).unwrap_or(NonZeroUsize::MIN)));
+    /// every holder of that budget shares, whether the budget is given before or after this
+    /// call. Defaults to the quota's cap, else [`QuotaStack::DEFAULT_CONCURRENCY`].
+    pub fn concurrency(mut self, max: usize) -> Self {
+        let max = NonZeroUsize::new(max).unwrap_or(NonZeroUsize::MIN);
+        self.concurrency = Some(max);
+        self.budget.set_max_in_flight(Some(max));
         self
     }
 

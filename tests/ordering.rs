@@ -12,7 +12,7 @@ use std::time::Duration;
 use http::{Request, Response};
 use tokio::time::{self, Instant};
 use tower::util::BoxCloneService;
-use tower::{ServiceBuilder, ServiceExt, service_fn};
+use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::{
     Cost, Dimension, EnqueuedAt, Error, Priority, PriorityQueueLayer, QueueConfig, Quota,
@@ -270,4 +270,203 @@ async fn with_a_redis_budget_a_head_blocked_only_by_its_floor_does_not_block_a_h
     );
     assert_eq!(labels(&log), ["interactive"]);
     batch.abort();
+}
+
+/// Aging can make another waiter the head while the old head sleeps until its cost fits: the
+/// head looks again when the ranking may change, and hands over. (A 429 pause keeps everyone
+/// waiting while aging goes on.)
+#[tokio::test(start_paused = true)]
+async fn aging_that_changes_the_head_wakes_the_new_head() {
+    let t0 = Instant::now();
+    let budget = budget([limit(Dimension::TotalTokens, 60, 60 * SEC, 60)]);
+    budget.pause(&[Dimension::TotalTokens], t0 + 200 * SEC);
+    let spawn = |priority: Priority| {
+        let reserve = budget.reserve(Cost::new(1, 0)).priority(priority);
+        tokio::spawn(async move { reserve.await.map(|r| (r.refund(), Instant::now())) })
+    };
+    let w = spawn(Priority::Async);
+    time::sleep(SEC).await;
+    let y = spawn(Priority::Batch);
+    time::sleep(SEC).await;
+    let x = spawn(Priority::Async);
+    // At 125 s the async front leaves: the next async request starts aging only now, while the
+    // batch request (enqueued at 1 s) reaches interactive at 151 s and becomes the head.
+    time::sleep(123 * SEC).await;
+    w.abort();
+    assert!(w.await.is_err());
+    let (_, y_at) = y.await.unwrap().unwrap();
+    let (_, x_at) = x.await.unwrap().unwrap();
+    assert_eq!((y_at - t0, x_at - t0), (200 * SEC, 200 * SEC));
+    assert_eq!(budget.waiters(), 0);
+}
+
+/// Two waiters that each wait only to keep their own floor do not wake each other in a loop.
+#[tokio::test(start_paused = true)]
+async fn waiters_blocked_by_their_floors_do_not_spin() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    struct Counted<F> {
+        inner: std::pin::Pin<Box<F>>,
+        polls: Arc<AtomicUsize>,
+    }
+    impl<F: std::future::Future> std::future::Future for Counted<F> {
+        type Output = F::Output;
+        fn poll(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<F::Output> {
+            self.polls.fetch_add(1, Ordering::Relaxed);
+            self.inner.as_mut().poll(cx)
+        }
+    }
+    let budget = budget([limit(Dimension::TotalTokens, 1, SEC, 1_000)]);
+    budget
+        .try_reserve(Cost::new(400, 0))
+        .unwrap()
+        .charge_estimate();
+    let (a_polls, b_polls) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    // A: batch aged to interactive, keeping 50 %: 600 - 200 = 400 < 500, blocked only by its
+    // floor. B: async keeping 20 %: 600 - 500 = 100 < 200, blocked only by its floor too.
+    let a = budget
+        .reserve(Cost::new(200, 0))
+        .priority(Priority::Batch)
+        .enqueued_at(Instant::now() - 300 * SEC)
+        .keeping(0.5);
+    let a = tokio::spawn(Counted {
+        inner: Box::pin(a),
+        polls: a_polls.clone(),
+    });
+    tokio::task::yield_now().await;
+    let b = budget
+        .reserve(Cost::new(500, 0))
+        .priority(Priority::Async)
+        .keeping(0.2);
+    let b = tokio::spawn(Counted {
+        inner: Box::pin(b),
+        polls: b_polls.clone(),
+    });
+    for _ in 0..1_000 {
+        tokio::task::yield_now().await;
+    }
+    let polls = (
+        a_polls.load(Ordering::Relaxed),
+        b_polls.load(Ordering::Relaxed),
+    );
+    assert!(
+        polls.0 <= 3 && polls.1 <= 3,
+        "polls without time passing: {polls:?}"
+    );
+    a.abort();
+    b.abort();
+}
+
+fn priced(tokens: u64) -> Request<String> {
+    let mut request = Request::new(String::new());
+    request.extensions_mut().insert(Cost::new(tokens, 0));
+    request
+}
+
+/// Readiness a `TokenBudget` took for a request admitted at once is given back when the
+/// request must wait, so that its future can take it once admitted (here the one permit of a
+/// concurrency limit).
+#[tokio::test(start_paused = true)]
+async fn a_budget_that_must_wait_gives_back_the_inner_readiness_it_took() {
+    let budget = budget([limit(Dimension::TotalTokens, 10, SEC, 100)]);
+    budget
+        .try_reserve(Cost::new(100, 0))
+        .unwrap()
+        .charge_estimate();
+    let client = service_fn(|_r: Request<String>| async {
+        Ok::<_, Infallible>(Response::new(String::new()))
+    });
+    let mut llm = ServiceBuilder::new()
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .concurrency_limit(1)
+        .service(client);
+    // Takes the one permit for the service; the bucket is empty, so the request waits.
+    let call = llm.ready().await.unwrap().call(priced(10));
+    let started = Instant::now();
+    call.await.unwrap();
+    assert_eq!(started.elapsed(), SEC, "sent once its 10 tokens refilled");
+}
+
+/// The same for a priority queue: readiness taken while nobody waited, then others queued, is
+/// given back for the head.
+#[tokio::test(start_paused = true)]
+async fn a_queue_gives_back_readiness_it_cannot_use() {
+    let client = service_fn(|_r: Request<String>| async {
+        time::sleep(SEC).await;
+        Ok::<_, Infallible>(Response::new(String::new()))
+    });
+    let llm = ServiceBuilder::new()
+        .layer(PriorityQueueLayer::new(QueueConfig::new()))
+        .concurrency_limit(1)
+        .service(client);
+    let mut p = llm.clone();
+    p.ready().await.unwrap(); // takes the one permit
+    let mut q = llm.clone();
+    q.ready().await.unwrap(); // the inner service is not ready: q's request queues
+    let start = Instant::now();
+    let queued = tokio::spawn(q.call(priced(1)));
+    tokio::task::yield_now().await;
+    // Not empty any more: p's request waits behind it, and p gives its permit back.
+    let behind = tokio::spawn(p.call(priced(1)));
+    queued.await.unwrap().unwrap();
+    behind.await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), 2 * SEC);
+}
+
+/// A waiter that stops being the queue's head gives up its place in the inner service's own
+/// waiting list, so the released permit goes to the new head.
+#[tokio::test(start_paused = true)]
+async fn a_new_head_of_the_queue_gets_the_inner_readiness_first() {
+    let log: Log = Default::default();
+    let calls = log.clone();
+    let client = service_fn(move |request: Request<String>| {
+        calls
+            .lock()
+            .unwrap()
+            .push((request.into_body(), Instant::now()));
+        async {
+            time::sleep(SEC).await;
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }
+    });
+    let llm = ServiceBuilder::new()
+        .layer(PriorityQueueLayer::new(QueueConfig::new()))
+        .concurrency_limit(1)
+        .service(client);
+    let first = tokio::spawn(llm.clone().oneshot(request("first", Priority::Async, 1)));
+    tokio::task::yield_now().await;
+    let batch = tokio::spawn(llm.clone().oneshot(request("batch", Priority::Batch, 1)));
+    tokio::task::yield_now().await;
+    let interactive = tokio::spawn(llm.clone().oneshot(request(
+        "interactive",
+        Priority::Interactive,
+        1,
+    )));
+    for task in [first, interactive, batch] {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!(labels(&log), ["first", "interactive", "batch"]);
+}
+
+/// `QuotaStack::concurrency` holds whether the budget is given before or after it.
+#[tokio::test(start_paused = true)]
+async fn a_stack_caps_calls_in_flight_whatever_the_order_of_its_settings() {
+    use tower_llm_quota::stack::QuotaStack;
+    let quota = || Quota::new().with_limit(limit(Dimension::TotalTokens, 10, SEC, 100));
+    let cap = |stack: &QuotaStack| stack.budget().snapshot().max_in_flight().map(|n| n.get());
+    let shared = tower_llm_quota::Budget::new(quota());
+    let before = QuotaStack::openai(quota())
+        .concurrency(3)
+        .with_budget(shared);
+    assert_eq!(cap(&before), Some(3));
+    let shared = tower_llm_quota::Budget::new(quota());
+    let after = QuotaStack::openai(quota())
+        .with_budget(shared)
+        .concurrency(5);
+    assert_eq!(cap(&after), Some(5));
+    let shared = tower_llm_quota::Budget::new(quota());
+    let default = QuotaStack::openai(quota()).with_budget(shared);
+    assert_eq!(cap(&default), Some(QuotaStack::DEFAULT_CONCURRENCY));
 }

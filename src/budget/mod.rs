@@ -434,7 +434,15 @@ impl Budget {
         }
         if let Some(mine) = *place {
             if !state.queue.may_go(mine, now) {
-                return state.wait(place, ask, waker);
+                // Not its turn. Aging may have made another the head since the last event,
+                // and nobody else would tell it: make sure it looks.
+                let step = state.wait(place, ask, waker);
+                let head = state.queue.head_waker(now).filter(|h| !h.will_wake(waker));
+                drop(state);
+                if let Some(head) = head {
+                    head.wake();
+                }
+                return step;
             }
         }
         if !state.slots.free() {
@@ -447,7 +455,7 @@ impl Budget {
             let refunds = state.shared.as_ref().map_or(0, |shared| shared.refunds);
             if let Some((at, _)) = retry_at.filter(|(at, told)| *at > now && *told == refunds) {
                 return match state.wait(place, ask, waker) {
-                    Step::Queued => Step::WaitUntil(at),
+                    Step::Queued => Step::WaitUntil(state.until_reorder(at, now)),
                     other => other,
                 };
             }
@@ -518,12 +526,13 @@ impl Budget {
                     .is_none_or(|(at, _)| at <= ns);
                 let floor_only = ask.floor != Floor::NONE && fits;
                 let other = state.queue.set_floor_blocked(mine, floor_only, now);
+                let until = state.until_reorder(self.instant(at), now);
                 drop(state);
                 if let Some(other) = other {
                     other.wake();
                 }
                 match step {
-                    Step::Queued => Step::WaitUntil(self.instant(at)),
+                    Step::Queued => Step::WaitUntil(until),
                     other => other,
                 }
             }
@@ -811,6 +820,14 @@ impl State {
     /// The id [`State::next_id`] will give.
     fn peek_id(&self) -> ReservationId {
         ReservationId(self.next_id + 1)
+    }
+
+    /// `at`, or sooner when aging may change who goes first before then: the head sleeping
+    /// until its cost fits looks again then, and hands over if it is no longer the head.
+    fn until_reorder(&self, at: Instant, now: Instant) -> Instant {
+        self.queue
+            .next_reorder(now)
+            .map_or(at, |reorder| reorder.min(at))
     }
 
     /// Leaves the ordering, if in it; collects the waker of the new head.

@@ -79,13 +79,14 @@ impl WaitList {
         self.order.set_waker(place, waker);
     }
 
-    /// Removes a waiter; returns the waker of the head, when it changed and someone is left.
+    /// Removes a waiter; returns the waker of whoever may go now in its stead, when it was one
+    /// of the fronts (only a front can go) and someone is left.
     pub(crate) fn remove(&mut self, place: Place, now: Instant) -> Option<Waker> {
-        let was_head = self.order.top(now) == Some(place);
+        let was_front = self.order.ranked(now).contains(&Some(place));
         let waiter = self.order.remove(place, now)?;
         self.queued = self.queued.saturating_sub(waiter.cost);
-        if was_head {
-            self.order.top_waker(now)
+        if was_front {
+            self.next_to_wake(now, None)
         } else {
             None
         }
@@ -109,8 +110,32 @@ impl WaitList {
         false
     }
 
+    /// The waker of the first front (ranked after `after`, if given) that may go and is not
+    /// itself waiting only for its floor: whoever should look next. A front waiting for its
+    /// floor has a timer of its own, so waking it again would only spin.
+    fn next_to_wake(&self, now: Instant, after: Option<Place>) -> Option<Waker> {
+        let ranked = self.order.ranked(now);
+        let start = after.map_or(0, |after| {
+            ranked
+                .iter()
+                .position(|front| *front == Some(after))
+                .map_or(ranked.len(), |i| i + 1)
+        });
+        ranked[start..]
+            .iter()
+            .flatten()
+            .find(|&&front| {
+                self.may_go(front, now)
+                    && self
+                        .order
+                        .get(front)
+                        .is_some_and(|waiter| !waiter.floor_blocked)
+            })
+            .and_then(|&front| self.order.waker(front))
+    }
+
     /// Records whether `place`'s last attempt failed only because of its floor; if it did,
-    /// returns the waker of the next request that may go instead.
+    /// returns the waker of the next request behind it that may go instead.
     pub(crate) fn set_floor_blocked(
         &mut self,
         place: Place,
@@ -122,12 +147,13 @@ impl WaitList {
         if !blocked {
             return None;
         }
-        self.order
-            .ranked(now)
-            .into_iter()
-            .flatten()
-            .find(|&front| front != place && self.may_go(front, now))
-            .and_then(|front| self.order.waker(front))
+        self.next_to_wake(now, Some(place))
+    }
+
+    /// When the ranking of the fronts may change by aging alone: the head, sleeping until its
+    /// cost fits, must look again then.
+    pub(crate) fn next_reorder(&self, now: Instant) -> Option<Instant> {
+        self.order.next_promotion(now)
     }
 
     /// The waker of the head, to wake once the lock is released.

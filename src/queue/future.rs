@@ -77,6 +77,10 @@ struct Wait<S, B> {
     enqueued_at: Instant,
     deadline: Instant,
     service: S,
+    // `service` was asked its readiness and answered not yet: it may hold a place in the
+    // inner service's own waiting list (a semaphore's), which it gives up if it stops being
+    // the head.
+    asked: bool,
     request: Request<B>,
     // When this attempt arrived (a retried request keeps its first enqueue time).
     arrived: Instant,
@@ -114,6 +118,7 @@ where
                     enqueued_at,
                     deadline,
                     service,
+                    asked: false,
                     request,
                     arrived: Instant::now(),
                 }),
@@ -124,7 +129,7 @@ where
 
 impl<S, B, ResBody> Future for ResponseFuture<S, B>
 where
-    S: Service<Request<B>, Response = Response<ResBody>>,
+    S: Service<Request<B>, Response = Response<ResBody>> + Clone,
     S::Error: Into<BoxError>,
 {
     type Output = Result<S::Response, Error>;
@@ -141,12 +146,19 @@ where
                         enqueued_at,
                         deadline,
                         service,
+                        asked,
                         arrived,
                         ..
                     } = &mut **wait;
                     let scheduling = shared.config.placed(*priority, *enqueued_at, *deadline);
-                    let error = match poll_turn(shared, place, &scheduling, *deadline, service, cx)
-                    {
+                    let error = match poll_turn(
+                        shared,
+                        place,
+                        &scheduling,
+                        *deadline,
+                        (service, asked),
+                        cx,
+                    ) {
                         Turn::Go => {
                             let StateReplace::Waiting { wait } =
                                 state.as_mut().project_replace(State::Done)
@@ -243,11 +255,11 @@ fn poll_turn<S, B>(
     place: &mut Option<Place>,
     scheduling: &Scheduling,
     deadline: Instant,
-    service: &mut S,
+    (service, asked): (&mut S, &mut bool),
     cx: &mut Context<'_>,
 ) -> Turn
 where
-    S: Service<Request<B>>,
+    S: Service<Request<B>> + Clone,
     S::Error: Into<BoxError>,
 {
     let now = Instant::now();
@@ -261,7 +273,10 @@ where
             return match service.poll_ready(cx) {
                 Poll::Ready(Ok(())) => Turn::Go,
                 Poll::Ready(Err(e)) => Turn::Fail(Error::from_inner(e)),
-                Poll::Pending => join(shared, place, scheduling, deadline, cx),
+                Poll::Pending => {
+                    *asked = true;
+                    join(shared, place, scheduling, deadline, cx)
+                }
             };
         }
         None => match state.order.push(scheduling, Some(deadline), ()) {
@@ -278,6 +293,11 @@ where
         // make sure it looks.
         let wake = state.order.top_waker(now);
         drop(state);
+        if std::mem::take(asked) {
+            // No longer the head: give up any place in the inner service's own waiting list,
+            // which belongs to the head now.
+            *service = service.clone();
+        }
         if let Some(waker) = wake.filter(|w| !w.will_wake(cx.waker())) {
             waker.wake();
         }
@@ -285,7 +305,10 @@ where
     }
     drop(state);
     match service.poll_ready(cx) {
-        Poll::Pending => Turn::Wait,
+        Poll::Pending => {
+            *asked = true;
+            Turn::Wait
+        }
         Poll::Ready(Err(e)) => Turn::Fail(Error::from_inner(e)),
         Poll::Ready(Ok(())) => Turn::Go,
     }

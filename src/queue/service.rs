@@ -76,8 +76,10 @@ where
             match self.inner.poll_ready(cx) {
                 Poll::Ready(Ok(())) => self.ready = true,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::from_inner(e))),
-                // The request will wait in the queue's ordering, in its response future.
-                Poll::Pending => {}
+                // The request will wait in the queue's ordering, in its response future; the
+                // handle gives up the place it may have taken in the inner service's own
+                // waiting list (a semaphore's), which is the head's to take.
+                Poll::Pending => self.inner = self.inner.clone(),
             }
         }
         Poll::Ready(Ok(()))
@@ -100,7 +102,8 @@ where
         let deadline = extensions
             .get::<Deadline>()
             .map_or_else(|| saturating_deadline(now, max_wait), Deadline::instant);
-        if std::mem::take(&mut self.ready) && self.shared.is_empty() {
+        let ready = std::mem::take(&mut self.ready);
+        if ready && self.shared.is_empty() {
             // Nobody waits here and the inner service is ready: hand it over now. Inner layers
             // follow the placement: a budget orders its waiters by it, and gives up waiting at
             // its deadline.
@@ -108,6 +111,11 @@ where
             request.extensions_mut().insert(scheduling);
             crate::observe::span_record("queue_wait_ms", 0);
             return ResponseFuture::calling(self.inner.call(request), priority, now);
+        }
+        if ready {
+            // Others queued since `poll_ready`: the readiness taken is given back (the ready
+            // handle is dropped for a fresh clone), so that the head of the queue can have it.
+            self.inner = self.inner.clone();
         }
         ResponseFuture::new(
             self.shared.clone(),

@@ -271,6 +271,35 @@ impl<T> Order<T> {
         fronts.map(|front| front.map(|(_, place)| place))
     }
 
+    /// The next instant after `now` at which a class's front moves up a class, when fronts of
+    /// more than one class wait (else aging cannot change who goes first).
+    pub(crate) fn next_promotion(&self, now: Instant) -> Option<Instant> {
+        let waiting = self
+            .classes
+            .iter()
+            .filter(|c| !c.waiting.is_empty())
+            .count();
+        if waiting < 2 {
+            return None;
+        }
+        Priority::ALL
+            .iter()
+            .filter_map(|&priority| {
+                let class = &self.classes[priority.index()];
+                let (&slot, entry) = class.waiting.first_key_value()?;
+                let (mut level, mut from) = (priority, class.front_since.unwrap_or(slot.0));
+                while let (Some(up), Some(after)) = (level.promoted(), entry.aging.after(level)) {
+                    let at = from.checked_add(after)?;
+                    if at > now {
+                        return Some(at);
+                    }
+                    (level, from) = (up, at);
+                }
+                None
+            })
+            .min()
+    }
+
     /// How many requests wait.
     pub(crate) fn len(&self) -> usize {
         self.len

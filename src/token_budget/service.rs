@@ -112,7 +112,9 @@ where
             match self.inner.poll_ready(cx) {
                 Poll::Ready(Ok(())) => self.ready = true,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::from_inner(e))),
-                Poll::Pending => {}
+                // Requests will wait in their futures; the handle gives up the place it may
+                // have taken in the inner service's own waiting list (a semaphore's).
+                Poll::Pending => self.inner = self.inner.clone(),
             }
         }
         Poll::Ready(Ok(()))
@@ -165,15 +167,23 @@ where
                 labels,
                 started,
             ),
-            admitted => ResponseFuture::waiting(
-                admitted.map_err(|ask| Reserve::asking(self.budget.clone(), ask)),
-                self.inner.clone(),
-                request,
-                priority,
-                scheduling.deadline,
-                labels,
-                started,
-            ),
+            admitted => {
+                if std::mem::take(&mut self.ready) {
+                    // The readiness taken for a request admitted at once is given back (the
+                    // ready handle is dropped for a fresh clone): a request that waits holds
+                    // nothing, and its future asks a clone's readiness once admitted.
+                    self.inner = self.inner.clone();
+                }
+                ResponseFuture::waiting(
+                    admitted.map_err(|ask| Reserve::asking(self.budget.clone(), ask)),
+                    self.inner.clone(),
+                    request,
+                    priority,
+                    scheduling.deadline,
+                    labels,
+                    started,
+                )
+            }
         }
     }
 }
