@@ -1,6 +1,8 @@
 //! The Redis store's scripts alone, on a private `redis-server`, with the clock argument that
-//! only tests pass: settlements duplicated, reordered and late conserve tokens, and a clock
-//! stepping back never adds any. An exact model of one bucket is checked after every step.
+//! only tests pass: settlements duplicated, reordered and late conserve tokens, a clock
+//! stepping back never adds any, a hold (a provider's pause) admits nothing before its end and
+//! keeps the level, and a bucket in the debt an earlier version wrote for a pause refills. An
+//! exact model of one bucket and its hold is checked after every step.
 
 mod redis_server;
 
@@ -10,6 +12,7 @@ use redis::Script;
 use redis_server::RedisServer;
 
 const BUCKET: &str = "t:{q}:total_tokens:1000";
+const HOLD: &str = "t:{q}:total_tokens:1000:held";
 /// One unit per millisecond (num 1, den 3: a unit is 3 ticks, 3 ticks a millisecond).
 const NUM: i64 = 3;
 const DEN: i64 = 3;
@@ -35,6 +38,15 @@ enum Op {
     Expire(usize),
     Advance(i64),
     StepBack(i64),
+    /// A provider's 429: hold for this many ms.
+    Pause(i64),
+    /// Lift the hold (what `Budget::lift_pause` sends).
+    Lift,
+    /// A provider reports this many units remaining.
+    Remaining(i64),
+    /// The previous version's pause for this many ms: the bucket emptied, the pause's refill
+    /// owed as debt (keys written before an upgrade).
+    LegacyPause(i64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -44,6 +56,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0usize..8).prop_map(Op::Expire),
         2 => (0i64..400).prop_map(Op::Advance),
         1 => (0i64..5_000).prop_map(Op::StepBack),
+        // At least 2 s: the key's real TTL then outlives any case, whose clock is simulated.
+        2 => (2_000i64..6_000).prop_map(Op::Pause),
+        1 => Just(Op::Lift),
+        1 => (0i64..1_200).prop_map(Op::Remaining),
+        1 => (0i64..3_000).prop_map(Op::LegacyPause),
     ]
 }
 
@@ -104,6 +121,12 @@ struct Reservation {
     expired: bool,
 }
 
+/// The hold's end as stored, if any.
+fn held(connection: &mut redis::Connection) -> Option<i64> {
+    let value: Option<String> = redis::cmd("GET").arg(HOLD).query(connection).unwrap();
+    value.map(|v| v.parse().unwrap())
+}
+
 fn level(connection: &mut redis::Connection) -> i64 {
     // "<units>:<ticks>:<den>:<ts>"
     let value: Option<String> = redis::cmd("GET").arg(BUCKET).query(connection).unwrap();
@@ -129,9 +152,12 @@ proptest! {
         let _: () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
         let reserve = script(include_str!("../src/budget/redis/reserve.lua"));
         let settle = script(include_str!("../src/budget/redis/settle.lua"));
+        let lower = script(include_str!("../src/budget/redis/lower.lua"));
 
         let mut now: i64 = 1_000_000;
         let mut model = Model { tok: FULL, ts: None };
+        // The hold's end (server ms), as written: the key expires only after the case.
+        let mut hold: Option<i64> = None;
         let mut reservations: Vec<Reservation> = Vec::new();
         for (step, op) in ops.into_iter().enumerate() {
             match op {
@@ -139,6 +165,7 @@ proptest! {
                     let id = format!("t:{{q}}:r:{step}");
                     let reply: Vec<i64> = reserve
                         .key(BUCKET)
+                        .key(HOLD)
                         .key(&id)
                         .arg(now)
                         .arg(LEASE_MS)
@@ -146,15 +173,24 @@ proptest! {
                         .invoke(&mut connection)
                         .unwrap();
                     let read = model.at(now);
-                    if read.tok >= cost * DEN {
+                    let held_for = hold.map_or(0, |end| (end - now).max(0));
+                    if read.tok >= cost * DEN && held_for == 0 {
                         prop_assert_eq!(reply[0], 1, "step {}: refused though it fits", step);
                         model = Model { tok: read.tok - cost * DEN, ..read }.written(now);
                         reservations.push(Reservation { id, cost, settled: false, expired: false });
                     } else {
                         prop_assert_eq!(reply[0], 0, "step {}: admitted beyond the level", step);
-                        let wait = (cost * DEN - read.tok + NUM - 1) / NUM
-                            + (read.ts.unwrap_or(now) - now).max(0);
-                        prop_assert_eq!(reply[1], wait, "step {}: wrong wait", step);
+                        let refill = if read.tok >= cost * DEN {
+                            0
+                        } else {
+                            (cost * DEN - read.tok + NUM - 1) / NUM
+                                + (read.ts.unwrap_or(now) - now).max(0)
+                        };
+                        // Nothing is written: the level stays what it was.
+                        prop_assert_eq!(reply[1], refill.max(held_for), "step {}: wrong wait", step);
+                        prop_assert_eq!(reply[3], i64::from(held_for >= refill), "step {}: held", step);
+                        // No floor in the model: only a cost the bucket lacks, or a hold, keeps it out.
+                        prop_assert_eq!(reply[4], 0, "step {}: floor only", step);
                     }
                 }
                 Op::Settle(settlements) => {
@@ -201,8 +237,50 @@ proptest! {
                 }
                 Op::Advance(ms) => now += ms,
                 Op::StepBack(ms) => now -= ms,
+                Op::Pause(ms) => {
+                    let _: i64 = lower
+                        .key(BUCKET).key(HOLD)
+                        .arg(now).arg(NUM).arg(DEN).arg(CAP).arg("").arg(ms)
+                        .invoke(&mut connection)
+                        .unwrap();
+                    // A later end extends the hold, an earlier one never shortens it; the
+                    // level is not touched.
+                    hold = Some(hold.map_or(now + ms, |end| end.max(now + ms)));
+                }
+                Op::Lift => {
+                    let _: i64 = redis::cmd("DEL").arg(HOLD).query(&mut connection).unwrap();
+                    hold = None;
+                }
+                Op::Remaining(units) => {
+                    let _: i64 = lower
+                        .key(BUCKET).key(HOLD)
+                        .arg(now).arg(NUM).arg(DEN).arg(CAP).arg(units.min(CAP)).arg(0)
+                        .invoke(&mut connection)
+                        .unwrap();
+                    let read = model.at(now);
+                    model = Model { tok: read.tok.min(units.min(CAP) * DEN), ..read }.written(now);
+                }
+                Op::LegacyPause(ms) => {
+                    // What the previous lower.lua stored for a pause, in the same format.
+                    let read = model.at(now);
+                    let ts = read.ts.unwrap_or(now);
+                    let tok = read.tok.min((-(ms - (ts - now).max(0)) * NUM).min(0));
+                    model = Model { tok, ..read }.written(now);
+                    if model.ts.is_some() {
+                        let value = format!(
+                            "{}:{}:{DEN}:{ts}",
+                            tok.div_euclid(DEN),
+                            tok.rem_euclid(DEN)
+                        );
+                        let _: () = redis::cmd("SET")
+                            .arg(BUCKET).arg(value).arg("PX").arg(60_000)
+                            .query(&mut connection)
+                            .unwrap();
+                    }
+                }
             }
             prop_assert_eq!(level(&mut connection), model.tok, "step {}: stored level", step);
+            prop_assert_eq!(held(&mut connection), hold, "step {}: stored hold", step);
         }
     }
 }

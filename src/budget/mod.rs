@@ -352,11 +352,13 @@ impl Budget {
     /// what the provider reports with [`Budget::observe`]), so that when the pause ends the
     /// bucket holds what it refilled meanwhile, not nothing; longer windows, such as a daily
     /// limit, are not held. A later pause extends an earlier one; an earlier end never
-    /// shortens it; [`Budget::lift_pause`] ends it. An adaptive share
-    /// ([`AdaptiveShare`]) counts the refusal and plans less.
+    /// shortens it, and neither does a refund; [`Budget::lift_pause`] ends it. An adaptive
+    /// share ([`AdaptiveShare`]) counts the refusal and plans less.
     ///
-    /// A shared budget writes the pause to the shared store too, in the background: one
-    /// process's 429 pauses every process sharing the quota.
+    /// A shared budget writes the pause to the shared store too, in the background, as a hold
+    /// of the same window measured by the store's clock: one process's 429 holds every process
+    /// sharing the quota until the pause's end (plus the time the write takes), and the shared
+    /// level keeps refilling meanwhile.
     pub fn pause(&self, dimensions: &[Dimension], until: Instant) {
         let pause = until.saturating_duration_since(Instant::now());
         let now = self.nanos_since_origin(Instant::now());
@@ -386,11 +388,25 @@ impl Budget {
     /// the levels allow: for example once an operator knows that a provider's long wait (a
     /// daily quota) is over. Waiters are re-examined at once.
     ///
-    /// Only this process's buckets are lifted: a pause already written to a shared store
-    /// lasts until its own end.
+    /// A shared budget lifts the holds in the shared store too, in the background and after
+    /// any pause this process sent before, for every process sharing the quota: this
+    /// process's waiters ask the store again as soon as the lift is written; those of other
+    /// processes within a second, as a process waiting for a hold asks the store again at
+    /// least once a second.
     pub fn lift_pause(&self, dimensions: &[Dimension]) {
         self.update_state(|state| {
             dimensions.iter().for_each(|&d| state.store.lift(d));
+            if let (Some(shared), Some(remote)) = (&state.shared, &self.shared.remote) {
+                let lifted: Vec<Limit> = shared
+                    .limits()
+                    .iter()
+                    .filter(|limit| dimensions.contains(&limit.dimension()))
+                    .copied()
+                    .collect();
+                if !lifted.is_empty() {
+                    remote.lift(lifted);
+                }
+            }
             true
         });
     }

@@ -65,8 +65,13 @@ pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
     /// Settles every reservation of `batch`, in one call.
     fn settle(&self, batch: Vec<Settle>) -> StoreFuture<()>;
 
-    /// Lowers `limit`'s level to `remaining` units, and pauses it for `pause`.
+    /// Lowers `limit`'s level to `remaining` units, and holds it (admits nothing in it,
+    /// keeping its level) for `pause`: a later end extends a hold, an earlier one never
+    /// shortens it.
     fn lower(&self, limit: Limit, remaining: Option<u64>, pause: Duration) -> StoreFuture<()>;
+
+    /// Ends the holds of `limits` now, for every process.
+    fn lift(&self, limits: Vec<Limit>) -> StoreFuture<()>;
 }
 
 /// What a shared budget does when its store does not answer within its timeout.

@@ -83,6 +83,8 @@ enum Command {
         remaining: Option<u64>,
         pause: Duration,
     },
+    /// Ends the holds of these limits.
+    Lift(Vec<Limit>),
 }
 
 impl Budget {
@@ -266,6 +268,11 @@ impl Remote {
         });
     }
 
+    /// Ends the holds of `limits` in the store, after every pause sent before.
+    pub(crate) fn lift(&self, limits: Vec<Limit>) {
+        self.send(Command::Lift(limits));
+    }
+
     fn send(&self, command: Command) {
         // The worker ends only when every handle on the budget is gone.
         if self.commands.send(command).is_err() {
@@ -393,6 +400,7 @@ const BATCH: usize = 64;
 /// Sends settlements and reports in the background. Settlements go one call at a time: those
 /// arriving meanwhile wait and go together in the next call, so under load one call settles
 /// many. A failed call is retried on its own task (the store's operations are idempotent).
+/// Pauses and lifts go to [`in_order`], so that a lift never overtakes an earlier pause.
 /// Ends when the budget is dropped.
 async fn send_in_background(
     store: Arc<dyn RemoteStore>,
@@ -400,6 +408,8 @@ async fn send_in_background(
     timeout: Duration,
     refunded: Refunded,
 ) {
+    let (holds, ordered) = mpsc::unbounded_channel();
+    tokio::spawn(in_order(store.clone(), ordered, timeout, refunded.clone()));
     while let Some(first) = commands.recv().await {
         let mut batch = Vec::new();
         let mut next = Some(first);
@@ -410,10 +420,14 @@ async fn send_in_background(
                     limit,
                     remaining,
                     pause,
-                } => {
+                } if pause.is_zero() => {
                     let store = store.clone();
                     let call = move || store.lower(limit, remaining, pause);
                     tokio::spawn(with_retries(call, timeout, None));
+                }
+                // A pause, or a lift: in order. The lane ends with this worker.
+                ordered => {
+                    let _ = holds.send(ordered);
                 }
             }
             if batch.len() < BATCH {
@@ -437,6 +451,39 @@ async fn send_in_background(
             let store = store.clone();
             let call = move || store.settle(batch.clone());
             tokio::spawn(with_retries(call, timeout, refunded));
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+/// Sends pauses and lifts one after the other, each retried before the next, so that the
+/// store sees them in the order they were made. A lift that reaches the store tells the
+/// budget, whose head then asks again at once rather than when the hold's wait is over.
+async fn in_order(
+    store: Arc<dyn RemoteStore>,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    timeout: Duration,
+    refunded: Refunded,
+) {
+    while let Some(command) = commands.recv().await {
+        match command {
+            Command::Lower {
+                limit,
+                remaining,
+                pause,
+            } => {
+                let call = || store.lower(limit, remaining, pause);
+                with_retries(call, timeout, None).await;
+            }
+            Command::Lift(limits) => {
+                let call = || store.lift(limits.clone());
+                with_retries(call, timeout, Some(refunded.clone())).await;
+            }
+            Command::Settle(settle) => {
+                // Not sent here (settlements are batched), but settled all the same.
+                let call = || store.settle(vec![settle.clone()]);
+                with_retries(call, timeout, None).await;
+            }
         }
     }
 }
@@ -497,6 +544,9 @@ mod tests {
         script: Mutex<VecDeque<Script>>,
         asked: Mutex<Vec<(String, Instant)>>,
         settled: Mutex<Vec<Settle>>,
+        /// Pauses and lifts as the store saw them; the first `failing_pauses` fail.
+        holds: Mutex<Vec<&'static str>>,
+        failing_pauses: Mutex<u32>,
     }
 
     impl RemoteStore for ScriptedStore {
@@ -525,8 +575,22 @@ mod tests {
             &self,
             _limit: Limit,
             _remaining: Option<u64>,
-            _pause: Duration,
+            pause: Duration,
         ) -> StoreFuture<()> {
+            if !pause.is_zero() {
+                let mut failing = self.failing_pauses.lock().unwrap();
+                if *failing > 0 {
+                    *failing -= 1;
+                    self.holds.lock().unwrap().push("pause failed");
+                    return Box::pin(async { Err(StoreUnavailable::new("scripted failure")) });
+                }
+                self.holds.lock().unwrap().push("pause");
+            }
+            Box::pin(async { Ok(()) })
+        }
+
+        fn lift(&self, _limits: Vec<Limit>) -> StoreFuture<()> {
+            self.holds.lock().unwrap().push("lift");
             Box::pin(async { Ok(()) })
         }
     }
@@ -657,5 +721,37 @@ mod tests {
             (settled[1].reserved, settled[1].actual),
             (Cost::new(20, 0), Cost::new(15, 0))
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lift_never_overtakes_an_earlier_pause_and_wakes_the_head() {
+        let wait = Duration::from_secs(1);
+        let store = scripted(&[Script::Answer(Decision::Denied {
+            wait,
+            limit: 0,
+            floor_only: false,
+        })]);
+        *store.failing_pauses.lock().unwrap() = 1;
+        let budget = budget(&store, FailurePolicy::FailClosed);
+        budget.pause(
+            &[Dimension::TotalTokens],
+            Instant::now() + Duration::from_secs(60),
+        );
+        let waiting = tokio::spawn({
+            let budget = budget.clone();
+            async move { budget.reserve(Cost::new(100, 0)).await.map(drop) }
+        });
+        tokio::time::sleep(10 * MS).await;
+        budget.lift_pause(&[Dimension::TotalTokens]);
+        let start = Instant::now();
+        waiting.await.unwrap().unwrap();
+        // The pause failed once and was retried before the lift was sent.
+        assert_eq!(
+            *store.holds.lock().unwrap(),
+            ["pause failed", "pause", "lift"]
+        );
+        // The written lift woke the head, which asked again before the store's second.
+        assert!(start.elapsed() < wait / 2, "{:?}", start.elapsed());
+        assert_eq!(store.asked.lock().unwrap().len(), 2);
     }
 }

@@ -35,6 +35,12 @@ impl Keys {
         )
     }
 
+    /// The hold of `limit`'s bucket: the server instant (ms) before which it admits nothing,
+    /// a provider's pause. It expires at that instant.
+    pub(super) fn hold(&self, limit: &Limit) -> String {
+        format!("{}:held", self.bucket(limit))
+    }
+
     /// The record of reservation `id`.
     pub(super) fn record(&self, id: &str) -> String {
         format!("{}:r:{id}", self.root)
@@ -97,6 +103,7 @@ mod tests {
         let keys = Keys::new("llmq", "org-{1}");
         let rpm = Limit::per_minute(Dimension::Requests, nz(500));
         assert_eq!(keys.bucket(&rpm), "llmq:{org-_1_}:requests:60000");
+        assert_eq!(keys.hold(&rpm), "llmq:{org-_1_}:requests:60000:held");
         assert_eq!(keys.record("ab-7"), "llmq:{org-_1_}:r:ab-7");
         assert_eq!(Keys::new("llmq", "").record("1"), "llmq:{_}:r:1");
     }

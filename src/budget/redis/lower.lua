@@ -1,20 +1,25 @@
 -- LOWER: what the provider reports. The level falls to `remaining` (never rises: other
--- clients of the same account are invisible here), and a pause empties the bucket and adds
--- the refill of the pause as debt: it is back at zero when the pause ends, then refills. As
--- in memory, a refund during the pause shortens it by the refund's worth of refill.
--- KEYS: one bucket. ARGV: clock override, num, den, capacity, remaining ('' if unknown),
---       pause in ms (0 if none).
+-- clients of the same account are invisible here). A pause (a 429) is a hold: the instant
+-- (server ms) before which no reservation touching this bucket is admitted, kept in a key of
+-- its own that expires at that instant. It leaves the level alone, so the bucket keeps
+-- refilling and admits what it holds when the hold ends. A later pause extends a hold; an
+-- earlier end never shortens it; nothing else (a refund, a report) does either.
+-- KEYS: the bucket, its hold. ARGV: clock override, num, den, capacity, remaining ('' if
+--       unknown), pause in ms (0 if none).
 local now = clock(ARGV[1])
-local num, den, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local full = cap * den
-local tok, ts = load(redis.call('GET', KEYS[1]), now, num, den, full)
 if ARGV[5] ~= '' then
+  local num, den, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+  local full = cap * den
+  local tok, ts = load(redis.call('GET', KEYS[1]), now, num, den, full)
   tok = math.min(tok, tonumber(ARGV[5]) * den)
+  store(KEYS[1], tok, ts, now, num, den, full)
 end
 local pause = tonumber(ARGV[6])
 if pause > 0 then
-  -- Debt grows to at most the pause's refill: a later pause extends, an earlier never shortens.
-  tok = math.min(tok, math.min(0, -(pause - math.max(ts - now, 0)) * num))
+  local ends = now + pause
+  local held = tonumber(redis.call('GET', KEYS[2]) or '')
+  if held == nil or ends > held then
+    redis.call('SET', KEYS[2], string.format('%.0f', ends), 'PX', string.format('%.0f', pause))
+  end
 end
-store(KEYS[1], tok, ts, now, num, den, full)
 return 1

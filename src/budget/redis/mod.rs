@@ -33,7 +33,9 @@
 //! # Keys
 //!
 //! A bucket per limit, `<prefix>:{<quota key>}:<dimension>:<period in ms>` (a string holding its
-//! level and refill time), and a record per reservation, `<prefix>:{<quota key>}:r:<id>`. The quota
+//! level and refill time), its hold while a provider's pause lasts, `<bucket>:held` (the server
+//! instant of the pause's end, expiring then), and a record per reservation,
+//! `<prefix>:{<quota key>}:r:<id>`. The quota
 //! key is a Redis Cluster hash tag, so every key of one account lives in one slot and the
 //! scripts run on a cluster. A bucket's TTL is its time to refill: an absent key is a full
 //! bucket, so an idle account leaves nothing behind. A record lives for the lease (ten
@@ -48,6 +50,13 @@
 //! failover) adds nothing. Settlement is idempotent by reservation id: a duplicate neither
 //! refunds nor charges twice, and a settlement arriving after its record expired charges an
 //! overrun but refunds nothing. Debt is bounded at one capacity.
+//!
+//! # Pauses
+//!
+//! [`Budget::pause`] (a provider's 429) holds the paused windows for every process until the
+//! pause's end, by the server's clock: nothing is admitted in them before, the level is kept
+//! and keeps refilling, and a refund never shortens the hold. [`Budget::lift_pause`] lifts it
+//! for every process; the others notice within a second.
 //!
 //! # When Redis fails
 //!

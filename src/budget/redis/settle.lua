@@ -1,6 +1,7 @@
 -- SETTLE: for each reservation, once, the actual cost replaces the reserved one. Unused
 -- estimate is refunded, an overrun is charged as debt (down to one capacity below zero at
--- most; the debt of a pause may be deeper and is kept).
+-- most; a deeper debt, which an earlier version of these scripts wrote for a pause, is kept
+-- and refills).
 -- Many reservations are settled in one call; each bucket is read and written once.
 -- KEYS: the buckets, then the reservation records.
 -- ARGV: clock override, how long a tombstone lives (ms), the number of buckets, then per
@@ -50,7 +51,8 @@ while a <= #ARGV do
         end
         local tok = level[1] - delta * den
         if delta > 0 then
-          -- An overrun's debt stops at one capacity; a pause's deeper debt is kept.
+          -- An overrun's debt stops at one capacity; a deeper one (an earlier version's pause)
+          -- is kept.
           tok = math.max(tok, math.min(level[1], -full))
         end
         level[1] = math.min(full, tok)

@@ -19,6 +19,11 @@ const TOMBSTONE: (Duration, Duration) = (Duration::from_secs(5), Duration::from_
 /// The longest pause written.
 const MAX_PAUSE: Duration = Duration::from_secs(86_400);
 
+/// The longest wait a denial by a hold tells: another process may lift the hold (see
+/// [`Budget::lift_pause`](crate::Budget::lift_pause)), so the head of each process's ordering
+/// asks again at least this often while a hold lasts (one script call).
+const HOLD_RECHECK: Duration = Duration::from_secs(1);
+
 /// The scripts, each with the shared bucket functions in front.
 #[derive(Debug)]
 struct Scripts {
@@ -148,6 +153,8 @@ impl RemoteStore for RedisStore {
                 .arg(cost.amount(limit.dimension()))
                 .arg(floor.of(rate.capacity));
         }
+        call.keys
+            .extend(touched.iter().map(|&i| self.keys.hold(&limits[i])));
         call.keys.push(self.keys.record(&id));
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
         Box::pin(async move {
@@ -213,12 +220,13 @@ impl RemoteStore for RedisStore {
         let rate = Rate::of(&limit);
         let mut call = Call::new();
         call.keys.push(self.keys.bucket(&limit));
+        call.keys.push(self.keys.hold(&limit));
         call.arg("").arg(rate.num).arg(rate.den).arg(rate.capacity);
         match remaining {
             Some(remaining) => call.arg(remaining.min(rate.capacity)),
             None => call.arg(""),
         };
-        // A day at most: a provider's longest wait, and the debt stays far below 2^53.
+        // A day at most: a provider's longest wait.
         call.arg(pause.min(MAX_PAUSE).as_millis());
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
         Box::pin(async move {
@@ -226,11 +234,29 @@ impl RemoteStore for RedisStore {
             Ok(())
         })
     }
+
+    fn lift(&self, limits: Vec<Limit>) -> StoreFuture<()> {
+        let mut delete = ::redis::cmd("DEL");
+        for limit in &limits {
+            delete.arg(self.keys.hold(limit));
+        }
+        let mut connection = self.connection.clone();
+        Box::pin(async move {
+            if limits.is_empty() {
+                return Ok(());
+            }
+            let _: i64 = delete
+                .query_async(&mut connection)
+                .await
+                .map_err(StoreUnavailable::new)?;
+            Ok(())
+        })
+    }
 }
 
-/// Reads the reserve script's reply: `{1, levels...}`, `{0, wait_ms, bucket, floor_only}` (a
-/// script of an earlier version leaves `floor_only` out) or `{-1, bucket}`, buckets numbered
-/// from 1 among the `touched` limits.
+/// Reads the reserve script's reply: `{1, levels...}`, `{0, wait_ms, bucket, held,
+/// floor_only}` or `{-1, bucket}`, buckets numbered from 1 among the `touched` limits. A wait
+/// for a hold is told as [`HOLD_RECHECK`] at most.
 fn decision(reply: &[i64], touched: &[usize]) -> Result<Decision, StoreUnavailable> {
     let limit = |bucket: i64| {
         usize::try_from(bucket - 1)
@@ -240,11 +266,17 @@ fn decision(reply: &[i64], touched: &[usize]) -> Result<Decision, StoreUnavailab
     };
     match *reply {
         [1, ..] => Ok(Decision::Admitted),
-        [0, wait, bucket] | [0, wait, bucket, _] => Ok(Decision::Denied {
-            wait: Duration::from_millis(u64::try_from(wait).unwrap_or(0)),
-            limit: limit(bucket)?,
-            floor_only: reply.get(3) == Some(&1),
-        }),
+        [0, wait, bucket, held @ (0 | 1), floor @ (0 | 1)] => {
+            let mut wait = Duration::from_millis(u64::try_from(wait).unwrap_or(0));
+            if held == 1 {
+                wait = wait.min(HOLD_RECHECK);
+            }
+            Ok(Decision::Denied {
+                wait,
+                limit: limit(bucket)?,
+                floor_only: floor == 1,
+            })
+        }
         [-1, bucket] => Ok(Decision::TooLarge {
             limit: limit(bucket)?,
         }),
@@ -266,7 +298,7 @@ mod tests {
         let touched = [0, 2];
         assert_eq!(decision(&[1, 5, 7], &touched).unwrap(), Decision::Admitted);
         assert_eq!(
-            decision(&[0, 250, 2], &touched).unwrap(),
+            decision(&[0, 250, 2, 0, 0], &touched).unwrap(),
             Decision::Denied {
                 wait: Duration::from_millis(250),
                 limit: 2,
@@ -274,18 +306,38 @@ mod tests {
             }
         );
         assert_eq!(
-            decision(&[0, 250, 1, 1], &touched).unwrap(),
+            decision(&[0, 250, 1, 0, 1], &touched).unwrap(),
             Decision::Denied {
                 wait: Duration::from_millis(250),
                 limit: 0,
                 floor_only: true,
             }
         );
+        // Held: the wait is told a second at most, so that a lift elsewhere is seen.
+        assert_eq!(
+            decision(&[0, 60_000, 1, 1, 0], &touched).unwrap(),
+            Decision::Denied {
+                wait: HOLD_RECHECK,
+                limit: 0,
+                floor_only: false,
+            }
+        );
+        assert_eq!(
+            decision(&[0, 60_000, 1, 0, 0], &touched).unwrap(),
+            Decision::Denied {
+                wait: Duration::from_secs(60),
+                limit: 0,
+                floor_only: false,
+            }
+        );
+        assert!(decision(&[0, 250, 2, 7, 0], &touched).is_err());
+        assert!(decision(&[0, 250, 2, 0, 7], &touched).is_err());
         assert_eq!(
             decision(&[-1, 1], &touched).unwrap(),
             Decision::TooLarge { limit: 0 }
         );
-        assert!(decision(&[0, 250, 3], &touched).is_err());
+        assert!(decision(&[0, 250, 3, 0, 0], &touched).is_err());
+        assert!(decision(&[0, 250, 2, 0], &touched).is_err());
         assert!(decision(&[], &touched).is_err());
     }
 }
