@@ -611,3 +611,30 @@ async fn a_ramp_stops_within_one_period_when_the_new_route_slows_down() {
     );
     assert_eq!(old.stats().rate_limited + new.stats().rate_limited, 0);
 }
+
+/// A ramp of the admitted rate: 6 requests a minute to the new route, the rest to the old one.
+#[tokio::test(start_paused = true)]
+async fn a_rate_ramp_caps_the_requests_sent_to_its_route() {
+    let models = Models::default();
+    let old = simulator(
+        SimConfig::openai(10_000, 10_000_000),
+        Duration::from_millis(100),
+    );
+    let new = simulator(
+        SimConfig::openai(10_000, 10_000_000),
+        Duration::from_millis(100),
+    );
+    let router = Router::builder(route("old", &stack(1_000_000), sim_client(&old), &models))
+        .ramp(
+            route("new", &stack(1_000_000), sim_client(&new), &models),
+            Ramp::admitted_rate(6.0, 6.0, 12.0).unwrap(),
+        )
+        .build();
+    let shares = traffic(&router, 180, Priority::Async).await;
+    assert_eq!((shares[0].0, shares[30].0, shares[60].0), (6.0, 9.0, 12.0));
+    // At 0, 10, 20 s (6 a minute); 30, 37, 44, 51, 58 s (9 a minute: 6.67 s apart); then 5 s
+    // apart from 65 s to 175 s (12 a minute).
+    let new = new.stats().received;
+    assert_eq!(new, 3 + 5 + 23);
+    assert_eq!(old.stats().received + new, 180);
+}

@@ -103,7 +103,7 @@ impl<S> Inner<S> {
                 Some(key) => position_of(key.0.as_bytes()),
                 None => position_of_sequence(self.next_position()),
             };
-            if state.admits(position) {
+            if state.admits(position, Instant::now()) {
                 At::Ramped
             } else {
                 At::Primary

@@ -112,3 +112,22 @@ pub use future::ResponseFuture;
 pub use ramp::{InvalidRamp, PauseReason, Ramp, RampStatus};
 pub use route::{RequestView, Route, RouteInfo, RouteKey, ServedBy, Tenant};
 pub use service::{DEFAULT_MAX_BODY, RampHandle, Router, RouterBuilder};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounds() {
+        fn send_sync_unpin<T: Send + Sync + Unpin>() {}
+        fn send_unpin<T: Send + Unpin>() {}
+        send_sync_unpin::<Router<()>>();
+        send_sync_unpin::<RouterBuilder<()>>();
+        send_sync_unpin::<Route<()>>();
+        send_sync_unpin::<RampHandle>();
+        send_sync_unpin::<Ramp>();
+        send_sync_unpin::<Fallback>();
+        send_sync_unpin::<ServedBy>();
+        send_unpin::<ResponseFuture<()>>();
+    }
+}

@@ -10,9 +10,11 @@ use tokio::time::Instant;
 
 /// A ramp's schedule and health thresholds; see the [module documentation](super).
 ///
-/// Shares are in percent of the requests the ramp applies to (0 to 100).
+/// A ramp caps either a share of the requests it applies to ([`Ramp::new`], in percent) or
+/// the rate of requests its route is sent ([`Ramp::admitted_rate`], per minute).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ramp {
+    cap: Cap,
     start: f64,
     growth_per_minute: f64,
     ceiling: f64,
@@ -36,6 +38,15 @@ impl fmt::Display for InvalidRamp {
 
 impl std::error::Error for InvalidRamp {}
 
+/// What a ramp's value caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cap {
+    /// A percentage of the requests.
+    Share,
+    /// Requests per minute.
+    Rate,
+}
+
 fn percent(value: f64) -> bool {
     value.is_finite() && (0.0..=100.0).contains(&value)
 }
@@ -54,10 +65,42 @@ impl Ramp {
         if start > ceiling {
             return Err(InvalidRamp("the start is above the ceiling"));
         }
+        Self::with_cap(Cap::Share, start, growth_per_minute, ceiling)
+    }
+
+    /// A ramp capping the requests sent to its route at `start` a minute (spaced evenly:
+    /// one every minute / rate), growing by `growth_per_minute` requests a minute each minute
+    /// while healthy, up to `ceiling` a minute. The requests above the cap stay on the
+    /// primary. Evaluated like [`Ramp::new`].
+    ///
+    /// Fails when a rate is negative or not finite, the start is above the ceiling, or the
+    /// growth is negative or not finite.
+    pub fn admitted_rate(
+        start: f64,
+        growth_per_minute: f64,
+        ceiling: f64,
+    ) -> Result<Self, InvalidRamp> {
+        let rate = |v: f64| v.is_finite() && v >= 0.0;
+        if !rate(start) || !rate(ceiling) {
+            return Err(InvalidRamp("rates are finite and not negative"));
+        }
+        if start > ceiling {
+            return Err(InvalidRamp("the start is above the ceiling"));
+        }
+        Self::with_cap(Cap::Rate, start, growth_per_minute, ceiling)
+    }
+
+    fn with_cap(
+        cap: Cap,
+        start: f64,
+        growth_per_minute: f64,
+        ceiling: f64,
+    ) -> Result<Self, InvalidRamp> {
         if !growth_per_minute.is_finite() || growth_per_minute < 0.0 {
             return Err(InvalidRamp("the growth must be finite and not negative"));
         }
         Ok(Self {
+            cap,
             start,
             growth_per_minute,
             ceiling,
@@ -110,8 +153,8 @@ impl Ramp {
         }
     }
 
-    /// On an unhealthy period, steps the share back by `points` (never below 0) instead of
-    /// only pausing its growth. Defaults to 0: pause only.
+    /// On an unhealthy period, steps the share (or the rate) back by `points` (never below 0)
+    /// instead of only pausing its growth. Defaults to 0: pause only.
     pub fn step_back(self, points: f64) -> Self {
         let points = if points.is_finite() {
             points.clamp(0.0, 100.0)
@@ -169,9 +212,10 @@ impl PauseReason {
 /// A ramp's state, readable at any time.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RampStatus {
-    /// The share of the requests the ramp applies to that go to its route, in percent.
+    /// The share of the requests the ramp applies to that go to its route, in percent; for
+    /// a ramp of [`Ramp::admitted_rate`], the requests per minute.
     pub share: f64,
-    /// The ceiling, in percent.
+    /// The ceiling, in the same unit.
     pub ceiling: f64,
     /// Why growth is paused, if it is.
     pub paused: Option<PauseReason>,
@@ -190,6 +234,8 @@ pub(crate) struct RampState {
     rate_limited: u64,
     latencies: Vec<Duration>,
     paused: Option<PauseReason>,
+    /// A rate cap: the earliest instant the next request may go to the route.
+    next_at: Instant,
 }
 
 impl RampState {
@@ -202,6 +248,7 @@ impl RampState {
             rate_limited: 0,
             latencies: Vec::new(),
             paused: None,
+            next_at: now,
         }
     }
 
@@ -289,9 +336,21 @@ impl RampState {
         }
     }
 
-    /// Whether a request at `position` (a percentage, 0 to 100) falls within the share.
-    pub(crate) fn admits(&self, position: f64) -> bool {
-        position < self.share
+    /// Whether a request at `position` (a percentage, 0 to 100) arriving `now` falls within
+    /// the share, or within the rate (which it then spends).
+    pub(crate) fn admits(&mut self, position: f64, now: Instant) -> bool {
+        match self.config.cap {
+            Cap::Share => position < self.share,
+            Cap::Rate => {
+                if self.share <= 0.0 || now < self.next_at {
+                    return false;
+                }
+                let spacing = Duration::from_secs_f64((60.0 / self.share).min(86_400.0));
+                // No credit for idle time: the cap is never a burst.
+                self.next_at = now + spacing;
+                true
+            }
+        }
     }
 
     pub(crate) fn status(&self) -> RampStatus {
@@ -412,6 +471,23 @@ mod tests {
         ramp.record(Duration::ZERO, true);
         ramp.tick(at(start, 60), 0);
         assert_eq!(ramp.status().share, 0.0);
+    }
+
+    #[test]
+    fn a_rate_cap_spaces_the_requests_and_grows() {
+        let start = Instant::now();
+        let config = Ramp::admitted_rate(6.0, 6.0, 60.0).unwrap();
+        assert!(Ramp::admitted_rate(-1.0, 1.0, 10.0).is_err());
+        let mut ramp = RampState::new(config, start);
+        // 6 a minute: one every 10 s, whatever the position.
+        let admitted = (0..30).filter(|s| ramp.admits(99.0, at(start, *s))).count();
+        assert_eq!(admitted, 3);
+        ramp.tick(at(start, 60), 0);
+        assert_eq!(ramp.status().share, 12.0);
+        let admitted = (60..120)
+            .filter(|s| ramp.admits(0.0, at(start, *s)))
+            .count();
+        assert_eq!(admitted, 12);
     }
 
     #[test]
