@@ -20,7 +20,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt, service_fn};
 use tower_llm_quota::retry::{Ambiguity, Interrupted, SeededJitter};
 use tower_llm_quota::routing::{
-    Condition, Fallback, PauseReason, Ramp, Reason, Route, RouteKey, Router, ServedBy,
+    Condition, Fallback, PauseReason, Ramp, Reason, Route, RouteKey, Router, ServedBy, Tenant,
 };
 use tower_llm_quota::sim::{Faults, SimBody, SimConfig, Simulator};
 use tower_llm_quota::stack::QuotaStack;
@@ -637,4 +637,89 @@ async fn a_rate_ramp_caps_the_requests_sent_to_its_route() {
     let new = new.stats().received;
     assert_eq!(new, 3 + 5 + 23);
     assert_eq!(old.stats().received + new, 180);
+}
+
+/// `would_wait_longer_than(d)` with a wait shorter than `d` waits on the primary; with a longer
+/// one, it goes to the fallback at once.
+#[tokio::test(start_paused = true)]
+async fn would_wait_compares_the_primary_wait_with_its_bound() {
+    let models = Models::default();
+    let primary = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    let fallback = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    // 600 tokens a minute: 10 a second.
+    let primary_stack = stack(600);
+    let router = |bound| {
+        Router::builder(route("a", &primary_stack, sim_client(&primary), &models))
+            .fallback(
+                route("b", &stack(10_000), sim_client(&fallback), &models),
+                Fallback::when(Condition::would_wait_longer_than(bound)),
+            )
+            .build()
+    };
+    let cost = Cost::new(20, 20);
+    let held = primary_stack
+        .budget()
+        .try_reserve(Cost::new(600, 0))
+        .unwrap();
+    // 40 tokens missing: a wait of 4 s on the primary.
+    let request_with_cost = || {
+        let mut request = request(Priority::Interactive, 20, "");
+        request.extensions_mut().insert(cost);
+        request
+    };
+    let (_, served, elapsed) = send(&router(Duration::from_secs(3)), request_with_cost()).await;
+    assert_eq!((served.route(), elapsed), ("b", Duration::ZERO));
+    // The same wait, now spent for good: the bucket refills from zero.
+    held.charge_estimate();
+    let (_, served, elapsed) = send(&router(Duration::from_secs(5)), request_with_cost()).await;
+    assert_eq!((served.route(), elapsed), ("a", Duration::from_secs(4)));
+    assert_eq!(primary.stats().received, 1);
+    assert_eq!(fallback.stats().received, 1);
+}
+
+/// A ramp for one tenant moves that tenant's requests only.
+#[tokio::test(start_paused = true)]
+async fn a_tenant_ramp_moves_that_tenant_only() {
+    let models = Models::default();
+    let old = simulator(SimConfig::openai(10_000, 10_000_000), Duration::ZERO);
+    let new = simulator(SimConfig::openai(10_000, 10_000_000), Duration::ZERO);
+    let router = Router::builder(route("old", &stack(1_000_000), sim_client(&old), &models))
+        .ramp(
+            route("new", &stack(1_000_000), sim_client(&new), &models),
+            Ramp::new(100.0, 0.0, 100.0).unwrap().for_tenant("acme"),
+        )
+        .build();
+    for tenant in ["acme", "globex", "acme", "initech"] {
+        let mut request = request(Priority::Async, 20, "");
+        request.extensions_mut().insert(Tenant(tenant.into()));
+        let (_, served, _) = send(&router, request).await;
+        let expected = if tenant == "acme" { "new" } else { "old" };
+        assert_eq!(served.route(), expected, "{tenant}");
+        assert_eq!(served.ramped(), tenant == "acme");
+    }
+    let (_, served, _) = send(&router, request(Priority::Async, 20, "")).await;
+    assert_eq!(served.route(), "old", "no tenant, no ramp");
+    assert_eq!((old.stats().received, new.stats().received), (3, 2));
+}
+
+/// A request the ramped route cannot serve stays on the primary, whatever the share.
+#[tokio::test(start_paused = true)]
+async fn a_ramp_respects_the_compatibility_check() {
+    let models = Models::default();
+    let old = simulator(SimConfig::openai(10_000, 10_000_000), Duration::ZERO);
+    let new = simulator(SimConfig::openai(10_000, 10_000_000), Duration::ZERO);
+    let router = Router::builder(route("old", &stack(1_000_000), sim_client(&old), &models))
+        .ramp(
+            route("new", &stack(1_000_000), sim_client(&new), &models).attribute("tools", "no"),
+            Ramp::new(100.0, 0.0, 100.0).unwrap(),
+        )
+        .compatible(|request, route| {
+            !(request.has_field("tools") && route.attribute("tools") == Some("no"))
+        })
+        .build();
+    let tools = r#","tools":[{"type":"function"}]"#;
+    let (_, served, _) = send(&router, request(Priority::Async, 20, tools)).await;
+    assert_eq!(served.route(), "old");
+    let (_, served, _) = send(&router, request(Priority::Async, 20, "")).await;
+    assert_eq!(served.route(), "new");
 }

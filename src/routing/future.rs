@@ -84,11 +84,15 @@ impl<S> Inner<S> {
         }
     }
 
-    /// The primary, or the ramped route when the request falls within the ramp's share.
-    fn first(&self, parts: &Parts) -> At {
-        let Some((_, ramp)) = &self.ramp else {
+    /// The primary, or the ramped route when the request falls within the ramp's share and
+    /// the compatibility check accepts the ramped route.
+    fn first(&self, parts: &Parts, view: &RequestView<'_>) -> At {
+        let Some((ramped, ramp)) = &self.ramp else {
             return At::Primary;
         };
+        if !self.compatible(view, ramped.info()) {
+            return At::Primary;
+        }
         ramp.ticked(|state| {
             let applies = state.config().tenant().is_none_or(|tenant| {
                 parts
@@ -269,7 +273,7 @@ where
         .copied()
         .or_else(|| estimate(&body, &CharEstimator::default(), &Defaults::default()));
 
-    let first = inner.first(&parts);
+    let first = inner.first(&parts, &view);
     let ramped = matches!(first, At::Ramped);
     let mut at = first;
     let mut reason = None;

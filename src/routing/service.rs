@@ -29,6 +29,12 @@ pub const DEFAULT_MAX_BODY: usize = 8 << 20;
 /// [module documentation](super).
 ///
 /// Cloning it is cheap and shares its routes and its ramp.
+///
+/// # Cancel safety
+///
+/// Dropping a [`ResponseFuture`] drops the call in progress on its route, which gives back
+/// or charges that route's reservation by its budget's rules; nothing is held on any other
+/// route.
 pub struct Router<S> {
     pub(crate) inner: Arc<Inner<S>>,
 }
@@ -106,10 +112,11 @@ impl<S> RouterBuilder<S> {
         self
     }
 
-    /// Checks every fallback before it is used: `check` says whether the request may be
-    /// served by the route (tools, structured output, residency, ...). When it says no, the
-    /// request stays where it is: it waits on its route, or gets the route's own answer or
-    /// refusal. Defaults to every route being compatible.
+    /// Checks every fallback, and the ramped route, before it is used: `check` says whether
+    /// the request may be served by the route (tools, structured output, residency, ...).
+    /// When it says no, the request stays where it is: it waits on its route, or gets the
+    /// route's own answer or refusal (and a ramp leaves it on the primary). Defaults to every
+    /// route being compatible.
     pub fn compatible(
         mut self,
         check: impl Fn(&RequestView<'_>, &RouteInfo) -> bool + Send + Sync + 'static,
@@ -118,7 +125,8 @@ impl<S> RouterBuilder<S> {
         self
     }
 
-    /// Reads request bodies up to `bytes` (a larger one fails the request). Defaults to
+    /// Reads request bodies up to `bytes`; a larger one fails the request with
+    /// [`LengthLimitError`](http_body_util::LengthLimitError), sent nowhere. Defaults to
     /// [`DEFAULT_MAX_BODY`].
     pub fn max_body(self, bytes: usize) -> Self {
         Self {
