@@ -17,6 +17,7 @@ pub mod queue;
 mod quota;
 pub mod reconcile;
 pub mod retry;
+pub mod routing;
 mod sched;
 #[cfg(feature = "serde")]
 mod serialize;

@@ -233,7 +233,15 @@ mod enabled {
         );
         describe_counter!(
             "llm_fallbacks_total",
-            "Admissions from the local fallback share of a shared budget, by reason."
+            "Requests sent to a fallback route, and admissions of a shared budget from its local share (from `shared_store` to `local_share`), by reason."
+        );
+        describe_gauge!(
+            "llm_ramp_share",
+            "A ramp's share of the traffic it applies to, in percent, per route."
+        );
+        describe_gauge!(
+            "llm_ramp_paused",
+            "Whether a ramp's growth is paused (1) or not (0), per route."
         );
         describe_counter!(
             "llm_duplicate_suppressed_total",
@@ -274,11 +282,46 @@ pub(crate) fn request(labels: &Labels, status: Option<http::StatusCode>) {
 }
 
 /// A shared budget admitted from its local fallback share: its store did not answer
-/// (`store_unavailable`) or its breaker was open (`breaker_open`).
+/// (`store_unavailable`) or its breaker was open (`breaker_open`). Counted in
+/// `llm_fallbacks_total` from `shared_store` to `local_share`.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn fallback(reason: &'static str) {
     when_enabled! {
-        enabled::counter("llm_fallbacks_total", &[("reason", SharedString::const_str(reason))], |h| h.increment(1));
+        enabled::counter(
+            "llm_fallbacks_total",
+            &[
+                ("from_provider", SharedString::const_str("shared_store")),
+                ("to_provider", SharedString::const_str("local_share")),
+                ("reason", SharedString::const_str(reason)),
+            ],
+            |h| h.increment(1),
+        );
+    }
+}
+
+/// A router sent a request from a route of `from` to a fallback of `to`, for `reason`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn route_fallback(from: &str, to: &str, reason: &'static str) {
+    when_enabled! {
+        enabled::counter(
+            "llm_fallbacks_total",
+            &[
+                ("from_provider", SharedString::from(from.to_owned())),
+                ("to_provider", SharedString::from(to.to_owned())),
+                ("reason", SharedString::const_str(reason)),
+            ],
+            |h| h.increment(1),
+        );
+    }
+}
+
+/// A ramp's share of its route (percent) and whether its growth is paused.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn ramp(route: &str, share: f64, paused: bool) {
+    when_enabled! {
+        let labels = [("route", SharedString::from(route.to_owned()))];
+        enabled::gauge("llm_ramp_share", &labels, |g| g.set(share));
+        enabled::gauge("llm_ramp_paused", &labels, |g| g.set(if paused { 1.0 } else { 0.0 }));
     }
 }
 

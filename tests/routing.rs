@@ -1,0 +1,799 @@
+//! Routing between governed clients, against two simulated providers under a paused clock:
+//! every fallback condition sends exactly the requests it names, a refused compatibility check
+//! keeps the request waiting on its route, nothing is reserved twice, a started stream stays
+//! where it is, and a ramp grows, pauses and steps back on the new route's health.
+
+mod support;
+
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::FutureExt;
+use http::{Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
+use support::limit;
+use tokio::time::{self, Instant};
+use tower::util::BoxCloneSyncService;
+use tower::{Service, ServiceExt, service_fn};
+use tower_llm_quota::retry::{Ambiguity, Interrupted, SeededJitter};
+use tower_llm_quota::routing::{
+    Condition, Fallback, PauseReason, Ramp, Reason, Route, RouteKey, Router, ServedBy, Tenant,
+};
+use tower_llm_quota::sim::{Faults, SimBody, SimConfig, Simulator};
+use tower_llm_quota::stack::QuotaStack;
+use tower_llm_quota::{BoxError, Cost, Dimension, Priority, Quota, RetryAfterLayer, RetryPolicy};
+
+type Body = UnsyncBoxBody<Bytes, BoxError>;
+type Svc = BoxCloneSyncService<Request<Full<Bytes>>, Response<Body>, BoxError>;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn boxed<S, B>(service: S) -> Svc
+where
+    S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + Sync + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<BoxError>,
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    BoxCloneSyncService::new(
+        service
+            .map_response(|r: Response<B>| r.map(|b| b.map_err(Into::into).boxed_unsync()))
+            .map_err(Into::into),
+    )
+}
+
+/// A simulated OpenAI-style provider with `latency` before each answer.
+fn simulator(config: SimConfig, latency: Duration) -> Simulator {
+    Simulator::new(config.key("sk", "org").latency(latency, Duration::ZERO))
+}
+
+/// A stack of `tokens` per minute, all at once, with seeded retries.
+fn stack(tokens: u64) -> QuotaStack {
+    QuotaStack::openai(Quota::new().with_limit(limit(
+        Dimension::TotalTokens,
+        tokens,
+        MINUTE,
+        tokens,
+    )))
+    .retry_layer(RetryAfterLayer::new(RetryPolicy::new()).jitter(SeededJitter::new(7)))
+}
+
+/// The models each route was asked for, in order.
+type Models = Arc<Mutex<Vec<String>>>;
+
+/// A route named `name`: `stack` around `client`, recording the model of every request.
+fn route<C>(name: &str, stack: &QuotaStack, client: C, models: &Models) -> Route<Svc>
+where
+    C: Service<Request<Full<Bytes>>> + Clone + Send + Sync + 'static,
+    C::Response: Into<Response<Body>>,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    let models = Arc::clone(models);
+    let client = client.map_request(move |request: Request<Full<Bytes>>| {
+        let body = request.body().clone().collect().now_or_never();
+        let model = body
+            .and_then(|b| b.ok())
+            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b.to_bytes()).ok())
+            .and_then(|v| v["model"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        models.lock().unwrap().push(model);
+        request
+    });
+    let client = client.map_response(Into::into).map_err(Into::into);
+    let client = BoxCloneSyncService::<_, Response<Body>, BoxError>::new(client);
+    Route::new(name, boxed(tower::Layer::layer(stack, client)))
+        .provider(name)
+        .budget(stack.budget().clone())
+}
+
+/// A simulator's service with boxed bodies, for [`route`].
+fn sim_client(sim: &Simulator) -> Svc {
+    let service =
+        ServiceExt::<Request<Full<Bytes>>>::map_response(sim.service(), |r: Response<SimBody>| {
+            r.map(|b| b.map_err(Into::into).boxed_unsync())
+        });
+    BoxCloneSyncService::new(ServiceExt::<Request<Full<Bytes>>>::map_err(
+        service,
+        Into::into,
+    ))
+}
+
+fn request(class: Priority, max_tokens: u64, extra: &str) -> Request<Full<Bytes>> {
+    let body = format!(
+        r#"{{"model":"primary-model","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"Hello there"}}]{extra}}}"#
+    );
+    Request::post("/v1/chat/completions")
+        .header("authorization", "Bearer sk")
+        .header("content-type", "application/json")
+        .extension(class)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap()
+}
+
+/// Sends one request and reads its body to the end (which settles its reservation).
+async fn send(
+    router: &Router<Svc>,
+    request: Request<Full<Bytes>>,
+) -> (StatusCode, ServedBy, Duration) {
+    let start = Instant::now();
+    // The router's own future, not `oneshot`'s: spawned tasks hold it across awaits.
+    let mut router = router.clone();
+    let response = Service::call(&mut router, request)
+        .await
+        .expect("an answer");
+    let elapsed = start.elapsed();
+    let status = response.status();
+    let served = response.extensions().get::<ServedBy>().cloned().unwrap();
+    response.into_body().collect().await.expect("a whole body");
+    (status, served, elapsed)
+}
+
+fn level(stack: &QuotaStack) -> i64 {
+    stack.budget().snapshot().limits()[0].level()
+}
+
+#[tokio::test(start_paused = true)]
+async fn provider_5xx_sends_only_the_classes_the_fallback_serves() {
+    let models = Models::default();
+    let primary = simulator(
+        SimConfig::openai(1_000, 1_000_000).faults(Faults::none().server_errors(1.0)),
+        Duration::from_millis(50),
+    );
+    let fallback = simulator(
+        SimConfig::openai(1_000, 1_000_000),
+        Duration::from_millis(50),
+    );
+    let router = Router::builder(route("a", &stack(100_000), sim_client(&primary), &models))
+        .fallback(
+            route("b", &stack(100_000), sim_client(&fallback), &models).model("fallback-model"),
+            Fallback::when(Condition::provider_5xx()).classes(&[Priority::Interactive]),
+        )
+        .build();
+    for _ in 0..3 {
+        let (status, served, _) = send(&router, request(Priority::Interactive, 20, "")).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(served.route(), "b");
+        assert_eq!(served.fallback_reason(), Some(Reason::Provider5xx));
+    }
+    for _ in 0..2 {
+        let (status, served, _) = send(&router, request(Priority::Batch, 20, "")).await;
+        assert!(status.is_server_error(), "{status}");
+        assert_eq!(served.route(), "a");
+        assert_eq!(served.fallback_reason(), None);
+    }
+    assert_eq!(fallback.stats().received, 3);
+    assert_eq!(fallback.stats().admitted, 3);
+    assert_eq!(primary.stats().admitted, 0);
+    let models = models.lock().unwrap();
+    assert_eq!(
+        models.iter().filter(|m| *m == "fallback-model").count(),
+        3,
+        "the model is rewritten on the fallback only: {models:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn rate_limited_after_the_retry_policy_gave_up() {
+    let models = Models::default();
+    // The provider takes 2 requests a minute; the local budget does not know it.
+    let primary = simulator(SimConfig::openai(2, 1_000_000), Duration::from_millis(50));
+    let fallback = simulator(
+        SimConfig::openai(1_000, 1_000_000),
+        Duration::from_millis(50),
+    );
+    let one_attempt = RetryPolicy::new()
+        .max_attempts(Priority::Interactive, std::num::NonZeroU32::new(1).unwrap());
+    let primary_stack = stack(100_000).retry(one_attempt);
+    let router = Router::builder(route("a", &primary_stack, sim_client(&primary), &models))
+        .fallback(
+            route("b", &stack(100_000), sim_client(&fallback), &models),
+            Fallback::when(Condition::rate_limited()),
+        )
+        .build();
+    let answers = futures::future::join_all(
+        (0..6).map(|_| send(&router, request(Priority::Interactive, 20, ""))),
+    )
+    .await;
+    let on_fallback = answers.iter().filter(|(_, s, _)| s.route() == "b").count() as u64;
+    assert!(
+        answers
+            .iter()
+            .all(|(status, _, _)| *status == StatusCode::OK)
+    );
+    assert_eq!(primary.stats().admitted, 2);
+    assert_eq!(primary.stats().rate_limited, 4);
+    assert_eq!(on_fallback, 4, "exactly the requests the provider refused");
+    assert_eq!(fallback.stats().received, 4);
+    assert!(
+        answers
+            .iter()
+            .filter(|(_, s, _)| s.route() == "b")
+            .all(|(_, s, _)| s.fallback_reason() == Some(Reason::RateLimited))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn unreachable_primary_goes_elsewhere_but_a_reset_does_not() {
+    let models = Models::default();
+    let fallback = simulator(
+        SimConfig::openai(1_000, 1_000_000),
+        Duration::from_millis(50),
+    );
+    let refused = service_fn(|_request: Request<Full<Bytes>>| async {
+        Err::<Response<Body>, BoxError>(Box::new(io::Error::new(
+            io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        )))
+    });
+    let when = Fallback::when(Condition::primary_unavailable()).or(Condition::provider_5xx());
+    let router = Router::builder(route("a", &stack(100_000), refused, &models))
+        .fallback(
+            route("b", &stack(100_000), sim_client(&fallback), &models),
+            when.clone(),
+        )
+        .build();
+    let (status, served, _) = send(&router, request(Priority::Interactive, 20, "")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(served.route(), "b");
+    assert_eq!(served.fallback_reason(), Some(Reason::PrimaryUnavailable));
+    assert_eq!(fallback.stats().received, 1);
+
+    // A reset before the head may have been processed: it stays on its route.
+    let resetting = simulator(
+        SimConfig::openai(1_000, 1_000_000).faults(Faults::none().connection_resets(1.0)),
+        Duration::from_millis(50),
+    );
+    let router = Router::builder(route("a", &stack(100_000), sim_client(&resetting), &models))
+        .fallback(
+            route("b", &stack(100_000), sim_client(&fallback), &models),
+            when,
+        )
+        .build();
+    let error = router
+        .clone()
+        .oneshot(request(Priority::Interactive, 20, ""))
+        .await
+        .expect_err("the reset is reported");
+    assert_eq!(
+        Ambiguity::of_error(&*error),
+        Ambiguity::Uncertain,
+        "{error}"
+    );
+    assert_eq!(resetting.stats().connection_resets, 1);
+    assert_eq!(fallback.stats().received, 1, "not one more");
+}
+
+#[tokio::test(start_paused = true)]
+async fn interactive_work_skips_a_saturated_primary_without_queueing_and_nothing_is_reserved_twice()
+{
+    let models = Models::default();
+    let primary = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    let fallback = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    let (primary_stack, fallback_stack) = (stack(1_000), stack(10_000));
+    let router = Router::builder(route("a", &primary_stack, sim_client(&primary), &models))
+        .fallback(
+            route("b", &fallback_stack, sim_client(&fallback), &models),
+            Fallback::when(Condition::would_wait_longer_than(Duration::ZERO))
+                .classes(&[Priority::Interactive]),
+        )
+        .build();
+    // Saturate the primary: its whole bucket is held by one reservation.
+    let held = primary_stack
+        .budget()
+        .try_reserve(Cost::new(1_000, 0))
+        .unwrap();
+    let start = Instant::now();
+    let answers = futures::future::join_all(
+        (0..3).map(|_| send(&router, request(Priority::Interactive, 20, ""))),
+    )
+    .await;
+    for (status, served, elapsed) in &answers {
+        assert_eq!(*status, StatusCode::OK);
+        assert_eq!(served.route(), "b");
+        assert_eq!(served.fallback_reason(), Some(Reason::WouldWait));
+        assert_eq!(*elapsed, Duration::ZERO, "no queueing on the primary");
+    }
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(primary.stats().received, 0);
+    assert_eq!(primary_stack.budget().waiters(), 0);
+    // Both levels exact: the primary holds only the test's reservation, the fallback what its
+    // provider charged.
+    assert_eq!(level(&primary_stack), 0);
+    let charged = fallback.stats().prompt_tokens + fallback.stats().completion_tokens;
+    assert!(charged > 0);
+    assert_eq!(level(&fallback_stack), 10_000 - charged as i64);
+    drop(held);
+    assert_eq!(level(&primary_stack), 1_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_compatibility_check_waits_on_the_primary() {
+    let models = Models::default();
+    let primary = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    let fallback = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    let primary_stack = stack(1_000);
+    let router = Router::builder(route("a", &primary_stack, sim_client(&primary), &models))
+        .fallback(
+            route("b", &stack(10_000), sim_client(&fallback), &models).attribute("tools", "no"),
+            Fallback::when(Condition::would_wait_longer_than(Duration::ZERO)),
+        )
+        .compatible(|request, route| {
+            !(request.has_field("tools") && route.attribute("tools") == Some("no"))
+        })
+        .build();
+    let held = primary_stack
+        .budget()
+        .try_reserve(Cost::new(1_000, 0))
+        .unwrap();
+    let with_tools = request(
+        Priority::Interactive,
+        20,
+        r#","tools":[{"type":"function"}]"#,
+    );
+    let waiting = tokio::spawn({
+        let router = router.clone();
+        async move { send(&router, with_tools).await }
+    });
+    time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        primary_stack.budget().waiters(),
+        1,
+        "it waits on the primary"
+    );
+    assert_eq!(fallback.stats().received, 0);
+    drop(held);
+    let (status, served, elapsed) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(served.route(), "a");
+    assert_eq!(served.fallback_reason(), None);
+    assert_eq!(elapsed, Duration::from_secs(1));
+    // The same request without tools goes to the fallback at once.
+    let held = primary_stack
+        .budget()
+        .try_reserve(Cost::new(900, 0))
+        .unwrap();
+    let (_, served, elapsed) = send(&router, request(Priority::Interactive, 80, "")).await;
+    assert_eq!((served.route(), elapsed), ("b", Duration::ZERO));
+    drop(held);
+}
+
+#[tokio::test(start_paused = true)]
+async fn context_length_and_degraded_classes_are_decided_before_sending() {
+    let models = Models::default();
+    let primary = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    let long = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    let cheap = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    let router = Router::builder(
+        route("a", &stack(100_000), sim_client(&primary), &models).context_window(100),
+    )
+    .fallback(
+        route("long", &stack(100_000), sim_client(&long), &models).context_window(100_000),
+        Fallback::when(Condition::context_length_needed()),
+    )
+    .fallback(
+        route("cheap", &stack(100_000), sim_client(&cheap), &models),
+        Fallback::when(Condition::degrade()).classes(&[Priority::Batch]),
+    )
+    .build();
+    let (_, served, _) = send(&router, request(Priority::Interactive, 20, "")).await;
+    assert_eq!(served.route(), "a");
+    let (_, served, _) = send(&router, request(Priority::Interactive, 500, "")).await;
+    assert_eq!(
+        (served.route(), served.fallback_reason()),
+        ("long", Some(Reason::ContextLength))
+    );
+    for _ in 0..2 {
+        let (_, served, _) = send(&router, request(Priority::Batch, 20, "")).await;
+        assert_eq!(
+            (served.route(), served.fallback_reason()),
+            ("cheap", Some(Reason::Degraded))
+        );
+    }
+    assert_eq!(primary.stats().received, 1);
+    assert_eq!(long.stats().received, 1);
+    assert_eq!(cheap.stats().received, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_cut_after_its_first_byte_is_not_sent_elsewhere() {
+    let models = Models::default();
+    let fallback = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    let cut = service_fn(|_request: Request<Full<Bytes>>| async {
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = vec![
+            Ok(Frame::data(Bytes::from_static(
+                b"data: {\"choices\":[]}\n\n",
+            ))),
+            Err(Box::new(io::Error::new(
+                io::ErrorKind::ConnectionReset,
+                "reset",
+            ))),
+        ];
+        let body = StreamBody::new(futures::stream::iter(frames)).boxed_unsync();
+        Ok::<_, BoxError>(
+            Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(body)
+                .unwrap(),
+        )
+    });
+    let router = Router::builder(route("a", &stack(100_000), cut, &models))
+        .fallback(
+            route("b", &stack(100_000), sim_client(&fallback), &models),
+            Fallback::when(Condition::provider_5xx())
+                .or(Condition::primary_unavailable())
+                .or(Condition::rate_limited()),
+        )
+        .build();
+    let response = router
+        .clone()
+        .oneshot(request(Priority::Interactive, 20, r#","stream":true"#))
+        .await
+        .unwrap();
+    assert_eq!(
+        response.extensions().get::<ServedBy>().unwrap().route(),
+        "a"
+    );
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.is_data());
+    let error = body.frame().await.unwrap().unwrap_err();
+    assert!(error.is::<Interrupted>(), "{error}");
+    assert_eq!(fallback.stats().received, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_with_one_key_stay_on_one_route() {
+    let models = Models::default();
+    let old = simulator(SimConfig::openai(10_000, 10_000_000), Duration::ZERO);
+    let new = simulator(SimConfig::openai(10_000, 10_000_000), Duration::ZERO);
+    let router = Router::builder(route("old", &stack(1_000_000), sim_client(&old), &models))
+        .ramp(
+            route("new", &stack(1_000_000), sim_client(&new), &models),
+            Ramp::new(50.0, 0.0, 50.0).unwrap(),
+        )
+        .build();
+    for conversation in 0..20 {
+        let mut routes = Vec::new();
+        for _ in 0..3 {
+            let mut request = request(Priority::Async, 20, "");
+            request
+                .extensions_mut()
+                .insert(RouteKey(format!("conversation-{conversation}")));
+            routes.push(send(&router, request).await.1.route().to_owned());
+        }
+        assert!(routes.iter().all(|r| *r == routes[0]), "{routes:?}");
+    }
+    assert!(old.stats().received > 0 && new.stats().received > 0);
+}
+
+/// One async request a second for `seconds` through `router`, recording the ramp's share at
+/// every second.
+async fn traffic(
+    router: &Router<Svc>,
+    seconds: u64,
+    class: Priority,
+) -> Vec<(f64, Option<PauseReason>)> {
+    let mut shares = Vec::new();
+    let mut tasks = Vec::new();
+    for _ in 0..seconds {
+        let status = router.ramp().unwrap().status();
+        shares.push((status.share, status.paused));
+        let router = router.clone();
+        tasks.push(tokio::spawn(async move {
+            send(&router, request(class, 20, "")).await
+        }));
+        time::sleep(Duration::from_secs(1)).await;
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap().0, StatusCode::OK);
+    }
+    shares
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_healthy_ramp_reaches_its_ceiling_on_schedule() {
+    let models = Models::default();
+    let old = simulator(
+        SimConfig::openai(10_000, 10_000_000),
+        Duration::from_millis(100),
+    );
+    let new = simulator(
+        SimConfig::openai(10_000, 10_000_000),
+        Duration::from_millis(100),
+    );
+    let router = Router::builder(route("old", &stack(1_000_000), sim_client(&old), &models))
+        .ramp(
+            route("new", &stack(1_000_000), sim_client(&new), &models).model("new-model"),
+            Ramp::new(5.0, 10.0, 100.0).unwrap(),
+        )
+        .build();
+    let shares = traffic(&router, 660, Priority::Async).await;
+    // 95 points at 10 a minute: 9.5 minutes, in periods of 30 s.
+    assert_eq!(shares[0].0, 5.0);
+    assert_eq!(shares[569].0, 95.0);
+    assert_eq!(shares[570].0, 100.0);
+    assert!(shares.iter().all(|(_, paused)| paused.is_none()));
+    let (old, new) = (old.stats(), new.stats());
+    assert_eq!(old.received + new.received, 660);
+    assert_eq!(old.rate_limited + new.rate_limited, 0);
+    // From 570 s, everything goes to the new route.
+    assert!(new.received > 90 + 200, "{}", new.received);
+    assert!(old.received > 200, "{}", old.received);
+}
+
+/// The new route starts answering 429s at 300 s: the ramp pauses at the end of that period
+/// and steps back, the old route absorbs the rest without one 429.
+#[tokio::test(start_paused = true)]
+async fn a_ramp_stops_within_one_period_when_the_new_route_answers_429s() {
+    let models = Models::default();
+    let old = simulator(
+        SimConfig::openai(10_000, 10_000_000),
+        Duration::from_millis(100),
+    );
+    let new = simulator(
+        SimConfig::openai(10_000, 10_000_000).lower_limit_at(
+            Duration::from_secs(300),
+            Dimension::Requests,
+            1,
+        ),
+        Duration::from_millis(100),
+    );
+    let old_stack = stack(1_000_000);
+    let router = Router::builder(route("old", &old_stack, sim_client(&old), &models))
+        .ramp(
+            route("new", &stack(1_000_000), sim_client(&new), &models),
+            Ramp::new(5.0, 10.0, 100.0).unwrap().step_back(10.0),
+        )
+        .fallback(
+            route("old", &old_stack, sim_client(&old), &models),
+            Fallback::when(Condition::rate_limited())
+                .or(Condition::would_wait_longer_than(Duration::ZERO)),
+        )
+        .build();
+    let shares = traffic(&router, 420, Priority::Interactive).await;
+    assert_eq!(shares[299], (50.0, None));
+    assert_eq!(shares[300], (55.0, None));
+    // The period [300 s, 330 s) saw the 429s: paused at its end, one step back.
+    assert_eq!(shares[330], (45.0, Some(PauseReason::RateLimited)));
+    assert!(shares[330..].iter().all(|(share, _)| *share <= 45.0));
+    assert_eq!(
+        old.stats().rate_limited,
+        0,
+        "the old route absorbs the rest"
+    );
+    assert!(new.stats().rate_limited > 0);
+}
+
+/// The new route's latency jumps from 100 ms to 5 s at 300 s: the ramp pauses at the end of
+/// that period and holds its share while the latency stays high.
+#[tokio::test(start_paused = true)]
+async fn a_ramp_stops_within_one_period_when_the_new_route_slows_down() {
+    let models = Models::default();
+    let start = Instant::now();
+    let old = simulator(
+        SimConfig::openai(10_000, 10_000_000),
+        Duration::from_millis(100),
+    );
+    let new = simulator(
+        SimConfig::openai(10_000, 10_000_000),
+        Duration::from_millis(100),
+    );
+    let inner = sim_client(&new);
+    let slow = service_fn(move |request: Request<Full<Bytes>>| {
+        let inner = inner.clone();
+        async move {
+            if start.elapsed() >= Duration::from_secs(300) {
+                time::sleep(Duration::from_secs(5)).await;
+            }
+            inner.oneshot(request).await
+        }
+    });
+    let router = Router::builder(route("old", &stack(1_000_000), sim_client(&old), &models))
+        .ramp(
+            route("new", &stack(1_000_000), slow, &models),
+            Ramp::new(5.0, 10.0, 100.0)
+                .unwrap()
+                .max_p95(Duration::from_secs(2)),
+        )
+        .build();
+    let shares = traffic(&router, 420, Priority::Async).await;
+    assert_eq!(shares[300], (55.0, None));
+    assert_eq!(shares[330], (55.0, Some(PauseReason::Latency)));
+    assert!(
+        shares[330..]
+            .iter()
+            .all(|s| *s == (55.0, Some(PauseReason::Latency)))
+    );
+    assert_eq!(old.stats().rate_limited + new.stats().rate_limited, 0);
+}
+
+/// A ramp of the admitted rate: 6 requests a minute to the new route, the rest to the old one.
+#[tokio::test(start_paused = true)]
+async fn a_rate_ramp_caps_the_requests_sent_to_its_route() {
+    let models = Models::default();
+    let old = simulator(
+        SimConfig::openai(10_000, 10_000_000),
+        Duration::from_millis(100),
+    );
+    let new = simulator(
+        SimConfig::openai(10_000, 10_000_000),
+        Duration::from_millis(100),
+    );
+    let router = Router::builder(route("old", &stack(1_000_000), sim_client(&old), &models))
+        .ramp(
+            route("new", &stack(1_000_000), sim_client(&new), &models),
+            Ramp::admitted_rate(6.0, 6.0, 12.0).unwrap(),
+        )
+        .build();
+    let shares = traffic(&router, 180, Priority::Async).await;
+    assert_eq!((shares[0].0, shares[30].0, shares[60].0), (6.0, 9.0, 12.0));
+    // At 0, 10, 20 s (6 a minute); 30, 37, 44, 51, 58 s (9 a minute: 6.67 s apart); then 5 s
+    // apart from 65 s to 175 s (12 a minute).
+    let new = new.stats().received;
+    assert_eq!(new, 3 + 5 + 23);
+    assert_eq!(old.stats().received + new, 180);
+}
+
+/// `would_wait_longer_than(d)` with a wait shorter than `d` waits on the primary; with a longer
+/// one, it goes to the fallback at once.
+#[tokio::test(start_paused = true)]
+async fn would_wait_compares_the_primary_wait_with_its_bound() {
+    let models = Models::default();
+    let primary = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    let fallback = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    // 600 tokens a minute: 10 a second.
+    let primary_stack = stack(600);
+    let router = |bound| {
+        Router::builder(route("a", &primary_stack, sim_client(&primary), &models))
+            .fallback(
+                route("b", &stack(10_000), sim_client(&fallback), &models),
+                Fallback::when(Condition::would_wait_longer_than(bound)),
+            )
+            .build()
+    };
+    let cost = Cost::new(20, 20);
+    let held = primary_stack
+        .budget()
+        .try_reserve(Cost::new(600, 0))
+        .unwrap();
+    // 40 tokens missing: a wait of 4 s on the primary.
+    let request_with_cost = || {
+        let mut request = request(Priority::Interactive, 20, "");
+        request.extensions_mut().insert(cost);
+        request
+    };
+    let (_, served, elapsed) = send(&router(Duration::from_secs(3)), request_with_cost()).await;
+    assert_eq!((served.route(), elapsed), ("b", Duration::ZERO));
+    // The same wait, now spent for good: the bucket refills from zero.
+    held.charge_estimate();
+    let (_, served, elapsed) = send(&router(Duration::from_secs(5)), request_with_cost()).await;
+    assert_eq!((served.route(), elapsed), ("a", Duration::from_secs(4)));
+    assert_eq!(primary.stats().received, 1);
+    assert_eq!(fallback.stats().received, 1);
+}
+
+/// A ramp for one tenant moves that tenant's requests only.
+#[tokio::test(start_paused = true)]
+async fn a_tenant_ramp_moves_that_tenant_only() {
+    let models = Models::default();
+    let old = simulator(SimConfig::openai(10_000, 10_000_000), Duration::ZERO);
+    let new = simulator(SimConfig::openai(10_000, 10_000_000), Duration::ZERO);
+    let router = Router::builder(route("old", &stack(1_000_000), sim_client(&old), &models))
+        .ramp(
+            route("new", &stack(1_000_000), sim_client(&new), &models),
+            Ramp::new(100.0, 0.0, 100.0).unwrap().for_tenant("acme"),
+        )
+        .build();
+    for tenant in ["acme", "globex", "acme", "initech"] {
+        let mut request = request(Priority::Async, 20, "");
+        request.extensions_mut().insert(Tenant(tenant.into()));
+        let (_, served, _) = send(&router, request).await;
+        let expected = if tenant == "acme" { "new" } else { "old" };
+        assert_eq!(served.route(), expected, "{tenant}");
+        assert_eq!(served.ramped(), tenant == "acme");
+    }
+    let (_, served, _) = send(&router, request(Priority::Async, 20, "")).await;
+    assert_eq!(served.route(), "old", "no tenant, no ramp");
+    assert_eq!((old.stats().received, new.stats().received), (3, 2));
+}
+
+/// A request the ramped route cannot serve stays on the primary, whatever the share.
+#[tokio::test(start_paused = true)]
+async fn a_ramp_respects_the_compatibility_check() {
+    let models = Models::default();
+    let old = simulator(SimConfig::openai(10_000, 10_000_000), Duration::ZERO);
+    let new = simulator(SimConfig::openai(10_000, 10_000_000), Duration::ZERO);
+    let router = Router::builder(route("old", &stack(1_000_000), sim_client(&old), &models))
+        .ramp(
+            route("new", &stack(1_000_000), sim_client(&new), &models).attribute("tools", "no"),
+            Ramp::new(100.0, 0.0, 100.0).unwrap(),
+        )
+        .compatible(|request, route| {
+            !(request.has_field("tools") && route.attribute("tools") == Some("no"))
+        })
+        .build();
+    let tools = r#","tools":[{"type":"function"}]"#;
+    let (_, served, _) = send(&router, request(Priority::Async, 20, tools)).await;
+    assert_eq!(served.route(), "old");
+    let (_, served, _) = send(&router, request(Priority::Async, 20, "")).await;
+    assert_eq!(served.route(), "new");
+}
+
+/// Every routing decision is a tracing event: the route chosen, the fallback taken and why,
+/// the compatibility check's refusals, the ramp's pauses.
+#[tokio::test(start_paused = true)]
+async fn routing_decisions_are_traced() {
+    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+
+    #[derive(Clone, Default)]
+    struct Events(Arc<Mutex<Vec<String>>>);
+
+    struct Line<'a>(&'a mut String);
+
+    impl tracing::field::Visit for Line<'_> {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0.push_str(&format!(" {}={value:?}", field.name()));
+        }
+
+        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+            self.0.push_str(&format!(" {}={value}", field.name()));
+        }
+    }
+
+    impl<S: tracing::Subscriber> Layer<S> for Events {
+        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+            if event
+                .metadata()
+                .target()
+                .starts_with("tower_llm_quota::routing")
+            {
+                let mut line = String::new();
+                event.record(&mut Line(&mut line));
+                self.0.lock().unwrap().push(line);
+            }
+        }
+    }
+
+    let events = Events::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
+    let models = Models::default();
+    let primary = simulator(
+        SimConfig::openai(1_000, 1_000_000).faults(Faults::none().server_errors(1.0)),
+        Duration::ZERO,
+    );
+    let fallback = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    let router = Router::builder(route("a", &stack(100_000), sim_client(&primary), &models))
+        .fallback(
+            route("b", &stack(100_000), sim_client(&fallback), &models).attribute("tools", "no"),
+            Fallback::when(Condition::provider_5xx()),
+        )
+        .compatible(|request, route| {
+            !(request.has_field("tools") && route.attribute("tools") == Some("no"))
+        })
+        .build();
+    send(&router, request(Priority::Interactive, 20, "")).await;
+    send(
+        &router,
+        request(Priority::Interactive, 20, r#","tools":[{}]"#),
+    )
+    .await;
+    let events = events.0.lock().unwrap().clone();
+    let has = |needle: &str| events.iter().filter(|e| e.contains(needle)).count();
+    assert_eq!(has("message=routed route=a"), 2, "{events:#?}");
+    assert_eq!(
+        has("message=routed to a fallback from=a to=b reason=provider_5xx"),
+        1,
+        "{events:#?}"
+    );
+    assert_eq!(
+        has("message=fallback refused by the compatibility check from=a to=b reason=provider_5xx"),
+        1,
+        "{events:#?}"
+    );
+}
