@@ -7,6 +7,7 @@
 //! rescheduled and done later.
 
 mod redis_server;
+mod support;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -26,19 +27,6 @@ const QUEUE: &str = "tickets";
 /// The worker killed once this many jobs are done.
 const KILL_AFTER: u64 = 120;
 const DEADLINE: Duration = Duration::from_secs(50);
-
-/// The example's binary, built beside this test (same profile, same target directory).
-fn example() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--quiet", "--example", "batch"])
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "the example builds");
-    let test = std::env::current_exe().unwrap();
-    let profile_dir = test.parent().and_then(|deps| deps.parent()).unwrap();
-    profile_dir.join("examples").join("batch")
-}
 
 /// A fresh directory for the input and the logs.
 fn tempdir() -> PathBuf {
@@ -120,7 +108,7 @@ fn count(redis: &RedisServer, command: &str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
-    let binary = example();
+    let binary = support::batch_example();
     let redis = RedisServer::start();
     let simulator = Simulator::new(
         SimConfig::openai(RPM, TPM)

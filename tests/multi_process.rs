@@ -6,6 +6,7 @@
 //! `--redis-url` (a private `redis-server`), exactly as a user would start them side by side.
 
 mod redis_server;
+mod support;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -28,22 +29,9 @@ const MINUTE: Duration = Duration::from_secs(2);
 const HEADROOM: &str = "0.95";
 const BURST: &str = "0.04";
 
-/// The example's binary, built beside this test (same profile, same target directory).
-fn example() -> PathBuf {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "--quiet", "--example", "batch"])
-        .status()
-        .expect("cargo runs");
-    assert!(status.success(), "the example builds");
-    let test = std::env::current_exe().unwrap();
-    let profile_dir = test.parent().and_then(|deps| deps.parent()).unwrap();
-    profile_dir.join("examples").join("batch")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_share_one_quota_through_redis() {
-    let binary = example();
+    let binary = support::batch_example();
     let redis = RedisServer::start();
     let simulator = Simulator::new(
         SimConfig::openai(RPM, TPM)

@@ -2,6 +2,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::num::NonZeroU64;
+use std::path::PathBuf;
+use std::process::Command;
 use std::time::Duration;
 
 use tower_llm_quota::{Budget, Dimension, Limit, Quota};
@@ -94,4 +96,18 @@ pub fn request_with(cost: tower_llm_quota::Cost) -> http::Request<&'static str> 
     let mut request = http::Request::new("prompt");
     request.extensions_mut().insert(cost);
     request
+}
+
+/// The batch example's binary, built beside the calling test (same profile, same target
+/// directory), for tests that run it as separate processes.
+pub fn batch_example() -> PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "--quiet", "--example", "batch"])
+        .status()
+        .expect("cargo runs");
+    assert!(status.success(), "the example builds");
+    let test = std::env::current_exe().unwrap();
+    let profile_dir = test.parent().and_then(|deps| deps.parent()).unwrap();
+    profile_dir.join("examples").join("batch")
 }
