@@ -96,9 +96,7 @@ fn saturate(
     tenant: &'static str,
     prompt: usize,
     workers: usize,
-    from: Instant,
-    count_from: Instant,
-    until: Instant,
+    (from, count_from, until): (Instant, Instant, Instant),
 ) -> Vec<tokio::task::JoinHandle<()>> {
     (0..workers)
         .map(|_| {
@@ -136,8 +134,8 @@ async fn weighted_shares(prompt_a: usize, prompt_b: usize) -> (f64, f64) {
     // Ten minutes once the account's first minute, granted at once, is spent.
     let start = Instant::now();
     let (from, end) = (start + MINUTE, start + 11 * MINUTE);
-    let mut tasks = saturate(&llm, &tally, "a", prompt_a, 8, start, from, end);
-    tasks.extend(saturate(&llm, &tally, "b", prompt_b, 8, start, from, end));
+    let mut tasks = saturate(&llm, &tally, "a", prompt_a, 8, (start, from, end));
+    tasks.extend(saturate(&llm, &tally, "b", prompt_b, 8, (start, from, end)));
     for task in tasks {
         task.await.unwrap();
     }
@@ -176,7 +174,7 @@ async fn an_idle_share_is_borrowed_and_taken_back() {
     let start = Instant::now();
     let back = start + 5 * MINUTE;
     let end = back + MINUTE;
-    let b_tasks = saturate(&llm, &tally, "b", 400, 8, start, start, end);
+    let b_tasks = saturate(&llm, &tally, "b", 400, 8, (start, start, end));
 
     // Minutes 1 to 5 (after the first burst): b alone.
     time::sleep_until(start + MINUTE).await;
@@ -198,7 +196,7 @@ async fn an_idle_share_is_borrowed_and_taken_back() {
         .unwrap();
     let waited = first.elapsed() - Duration::from_millis(500);
     assert!(waited <= Duration::from_millis(600), "waited {waited:?}");
-    let a_tasks = saturate(&llm, &tally, "a", 400, 8, back, back, end);
+    let a_tasks = saturate(&llm, &tally, "a", 400, 8, (back, back, end));
     for task in a_tasks.into_iter().chain(b_tasks) {
         task.await.unwrap();
     }

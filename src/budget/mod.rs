@@ -212,7 +212,7 @@ impl Budget {
 
     /// A budget enforcing every limit of `quota` for the account, and `tree` for its tenants:
     /// a request is admitted only when the account and every node of its
-    /// [`Tenant`](crate::tenant::Tenant) path can pay, and waiting requests share a class by
+    /// [`Tenant`] path can pay, and waiting requests share a class by
     /// weighted fair queuing over token cost. See the [`tenant`](crate::tenant) module.
     ///
     /// Fails when the tree cannot be enforced (guarantees of siblings above the whole, a cap
@@ -950,7 +950,7 @@ impl Budget {
         }
         let view = tenants.as_mut().map(|t| t.view(path, ns, now));
         drop(state);
-        let view = view.unwrap_or_else(|| crate::tenant::tree::NodeView::empty());
+        let view = view.unwrap_or_else(crate::tenant::tree::NodeView::empty);
         TenantSnapshot {
             path: path.clone(),
             limits: view
