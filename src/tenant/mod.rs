@@ -126,10 +126,12 @@
 //!
 //! # Across processes
 //!
-//! The tree is enforced in the process that holds the budget. A budget shared through Redis
-//! ([`RedisBudget`](crate::budget::redis)) enforces the account's limits across processes;
-//! each process enforces its own copy of the tree's node limits (see the README's Tenants
-//! section for what holds across processes).
+//! The tree is enforced by the process that holds the budget. A budget shared through Redis
+//! ([`RedisBudget`](crate::budget::redis::RedisBudget)) enforces the account's limits across
+//! processes; each process enforces its own copy of the tree's node limits, pauses and days,
+//! and serves its own waiters by the fair share: fairness between tenants holds within each
+//! process, and across processes only in proportion to what each carries (the store admits
+//! the heads' questions in arrival order).
 
 mod config;
 mod daily;
