@@ -107,7 +107,7 @@ use crate::tenant::TenantRefused;
 use crate::tenant::tree::{Check, Tenants};
 use crate::tenant::{InvalidTree, Tenant, TenantHandle, TenantNode, TenantSnapshot, TenantTree};
 pub(crate) use bucket::Floor;
-use remote::Decision;
+use remote::{Decision, PathLimits};
 use reservation::Origin;
 use shared::{Remote, SharedState};
 use store::{Denial, MemoryStore, Store, nanos};
@@ -154,8 +154,9 @@ pub(crate) enum Step {
     Full(usize),
     /// The shared store could not be asked, and the policy is to refuse.
     Unavailable(StoreUnavailable),
-    /// At the head of the queue of a shared budget: ask the shared store, under this id.
-    Ask(ReservationId, Arc<[Limit]>),
+    /// At the head of the queue of a shared budget: ask the shared store, under this id, for
+    /// the account's limits and those of the tenant path's nodes.
+    Ask(ReservationId, Arc<[Limit]>, PathLimits),
     /// At the head of the queue: the cost fits at this instant.
     WaitUntil(Instant),
     /// Behind others, or waiting for an in-flight slot or a question to the store: woken
@@ -218,10 +219,26 @@ impl Budget {
     /// Fails when the tree cannot be enforced (guarantees of siblings above the whole, a cap
     /// below a guarantee).
     pub fn with_tenants(quota: Quota, tree: TenantTree) -> Result<Self, InvalidTree> {
+        Self::new(quota).with_tenant_tree(tree)
+    }
+
+    /// The same budget (every clone of it) enforcing `tree` for its tenants from now on,
+    /// replacing any tree it had: for a budget built elsewhere, such as one shared through
+    /// Redis ([`RedisBudget`](crate::budget::redis::RedisBudget)), whose store then keeps
+    /// every node's limits beside the account's, checked and taken in the same script call.
+    /// Install it before traffic: requests already waiting keep the place they had.
+    ///
+    /// Fails when the tree cannot be enforced.
+    pub fn with_tenant_tree(self, tree: TenantTree) -> Result<Self, InvalidTree> {
         tree.validate()?;
-        let budget = Self::new(quota.clone());
-        budget.lock().tenants = Some(Tenants::new(tree, quota.limits()));
-        Ok(budget)
+        let mut state = self.lock();
+        let account: Vec<Limit> = match &state.shared {
+            Some(shared) => shared.limits().to_vec(),
+            None => state.store.limits(),
+        };
+        state.tenants = Some(Tenants::new(tree, &account));
+        drop(state);
+        Ok(self)
     }
 
     /// The handle on the budget's tenant tree (pause, resume, limits, snapshots), when it has
@@ -589,6 +606,7 @@ impl Budget {
             if shared.breaker.allow(id.get(), ns) {
                 shared.asking += 1;
                 let limits = shared.limits().clone();
+                let path = state.path_limits(ask.tenant.as_ref());
                 state.slots.promise();
                 // It leaves the ordering while it asks (and comes back to its place if the
                 // store refuses), so the next may ask too while the store admits.
@@ -598,7 +616,7 @@ impl Budget {
                 if let Some(next) = next {
                     next.wake();
                 }
-                return Step::Ask(id, limits);
+                return Step::Ask(id, limits, path);
             }
             if remote.policy() == FailurePolicy::FailClosed {
                 let wakeups = state.leave(place, now);
@@ -733,10 +751,12 @@ impl Budget {
         let now = Instant::now();
         let ns = self.nanos_since_origin(now);
         let mut state = self.lock();
+        let path = state.path_limits(ask.tenant.as_ref());
         let State {
             shared,
             queue,
             slots,
+            tenants,
             ..
         } = &mut *state;
         let shared = shared.as_mut().expect("a shared budget has shared state");
@@ -761,7 +781,28 @@ impl Budget {
                     Decision::Admitted => {
                         shared.refused = false;
                         *place = None;
+                        // The store took the path's shared buckets; the process's own copy
+                        // of the tree (slots, days, meters, local buckets) takes its part.
+                        if let (Some(tenants), Some(tenant)) = (tenants, &ask.tenant) {
+                            tenants.take(tenant, &ask.cost, ns, now);
+                        }
                         Answer::Admitted
+                    }
+                    Decision::Denied { wait, limit, .. }
+                        if limit >= shared.limits().len()
+                            && tenants.is_some()
+                            && !path.is_empty() =>
+                    {
+                        // A node of its path cannot pay yet (other processes spent it): it
+                        // steps out of the ordering, keeping its place, until then; the
+                        // account did not refuse, so the others keep asking.
+                        let node = &path[(limit - shared.limits().len()).min(path.len() - 1)].0;
+                        let (tenants, tenant) = (tenants.as_mut().expect("checked"), &ask.tenant);
+                        let tenant = tenant.as_ref().expect("a path was asked for");
+                        let depth = node.depth();
+                        let ticket = tenants.park(tenant, depth, waker);
+                        let at = crate::sched::saturating_deadline(now, remote.jittered(wait));
+                        Answer::Parked(at, (depth, ticket))
                     }
                     Decision::Denied {
                         wait, floor_only, ..
@@ -783,14 +824,30 @@ impl Budget {
                     }
                     Decision::TooLarge { limit } => {
                         *place = None;
-                        Answer::Never(shared.too_large(limit, &ask.cost))
+                        match limit
+                            .checked_sub(shared.limits().len())
+                            .filter(|_| !path.is_empty())
+                        {
+                            None => Answer::Never(shared.too_large(limit, &ask.cost)),
+                            // A node's limit, as the store knows it, is below the cost.
+                            Some(node) => {
+                                let (_, limit) = path[node.min(path.len() - 1)];
+                                let dimension = limit.dimension();
+                                Answer::Never(InsufficientCapacity {
+                                    dimension,
+                                    period: limit.period(),
+                                    cost: ask.cost.amount(dimension),
+                                    capacity: limit.capacity(),
+                                })
+                            }
+                        }
                     }
                 }
             }
             Err(error) => {
                 shared.breaker.failed(ns);
                 // The script may have run after all: give back whatever it took.
-                remote.release(id, ask.cost, shared.limits().clone());
+                remote.release(id, ask.cost, shared.limits().clone(), path.clone());
                 tracing::warn!(%error, "the shared quota store did not answer");
                 match remote.policy() {
                     FailurePolicy::LocalFallback { .. } => match back(queue) {
@@ -815,13 +872,14 @@ impl Budget {
 
     /// A question to the shared store was abandoned (its caller left): give back whatever it
     /// may have taken, and let another caller probe the store.
-    pub(crate) fn abandoned(&self, id: ReservationId, cost: &Cost) {
+    pub(crate) fn abandoned(&self, id: ReservationId, ask: &Ask) {
         let mut state = self.lock();
         state.slots.fulfil(false);
+        let path = state.path_limits(ask.tenant.as_ref());
         if let (Some(shared), Some(remote)) = (state.shared.as_mut(), &self.shared.remote) {
             shared.asking = shared.asking.saturating_sub(1);
             shared.breaker.abandoned(id.get());
-            remote.release(id, *cost, shared.limits().clone());
+            remote.release(id, ask.cost, shared.limits().clone(), path);
         }
         let head = state.queue.head_waker(Instant::now());
         drop(state);
@@ -836,12 +894,12 @@ impl Budget {
         id: ReservationId,
         cost: Cost,
         floor: Floor,
-        limits: Arc<[Limit]>,
+        (limits, path): (Arc<[Limit]>, PathLimits),
     ) -> remote::StoreFuture<Decision> {
         let Some(remote) = &self.shared.remote else {
             unreachable!("only a shared budget asks a shared store")
         };
-        remote.reserve(id, cost, floor, limits)
+        remote.reserve(id, cost, floor, limits, path)
     }
 
     /// Settles a reservation: `actual` replaces `reserved`, and its in-flight slot is given
@@ -858,14 +916,15 @@ impl Budget {
             self.settle_tenant(path, reserved, actual);
         }
         if let (Origin::Shared, Some(remote)) = (origin, &self.shared.remote) {
-            let mut limits = None;
+            let (mut limits, mut path) = (None, None);
             self.update_state(|state| {
                 limits = state.shared.as_ref().map(|shared| shared.limits().clone());
+                path = Some(state.path_limits(tenant));
                 // A slot given back: the head may go (the refund reaches the store later).
                 state.slots.release_limited()
             });
-            if let Some(limits) = limits {
-                remote.settle(id, *reserved, *actual, limits);
+            if let (Some(limits), Some(path)) = (limits, path) {
+                remote.settle(id, *reserved, *actual, limits, path);
             }
             return;
         }
@@ -1037,6 +1096,9 @@ pub(crate) enum Answer {
     RetryAt(Instant, u64),
     /// Denied, and the ordering is too deep to wait in.
     Full(usize),
+    /// Denied by a node of its tenant path: out of the ordering, keeping its place, until this
+    /// instant (or until woken), parked at that node.
+    Parked(Instant, (usize, u64)),
     /// The store failed: admit from the local fallback share.
     Fallback,
     Unavailable(StoreUnavailable),
@@ -1058,6 +1120,14 @@ impl State {
         match self.queue.wait(place, ask, waker) {
             Ok(()) => Step::Queued,
             Err(Full(depth)) => Step::Full(depth),
+        }
+    }
+
+    /// The limits of the tenant nodes of `path`, for the shared store (none without tenants).
+    fn path_limits(&self, path: Option<&Tenant>) -> PathLimits {
+        match (&self.tenants, path) {
+            (Some(tenants), Some(path)) => tenants.shared_path(path),
+            _ => Arc::from([]),
         }
     }
 

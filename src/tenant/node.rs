@@ -223,7 +223,7 @@ impl Node {
 
 /// The limits a node enforces: each of `parent`'s scaled by its most share (its borrowing
 /// cap), then its own (the lower of two for one dimension and period).
-fn limits_of(config: &TenantNode, parent: &[Limit]) -> Vec<Limit> {
+pub(crate) fn limits_of(config: &TenantNode, parent: &[Limit]) -> Vec<Limit> {
     let mut limits: Vec<Limit> = Vec::new();
     if let Some(share) = config.max_share {
         for limit in parent {
