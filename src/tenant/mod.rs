@@ -126,12 +126,15 @@
 //!
 //! # Across processes
 //!
-//! The tree is enforced by the process that holds the budget. A budget shared through Redis
-//! ([`RedisBudget`](crate::budget::redis::RedisBudget)) enforces the account's limits across
-//! processes; each process enforces its own copy of the tree's node limits, pauses and days,
-//! and serves its own waiters by the fair share: fairness between tenants holds within each
-//! process, and across processes only in proportion to what each carries (the store admits
-//! the heads' questions in arrival order).
+//! A budget shared through Redis ([`RedisBudget`](crate::budget::redis::RedisBudget)) takes
+//! the tree with [`Budget::with_tenant_tree`](crate::Budget::with_tenant_tree): the reserve
+//! script then checks and takes the buckets of every node of the path beside the account's,
+//! all or nothing in one call under the account's hash tag, so **every node's limits (and
+//! borrowing caps) hold across processes**; settlement reaches them the same way. Pauses,
+//! daily caps and caps on calls in flight are kept by each process (pause a scope in every
+//! process). Each process serves its own waiters by the weighted fair share; the store admits
+//! the processes' questions in arrival order, so between processes tenants share by what
+//! their processes ask, not by weight.
 
 mod config;
 mod daily;
