@@ -349,6 +349,7 @@ impl Tenants {
     }
 
     /// The live node at `path`, if any.
+    #[cfg(feature = "metrics")]
     pub(crate) fn get_mut(&mut self, path: &str) -> Option<&mut Node> {
         self.live.get_mut(path)
     }
