@@ -105,7 +105,7 @@
 //! Admission looks up the nodes of its path by their text (a few hash lookups, no
 //! allocation once they live), so its cost does not depend on the number of tenants. A node
 //! holds memory only while it has traffic, a pause, a day's use or buckets not full again;
-//! an idle node is forgotten by a sweep that looks at one node per admission. The fair share
+//! a node idle for a minute is forgotten by a sweep that looks at one node per admission. The fair share
 //! holds state only for flows with requests waiting.
 //!
 //! # Configuration file
