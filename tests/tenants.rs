@@ -140,7 +140,9 @@ async fn weighted_shares(prompt_a: usize, prompt_b: usize) -> (f64, f64) {
         task.await.unwrap();
     }
     assert_eq!(sim.stats().rate_limited, 0);
-    (share(&tally, "a"), share(&tally, "b"))
+    let (a, b) = (share(&tally, "a"), share(&tally, "b"));
+    eprintln!("prompts {prompt_a} and {prompt_b}: token shares a {a:.4}, b {b:.4}, 0 × 429");
+    (a, b)
 }
 
 /// Weights 3:1, both saturating for ten minutes (after the account's first minute, which is
@@ -201,6 +203,12 @@ async fn an_idle_share_is_borrowed_and_taken_back() {
         task.await.unwrap();
     }
     let a = tally.lock().unwrap()["a"];
+    eprintln!(
+        "b alone: {:.1} % of the account; a back: first admitted after {waited:?}, \
+         {:.1} % of the account in its first minute (guarantee 50 %)",
+        alone as f64 * 100.0 / (4 * TPM) as f64,
+        a as f64 * 100.0 / TPM as f64
+    );
     assert!(
         a as f64 >= 0.5 * TPM as f64 * 0.98,
         "a got {a} in its first minute back"
@@ -250,15 +258,21 @@ async fn interactive_work_of_one_tenant_is_not_held_by_another_s_batch_backlog()
         .map(|_| tokio::spawn(send("b", Priority::Batch, ITEM)))
         .collect();
     let refill = |tokens: u64| Duration::from_millis(tokens * 1_000 / RATE);
+    let mut worst = Duration::ZERO;
     for second in 0..30 {
         time::sleep(Duration::from_secs(2)).await;
         let timings = send("a", Priority::Interactive, ASK).await;
+        worst = worst.max(timings.waited());
         assert!(
             timings.waited() <= refill(ASK) + refill(ITEM),
             "second {second}: waited {:?}",
             timings.waited()
         );
     }
+    eprintln!(
+        "interactive under a batch backlog: worst wait {worst:?}, bound {:?}",
+        refill(ASK) + refill(ITEM)
+    );
     backlog.into_iter().for_each(|task| task.abort());
 }
 

@@ -866,12 +866,20 @@ impl Budget {
         actual: &Cost,
         tenant: Option<&Tenant>,
     ) {
-        if let Some(path) = tenant {
-            self.settle_tenant(path, reserved, actual);
-        }
+        // Every node of the tenant path settles too, under the same lock; requests parked for
+        // a node that freed capacity look again.
+        let mut parked = Vec::new();
+        let mut settle_path = |state: &mut State| {
+            if let (Some(tenants), Some(path)) = (&mut state.tenants, tenant) {
+                let at = Instant::now();
+                let ns = self.nanos_since_origin(at);
+                tenants.settle(path, reserved, actual, ns, at, &mut parked);
+            }
+        };
         if let (Origin::Shared, Some(remote)) = (origin, &self.shared.remote) {
             let (mut limits, mut path) = (None, None);
             self.update_state(|state| {
+                settle_path(state);
                 limits = state.shared.as_ref().map(|shared| shared.limits().clone());
                 path = Some(state.path_limits(tenant));
                 // A slot given back: the head may go (the refund reaches the store later).
@@ -880,13 +888,16 @@ impl Budget {
             if let (Some(limits), Some(path)) = (limits, path) {
                 remote.settle(id, *reserved, *actual, limits, path);
             }
+            parked.into_iter().for_each(Waker::wake);
             return;
         }
         let now = || self.nanos_since_origin(Instant::now());
         self.update_state(|state| {
+            settle_path(state);
             let slot = state.slots.release_limited();
             state.store.settle(id, reserved, actual, now) | slot
         });
+        parked.into_iter().for_each(Waker::wake);
     }
 
     /// Changes the state; when `change` says capacity may have come sooner, wakes the head of

@@ -7,7 +7,6 @@ use tokio::time::Instant;
 
 use super::{Budget, LimitSnapshot, State};
 use crate::budget::waiters::Ask;
-use crate::cost::Cost;
 use crate::quota::{Limit, Quota};
 use crate::tenant::tree::{NodeView, Tenants};
 use crate::tenant::{InvalidTree, Tenant, TenantHandle, TenantNode, TenantSnapshot, TenantTree};
@@ -58,18 +57,6 @@ impl Budget {
         if let (Some(tenants), Some(path)) = (&mut state.tenants, &ask.tenant) {
             tenants.unpark(path, depth, ticket);
         }
-    }
-
-    /// Settles a reservation on every node of its tenant path; requests parked for a node
-    /// that freed capacity look again.
-    pub(super) fn settle_tenant(&self, path: &Tenant, reserved: &Cost, actual: &Cost) {
-        let now = Instant::now();
-        let ns = self.nanos_since_origin(now);
-        let mut wakers = Vec::new();
-        if let Some(tenants) = &mut self.lock().tenants {
-            tenants.settle(path, reserved, actual, ns, now, &mut wakers);
-        }
-        wakers.into_iter().for_each(Waker::wake);
     }
 
     /// Pauses or resumes a scope of the tenant tree: a pause wakes its queued and parked
