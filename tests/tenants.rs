@@ -494,3 +494,54 @@ async fn idle_tenants_are_forgotten() {
     handle.pause(&tenant("t7"));
     assert_eq!(handle.live_nodes(), 1);
 }
+
+/// A tree from a configuration file, changed live through the handle: a lowered limit and
+/// a new weight apply at once, for waiting requests as for new ones; the snapshot shows them.
+#[tokio::test(start_paused = true)]
+async fn a_tree_from_a_file_changes_live() {
+    let tree: TenantTree = serde_json::from_str(
+        r#"{ "nodes": { "acme": { "weight": 2, "limits": [ { "dimension": "total_tokens",
+               "amount": 1000, "period_seconds": 1, "burst": 1000 } ] } } }"#,
+    )
+    .unwrap();
+    let budget = Budget::with_tenants(
+        Quota::new().with_limit(limit(
+            Dimension::TotalTokens,
+            100_000,
+            Duration::from_secs(1),
+            100_000,
+        )),
+        tree,
+    )
+    .unwrap();
+    let handle = budget.tenants().unwrap();
+    let acme = tenant("acme");
+    assert_eq!(handle.snapshot(&acme).weight(), 2);
+    let start = Instant::now();
+    budget
+        .reserve(Cost::new(1_000, 0))
+        .tenant(acme.clone())
+        .await
+        .unwrap()
+        .charge_estimate();
+    // Spent: the next one steps aside until acme refills 500 (half a second at 1,000 a
+    // second)...
+    let waiting = tokio::spawn(budget.reserve(Cost::new(500, 0)).tenant(tenant("acme/k")));
+    time::sleep(Duration::from_millis(100)).await;
+    // ... but the limit is lowered to 500 a second at 100 ms, keeping its level (100): the
+    // 400 it lacks take 800 ms more.
+    handle.set_limit(
+        &acme,
+        limit(Dimension::TotalTokens, 500, Duration::from_secs(1), 500),
+    );
+    handle.set_weight(&acme, weight(5));
+    let reservation = waiting.await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(900));
+    let snapshot = handle.snapshot(&acme);
+    assert_eq!(snapshot.limits()[0].capacity(), 500);
+    assert_eq!(snapshot.limits()[0].level(), 0);
+    assert_eq!(snapshot.weight(), 5);
+    assert_eq!(snapshot.in_flight(), 1);
+    assert_eq!(snapshot.used(), 1_500);
+    drop(reservation);
+}

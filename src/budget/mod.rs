@@ -536,7 +536,7 @@ impl Budget {
                 return Step::Full(depth);
             }
             let mine = place.expect("placed");
-            let next = state.queue.remove(mine, now);
+            let next = state.queue.step_out(mine, now);
             let tenants = state.tenants.as_mut().expect("a budget with tenants");
             let path = ask.tenant.as_ref().expect("resolved");
             *parked = Some((depth, tenants.park(path, depth, waker)));
