@@ -363,6 +363,7 @@ async fn a_pause_refuses_queued_and_new_requests_at_once() {
     let others: Vec<_> = (0..5).map(|_| reserve("globex")).collect();
     time::sleep(Duration::from_millis(10)).await;
     assert_eq!(budget.waiters(), 10);
+    assert_eq!(handle.snapshot(&tenant("acme")).queued(Priority::Async), 5);
     let paused = Instant::now();
     handle.pause(&tenant("acme"));
     for task in queued {
@@ -429,6 +430,13 @@ async fn a_path_pays_on_every_node_and_a_node_s_limit_binds_only_below_it() {
         tokio::spawn(reserve)
     };
     time::sleep(Duration::from_millis(1)).await;
+    // It waits out of the ordering, and still counts as queued for its scopes.
+    assert_eq!(budget.waiters(), 0);
+    assert_eq!(handle.snapshot(&tenant("acme")).queued(Priority::Async), 1);
+    assert_eq!(
+        handle.snapshot(&tenant("globex")).queued(Priority::Async),
+        0
+    );
     // Another tenant, and another key of the team, go at once.
     let other = budget
         .reserve(Cost::new(5_000, 0))

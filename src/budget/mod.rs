@@ -539,7 +539,8 @@ impl Budget {
             let next = state.queue.step_out(mine, now);
             let tenants = state.tenants.as_mut().expect("a budget with tenants");
             let path = ask.tenant.as_ref().expect("resolved");
-            *parked = Some((depth, tenants.park(path, depth, waker)));
+            let priority = ask.scheduling.priority;
+            *parked = Some((depth, tenants.park(path, depth, priority, waker)));
             drop(state);
             if let Some(next) = next {
                 next.wake();
@@ -754,7 +755,8 @@ impl Budget {
                         let (tenants, tenant) = (tenants.as_mut().expect("checked"), &ask.tenant);
                         let tenant = tenant.as_ref().expect("a path was asked for");
                         let depth = node.depth();
-                        let ticket = tenants.park(tenant, depth, waker);
+                        let priority = ask.scheduling.priority;
+                        let ticket = tenants.park(tenant, depth, priority, waker);
                         let at = crate::sched::saturating_deadline(now, remote.jittered(wait));
                         Answer::Parked(at, (depth, ticket))
                     }

@@ -12,11 +12,12 @@ use tokio::time::Instant;
 
 use super::config::{DailyCap, TenantNode, TenantTree};
 use super::error::{Refusal, TenantRefused};
-use super::node::{Node, limits_of};
+use super::node::{Node, Parked, limits_of};
 use super::path::{Tenant, within};
 use crate::budget::Floor;
 use crate::budget::store::{LimitState, Store};
 use crate::cost::Cost;
+use crate::priority::Priority;
 use crate::quota::{Dimension, Limit};
 use crate::sched::Flow;
 
@@ -250,18 +251,40 @@ impl Tenants {
 
     /// Parks a request blocked by the node at `depth` of `path` until it frees capacity;
     /// returns its ticket.
-    pub(crate) fn park(&mut self, path: &Tenant, depth: usize, waker: &Waker) -> u64 {
+    pub(crate) fn park(
+        &mut self,
+        path: &Tenant,
+        depth: usize,
+        priority: Priority,
+        waker: &Waker,
+    ) -> u64 {
         self.next_ticket += 1;
         let ticket = self.next_ticket;
         let node = self.node(path.prefix(depth));
-        node.parked.push((ticket, waker.clone()));
+        node.parked.push(Parked {
+            ticket,
+            priority,
+            path: path.clone(),
+            waker: waker.clone(),
+        });
         ticket
+    }
+
+    /// The requests at or below `scope` parked for a node's limits, by class.
+    pub(crate) fn parked_within(&self, scope: &Tenant) -> [usize; 3] {
+        let mut queued = [0; 3];
+        for parked in self.live.values().flat_map(|node| &node.parked) {
+            if parked.path.is_within(scope) {
+                queued[parked.priority.index()] += 1;
+            }
+        }
+        queued
     }
 
     /// Ends a parking.
     pub(crate) fn unpark(&mut self, path: &Tenant, depth: usize, ticket: u64) {
         if let Some(node) = self.live.get_mut(path.prefix(depth)) {
-            node.parked.retain(|(t, _)| *t != ticket);
+            node.parked.retain(|parked| parked.ticket != ticket);
         }
     }
 
