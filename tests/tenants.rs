@@ -23,6 +23,7 @@ use tower_llm_quota::stack::{QuotaBody, QuotaStack};
 use tower_llm_quota::tenant::{DailyCap, DayWindow, Tenant, TenantNode, TenantTree, WallClock};
 use tower_llm_quota::{
     BoxError, Budget, Cost, Dimension, Error, Priority, Quota, Timings, TokenBudgetLayer,
+    TryReserveError,
 };
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -449,6 +450,19 @@ async fn a_path_pays_on_every_node_and_a_node_s_limit_binds_only_below_it() {
         .await
         .unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(1));
+    // Asked without waiting, a node that cannot pay says when it can.
+    match budget.try_reserve_for(Cost::new(100, 0), &tenant("acme/key-3")) {
+        Err(TryReserveError::NotYet(not_until)) => {
+            // The team holds 0.3 of the 100 (refilled over 1 ms at 300 a second).
+            let wait = Duration::from_nanos(332_333_334);
+            assert_eq!(not_until.wait_time_from(Instant::now()), wait);
+        }
+        other => panic!("{other:?}"),
+    }
+    budget
+        .try_reserve_for(Cost::new(100, 0), &tenant("initech"))
+        .expect("another tenant pays now")
+        .refund();
     // The team (300 a second) is spent now: key-2's next waits for the team's refill.
     let levels = |path: &str| handle.snapshot(&tenant(path)).limits()[0].level();
     assert_eq!((levels("acme"), levels("acme/key-1")), (0, 0));
