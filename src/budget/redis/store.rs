@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::Script;
-use ::redis::aio::ConnectionManager;
 
+use super::connection::Connection;
 use super::keys::{Keys, Rate};
 use crate::budget::bucket::Floor;
 use crate::budget::remote::{Decision, RemoteStore, Settle, StoreFuture, StoreUnavailable};
@@ -55,7 +55,7 @@ impl Scripts {
 /// restart, a failover, a `SCRIPT FLUSH`).
 #[derive(Debug)]
 pub(super) struct RedisStore {
-    connection: ConnectionManager,
+    connection: Connection,
     keys: Keys,
     lease_ms: u64,
     tombstone_ms: u64,
@@ -63,7 +63,7 @@ pub(super) struct RedisStore {
 }
 
 impl RedisStore {
-    pub(super) fn new(connection: ConnectionManager, keys: Keys, lease: Duration) -> Self {
+    pub(super) fn new(connection: Connection, keys: Keys, lease: Duration) -> Self {
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1);
         Self {
             connection,
@@ -113,7 +113,7 @@ impl Call {
     async fn run<T: ::redis::FromRedisValue>(
         self,
         script: &Script,
-        connection: &mut ConnectionManager,
+        connection: &mut Connection,
     ) -> Result<T, StoreUnavailable> {
         let mut invocation = script.prepare_invoke();
         for key in &self.keys {
