@@ -344,3 +344,85 @@ async fn a_prefix_whose_braces_would_cross_slots_is_refused() {
         .unwrap_err();
     assert_eq!(error.kind(), redis::ErrorKind::InvalidClientConfig);
 }
+
+/// The count of `field=` in the line of `INFO <section>` starting with `line`, 0 if none.
+fn info_count(node: &redis_server::RedisServer, section: &str, line: &str, field: &str) -> u64 {
+    node.reply(&format!("INFO {section}"))
+        .lines()
+        .find(|l| l.starts_with(line))
+        .and_then(|l| l.split(&format!("{field}=")).nth(1))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|count| count.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_failover_the_budget_follows_the_promoted_replica() {
+    let mut cluster = RedisCluster::start(NODES);
+    let replica = cluster.add_replica(0);
+    let account = accounts(&cluster, "failover").swap_remove(0);
+    let quota = tokens(10_000, Duration::from_secs(1), 1_000);
+    let budget = RedisBudget::cluster(cluster.urls(), account.as_str())
+        .expected_instances(2)
+        .connect(&quota)
+        .await
+        .unwrap();
+    let admit = || async {
+        let mut reservation =
+            tokio::time::timeout(Duration::from_secs(2), budget.reserve(Cost::new(80, 20)))
+                .await
+                .expect("admitted within 2 s")
+                .expect("admitted");
+        reservation.mark_sent();
+        reservation.charge_estimate();
+    };
+    admit().await;
+    assert!(budget.is_store_reachable());
+    // Replicas receive the scripts' writes, not the scripts.
+    assert_eq!(
+        info_count(
+            cluster.node(replica),
+            "commandstats",
+            "cmdstat_evalsha:",
+            "calls"
+        ),
+        0
+    );
+
+    cluster.node_mut(0).kill();
+    let killed = Instant::now();
+    // The replica takes over the slots once the others count the primary failed; meanwhile
+    // the budget admits from its local share. Then the cluster client finds the new primary,
+    // which answers the first script call with NOSCRIPT, and the script is loaded again.
+    let mut fell_back = false;
+    while !(budget.is_store_reachable()
+        && info_count(
+            cluster.node(replica),
+            "commandstats",
+            "cmdstat_evalsha:",
+            "calls",
+        ) > 0)
+    {
+        assert!(
+            killed.elapsed() < Duration::from_secs(8),
+            "not back on Redis 8 s after the primary was killed"
+        );
+        fell_back |= !budget.is_store_reachable();
+        admit().await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let back = killed.elapsed();
+    assert!(fell_back, "the budget did not notice the primary's death");
+    assert!(cluster.node(replica).reply("ROLE").contains("master"));
+    let reloads = info_count(
+        cluster.node(replica),
+        "errorstats",
+        "errorstat_NOSCRIPT:",
+        "count",
+    );
+    assert!(reloads >= 1, "the promoted replica had the scripts");
+    println!(
+        "primary killed: back on Redis through the promoted replica after {back:?} \
+         ({reloads} NOSCRIPT answered by a reload)"
+    );
+}

@@ -2,7 +2,7 @@
 //! temporary directory, made a cluster by `redis-cli --cluster create`. A test may kill a
 //! node and restart it; it rejoins with its slots (its data is gone, nothing is saved).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -12,10 +12,50 @@ use super::{RedisServer, free_port};
 /// test of a killed node takes seconds.
 const NODE_TIMEOUT_MS: u32 = 500;
 
-/// The servers of a cluster without replicas, and their directory; all removed when dropped.
+/// The servers of a cluster (its primaries, then any replicas added) and their directory; all
+/// removed when dropped.
 pub(crate) struct RedisCluster {
     nodes: Vec<RedisServer>,
     dir: PathBuf,
+}
+
+/// The options of a cluster node on `port` keeping its state in `dir`.
+fn node_options(port: u16, dir: &Path) -> Vec<String> {
+    let bus = free_port();
+    let options = [
+        "--cluster-enabled",
+        "yes",
+        "--dir",
+        dir.to_str().expect("a UTF-8 temporary directory"),
+        "--cluster-config-file",
+        &format!("nodes-{port}.conf"),
+        "--cluster-port",
+        &bus.to_string(),
+        "--cluster-node-timeout",
+        &NODE_TIMEOUT_MS.to_string(),
+        "--cluster-require-full-coverage",
+        "no",
+    ];
+    options.map(str::to_owned).to_vec()
+}
+
+/// Runs `redis-cli --cluster <args>`.
+///
+/// # Panics
+///
+/// When it fails.
+fn redis_cli_cluster(args: &[String]) {
+    let done = Command::new("redis-cli")
+        .arg("--cluster")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("`redis-cli` on the PATH (it comes with redis-server)");
+    assert!(
+        done.status.success(),
+        "redis-cli --cluster {args:?} failed: {}",
+        String::from_utf8_lossy(&done.stdout)
+    );
 }
 
 impl RedisCluster {
@@ -33,43 +73,15 @@ impl RedisCluster {
         std::fs::create_dir_all(&dir).expect("a temporary directory");
         let nodes = (0..primaries)
             .map(|_| {
-                let (port, bus) = (free_port(), free_port());
-                let options = [
-                    "--cluster-enabled",
-                    "yes",
-                    "--cluster-config-file",
-                    &format!("nodes-{port}.conf"),
-                    "--cluster-port",
-                    &bus.to_string(),
-                    "--cluster-node-timeout",
-                    &NODE_TIMEOUT_MS.to_string(),
-                    "--cluster-require-full-coverage",
-                    "no",
-                    "--dir",
-                    dir.to_str().expect("a UTF-8 temporary directory"),
-                ];
-                RedisServer::start_with(port, options.map(str::to_owned).to_vec())
+                let port = free_port();
+                RedisServer::start_with(port, node_options(port, &dir))
             })
             .collect::<Vec<_>>();
         let cluster = Self { nodes, dir };
-        let created = Command::new("redis-cli")
-            .arg("--cluster")
-            .arg("create")
-            .args(
-                cluster
-                    .nodes
-                    .iter()
-                    .map(|n| format!("127.0.0.1:{}", n.port())),
-            )
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()
-            .expect("`redis-cli` on the PATH (it comes with redis-server)");
-        assert!(
-            created.status.success(),
-            "redis-cli --cluster create failed: {}",
-            String::from_utf8_lossy(&created.stdout)
-        );
+        let mut create = vec!["create".to_owned()];
+        create.extend(cluster.addresses());
+        create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(str::to_owned));
+        redis_cli_cluster(&create);
         cluster.wait_until_ok(Duration::from_secs(10));
         cluster
     }
@@ -77,6 +89,42 @@ impl RedisCluster {
     /// `redis://127.0.0.1:<port>` of every node.
     pub(crate) fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// `127.0.0.1:<port>` of every node.
+    fn addresses(&self) -> Vec<String> {
+        let address = |n: &RedisServer| format!("127.0.0.1:{}", n.port());
+        self.nodes.iter().map(address).collect()
+    }
+
+    /// Starts a node replicating node `primary` and returns its index, once it has copied
+    /// the primary's data and every node knows it.
+    pub(crate) fn add_replica(&mut self, primary: usize) -> usize {
+        let port = free_port();
+        let replica = RedisServer::start_with(port, node_options(port, &self.dir));
+        // `CLUSTER MYID` is a bulk string: its length, then the id.
+        let id = self.nodes[primary].reply("CLUSTER MYID");
+        let id = id.lines().nth(1).expect("a node id").to_owned();
+        let address = |n: &RedisServer| format!("127.0.0.1:{}", n.port());
+        redis_cli_cluster(&[
+            "add-node".to_owned(),
+            address(&replica),
+            address(&self.nodes[primary]),
+            "--cluster-slave".to_owned(),
+            "--cluster-master-id".to_owned(),
+            id,
+        ]);
+        let start = Instant::now();
+        while !replica
+            .reply("INFO replication")
+            .contains("master_link_status:up")
+        {
+            assert!(start.elapsed() < Duration::from_secs(10), "no replication");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.nodes.push(replica);
+        self.wait_until_ok(Duration::from_secs(10));
+        self.nodes.len() - 1
     }
 
     /// Node `i`.
