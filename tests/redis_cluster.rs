@@ -99,12 +99,12 @@ async fn budgets_share_each_accounts_quota_across_the_cluster() {
             budgets.push((a, connect(&cluster, process, account, &quota).await));
         }
     }
-    // Demand: 3 processes x 6 callers per account, as fast as admitted: above 20 calls/s.
+    // Demand: 3 processes x 4 callers per account, as fast as admitted: above 20 calls/s.
     let logs: Vec<Log> = (0..NODES).map(|_| Log::default()).collect();
     let until = Instant::now() + run;
     let mut callers = Vec::new();
     for (a, budget) in &budgets {
-        for _ in 0..6 {
+        for _ in 0..4 {
             let (budget, log) = (budget.clone(), logs[*a].clone());
             callers.push(tokio::spawn(async move {
                 let mut failures = 0;

@@ -35,6 +35,9 @@ fn node_options(port: u16, dir: &Path) -> Vec<String> {
         &NODE_TIMEOUT_MS.to_string(),
         "--cluster-require-full-coverage",
         "no",
+        // A replica's first copy at once, not after the default 5 s.
+        "--repl-diskless-sync-delay",
+        "0",
     ];
     options.map(str::to_owned).to_vec()
 }
