@@ -1,8 +1,9 @@
 //! The Redis budget and idempotency store against a private three-node Redis Cluster
 //! (`redis-server --cluster-enabled yes`, `redis-cli --cluster create`): budgets of separate
 //! connections, as separate processes would be, share each account's quota exactly while the
-//! accounts spread over the nodes; refunds and settlements reach the other processes; records
-//! and completions cross nodes; a killed node stops only its own accounts.
+//! accounts spread over the nodes; refunds, settlements, pauses and lifts reach the other
+//! processes; records and completions cross nodes; a killed node stops only its own accounts,
+//! a promoted replica takes over, and a budget started without the cluster moves to it.
 
 mod redis_server;
 
@@ -86,17 +87,16 @@ fn busiest(log: &[(Instant, u64)], length: Duration) -> u64 {
     best
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn budgets_share_each_accounts_quota_across_the_cluster() {
-    let cluster = RedisCluster::start(NODES);
-    let accounts = accounts(&cluster, "shared");
+/// Budgets of separate connections share each account's quota, the accounts on three nodes.
+async fn budgets_share_each_accounts_quota(cluster: &RedisCluster) {
+    let accounts = accounts(cluster, "shared");
     // 10,000 tokens a second, 1,000 at once, per account.
     let quota = tokens(10_000, Duration::from_secs(1), 1_000);
     let (run, cost) = (Duration::from_secs(2), Cost::new(400, 100));
     let mut budgets = Vec::new();
     for (a, account) in accounts.iter().enumerate() {
         for process in 0..3 {
-            budgets.push((a, connect(&cluster, process, account, &quota).await));
+            budgets.push((a, connect(cluster, process, account, &quota).await));
         }
     }
     // Demand: 3 processes x 4 callers per account, as fast as admitted: above 20 calls/s.
@@ -147,22 +147,24 @@ async fn budgets_share_each_accounts_quota_across_the_cluster() {
             "{account}: utilisation {admitted} / {bound}"
         );
     }
-    // Each account's keys are on its own node: the scripts ran on all three.
-    for node in 0..NODES {
-        let keys = cluster.node(node).command("DBSIZE");
-        assert_ne!(keys, ":0", "node {node} holds no key");
+    // Each account's bucket is on its own node: the scripts ran on all three.
+    for (node, account) in accounts.iter().enumerate() {
+        let bucket = format!("llmq:{{{account}}}:total_tokens:1000");
+        assert_eq!(
+            cluster.node(node).command(&format!("EXISTS {bucket}")),
+            ":1"
+        );
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refunds_and_settlements_reach_every_process_through_the_cluster() {
-    let cluster = RedisCluster::start(NODES);
+/// A refund reaches the waiters of its process at once, and the other processes' buckets.
+async fn refunds_and_settlements_reach_every_process(cluster: &RedisCluster) {
     // 2,000 tokens a minute, all at once: 33 a second refill, so what is admitted at once was
     // not refilled.
     let quota = tokens(2_000, Duration::from_secs(60), 2_000);
-    for (a, account) in accounts(&cluster, "refunds").iter().enumerate() {
-        let first = connect(&cluster, a, account, &quota).await;
-        let second = connect(&cluster, a + 1, account, &quota).await;
+    for (a, account) in accounts(cluster, "refunds").iter().enumerate() {
+        let first = connect(cluster, a, account, &quota).await;
+        let second = connect(cluster, a + 1, account, &quota).await;
         let mut whole = first.reserve(Cost::new(1_900, 100)).await.unwrap();
         whole.mark_sent();
         // A request of the first process waits: the store told it about 45 s.
@@ -203,14 +205,58 @@ async fn refunds_and_settlements_reach_every_process_through_the_cluster() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idempotency_records_and_completions_cross_the_cluster() {
-    let cluster = RedisCluster::start(NODES);
+/// A provider's pause seen by one process holds the others until its lift.
+async fn a_pause_and_its_lift_reach_every_process(cluster: &RedisCluster) {
+    let account = accounts(cluster, "paused").swap_remove(1);
+    let quota = tokens(2_000, Duration::from_secs(60), 2_000);
+    let (a, b) = (
+        connect(cluster, 0, &account, &quota).await,
+        connect(cluster, 1, &account, &quota).await,
+    );
+    // A day's pause from one process holds the other.
+    a.pause(
+        &[Dimension::TotalTokens],
+        Instant::now() + Duration::from_secs(86_400),
+    );
+    let hold = format!("llmq:{{{account}}}:total_tokens:60000:held");
+    let node = cluster.node(1);
+    let start = Instant::now();
+    while node.command(&format!("EXISTS {hold}")) != ":1" {
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "the pause was not written"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move { b.reserve(Cost::new(10, 0)).await.map(|r| r.refund()) }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "held");
+    // Lifted by the pausing process: the other asks again within its second of recheck.
+    let lifted = Instant::now();
+    a.lift_pause(&[Dimension::TotalTokens]);
+    tokio::time::timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("released by the lift")
+        .unwrap()
+        .unwrap();
+    assert!(
+        lifted.elapsed() < Duration::from_millis(1_500),
+        "{:?}",
+        lifted.elapsed()
+    );
+    assert_eq!(node.command(&format!("EXISTS {hold}")), ":0");
+}
+
+/// Records of one process are seen by the other, and its completions wake the other's waiters.
+async fn idempotency_records_and_completions_cross_nodes(cluster: &RedisCluster) {
     // Two processes, each subscribed on its first node: a completion published by the node of
     // the key's slot reaches both.
-    let first = RedisIdempotencyStore::open_cluster(seeds(&cluster, 0), "idem").unwrap();
-    let second = RedisIdempotencyStore::open_cluster(seeds(&cluster, 1), "idem").unwrap();
-    let keys = accounts(&cluster, "operation");
+    let first = RedisIdempotencyStore::open_cluster(seeds(cluster, 0), "idem").unwrap();
+    let second = RedisIdempotencyStore::open_cluster(seeds(cluster, 1), "idem").unwrap();
+    let keys = accounts(cluster, "operation");
     let lease = Duration::from_secs(30);
     for key in &keys {
         assert_eq!(first.claim(key, "a", lease).await.unwrap(), Claim::Claimed);
@@ -242,18 +288,37 @@ async fn idempotency_records_and_completions_cross_the_cluster() {
         );
     }
     // The records are spread: each node holds one.
-    for node in 0..NODES {
-        assert_eq!(cluster.node(node).command("DBSIZE"), ":1", "node {node}");
+    for (node, key) in keys.iter().enumerate() {
+        let record = format!("idem:idem:{{{key}}}");
+        assert_eq!(
+            cluster.node(node).command(&format!("EXISTS {record}")),
+            ":1"
+        );
     }
+}
+
+/// One cluster for the checks that kill no node: they run at once, each on accounts of its
+/// own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_cluster_shares_quotas_refunds_pauses_and_records() {
+    let cluster = RedisCluster::start(NODES);
+    tokio::join!(
+        budgets_share_each_accounts_quota(&cluster),
+        refunds_and_settlements_reach_every_process(&cluster),
+        a_pause_and_its_lift_reach_every_process(&cluster),
+        idempotency_records_and_completions_cross_nodes(&cluster),
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_node_stops_only_its_accounts_until_it_returns() {
+    // Also: a budget started while the node is down moves to it when it answers.
     let mut cluster = RedisCluster::start(NODES);
     let accounts = accounts(&cluster, "outage");
     let quota = tokens(10_000, Duration::from_secs(1), 1_000);
+    let urls = cluster.urls();
     let budget = |account: &str| {
-        RedisBudget::cluster(cluster.urls(), account)
+        RedisBudget::cluster(urls.clone(), account)
             .expected_instances(2)
             .connect(&quota)
     };
@@ -297,13 +362,20 @@ async fn a_killed_node_stops_only_its_accounts_until_it_returns() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert!(!lost.is_store_reachable());
+    // A process started now starts on its local share.
+    let late = budget(&accounts[0])
+        .await
+        .expect("started on the local share");
+    assert!(!late.is_store_reachable());
+    admit(&late).await;
 
     cluster.node_mut(0).restart();
     let restarted = Instant::now();
     // Back on Redis once the node serves its slots again (its data is gone: nothing is saved).
     // A restarted primary waits 2 s before it takes writes (Redis Cluster's writable delay).
     let mut serving = None;
-    while !(lost.is_store_reachable() && cluster.node(0).command("DBSIZE") != ":0") {
+    let on_redis = || lost.is_store_reachable() && late.is_store_reachable();
+    while !(on_redis() && cluster.node(0).command("DBSIZE") != ":0") {
         assert!(
             restarted.elapsed() < Duration::from_secs(5),
             "not back on Redis 5 s after the node's return"
@@ -317,6 +389,7 @@ async fn a_killed_node_stops_only_its_accounts_until_it_returns() {
             serving = Some(restarted.elapsed());
         }
         admit(&lost).await;
+        admit(&late).await;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let back = restarted.elapsed();
@@ -324,7 +397,8 @@ async fn a_killed_node_stops_only_its_accounts_until_it_returns() {
     assert!(kept.is_store_reachable());
     println!(
         "a node killed: its account fell back after {fell_back:?}; after the node's restart, \
-         the node said ok after {serving:?}, the budget was back on Redis after {back:?}"
+         the node said ok after {serving:?}, its budgets (one started during the outage) were \
+         back on Redis after {back:?}"
     );
 }
 

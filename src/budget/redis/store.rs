@@ -77,7 +77,8 @@ impl RedisStore {
         }
     }
 
-    /// Loads every script: a health check that exercises the scripting engine, not a PING.
+    /// Loads every script: a health check that exercises the scripting engine and reaches the
+    /// node of the quota's keys, not a PING.
     pub(super) async fn load(&self) -> Result<(), ::redis::RedisError> {
         let mut connection = self.connection.clone();
         for script in [
@@ -87,6 +88,12 @@ impl RedisStore {
         ] {
             script.prepare_invoke().load_async(&mut connection).await?;
         }
+        // A cluster loads the scripts on every primary that answers: ask the one holding this
+        // quota's slot too.
+        let _: bool = ::redis::cmd("EXISTS")
+            .arg(self.keys.record("0"))
+            .query_async(&mut connection)
+            .await?;
         Ok(())
     }
 }
