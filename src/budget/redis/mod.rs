@@ -167,7 +167,9 @@ impl RedisBudget {
         }
     }
 
-    /// The prefix of every key (default `llmq`).
+    /// The prefix of every key (default `llmq`). On a cluster, braces in it must not make an
+    /// empty hash tag (`{}`), which would hash each key whole: [`RedisBudget::connect`]
+    /// refuses it. A prefix with a tag of its own (`{app}`) puts every account in one slot.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
