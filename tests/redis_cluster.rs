@@ -2,8 +2,9 @@
 //! (`redis-server --cluster-enabled yes`, `redis-cli --cluster create`): budgets of separate
 //! connections, as separate processes would be, share each account's quota exactly while the
 //! accounts spread over the nodes; refunds, settlements, pauses and lifts reach the other
-//! processes; records and completions cross nodes; a killed node stops only its own accounts,
-//! a promoted replica takes over, and a budget started without the cluster moves to it.
+//! processes; records and completions cross nodes, also when a subscriber's node dies; a
+//! killed node stops only its own accounts, and a budget started while it is down moves to it
+//! when it returns; a promoted replica takes over.
 
 mod redis_server;
 
@@ -345,6 +346,25 @@ async fn a_killed_node_stops_only_its_accounts_until_it_returns() {
     admit(&lost).await;
     admit(&kept).await;
     assert!(lost.is_store_reachable() && kept.is_store_reachable());
+    // Idempotency: a process subscribed on node 0 waits for an operation of another process,
+    // whose record lives on node 1.
+    let waiting = RedisIdempotencyStore::open_cluster(seeds(&cluster, 0), "idem").unwrap();
+    let owning = RedisIdempotencyStore::open_cluster(seeds(&cluster, 1), "idem").unwrap();
+    let (operation, lease) = (&accounts[1], Duration::from_secs(30));
+    assert_eq!(
+        owning.claim(operation, "a", lease).await.unwrap(),
+        Claim::Claimed
+    );
+    assert_eq!(
+        waiting.claim(operation, "b", lease).await.unwrap(),
+        Claim::InFlight
+    );
+    let woken = tokio::spawn({
+        let (waiting, operation) = (waiting.clone(), operation.clone());
+        async move { waiting.changed(&operation, Duration::from_secs(20)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!woken.is_finished());
 
     cluster.node_mut(0).kill();
     let killed = Instant::now();
@@ -358,6 +378,38 @@ async fn a_killed_node_stops_only_its_accounts_until_it_returns() {
         admit(&lost).await;
     }
     let fell_back = killed.elapsed();
+    // Its subscription lost, the waiter is woken to look again, and the listener subscribes
+    // on the next node: the completion still reaches it.
+    tokio::time::timeout(Duration::from_secs(2), woken)
+        .await
+        .expect("woken when its subscription was lost")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        waiting.claim(operation, "b", lease).await.unwrap(),
+        Claim::InFlight
+    );
+    let woken = tokio::spawn({
+        let (waiting, operation) = (waiting.clone(), operation.clone());
+        async move { waiting.changed(&operation, Duration::from_secs(20)).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let record = Record::new(
+        StatusCode::OK,
+        &http::HeaderMap::new(),
+        None,
+        Some(Bytes::from("done")),
+    );
+    owning.complete(operation, "a", record.clone(), Duration::from_secs(30));
+    tokio::time::timeout(Duration::from_secs(3), woken)
+        .await
+        .expect("woken by the completion through another node")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        waiting.claim(operation, "b", lease).await.unwrap(),
+        Claim::Completed(Box::new(record))
+    );
     for _ in 0..20 {
         admit(&lost).await;
         admit(&kept).await;
