@@ -4,7 +4,7 @@
 pub mod budget;
 mod builder;
 mod cost;
-mod error;
+pub mod error;
 pub mod estimate;
 mod loom;
 #[cfg(feature = "reqwest")]

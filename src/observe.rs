@@ -359,13 +359,11 @@ pub(crate) fn settled(labels: &Labels, reserved: &Cost, usage: Option<&Usage>) {
     }
 }
 
-/// The levels and debts of a budget, after a settlement; at most ten times a second.
+/// The levels and debts of a budget's `snapshot`, after a settlement (at most ten times a
+/// second: the caller asks the budget whether its gauges are due).
 #[cfg(feature = "metrics")]
-pub(crate) fn budget(budget: &crate::budget::Budget) {
-    if !budget.gauges_due() {
-        return;
-    }
-    for limit in budget.snapshot().limits() {
+pub(crate) fn budget(snapshot: &crate::budget::BudgetSnapshot) {
+    for limit in snapshot.limits() {
         let labels = [
             (
                 "dimension",

@@ -100,6 +100,7 @@
 mod ambiguity;
 mod body;
 mod classify;
+mod failure;
 mod future;
 mod hints;
 mod layer;
@@ -109,10 +110,8 @@ mod service;
 
 pub use ambiguity::{Ambiguity, Interrupted};
 pub use body::RetryBody;
-pub use classify::{
-    Classify, ClassifyError, ClassifyFn, Failure, FailureClass, Permanent, ProviderErrors,
-    Transient,
-};
+pub use classify::{Classify, ClassifyError, ClassifyFn, Failure, ProviderErrors};
+pub use failure::{FailureClass, Permanent, Transient};
 pub use future::ResponseFuture;
 pub(crate) use hints::spent;
 pub use layer::RetryAfterLayer;
