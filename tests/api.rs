@@ -1,0 +1,69 @@
+//! The public surface as a new user meets it: spawnable bodies, one error story, the stack's
+//! settings, validation at construction.
+
+use std::num::NonZeroU64;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, combinators::BoxBody};
+use tower::{BoxError, Layer, Service, ServiceExt, service_fn};
+use tower_llm_quota::stack::QuotaStack;
+use tower_llm_quota::{Dimension, Limit, Quota};
+
+fn tpm(amount: u64) -> Quota {
+    Quota::new().with_limit(Limit::per_minute(
+        Dimension::TotalTokens,
+        NonZeroU64::new(amount).unwrap(),
+    ))
+}
+
+fn chat() -> http::Request<Full<Bytes>> {
+    http::Request::post("http://provider/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(
+            br#"{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"Hi"}]}"#,
+        )))
+        .unwrap()
+}
+
+const ANSWER: &str = r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
+
+/// A client whose body errors are `BoxError`, as tower-http's decompression produces.
+fn boxed_body_client() -> impl Service<
+    http::Request<Full<Bytes>>,
+    Response = http::Response<BoxBody<Bytes, BoxError>>,
+    Error = BoxError,
+    Future = impl Send + 'static,
+> + Clone
++ Send
++ 'static {
+    service_fn(|_request: http::Request<Full<Bytes>>| async {
+        let body = Full::new(Bytes::from_static(ANSWER.as_bytes()))
+            .map_err(|never| match never {})
+            .boxed();
+        Ok::<_, BoxError>(http::Response::new(body))
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_over_a_box_error_client_can_be_spawned() {
+    let stack = QuotaStack::openai(tpm(30_000));
+    let budget = stack.budget().clone();
+    let mut llm = stack.layer(boxed_body_client());
+    let response = llm.ready().await.unwrap().call(chat()).await.unwrap();
+    let collected = tokio::spawn(response.into_body().collect()).await.unwrap();
+    assert_eq!(collected.unwrap().to_bytes(), ANSWER);
+    assert_eq!(budget.snapshot().limits()[0].level(), 5_000 - 12);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_and_its_body_can_be_spawned_together() {
+    let stack = QuotaStack::openai(tpm(30_000));
+    let llm = stack.layer(boxed_body_client());
+    let task = tokio::spawn(async move {
+        let response = llm.oneshot(chat()).await?;
+        let body = response.into_body().collect().await?;
+        Ok::<_, BoxError>(body.to_bytes())
+    });
+    assert_eq!(task.await.unwrap().unwrap(), ANSWER);
+}
+
