@@ -9,7 +9,10 @@
 //! 3. [`PriorityQueueLayer`]: stamps each request's class, place and deadline;
 //! 4. [`TokenBudgetLayer`]: reserves the cost and an in-flight slot together, from the head
 //!    of the budget's ordering, or waits there;
-//! 5. [`ReconcileLayer`] with [`ProviderUsage`] for the profile: settles with the usage in the
+//! 5. [`StripUsageLayer`]: hides from the caller the usage chunk of a stream whose usage only
+//!    the stack asked for ([`EstimateLayer::include_stream_usage`]); every other response
+//!    passes untouched;
+//! 6. [`ReconcileLayer`] with [`ProviderUsage`] for the profile: settles with the usage in the
 //!    provider's body and lowers the budget when its rate-limit headers report less left.
 //!
 //! The result is a [`QuotaService`]; its responses carry a [`QuotaBody`]. To make one call per
@@ -78,7 +81,9 @@ use crate::estimate::{Estimate, EstimateLayer, Estimator};
 use std::num::NonZeroUsize;
 
 use crate::priority::Priority;
-use crate::provider::{Profile, ProviderScan, ProviderUsage};
+use crate::provider::{
+    Profile, ProviderScan, ProviderUsage, StripUsage, StripUsageBody, StripUsageLayer,
+};
 use crate::queue::{PriorityQueue, PriorityQueueLayer, QueueConfig, QueueHandle};
 use crate::quota::Quota;
 use crate::reconcile::{Reconcile, ReconcileBody, ReconcileLayer};
@@ -86,12 +91,13 @@ use crate::retry::{ProviderErrors, RetryAfter, RetryAfterLayer, RetryBody, Retry
 use crate::token_budget::{MissingCost, TokenBudget, TokenBudgetLayer};
 
 /// The service a [`QuotaStack`] builds around a client `S`, outermost layer first.
-pub type QuotaService<S> =
-    Estimate<RetryAfter<PriorityQueue<TokenBudget<Reconcile<S, ProviderUsage>>>, ProviderErrors>>;
+pub type QuotaService<S> = Estimate<
+    RetryAfter<PriorityQueue<TokenBudget<StripUsage<Reconcile<S, ProviderUsage>>>>, ProviderErrors>,
+>;
 
 /// The body of a [`QuotaService`]'s responses around a client's response body `B`: it settles
 /// the call's reservation (giving back its in-flight slot) when it ends, fails or is dropped.
-pub type QuotaBody<B> = RetryBody<ReconcileBody<B, ProviderScan>>;
+pub type QuotaBody<B> = RetryBody<StripUsageBody<ReconcileBody<B, ProviderScan>>>;
 
 /// The recommended stack for one provider quota; see the [module documentation](self).
 ///
@@ -263,7 +269,7 @@ impl<S> Layer<S> for QuotaStack {
             |layer, priority| layer.class_headroom(priority, self.class_headroom[priority.index()]),
         );
         let retry = self.retry.clone().pause_on_rate_limit(self.budget.clone());
-        let service = reconcile.layer(client);
+        let service = StripUsageLayer.layer(reconcile.layer(client));
         let service = token_budget.layer(service);
         let service = self.queue.layer(service);
         let service = retry.layer(service);

@@ -323,3 +323,56 @@ async fn an_absurd_usage_report_delays_the_next_request_by_one_refill_at_most() 
         calls[1].at
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn usage_the_stack_asked_a_stream_for_is_hidden_from_the_caller() {
+    let stream = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,\"total_tokens\":42}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let asked = Arc::new(Mutex::new(String::new()));
+    let seen = asked.clone();
+    let client = service_fn(move |request: Request<Full<Bytes>>| {
+        let seen = seen.clone();
+        async move {
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            *seen.lock().unwrap() = String::from_utf8(body.to_vec()).unwrap();
+            let mut response = Response::new(Full::new(Bytes::from_static(stream.as_bytes())));
+            response
+                .headers_mut()
+                .insert("content-type", "text/event-stream".parse().unwrap());
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(60_000).unwrap())
+        .with_headroom(1.0)
+        .unwrap()
+        .with_burst(NonZeroU64::new(60_000).unwrap());
+    let stack = QuotaStack::openai(Quota::new().with_limit(tpm))
+        .estimate(tower_llm_quota::EstimateLayer::new().include_stream_usage(true));
+    let budget = stack.budget().clone();
+    let body = r#"{"model":"gpt-4o","stream":true,"max_tokens":500,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let request = Request::post("http://provider/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap();
+    let response = stack.layer(client).oneshot(request).await.unwrap();
+    let received = response.into_body().collect().await.unwrap().to_bytes();
+
+    assert!(
+        asked
+            .lock()
+            .unwrap()
+            .contains(r#""stream_options":{"include_usage":true}"#)
+    );
+    assert_eq!(
+        received,
+        concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n",
+            "data: [DONE]\n\n",
+        )
+    );
+    // Settled with the usage the caller never saw.
+    assert_eq!(budget.snapshot().limits()[0].level(), 60_000 - 42);
+}
