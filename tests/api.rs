@@ -1,13 +1,19 @@
 //! The public surface as a new user meets it: spawnable bodies, one error story, the stack's
 //! settings, validation at construction.
 
+mod redis_server;
+
+use std::error::Error as _;
 use std::num::NonZeroU64;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use tower::{BoxError, Layer, Service, ServiceExt, service_fn};
+use tower_llm_quota::budget::redis::RedisBudget;
+use tower_llm_quota::budget::{FailurePolicy, StoreUnavailable};
 use tower_llm_quota::stack::QuotaStack;
-use tower_llm_quota::{Dimension, Limit, Quota};
+use tower_llm_quota::{Dimension, Error, Limit, Quota};
 
 fn tpm(amount: u64) -> Quota {
     Quota::new().with_limit(Limit::per_minute(
@@ -25,7 +31,8 @@ fn chat() -> http::Request<Full<Bytes>> {
         .unwrap()
 }
 
-const ANSWER: &str = r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
+const ANSWER: &str =
+    r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":7,"total_tokens":12}}"#;
 
 /// A client whose body errors are `BoxError`, as tower-http's decompression produces.
 fn boxed_body_client() -> impl Service<
@@ -67,3 +74,52 @@ async fn a_call_and_its_body_can_be_spawned_together() {
     assert_eq!(task.await.unwrap().unwrap(), ANSWER);
 }
 
+/// An error of the client nothing here knows how to classify: not retried.
+#[derive(Debug)]
+struct Refused;
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("refused by the client")
+    }
+}
+
+impl std::error::Error for Refused {}
+
+#[tokio::test(start_paused = true)]
+async fn the_client_error_is_the_source_of_the_stack_error() {
+    let stack = QuotaStack::openai(tpm(30_000));
+    let client = service_fn(|_request: http::Request<Full<Bytes>>| async {
+        Err::<http::Response<Full<Bytes>>, _>(Refused)
+    });
+    let error: Error = stack.layer(client).oneshot(chat()).await.unwrap_err();
+    assert!(!error.is_local());
+    let source = error.source().expect("the client's error");
+    assert!(source.is::<Refused>(), "{source:?}");
+}
+
+#[tokio::test]
+async fn a_store_that_does_not_answer_is_the_source_of_the_refusal() {
+    let mut redis = redis_server::RedisServer::start();
+    let quota = tpm(30_000);
+    let budget = RedisBudget::new(redis.url(), "api-store-unavailable")
+        .failure_policy(FailurePolicy::FailClosed)
+        .timeout(Duration::from_millis(50))
+        .connect(&quota)
+        .await
+        .unwrap();
+    redis.kill();
+    let stack = QuotaStack::openai(quota).with_budget(budget);
+    let error = stack
+        .layer(boxed_body_client())
+        .oneshot(chat())
+        .await
+        .unwrap_err();
+    assert!(
+        error.is_store_unavailable() && error.is_local(),
+        "{error:?}"
+    );
+    let source = error.source().expect("the store's refusal");
+    assert!(source.is::<StoreUnavailable>(), "{source:?}");
+    assert!(error.to_string().contains("unavailable"), "{error}");
+}

@@ -41,6 +41,8 @@ enum Kind {
         depth: usize,
     },
     GaveUp(RetryReport),
+    /// The source is the error of the caller's request body.
+    RequestBody,
     Inner,
 }
 
@@ -73,6 +75,11 @@ impl Error {
         Self::new(Kind::GaveUp(report), Some(last))
     }
 
+    /// The caller's request body failed while a layer read it.
+    pub(crate) fn request_body(error: BoxError) -> Self {
+        Self::new(Kind::RequestBody, Some(error))
+    }
+
     /// Wraps an inner service's error, unless it already is an [`Error`] of this crate (an
     /// inner layer of the same stack), which is passed on unchanged.
     pub(crate) fn from_inner(error: impl Into<BoxError>) -> Self {
@@ -100,6 +107,12 @@ impl Error {
             Kind::GaveUp(report) => Some(report),
             _ => None,
         }
+    }
+
+    /// Whether the caller's request body failed while the estimation layer read it (nothing
+    /// was sent); [`source`](std::error::Error::source) is the body's error.
+    pub fn is_request_body(&self) -> bool {
+        matches!(self.inner.kind, Kind::RequestBody)
     }
 
     /// Whether the inner service failed; [`source`](std::error::Error::source) is its error.
@@ -226,6 +239,7 @@ impl fmt::Display for Error {
                 report.attempts(),
                 report.gave_up().unwrap_or(GaveUp::Permanent)
             ),
+            Kind::RequestBody => f.write_str("rejected locally: the request body failed"),
             Kind::Inner => f.write_str("inner service failed"),
         }
     }

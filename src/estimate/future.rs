@@ -13,7 +13,7 @@ use tower::Service;
 
 use super::layer::Settings;
 use super::{OutputRoute, read_request};
-use crate::error::BoxError;
+use crate::error::{BoxError, Error};
 
 pin_project! {
     /// The response future of [`Estimate`](super::Estimate): reads the request body when it
@@ -121,7 +121,7 @@ where
     B: Body + From<Bytes>,
     B::Error: Into<BoxError>,
 {
-    type Output = Result<S::Response, BoxError>;
+    type Output = Result<S::Response, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -141,7 +141,7 @@ where
                         Some(Err(error)) => {
                             this.state.set(State::Done);
                             this.read.take();
-                            return Poll::Ready(Err(error.into()));
+                            return Poll::Ready(Err(Error::request_body(error.into())));
                         }
                         None => {}
                     }
@@ -162,7 +162,7 @@ where
                 StateProj::Calling { future } => {
                     let output = ready!(future.poll(cx));
                     this.state.set(State::Done);
-                    return Poll::Ready(output.map_err(Into::into));
+                    return Poll::Ready(output.map_err(Error::from_inner));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }

@@ -56,7 +56,6 @@ where
 }
 
 impl<B: Body> RetryBody<B> {
-
     pub(crate) fn buffered(bytes: Bytes) -> Self {
         Self {
             inner: Inner::Buffered {
