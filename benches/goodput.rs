@@ -313,7 +313,7 @@ fn tuned_stack(spec: QuotaSpec) -> QuotaStack {
         .max_wait(Priority::Batch, LONG_WAIT)
         .promote_after(Priority::Batch, None);
     QuotaStack::openai(quota(spec, Some(1.0)))
-        .concurrency(CONCURRENCY)
+        .concurrency(std::num::NonZeroUsize::new(CONCURRENCY).expect("non-zero"))
         .queue(queue)
         .class_headroom(Priority::Batch, BATCH_CLASS_HEADROOM)
 }

@@ -22,7 +22,7 @@
 //! # Example
 //!
 //! ```
-//! use std::num::NonZeroU64;
+//! use std::num::{NonZeroU64, NonZeroUsize};
 //! use bytes::Bytes;
 //! use http_body_util::{BodyExt, Full};
 //! use tower::{Layer, Service, ServiceExt, service_fn};
@@ -31,7 +31,7 @@
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), tower_llm_quota::BoxError> {
 //! let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(30_000).unwrap());
-//! let stack = QuotaStack::openai(Quota::new().with_limit(tpm)).concurrency(16);
+//! let stack = QuotaStack::openai(Quota::new().with_limit(tpm)).concurrency(NonZeroUsize::new(16).unwrap());
 //! let budget = stack.budget().clone();
 //!
 //! // Any client: hyper, a `reqwest_middleware` client (the `middleware` module), a mock.
@@ -180,12 +180,18 @@ impl QuotaStack {
         self
     }
 
-    /// At most `max` calls in flight (at least one), each holding its slot until its response
-    /// body ends: sets the cap of the stack's budget ([`Budget::set_max_in_flight`]), which
-    /// every holder of that budget shares, whether the budget is given before or after this
-    /// call. Defaults to the quota's cap, else [`QuotaStack::DEFAULT_CONCURRENCY`].
-    pub fn concurrency(mut self, max: usize) -> Self {
-        let max = NonZeroUsize::new(max).unwrap_or(NonZeroUsize::MIN);
+    /// At most `max` calls in flight, each holding its slot until its response body ends:
+    /// sets the cap of the stack's budget ([`Budget::set_max_in_flight`]), which every holder
+    /// of that budget shares, whether the budget is given before or after this call. Defaults
+    /// to the quota's cap, else [`QuotaStack::DEFAULT_CONCURRENCY`].
+    ///
+    /// A cap of zero (every call would wait until its deadline) cannot be written:
+    ///
+    /// ```compile_fail
+    /// # use tower_llm_quota::{Quota, stack::QuotaStack};
+    /// let stack = QuotaStack::openai(Quota::new()).concurrency(0);
+    /// ```
+    pub fn concurrency(mut self, max: NonZeroUsize) -> Self {
         self.concurrency = Some(max);
         self.budget.set_max_in_flight(Some(max));
         self

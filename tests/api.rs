@@ -123,3 +123,21 @@ async fn a_store_that_does_not_answer_is_the_source_of_the_refusal() {
     assert!(source.is::<StoreUnavailable>(), "{source:?}");
     assert!(error.to_string().contains("unavailable"), "{error}");
 }
+
+#[test]
+fn out_of_range_settings_are_refused_when_built() {
+    use tower_llm_quota::{LearnedOutput, RetryPolicy};
+    let refused = RetryPolicy::new().retry_budget(1.5, 1).unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "the retry budget's percent must be in [0, 1]"
+    );
+    assert!(RetryPolicy::new().retry_budget(f32::NAN, 1).is_err());
+    assert!(RetryPolicy::new().retry_budget(0.2, 1).is_ok());
+    let refused = LearnedOutput::new().with_quantile(-0.1).unwrap_err();
+    assert_eq!(refused.to_string(), "the quantile must be in [0, 1]");
+    assert!(LearnedOutput::new().with_quantile(f64::NAN).is_err());
+    let limit = Limit::per_minute(Dimension::Requests, NonZeroU64::new(10).unwrap());
+    assert!(limit.with_headroom(0.0).is_err() && limit.with_burst_fraction(1.5).is_err());
+    assert!(Limit::new(Dimension::Requests, NonZeroU64::MIN, Duration::ZERO).is_err());
+}

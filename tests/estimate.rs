@@ -310,7 +310,10 @@ fn learned_output_estimates_the_nearest_rank_p95() {
     assert_eq!(learned.samples("r"), 100);
     // The same records, the same answer.
     assert_eq!(learned.estimate("r"), Some(95));
-    let median = LearnedOutput::new().with_quantile(0.5).with_min_samples(1);
+    let median = LearnedOutput::new()
+        .with_quantile(0.5)
+        .unwrap()
+        .with_min_samples(nz(1));
     for tokens in [10, 30, 20] {
         median.record("r", tokens);
     }
@@ -330,7 +333,9 @@ fn learned_output_needs_min_samples() {
 
 #[test]
 fn learned_output_window_slides() {
-    let learned = LearnedOutput::new().with_window(10).with_min_samples(10);
+    let learned = LearnedOutput::new()
+        .with_window(nz(10))
+        .with_min_samples(nz(10));
     for _ in 0..10 {
         learned.record("r", 1_000);
     }
@@ -356,7 +361,9 @@ fn learned_output_window_slides() {
 
 #[test]
 fn learned_output_evicts_the_least_recently_used_route() {
-    let learned = LearnedOutput::new().with_max_routes(2).with_min_samples(1);
+    let learned = LearnedOutput::new()
+        .with_max_routes(nz(2))
+        .with_min_samples(nz(1));
     learned.record("a", 1);
     learned.record("b", 2);
     // Reading "a" makes "b" the least recently used.
@@ -373,8 +380,8 @@ fn learned_output_evicts_the_least_recently_used_route() {
 
 #[test]
 fn output_route_learns_per_choice() {
-    let learned = LearnedOutput::new().with_min_samples(1);
-    let route = OutputRoute::new(learned.clone(), "r", 3);
+    let learned = LearnedOutput::new().with_min_samples(nz(1));
+    let route = OutputRoute::new(learned.clone(), "r", std::num::NonZeroU64::new(3).unwrap());
     route.record(301);
     assert_eq!(learned.estimate("r"), Some(101), "rounded up");
     assert_eq!(route.route(), "r");
@@ -383,7 +390,7 @@ fn output_route_learns_per_choice() {
 
 #[test]
 fn learned_cost_is_bounded_by_max_tokens() {
-    let learned = LearnedOutput::new().with_min_samples(1);
+    let learned = LearnedOutput::new().with_min_samples(nz(1));
     learned.record("r", 700);
     let defaults = Defaults::new();
     let bounded = br#"{"max_tokens":500,"n":2,"messages":[{"role":"user","content":"x"}]}"#;
@@ -652,7 +659,7 @@ async fn dropped_while_reading_nothing_is_sent() {
 
 #[tokio::test]
 async fn the_layer_learns_outputs_per_route() {
-    let learned = LearnedOutput::new().with_min_samples(2);
+    let learned = LearnedOutput::new().with_min_samples(nz(2));
     let layer = EstimateLayer::new().learn_output(learned.clone());
     // Not enough samples yet: max_tokens is reserved, and the route travels with the request.
     let (_, cost, route) = through(&layer, post(CHAT)).await;
@@ -1818,4 +1825,8 @@ find /var/backups -maxdepth 1 -type d -mtime +14 -exec rm -rf {} +"#,
         }
         out
     }
+}
+
+fn nz(n: usize) -> std::num::NonZeroUsize {
+    std::num::NonZeroUsize::new(n).unwrap()
 }

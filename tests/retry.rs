@@ -395,7 +395,7 @@ async fn herd(
         }
         async move { Ok::<_, Infallible>(response) }
     });
-    let policy = RetryPolicy::new().retry_budget(1.0, 0);
+    let policy = RetryPolicy::new().retry_budget(1.0, 0).unwrap();
     let client = RetryAfterLayer::new(policy)
         .jitter(tower_llm_quota::retry::SeededJitter::new(7))
         .layer(provider);

@@ -27,8 +27,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "MS")]
     pub(crate) minute_ms: Option<u64>,
     /// Calls in flight at most, for the governed run.
-    #[arg(long, value_name = "N", default_value_t = 64)]
-    pub(crate) concurrency: usize,
+    #[arg(long, value_name = "N", default_value = "64")]
+    pub(crate) concurrency: std::num::NonZeroUsize,
     /// A fixed share of the quota for the governed run, in (0, 1] [default: the crate's
     /// adaptive share; a fixed 0.85 with --redis-url].
     #[arg(long, value_name = "SHARE")]

@@ -246,7 +246,7 @@ async fn work(
     WorkerBuilder::new(args.worker_name.as_str())
         .backend(storage)
         .data(worker)
-        .concurrency(settings.concurrency)
+        .concurrency(settings.concurrency.get())
         .build(work_job)
         .run_until(watch)
         .await

@@ -175,7 +175,7 @@ struct Settings {
     quota: QuotaSpec,
     /// A fixed share of the quota; `None`: the adaptive default.
     headroom: Option<f64>,
-    concurrency: usize,
+    concurrency: std::num::NonZeroUsize,
     target: Target,
     naive_retry: FixedRetry,
 }
@@ -219,7 +219,7 @@ impl Settings {
                 minute,
             },
             headroom,
-            concurrency: args.concurrency.max(1),
+            concurrency: args.concurrency,
             target,
             naive_retry: FixedRetry {
                 attempts: NAIVE_ATTEMPTS,

@@ -1,5 +1,6 @@
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroU64;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -220,9 +221,11 @@ fn estimate_into(parts: &mut Parts, body: &[u8], settings: &Settings) {
     let cost = match route {
         Some((learned, route)) => {
             let cost = request.cost_learned(&settings.defaults, learned, &route);
+            // `choices()` is at least 1 (a missing or zero `n` is one choice).
+            let choices = NonZeroU64::new(request.choices()).unwrap_or(NonZeroU64::MIN);
             parts
                 .extensions
-                .insert(OutputRoute::new(learned.clone(), route, request.choices()));
+                .insert(OutputRoute::new(learned.clone(), route, choices));
             cost
         }
         None => request.cost(&settings.defaults),

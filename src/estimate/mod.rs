@@ -105,7 +105,7 @@ mod tiktoken;
 pub use estimator::{CharEstimator, Estimator};
 pub use future::ResponseFuture;
 pub use layer::EstimateLayer;
-pub use learned::{LearnedOutput, OutputRoute};
+pub use learned::{InvalidQuantile, LearnedOutput, OutputRoute};
 pub use request::{Defaults, RequestEstimate, estimate, read_request};
 pub use service::Estimate;
 #[cfg(feature = "tiktoken")]

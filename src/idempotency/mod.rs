@@ -115,6 +115,7 @@ pub use store::{Claim, IdempotencyStore, MemoryStore, StoreFuture};
 
 /// How a response was answered without its own call: a response extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Suppressed {
     /// It joined an identical request in flight and received its response.
     Coalesced,

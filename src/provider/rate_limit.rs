@@ -15,6 +15,7 @@ use super::scope::Scope;
 
 /// Who refused the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Decision {
     /// Refused or timed out here, before anything was sent: intentional protection.
     Local,

@@ -11,6 +11,7 @@ use super::failure::{FailureClass, Permanent, Transient};
 
 /// A failed attempt, as a classifier sees it.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum Failure<'a> {
     /// The provider answered with an error status. `body` is the error body (read up to a
     /// limit; empty when it was too large to read).

@@ -2,6 +2,9 @@
 
 /// What a failure is: worth retrying, or not. Failure classes are data, not booleans, so the
 /// final report and the metrics can say why.
+///
+/// The two variants are the whole dichotomy, so a match on them needs no wildcard; the reasons
+/// inside ([`Transient`], [`Permanent`]) are `#[non_exhaustive]` and may grow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailureClass {
     /// Worth retrying.

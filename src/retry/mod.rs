@@ -115,6 +115,6 @@ pub use failure::{FailureClass, Permanent, Transient};
 pub use future::ResponseFuture;
 pub(crate) use hints::spent;
 pub use layer::RetryAfterLayer;
-pub use policy::{InvalidBackoff, Jitter, RetryPolicy, SeededJitter, ThreadJitter};
+pub use policy::{InvalidRetryPolicy, Jitter, RetryPolicy, SeededJitter, ThreadJitter};
 pub use report::{GaveUp, RetryReport};
 pub use service::RetryAfter;
