@@ -71,7 +71,7 @@ use tower_llm_quota::estimate::{Defaults, estimate};
 use tower_llm_quota::sim::{SimConfig, SimService, Simulator};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{
-    CharEstimator, DEFAULT_HEADROOM, Dimension, Limit, Priority, QueueConfig, Quota,
+    DEFAULT_HEADROOM, Dimension, Limit, Priority, QueueConfig, Quota, estimate::CharEstimator,
 };
 
 use run::{Binding, Consumption, FixedRetry, Meter, Metered, Outcome, QuotaSpec, Target};

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
 use tower_llm_quota::budget::redis::RedisBudget;
-use tower_llm_quota::{Budget, Cost, Dimension, FailurePolicy, Limit, Quota};
+use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, budget::FailurePolicy};
 
 const RUN: Duration = Duration::from_secs(3);
 

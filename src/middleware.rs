@@ -76,7 +76,7 @@
 //! ```
 //!
 //! A response that ends the retries (a final 429, say) is returned as a response, with its
-//! [`RetryReport`](crate::RetryReport) in the response's extensions.
+//! [`RetryReport`](crate::retry::RetryReport) in the response's extensions.
 
 use std::fmt;
 use std::future::{Future, poll_fn};

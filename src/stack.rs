@@ -64,9 +64,17 @@
 //! - **The client**: `Service<http::Request<B>, Response = http::Response<ResBody>> + Clone`,
 //!   with `S::Error: Into<BoxError>`.
 //!
-//! The stack's error is a [`BoxError`](crate::BoxError): downcast it to
-//! [`Error`](crate::Error) to read a local decision (`is_too_large()`, `is_queue_full()`,
-//! `is_deadline_exceeded()`, ...) or the retry report.
+//! The stack's error is the crate's [`Error`](crate::Error): a local decision
+//! (`is_too_large()`, `is_queue_full()`, `is_deadline_exceeded()`, `is_store_unavailable()`,
+//! ...), retries exhausted (`retry_report()`), or the client's failure (`is_inner()`), whose
+//! own error is the [`source`](std::error::Error::source).
+//!
+//! # Spawning
+//!
+//! The stack's futures and bodies are `Send + 'static` when the client's are, whatever the
+//! client's error types, a `BoxError` body error included (tower-http's decompression): a
+//! task may own the whole call, `tokio::spawn(async move { llm.oneshot(request).await?
+//! .into_body().collect().await })`, with no `boxed_unsync()` in between.
 //!
 //! # Requests without an estimate
 //!
@@ -86,7 +94,7 @@ use crate::provider::{
 };
 use crate::queue::{PriorityQueue, PriorityQueueLayer, QueueConfig, QueueHandle};
 use crate::quota::Quota;
-use crate::reconcile::{Reconcile, ReconcileBody, ReconcileLayer};
+use crate::reconcile::{ExtensionUsage, Reconcile, ReconcileBody, ReconcileLayer};
 use crate::retry::{ProviderErrors, RetryAfter, RetryAfterLayer, RetryBody, RetryPolicy};
 use crate::token_budget::{MissingCost, TokenBudget, TokenBudgetLayer};
 
@@ -94,6 +102,11 @@ use crate::token_budget::{MissingCost, TokenBudget, TokenBudgetLayer};
 pub type QuotaService<S> = Estimate<
     RetryAfter<PriorityQueue<TokenBudget<StripUsage<Reconcile<S, ProviderUsage>>>>, ProviderErrors>,
 >;
+
+/// The service of the two core layers assembled by hand, [`TokenBudgetLayer`] over
+/// [`ReconcileLayer`] reading usage with `X` (by default the usage the client puts in the
+/// response's extensions): `ServiceBuilder::new().token_budget(budget).reconcile()`.
+pub type Governed<S, X = ExtensionUsage> = TokenBudget<Reconcile<S, X>>;
 
 /// The body of a [`QuotaService`]'s responses around a client's response body `B`: it settles
 /// the call's reservation (giving back its in-flight slot) when it ends, fails or is dropped.
@@ -218,7 +231,7 @@ impl QuotaStack {
     }
 
     /// Estimates with `estimator` and the default [`Defaults`](crate::estimate::Defaults).
-    /// Defaults to a [`CharEstimator`](crate::CharEstimator).
+    /// Defaults to a [`CharEstimator`](crate::estimate::CharEstimator).
     pub fn estimator(self, estimator: impl Estimator) -> Self {
         self.estimate(EstimateLayer::with_estimator(estimator))
     }

@@ -126,7 +126,7 @@ async fn a_store_that_does_not_answer_is_the_source_of_the_refusal() {
 
 #[test]
 fn out_of_range_settings_are_refused_when_built() {
-    use tower_llm_quota::{LearnedOutput, RetryPolicy};
+    use tower_llm_quota::{RetryPolicy, estimate::LearnedOutput};
     let refused = RetryPolicy::new().retry_budget(1.5, 1).unwrap_err();
     assert_eq!(
         refused.to_string(),
@@ -140,4 +140,27 @@ fn out_of_range_settings_are_refused_when_built() {
     let limit = Limit::per_minute(Dimension::Requests, NonZeroU64::new(10).unwrap());
     assert!(limit.with_headroom(0.0).is_err() && limit.with_burst_fraction(1.5).is_err());
     assert!(Limit::new(Dimension::Requests, NonZeroU64::MIN, Duration::ZERO).is_err());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_core_layers_by_hand_have_a_short_type() {
+    use tower::ServiceBuilder;
+    use tower_llm_quota::stack::Governed;
+    use tower_llm_quota::{Cost, ServiceBuilderExt, Usage};
+
+    let budget = tower_llm_quota::Budget::new(tpm(30_000));
+    let client = service_fn(|_request: http::Request<Full<Bytes>>| async {
+        let mut response = http::Response::new(Full::new(Bytes::from_static(b"ok")));
+        response.extensions_mut().insert(Usage::new(10, 5));
+        Ok::<_, std::convert::Infallible>(response)
+    });
+    let governed: Governed<_> = ServiceBuilder::new()
+        .token_budget(budget.clone())
+        .reconcile()
+        .service(client);
+    let mut request = chat();
+    request.extensions_mut().insert(Cost::new(10, 90));
+    let response = governed.oneshot(request).await.unwrap();
+    response.into_body().collect().await.unwrap();
+    assert_eq!(budget.snapshot().limits()[0].level(), 5_000 - 15);
 }

@@ -17,7 +17,8 @@ use serde_json::Value;
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_llm_quota::estimate::{self, Defaults, read_request};
 use tower_llm_quota::{
-    BoxError, CharEstimator, Cost, EstimateLayer, Estimator, LearnedOutput, OutputRoute,
+    BoxError, Cost, EstimateLayer,
+    estimate::{CharEstimator, Estimator, LearnedOutput, OutputRoute},
 };
 
 fn c(text: &str) -> u64 {
@@ -741,8 +742,8 @@ async fn the_layer_composes_with_the_budget() {
 /// `--nocapture`).
 #[cfg(feature = "tiktoken")]
 mod quality {
-    use tower_llm_quota::CharEstimator;
-    use tower_llm_quota::Estimator;
+    use tower_llm_quota::estimate::CharEstimator;
+    use tower_llm_quota::estimate::Estimator;
     use tower_llm_quota::estimate::{TiktokenEncoding, TiktokenEstimator};
 
     const PROMPTS: usize = 300;

@@ -15,8 +15,8 @@ use tower::util::BoxCloneService;
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::{
-    Cost, Dimension, EnqueuedAt, Error, Priority, PriorityQueueLayer, QueueConfig, Quota,
-    TokenBudgetLayer,
+    Cost, Dimension, Error, Priority, PriorityQueueLayer, QueueConfig, Quota, TokenBudgetLayer,
+    queue::EnqueuedAt,
 };
 
 use redis_server::RedisServer;

@@ -17,8 +17,9 @@ use tower::util::BoxCloneService;
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::retry::{GaveUp, Jitter, Permanent, RetryBody, Transient};
 use tower_llm_quota::{
-    Cost, Dimension, Error, FailureClass, Priority, PriorityQueueLayer, QueueConfig,
-    ReconcileLayer, RetryAfterLayer, RetryPolicy, RetryReport, TokenBudgetLayer,
+    Cost, Dimension, Error, Priority, PriorityQueueLayer, QueueConfig, ReconcileLayer,
+    RetryAfterLayer, RetryPolicy, TokenBudgetLayer,
+    retry::{FailureClass, RetryReport},
 };
 
 const SEC: Duration = Duration::from_secs(1);

@@ -977,7 +977,10 @@ async fn provider_usage(
     response: http::Response<tower_llm_quota::sim::SimBody>,
 ) -> tower_llm_quota::Usage {
     use tower_llm_quota::provider::ProviderUsage;
-    use tower_llm_quota::{BodyEnd, Budget, Cost, ExtractUsage, Quota, ScanUsage};
+    use tower_llm_quota::{
+        Budget, Cost, Quota,
+        reconcile::{BodyEnd, ExtractUsage, ScanUsage},
+    };
 
     let (parts, mut body) = response.into_parts();
     let mut scan = ProviderUsage::new(profile).start(&parts, &Budget::new(Quota::new()));

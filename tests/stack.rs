@@ -17,8 +17,8 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_llm_quota::estimate::{Defaults, estimate};
 use tower_llm_quota::stack::{QuotaBody, QuotaStack};
 use tower_llm_quota::{
-    Budget, CharEstimator, Cost, Dimension, Error, Limit, Priority, QueueConfig, Quota,
-    RetryAfterLayer, RetryPolicy, retry::SeededJitter,
+    Budget, Cost, Dimension, Error, Limit, Priority, QueueConfig, Quota, RetryAfterLayer,
+    RetryPolicy, estimate::CharEstimator, retry::SeededJitter,
 };
 
 /// What the provider saw of one call.

@@ -13,7 +13,7 @@ use crate::quota::Dimension;
 /// a `remaining` count lowers the local level to at most `remaining × share`, because a
 /// provider that has less left than we think is being spent by someone else. An observation
 /// never raises the level: other consumers of the same key are invisible to us. A limit with
-/// an [`AdaptiveShare`](crate::AdaptiveShare) compares `remaining` with what the provider
+/// an [`AdaptiveShare`](crate::budget::AdaptiveShare) compares `remaining` with what the provider
 /// would hold if this budget were alone on the key, and plans a smaller share when it is
 /// lower (see its documentation).
 ///

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 ///
 /// ```
 /// use std::num::NonZeroUsize;
-/// use tower_llm_quota::LearnedOutput;
+/// use tower_llm_quota::estimate::LearnedOutput;
 ///
 /// let learned = LearnedOutput::new().with_min_samples(NonZeroUsize::new(10).unwrap());
 /// for tokens in 1..=100 {

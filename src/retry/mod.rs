@@ -62,7 +62,7 @@
 //!   which the 429 paused and which spaces it, so it waits for budget, bounded only by its
 //!   deadline and its class's total time. Interactive requests keep every limit.
 //! - **Every attempt re-enters admission**: the layer sits outside the queue and the budget,
-//!   so a retry queues again (keeping its first attempt's [`EnqueuedAt`](crate::EnqueuedAt)
+//!   so a retry queues again (keeping its first attempt's [`EnqueuedAt`](crate::queue::EnqueuedAt)
 //!   for aging) and reserves again. Requests are re-sent from a clone: the body must be `Clone`
 //!   (`Full<Bytes>`, `String`, `Bytes`; buffer a streaming request body first).
 //! - **A 429 pauses the shared budget** ([`RetryAfterLayer::pause_on_rate_limit`]): the
