@@ -45,8 +45,9 @@
 //!
 //! # Other modes
 //!
-//! - `--url http://host/v1/chat/completions --api-key-env VAR`: any OpenAI-compatible endpoint
-//!   over plain HTTP instead of the embedded provider, through reqwest: the governed run puts
+//! - `--url http://host/v1 --api-key-env VAR`: any OpenAI-compatible endpoint (its base URL, as
+//!   OpenAI's SDKs take it, or the full `.../v1/chat/completions`) over plain HTTP instead of
+//!   the embedded provider, through reqwest: the governed run puts
 //!   the stack in a `reqwest_middleware` client (`QuotaMiddleware`); `--minute-ms` then
 //!   defaults to 60000. The figures are those the client measured.
 //! - `--input FILE.jsonl`: one object a line, `{"id": "t1", "prompt": "...", "max_tokens":

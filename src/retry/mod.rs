@@ -90,7 +90,7 @@
 //!   call to collect them.
 //! - **The outcome is reported**: a final 429 carries a normalized
 //!   [`RateLimitError`](crate::provider::RateLimitError) (decision, limit, scope, wait), and
-//!   every final failed response a [`RetryReport`] (attempts,
+//!   every final failed response, and every success that needed retries, a [`RetryReport`] (attempts,
 //!   time waited, last status and class, why it gave up: [`GaveUp`] says permanent, attempts,
 //!   time, deadline, retry budget or a wait too long; the wait asked); a failure without a
 //!   response is an [`Error`](crate::Error) with the same report. Error bodies (up to 64 KiB)
