@@ -12,7 +12,7 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use super::layer::Settings;
+use super::settings::Settings;
 use super::{OutputRoute, read_request};
 use crate::error::{BoxError, Error};
 

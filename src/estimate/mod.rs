@@ -99,6 +99,7 @@ mod layer;
 mod learned;
 mod request;
 mod service;
+mod settings;
 #[cfg(feature = "tiktoken")]
 mod tiktoken;
 

@@ -7,7 +7,7 @@ use http_body::Body;
 use tower::Service;
 
 use super::ResponseFuture;
-use super::layer::Settings;
+use super::settings::Settings;
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};
 
@@ -23,7 +23,7 @@ impl<S> Estimate<S> {
     /// Wraps `inner`, estimating with a [`CharEstimator`](super::CharEstimator) and the default
     /// [`Defaults`](super::Defaults); configure through [`EstimateLayer`](super::EstimateLayer).
     pub fn new(inner: S) -> Self {
-        tower::Layer::layer(&super::EstimateLayer::new(), inner)
+        Self::from_settings(inner, Arc::default())
     }
 
     pub(super) fn from_settings(inner: S, settings: Arc<Settings>) -> Self {

@@ -16,7 +16,7 @@ use super::Suppressed;
 use super::error::IdempotencyError;
 use super::flight::{Flight, Handle, Head, HeadState, IdempotentBody, Recording, Upstream};
 use super::key::{IdempotencyKey, Operation};
-use super::layer::IdempotencyLayer;
+use super::shared::Shared;
 use super::store::{Claim, StoreFuture};
 use crate::error::BoxError;
 use crate::usage::UsageScanner;
@@ -39,7 +39,7 @@ pin_project! {
         #[pin]
         state: State<S::Future, B>,
         service: S,
-        layer: IdempotencyLayer,
+        layer: Shared,
         request: Option<Request<B>>,
         parts: Option<http::request::Parts>,
         key: Option<IdempotencyKey>,
@@ -95,7 +95,7 @@ where
     S: Service<Request<B>>,
     B: Body<Data = Bytes>,
 {
-    pub(crate) fn new(service: S, layer: &IdempotencyLayer, request: Request<B>) -> Self {
+    pub(crate) fn new(service: S, layer: &Shared, request: Request<B>) -> Self {
         let config = &layer.config;
         let operation = request
             .extensions()

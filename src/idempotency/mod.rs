@@ -100,6 +100,7 @@ mod record;
 #[cfg(feature = "redis")]
 mod redis;
 mod service;
+mod shared;
 mod store;
 
 pub use error::IdempotencyError;

@@ -16,7 +16,7 @@ use tokio::time::{Instant, Sleep, sleep};
 use tower::Service;
 use tower::retry::budget::{Budget as _, TpsBudget};
 
-use super::layer::Settings;
+use super::settings::Settings;
 use super::{Classify, Failure, FailureClass, GaveUp, Permanent, RetryBody, RetryReport, hints};
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};

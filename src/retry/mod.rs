@@ -107,6 +107,7 @@ mod layer;
 mod policy;
 mod report;
 mod service;
+mod settings;
 
 pub use ambiguity::{Ambiguity, Interrupted};
 pub use body::RetryBody;
