@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::bucket::Bucket;
 use super::config::{Period, SimConfig, Style};
 use super::stats::{self, Counters, Entry, Rejection};
-use super::wire::{self, ChatRequest, Completion, RateLimited, Refusal};
+use super::wire::{self, ChatRequest, Completion, Level, RateLimited, Refusal};
 use super::{SimStats, anthropic, openai};
 use crate::quota::Dimension;
 
@@ -44,15 +44,6 @@ impl Enforced {
     fn capacity(&self, amount: u64) -> u64 {
         (amount / u64::from(self.parts)).max(1)
     }
-}
-
-/// What a reported limit says now, for the rate-limit headers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Level {
-    pub(crate) dimension: Dimension,
-    pub(crate) limit: u64,
-    pub(crate) remaining: u64,
-    pub(crate) until_full: Duration,
 }
 
 /// The simulator's state, shared by every handle.
@@ -413,7 +404,11 @@ impl Engine {
         let key = super::keys::key_of(headers);
         if let (Some(ttl), Some(key)) = (self.config.idempotency_ttl, key) {
             if let Some(replay) = self.idempotency_keys.replay(key, now, style) {
-                return replay;
+                return Outcome::Refused {
+                    status: replay.status,
+                    headers: replay.headers,
+                    body: replay.body,
+                };
             }
             // The key is held from here (a duplicate meanwhile gets 409) until the outcome
             // is known.

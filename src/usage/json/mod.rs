@@ -98,9 +98,10 @@ enum Escape {
     },
 }
 
+mod search;
 mod strings;
 
-use strings::string_end;
+use search::string_end;
 
 /// The bytes that matter outside strings.
 const STRUCTURAL: [bool; 256] = {
