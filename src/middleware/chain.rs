@@ -25,10 +25,10 @@ pub(super) struct Attempt {
 #[derive(Clone)]
 pub(super) struct Attempts(pub(super) mpsc::UnboundedSender<Attempt>);
 
-/// The innermost service of a [`QuotaMiddleware`]'s stack: hands each attempt back to the
+/// The innermost service of a [`QuotaMiddleware`](super::QuotaMiddleware)'s stack: hands each attempt back to the
 /// middleware, which sends it through the rest of the chain and the client.
 ///
-/// It serves only requests that came through a [`QuotaMiddleware`]; any other fails with
+/// It serves only requests that came through a [`QuotaMiddleware`](super::QuotaMiddleware); any other fails with
 /// [`AttemptError::OutsideMiddleware`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RestOfChain {
@@ -36,7 +36,7 @@ pub struct RestOfChain {
 }
 
 impl RestOfChain {
-    /// The service to build a [`QuotaMiddleware`]'s stack over.
+    /// The service to build a [`QuotaMiddleware`](super::QuotaMiddleware)'s stack over.
     pub fn new() -> Self {
         Self::default()
     }

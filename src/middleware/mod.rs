@@ -1,6 +1,6 @@
 //! Run a `reqwest_middleware` client's requests through a tower stack (feature `reqwest`).
 //!
-//! [`QuotaMiddleware`] is a [`reqwest_middleware::Middleware`] built from a tower [`Layer`]
+//! [`QuotaMiddleware`] is a [`reqwest_middleware::Middleware`] built from a tower [`Layer`](tower::Layer)
 //! (a [`QuotaStack`](crate::stack::QuotaStack), or layers of this crate assembled by hand).
 //! Each request goes through the layer's stack; the stack's innermost service,
 //! [`RestOfChain`], hands every attempt back to the middleware, which runs it through the rest
@@ -60,7 +60,7 @@
 //!   (`reqwest_middleware::Error::Reqwest` for reqwest's), unless the stack retried them and
 //!   gave up.
 //! - Every other failure of the stack is a `reqwest_middleware::Error::Middleware` holding this
-//!   crate's [`Error`]: a local decision (`is_too_large()`, `is_queue_full()`,
+//!   crate's [`Error`](crate::Error): a local decision (`is_too_large()`, `is_queue_full()`,
 //!   `is_deadline_exceeded()`, ...) or retries exhausted (`retry_report()`, with the last
 //!   failure as its source).
 //!
