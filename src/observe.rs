@@ -5,6 +5,11 @@
 //! [`Scope`](crate::provider::Scope) (`"unknown"` when absent), `priority` from its class,
 //! `dimension` and `status` from fixed sets. Keep the scope's values to a bounded set (provider
 //! and model names, never user ids), so the number of series stays bounded.
+//!
+//! # Length
+//!
+//! Every metric name and label set of the crate is here, one function per event, so that the
+//! names are reviewed, documented (in the README's table) and kept stable in one place.
 
 use std::time::Duration;
 

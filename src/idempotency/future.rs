@@ -1,3 +1,12 @@
+//! The response future of [`Idempotency`](super::Idempotency): join a call in flight, replay a
+//! record, or lead the call and record it.
+//!
+//! # Length
+//!
+//! One `pin_project` state machine over the store's answers (claim, wait for another process,
+//! re-check, lead, record) in one loop: the states share the key, the owner and the request's
+//! template. The coalescing in one process is `flight.rs`, the records `record.rs`.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
