@@ -24,7 +24,7 @@ use crate::quota::Dimension;
 ///
 /// ```
 /// use std::{num::NonZeroU64, time::Duration};
-/// use tower_llm_quota::{Dimension, Observation};
+/// use tower_llm_quota::{Dimension, budget::Observation};
 ///
 /// let seen = Observation::new(Dimension::TotalTokens, Duration::from_secs(60))
 ///     .with_limit(NonZeroU64::new(150_000).unwrap())

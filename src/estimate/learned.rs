@@ -248,7 +248,7 @@ impl fmt::Debug for LearnedOutput {
 ///
 /// ```
 /// use std::num::NonZeroU64;
-/// use tower_llm_quota::{LearnedOutput, OutputRoute};
+/// use tower_llm_quota::estimate::{LearnedOutput, OutputRoute};
 ///
 /// let learned = LearnedOutput::new();
 /// let two = NonZeroU64::new(2).unwrap();

@@ -84,7 +84,7 @@
 //! # Learned output
 //!
 //! ```
-//! use tower_llm_quota::{EstimateLayer, LearnedOutput};
+//! use tower_llm_quota::{EstimateLayer, estimate::LearnedOutput};
 //!
 //! let learned = LearnedOutput::new();
 //! let layer = EstimateLayer::new().learn_output(learned.clone());
