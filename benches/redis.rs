@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use redis_server::RedisServer;
 use redis_server::cluster::RedisCluster;
 use tower_llm_quota::budget::redis::RedisBudget;
-use tower_llm_quota::{Budget, Cost, Dimension, FailurePolicy, Limit, Quota};
+use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, budget::FailurePolicy};
 
 const RUN: Duration = Duration::from_secs(3);
 

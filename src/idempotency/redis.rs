@@ -1,4 +1,9 @@
 //! Operation records in Redis, shared by every process naming the same prefix.
+//!
+//! # Length
+//!
+//! The store's four operations are each one script call with its arguments and its reply's
+//! decoding; the scripts and their replies read best side by side.
 
 use std::collections::HashMap;
 use std::fmt;

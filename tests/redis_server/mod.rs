@@ -64,6 +64,29 @@ impl RedisServer {
         }
     }
 
+    /// Stops the server with SIGSTOP: connections stay open and nothing answers until
+    /// [`resume`](Self::resume).
+    #[allow(dead_code)] // Only some of the tests that include this module pause it.
+    pub(crate) fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused server run again with SIGCONT.
+    #[allow(dead_code)]
+    pub(crate) fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status()
+                .expect("kill(1) runs");
+            assert!(status.success(), "kill {signal} failed");
+        }
+    }
+
     /// Starts the server again on the same port (empty: nothing was saved).
     pub(crate) fn restart(&mut self) {
         self.kill();
