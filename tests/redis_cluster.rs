@@ -15,9 +15,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::StatusCode;
 use tokio::time::Instant;
+use tower_llm_quota::budget::FailurePolicy;
 use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::idempotency::{Claim, IdempotencyStore, Record, RedisIdempotencyStore};
-use tower_llm_quota::{Budget, Cost, Dimension, FailurePolicy, Limit, Quota};
+use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota};
 
 use redis_server::cluster::RedisCluster;
 
