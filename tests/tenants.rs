@@ -18,12 +18,12 @@ use support::limit;
 use tokio::time::{self, Instant};
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
+use tower_llm_quota::error::TryReserveError;
 use tower_llm_quota::sim::{SimBody, SimConfig, Simulator};
 use tower_llm_quota::stack::{QuotaBody, QuotaStack};
 use tower_llm_quota::tenant::{DailyCap, DayWindow, Tenant, TenantNode, TenantTree, WallClock};
 use tower_llm_quota::{
     BoxError, Budget, Cost, Dimension, Error, Priority, Quota, Timings, TokenBudgetLayer,
-    TryReserveError,
 };
 
 const MINUTE: Duration = Duration::from_secs(60);

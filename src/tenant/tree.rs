@@ -10,7 +10,8 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use super::config::{DailyCap, TenantNode, TenantTree};
+use super::config::{TenantNode, TenantTree};
+use super::daily::DailyCap;
 use super::error::{Refusal, TenantRefused};
 use super::node::{Node, Parked, limits_of};
 use super::path::{Tenant, within};
@@ -220,7 +221,28 @@ impl Tenants {
             }
         }
         #[cfg(feature = "metrics")]
-        super::metrics::settled(self, path, actual, now);
+        self.count_settled(path, actual, now);
+    }
+
+    /// Counts a settlement's tokens as guaranteed (the path's use of the last minute within
+    /// its guarantee) or borrowed, for the label-depth prefix of the path.
+    #[cfg(feature = "metrics")]
+    fn count_settled(&mut self, path: &Tenant, actual: &Cost, now: u64) {
+        let amount = actual.amount(self.reference.0);
+        if amount == 0 {
+            return;
+        }
+        let share = match self.live.get_mut(path.as_str()) {
+            Some(node) if node.guaranteed > 0 => {
+                if node.meter.get(now) <= node.guaranteed {
+                    "guaranteed"
+                } else {
+                    "borrowed"
+                }
+            }
+            _ => "none",
+        };
+        super::metrics::settled(path.prefix(self.tree.label_depth), share, amount);
     }
 
     /// The fair-share flow of `path`: its deepest configured node (else its top-level
@@ -369,12 +391,6 @@ impl Tenants {
                 .map(|day| (day.cap, day.used(unix)))
                 .collect(),
         }
-    }
-
-    /// The live node at `path`, if any.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn get_mut(&mut self, path: &str) -> Option<&mut Node> {
-        self.live.get_mut(path)
     }
 
     /// Looks at the live node the sweep reached: forgotten if idle, else looked at later.
