@@ -1,6 +1,7 @@
 //! Tenants over a budget shared through Redis: three budgets (as three processes would) with
 //! the same tenant tree, three tenants each: no node's limit is exceeded in any window, across
-//! the budgets, and the account's never. Real time against a private `redis-server`.
+//! the budgets, and the account's never. Real time against a private `redis-server`, and
+//! against a private three-node Redis Cluster (every key of a path in the account's slot).
 
 mod redis_server;
 mod support;
@@ -9,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis_server::RedisServer;
+use redis_server::cluster::RedisCluster;
 use support::limit;
 use tokio::time::Instant;
 use tower_llm_quota::budget::redis::RedisBudget;
@@ -159,5 +161,72 @@ async fn three_budgets_three_tenants_keep_every_node_and_the_account() {
     assert!(
         total("c") > 0.0,
         "the tenant without a limit of its own gets the rest"
+    );
+}
+
+/// The same over a three-node Redis Cluster: a path's buckets live in the account's slot, so
+/// one script call reaches them all (a key in another slot would fail the call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_a_cluster_a_path_s_buckets_share_the_account_s_slot() {
+    let cluster = RedisCluster::start(3);
+    let urls = cluster.urls();
+    let mut budgets = Vec::new();
+    for first in 0..2 {
+        let mut seeds = urls.clone();
+        seeds.rotate_left(first);
+        let budget = RedisBudget::cluster(seeds, "tenants")
+            .timeout(Duration::from_secs(1))
+            .connect(&Quota::new().with_limit(per_second(ACCOUNT)))
+            .await
+            .unwrap()
+            .with_tenant_tree(tree())
+            .unwrap();
+        budgets.push(budget);
+    }
+    let log: Log = Arc::default();
+    let end = Instant::now() + Duration::from_secs(2);
+    let mut tasks = Vec::new();
+    for budget in &budgets {
+        for tenant in ["a", "c"] {
+            for _ in 0..4 {
+                let (budget, log) = (budget.clone(), Arc::clone(&log));
+                let path: Tenant = tenant.parse().unwrap();
+                tasks.push(tokio::spawn(async move {
+                    while Instant::now() < end {
+                        let mut reservation = budget
+                            .reserve(Cost::new(COST, 0))
+                            .tenant(path.clone())
+                            .await
+                            .expect("admitted: every key of the script in one slot");
+                        log.lock().unwrap().push((Instant::now(), tenant, COST));
+                        reservation.mark_sent();
+                        reservation.charge_estimate();
+                    }
+                }));
+            }
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let log = log.lock().unwrap();
+    let a: Vec<(Instant, u64)> = log
+        .iter()
+        .filter(|(_, t, _)| *t == "a")
+        .map(|&(at, _, cost)| (at, cost))
+        .collect();
+    let all: Vec<(Instant, u64)> = log.iter().map(|&(at, _, cost)| (at, cost)).collect();
+    assert!(
+        worst_excess(&a, NODE_A, NODE_A) <= 0,
+        "tenant a over its limit"
+    );
+    assert!(
+        worst_excess(&all, ACCOUNT, ACCOUNT) <= 0,
+        "the account over its limit"
+    );
+    assert!(
+        a.len() as u64 * COST >= NODE_A * 2,
+        "tenant a admitted {} items",
+        a.len()
     );
 }
