@@ -138,8 +138,9 @@ async fn three_budgets_three_tenants_keep_every_node_and_the_account() {
     let bound = |rate: u64, tenant| rate as f64 * (1.0 + span(tenant));
     let (a, b, c) = (total("a"), total("b"), total("c"));
     let (bound_a, bound_b) = (bound(NODE_A, "a"), bound(NODE_B, "b"));
-    assert!(a <= bound_a && a >= 0.8 * bound_a, "a {a} of {bound_a}");
-    assert!(b <= bound_b && b >= 0.8 * bound_b, "b {b} of {bound_b}");
+    // (The upper bound is the window check above, with the recording's slack.)
+    assert!(a >= 0.8 * bound_a, "a {a} of {bound_a}");
+    assert!(b >= 0.8 * bound_b, "b {b} of {bound_b}");
     // While every tenant saturates (until the end of the run; the queues drain after it).
     let before_end: u64 = all
         .iter()
