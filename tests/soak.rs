@@ -293,11 +293,11 @@ async fn a_budget_in_memory_survives_cancellations_and_provider_faults() {
     assert_full("memory budget", &budget).await;
 
     let stats = provider.stats();
-    let tokens = budget.snapshot().limits()[1].limit().effective_amount();
+    let tokens = *budget.snapshot().limits()[1].limit();
     println!(
         "memory: {:.1} s, {} requests ({tally:?}); provider: {} received, {} admitted, {} \
          server errors, {} resets, {} latency spikes, {} 429s; peaks {} requests, {} tokens; \
-         token limit after the cut {tokens}",
+         token limit after the cut {} (planned {})",
         started.elapsed().as_secs_f64(),
         Tally::get(&tally.sent),
         stats.received,
@@ -308,6 +308,8 @@ async fn a_budget_in_memory_survives_cancellations_and_provider_faults() {
         stats.rate_limited,
         peak(&provider, Dimension::Requests),
         peak(&provider, Dimension::TotalTokens),
+        tokens.amount(),
+        tokens.effective_amount(),
     );
     assert_eq!(Tally::get(&tally.sent), tally.accounted(), "{tally:?}");
     assert!(Tally::get(&tally.ok) > 0, "{tally:?}");
@@ -318,7 +320,28 @@ async fn a_budget_in_memory_survives_cancellations_and_provider_faults() {
     assert!(peak(&provider, Dimension::Requests) <= RPM + RPM_BURST);
     assert!(peak(&provider, Dimension::TotalTokens) <= TPM + TPM_BURST);
     // The provider's cut, read from its headers, is the budget's limit now.
-    assert_eq!(tokens, TPM / 4);
+    assert_eq!(tokens.amount().get(), TPM / 4);
+    // The share of it the budget plans for is not exact in real time. Alone on the key, the
+    // adaptive share still sees a gap between what the provider would hold for this budget
+    // alone and what it reports: a report is as old as its response's trip while the budget's
+    // expectation is read on arrival (in this one-second minute, 20 ms of refill are the
+    // default tolerance, 2 % of the limit, and a loaded machine delays responses by more), and
+    // a stream dropped before its usage is settled with what was streamed while the simulator
+    // charges the whole completion. While the buckets stay below full under load, that gap
+    // grows past the tolerance and passes for someone else's spending (a 429 lowers the share
+    // too); the share regains 10 % of the limit per period only while responses show the gap
+    // closed, so the run may end before it is whole again. What holds: never more than the
+    // cut, never less than the share's floor.
+    let floor = tokens
+        .adaptive_share()
+        .map_or(1.0, |share| share.min_share());
+    assert!(
+        tokens.effective_amount() <= TPM / 4
+            && tokens.effective_amount() as f64 >= (floor * (TPM / 4) as f64).floor(),
+        "planned {} of the cut {}",
+        tokens.effective_amount(),
+        TPM / 4
+    );
 }
 
 /// Kills, pauses and flushes `redis` in turn, one event every 1.2 windows, until `stop`.

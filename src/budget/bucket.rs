@@ -97,6 +97,15 @@ impl Bucket {
         Some(u64::try_from(shadow.level(now)).unwrap_or(0))
     }
 
+    /// Lowers what the provider is expected to hold to at most `remaining` (the shadow's level;
+    /// nothing for a fixed share): the provider's own report, when the budget has no history
+    /// to compare it with (a new nominal amount).
+    pub(crate) fn rebase_shadow(&mut self, remaining: u64, now: u64) {
+        if let Some(shadow) = &mut self.shadow {
+            shadow.cap_level(remaining, now);
+        }
+    }
+
     /// The adaptive share's controller, if the limit has one.
     pub(crate) fn share_mut(&mut self) -> Option<&mut ShareController> {
         self.share.as_mut()

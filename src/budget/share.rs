@@ -36,7 +36,11 @@
 //! the tolerance) is someone else's spending. Estimates err high and reservations are debited
 //! before the provider sees the call, so both errors keep the shadow below the provider and
 //! the controller on the safe side. The shadow does not move when the share does, so a
-//! decrease does not look like a wider gap.
+//! decrease does not look like a wider gap. When the provider reports a new nominal amount
+//! (a limit lowered without notice), the shadow starts again from the remaining of that
+//! report, never higher than it was: the provider has charged under the new amount since it
+//! changed it, before the budget could know, and a shadow merely cut to the new amount would
+//! take that spending for someone else's.
 
 use std::time::Duration;
 

@@ -195,15 +195,27 @@ impl Store for MemoryStore {
             {
                 continue;
             }
+            let mut adopted = false;
             if let Some(amount) = observation.limit() {
                 if amount != limit.amount() {
                     bucket.set_limit(limit.with_amount(amount), now);
                     changed = true;
+                    adopted = true;
                 }
             }
             let Some(remaining) = observation.remaining() else {
                 continue;
             };
+            if adopted {
+                // The provider changed its limit before this report reached us, and charged
+                // what it admitted since under the new amount; the shadow, carried over from
+                // the old amount, is cut to the new one only now, which forgives that
+                // spending. The report is all the budget knows of the provider's bucket under
+                // the new amount: the shadow starts from it, so that the change is not taken
+                // for someone else's spending (a neighbour who keeps spending widens the gap
+                // again from there).
+                bucket.rebase_shadow(remaining, now);
+            }
             let nominal = bucket.limit().amount().get();
             let expected = bucket.expected_remaining(now).filter(|_| adapt);
             if let Some(expected) = expected {
@@ -471,5 +483,52 @@ mod tests {
         // A 429 lowers it too.
         assert!(s.pause(Dimension::TotalTokens, 600 * MS, 500 * MS, true));
         assert_eq!(at(&s), 0.8 * 0.8);
+    }
+
+    /// A provider that lowers its limit without notice charges what it admits from then on
+    /// under the new limit, while the budget learns of it only from the next response: the
+    /// first report of the new limit is not someone else's spending, however late it comes.
+    #[tokio::test(start_paused = true)]
+    async fn a_limit_lowered_without_notice_is_not_taken_for_someone_elses_spending() {
+        use tokio::time::advance;
+
+        let nz = |n| NonZeroU64::new(n).unwrap();
+        let second = Duration::from_secs(1);
+        let tokens = Limit::new(Dimension::TotalTokens, nz(60_000), second)
+            .unwrap()
+            .with_burst(nz(10_000));
+        let budget = crate::Budget::new(Quota::new().with_limit(tokens));
+        let effective = || budget.snapshot().limits()[0].limit().effective_amount();
+        let report = |remaining| {
+            Observation::new(Dimension::TotalTokens, second)
+                .with_limit(nz(15_000))
+                .with_remaining(remaining)
+        };
+        // In flight when the provider cuts its limit to 15,000 (its bucket is full).
+        let first = budget.reserve(Cost::new(1_000, 0)).await.unwrap();
+        advance(Duration::from_millis(100)).await;
+        // Admitted just after the cut: the provider charges 2,000 of its 15,000.
+        let second_call = budget.reserve(Cost::new(2_000, 0)).await.unwrap();
+        advance(Duration::from_millis(10)).await;
+        // The first response reports the new limit: 13,000, refilled by 10 ms (150). The
+        // budget, alone on the key, keeps planning for the whole of it.
+        budget.observe(&report(13_150));
+        let limit = *budget.snapshot().limits()[0].limit();
+        assert_eq!(limit.amount().get(), 15_000);
+        assert_eq!(
+            effective(),
+            15_000,
+            "the cut taken for a neighbour: {limit:?}"
+        );
+        first.settle_cost(Cost::new(1_000, 0));
+        second_call.settle_cost(Cost::new(2_000, 0));
+        // Alone: the provider's bucket refills as the budget expects (50 ms: 750).
+        advance(Duration::from_millis(50)).await;
+        budget.observe(&report(13_900));
+        assert_eq!(effective(), 15_000);
+        // From the new start, a neighbour who spends 3,000 is seen.
+        advance(Duration::from_millis(50)).await;
+        budget.observe(&report(14_650 - 3_000));
+        assert_eq!(effective(), 12_000);
     }
 }
