@@ -51,6 +51,7 @@ pub(crate) struct Config {
 #[serde(deny_unknown_fields)]
 pub(crate) struct ServerConfig {
     #[serde(default = "default_listen")]
+    #[allow(dead_code, reason = "read by main.rs; the tests bind their own port")]
     pub(crate) listen: SocketAddr,
     /// The admin API's bearer token, read from this environment variable.
     pub(crate) admin_token_env: Option<String>,
@@ -129,6 +130,8 @@ pub(crate) struct AccountConfig {
     pub(crate) base_url: String,
     /// The environment variable holding the provider key (never logged).
     pub(crate) key_env: Option<String>,
+    /// The provider key itself; prefer `key_env`.
+    pub(crate) key: Option<String>,
     pub(crate) profile: ProfileName,
     pub(crate) apis: Vec<Api>,
     pub(crate) quota: Limits,

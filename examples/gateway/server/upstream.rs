@@ -138,11 +138,12 @@ impl Account {
                 if base.scheme_str() != Some("http") {
                     return Err(error("base_url must be http:// (or `sim`)".into()));
                 }
-                let key = match &config.key_env {
-                    Some(var) => {
+                let key = match (&config.key, &config.key_env) {
+                    (Some(key), _) => Some(key.clone()),
+                    (None, Some(var)) => {
                         Some(std::env::var(var).map_err(|_| error(format!("{var} is not set")))?)
                     }
-                    None => None,
+                    (None, None) => None,
                 };
                 (base, key)
             }
