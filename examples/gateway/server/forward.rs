@@ -91,7 +91,7 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
             if !dispatched.is_set() {
                 pass.refund();
             }
-            return gateway.refuse(tenant, stack_error(&account, &error));
+            return gateway.refuse(tenant, stack_error(account, &error));
         }
     };
     if response.status() == StatusCode::TOO_MANY_REQUESTS {
@@ -100,7 +100,7 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         // The provider admitted nothing: the tenant gets its tokens back.
         pass.refund();
         let head = http::Response::from_parts(head, ());
-        return gateway.refuse(tenant, provider_refusal(&account, &head, &bytes));
+        return gateway.refuse(tenant, provider_refusal(account, &head, &bytes));
     }
     gateway
         .ledger
@@ -118,11 +118,14 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     Response::from_parts(head, Body::new(Metered::new(body, meter)))
 }
 
+/// The answer of a governed stack.
+type Answer = Result<http::Response<QuotaBody<UpBody>>, BoxError>;
+
 /// The stack's answer, as a boxed `Send` future (its type names the whole stack).
 fn send(
     stack: Governed,
     request: http::Request<http_body_util::Full<Bytes>>,
-) -> Pin<Box<dyn Future<Output = Result<http::Response<QuotaBody<UpBody>>, BoxError>> + Send>> {
+) -> Pin<Box<dyn Future<Output = Answer> + Send>> {
     Box::pin(stack.oneshot(request))
 }
 

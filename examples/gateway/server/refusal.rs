@@ -33,13 +33,13 @@ pub(crate) struct Refusal {
     pub(crate) kind: &'static str,
     pub(crate) gateway_decision: Decision,
     /// The limit that binds (`requests_per_minute`, `paused`, `body_size`, ...).
-    pub(crate) limit: String,
+    pub(crate) limit: Box<str>,
     /// The quota dimension, when the limit counts one.
     pub(crate) dimension: Option<&'static str>,
-    pub(crate) scope: String,
+    pub(crate) scope: Box<str>,
     /// Seconds to wait before trying again, when known.
     pub(crate) retry_after: Option<f64>,
-    pub(crate) message: String,
+    pub(crate) message: Box<str>,
 }
 
 #[derive(Serialize)]
@@ -53,11 +53,11 @@ impl Refusal {
             status,
             kind,
             gateway_decision: Decision::Local,
-            limit: limit.into(),
+            limit: limit.into().into_boxed_str(),
             dimension: None,
             scope: "gateway".into(),
             retry_after: None,
-            message: String::new(),
+            message: "".into(),
         }
     }
 
@@ -104,7 +104,7 @@ impl Refusal {
     }
 
     pub(crate) fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.scope = scope.into();
+        self.scope = scope.into().into_boxed_str();
         self
     }
 
@@ -119,7 +119,7 @@ impl Refusal {
     }
 
     pub(crate) fn message(mut self, message: impl Into<String>) -> Self {
-        self.message = message.into();
+        self.message = message.into().into_boxed_str();
         self
     }
 

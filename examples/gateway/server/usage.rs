@@ -111,7 +111,7 @@ impl Ledger {
             Decision::Provider => "provider",
         };
         counter!("gateway_refusals_total", "tenant" => tenant.unwrap_or("-").to_owned(),
-            "decision" => decision, "limit" => refusal.limit.clone())
+            "decision" => decision, "limit" => refusal.limit.to_string())
         .increment(1);
         let mut last = self
             .refusals
@@ -125,8 +125,8 @@ impl Ledger {
             tenant: tenant.map(str::to_owned),
             status: refusal.status.as_u16(),
             decision: refusal.gateway_decision,
-            limit: refusal.limit.clone(),
-            scope: refusal.scope.clone(),
+            limit: refusal.limit.to_string(),
+            scope: refusal.scope.to_string(),
         });
     }
 
