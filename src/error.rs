@@ -11,6 +11,7 @@ use crate::budget::StoreUnavailable;
 use crate::priority::Priority;
 use crate::quota::Dimension;
 use crate::retry::RetryReport;
+use crate::tenant::TenantRefused;
 
 /// A boxed error, as tower services return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -116,6 +117,8 @@ pub enum TryReserveError {
     Never(InsufficientCapacity),
     /// The budget is shared through a store that a synchronous call cannot ask.
     Unavailable(StoreUnavailable),
+    /// A scope of the tenant path refused it (paused, its day spent, too large for it).
+    Tenant(TenantRefused),
 }
 
 impl fmt::Display for TryReserveError {
@@ -125,6 +128,7 @@ impl fmt::Display for TryReserveError {
             TryReserveError::NoSlot => f.write_str("every in-flight slot is taken"),
             TryReserveError::Never(e) => e.fmt(f),
             TryReserveError::Unavailable(e) => e.fmt(f),
+            TryReserveError::Tenant(e) => e.fmt(f),
         }
     }
 }
@@ -136,6 +140,7 @@ impl std::error::Error for TryReserveError {
             TryReserveError::NoSlot => None,
             TryReserveError::Never(e) => Some(e),
             TryReserveError::Unavailable(e) => Some(e),
+            TryReserveError::Tenant(e) => Some(e),
         }
     }
 }
@@ -158,6 +163,8 @@ pub enum ReserveError {
         /// The depth it would exceed.
         depth: usize,
     },
+    /// A scope of the tenant path refused it (paused, its day spent, too large for it).
+    Tenant(TenantRefused),
 }
 
 impl ReserveError {
@@ -165,7 +172,15 @@ impl ReserveError {
     pub fn insufficient_capacity(&self) -> Option<&InsufficientCapacity> {
         match self {
             ReserveError::TooLarge(e) => Some(e),
-            ReserveError::Unavailable(_) | ReserveError::QueueFull { .. } => None,
+            _ => None,
+        }
+    }
+
+    /// The scope that refused it, when a node of its tenant path did.
+    pub fn tenant_refused(&self) -> Option<&TenantRefused> {
+        match self {
+            ReserveError::Tenant(e) => Some(e),
+            _ => None,
         }
     }
 }
@@ -178,6 +193,7 @@ impl fmt::Display for ReserveError {
             ReserveError::QueueFull { priority, depth } => {
                 write!(f, "{depth} requests already wait (class {priority})")
             }
+            ReserveError::Tenant(e) => e.fmt(f),
         }
     }
 }
@@ -188,6 +204,7 @@ impl std::error::Error for ReserveError {
             ReserveError::TooLarge(e) => Some(e),
             ReserveError::Unavailable(e) => Some(e),
             ReserveError::QueueFull { .. } => None,
+            ReserveError::Tenant(e) => Some(e),
         }
     }
 }
@@ -222,6 +239,7 @@ enum Kind {
         depth: usize,
     },
     GaveUp(RetryReport),
+    Tenant(TenantRefused),
     Inner,
 }
 
@@ -349,6 +367,15 @@ impl Error {
         }
     }
 
+    /// The scope of the tenant path that refused the request (paused, its day spent, too
+    /// large for it), when one did.
+    pub fn tenant_refused(&self) -> Option<&TenantRefused> {
+        match &self.inner.kind {
+            Kind::Tenant(e) => Some(e),
+            _ => None,
+        }
+    }
+
     /// The inner service's error, when [`Error::is_inner`].
     pub fn into_inner(self) -> Option<BoxError> {
         match self.inner.kind {
@@ -370,6 +397,7 @@ impl From<ReserveError> for Error {
             ReserveError::TooLarge(e) => e.into(),
             ReserveError::Unavailable(e) => Self::new(Kind::StoreUnavailable(e), None),
             ReserveError::QueueFull { priority, depth } => Self::queue_full(priority, depth),
+            ReserveError::Tenant(e) => Self::new(Kind::Tenant(e), None),
         }
     }
 }
@@ -415,6 +443,7 @@ impl fmt::Display for Error {
                 report.attempts(),
                 report.gave_up().unwrap_or(crate::retry::GaveUp::Permanent)
             ),
+            Kind::Tenant(e) => write!(f, "rejected locally: {e}"),
             Kind::Inner => f.write_str("inner service failed"),
         }
     }
@@ -424,6 +453,7 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.inner.kind {
             Kind::TooLarge(e) => Some(e),
+            Kind::Tenant(e) => Some(e),
             _ => self
                 .inner
                 .source

@@ -24,6 +24,7 @@ mod serialize;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod stack;
+pub mod tenant;
 #[cfg(test)]
 mod test_util;
 mod timer;

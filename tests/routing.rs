@@ -686,12 +686,16 @@ async fn a_tenant_ramp_moves_that_tenant_only() {
     let router = Router::builder(route("old", &stack(1_000_000), sim_client(&old), &models))
         .ramp(
             route("new", &stack(1_000_000), sim_client(&new), &models),
-            Ramp::new(100.0, 0.0, 100.0).unwrap().for_tenant("acme"),
+            Ramp::new(100.0, 0.0, 100.0)
+                .unwrap()
+                .for_tenant("acme".parse().unwrap()),
         )
         .build();
     for tenant in ["acme", "globex", "acme", "initech"] {
         let mut request = request(Priority::Async, 20, "");
-        request.extensions_mut().insert(Tenant(tenant.into()));
+        request
+            .extensions_mut()
+            .insert(tenant.parse::<Tenant>().unwrap());
         let (_, served, _) = send(&router, request).await;
         let expected = if tenant == "acme" { "new" } else { "old" };
         assert_eq!(served.route(), expected, "{tenant}");

@@ -103,6 +103,9 @@ use crate::loom::{Mutex, MutexGuard};
 use crate::quota::{Dimension, Limit, Quota};
 use crate::sched::QueueSnapshot;
 use crate::sched::order::{Full, Place};
+use crate::tenant::TenantRefused;
+use crate::tenant::tree::{Check, Tenants};
+use crate::tenant::{InvalidTree, Tenant, TenantHandle, TenantNode, TenantSnapshot, TenantTree};
 pub(crate) use bucket::Floor;
 use remote::Decision;
 use reservation::Origin;
@@ -139,6 +142,8 @@ struct State {
     queue: WaitList,
     slots: Slots,
     next_id: u64,
+    /// The tenant tree, when the budget has one.
+    tenants: Option<Tenants>,
 }
 
 /// One step of a waiting admission.
@@ -156,6 +161,11 @@ pub(crate) enum Step {
     /// Behind others, or waiting for an in-flight slot or a question to the store: woken
     /// when it may go.
     Queued,
+    /// A node of its tenant path refused it.
+    Refused(TenantRefused),
+    /// Out of the ordering, keeping its place, until a node of its tenant path can pay: at
+    /// this instant, or when woken (one of the node's calls ended).
+    Parked(Option<Instant>),
 }
 
 /// A waker collected under the lock, woken after it is released.
@@ -194,9 +204,33 @@ impl Budget {
                     queue: WaitList::default(),
                     slots: Slots::new(quota.max_in_flight()),
                     next_id: 0,
+                    tenants: None,
                 }),
             }),
         }
+    }
+
+    /// A budget enforcing every limit of `quota` for the account, and `tree` for its tenants:
+    /// a request is admitted only when the account and every node of its
+    /// [`Tenant`](crate::tenant::Tenant) path can pay, and waiting requests share a class by
+    /// weighted fair queuing over token cost. See the [`tenant`](crate::tenant) module.
+    ///
+    /// Fails when the tree cannot be enforced (guarantees of siblings above the whole, a cap
+    /// below a guarantee).
+    pub fn with_tenants(quota: Quota, tree: TenantTree) -> Result<Self, InvalidTree> {
+        tree.validate()?;
+        let budget = Self::new(quota.clone());
+        budget.lock().tenants = Some(Tenants::new(tree, quota.limits()));
+        Ok(budget)
+    }
+
+    /// The handle on the budget's tenant tree (pause, resume, limits, snapshots), when it has
+    /// one.
+    pub fn tenants(&self) -> Option<TenantHandle> {
+        self.lock().tenants.as_ref()?;
+        Some(TenantHandle {
+            budget: self.clone(),
+        })
     }
 
     /// Waits until `cost` can be paid in every limit it touches (and an in-flight slot is
@@ -245,12 +279,28 @@ impl Budget {
         if !state.slots.free() {
             return Err(TryReserveError::NoSlot);
         }
+        // A budget with tenants admits it for the default tenant.
+        let path = state.tenants.as_ref().map(|t| t.path_of(None));
+        if let (Some(tenants), Some(path)) = (&mut state.tenants, &path) {
+            match tenants.check(path, &cost, ns, now) {
+                Check::Fits => {}
+                Check::Refused(e) => return Err(TryReserveError::Tenant(e)),
+                Check::Blocked { at: None, .. } => return Err(TryReserveError::NoSlot),
+                Check::Blocked {
+                    at: Some((at, limit)),
+                    ..
+                } => return Err(TryReserveError::NotYet(self.not_until(at, &limit))),
+            }
+        }
         let id = state.next_id();
         match state.store.reserve(id, &cost, Floor::NONE, ns) {
             Ok(()) => {
                 state.slots.take();
+                if let (Some(tenants), Some(path)) = (&mut state.tenants, &path) {
+                    tenants.take(path, &cost, ns, now);
+                }
                 drop(state);
-                Ok(Reservation::new(self.clone(), id, cost, Origin::Local))
+                Ok(Reservation::new(self.clone(), id, cost, Origin::Local).with_tenant(path))
             }
             Err(Denial::NotUntil { at, limit }) => {
                 let limit = state.store.limit(limit);
@@ -431,13 +481,47 @@ impl Budget {
     pub(crate) fn poll_admission(
         &self,
         place: &mut Option<Place>,
-        ask: &Ask,
+        ask: &mut Ask,
         waker: &Waker,
         local: bool,
         retry_at: Option<(Instant, u64)>,
+        parked: &mut Option<(usize, u64)>,
     ) -> Step {
         let now = Instant::now();
         let mut state = self.lock();
+        let tenant_check = match state.tenants.as_mut() {
+            Some(tenants) => {
+                let ns = self.nanos_since_origin(now);
+                let path = ask.tenant.get_or_insert_with(|| tenants.path_of(None));
+                if let Some((depth, ticket)) = parked.take() {
+                    // Back from parking, to its place.
+                    tenants.unpark(path, depth, ticket);
+                    if let Some(mine) = *place {
+                        state.queue.restore(mine, ask, waker);
+                    }
+                    let tenants = state.tenants.as_mut().expect("checked");
+                    let path = ask.tenant.as_ref().expect("resolved");
+                    Some(tenants.check(path, &ask.cost, ns, now))
+                } else {
+                    if place.is_none() {
+                        ask.scheduling.flow = tenants.flow(path, ns);
+                    }
+                    Some(tenants.check(path, &ask.cost, ns, now))
+                }
+            }
+            None => None,
+        };
+        if let Some(Check::Refused(refused)) = tenant_check {
+            // Paused, its day spent, or too large for a node: refused at once, queued or not.
+            #[cfg(feature = "metrics")]
+            if let Some(tenants) = &state.tenants {
+                crate::tenant::tree::refused_metric(tenants, &refused);
+            }
+            let wakeups = state.leave(place, now);
+            drop(state);
+            wakeups.wake();
+            return Step::Refused(refused);
+        }
         if place.is_none() && !state.queue.is_empty() {
             // Others wait: refuse at once what can never fit, rather than after a wait in
             // line, and take a place (it may be the head's: a higher class goes first).
@@ -466,6 +550,23 @@ impl Budget {
             return state.wait(place, ask, waker);
         }
         let ns = self.nanos_since_origin(now);
+        if let Some(Check::Blocked { depth, at }) = tenant_check {
+            // Its own scope cannot pay yet: it steps out of the ordering, keeping its place,
+            // so that the others go meanwhile, and comes back when that scope can pay.
+            if let Step::Full(depth) = state.wait(place, ask, waker) {
+                return Step::Full(depth);
+            }
+            let mine = place.expect("placed");
+            let next = state.queue.remove(mine, now);
+            let tenants = state.tenants.as_mut().expect("a budget with tenants");
+            let path = ask.tenant.as_ref().expect("resolved");
+            *parked = Some((depth, tenants.park(path, depth, waker)));
+            drop(state);
+            if let Some(next) = next {
+                next.wake();
+            }
+            return Step::Parked(at.map(|(at, _)| self.instant(at)));
+        }
         if let (Some(remote), true, false) = (&self.shared.remote, state.shared.is_some(), local) {
             // The store's wait, unless a refund reached the store since it told it.
             let refunds = state.shared.as_ref().map_or(0, |shared| shared.refunds);
@@ -518,6 +619,9 @@ impl Budget {
         let id = state.next_id();
         match state.store.reserve(id, &ask.cost, ask.floor, ns) {
             Ok(()) => {
+                if let (Some(tenants), Some(path)) = (&mut state.tenants, &ask.tenant) {
+                    tenants.take(path, &ask.cost, ns, now);
+                }
                 if state.shared.is_some() {
                     let reason = if local {
                         "store_unavailable"
@@ -566,11 +670,11 @@ impl Budget {
     /// pay; changes nothing otherwise. A shared budget always answers `None`: it must ask its
     /// store.
     pub(crate) fn admit_now(&self, ask: &Ask, now: Instant) -> Option<Reservation> {
-        let id = self.admit_id_now(ask, now)?;
-        Some(Reservation::new(self.clone(), id, ask.cost, Origin::Local))
+        let (id, tenant) = self.admit_id_now(ask, now)?;
+        Some(Reservation::new(self.clone(), id, ask.cost, Origin::Local).with_tenant(tenant))
     }
 
-    fn admit_id_now(&self, ask: &Ask, now: Instant) -> Option<ReservationId> {
+    fn admit_id_now(&self, ask: &Ask, now: Instant) -> Option<(ReservationId, Option<Tenant>)> {
         if self.shared.remote.is_some() {
             return None;
         }
@@ -579,10 +683,31 @@ impl Budget {
         if !state.queue.is_empty() || !state.slots.free() {
             return None;
         }
+        let path = match &mut state.tenants {
+            Some(tenants) => {
+                let path = tenants.path_of(ask.tenant.as_ref());
+                if !matches!(tenants.check(&path, &ask.cost, ns, now), Check::Fits) {
+                    return None;
+                }
+                Some(path)
+            }
+            None => None,
+        };
         let id = state.peek_id();
         state.store.reserve(id, &ask.cost, ask.floor, ns).ok()?;
         state.slots.take();
-        Some(state.next_id())
+        if let (Some(tenants), Some(path)) = (&mut state.tenants, &path) {
+            tenants.take(path, &ask.cost, ns, now);
+        }
+        Some((state.next_id(), path))
+    }
+
+    /// Ends a parking (its request was dropped).
+    pub(crate) fn unpark(&self, ask: &Ask, (depth, ticket): (usize, u64)) {
+        let mut state = self.lock();
+        if let (Some(tenants), Some(path)) = (&mut state.tenants, &ask.tenant) {
+            tenants.unpark(path, depth, ticket);
+        }
     }
 
     /// Gives up a place in the ordering.
@@ -721,7 +846,17 @@ impl Budget {
 
     /// Settles a reservation: `actual` replaces `reserved`, and its in-flight slot is given
     /// back.
-    pub(crate) fn settle(&self, id: ReservationId, origin: Origin, reserved: &Cost, actual: &Cost) {
+    pub(crate) fn settle(
+        &self,
+        id: ReservationId,
+        origin: Origin,
+        reserved: &Cost,
+        actual: &Cost,
+        tenant: Option<&Tenant>,
+    ) {
+        if let Some(path) = tenant {
+            self.settle_tenant(path, reserved, actual);
+        }
         if let (Origin::Shared, Some(remote)) = (origin, &self.shared.remote) {
             let mut limits = None;
             self.update_state(|state| {
@@ -739,6 +874,104 @@ impl Budget {
             let slot = state.slots.release_limited();
             state.store.settle(id, reserved, actual, now) | slot
         });
+    }
+
+    /// Settles a reservation on every node of its tenant path; requests parked for a node
+    /// that freed capacity look again.
+    fn settle_tenant(&self, path: &Tenant, reserved: &Cost, actual: &Cost) {
+        let now = Instant::now();
+        let ns = self.nanos_since_origin(now);
+        let mut wakers = Vec::new();
+        if let Some(tenants) = &mut self.lock().tenants {
+            tenants.settle(path, reserved, actual, ns, now, &mut wakers);
+        }
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    /// Pauses or resumes a scope of the tenant tree: a pause wakes its queued and parked
+    /// requests, which are refused at once; a resume wakes the head.
+    pub(crate) fn set_tenant_paused(&self, scope: &Tenant, paused: bool) {
+        let now = Instant::now();
+        let mut wakers = Vec::new();
+        let mut state = self.lock();
+        let State { tenants, queue, .. } = &mut *state;
+        let Some(tenants) = tenants else { return };
+        tenants.set_paused(scope, paused, &mut wakers);
+        if paused {
+            wakers.extend(queue.wakers_of_tenants(|path| path.is_within(scope)));
+        }
+        wakers.extend(queue.head_waker(now));
+        drop(state);
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    /// Replaces the configuration of a node of the tenant tree.
+    pub(crate) fn set_tenant_node(&self, path: &Tenant, node: TenantNode) {
+        let now = Instant::now();
+        let ns = self.nanos_since_origin(now);
+        let mut wakers = Vec::new();
+        let mut state = self.lock();
+        let State { tenants, queue, .. } = &mut *state;
+        let Some(tenants) = tenants else { return };
+        tenants.set_node(path.clone(), node, ns, &mut wakers);
+        wakers.extend(queue.head_waker(now));
+        drop(state);
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    /// The configuration of a node of the tenant tree.
+    pub(crate) fn tenant_config(&self, path: &Tenant) -> Option<TenantNode> {
+        self.lock().tenants.as_ref()?.tree.node(path).cloned()
+    }
+
+    /// How many nodes of the tenant tree hold state.
+    pub(crate) fn tenant_live_nodes(&self) -> usize {
+        let now = Instant::now();
+        let ns = self.nanos_since_origin(now);
+        let mut state = self.lock();
+        let Some(tenants) = &mut state.tenants else {
+            return 0;
+        };
+        tenants.sweep_all(ns, now);
+        tenants.live()
+    }
+
+    /// A node of the tenant tree now.
+    pub(crate) fn tenant_snapshot(&self, path: &Tenant) -> TenantSnapshot {
+        let now = Instant::now();
+        let ns = self.nanos_since_origin(now);
+        let mut state = self.lock();
+        let State { tenants, queue, .. } = &mut *state;
+        let mut queued = [0; 3];
+        for (priority, waiter) in queue.order().iter() {
+            if waiter.tenant.as_ref().is_some_and(|t| t.is_within(path)) {
+                queued[priority.index()] += 1;
+            }
+        }
+        let view = tenants.as_mut().map(|t| t.view(path, ns, now));
+        drop(state);
+        let view = view.unwrap_or_else(|| crate::tenant::tree::NodeView::empty());
+        TenantSnapshot {
+            path: path.clone(),
+            limits: view
+                .limits
+                .into_iter()
+                .map(|s| LimitSnapshot {
+                    limit: s.limit,
+                    capacity: s.capacity,
+                    level: s.level,
+                    available_at: self.instant(s.available_at),
+                    full_at: self.instant(s.full_at),
+                })
+                .collect(),
+            weight: view.weight,
+            paused: view.paused,
+            in_flight: view.in_flight,
+            used: view.used,
+            guaranteed: view.guaranteed,
+            queued,
+            today: view.today,
+        }
     }
 
     /// Changes the state; when `change` says capacity may have come sooner, wakes the head of

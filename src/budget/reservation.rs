@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::{Budget, ReservationId};
 use crate::cost::{Cost, Usage};
 use crate::quota::Dimension;
+use crate::tenant::Tenant;
 
 /// The debit a [`Budget`] holds for one request, until it is settled.
 ///
@@ -27,6 +28,8 @@ pub struct Reservation {
     id: ReservationId,
     origin: Origin,
     cost: Cost,
+    /// The tenant path it was admitted on, whose every node settles it too.
+    tenant: Option<Tenant>,
     sent: bool,
     finished: bool,
 }
@@ -38,9 +41,21 @@ impl Reservation {
             id,
             origin,
             cost,
+            tenant: None,
             sent: false,
             finished: false,
         }
+    }
+
+    /// The same reservation, admitted on `tenant`'s path.
+    pub(crate) fn with_tenant(mut self, tenant: Option<Tenant>) -> Self {
+        self.tenant = tenant;
+        self
+    }
+
+    /// The tenant path it was admitted on, for a budget with tenants.
+    pub fn tenant(&self) -> Option<&Tenant> {
+        self.tenant.as_ref()
     }
 
     /// The reservation's id within its budget.
@@ -94,8 +109,13 @@ impl Reservation {
 
     fn finish(mut self, actual: Cost) -> Settlement {
         self.finished = true;
-        self.budget
-            .settle(self.id, self.origin, &self.cost, &actual);
+        self.budget.settle(
+            self.id,
+            self.origin,
+            &self.cost,
+            &actual,
+            self.tenant.as_ref(),
+        );
         Settlement {
             reserved: self.cost,
             actual,
@@ -112,8 +132,13 @@ impl Drop for Reservation {
             } else {
                 Cost::default()
             };
-            self.budget
-                .settle(self.id, self.origin, &self.cost, &actual);
+            self.budget.settle(
+                self.id,
+                self.origin,
+                &self.cost,
+                &actual,
+                self.tenant.as_ref(),
+            );
         }
     }
 }

@@ -18,6 +18,7 @@ use crate::error::ReserveError;
 use crate::priority::Priority;
 use crate::sched::Scheduling;
 use crate::sched::order::Place;
+use crate::tenant::Tenant;
 
 pin_project! {
     /// Waits for a [`Budget`] to admit a cost; see [`Budget::reserve`].
@@ -43,6 +44,9 @@ pin_project! {
         retry_at: Option<(Instant, u64)>,
         // The store failed: admit from the local fallback share.
         local: bool,
+        // Out of the ordering (keeping its place) until a node of its tenant path can pay:
+        // the depth of that node and the parking's ticket.
+        parked: Option<(usize, u64)>,
     }
 
     impl PinnedDrop for Reserve {
@@ -50,6 +54,9 @@ pin_project! {
             let this = this.project();
             if let Some((id, _)) = this.asking.take() {
                 this.budget.abandoned(id, &this.ask.cost);
+            }
+            if let Some(parked) = this.parked.take() {
+                this.budget.unpark(this.ask, parked);
             }
             if let Some(place) = this.place.take() {
                 this.budget.cancel(place);
@@ -68,6 +75,7 @@ impl Reserve {
                 cost,
                 floor,
                 scheduling,
+                tenant: None,
             },
         )
     }
@@ -82,7 +90,16 @@ impl Reserve {
             asking: None,
             retry_at: None,
             local: false,
+            parked: None,
         }
+    }
+
+    /// Reserves for `tenant`: admitted only when the account and every node of its path can
+    /// pay, served in its flow's fair share (see [`tenant`](crate::tenant)). Defaults to the
+    /// tree's default tenant; ignored by a budget without tenants.
+    pub fn tenant(mut self, tenant: Tenant) -> Self {
+        self.ask.tenant = Some(tenant);
+        self
     }
 
     /// Admits the cost only while it leaves `fraction` of every bucket it touches untouched,
@@ -138,7 +155,8 @@ impl Future for Reserve {
                     Answer::Admitted => {
                         let cost = this.ask.cost;
                         let reservation =
-                            Reservation::new(this.budget.clone(), id, cost, Origin::Shared);
+                            Reservation::new(this.budget.clone(), id, cost, Origin::Shared)
+                                .with_tenant(this.ask.tenant.clone());
                         return Poll::Ready(Ok(reservation));
                     }
                     Answer::Never(e) => return Poll::Ready(Err(ReserveError::TooLarge(e))),
@@ -158,12 +176,16 @@ impl Future for Reserve {
                 cx.waker(),
                 *this.local,
                 *this.retry_at,
+                this.parked,
             ) {
                 Step::Admitted(id, origin) => {
                     let reservation =
-                        Reservation::new(this.budget.clone(), id, this.ask.cost, origin);
+                        Reservation::new(this.budget.clone(), id, this.ask.cost, origin)
+                            .with_tenant(this.ask.tenant.clone());
                     return Poll::Ready(Ok(reservation));
                 }
+                Step::Refused(e) => return Poll::Ready(Err(ReserveError::Tenant(e))),
+                Step::Parked(None) => return Poll::Pending,
                 Step::Never(e) => return Poll::Ready(Err(ReserveError::TooLarge(e))),
                 Step::Full(depth) => {
                     return Poll::Ready(Err(ReserveError::QueueFull { priority, depth }));
@@ -175,7 +197,7 @@ impl Future for Reserve {
                     *this.asking = Some((id, SyncWrapper::new(question)));
                 }
                 Step::Queued => return Poll::Pending,
-                Step::WaitUntil(at) => {
+                Step::WaitUntil(at) | Step::Parked(Some(at)) => {
                     match this.sleep.as_mut().as_pin_mut() {
                         Some(sleep) => {
                             if sleep.deadline() != at || sleep.is_elapsed() {

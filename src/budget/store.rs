@@ -109,6 +109,16 @@ impl MemoryStore {
         }
     }
 
+    /// Keeps only the buckets whose limit `keep` accepts.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Limit) -> bool) {
+        self.buckets.retain(|bucket| keep(bucket.limit()));
+    }
+
+    /// Whether every bucket is full at `now` (a tenant node that may be forgotten).
+    pub(crate) fn is_full(&self, now: u64) -> bool {
+        self.buckets.iter().all(|bucket| bucket.full_at(now) <= now)
+    }
+
     fn touched<'a>(&'a self, cost: &'a Cost) -> impl Iterator<Item = (usize, &'a Bucket, u64)> {
         self.buckets.iter().enumerate().filter_map(|(i, bucket)| {
             let amount = cost.amount(bucket.limit().dimension());

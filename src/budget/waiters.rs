@@ -11,13 +11,16 @@ use super::bucket::Floor;
 use crate::cost::Cost;
 use crate::sched::Scheduling;
 use crate::sched::order::{Full, Order, Place};
+use crate::tenant::Tenant;
 
-/// What one admission asks of the budget: its cost, the floor its class keeps, its place.
-#[derive(Debug, Clone, Copy)]
+/// What one admission asks of the budget: its cost, the floor its class keeps, its place, its
+/// tenant path (for a budget with tenants, the tree's default when the request named none).
+#[derive(Debug, Clone)]
 pub(crate) struct Ask {
     pub(crate) cost: Cost,
     pub(crate) floor: Floor,
     pub(crate) scheduling: Scheduling,
+    pub(crate) tenant: Option<Tenant>,
 }
 
 /// A request waiting for the budget.
@@ -25,6 +28,8 @@ pub(crate) struct Ask {
 pub(crate) struct Waiter {
     cost: Cost,
     floor: Floor,
+    /// The request's tenant path, when the budget has tenants.
+    pub(crate) tenant: Option<Tenant>,
     /// Its last attempt failed only because of its floor: requests behind it with a lower
     /// floor may go first.
     floor_blocked: bool,
@@ -56,9 +61,12 @@ impl WaitList {
                 let waiter = Waiter {
                     cost: ask.cost,
                     floor: ask.floor,
+                    tenant: ask.tenant.clone(),
                     floor_blocked: false,
                 };
-                let mine = self.order.push(&ask.scheduling, None, waiter)?;
+                // A tenant's flow shares the class by token cost (requests for a cost of none).
+                let fair = ask.cost.total_tokens().max(ask.cost.requests());
+                let mine = self.order.push_fair(&ask.scheduling, None, fair, waiter)?;
                 self.queued = self.queued.saturating_add(ask.cost);
                 *place.insert(mine)
             }
@@ -72,6 +80,7 @@ impl WaitList {
         let waiter = Waiter {
             cost: ask.cost,
             floor: ask.floor,
+            tenant: ask.tenant.clone(),
             floor_blocked: false,
         };
         self.order.restore(place, &ask.scheduling, waiter);
@@ -165,6 +174,12 @@ impl WaitList {
         &self.order
     }
 
+    /// The wakers of the waiters whose tenant path `pick` chooses.
+    pub(crate) fn wakers_of_tenants(&self, mut pick: impl FnMut(&Tenant) -> bool) -> Vec<Waker> {
+        self.order
+            .wakers_of(|waiter| waiter.tenant.as_ref().is_some_and(&mut pick))
+    }
+
     /// How many requests wait.
     pub(crate) fn len(&self) -> usize {
         self.order.len()
@@ -251,6 +266,7 @@ mod tests {
             cost: Cost::new(tokens, 0),
             floor: Floor::from_fraction(floor),
             scheduling: Scheduling::new(priority, at),
+            tenant: None,
         }
     }
 

@@ -98,7 +98,7 @@ impl<S> Inner<S> {
                 parts
                     .extensions
                     .get::<Tenant>()
-                    .is_some_and(|t| t.0 == tenant)
+                    .is_some_and(|t| t.is_within(tenant))
             });
             if !applies {
                 return At::Primary;

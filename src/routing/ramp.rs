@@ -3,6 +3,7 @@
 //!
 //! Pure: [`RampState`] is fed outcomes and instants, and does no I/O; the router plumbs.
 
+use crate::tenant::Tenant;
 use std::fmt;
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ pub struct Ramp {
     max_queue_depth: Option<usize>,
     max_p95: Option<Duration>,
     step_back: f64,
-    tenant: Option<String>,
+    tenant: Option<Tenant>,
 }
 
 /// A ramp rejected by [`Ramp::new`]: its reason.
@@ -167,17 +168,18 @@ impl Ramp {
         }
     }
 
-    /// Ramps only the requests of `tenant` (their [`Tenant`](super::Tenant) extension); the
-    /// others stay on the old route. Defaults to every request.
-    pub fn for_tenant(self, tenant: impl Into<String>) -> Self {
+    /// Ramps only the requests within `scope` (their [`Tenant`] extension is `scope` or lies
+    /// below it: a tenant, a team, a key); the others stay on the old route. Defaults to
+    /// every request.
+    pub fn for_tenant(self, scope: Tenant) -> Self {
         Self {
-            tenant: Some(tenant.into()),
+            tenant: Some(scope),
             ..self
         }
     }
 
-    pub(crate) fn tenant(&self) -> Option<&str> {
-        self.tenant.as_deref()
+    pub(crate) fn tenant(&self) -> Option<&Tenant> {
+        self.tenant.as_ref()
     }
 
     /// The evaluation period.

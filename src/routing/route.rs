@@ -178,10 +178,9 @@ impl ServedBy {
     }
 }
 
-/// The tenant of a request, in its extensions, for a ramp limited to one tenant
-/// ([`Ramp::for_tenant`](super::Ramp::for_tenant)).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Tenant(pub String);
+/// The tenant of a request, in its extensions: the one tenant path of the crate, which a ramp
+/// limited to a scope ([`Ramp::for_tenant`](super::Ramp::for_tenant)) matches by prefix.
+pub use crate::tenant::Tenant;
 
 /// A request's stable key for ramps (a conversation id, say), in its extensions: every request
 /// with the same key falls on the same side of the ramp's share, so one conversation stays on

@@ -11,15 +11,17 @@
 //! Plain data, no clock of its own and no locking: the owner (a budget, a queue) holds it under
 //! its mutex and passes the time in.
 //!
-//! # Ready for tenants
+//! # Tenants
 //!
 //! Each request carries a [`Flow`]: a tenant key and a weight. Inside a class, requests are
-//! ordered by a *stamp* (today the enqueue time, so first in, first out); a fair share over
-//! token cost replaces the stamp by the flow's virtual finish time, without touching the rest.
+//! ordered by a *stamp*: for a budget without tenants the enqueue time (first in, first out);
+//! with a [`TenantTree`](crate::tenant::TenantTree), requests of flows below their guarantee
+//! first, then by the flow's virtual finish tag over token cost (weighted fair queuing, see
+//! `tenant/fair.rs` for the bound), then by enqueue time.
 
 pub(crate) mod order;
 mod scheduling;
 mod snapshot;
 
-pub(crate) use scheduling::{Aging, Scheduling, depth, saturating_deadline};
+pub(crate) use scheduling::{Aging, Flow, Scheduling, depth, saturating_deadline};
 pub use snapshot::{ClassSnapshot, QueueSnapshot};

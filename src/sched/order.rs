@@ -1,6 +1,9 @@
 //! The ordering of waiting requests: who goes next. Plain data, no clock of its own, no locking.
 //!
-//! Each class is a list ordered by stamp (the enqueue time) then ticket. Aging applies to the
+//! Each class is a list ordered by stamp then ticket. The stamp is the enqueue time for the
+//! requests of a budget without tenants; with tenants, requests below their guarantee come
+//! first, then the weighted fair share's finish tag decides (`tenant::fair`), then the
+//! enqueue time. Aging applies to the
 //! *front* of each class: it moves one class up once it has been the front for its class's
 //! ceiling, counted from when it became the front (its enqueue time, if the class was empty).
 //! Promotion is computed when a decision is made: no timer per item, no scan, only the fronts of
@@ -24,6 +27,7 @@ use tokio::time::Instant;
 use super::scheduling::{Aging, Flow, Scheduling};
 use super::snapshot::{ClassSnapshot, QueueSnapshot};
 use crate::priority::Priority;
+use crate::tenant::fair::FairClock;
 
 /// Where a waiting request stands: its class, its place in it, and the deadline the order
 /// watches for it (if any).
@@ -34,8 +38,17 @@ pub(crate) struct Place {
     deadline: Option<Instant>,
 }
 
-/// The order of service within a class: stamp (the enqueue time), then ticket.
-type Slot = (Instant, u64);
+/// The order of service within a class: stamp, then ticket.
+type Slot = (Stamp, u64);
+
+/// Where a request ranks in its class: below its guarantee or not (tier 0 first), its fair
+/// share's finish tag (0 without tenants), its enqueue time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Stamp {
+    tier: u8,
+    tag: u128,
+    at: Instant,
+}
 
 impl Place {
     /// When the request stops waiting, if the order watches a deadline for it.
@@ -54,8 +67,10 @@ pub(crate) struct Order<T> {
     /// One list per class, indexed as `Priority::ALL`.
     classes: [Class<T>; 3],
     /// The requests whose deadline the order watches, by deadline (and ticket): their class and
-    /// enqueue time, from which their place is rebuilt.
-    deadlines: BTreeMap<(Instant, u64), (Priority, Instant)>,
+    /// stamp, from which their place is rebuilt.
+    deadlines: BTreeMap<(Instant, u64), (Priority, Stamp)>,
+    /// The weighted fair share of tenant flows, per class.
+    fair: FairClock,
     len: usize,
     next_ticket: u64,
 }
@@ -82,8 +97,7 @@ struct Entry<T> {
     waker: Option<Waker>,
     deadline: Option<Instant>,
     aging: Aging,
-    /// The tenant's flow: the key of a later fair share inside the class.
-    #[allow(dead_code)]
+    /// The tenant's flow, whose fair-share state it counts in.
     flow: Flow,
 }
 
@@ -92,6 +106,7 @@ impl<T> Default for Order<T> {
         Self {
             classes: Default::default(),
             deadlines: BTreeMap::new(),
+            fair: FairClock::default(),
             len: 0,
             next_ticket: 0,
         }
@@ -107,6 +122,18 @@ impl<T> Order<T> {
         deadline: Option<Instant>,
         value: T,
     ) -> Result<Place, Full> {
+        self.push_fair(scheduling, deadline, 0, value)
+    }
+
+    /// Adds a request of token cost `cost` (its tenant flow's share counts it), watching
+    /// `deadline` for it, unless a depth limit is reached.
+    pub(crate) fn push_fair(
+        &mut self,
+        scheduling: &Scheduling,
+        deadline: Option<Instant>,
+        cost: u64,
+        value: T,
+    ) -> Result<Place, Full> {
         let (max, class_max) = (
             scheduling.max_depth as usize,
             scheduling.class_max_depth as usize,
@@ -118,9 +145,23 @@ impl<T> Order<T> {
         if self.classes[priority.index()].waiting.len() >= class_max {
             return Err(Full(class_max));
         }
+        let flow = scheduling.flow;
+        let stamp = if flow.key == 0 {
+            Stamp {
+                tier: 0,
+                tag: 0,
+                at: scheduling.enqueued_at,
+            }
+        } else {
+            Stamp {
+                tier: u8::from(!flow.below_guarantee),
+                tag: self.fair.join(priority.index(), flow, cost),
+                at: scheduling.enqueued_at,
+            }
+        };
         let place = Place {
             priority,
-            slot: (scheduling.enqueued_at, self.next_ticket),
+            slot: (stamp, self.next_ticket),
             deadline,
         };
         self.next_ticket += 1;
@@ -131,6 +172,11 @@ impl<T> Order<T> {
     /// Puts a request back at the place it had (it left to ask a shared store, which refused):
     /// no depth limit applies, it was counted before.
     pub(crate) fn restore(&mut self, place: Place, scheduling: &Scheduling, value: T) {
+        if scheduling.flow.key != 0 {
+            let tag = place.slot.0.tag;
+            self.fair
+                .rejoin(place.priority.index(), scheduling.flow.key, tag);
+        }
         self.insert(place, scheduling, value);
     }
 
@@ -143,7 +189,7 @@ impl<T> Order<T> {
         {
             // First in line at once (an empty class, or an earlier enqueue time kept across a
             // retry): it has been waiting since it was enqueued.
-            class.front_since = Some(place.slot.0);
+            class.front_since = Some(place.slot.0.at);
         }
         let entry = Entry {
             value,
@@ -162,6 +208,26 @@ impl<T> Order<T> {
         self.record_depth(place.priority);
     }
 
+    /// Every waiting request's class and value, in no particular order.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (Priority, &T)> + '_ {
+        Priority::ALL.into_iter().flat_map(move |priority| {
+            self.classes[priority.index()]
+                .waiting
+                .values()
+                .map(move |entry| (priority, &entry.value))
+        })
+    }
+
+    /// The wakers of the waiting requests whose value `pick` chooses.
+    pub(crate) fn wakers_of(&self, mut pick: impl FnMut(&T) -> bool) -> Vec<Waker> {
+        self.classes
+            .iter()
+            .flat_map(|class| class.waiting.values())
+            .filter(|entry| pick(&entry.value))
+            .filter_map(|entry| entry.waker.clone())
+            .collect()
+    }
+
     /// Removes a request at `now`; returns its value if it was there.
     pub(crate) fn remove(&mut self, place: Place, now: Instant) -> Option<T> {
         let class = &mut self.classes[place.priority.index()];
@@ -175,7 +241,15 @@ impl<T> Order<T> {
             class.front_since = class
                 .waiting
                 .first_key_value()
-                .map(|(&(enqueued_at, _), _)| enqueued_at.max(now));
+                .map(|(&(stamp, _), _)| stamp.at.max(now));
+        }
+        if entry.flow.key != 0 {
+            self.fair.leave(
+                place.priority.index(),
+                entry.flow.key,
+                place.slot.0.tag,
+                was_front,
+            );
         }
         if let Some(deadline) = place.deadline {
             self.deadlines.remove(&(deadline, place.slot.1));
@@ -233,10 +307,10 @@ impl<T> Order<T> {
 
     /// The waiting request whose watched deadline comes first.
     pub(crate) fn first_deadline(&self) -> Option<Place> {
-        let (&(deadline, ticket), &(priority, enqueued_at)) = self.deadlines.first_key_value()?;
+        let (&(deadline, ticket), &(priority, stamp)) = self.deadlines.first_key_value()?;
         Some(Place {
             priority,
-            slot: (enqueued_at, ticket),
+            slot: (stamp, ticket),
             deadline: Some(deadline),
         })
     }
@@ -257,8 +331,8 @@ impl<T> Order<T> {
         let mut fronts = Priority::ALL.map(|priority| {
             let class = &self.classes[priority.index()];
             let (&slot, entry) = class.waiting.first_key_value()?;
-            let since = class.front_since.unwrap_or(slot.0);
-            let (effective, entered) = aged(priority, slot.0, since, entry.aging, now);
+            let since = class.front_since.unwrap_or(slot.0.at);
+            let (effective, entered) = aged(priority, slot.0.at, since, entry.aging, now);
             let place = Place {
                 priority,
                 slot,
@@ -287,7 +361,7 @@ impl<T> Order<T> {
             .filter_map(|&priority| {
                 let class = &self.classes[priority.index()];
                 let (&slot, entry) = class.waiting.first_key_value()?;
-                let (mut level, mut from) = (priority, class.front_since.unwrap_or(slot.0));
+                let (mut level, mut from) = (priority, class.front_since.unwrap_or(slot.0.at));
                 while let (Some(up), Some(after)) = (level.promoted(), entry.aging.after(level)) {
                     let at = from.checked_add(after)?;
                     if at > now {
@@ -320,8 +394,8 @@ impl<T> Order<T> {
                     oldest_wait: class
                         .waiting
                         .first_key_value()
-                        .map_or(Duration::ZERO, |(&(enqueued_at, _), _)| {
-                            now.saturating_duration_since(enqueued_at)
+                        .map_or(Duration::ZERO, |(&(stamp, _), _)| {
+                            now.saturating_duration_since(stamp.at)
                         }),
                 }
             }),

@@ -39,12 +39,14 @@ impl Aging {
     }
 }
 
-/// A tenant's key and weight, for a fair share inside a class. Every request of the default
-/// flow shares one key.
+/// A tenant's key and weight, for a fair share inside a class, and whether it is below its
+/// guarantee (it goes before borrowers). Key 0 is the flow of a budget without tenants: its
+/// requests are served in the order they entered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Flow {
     pub(crate) key: u64,
     pub(crate) weight: u32,
+    pub(crate) below_guarantee: bool,
 }
 
 /// A depth limit: how many requests may wait; `u32::MAX` (or more) is no limit.
@@ -53,7 +55,11 @@ pub(crate) fn depth(limit: usize) -> u32 {
 }
 
 impl Flow {
-    pub(crate) const DEFAULT: Flow = Flow { key: 0, weight: 1 };
+    pub(crate) const DEFAULT: Flow = Flow {
+        key: 0,
+        weight: 1,
+        below_guarantee: false,
+    };
 }
 
 /// Everything an ordering needs to place a request; carried in the request's extensions from

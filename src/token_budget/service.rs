@@ -10,6 +10,7 @@ use crate::error::{BoxError, Error};
 use crate::observe::Labels;
 use crate::priority::{Deadline, EnqueuedAt, Priority};
 use crate::sched::Scheduling;
+use crate::tenant::Tenant;
 use tokio::time::Instant;
 
 /// What [`TokenBudget`] does with a request that carries no [`Cost`].
@@ -155,6 +156,7 @@ where
             cost,
             floor: Floor::from_fraction(keep),
             scheduling,
+            tenant: extensions.get::<Tenant>().cloned(),
         };
         match self.budget.admit_now(&ask, started).ok_or(ask) {
             // Admitted at once, and the inner service is ready: the common case of a quota

@@ -1,0 +1,322 @@
+//! The tree of quotas: what each node may spend, its weight, its guarantee, its cap.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+
+use super::daily::WallClock;
+use super::error::InvalidTree;
+use super::path::Tenant;
+use crate::quota::{Dimension, Limit};
+
+/// One node of a [`TenantTree`]: its own limits, its weight among its siblings, the share of
+/// its parent it is guaranteed and the most it may use when borrowing, a cap on calls in
+/// flight, daily caps.
+///
+/// Everything is optional: a node with nothing set only passes its requests up (and can be
+/// paused).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantNode {
+    pub(crate) limits: Vec<Limit>,
+    pub(crate) weight: NonZeroU32,
+    pub(crate) guarantee: f64,
+    pub(crate) max_share: Option<f64>,
+    pub(crate) max_in_flight: Option<NonZeroUsize>,
+    pub(crate) daily: Vec<DailyCap>,
+}
+
+impl Default for TenantNode {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TenantNode {
+    /// A node with no limit of its own, weight 1, no guarantee, no cap.
+    pub const fn new() -> Self {
+        Self {
+            limits: Vec::new(),
+            weight: NonZeroU32::MIN,
+            guarantee: 0.0,
+            max_share: None,
+            max_in_flight: None,
+            daily: Vec::new(),
+        }
+    }
+
+    /// Adds a limit of the node's own (any dimension, any period: a per-key rate, a team's
+    /// burst); one of the same dimension and period is replaced. Its share is fixed (a node's
+    /// limits are its operator's, not a provider's: they do not adapt). Defaults to none.
+    pub fn with_limit(mut self, limit: Limit) -> Self {
+        // A fixed share: the node's limits do not adapt to provider reports.
+        let limit = limit.with_headroom(limit.headroom()).unwrap_or(limit);
+        self.limits.retain(|l| !l.same_bucket(&limit));
+        self.limits.push(limit);
+        self
+    }
+
+    /// The node's weight among its siblings in the fair share of a saturated account.
+    /// Defaults to 1.
+    pub fn with_weight(self, weight: NonZeroU32) -> Self {
+        Self { weight, ..self }
+    }
+
+    /// The share of its parent's capacity (the account's, for a top-level tenant) the node is
+    /// guaranteed: while its traffic stays below it, its requests go before those of
+    /// borrowers in their class. Clamped to `[0, 1]`. Defaults to 0 (no guarantee).
+    pub fn with_guarantee(self, share: f64) -> Self {
+        Self {
+            guarantee: clamp_share(share),
+            ..self
+        }
+    }
+
+    /// The most of its parent's capacity the node may use, borrowing included: its guarantee
+    /// plus what it may borrow of the idle share of others. Enforced as limits of the node's
+    /// own: each limit of the parent (the account's, when no ancestor has limits) scaled by
+    /// `share`. Clamped to `(0, 1]`. Defaults to no cap (the whole idle capacity may be
+    /// borrowed).
+    pub fn with_max_share(self, share: f64) -> Self {
+        Self {
+            max_share: Some(clamp_share(share).max(f64::MIN_POSITIVE)),
+            ..self
+        }
+    }
+
+    /// Caps the node's calls in flight. Defaults to no cap.
+    pub fn with_max_in_flight(self, max: NonZeroUsize) -> Self {
+        Self {
+            max_in_flight: Some(max),
+            ..self
+        }
+    }
+
+    /// Adds a daily cap; one of the same dimension and window is replaced. A request that
+    /// would take the day's use above it is refused at once (it does not wait for the next
+    /// day). Defaults to none.
+    pub fn with_daily_cap(mut self, cap: DailyCap) -> Self {
+        self.daily
+            .retain(|c| (c.dimension, c.window) != (cap.dimension, cap.window));
+        self.daily.push(cap);
+        self
+    }
+
+    /// The node's own limits.
+    pub fn limits(&self) -> &[Limit] {
+        &self.limits
+    }
+
+    /// The node's weight.
+    pub fn weight(&self) -> NonZeroU32 {
+        self.weight
+    }
+
+    /// The guaranteed share of the parent.
+    pub fn guarantee(&self) -> f64 {
+        self.guarantee
+    }
+
+    /// The most of the parent the node may use, when capped.
+    pub fn max_share(&self) -> Option<f64> {
+        self.max_share
+    }
+
+    /// The cap on calls in flight.
+    pub fn max_in_flight(&self) -> Option<NonZeroUsize> {
+        self.max_in_flight
+    }
+
+    /// The daily caps.
+    pub fn daily_caps(&self) -> &[DailyCap] {
+        &self.daily
+    }
+
+    fn validate(&self, node: Option<&Tenant>) -> Result<(), InvalidTree> {
+        if let Some(max) = self.max_share {
+            if max < self.guarantee {
+                return Err(InvalidTree::new(
+                    node,
+                    "the most a node may use is below its guarantee",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn clamp_share(share: f64) -> f64 {
+    if share.is_nan() {
+        0.0
+    } else {
+        share.clamp(0.0, 1.0)
+    }
+}
+
+/// The kind of day a [`DailyCap`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DayWindow {
+    /// The calendar day in UTC: the count starts again at 00:00 UTC, whatever was spent at
+    /// 23:59. What invoices and most provider daily limits use; a tenant can spend twice
+    /// its cap in a few minutes around midnight.
+    CalendarUtc,
+    /// The last 24 hours, counted in 96 slots of 15 minutes: a spend counts until the slot it
+    /// fell in is 24 hours old. No 24 hours aligned to a quarter hour ever see more than the
+    /// cap; any 24 hours at most the cap plus one quarter hour's spending. No burst at
+    /// midnight.
+    Rolling,
+}
+
+impl fmt::Display for DayWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DayWindow::CalendarUtc => "calendar day (UTC)",
+            DayWindow::Rolling => "rolling 24 h",
+        })
+    }
+}
+
+/// At most `amount` of a dimension per day, for one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DailyCap {
+    pub(crate) dimension: Dimension,
+    pub(crate) amount: NonZeroU64,
+    pub(crate) window: DayWindow,
+}
+
+impl DailyCap {
+    /// At most `amount` of `dimension` in each `window`.
+    pub const fn new(dimension: Dimension, amount: NonZeroU64, window: DayWindow) -> Self {
+        Self {
+            dimension,
+            amount,
+            window,
+        }
+    }
+
+    /// The capped dimension.
+    pub const fn dimension(&self) -> Dimension {
+        self.dimension
+    }
+
+    /// The cap.
+    pub const fn amount(&self) -> NonZeroU64 {
+        self.amount
+    }
+
+    /// The kind of day.
+    pub const fn window(&self) -> DayWindow {
+        self.window
+    }
+}
+
+/// The tree of tenant quotas under one provider account (one [`Budget`](crate::Budget)).
+///
+/// Nodes are named by their [`Tenant`] path; a node need not have its parent configured.
+/// A template per depth gives every node at that depth without its own configuration the same
+/// one (every API key 60 requests a minute, say). Only nodes with traffic or a state of their
+/// own (a pause, a day's use) hold memory at run time: see the [module docs](super).
+///
+/// With the `serde` feature, a tree deserializes from a configuration file (see the
+/// [module docs](super#configuration-file)).
+#[derive(Debug, Clone)]
+pub struct TenantTree {
+    pub(crate) nodes: HashMap<Tenant, TenantNode>,
+    pub(crate) templates: Vec<(usize, TenantNode)>,
+    pub(crate) default_tenant: Tenant,
+    pub(crate) clock: WallClock,
+    pub(crate) label_depth: usize,
+}
+
+impl Default for TenantTree {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TenantTree {
+    /// A tree with no node: every request passes the account only.
+    pub fn new() -> Self {
+        Self {
+            nodes: HashMap::new(),
+            templates: Vec::new(),
+            default_tenant: Tenant::parse("default").expect("a valid path"),
+            clock: WallClock::system(),
+            label_depth: 1,
+        }
+    }
+
+    /// Configures the node at `path` (replacing its configuration).
+    pub fn with_node(mut self, path: Tenant, node: TenantNode) -> Self {
+        self.nodes.insert(path, node);
+        self
+    }
+
+    /// Gives every node at `depth` (1: top-level tenants) that has no configuration of its
+    /// own this one. Defaults to none.
+    pub fn with_template(mut self, depth: usize, node: TenantNode) -> Self {
+        self.templates.retain(|(d, _)| *d != depth);
+        self.templates.push((depth, node));
+        self
+    }
+
+    /// The tenant of requests that carry no [`Tenant`]. Defaults to `default`.
+    pub fn with_default_tenant(self, tenant: Tenant) -> Self {
+        Self {
+            default_tenant: tenant,
+            ..self
+        }
+    }
+
+    /// The clock the calendar days of [`DayWindow::CalendarUtc`] are read from. Defaults to
+    /// [`WallClock::system`].
+    pub fn with_clock(self, clock: WallClock) -> Self {
+        Self { clock, ..self }
+    }
+
+    /// How many segments of a path the per-tenant metrics keep as their `tenant` label
+    /// (feature `metrics`): 1 labels by top-level tenant, so the series stay as many as
+    /// those. Defaults to 1.
+    pub fn with_label_depth(self, depth: usize) -> Self {
+        Self {
+            label_depth: depth.max(1),
+            ..self
+        }
+    }
+
+    /// The configuration of `path`: its own, else its depth's template.
+    pub fn node(&self, path: &Tenant) -> Option<&TenantNode> {
+        self.nodes.get(path).or_else(|| self.template(path.depth()))
+    }
+
+    /// The tenant of requests that carry none.
+    pub fn default_tenant(&self) -> &Tenant {
+        &self.default_tenant
+    }
+
+    pub(crate) fn template(&self, depth: usize) -> Option<&TenantNode> {
+        self.templates
+            .iter()
+            .find(|(d, _)| *d == depth)
+            .map(|(_, node)| node)
+    }
+
+    /// Checks every node, and that the guarantees of configured siblings add up to at most
+    /// their parent's whole.
+    pub(crate) fn validate(&self) -> Result<(), InvalidTree> {
+        let mut sums: HashMap<Option<Tenant>, f64> = HashMap::new();
+        for (path, node) in &self.nodes {
+            node.validate(Some(path))?;
+            *sums.entry(path.parent()).or_default() += node.guarantee;
+        }
+        for (_, node) in &self.templates {
+            node.validate(None)?;
+        }
+        match sums.into_iter().find(|(_, sum)| *sum > 1.0 + 1e-9) {
+            Some((parent, _)) => Err(InvalidTree::new(
+                parent.as_ref(),
+                "the guarantees of a node's children add up to more than the whole",
+            )),
+            None => Ok(()),
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The tenant errors: a bad path or tree, and a refusal by a scope.
+
+use std::fmt;
+
+use super::config::DayWindow;
+use super::path::Tenant;
+use crate::quota::Dimension;
+
+/// A tenant path that cannot be: empty, or with an empty segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidTenant(pub(crate) &'static str);
+
+impl fmt::Display for InvalidTenant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid tenant path: {}", self.0)
+    }
+}
+
+impl std::error::Error for InvalidTenant {}
+
+/// A tenant tree that cannot be enforced: a share outside `[0, 1]`, guarantees of siblings
+/// above their parent's whole, a cap below the guarantee.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidTree {
+    pub(crate) node: Option<Tenant>,
+    pub(crate) reason: &'static str,
+}
+
+impl InvalidTree {
+    pub(crate) fn new(node: Option<&Tenant>, reason: &'static str) -> Self {
+        Self {
+            node: node.cloned(),
+            reason,
+        }
+    }
+
+    /// The node at fault, when one is.
+    pub fn node(&self) -> Option<&Tenant> {
+        self.node.as_ref()
+    }
+}
+
+impl fmt::Display for InvalidTree {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.node {
+            Some(node) => write!(f, "invalid tenant tree at `{node}`: {}", self.reason),
+            None => write!(f, "invalid tenant tree: {}", self.reason),
+        }
+    }
+}
+
+impl std::error::Error for InvalidTree {}
+
+/// A request refused by a scope of its tenant path, locally, before anything was sent.
+///
+/// [`scope`](TenantRefused::scope) names the node that refused (the request's path or one of
+/// its ancestors); [`reason`](TenantRefused::reason) says why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantRefused {
+    pub(crate) scope: Tenant,
+    pub(crate) reason: Refusal,
+}
+
+/// Why a scope refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// The scope is paused ([`TenantHandle::pause`](super::TenantHandle::pause)): its queued
+    /// and new requests are refused until it is resumed.
+    Paused,
+    /// The scope's daily cap in `dimension` is spent: `used` of `cap` in the current `window`.
+    DailyCap {
+        /// The capped dimension.
+        dimension: Dimension,
+        /// The cap's kind of day.
+        window: DayWindow,
+        /// The cap.
+        cap: u64,
+        /// What the window has used, reservations included.
+        used: u64,
+    },
+    /// The cost exceeds the capacity of one of the scope's limits: it can never be admitted.
+    TooLarge {
+        /// The dimension of the limit.
+        dimension: Dimension,
+        /// The amount asked.
+        cost: u64,
+        /// The limit's capacity.
+        capacity: u64,
+    },
+}
+
+impl TenantRefused {
+    /// The node that refused.
+    pub fn scope(&self) -> &Tenant {
+        &self.scope
+    }
+
+    /// Why.
+    pub fn reason(&self) -> Refusal {
+        self.reason
+    }
+
+    /// Whether the scope is paused.
+    pub fn is_paused(&self) -> bool {
+        matches!(self.reason, Refusal::Paused)
+    }
+
+    /// Whether a daily cap of the scope is spent.
+    pub fn is_daily_cap(&self) -> bool {
+        matches!(self.reason, Refusal::DailyCap { .. })
+    }
+}
+
+impl fmt::Display for TenantRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let scope = &self.scope;
+        match self.reason {
+            Refusal::Paused => write!(f, "tenant `{scope}` is paused"),
+            Refusal::DailyCap {
+                dimension,
+                window,
+                cap,
+                used,
+            } => write!(
+                f,
+                "tenant `{scope}` spent its daily cap of {cap} {dimension} ({window}: {used} used)"
+            ),
+            Refusal::TooLarge {
+                dimension,
+                cost,
+                capacity,
+            } => write!(
+                f,
+                "a cost of {cost} {dimension} exceeds the capacity of {capacity} of tenant `{scope}`"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for TenantRefused {}

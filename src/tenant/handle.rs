@@ -1,0 +1,81 @@
+//! The operator's handle on a budget's tenant tree: pause, resume, change, look.
+
+use std::fmt;
+use std::num::NonZeroU32;
+
+use super::config::TenantNode;
+use super::path::Tenant;
+use super::snapshot::TenantSnapshot;
+use crate::budget::Budget;
+use crate::quota::Limit;
+
+/// Changes and reads the tenant tree of a [`Budget`] while it runs; from
+/// [`Budget::tenants`]. Clones share the budget.
+///
+/// Every change takes effect at once, for requests waiting as for new ones, under the
+/// budget's lock (a node's levels and counts carry over a change of its limits).
+#[derive(Clone)]
+pub struct TenantHandle {
+    pub(crate) budget: Budget,
+}
+
+impl TenantHandle {
+    /// Pauses `scope` (a tenant, a team, a key): its queued requests and every new one at or
+    /// below it fail at once with a [`TenantRefused`](super::TenantRefused) naming it, and
+    /// nothing of it is sent until [`resume`](TenantHandle::resume). Calls already sent run
+    /// to their end. Other tenants are unaffected.
+    pub fn pause(&self, scope: &Tenant) {
+        self.budget.set_tenant_paused(scope, true);
+    }
+
+    /// Ends a pause of `scope`.
+    pub fn resume(&self, scope: &Tenant) {
+        self.budget.set_tenant_paused(scope, false);
+    }
+
+    /// Replaces the configuration of the node at `path` (limits, weight, guarantee, caps).
+    pub fn set_node(&self, path: &Tenant, node: TenantNode) {
+        self.budget.set_tenant_node(path, node);
+    }
+
+    /// Adds or replaces one limit of the node at `path` (of the same dimension and period),
+    /// keeping the rest of its configuration.
+    pub fn set_limit(&self, path: &Tenant, limit: Limit) {
+        let node = self.node(path).unwrap_or_default().with_limit(limit);
+        self.set_node(path, node);
+    }
+
+    /// Sets the weight of the node at `path`, keeping the rest of its configuration; requests
+    /// already waiting keep their place.
+    pub fn set_weight(&self, path: &Tenant, weight: NonZeroU32) {
+        let node = self.node(path).unwrap_or_default().with_weight(weight);
+        self.set_node(path, node);
+    }
+
+    /// The configuration of the node at `path`: its own, else its depth's template.
+    pub fn node(&self, path: &Tenant) -> Option<TenantNode> {
+        self.budget.tenant_config(path)
+    }
+
+    /// The node at `path` now: limits and levels, use, guarantee, borrowing, queue, the day's
+    /// use. A node with no traffic and no state of its own reads as fresh.
+    pub fn snapshot(&self, path: &Tenant) -> TenantSnapshot {
+        self.budget.tenant_snapshot(path)
+    }
+
+    /// How many nodes hold state now: those with traffic in flight or recent, a pause, a
+    /// day's use, or buckets not yet full again. Idle nodes are forgotten as admissions go on
+    /// (one looked at per admission), and all at once by this call, which looks at every
+    /// live node.
+    pub fn live_nodes(&self) -> usize {
+        self.budget.tenant_live_nodes()
+    }
+}
+
+impl fmt::Debug for TenantHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TenantHandle")
+            .field("live_nodes", &self.live_nodes())
+            .finish()
+    }
+}

@@ -1,0 +1,153 @@
+//! Tenants: hierarchical quotas under one provider account, a weighted fair share with
+//! borrowing and reclaim, pauses and daily caps.
+//!
+//! A [`Budget`](crate::Budget) built with [`Budget::with_tenants`](crate::Budget::with_tenants)
+//! admits a request only when the account **and every node on its [`Tenant`] path** can pay
+//! (all or nothing, under the budget's one lock), and serves waiting requests of a class by
+//! weighted fair queuing over token cost, tenants below their guarantee first.
+//!
+//! # Example
+//!
+//! ```
+//! use std::num::{NonZeroU32, NonZeroU64};
+//! use tower_llm_quota::tenant::{DailyCap, DayWindow, Tenant, TenantNode, TenantTree};
+//! use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let nz = |n| NonZeroU64::new(n).unwrap();
+//! let tree = TenantTree::new()
+//!     // Acme is guaranteed 75 % of the account and weighs 3; Globex 25 %, weight 1.
+//!     .with_node("acme".parse()?, TenantNode::new()
+//!         .with_weight(NonZeroU32::new(3).unwrap())
+//!         .with_guarantee(0.75))
+//!     .with_node("globex".parse()?, TenantNode::new()
+//!         .with_guarantee(0.25)
+//!         .with_max_share(0.5)
+//!         .with_daily_cap(DailyCap::new(Dimension::TotalTokens, nz(2_000_000), DayWindow::CalendarUtc)))
+//!     // Every API key (depth 3) at most 60 requests a minute.
+//!     .with_template(3, TenantNode::new()
+//!         .with_limit(Limit::per_minute(Dimension::Requests, nz(60))));
+//! let quota = Quota::new().with_limit(Limit::per_minute(Dimension::TotalTokens, nz(100_000)));
+//! let budget = Budget::with_tenants(quota, tree)?;
+//!
+//! let key: Tenant = "acme/search/key-7".parse()?;
+//! let reservation = budget.reserve(Cost::new(1_000, 200)).tenant(key.clone()).await?;
+//! drop(reservation); // unsent: refunded on every node of the path
+//!
+//! let tenants = budget.tenants().expect("a budget with tenants");
+//! tenants.pause(&"acme/search".parse()?);
+//! let refused = budget.reserve(Cost::new(10, 10)).tenant(key).await.unwrap_err();
+//! assert_eq!(refused.tenant_refused().unwrap().scope().as_str(), "acme/search");
+//! # Ok(()) }
+//! ```
+//!
+//! Under a [`TokenBudgetLayer`](crate::TokenBudgetLayer) (or a
+//! [`QuotaStack`](crate::stack::QuotaStack) given the budget with
+//! [`with_budget`](crate::stack::QuotaStack::with_budget)), put the [`Tenant`] in each
+//! request's extensions; a request without one belongs to the tree's default tenant.
+//!
+//! # The tree
+//!
+//! Every node ([`TenantNode`]) may have limits of its own (any dimension, any period, a cap on
+//! calls in flight, [daily caps](DailyCap)), a weight, a guaranteed share of its parent and
+//! a cap on what it may use when borrowing. A path's nodes are its prefixes: `acme`,
+//! `acme/search`, `acme/search/key-7`. A node need not be configured (it then passes its
+//! requests up, and can still be paused); a template per depth configures every node of
+//! that depth at once.
+//!
+//! # Admission: all or nothing on the path
+//!
+//! Under the budget's mutex, the head of the ordering checks its path top-down (a pause, a
+//! spent day or a cost above a node's capacity refuses it at once, with a [`TenantRefused`]
+//! naming the scope), then every node's buckets and slot, then the account's buckets; only
+//! when all can pay are all debited. Settlement, refunds, debt and the slot reach every node
+//! on the path. A request that only one of its nodes cannot pay yet (a key's own rate) does
+//! not hold up the others: it steps out of the ordering, keeping its place, until that node
+//! can pay (or one of its calls ends) and then comes back to its place — as a request asking
+//! a shared store does. A provider's pause (a 429) holds the account, and so every path.
+//!
+//! # Fair share, borrowing and reclaim
+//!
+//! Classes come first (an interactive request of any tenant before batch). Inside a class,
+//! requests of a tenant below its guarantee (its use of the last minute below its share of
+//! the account's rate) go before those of borrowers; then requests are served by weighted fair
+//! queuing over **token cost** (self-clocked: see the bound below), so a tenant sending
+//! prompts ten times larger gets ten times fewer requests, not ten times the tokens. The
+//! flow of a request is its path's deepest configured node (else its top-level tenant), its
+//! weight the product of the weights on its path.
+//!
+//! The account is never idle while someone waits: a tenant's unused share goes to the others
+//! (borrowing), bounded by the borrower's [`max_share`](TenantNode::with_max_share). When
+//! the owner's traffic returns, its first request starts at the virtual time, ahead of every
+//! borrower's backlog, and as long as it is below its guarantee its requests go first: it is
+//! admitted within one refill of its own cost (plus what settles as debt from calls already
+//! in flight), and reaches its guaranteed rate within a minute (the meter's window). Borrowed
+//! traffic never causes a provider 429 for guaranteed traffic: everyone is admitted from the
+//! same account buckets.
+//!
+//! **Fairness bound.** Over any interval in which tenants `i` and `j` both wait in one class,
+//! the tokens admitted for them satisfy `|S_i / w_i - S_j / w_j| <= L_i / w_i + L_j / w_j`,
+//! `L` being each one's largest cost: the drift from the weights is at most one request of
+//! each, whatever the interval, so over ten minutes of a saturated account the shares stay
+//! within a fraction of a point of the weights (measured in `tests/tenants.rs`).
+//!
+//! # Daily caps
+//!
+//! [`DayWindow::CalendarUtc`] counts the calendar day in UTC (what invoices use; twice the
+//! cap can be spent around midnight); [`DayWindow::Rolling`] the last 24 hours in quarter
+//! hours. The request that would take the day over its cap is refused at once, naming the
+//! scope; the day's next window admits again. Days are read from a [`WallClock`], advanced
+//! by tokio's clock, so tests with a paused clock pass days in milliseconds.
+//!
+//! # Scale
+//!
+//! Admission looks up the nodes of its path by their text (a few hash lookups, no
+//! allocation once they live), so its cost does not depend on the number of tenants. A node
+//! holds memory only while it has traffic, a pause, a day's use or buckets not full again;
+//! an idle node is forgotten by a sweep that looks at one node per admission. The fair share
+//! holds state only for flows with requests waiting.
+//!
+//! # Configuration file
+//!
+//! With the `serde` feature, a [`TenantTree`] deserializes:
+//!
+//! ```json
+//! { "default_tenant": "anonymous", "label_depth": 1,
+//!   "nodes": { "acme": { "weight": 3, "guarantee": 0.75 },
+//!              "acme/search": { "limits": [ { "dimension": "total_tokens",
+//!                                "amount": 20000, "period_seconds": 60 } ],
+//!                               "max_in_flight": 8,
+//!                               "daily": [ { "dimension": "total_tokens",
+//!                                 "amount": 1000000, "window": "calendar_utc" } ] } },
+//!   "templates": { "3": { "limits": [ { "dimension": "requests", "amount": 60,
+//!                                       "period_seconds": 60 } ] } } }
+//! ```
+//!
+//! # Across processes
+//!
+//! The tree is enforced in the process that holds the budget. A budget shared through Redis
+//! ([`RedisBudget`](crate::budget::redis)) enforces the account's limits across processes;
+//! each process enforces its own copy of the tree's node limits (see the README's Tenants
+//! section for what holds across processes).
+
+mod config;
+mod daily;
+mod error;
+pub(crate) mod fair;
+mod handle;
+#[cfg(feature = "metrics")]
+mod metrics;
+mod node;
+mod path;
+#[cfg(feature = "serde")]
+mod serde;
+mod snapshot;
+pub(crate) mod tree;
+
+pub use config::{DailyCap, DayWindow, TenantNode, TenantTree};
+pub use daily::WallClock;
+pub use error::{InvalidTenant, InvalidTree, Refusal, TenantRefused};
+pub use handle::TenantHandle;
+pub use path::Tenant;
+pub use snapshot::TenantSnapshot;

@@ -1,0 +1,287 @@
+//! The run-time state of one node: its buckets, calls in flight, pause, daily counts, and a
+//! meter of its recent use. Plain data under the budget's mutex.
+
+use std::num::{NonZeroU64, NonZeroUsize};
+use std::task::Waker;
+
+use super::config::TenantNode;
+use super::daily::DayCount;
+use crate::budget::Floor;
+use crate::budget::store::{MemoryStore, ReservationId, Store};
+use crate::cost::Cost;
+use crate::quota::{Dimension, Limit, Quota};
+
+const MINUTE: u64 = 60_000_000_000;
+
+/// What a node's requests used in the last minute: a sliding estimate over two fixed minutes
+/// (the previous minute weighted by how much of it the sliding minute still covers).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Meter {
+    minute: u64,
+    current: u64,
+    previous: u64,
+}
+
+impl Meter {
+    fn roll(&mut self, now: u64) {
+        let minute = now / MINUTE;
+        if minute > self.minute {
+            self.previous = if minute == self.minute + 1 {
+                self.current
+            } else {
+                0
+            };
+            (self.minute, self.current) = (minute, 0);
+        }
+    }
+
+    pub(crate) fn add(&mut self, amount: u64, now: u64) {
+        self.roll(now);
+        self.current = self.current.saturating_add(amount);
+    }
+
+    pub(crate) fn sub(&mut self, amount: u64, now: u64) {
+        self.roll(now);
+        let taken = amount.min(self.current);
+        self.current -= taken;
+        self.previous = self.previous.saturating_sub(amount - taken);
+    }
+
+    /// The use of the last minute at `now`.
+    pub(crate) fn get(&mut self, now: u64) -> u64 {
+        self.roll(now);
+        let left = MINUTE - now % MINUTE;
+        let previous = u128::from(self.previous) * u128::from(left) / u128::from(MINUTE);
+        self.current
+            .saturating_add(u64::try_from(previous).unwrap_or(u64::MAX))
+    }
+}
+
+/// The state of one node while it has traffic or a state of its own.
+#[derive(Debug)]
+pub(crate) struct Node {
+    /// The node's limits and borrowing caps (empty without any).
+    pub(crate) store: MemoryStore,
+    pub(crate) limited: bool,
+    pub(crate) in_flight: usize,
+    pub(crate) max_in_flight: Option<NonZeroUsize>,
+    pub(crate) paused: bool,
+    pub(crate) days: Vec<DayCount>,
+    pub(crate) meter: Meter,
+    /// Its guarantee in the reference dimension, per minute.
+    pub(crate) guaranteed: u64,
+    /// The product of the weights on its path.
+    pub(crate) weight: u32,
+    /// Whether a configuration (its own or its depth's template) applies.
+    pub(crate) configured: bool,
+    /// Requests waiting out of the ordering for this node's limits, by ticket.
+    pub(crate) parked: Vec<(u64, Waker)>,
+}
+
+impl Node {
+    /// A node configured by `config` (`None`: nothing of its own), its borrowing cap scaled
+    /// from `parent` limits.
+    pub(crate) fn new(
+        config: Option<&TenantNode>,
+        parent: &[Limit],
+        guaranteed: u64,
+        weight: u32,
+    ) -> Self {
+        let mut quota = Quota::new();
+        let mut days = Vec::new();
+        let mut max_in_flight = None;
+        if let Some(config) = config {
+            quota = limits_of(config, parent)
+                .into_iter()
+                .fold(quota, Quota::with_limit);
+            days = config.daily.iter().copied().map(DayCount::new).collect();
+            max_in_flight = config.max_in_flight;
+        }
+        Self {
+            limited: !quota.limits().is_empty(),
+            store: MemoryStore::new(&quota),
+            in_flight: 0,
+            max_in_flight,
+            paused: false,
+            days,
+            meter: Meter::default(),
+            guaranteed,
+            weight,
+            configured: config.is_some(),
+            parked: Vec::new(),
+        }
+    }
+
+    /// Applies a new configuration, keeping levels, counts and what is in flight.
+    pub(crate) fn reconfigure(
+        &mut self,
+        config: &TenantNode,
+        parent: &[Limit],
+        guaranteed: u64,
+        weight: u32,
+        now: u64,
+    ) {
+        let limits = limits_of(config, parent);
+        // Levels carry over for the limits that stay.
+        self.store
+            .retain(|limit| limits.iter().any(|l| l.same_bucket(limit)));
+        for limit in &limits {
+            self.store.set_limit(*limit, now);
+        }
+        self.limited = !limits.is_empty();
+        self.max_in_flight = config.max_in_flight;
+        let mut days = Vec::with_capacity(config.daily.len());
+        for cap in &config.daily {
+            let kept = self
+                .days
+                .iter()
+                .position(|d| (d.cap.dimension, d.cap.window) == (cap.dimension, cap.window));
+            days.push(match kept {
+                Some(i) => {
+                    let mut count = self.days.swap_remove(i);
+                    count.cap = *cap;
+                    count
+                }
+                None => DayCount::new(*cap),
+            });
+        }
+        self.days = days;
+        (self.guaranteed, self.weight, self.configured) = (guaranteed, weight, true);
+    }
+
+    /// Whether a slot is free.
+    pub(crate) fn slot_free(&self) -> bool {
+        self.max_in_flight
+            .is_none_or(|max| self.in_flight < max.get())
+    }
+
+    /// Debits the node (its fit checked before, under the same lock).
+    pub(crate) fn take(&mut self, cost: &Cost, reference: Dimension, now: u64, unix: u64) {
+        if self.limited {
+            // Checked by the caller under the same lock: it fits.
+            let _ = self.store.reserve(ReservationId(0), cost, Floor::NONE, now);
+        }
+        self.in_flight += 1;
+        for day in &mut self.days {
+            day.add(cost.amount(day.cap.dimension), unix);
+        }
+        self.meter.add(cost.amount(reference), now);
+    }
+
+    /// Settles a reservation: `actual` replaces `reserved`; its slot is given back. Returns
+    /// whether capacity was freed (a parked request may go).
+    pub(crate) fn settle(
+        &mut self,
+        reserved: &Cost,
+        actual: &Cost,
+        reference: Dimension,
+        now: u64,
+        unix: u64,
+    ) -> bool {
+        let mut freed = self.max_in_flight.is_some();
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if self.limited {
+            freed |= self
+                .store
+                .settle(ReservationId(0), reserved, actual, || now);
+        }
+        for day in &mut self.days {
+            let (r, a) = (
+                reserved.amount(day.cap.dimension),
+                actual.amount(day.cap.dimension),
+            );
+            if a > r {
+                day.add(a - r, unix);
+            } else {
+                day.sub(r - a, unix);
+            }
+        }
+        let (r, a) = (reserved.amount(reference), actual.amount(reference));
+        if a > r {
+            self.meter.add(a - r, now);
+        } else {
+            self.meter.sub(r - a, now);
+        }
+        freed
+    }
+
+    /// Whether the node holds nothing a default node would not: it may be dropped.
+    pub(crate) fn is_idle(&mut self, now: u64, unix: u64) -> bool {
+        self.in_flight == 0
+            && !self.paused
+            && self.parked.is_empty()
+            && self.meter.get(now) == 0
+            && (!self.limited || self.store.is_full(now))
+            && self.days.iter_mut().all(|d| d.is_empty(unix))
+    }
+
+    /// The parked requests' wakers, taken.
+    pub(crate) fn unpark_all(&mut self) -> impl Iterator<Item = Waker> + '_ {
+        self.parked.drain(..).map(|(_, waker)| waker)
+    }
+}
+
+/// The limits a node enforces: each of `parent`'s scaled by its most share (its borrowing
+/// cap), then its own (the lower of two for one dimension and period).
+fn limits_of(config: &TenantNode, parent: &[Limit]) -> Vec<Limit> {
+    let mut limits: Vec<Limit> = Vec::new();
+    if let Some(share) = config.max_share {
+        for limit in parent {
+            let amount = (limit.effective_amount() as f64 * share).floor() as u64;
+            let burst = (limit.capacity() as f64 * share).ceil() as u64;
+            let (Some(amount), Some(burst)) = (NonZeroU64::new(amount), NonZeroU64::new(burst))
+            else {
+                continue;
+            };
+            if let Ok(scaled) = Limit::new(limit.dimension(), amount, limit.period())
+                .and_then(|l| l.with_headroom(1.0))
+            {
+                limits.push(scaled.with_burst(burst));
+            }
+        }
+    }
+    for own in &config.limits {
+        match limits.iter_mut().find(|l| l.same_bucket(own)) {
+            Some(cap) if own.effective_amount() < cap.effective_amount() => *cap = *own,
+            Some(_) => {}
+            None => limits.push(*own),
+        }
+    }
+    limits
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_meter_slides_over_the_last_minute() {
+        let mut meter = Meter::default();
+        meter.add(600, 0);
+        assert_eq!(meter.get(MINUTE - 1), 600);
+        // A quarter into the next minute, three quarters of the last one still count.
+        meter.add(100, MINUTE + MINUTE / 4);
+        assert_eq!(meter.get(MINUTE + MINUTE / 4), 100 + 450);
+        // A refund comes off the current minute first, then the previous one.
+        meter.sub(200, MINUTE + MINUTE / 4);
+        assert_eq!(meter.get(MINUTE + MINUTE / 4), 500 * 3 / 4);
+        assert_eq!(meter.get(3 * MINUTE), 0);
+    }
+
+    #[test]
+    fn a_borrowing_cap_scales_the_parent_and_the_lower_limit_wins() {
+        let nz = |n| NonZeroU64::new(n).unwrap();
+        let parent = [Limit::per_minute(Dimension::TotalTokens, nz(10_000))
+            .with_headroom(1.0)
+            .unwrap()];
+        let own = Limit::per_minute(Dimension::TotalTokens, nz(9_000));
+        let capped = TenantNode::new().with_max_share(0.5).with_limit(own);
+        let limits = limits_of(&capped, &parent);
+        assert_eq!(limits.len(), 1);
+        assert_eq!(limits[0].effective_amount(), 5_000);
+        let loose = TenantNode::new()
+            .with_max_share(0.5)
+            .with_limit(Limit::per_minute(Dimension::TotalTokens, nz(1_000)));
+        assert_eq!(limits_of(&loose, &parent)[0].effective_amount(), 1_000);
+    }
+}

@@ -1,0 +1,180 @@
+//! A tenant tree from a configuration file (feature `serde`); the format is in the
+//! [module docs](super#configuration-file).
+
+use std::collections::HashMap;
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::de::Error as _;
+
+use super::config::{DailyCap, DayWindow, TenantNode, TenantTree};
+use super::path::Tenant;
+use crate::quota::{Dimension, Limit};
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Tree {
+    #[serde(default)]
+    default_tenant: Option<Tenant>,
+    #[serde(default)]
+    label_depth: Option<usize>,
+    #[serde(default)]
+    nodes: HashMap<Tenant, Node>,
+    #[serde(default)]
+    templates: HashMap<String, Node>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Node {
+    #[serde(default)]
+    limits: Vec<LimitConfig>,
+    #[serde(default)]
+    weight: Option<NonZeroU32>,
+    #[serde(default)]
+    guarantee: Option<f64>,
+    #[serde(default)]
+    max_share: Option<f64>,
+    #[serde(default)]
+    max_in_flight: Option<NonZeroUsize>,
+    #[serde(default)]
+    daily: Vec<DailyConfig>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitConfig {
+    dimension: String,
+    amount: NonZeroU64,
+    period_seconds: f64,
+    #[serde(default)]
+    burst: Option<NonZeroU64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DailyConfig {
+    dimension: String,
+    amount: NonZeroU64,
+    window: Window,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Window {
+    CalendarUtc,
+    Rolling,
+}
+
+fn dimension<E: serde::de::Error>(name: &str) -> Result<Dimension, E> {
+    Dimension::ALL
+        .into_iter()
+        .find(|d| d.as_str() == name)
+        .ok_or_else(|| E::custom(format!("unknown dimension `{name}`")))
+}
+
+fn node<E: serde::de::Error>(config: Node) -> Result<TenantNode, E> {
+    let mut node = TenantNode::new();
+    for limit in config.limits {
+        if !(limit.period_seconds.is_finite() && limit.period_seconds > 0.0) {
+            return Err(E::custom("a limit's period_seconds must be positive"));
+        }
+        let period = Duration::from_secs_f64(limit.period_seconds);
+        let mut built =
+            Limit::new(dimension(&limit.dimension)?, limit.amount, period).map_err(E::custom)?;
+        if let Some(burst) = limit.burst {
+            built = built.with_burst(burst);
+        }
+        node = node.with_limit(built);
+    }
+    for cap in config.daily {
+        let window = match cap.window {
+            Window::CalendarUtc => DayWindow::CalendarUtc,
+            Window::Rolling => DayWindow::Rolling,
+        };
+        node = node.with_daily_cap(DailyCap::new(
+            dimension(&cap.dimension)?,
+            cap.amount,
+            window,
+        ));
+    }
+    if let Some(weight) = config.weight {
+        node = node.with_weight(weight);
+    }
+    if let Some(share) = config.guarantee {
+        node = node.with_guarantee(share);
+    }
+    if let Some(share) = config.max_share {
+        node = node.with_max_share(share);
+    }
+    if let Some(max) = config.max_in_flight {
+        node = node.with_max_in_flight(max);
+    }
+    Ok(node)
+}
+
+impl<'de> Deserialize<'de> for TenantTree {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let config = Tree::deserialize(deserializer)?;
+        let mut tree = TenantTree::new();
+        if let Some(tenant) = config.default_tenant {
+            tree = tree.with_default_tenant(tenant);
+        }
+        if let Some(depth) = config.label_depth {
+            tree = tree.with_label_depth(depth);
+        }
+        for (path, config) in config.nodes {
+            tree = tree.with_node(path, node(config)?);
+        }
+        for (depth, config) in config.templates {
+            let depth: usize = depth
+                .parse()
+                .map_err(|_| D::Error::custom("a template is keyed by its depth (1, 2, ...)"))?;
+            tree = tree.with_template(depth, node(config)?);
+        }
+        tree.validate().map_err(D::Error::custom)?;
+        Ok(tree)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tree_reads_from_json() {
+        let tree: TenantTree = serde_json::from_str(
+            r#"{ "default_tenant": "anonymous", "label_depth": 2,
+                 "nodes": { "acme": { "weight": 3, "guarantee": 0.75, "max_share": 0.9 },
+                            "acme/search": { "limits": [ { "dimension": "total_tokens",
+                                "amount": 20000, "period_seconds": 60, "burst": 5000 } ],
+                              "max_in_flight": 8,
+                              "daily": [ { "dimension": "total_tokens", "amount": 1000000,
+                                           "window": "rolling" } ] } },
+                 "templates": { "3": { "limits": [ { "dimension": "requests", "amount": 60,
+                                                      "period_seconds": 60 } ] } } }"#,
+        )
+        .unwrap();
+        let acme = tree.node(&"acme".parse().unwrap()).unwrap();
+        assert_eq!((acme.weight().get(), acme.guarantee()), (3, 0.75));
+        assert_eq!(acme.max_share(), Some(0.9));
+        let search = tree.node(&"acme/search".parse().unwrap()).unwrap();
+        assert_eq!(search.limits()[0].capacity(), 5_000);
+        assert_eq!(search.daily_caps()[0].window(), DayWindow::Rolling);
+        let key = tree.node(&"acme/search/k1".parse().unwrap()).unwrap();
+        assert_eq!(key.limits()[0].dimension(), Dimension::Requests);
+        assert_eq!(tree.default_tenant().as_str(), "anonymous");
+        assert_eq!(tree.label_depth, 2);
+    }
+
+    #[test]
+    fn a_bad_tree_is_refused() {
+        let over = r#"{ "nodes": { "a": { "guarantee": 0.6 }, "b": { "guarantee": 0.6 } } }"#;
+        assert!(serde_json::from_str::<TenantTree>(over).is_err());
+        let dimension = r#"{ "nodes": { "a": { "limits": [ { "dimension": "bytes",
+            "amount": 1, "period_seconds": 1 } ] } } }"#;
+        assert!(serde_json::from_str::<TenantTree>(dimension).is_err());
+        assert!(serde_json::from_str::<TenantTree>(r#"{ "nodes": { "a//b": {} } }"#).is_err());
+    }
+}

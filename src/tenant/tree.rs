@@ -1,0 +1,423 @@
+//! The run-time tenant tree of one budget: the configuration, the live nodes, and the checks
+//! of a request's path. Plain data under the budget's mutex; times in nanoseconds on the
+//! budget's clock, days from the tree's wall clock.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::task::Waker;
+
+use tokio::time::Instant;
+
+use super::config::{DailyCap, TenantNode, TenantTree};
+use super::error::{Refusal, TenantRefused};
+use super::node::Node;
+use super::path::{Tenant, within};
+use crate::budget::Floor;
+use crate::budget::store::{LimitState, Store};
+use crate::cost::Cost;
+use crate::quota::{Dimension, Limit};
+use crate::sched::Flow;
+
+/// What the nodes of a path say to a cost.
+#[derive(Debug)]
+pub(crate) enum Check {
+    /// Every node can pay now.
+    Fits,
+    /// A node refuses: the request fails at once.
+    Refused(TenantRefused),
+    /// The node at `depth` cannot pay yet: at `at` (nanoseconds, with the limit that binds),
+    /// or when one of its calls in flight ends (`None`).
+    Blocked {
+        depth: usize,
+        at: Option<(u64, Limit)>,
+    },
+}
+
+/// The tenants of one budget.
+#[derive(Debug)]
+pub(crate) struct Tenants {
+    pub(crate) tree: TenantTree,
+    live: HashMap<Tenant, Node>,
+    /// The live nodes, in the order the sweep looks at them (one per admission).
+    sweep: VecDeque<Tenant>,
+    /// The account's limits: what a top-level borrowing cap scales.
+    account: Vec<Limit>,
+    /// The dimension guarantees and meters count, and the account's rate of it per minute.
+    pub(crate) reference: (Dimension, u64),
+    next_ticket: u64,
+}
+
+impl Tenants {
+    pub(crate) fn new(tree: TenantTree, account: &[Limit]) -> Self {
+        Self {
+            tree,
+            live: HashMap::new(),
+            sweep: VecDeque::new(),
+            account: account.to_vec(),
+            reference: reference(account),
+            next_ticket: 0,
+        }
+    }
+
+    /// The path of a request: its own, else the tree's default.
+    pub(crate) fn path_of(&self, tenant: Option<&Tenant>) -> Tenant {
+        tenant
+            .cloned()
+            .unwrap_or_else(|| self.tree.default_tenant.clone())
+    }
+
+    /// How many nodes hold state now.
+    pub(crate) fn live(&self) -> usize {
+        self.live.len()
+    }
+
+    /// The live node at `prefix`, made if needed.
+    fn node(&mut self, prefix: &str) -> &mut Node {
+        if !self.live.contains_key(prefix) {
+            let path = Tenant::parse(prefix).expect("a prefix of a valid path");
+            let node = self.make(&path);
+            self.sweep.push_back(path.clone());
+            self.live.insert(path, node);
+        }
+        self.live.get_mut(prefix).expect("just made")
+    }
+
+    fn make(&self, path: &Tenant) -> Node {
+        let config = self.tree.node(path);
+        Node::new(
+            config,
+            &self.parent_limits(path),
+            self.guaranteed(path),
+            self.weight(path),
+        )
+    }
+
+    /// The limits a borrowing cap of `path` scales: its nearest ancestor's with limits, else
+    /// the account's.
+    fn parent_limits(&self, path: &Tenant) -> Vec<Limit> {
+        let mut ancestor = path.parent();
+        while let Some(p) = ancestor {
+            if let Some(config) = self.tree.node(&p).filter(|c| !c.limits.is_empty()) {
+                return config.limits.clone();
+            }
+            ancestor = p.parent();
+        }
+        self.account.clone()
+    }
+
+    /// The guarantee of `path` in the reference dimension per minute: the product of the
+    /// guarantees set on its path, times the account's rate.
+    fn guaranteed(&self, path: &Tenant) -> u64 {
+        let mut share = 1.0;
+        let mut any = false;
+        for prefix in path.prefixes() {
+            if let Some(config) = self.config(prefix).filter(|c| c.guarantee > 0.0) {
+                share *= config.guarantee;
+                any = true;
+            }
+        }
+        if any {
+            (self.reference.1 as f64 * share).floor() as u64
+        } else {
+            0
+        }
+    }
+
+    fn weight(&self, path: &Tenant) -> u32 {
+        path.prefixes()
+            .filter_map(|prefix| self.config(prefix))
+            .fold(1u32, |w, c| w.saturating_mul(c.weight.get()))
+    }
+
+    fn config(&self, prefix: &str) -> Option<&TenantNode> {
+        self.tree.nodes.get(prefix).or_else(|| {
+            let depth = prefix.split('/').count();
+            self.tree.template(depth)
+        })
+    }
+
+    /// Checks every node of `path` for `cost`, top-down: refusals (a pause, a spent day, a
+    /// cost above a capacity) anywhere first, then what would make it wait.
+    pub(crate) fn check(&mut self, path: &Tenant, cost: &Cost, now: u64, at: Instant) -> Check {
+        let unix = self.tree.clock.unix_seconds(at);
+        let mut blocked = None;
+        for (i, prefix) in path.prefixes().enumerate() {
+            let node = self.node(prefix);
+            if node.paused {
+                return Check::Refused(refused(prefix, Refusal::Paused));
+            }
+            for day in &mut node.days {
+                let amount = cost.amount(day.cap.dimension);
+                if let Err(used) = day.fits(amount, unix) {
+                    let reason = Refusal::DailyCap {
+                        dimension: day.cap.dimension,
+                        window: day.cap.window,
+                        cap: day.cap.amount.get(),
+                        used,
+                    };
+                    return Check::Refused(refused(prefix, reason));
+                }
+            }
+            if node.limited {
+                if let Err(e) = node.store.check_capacity(cost, Floor::NONE) {
+                    let reason = Refusal::TooLarge {
+                        dimension: e.dimension(),
+                        cost: e.cost(),
+                        capacity: e.capacity(),
+                    };
+                    return Check::Refused(refused(prefix, reason));
+                }
+            }
+            if blocked.is_some() {
+                continue;
+            }
+            if !node.slot_free() {
+                blocked = Some((i + 1, None));
+            } else if node.limited {
+                let ready = node.store.not_before(cost, now).filter(|(r, _)| *r > now);
+                if let Some((ready, limit)) = ready {
+                    blocked = Some((i + 1, Some((ready, node.store.limit(limit)))));
+                }
+            }
+        }
+        match blocked {
+            Some((depth, at)) => Check::Blocked { depth, at },
+            None => Check::Fits,
+        }
+    }
+
+    /// Debits every node of `path` (checked by [`Tenants::check`] under the same lock), and
+    /// lets the sweep look at one live node.
+    pub(crate) fn take(&mut self, path: &Tenant, cost: &Cost, now: u64, at: Instant) {
+        let unix = self.tree.clock.unix_seconds(at);
+        let reference = self.reference.0;
+        for prefix in path.prefixes() {
+            self.node(prefix).take(cost, reference, now, unix);
+        }
+        self.sweep_one(now, unix);
+    }
+
+    /// Settles a reservation on every node of `path`; returns the wakers of requests parked
+    /// for a node that freed capacity.
+    pub(crate) fn settle(
+        &mut self,
+        path: &Tenant,
+        reserved: &Cost,
+        actual: &Cost,
+        now: u64,
+        at: Instant,
+        wakers: &mut Vec<Waker>,
+    ) {
+        let unix = self.tree.clock.unix_seconds(at);
+        let reference = self.reference.0;
+        for prefix in path.prefixes() {
+            let node = self.node(prefix);
+            if node.settle(reserved, actual, reference, now, unix) {
+                wakers.extend(node.unpark_all());
+            }
+        }
+        #[cfg(feature = "metrics")]
+        super::metrics::settled(self, path, actual, now);
+    }
+
+    /// The fair-share flow of `path`: its deepest configured node (else its top-level
+    /// tenant), the product of the weights on the path, and whether it is below its
+    /// guarantee.
+    pub(crate) fn flow(&mut self, path: &Tenant, now: u64) -> Flow {
+        let mut key = path.prefix(1);
+        let mut below = false;
+        for prefix in path.prefixes() {
+            let node = self.node(prefix);
+            if node.configured {
+                key = prefix;
+            }
+            if node.guaranteed > 0 {
+                below = node.meter.get(now) < node.guaranteed;
+            }
+        }
+        let weight = self.live.get(path.as_str()).map_or(1, |n| n.weight);
+        let mut hasher = DefaultHasher::new();
+        key.hash(&mut hasher);
+        Flow {
+            // Never 0: the key of requests without a tenant tree, served first come.
+            key: hasher.finish() | 1,
+            weight: weight.max(1),
+            below_guarantee: below,
+        }
+    }
+
+    /// Parks a request blocked by the node at `depth` of `path` until it frees capacity;
+    /// returns its ticket.
+    pub(crate) fn park(&mut self, path: &Tenant, depth: usize, waker: &Waker) -> u64 {
+        self.next_ticket += 1;
+        let ticket = self.next_ticket;
+        let node = self.node(path.prefix(depth));
+        node.parked.push((ticket, waker.clone()));
+        ticket
+    }
+
+    /// Ends a parking.
+    pub(crate) fn unpark(&mut self, path: &Tenant, depth: usize, ticket: u64) {
+        if let Some(node) = self.live.get_mut(path.prefix(depth)) {
+            node.parked.retain(|(t, _)| *t != ticket);
+        }
+    }
+
+    /// Pauses or resumes `scope`; returns the wakers of requests parked at or below it, or
+    /// above it (their path may cross it), so they look again.
+    pub(crate) fn set_paused(&mut self, scope: &Tenant, paused: bool, wakers: &mut Vec<Waker>) {
+        self.node(scope.as_str()).paused = paused;
+        for (path, node) in &mut self.live {
+            if within(path.as_str(), scope.as_str()) || scope.is_within(path) {
+                wakers.extend(node.unpark_all());
+            }
+        }
+    }
+
+    /// Replaces the configuration of `path`; a live node takes it at once, keeping its levels.
+    pub(crate) fn set_node(
+        &mut self,
+        path: Tenant,
+        config: TenantNode,
+        now: u64,
+        wakers: &mut Vec<Waker>,
+    ) {
+        self.tree.nodes.insert(path.clone(), config);
+        // Weights, guarantees and borrowing caps of the nodes below may change too.
+        let affected: Vec<Tenant> = self
+            .live
+            .keys()
+            .filter(|p| p.is_within(&path))
+            .cloned()
+            .collect();
+        for p in affected {
+            let (parent, guaranteed, weight) =
+                (self.parent_limits(&p), self.guaranteed(&p), self.weight(&p));
+            let config = self.tree.node(&p).cloned();
+            if let Some(node) = self.live.get_mut(&p) {
+                // Parked requests look again under the new limits.
+                wakers.extend(node.unpark_all());
+                match config {
+                    Some(config) => node.reconfigure(&config, &parent, guaranteed, weight, now),
+                    None => (node.guaranteed, node.weight) = (guaranteed, weight),
+                }
+            }
+        }
+    }
+
+    /// What a snapshot of `path` shows; a node without state reads as fresh.
+    pub(crate) fn view(&mut self, path: &Tenant, now: u64, at: Instant) -> NodeView {
+        let unix = self.tree.clock.unix_seconds(at);
+        let mut fresh;
+        let node = match self.live.get_mut(path.as_str()) {
+            Some(node) => node,
+            None => {
+                fresh = self.make(path);
+                &mut fresh
+            }
+        };
+        NodeView {
+            limits: node.store.snapshot(now),
+            weight: node.weight,
+            paused: node.paused,
+            in_flight: node.in_flight,
+            used: node.meter.get(now),
+            guaranteed: node.guaranteed,
+            today: node
+                .days
+                .iter_mut()
+                .map(|day| (day.cap, day.used(unix)))
+                .collect(),
+        }
+    }
+
+    /// The live node at `path`, if any.
+    pub(crate) fn get_mut(&mut self, path: &str) -> Option<&mut Node> {
+        self.live.get_mut(path)
+    }
+
+    /// Looks at the live node the sweep reached: forgotten if idle, else looked at later.
+    fn sweep_one(&mut self, now: u64, unix: u64) {
+        let Some(path) = self.sweep.pop_front() else {
+            return;
+        };
+        let idle = match self.live.get_mut(&path) {
+            Some(node) => node.is_idle(now, unix),
+            None => return,
+        };
+        if idle {
+            self.live.remove(&path);
+        } else {
+            self.sweep.push_back(path);
+        }
+    }
+
+    /// Forgets every idle node now (a snapshot or a test of memory).
+    pub(crate) fn sweep_all(&mut self, now: u64, at: Instant) {
+        let unix = self.tree.clock.unix_seconds(at);
+        self.live.retain(|_, node| !node.is_idle(now, unix));
+        let live = &self.live;
+        self.sweep.retain(|path| live.contains_key(path));
+    }
+}
+
+/// One node's state, for a snapshot.
+#[derive(Debug)]
+pub(crate) struct NodeView {
+    pub(crate) limits: Vec<LimitState>,
+    pub(crate) weight: u32,
+    pub(crate) paused: bool,
+    pub(crate) in_flight: usize,
+    pub(crate) used: u64,
+    pub(crate) guaranteed: u64,
+    pub(crate) today: Vec<(DailyCap, u64)>,
+}
+
+impl NodeView {
+    /// A budget without tenants: nothing.
+    pub(crate) fn empty() -> Self {
+        Self {
+            limits: Vec::new(),
+            weight: 1,
+            paused: false,
+            in_flight: 0,
+            used: 0,
+            guaranteed: 0,
+            today: Vec::new(),
+        }
+    }
+}
+
+/// Counts a refusal by a scope (feature `metrics`).
+#[cfg(feature = "metrics")]
+pub(crate) fn refused_metric(tenants: &Tenants, refused: &TenantRefused) {
+    super::metrics::refused(tenants.tree.label_depth, refused);
+}
+
+fn refused(prefix: &str, reason: Refusal) -> TenantRefused {
+    TenantRefused {
+        scope: Tenant::parse(prefix).expect("a prefix of a valid path"),
+        reason,
+    }
+}
+
+/// The dimension guarantees count in (total tokens, else input tokens, else requests) and the
+/// account's rate of it per minute, from its shortest limit of that dimension.
+fn reference(account: &[Limit]) -> (Dimension, u64) {
+    for dimension in [
+        Dimension::TotalTokens,
+        Dimension::InputTokens,
+        Dimension::Requests,
+    ] {
+        let shortest = account
+            .iter()
+            .filter(|l| l.dimension() == dimension)
+            .min_by_key(|l| l.period());
+        if let Some(limit) = shortest {
+            let per_minute = limit.effective_amount() as f64 * 60.0 / limit.period().as_secs_f64();
+            return (dimension, per_minute.floor() as u64);
+        }
+    }
+    (Dimension::TotalTokens, 0)
+}
