@@ -78,7 +78,7 @@ async fn pause_refuses_a_tenant_at_once_and_resume_restores_it() {
     .await;
     assert_eq!(
         (status, body["error"]["scope"].as_str()),
-        (429, Some("key:globex-app"))
+        (429, Some("tenant:globex/globex-app"))
     );
     gateway
         .admin(Method::POST, "/resume", ADMIN, json!({"key": "globex-app"}))
@@ -92,9 +92,9 @@ async fn pause_refuses_a_tenant_at_once_and_resume_restores_it() {
     );
 
     let unknown = gateway
-        .admin(Method::POST, "/pause", ADMIN, json!({"tenant": "initech"}))
+        .admin(Method::POST, "/pause", ADMIN, json!({"tenant": "initech//x"}))
         .await;
-    assert_eq!(unknown.status(), 404);
+    assert_eq!(unknown.status(), 422);
     // The provider saw none of the refused requests.
     let stats = gateway.gateway.accounts[0]
         .simulator
@@ -116,7 +116,11 @@ async fn limits_change_and_the_tree_shows_levels_and_usage() {
         200
     );
     // Down to one request a minute (a burst of one, the level kept but clamped), weight 5.
-    let change = json!({"tenant": "globex", "limits": {"requests_per_minute": 1, "tokens_per_minute": 6000}, "weight": 5});
+    let limits = json!([
+        {"dimension": "requests", "amount": 1, "period_seconds": 60},
+        {"dimension": "total_tokens", "amount": 6000, "period_seconds": 60},
+    ]);
+    let change = json!({"tenant": "globex", "limits": limits, "weight": 5});
     assert_eq!(
         gateway
             .admin(Method::PUT, "/limits", ADMIN, change)
@@ -156,10 +160,12 @@ async fn limits_change_and_the_tree_shows_levels_and_usage() {
     assert_eq!(paths, ["acme", "acme/reports", "acme/search", "globex"]);
     let globex = &tree[3];
     assert_eq!(globex["weight"], 5);
-    assert_eq!(globex["limits"]["requests_per_minute"], 1);
-    assert_eq!(globex["levels"][0]["limit"], "requests_per_minute");
-    assert_eq!(globex["levels"][0]["capacity"], 1);
-    assert_eq!(globex["levels"][0]["level"], 0);
+    assert_eq!(
+        globex["accounts"][0]["levels"][0]["limit"],
+        "requests_per_minute"
+    );
+    assert_eq!(globex["accounts"][0]["levels"][0]["capacity"], 1);
+    assert_eq!(globex["accounts"][0]["levels"][0]["level"], 0);
     assert_eq!(globex["usage"]["requests"], 2);
     assert_eq!(globex["usage"]["local_refusals"], 1);
     assert!(globex["usage"]["input_tokens"].as_u64().unwrap() > 0);
@@ -182,7 +188,7 @@ async fn limits_change_and_the_tree_shows_levels_and_usage() {
         ),
         (Some(2), Some(1))
     );
-    let bad = json!({"tenant": "globex", "limits": {"requests_per_minute": 0}});
+    let bad = json!({"tenant": "globex", "limits": [{"dimension": "requests", "amount": 0, "period_seconds": 60}]});
     assert_eq!(
         gateway
             .admin(Method::PUT, "/limits", ADMIN, bad)

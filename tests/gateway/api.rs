@@ -60,9 +60,9 @@ async fn an_unknown_key_gets_401_and_touches_no_quota() {
         assert_eq!(body["error"]["gateway_decision"], "local");
     }
     let levels = |nodes: Vec<crate::server::tenancy::NodeView>| {
-        nodes
-            .into_iter()
-            .map(|n| n.levels.iter().map(|l| l.level).collect::<Vec<_>>())
+        let accounts = nodes.into_iter().flat_map(|n| n.accounts);
+        accounts
+            .map(|a| (a.used, a.levels.iter().map(|l| l.level).collect::<Vec<_>>()))
             .collect::<Vec<_>>()
     };
     assert_eq!(levels(gateway.gateway.tenants.snapshot()), levels(before));
@@ -161,7 +161,9 @@ async fn bad_bodies_are_refused_before_anything_is_reserved() {
         .into_iter()
         .find(|n| n.path == "acme/search")
         .unwrap();
-    assert!(search.levels.iter().all(|l| l.level == l.capacity as i64));
+    let levels = search.accounts.iter().flat_map(|a| &a.levels);
+    assert!(levels.clone().all(|l| l.level == l.capacity as i64));
+    assert_eq!(levels.count(), 2);
     assert_eq!(
         gateway.gateway.accounts[0]
             .simulator
@@ -225,8 +227,6 @@ pub(crate) fn fixed_config(upstream: &str) -> String {
         profile = "openai"
         apis = ["chat"]
         quota = {{ requests_per_minute = 600, tokens_per_minute = 600000, max_in_flight = 1 }}
-        [[tenants]]
-        path = "team"
         [[keys]]
         name = "team-key"
         key = "caller-secret"
@@ -285,7 +285,9 @@ async fn metrics_carry_per_tenant_series() {
         r#"gateway_requests_total{tenant="acme/search",api="chat",status="200"}"#,
         r#"gateway_requests_total{tenant="acme/reports",api="messages",status="200"}"#,
         r#"gateway_tokens_total{tenant="acme/reports",kind="output"}"#,
-        r#"gateway_tenant_level{tenant="globex",limit="requests_per_minute"}"#,
+        r#"gateway_tenant_level{tenant="globex",account="openai-sim",limit="requests_per_minute"}"#,
+        r#"gateway_tenant_guaranteed_tokens_per_minute{tenant="acme",account="anthropic-sim"}"#,
+        "llm_tenant_tokens_total",
         r#"gateway_account_queued{account="openai-sim",class="batch"}"#,
         "llm_requests_total",
     ] {

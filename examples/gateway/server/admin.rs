@@ -2,9 +2,9 @@
 //!
 //! | route | does |
 //! |---|---|
-//! | `GET /admin/tenants` | the tree: each node's weight, limits, levels, pause and today's usage |
-//! | `PUT /admin/limits` | `{"tenant": "acme/search", "limits": {...}, "weight": 2}`: new limits (and weight) |
-//! | `POST /admin/pause` | `{"tenant": "globex"}` or `{"key": "globex-app"}` |
+//! | `GET /admin/tenants` | the tree: each node's weight, pause, and on each account its limits and levels, used, guaranteed and borrowed tokens a minute, calls in flight, queued requests by class; today's usage |
+//! | `PUT /admin/limits` | `{"tenant": "acme/search", "limits": [{"dimension": "total_tokens", "amount": 9000, "period_seconds": 60}], "weight": 2}`: new limits, new weight (either may be left out) |
+//! | `POST /admin/pause` | `{"tenant": "globex"}` or `{"key": "globex-app"}`: refused at once, queued ones too |
 //! | `POST /admin/resume` | the same, lifted |
 //! | `GET /admin/usage` | today's requests, tokens and refusals per tenant |
 
@@ -18,9 +18,13 @@ use axum::{Json, Router};
 use http::StatusCode;
 use serde::{Deserialize, Serialize};
 
+use std::num::NonZeroU32;
+
+use tower_llm_quota::tenant::Tenant;
+
 use super::Gateway;
-use super::config::Limits;
 use super::status;
+use super::tenancy::LimitChange;
 use super::usage::Counts;
 
 pub(crate) fn routes(gateway: Arc<Gateway>) -> Router<Arc<Gateway>> {
@@ -53,43 +57,43 @@ async fn tenants(State(gateway): State<Arc<Gateway>>) -> Json<Vec<status::Tenant
 }
 
 #[derive(Debug, Deserialize)]
-struct LimitsChange {
-    tenant: String,
-    limits: Limits,
-    weight: Option<u32>,
+#[serde(deny_unknown_fields)]
+struct NodeChange {
+    tenant: Tenant,
+    limits: Option<Vec<LimitChange>>,
+    weight: Option<NonZeroU32>,
 }
 
-async fn limits(State(gateway): State<Arc<Gateway>>, Json(change): Json<LimitsChange>) -> Response {
+async fn limits(State(gateway): State<Arc<Gateway>>, Json(change): Json<NodeChange>) -> Response {
+    let limits = change.limits.as_deref();
     match gateway
         .tenants
-        .set_limits(&change.tenant, change.limits, change.weight)
+        .set_node(&change.tenant, limits, change.weight)
     {
-        Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => not_found(&change.tenant),
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(error) => (StatusCode::BAD_REQUEST, error.to_string()).into_response(),
     }
 }
 
 /// A tenant path or a key name.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Target {
-    tenant: Option<String>,
+    tenant: Option<Tenant>,
     key: Option<String>,
 }
 
 fn set_paused(gateway: &Gateway, target: Target, paused: bool) -> Response {
-    match (target.tenant, target.key) {
-        (Some(tenant), None) if gateway.tenants.set_paused(&tenant, paused) => {
-            StatusCode::NO_CONTENT.into_response()
-        }
-        (Some(tenant), None) => not_found(&tenant),
-        (None, Some(key)) if gateway.keys.has_name(&key) => {
-            gateway.tenants.set_key_paused(&key, paused);
-            StatusCode::NO_CONTENT.into_response()
-        }
-        (None, Some(key)) => not_found(&key),
-        _ => (StatusCode::BAD_REQUEST, "give one of `tenant` and `key`").into_response(),
-    }
+    let path = match (target.tenant, target.key) {
+        (Some(tenant), None) => tenant,
+        (None, Some(key)) => match gateway.keys.path_of(&key) {
+            Some(path) => path.clone(),
+            None => return not_found(&key),
+        },
+        _ => return (StatusCode::BAD_REQUEST, "give one of `tenant` and `key`").into_response(),
+    };
+    gateway.tenants.set_paused(&path, paused);
+    StatusCode::NO_CONTENT.into_response()
 }
 
 async fn pause(State(gateway): State<Arc<Gateway>>, Json(target): Json<Target>) -> Response {
@@ -109,13 +113,11 @@ struct TenantUsage {
 
 async fn usage(State(gateway): State<Arc<Gateway>>) -> Json<Vec<TenantUsage>> {
     Json(
-        gateway
-            .tenants
-            .snapshot()
+        status::tenants(&gateway)
             .into_iter()
-            .map(|node| TenantUsage {
-                counts: gateway.ledger.counts_under(&node.path),
-                tenant: node.path,
+            .map(|tenant| TenantUsage {
+                tenant: tenant.node.path,
+                counts: tenant.usage,
             })
             .collect(),
     )

@@ -9,6 +9,7 @@ use http::HeaderMap;
 use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 use tower_llm_quota::Priority;
+use tower_llm_quota::tenant::Tenant;
 
 use super::config::{ConfigError, KeyConfig};
 
@@ -19,6 +20,8 @@ pub(crate) struct Caller {
     pub(crate) name: String,
     /// The tenant path it spends.
     pub(crate) tenant: String,
+    /// The path of its requests: the tenant's, then the key's name.
+    pub(crate) path: Tenant,
     pub(crate) default_class: Priority,
     pub(crate) allow_priority_header: bool,
 }
@@ -71,9 +74,13 @@ impl KeyRing {
                 return Err(ConfigError(format!("key `{}` is empty", key.name)));
             }
             ring.digests.push(digest(secret.as_bytes()));
+            let path = Tenant::parse(&key.tenant)
+                .and_then(|tenant| tenant.child(&key.name))
+                .map_err(|e| ConfigError(format!("key `{}`: {e}", key.name)))?;
             ring.callers.push(Caller {
                 name: key.name.clone(),
                 tenant: key.tenant.clone(),
+                path,
                 default_class: key.default_class.into(),
                 allow_priority_header: key.allow_priority_header,
             });
@@ -81,9 +88,12 @@ impl KeyRing {
         Ok(ring)
     }
 
-    /// Whether a key of that name is configured.
-    pub(crate) fn has_name(&self, name: &str) -> bool {
-        self.callers.iter().any(|c| c.name == name)
+    /// The node of the key of that name.
+    pub(crate) fn path_of(&self, name: &str) -> Option<&Tenant> {
+        self.callers
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| &c.path)
     }
 
     /// The caller a request's key (`Authorization: Bearer` or `x-api-key`) belongs to.

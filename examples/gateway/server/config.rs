@@ -14,10 +14,10 @@
 //! apis = ["chat", "responses"]         # chat | responses | messages
 //! quota = { requests_per_minute = 500, tokens_per_minute = 200000, max_in_flight = 64 }
 //!
-//! [[tenants]]
-//! path = "acme/search"
+//! [tenants.nodes."acme/search"]
 //! weight = 3
-//! limits = { requests_per_minute = 120, tokens_per_minute = 60000 }
+//! guarantee = 0.5
+//! limits = [{ dimension = "total_tokens", amount = 60000, period_seconds = 60 }]
 //!
 //! [[keys]]
 //! name = "acme-search-web"
@@ -31,7 +31,10 @@ use std::net::SocketAddr;
 use std::num::NonZeroU64;
 use std::time::Duration;
 
+use std::collections::BTreeSet;
+
 use serde::Deserialize;
+use tower_llm_quota::tenant::{Tenant, TenantTree};
 use tower_llm_quota::{Dimension, Limit, Priority, Quota};
 
 /// The whole configuration file.
@@ -41,8 +44,10 @@ pub(crate) struct Config {
     #[serde(default)]
     pub(crate) server: ServerConfig,
     pub(crate) accounts: Vec<AccountConfig>,
+    /// The tenant tree, in the crate's format (`tower_llm_quota::tenant`'s configuration
+    /// file): `default_tenant`, `label_depth`, `nodes`, `templates`.
     #[serde(default)]
-    pub(crate) tenants: Vec<TenantConfig>,
+    pub(crate) tenants: toml::Table,
     pub(crate) keys: Vec<KeyConfig>,
 }
 
@@ -220,21 +225,6 @@ impl Limits {
     }
 }
 
-/// A node of the tenant tree: `team` or `team/project` (a parent's limits bind its children).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct TenantConfig {
-    pub(crate) path: String,
-    #[serde(default = "default_weight")]
-    pub(crate) weight: u32,
-    #[serde(default)]
-    pub(crate) limits: Limits,
-}
-
-fn default_weight() -> u32 {
-    1
-}
-
 /// The classes a key may name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -296,32 +286,39 @@ impl Config {
         Ok(config)
     }
 
-    /// Every key names a configured tenant, every API is served once, paths are well formed.
+    /// The tenant tree, and the paths the status page lists: every configured node, every
+    /// key's tenant, and their ancestors.
+    pub(crate) fn tenant_tree(&self) -> Result<(TenantTree, Vec<Tenant>), ConfigError> {
+        let error = |e: &dyn std::fmt::Display| ConfigError(format!("tenants: {e}"));
+        let tree = TenantTree::deserialize(toml::Value::Table(self.tenants.clone()))
+            .map_err(|e| error(&e))?;
+        let mut paths = BTreeSet::new();
+        let configured = self.tenants.get("nodes").and_then(toml::Value::as_table);
+        let named = configured.into_iter().flat_map(|nodes| nodes.keys());
+        for path in named.chain(self.keys.iter().map(|k| &k.tenant)) {
+            let mut tenant = Some(Tenant::parse(path).map_err(|e| error(&e))?);
+            while let Some(node) = tenant {
+                tenant = node.parent();
+                paths.insert(node);
+            }
+        }
+        Ok((tree, paths.into_iter().collect()))
+    }
+
+    /// Every key's tenant and name are paths, every API is served once, limits are valid.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         for account in &self.accounts {
             account.quota.limits()?;
         }
-        for tenant in &self.tenants {
-            tenant.limits.limits()?;
-            let valid = !tenant.path.is_empty()
-                && tenant.path.split('/').all(|part| {
-                    !part.is_empty()
-                        && part
-                            .chars()
-                            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-                });
-            if !valid || tenant.weight == 0 {
-                return Err(ConfigError(format!(
-                    "tenant `{}`: a path of `/`-separated names and a positive weight",
-                    tenant.path
-                )));
-            }
-        }
+        self.tenant_tree()?;
         for key in &self.keys {
-            if !self.tenants.iter().any(|t| t.path == key.tenant) {
+            if Tenant::parse(&key.tenant)
+                .and_then(|t| t.child(&key.name))
+                .is_err()
+            {
                 return Err(ConfigError(format!(
-                    "key `{}` names the unknown tenant `{}`",
-                    key.name, key.tenant
+                    "key `{}`: its tenant and name must make a tenant path",
+                    key.name
                 )));
             }
             if key.key.is_none() == key.key_env.is_none() {

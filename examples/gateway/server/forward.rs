@@ -22,6 +22,7 @@ use super::Gateway;
 use super::config::Api;
 use super::metered::{Meter, Metered};
 use super::refusal::Refusal;
+use super::tenancy;
 use super::upstream::{Account, Dispatched, Governed, UpBody};
 use tower_llm_quota::stack::QuotaBody;
 
@@ -49,10 +50,9 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         Ok(checked) => checked,
         Err(refusal) => return gateway.refuse(tenant, refusal),
     };
-    let mut pass = match gateway.tenants.admit(&caller.name, &caller.tenant, cost) {
-        Ok(pass) => pass,
-        Err(refusal) => return gateway.refuse(tenant, refusal),
-    };
+    if let Err(refusal) = gateway.tenants.check(&account.name, &caller.path, cost) {
+        return gateway.refuse(tenant, refusal);
+    }
     let (profile, stack) = account.stack(api).expect("the account serves the API");
     let dispatched = Dispatched::default();
     let mut upstream = account.request(api, &parts.headers, body.clone());
@@ -63,12 +63,12 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         .extensions_mut()
         .insert(caller.class(&parts.headers));
     upstream.extensions_mut().insert(dispatched.clone());
+    upstream.extensions_mut().insert(caller.path.clone());
     upstream.extensions_mut().insert(Scope {
         provider: Some(account.name.clone()),
         model,
         key: Some(caller.name.clone()),
     });
-    pass.mark_sent();
 
     let mut call = send(stack, upstream);
     let result = tokio::select! {
@@ -80,25 +80,17 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
             } else {
                 // Still queued: leave the queue (the future's drop gives its place back).
                 drop(call);
-                pass.refund();
                 return gateway.refuse(tenant, stopping());
             }
         }
     };
     let response = match result {
         Ok(response) => response,
-        Err(error) => {
-            if !dispatched.is_set() {
-                pass.refund();
-            }
-            return gateway.refuse(tenant, stack_error(account, &error));
-        }
+        Err(error) => return gateway.refuse(tenant, stack_error(account, &error)),
     };
     if response.status() == StatusCode::TOO_MANY_REQUESTS {
         let (head, body) = response.into_parts();
         let bytes = collect(body, MAX_ERROR_BODY).await.unwrap_or_default();
-        // The provider admitted nothing: the tenant gets its tokens back.
-        pass.refund();
         let head = http::Response::from_parts(head, ());
         return gateway.refuse(tenant, provider_refusal(account, &head, &bytes));
     }
@@ -113,7 +105,7 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         profile,
         scanner: UsageScanner::new(profile.wire_format(), streaming),
         estimate: cost,
-        pass: Some(pass),
+        finished: false,
     };
     Response::from_parts(head, Body::new(Metered::new(body, meter)))
 }
@@ -186,6 +178,9 @@ fn stack_error(account: &Account, error: &BoxError) -> Refusal {
     let Some(error) = error.downcast_ref::<Error>() else {
         return upstream_failure(&scope, &error.to_string());
     };
+    if let Some(refused) = error.tenant_refused() {
+        return tenancy::refused(refused);
+    }
     if error.is_store_unavailable() {
         return Refusal::unavailable("store", "the shared quota store is unreachable").scope(scope);
     }

@@ -1,5 +1,6 @@
-//! The body of a forwarded answer: passed through unchanged, its usage read on the way, and
-//! the tenant's reservations settled when it ends (or is dropped).
+//! The body of a forwarded answer: passed through unchanged, its usage read on the way and
+//! counted for its tenant when it ends (or is dropped). The budget settles its own
+//! reservation, on the account and every tenant node, in the stack's body below.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,10 +13,9 @@ use tower_llm_quota::provider::Profile;
 use tower_llm_quota::usage::UsageScanner;
 use tower_llm_quota::{BoxError, Cost};
 
-use super::tenancy::TenantPass;
 use super::usage::Ledger;
 
-/// What is settled when the answer ends.
+/// What is counted when the answer ends.
 #[derive(Debug)]
 pub(crate) struct Meter {
     pub(crate) ledger: Arc<Ledger>,
@@ -23,13 +23,15 @@ pub(crate) struct Meter {
     pub(crate) profile: Profile,
     pub(crate) scanner: UsageScanner,
     pub(crate) estimate: Cost,
-    pub(crate) pass: Option<TenantPass>,
+    pub(crate) finished: bool,
 }
 
 impl Meter {
-    /// Settles once: the usage the provider reported, else the estimate.
+    /// Counts once: the usage the provider reported, else the estimate.
     fn finish(&mut self) {
-        let Some(pass) = self.pass.take() else { return };
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
         let usage = self
             .scanner
             .usage()
@@ -39,7 +41,6 @@ impl Meter {
             None => (self.estimate.input_tokens(), self.estimate.output_tokens()),
         };
         self.ledger.tokens(&self.tenant, input, output);
-        pass.settle(usage.as_ref());
     }
 }
 

@@ -74,13 +74,20 @@ impl Gateway {
                 return Err(ConfigError("no admin token: set `admin_token_env`".into()));
             }
         };
+        let (tree, paths) = config.tenant_tree()?;
+        let mut tenants = Tenancy::new(paths);
         let mut accounts = Vec::with_capacity(config.accounts.len());
         for account in &config.accounts {
-            accounts.push(Account::new(account, redis_url, config.server.fail_closed).await?);
+            let account =
+                Account::new(account, &tree, redis_url, config.server.fail_closed).await?;
+            if let Some(handle) = account.tenants() {
+                tenants.attach(&account.name, handle);
+            }
+            accounts.push(account);
         }
         Ok(Arc::new(Self {
             keys: KeyRing::new(&config.keys)?,
-            tenants: Tenancy::new(&config.tenants)?,
+            tenants,
             ledger: Arc::new(Ledger::default()),
             accounts,
             max_body_bytes: config.server.max_body_bytes,

@@ -99,9 +99,20 @@ pub(crate) async fn healthz(State(gateway): State<Arc<Gateway>>) -> impl IntoRes
 /// Sets the level gauges of every tenant and account, and the queue depths, before a scrape.
 pub(crate) fn record_gauges(gateway: &Gateway) {
     for tenant in gateway.tenants.snapshot() {
-        for level in &tenant.levels {
-            gauge!("gateway_tenant_level", "tenant" => tenant.path.clone(), "limit" => level.limit.clone())
+        for share in &tenant.accounts {
+            let labels = |name: &'static str| {
+                let (tenant, account) = (tenant.path.clone(), share.account.clone());
+                gauge!(name, "tenant" => tenant, "account" => account)
+            };
+            labels("gateway_tenant_used_tokens_per_minute").set(share.used as f64);
+            labels("gateway_tenant_guaranteed_tokens_per_minute").set(share.guaranteed as f64);
+            labels("gateway_tenant_borrowed_tokens_per_minute").set(share.borrowed as f64);
+            labels("gateway_tenant_queued").set(share.queued.iter().sum::<usize>() as f64);
+            for level in &share.levels {
+                gauge!("gateway_tenant_level", "tenant" => tenant.path.clone(),
+                    "account" => share.account.clone(), "limit" => level.limit.clone())
                 .set(level.level as f64);
+            }
         }
         gauge!("gateway_tenant_paused", "tenant" => tenant.path.clone())
             .set(f64::from(u8::from(tenant.paused)));

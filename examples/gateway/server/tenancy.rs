@@ -1,88 +1,61 @@
-//! The tenant tree: each node's limits, weight and pause, and the admission of a request by
-//! every node on its path.
+//! The gateway's view of the crate's tenant tree (`tower_llm_quota::tenant`): each account's
+//! budget holds a copy of the configured tree; this module pauses, changes and reads the
+//! nodes on every account at once, and refuses a request its own nodes cannot pay now.
 //!
-//! A request of `acme/search` is admitted by `acme`, then by `acme/search`: each node with
-//! limits has a [`Budget`] of its own, asked with [`Budget::try_reserve`], all or nothing (the
-//! reservations taken before a refusal are dropped unsent, so refunded whole). A refusal
-//! names the node that ran out. The reservations travel with the response and are settled
-//! with the usage the provider reported when the body ends (charged their estimate if the
-//! usage never came).
-//!
-//! This module is the gateway's only view of tenants: swapping it for the crate's own tenant
-//! tree changes this file and no other.
+//! A request of key `web` of tenant `acme/search` carries the path `acme/search/web`, so a
+//! key is a node too (it can be paused, and a template may limit every key). The budget
+//! admits it only when `acme`, `acme/search`, `acme/search/web` and the account can all pay,
+//! and serves waiting requests by weighted fair queuing over token cost. The gateway adds one
+//! policy: a request that a node of its own path cannot pay now is refused at once (429
+//! naming that node, with the wait until it could), instead of holding its connection while
+//! its tenant refills. A request that only the account cannot pay waits its fair turn.
 
-use std::collections::{BTreeMap, HashSet};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::num::NonZeroU32;
+use std::time::Duration;
 
-use serde::Serialize;
-use tokio::time::Instant;
-use tower_llm_quota::{Budget, Cost, LimitSnapshot, Reservation, TryReserveError, Usage};
+use serde::{Deserialize, Serialize};
+use tower_llm_quota::tenant::{Refusal as Why, Tenant, TenantHandle, TenantNode, TenantRefused};
+use tower_llm_quota::{Cost, Dimension, Limit, LimitSnapshot, Priority};
 
-use super::config::{ConfigError, Limits, TenantConfig};
+use super::config::ConfigError;
 use super::refusal::{Refusal, limit_name};
 
-#[derive(Debug)]
-struct Node {
-    weight: AtomicU32,
-    limits: Mutex<Limits>,
-    budget: Budget,
-    paused: AtomicBool,
-}
-
-/// The tenant tree of a gateway.
-#[derive(Debug)]
+/// The tenant nodes of every account.
+#[derive(Debug, Default)]
 pub(crate) struct Tenancy {
-    nodes: BTreeMap<String, Node>,
-    paused_keys: Mutex<HashSet<String>>,
+    paths: Vec<Tenant>,
+    accounts: Vec<(String, TenantHandle)>,
 }
 
-/// What a request holds from its tenants until its answer ends.
-#[derive(Debug)]
-#[must_use = "dropped, the tenants' reservations are charged their estimate"]
-pub(crate) struct TenantPass {
-    reservations: Vec<Reservation>,
+/// A limit as the admin API takes it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LimitChange {
+    /// `requests`, `input_tokens`, `output_tokens` or `total_tokens`.
+    dimension: String,
+    amount: std::num::NonZeroU64,
+    period_seconds: u64,
 }
 
-impl TenantPass {
-    /// The answer ended: settle with the usage reported, or charge the estimate.
-    pub(crate) fn settle(self, usage: Option<&Usage>) {
-        for reservation in self.reservations {
-            match usage {
-                Some(usage) => {
-                    let _ = reservation.settle(usage);
-                }
-                None => {
-                    let _ = reservation.charge_estimate();
-                }
-            }
-        }
-    }
-
-    /// Nothing was sent: everything goes back.
-    pub(crate) fn refund(self) {
-        for reservation in self.reservations {
-            let _ = reservation.refund();
-        }
-    }
-
-    /// The request is about to leave: dropping the pass now charges the estimate.
-    pub(crate) fn mark_sent(&mut self) {
-        self.reservations
-            .iter_mut()
-            .for_each(Reservation::mark_sent);
-    }
-}
-
-/// One node as the admin API and the status page show it.
+/// One node on one account, as the admin API and the status page show it.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct NodeView {
     pub(crate) path: String,
     pub(crate) weight: u32,
     pub(crate) paused: bool,
-    pub(crate) limits: Limits,
-    /// For each limit: its dimension, capacity and level now.
+    pub(crate) accounts: Vec<ShareView>,
+}
+
+/// A node's state on one account now; tokens per minute in the account's reference dimension.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ShareView {
+    pub(crate) account: String,
     pub(crate) levels: Vec<LevelView>,
+    pub(crate) used: u64,
+    pub(crate) guaranteed: u64,
+    pub(crate) borrowed: u64,
+    pub(crate) in_flight: usize,
+    pub(crate) queued: [usize; 3],
 }
 
 /// A limit's state now.
@@ -107,172 +80,189 @@ impl From<&LimitSnapshot> for LevelView {
 }
 
 /// The path of every node from the root down to `path`: `a`, `a/b`, `a/b/c`.
-fn ancestry(path: &str) -> impl Iterator<Item = &str> {
-    path.match_indices('/')
-        .map(|(i, _)| &path[..i])
-        .chain(std::iter::once(path))
+fn ancestry(path: &Tenant) -> impl Iterator<Item = Tenant> + '_ {
+    (1..=path.depth()).filter_map(|depth| Tenant::parse(path.prefix(depth)).ok())
 }
 
 impl Tenancy {
-    pub(crate) fn new(tenants: &[TenantConfig]) -> Result<Self, ConfigError> {
-        let mut nodes = BTreeMap::new();
-        for tenant in tenants {
-            let node = Node {
-                weight: AtomicU32::new(tenant.weight),
-                limits: Mutex::new(tenant.limits),
-                budget: Budget::new(tenant.limits.quota()?),
-                paused: AtomicBool::new(false),
-            };
-            if nodes.insert(tenant.path.clone(), node).is_some() {
-                return Err(ConfigError(format!(
-                    "tenant `{}` is given twice",
-                    tenant.path
-                )));
-            }
-        }
-        Ok(Self {
-            nodes,
-            paused_keys: Mutex::new(HashSet::new()),
-        })
-    }
-
-    /// Admits `cost` for a request of key `key` spending `path`, at every node on its path.
-    pub(crate) fn admit(&self, key: &str, path: &str, cost: Cost) -> Result<TenantPass, Refusal> {
-        if self
-            .paused_keys
-            .lock()
-            .expect("never poisoned")
-            .contains(key)
-        {
-            return Err(Refusal::rate_limited("paused", format!("key:{key}"))
-                .message(format!("the key {key} is paused by an operator")));
-        }
-        let mut reservations = Vec::new();
-        for node_path in ancestry(path) {
-            let Some(node) = self.nodes.get(node_path) else {
-                continue;
-            };
-            if node.paused.load(Ordering::Acquire) {
-                return Err(
-                    Refusal::rate_limited("paused", format!("tenant:{node_path}"))
-                        .message(format!("the tenant {node_path} is paused by an operator")),
-                );
-            }
-            if node.budget.snapshot().limits().is_empty() {
-                continue;
-            }
-            match node.budget.try_reserve(cost) {
-                Ok(reservation) => reservations.push(reservation),
-                Err(error) => return Err(refusal(node_path, &error)),
-            }
-        }
-        Ok(TenantPass { reservations })
-    }
-
-    /// Pauses (or resumes) a tenant node; `false` if there is no such node.
-    pub(crate) fn set_paused(&self, path: &str, paused: bool) -> bool {
-        let Some(node) = self.nodes.get(path) else {
-            return false;
-        };
-        node.paused.store(paused, Ordering::Release);
-        true
-    }
-
-    /// Pauses (or resumes) a key by its name.
-    pub(crate) fn set_key_paused(&self, key: &str, paused: bool) {
-        let mut keys = self.paused_keys.lock().expect("never poisoned");
-        if paused {
-            keys.insert(key.to_owned());
-        } else {
-            keys.remove(key);
+    /// The nodes the views list (configured ones, every key's tenant and their ancestors).
+    pub(crate) fn new(paths: Vec<Tenant>) -> Self {
+        Self {
+            paths,
+            accounts: Vec::new(),
         }
     }
 
-    /// Replaces a node's limits and, if given, its weight; `Ok(false)` if there is no such
-    /// node. A limit set before keeps its level; a limit no longer named stops binding.
-    pub(crate) fn set_limits(
-        &self,
-        path: &str,
-        limits: Limits,
-        weight: Option<u32>,
-    ) -> Result<bool, ConfigError> {
-        let Some(node) = self.nodes.get(path) else {
-            return Ok(false);
-        };
-        let named = limits.limits()?;
-        if let Some(weight) = weight.filter(|w| *w > 0) {
-            node.weight.store(weight, Ordering::Release);
-        }
-        let mut current = node.limits.lock().expect("never poisoned");
-        for old in current.limits()? {
-            if !named
-                .iter()
-                .any(|l| l.dimension() == old.dimension() && l.period() == old.period())
-            {
-                // No removal in the budget's API: an unnamed limit is set out of reach.
-                node.budget
-                    .set_limit(old.with_amount(std::num::NonZeroU64::MAX));
-            }
-        }
-        named
-            .into_iter()
-            .for_each(|limit| node.budget.set_limit(limit));
-        *current = limits;
-        Ok(true)
+    /// Adds an account's copy of the tree.
+    pub(crate) fn attach(&mut self, account: &str, handle: TenantHandle) {
+        self.accounts.push((account.to_owned(), handle));
     }
 
-    /// Every node, in path order.
-    pub(crate) fn snapshot(&self) -> Vec<NodeView> {
-        self.nodes
+    fn handle(&self, account: &str) -> Option<&TenantHandle> {
+        self.accounts
             .iter()
-            .map(|(path, node)| NodeView {
-                path: path.clone(),
-                weight: node.weight.load(Ordering::Acquire),
-                paused: node.paused.load(Ordering::Acquire),
-                limits: *node.limits.lock().expect("never poisoned"),
-                levels: node
-                    .budget
-                    .snapshot()
-                    .limits()
+            .find(|(name, _)| name == account)
+            .map(|(_, h)| h)
+    }
+
+    /// Refuses `cost` for `path` on `account` when a node of the path is paused or cannot
+    /// pay it now.
+    pub(crate) fn check(&self, account: &str, path: &Tenant, cost: Cost) -> Result<(), Refusal> {
+        let Some(handle) = self.handle(account) else {
+            return Ok(());
+        };
+        for node in ancestry(path) {
+            let snapshot = handle.snapshot(&node);
+            if snapshot.is_paused() {
+                return Err(paused(&node));
+            }
+            for limit in snapshot.limits() {
+                let dimension = limit.limit().dimension();
+                let asked = cost.amount(dimension);
+                let short = i64::try_from(asked).unwrap_or(i64::MAX) - limit.level();
+                if asked == 0 || short <= 0 || asked > limit.capacity() {
+                    continue; // fits, or can never fit: the budget says which
+                }
+                let rate =
+                    limit.limit().effective_amount() as f64 / limit.limit().period().as_secs_f64();
+                let wait = Duration::from_secs_f64(short as f64 / rate.max(f64::MIN_POSITIVE));
+                return Err(over_limit(&node, limit.limit(), wait));
+            }
+        }
+        Ok(())
+    }
+
+    /// Pauses (or resumes) a node on every account.
+    pub(crate) fn set_paused(&self, path: &Tenant, paused: bool) {
+        for (_, handle) in &self.accounts {
+            match paused {
+                true => handle.pause(path),
+                false => handle.resume(path),
+            }
+        }
+    }
+
+    /// Replaces a node's limits (when given) and weight (when given) on every account, keeping
+    /// the rest of its configuration.
+    pub(crate) fn set_node(
+        &self,
+        path: &Tenant,
+        limits: Option<&[LimitChange]>,
+        weight: Option<NonZeroU32>,
+    ) -> Result<(), ConfigError> {
+        let limits = limits
+            .map(|limits| {
+                limits
                     .iter()
-                    .map(LevelView::from)
-                    .collect(),
+                    .map(|l| {
+                        let dimension = Dimension::ALL
+                            .into_iter()
+                            .find(|d| d.as_str() == l.dimension)
+                            .ok_or_else(|| {
+                                ConfigError(format!("unknown dimension `{}`", l.dimension))
+                            })?;
+                        Limit::new(dimension, l.amount, Duration::from_secs(l.period_seconds))
+                            .map_err(|e| ConfigError(e.to_string()))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?;
+        for (_, handle) in &self.accounts {
+            let old = handle.node(path).unwrap_or_default();
+            let mut node = match &limits {
+                Some(limits) => limits.iter().fold(rebuilt(&old), |n, l| n.with_limit(*l)),
+                None => old,
+            };
+            if let Some(weight) = weight {
+                node = node.with_weight(weight);
+            }
+            handle.set_node(path, node);
+        }
+        Ok(())
+    }
+
+    /// Every listed node, in path order, on every account.
+    pub(crate) fn snapshot(&self) -> Vec<NodeView> {
+        self.paths
+            .iter()
+            .map(|path| {
+                let shares: Vec<_> = self
+                    .accounts
+                    .iter()
+                    .map(|(name, handle)| (name, handle.snapshot(path)))
+                    .collect();
+                NodeView {
+                    path: path.to_string(),
+                    weight: shares.first().map_or(1, |(_, s)| s.weight()),
+                    paused: shares.iter().any(|(_, s)| s.is_paused()),
+                    accounts: shares
+                        .iter()
+                        .map(|(name, s)| ShareView {
+                            account: (*name).clone(),
+                            levels: s.limits().iter().map(LevelView::from).collect(),
+                            used: s.used(),
+                            guaranteed: s.guaranteed(),
+                            borrowed: s.borrowed(),
+                            in_flight: s.in_flight(),
+                            queued: Priority::ALL.map(|p| s.queued(p)),
+                        })
+                        .collect(),
+                }
             })
             .collect()
     }
 }
 
-/// The normalized refusal of a node's budget.
-fn refusal(path: &str, error: &TryReserveError) -> Refusal {
-    let scope = format!("tenant:{path}");
-    match error {
-        TryReserveError::NotYet(not_until) => {
-            let dimension = not_until.dimension().as_str();
-            let limit = limit_name(dimension, not_until.period());
-            let wait = not_until.wait_time_from(Instant::now());
-            Refusal::rate_limited(limit.clone(), scope)
-                .dimension(Some(dimension))
-                .retry_after(Some(wait))
-                .message(format!(
-                    "tenant {path} is over its {}; retry in {:.1} s",
-                    limit.replace('_', " "),
-                    wait.as_secs_f64()
-                ))
+/// `node` without its limits, the rest kept.
+fn rebuilt(node: &TenantNode) -> TenantNode {
+    let mut fresh = TenantNode::new()
+        .with_weight(node.weight())
+        .with_guarantee(node.guarantee());
+    if let Some(share) = node.max_share() {
+        fresh = fresh.with_max_share(share);
+    }
+    if let Some(max) = node.max_in_flight() {
+        fresh = fresh.with_max_in_flight(max);
+    }
+    node.daily_caps()
+        .iter()
+        .fold(fresh, |n, cap| n.with_daily_cap(*cap))
+}
+
+fn paused(node: &Tenant) -> Refusal {
+    Refusal::rate_limited("paused", format!("tenant:{node}"))
+        .message(format!("the tenant {node} is paused by an operator"))
+}
+
+fn over_limit(node: &Tenant, limit: &Limit, wait: Duration) -> Refusal {
+    let dimension = limit.dimension().as_str();
+    let name = limit_name(dimension, limit.period());
+    Refusal::rate_limited(name.clone(), format!("tenant:{node}"))
+        .dimension(Some(dimension))
+        .retry_after(Some(wait))
+        .message(format!(
+            "tenant {node} is over its {}; retry in {:.1} s",
+            name.replace('_', " "),
+            wait.as_secs_f64()
+        ))
+}
+
+/// The normalized refusal of a tenant scope, from the budget.
+pub(crate) fn refused(refusal: &TenantRefused) -> Refusal {
+    let scope = refusal.scope();
+    match refusal.reason() {
+        Why::Paused => paused(scope),
+        Why::DailyCap { dimension, cap, used, .. } => {
+            Refusal::rate_limited(limit_name(dimension.as_str(), Duration::from_secs(86_400)), format!("tenant:{scope}"))
+                .dimension(Some(dimension.as_str()))
+                .message(format!("tenant {scope} spent its daily {dimension} ({used} of {cap})"))
         }
-        TryReserveError::NoSlot => Refusal::rate_limited("max_in_flight", scope).message(format!(
-            "tenant {path} has every call in flight it may have"
-        )),
-        TryReserveError::Never(capacity) => {
-            let dimension = capacity.dimension().as_str();
-            Refusal::bad_request(format!(
-                "the request's {dimension} ({}) exceed what tenant {path} may ever spend at once ({})",
-                capacity.cost(),
-                capacity.capacity()
-            ))
-            .scope(format!("tenant:{path}"))
-            .dimension(Some(dimension))
-        }
-        other => Refusal::unavailable("store", other.to_string()).scope(format!("tenant:{path}")),
+        Why::TooLarge { dimension, cost, capacity } => Refusal::bad_request(format!(
+            "the request's {dimension} ({cost}) exceed what tenant {scope} may ever spend at once ({capacity})"
+        ))
+        .scope(format!("tenant:{scope}"))
+        .dimension(Some(dimension.as_str())),
+        _ => Refusal::rate_limited("tenant", format!("tenant:{scope}")).message(refusal.to_string()),
     }
 }
 
@@ -282,7 +272,8 @@ mod tests {
 
     #[test]
     fn ancestry_runs_from_the_root() {
-        assert_eq!(ancestry("a/b/c").collect::<Vec<_>>(), ["a", "a/b", "a/b/c"]);
-        assert_eq!(ancestry("a").collect::<Vec<_>>(), ["a"]);
+        let path = Tenant::parse("a/b/c").unwrap();
+        let nodes: Vec<String> = ancestry(&path).map(|t| t.to_string()).collect();
+        assert_eq!(nodes, ["a", "a/b", "a/b/c"]);
     }
 }

@@ -17,6 +17,7 @@ use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::provider::Profile;
 use tower_llm_quota::sim::{SimConfig, Simulator};
 use tower_llm_quota::stack::{QuotaService, QuotaStack};
+use tower_llm_quota::tenant::{TenantHandle, TenantTree};
 use tower_llm_quota::{BoxError, Budget, FailurePolicy, QueueHandle};
 
 use super::config::{AccountConfig, Api, ConfigError, ProfileName};
@@ -117,9 +118,13 @@ fn client(simulator: Option<&Simulator>) -> Client {
 }
 
 impl Account {
-    /// Builds an account; with `redis_url`, its budget is shared through Redis.
+    /// Builds an account, its budget holding a copy of the tenant `tree`. With `redis_url`
+    /// the account's quota is shared through Redis with the other replicas instead; the
+    /// crate cannot yet put a tenant tree on a Redis budget, so such an account enforces the
+    /// account's limits only (the gateway says so at start).
     pub(crate) async fn new(
         config: &AccountConfig,
+        tree: &TenantTree,
         redis_url: Option<&str>,
         fail_closed: bool,
     ) -> Result<Self, ConfigError> {
@@ -150,7 +155,8 @@ impl Account {
         };
         let quota = config.quota.quota()?;
         let minute = config.quota.minute();
-        let mut budget = Budget::new(quota.clone());
+        let mut budget =
+            Budget::with_tenants(quota.clone(), tree.clone()).map_err(|e| error(e.to_string()))?;
         if let Some(url) = redis_url {
             let policy = if fail_closed {
                 FailurePolicy::FailClosed
@@ -269,6 +275,11 @@ impl Account {
     /// The account's shared budget.
     pub(crate) fn budget(&self) -> &Budget {
         &self.budget
+    }
+
+    /// The account's copy of the tenant tree (none when its budget lives in Redis).
+    pub(crate) fn tenants(&self) -> Option<TenantHandle> {
+        self.budget.tenants()
     }
 
     /// Requests waiting for this account, by class.
