@@ -69,6 +69,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let gateway = Gateway::new(&config, args.redis_url.as_deref()).await?;
     let listener = TcpListener::bind(listen).await?;
     let url = format!("http://{}", listener.local_addr()?);
+    if args.redis_url.is_some() {
+        println!(
+            "note: the accounts' quotas are shared through Redis; the tenant tree is not enforced"
+        );
+    }
     println!("gateway listening on {url} (status page at {url}/, metrics at {url}/metrics)");
     if demo {
         println!("demo keys (tenant, default class):");

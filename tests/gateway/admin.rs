@@ -92,7 +92,12 @@ async fn pause_refuses_a_tenant_at_once_and_resume_restores_it() {
     );
 
     let unknown = gateway
-        .admin(Method::POST, "/pause", ADMIN, json!({"tenant": "initech//x"}))
+        .admin(
+            Method::POST,
+            "/pause",
+            ADMIN,
+            json!({"tenant": "initech//x"}),
+        )
         .await;
     assert_eq!(unknown.status(), 422);
     // The provider saw none of the refused requests.

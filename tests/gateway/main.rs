@@ -4,8 +4,12 @@
 #[path = "../../examples/gateway/server/mod.rs"]
 mod server;
 
+#[path = "../redis_server/mod.rs"]
+mod redis_server;
+
 mod admin;
 mod api;
 mod browser;
+mod replicas;
 mod shutdown;
 mod support;

@@ -34,8 +34,17 @@ pub(crate) struct Running {
 impl Running {
     /// Starts serving `config` on a free loopback port.
     pub(crate) async fn start(config: &str) -> Self {
+        Self::serve(config, None).await
+    }
+
+    /// Starts serving `config`, its accounts' budgets shared through the Redis at `redis`.
+    pub(crate) async fn start_shared(config: &str, redis: &str) -> Self {
+        Self::serve(config, Some(redis)).await
+    }
+
+    async fn serve(config: &str, redis: Option<&str>) -> Self {
         let config = Config::from_toml(config).expect("a valid configuration");
-        let gateway = Gateway::new(&config, None)
+        let gateway = Gateway::new(&config, redis)
             .await
             .expect("the gateway starts");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
