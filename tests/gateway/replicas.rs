@@ -45,3 +45,31 @@ async fn two_replicas_share_the_account_through_redis() {
     first.stop().await;
     second.stop().await;
 }
+
+#[tokio::test]
+async fn an_unreachable_store_fails_closed_with_503() {
+    let mut redis = RedisServer::start();
+    let (upstream, seen) = fixed_upstream(Duration::ZERO).await;
+    let gateway = Running::start_shared(&fixed_config(&upstream), &redis.url()).await;
+    assert_eq!(
+        gateway
+            .post("/v1/chat/completions", Some("caller-secret"), BODY)
+            .await
+            .status(),
+        200
+    );
+    redis.kill();
+    let (status, retry_after, body) = crate::support::json(
+        gateway
+            .post("/v1/chat/completions", Some("caller-secret"), BODY)
+            .await,
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["limit"], "store");
+    assert_eq!(body["error"]["scope"], "account:fixed");
+    assert_eq!(body["error"]["gateway_decision"], "local");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    gateway.stop().await;
+}

@@ -33,8 +33,8 @@ async fn a_stop_lets_streams_finish_and_answers_queued_requests_503() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     gateway.signal_stop();
-    let (status, _, refusal) = json(queued.await.unwrap()).await;
-    assert_eq!(status, 503);
+    let (status, retry_after, refusal) = json(queued.await.unwrap()).await;
+    assert_eq!((status, retry_after.as_deref()), (503, Some("1")));
     assert_eq!(refusal["error"]["limit"], "shutdown");
     assert_eq!(account.queue().snapshot().depth(), 0);
     let events = streaming.bytes().await.unwrap();

@@ -5,6 +5,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::Response;
@@ -46,7 +47,7 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         Ok(body) => body,
         Err(refusal) => return gateway.refuse(tenant, refusal),
     };
-    let (cost, streaming) = match check_body(api, &body) {
+    let (cost, streaming, model) = match check_body(api, &body) {
         Ok(checked) => checked,
         Err(refusal) => return gateway.refuse(tenant, refusal),
     };
@@ -56,9 +57,6 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let (profile, stack) = account.stack(api).expect("the account serves the API");
     let dispatched = Dispatched::default();
     let mut upstream = account.request(api, &parts.headers, body.clone());
-    let model = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v.get("model").and_then(Value::as_str).map(str::to_owned));
     upstream
         .extensions_mut()
         .insert(caller.class(&parts.headers));
@@ -126,6 +124,7 @@ fn stopping() -> Refusal {
         "shutdown",
         "the gateway is shutting down; retry on another replica",
     )
+    .retry_after(Some(Duration::from_secs(1)))
 }
 
 /// A body's bytes, at most `max` of them, as a boxed `Send` future.
@@ -149,8 +148,9 @@ async fn read_body(body: Body, max: usize) -> Result<Bytes, Refusal> {
     }
 }
 
-/// The request's estimated cost and whether it streams, or why its body is refused.
-pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool), Refusal> {
+/// The request's estimated cost, whether it streams and its model, or why its body is
+/// refused.
+pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool, Option<String>), Refusal> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| Refusal::bad_request(format!("the body is not JSON: {e}")))?;
     let object = value
@@ -169,7 +169,11 @@ pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool), Refusal>
         .unwrap_or(false);
     let cost = estimate(body, &CharEstimator::new(), &Defaults::new())
         .ok_or_else(|| Refusal::bad_request(format!("the `{field}` cannot be read")))?;
-    Ok((cost, streaming))
+    let model = object
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    Ok((cost, streaming, model))
 }
 
 /// The normalized refusal for an error of the governed stack.
@@ -182,7 +186,10 @@ fn stack_error(account: &Account, error: &BoxError) -> Refusal {
         return tenancy::refused(refused);
     }
     if error.is_store_unavailable() {
-        return Refusal::unavailable("store", "the shared quota store is unreachable").scope(scope);
+        // The store's circuit breaker asks again within a second.
+        return Refusal::unavailable("store", "the shared quota store is unreachable")
+            .scope(scope)
+            .retry_after(Some(Duration::from_secs(1)));
     }
     if let Some(capacity) = error.insufficient_capacity() {
         let dimension = capacity.dimension().as_str();

@@ -10,6 +10,7 @@ use http::{HeaderValue, Request, Response, Uri, header};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
@@ -107,7 +108,10 @@ fn client(simulator: Option<&Simulator>) -> Client {
                 .map_err(BoxError::from),
         ),
         None => {
-            let http = HyperClient::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+            let mut connector = HttpConnector::new();
+            connector.set_nodelay(true);
+            let http =
+                HyperClient::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector);
             BoxCloneSyncService::new(
                 http.map_request(mark)
                     .map_response(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
