@@ -79,6 +79,7 @@ mod share;
 mod shared;
 mod snapshot;
 pub(crate) mod store;
+mod tenants;
 mod waiters;
 
 use std::fmt;
@@ -103,11 +104,11 @@ use crate::loom::{Mutex, MutexGuard};
 use crate::quota::{Dimension, Limit, Quota};
 use crate::sched::QueueSnapshot;
 use crate::sched::order::{Full, Place};
+use crate::tenant::Tenant;
 use crate::tenant::TenantRefused;
 use crate::tenant::tree::{Check, Tenants};
-use crate::tenant::{InvalidTree, Tenant, TenantHandle, TenantNode, TenantSnapshot, TenantTree};
 pub(crate) use bucket::Floor;
-use remote::Decision;
+use remote::{Decision, PathLimits};
 use reservation::Origin;
 use shared::{Remote, SharedState};
 use store::{Denial, MemoryStore, Store, nanos};
@@ -154,8 +155,9 @@ pub(crate) enum Step {
     Full(usize),
     /// The shared store could not be asked, and the policy is to refuse.
     Unavailable(StoreUnavailable),
-    /// At the head of the queue of a shared budget: ask the shared store, under this id.
-    Ask(ReservationId, Arc<[Limit]>),
+    /// At the head of the queue of a shared budget: ask the shared store, under this id, for
+    /// the account's limits and those of the tenant path's nodes.
+    Ask(ReservationId, Arc<[Limit]>, PathLimits),
     /// At the head of the queue: the cost fits at this instant.
     WaitUntil(Instant),
     /// Behind others, or waiting for an in-flight slot or a question to the store: woken
@@ -208,29 +210,6 @@ impl Budget {
                 }),
             }),
         }
-    }
-
-    /// A budget enforcing every limit of `quota` for the account, and `tree` for its tenants:
-    /// a request is admitted only when the account and every node of its
-    /// [`Tenant`](crate::tenant::Tenant) path can pay, and waiting requests share a class by
-    /// weighted fair queuing over token cost. See the [`tenant`](crate::tenant) module.
-    ///
-    /// Fails when the tree cannot be enforced (guarantees of siblings above the whole, a cap
-    /// below a guarantee).
-    pub fn with_tenants(quota: Quota, tree: TenantTree) -> Result<Self, InvalidTree> {
-        tree.validate()?;
-        let budget = Self::new(quota.clone());
-        budget.lock().tenants = Some(Tenants::new(tree, quota.limits()));
-        Ok(budget)
-    }
-
-    /// The handle on the budget's tenant tree (pause, resume, limits, snapshots), when it has
-    /// one.
-    pub fn tenants(&self) -> Option<TenantHandle> {
-        self.lock().tenants.as_ref()?;
-        Some(TenantHandle {
-            budget: self.clone(),
-        })
     }
 
     /// Waits until `cost` can be paid in every limit it touches (and an in-flight slot is
@@ -589,6 +568,7 @@ impl Budget {
             if shared.breaker.allow(id.get(), ns) {
                 shared.asking += 1;
                 let limits = shared.limits().clone();
+                let path = state.path_limits(ask.tenant.as_ref());
                 state.slots.promise();
                 // It leaves the ordering while it asks (and comes back to its place if the
                 // store refuses), so the next may ask too while the store admits.
@@ -598,7 +578,7 @@ impl Budget {
                 if let Some(next) = next {
                     next.wake();
                 }
-                return Step::Ask(id, limits);
+                return Step::Ask(id, limits, path);
             }
             if remote.policy() == FailurePolicy::FailClosed {
                 let wakeups = state.leave(place, now);
@@ -702,14 +682,6 @@ impl Budget {
         Some((state.next_id(), path))
     }
 
-    /// Ends a parking (its request was dropped).
-    pub(crate) fn unpark(&self, ask: &Ask, (depth, ticket): (usize, u64)) {
-        let mut state = self.lock();
-        if let (Some(tenants), Some(path)) = (&mut state.tenants, &ask.tenant) {
-            tenants.unpark(path, depth, ticket);
-        }
-    }
-
     /// Gives up a place in the ordering.
     pub(crate) fn cancel(&self, place: Place) {
         let wakeups = self.lock().leave(&mut Some(place), Instant::now());
@@ -733,10 +705,12 @@ impl Budget {
         let now = Instant::now();
         let ns = self.nanos_since_origin(now);
         let mut state = self.lock();
+        let path = state.path_limits(ask.tenant.as_ref());
         let State {
             shared,
             queue,
             slots,
+            tenants,
             ..
         } = &mut *state;
         let shared = shared.as_mut().expect("a shared budget has shared state");
@@ -761,7 +735,28 @@ impl Budget {
                     Decision::Admitted => {
                         shared.refused = false;
                         *place = None;
+                        // The store took the path's shared buckets; the process's own copy
+                        // of the tree (slots, days, meters, local buckets) takes its part.
+                        if let (Some(tenants), Some(tenant)) = (tenants, &ask.tenant) {
+                            tenants.take(tenant, &ask.cost, ns, now);
+                        }
                         Answer::Admitted
+                    }
+                    Decision::Denied { wait, limit, .. }
+                        if limit >= shared.limits().len()
+                            && tenants.is_some()
+                            && !path.is_empty() =>
+                    {
+                        // A node of its path cannot pay yet (other processes spent it): it
+                        // steps out of the ordering, keeping its place, until then; the
+                        // account did not refuse, so the others keep asking.
+                        let node = &path[(limit - shared.limits().len()).min(path.len() - 1)].0;
+                        let (tenants, tenant) = (tenants.as_mut().expect("checked"), &ask.tenant);
+                        let tenant = tenant.as_ref().expect("a path was asked for");
+                        let depth = node.depth();
+                        let ticket = tenants.park(tenant, depth, waker);
+                        let at = crate::sched::saturating_deadline(now, remote.jittered(wait));
+                        Answer::Parked(at, (depth, ticket))
                     }
                     Decision::Denied {
                         wait, floor_only, ..
@@ -783,14 +778,30 @@ impl Budget {
                     }
                     Decision::TooLarge { limit } => {
                         *place = None;
-                        Answer::Never(shared.too_large(limit, &ask.cost))
+                        match limit
+                            .checked_sub(shared.limits().len())
+                            .filter(|_| !path.is_empty())
+                        {
+                            None => Answer::Never(shared.too_large(limit, &ask.cost)),
+                            // A node's limit, as the store knows it, is below the cost.
+                            Some(node) => {
+                                let (_, limit) = path[node.min(path.len() - 1)];
+                                let dimension = limit.dimension();
+                                Answer::Never(InsufficientCapacity {
+                                    dimension,
+                                    period: limit.period(),
+                                    cost: ask.cost.amount(dimension),
+                                    capacity: limit.capacity(),
+                                })
+                            }
+                        }
                     }
                 }
             }
             Err(error) => {
                 shared.breaker.failed(ns);
                 // The script may have run after all: give back whatever it took.
-                remote.release(id, ask.cost, shared.limits().clone());
+                remote.release(id, ask.cost, shared.limits().clone(), path.clone());
                 tracing::warn!(%error, "the shared quota store did not answer");
                 match remote.policy() {
                     FailurePolicy::LocalFallback { .. } => match back(queue) {
@@ -815,13 +826,14 @@ impl Budget {
 
     /// A question to the shared store was abandoned (its caller left): give back whatever it
     /// may have taken, and let another caller probe the store.
-    pub(crate) fn abandoned(&self, id: ReservationId, cost: &Cost) {
+    pub(crate) fn abandoned(&self, id: ReservationId, ask: &Ask) {
         let mut state = self.lock();
         state.slots.fulfil(false);
+        let path = state.path_limits(ask.tenant.as_ref());
         if let (Some(shared), Some(remote)) = (state.shared.as_mut(), &self.shared.remote) {
             shared.asking = shared.asking.saturating_sub(1);
             shared.breaker.abandoned(id.get());
-            remote.release(id, *cost, shared.limits().clone());
+            remote.release(id, ask.cost, shared.limits().clone(), path);
         }
         let head = state.queue.head_waker(Instant::now());
         drop(state);
@@ -836,12 +848,12 @@ impl Budget {
         id: ReservationId,
         cost: Cost,
         floor: Floor,
-        limits: Arc<[Limit]>,
+        (limits, path): (Arc<[Limit]>, PathLimits),
     ) -> remote::StoreFuture<Decision> {
         let Some(remote) = &self.shared.remote else {
             unreachable!("only a shared budget asks a shared store")
         };
-        remote.reserve(id, cost, floor, limits)
+        remote.reserve(id, cost, floor, limits, path)
     }
 
     /// Settles a reservation: `actual` replaces `reserved`, and its in-flight slot is given
@@ -854,124 +866,38 @@ impl Budget {
         actual: &Cost,
         tenant: Option<&Tenant>,
     ) {
-        if let Some(path) = tenant {
-            self.settle_tenant(path, reserved, actual);
-        }
+        // Every node of the tenant path settles too, under the same lock; requests parked for
+        // a node that freed capacity look again.
+        let mut parked = Vec::new();
+        let mut settle_path = |state: &mut State| {
+            if let (Some(tenants), Some(path)) = (&mut state.tenants, tenant) {
+                let at = Instant::now();
+                let ns = self.nanos_since_origin(at);
+                tenants.settle(path, reserved, actual, ns, at, &mut parked);
+            }
+        };
         if let (Origin::Shared, Some(remote)) = (origin, &self.shared.remote) {
-            let mut limits = None;
+            let (mut limits, mut path) = (None, None);
             self.update_state(|state| {
+                settle_path(state);
                 limits = state.shared.as_ref().map(|shared| shared.limits().clone());
+                path = Some(state.path_limits(tenant));
                 // A slot given back: the head may go (the refund reaches the store later).
                 state.slots.release_limited()
             });
-            if let Some(limits) = limits {
-                remote.settle(id, *reserved, *actual, limits);
+            if let (Some(limits), Some(path)) = (limits, path) {
+                remote.settle(id, *reserved, *actual, limits, path);
             }
+            parked.into_iter().for_each(Waker::wake);
             return;
         }
         let now = || self.nanos_since_origin(Instant::now());
         self.update_state(|state| {
+            settle_path(state);
             let slot = state.slots.release_limited();
             state.store.settle(id, reserved, actual, now) | slot
         });
-    }
-
-    /// Settles a reservation on every node of its tenant path; requests parked for a node
-    /// that freed capacity look again.
-    fn settle_tenant(&self, path: &Tenant, reserved: &Cost, actual: &Cost) {
-        let now = Instant::now();
-        let ns = self.nanos_since_origin(now);
-        let mut wakers = Vec::new();
-        if let Some(tenants) = &mut self.lock().tenants {
-            tenants.settle(path, reserved, actual, ns, now, &mut wakers);
-        }
-        wakers.into_iter().for_each(Waker::wake);
-    }
-
-    /// Pauses or resumes a scope of the tenant tree: a pause wakes its queued and parked
-    /// requests, which are refused at once; a resume wakes the head.
-    pub(crate) fn set_tenant_paused(&self, scope: &Tenant, paused: bool) {
-        let now = Instant::now();
-        let mut wakers = Vec::new();
-        let mut state = self.lock();
-        let State { tenants, queue, .. } = &mut *state;
-        let Some(tenants) = tenants else { return };
-        tenants.set_paused(scope, paused, &mut wakers);
-        if paused {
-            wakers.extend(queue.wakers_of_tenants(|path| path.is_within(scope)));
-        }
-        wakers.extend(queue.head_waker(now));
-        drop(state);
-        wakers.into_iter().for_each(Waker::wake);
-    }
-
-    /// Replaces the configuration of a node of the tenant tree.
-    pub(crate) fn set_tenant_node(&self, path: &Tenant, node: TenantNode) {
-        let now = Instant::now();
-        let ns = self.nanos_since_origin(now);
-        let mut wakers = Vec::new();
-        let mut state = self.lock();
-        let State { tenants, queue, .. } = &mut *state;
-        let Some(tenants) = tenants else { return };
-        tenants.set_node(path.clone(), node, ns, &mut wakers);
-        wakers.extend(queue.head_waker(now));
-        drop(state);
-        wakers.into_iter().for_each(Waker::wake);
-    }
-
-    /// The configuration of a node of the tenant tree.
-    pub(crate) fn tenant_config(&self, path: &Tenant) -> Option<TenantNode> {
-        self.lock().tenants.as_ref()?.tree.node(path).cloned()
-    }
-
-    /// How many nodes of the tenant tree hold state.
-    pub(crate) fn tenant_live_nodes(&self) -> usize {
-        let now = Instant::now();
-        let ns = self.nanos_since_origin(now);
-        let mut state = self.lock();
-        let Some(tenants) = &mut state.tenants else {
-            return 0;
-        };
-        tenants.sweep_all(ns, now);
-        tenants.live()
-    }
-
-    /// A node of the tenant tree now.
-    pub(crate) fn tenant_snapshot(&self, path: &Tenant) -> TenantSnapshot {
-        let now = Instant::now();
-        let ns = self.nanos_since_origin(now);
-        let mut state = self.lock();
-        let State { tenants, queue, .. } = &mut *state;
-        let mut queued = [0; 3];
-        for (priority, waiter) in queue.order().iter() {
-            if waiter.tenant.as_ref().is_some_and(|t| t.is_within(path)) {
-                queued[priority.index()] += 1;
-            }
-        }
-        let view = tenants.as_mut().map(|t| t.view(path, ns, now));
-        drop(state);
-        let view = view.unwrap_or_else(|| crate::tenant::tree::NodeView::empty());
-        TenantSnapshot {
-            path: path.clone(),
-            limits: view
-                .limits
-                .into_iter()
-                .map(|s| LimitSnapshot {
-                    limit: s.limit,
-                    capacity: s.capacity,
-                    level: s.level,
-                    available_at: self.instant(s.available_at),
-                    full_at: self.instant(s.full_at),
-                })
-                .collect(),
-            weight: view.weight,
-            paused: view.paused,
-            in_flight: view.in_flight,
-            used: view.used,
-            guaranteed: view.guaranteed,
-            queued,
-            today: view.today,
-        }
+        parked.into_iter().for_each(Waker::wake);
     }
 
     /// Changes the state; when `change` says capacity may have come sooner, wakes the head of
@@ -1037,6 +963,9 @@ pub(crate) enum Answer {
     RetryAt(Instant, u64),
     /// Denied, and the ordering is too deep to wait in.
     Full(usize),
+    /// Denied by a node of its tenant path: out of the ordering, keeping its place, until this
+    /// instant (or until woken), parked at that node.
+    Parked(Instant, (usize, u64)),
     /// The store failed: admit from the local fallback share.
     Fallback,
     Unavailable(StoreUnavailable),
@@ -1058,6 +987,14 @@ impl State {
         match self.queue.wait(place, ask, waker) {
             Ok(()) => Step::Queued,
             Err(Full(depth)) => Step::Full(depth),
+        }
+    }
+
+    /// The limits of the tenant nodes of `path`, for the shared store (none without tenants).
+    fn path_limits(&self, path: Option<&Tenant>) -> PathLimits {
+        match (&self.tenants, path) {
+            (Some(tenants), Some(path)) => tenants.shared_path(path),
+            _ => Arc::from([]),
         }
     }
 

@@ -17,6 +17,7 @@ use std::time::Duration;
 use super::bucket::Floor;
 use crate::cost::Cost;
 use crate::quota::Limit;
+use crate::tenant::Tenant;
 
 /// A boxed, sendable future: the shape of the shared store's answers.
 pub(crate) type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreUnavailable>> + Send>>;
@@ -45,21 +46,29 @@ pub(crate) struct Settle {
     pub(crate) reserved: Cost,
     pub(crate) actual: Cost,
     pub(crate) limits: Arc<[Limit]>,
+    /// The limits of the tenant nodes on the reservation's path, each under its node.
+    pub(crate) path: PathLimits,
 }
+
+/// The limits of the nodes of a tenant path, each with its node: buckets a shared store keeps
+/// beside the account's, checked and taken in the same atomic call.
+pub(crate) type PathLimits = Arc<[(Tenant, Limit)]>;
 
 /// The operations a shared quota store performs, each as one atomic call.
 ///
 /// Reservation ids are unique across every process sharing the store. Settlements are
 /// idempotent: a duplicate neither refunds nor charges twice, so callers may retry them.
 pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
-    /// Reserves `cost` in every limit of `limits` it touches, leaving `floor` of each, or
-    /// nothing.
+    /// Reserves `cost` in every limit of `limits` it touches, leaving `floor` of each, and in
+    /// every limit of the tenant nodes of `path` (leaving nothing), or nothing. A denial or a
+    /// refusal naming a limit past `limits` names one of `path`'s, in order.
     fn reserve(
         &self,
         id: String,
         cost: Cost,
         floor: Floor,
         limits: Arc<[Limit]>,
+        path: PathLimits,
     ) -> StoreFuture<Decision>;
 
     /// Settles every reservation of `batch`, in one call.

@@ -53,7 +53,7 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Some((id, _)) = this.asking.take() {
-                this.budget.abandoned(id, &this.ask.cost);
+                this.budget.abandoned(id, this.ask);
             }
             if let Some(parked) = this.parked.take() {
                 this.budget.unpark(this.ask, parked);
@@ -168,6 +168,18 @@ impl Future for Reserve {
                     }
                     Answer::RetryAt(at, refunds) => *this.retry_at = Some((at, refunds)),
                     Answer::Fallback => *this.local = true,
+                    Answer::Parked(at, parked) => {
+                        *this.parked = Some(parked);
+                        match this.sleep.as_mut().as_pin_mut() {
+                            Some(sleep) => sleep.reset(at),
+                            None => this.sleep.set(Some(sleep_until(at))),
+                        }
+                        let sleep = this.sleep.as_mut().as_pin_mut().expect("armed");
+                        if sleep.poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        // Its time has come: back to its place (in `poll_admission`).
+                    }
                 }
             }
             match this.budget.poll_admission(
@@ -191,9 +203,11 @@ impl Future for Reserve {
                     return Poll::Ready(Err(ReserveError::QueueFull { priority, depth }));
                 }
                 Step::Unavailable(e) => return Poll::Ready(Err(ReserveError::Unavailable(e))),
-                Step::Ask(id, limits) => {
+                Step::Ask(id, limits, path) => {
                     *this.retry_at = None;
-                    let question = this.budget.ask(id, this.ask.cost, this.ask.floor, limits);
+                    let question =
+                        this.budget
+                            .ask(id, this.ask.cost, this.ask.floor, (limits, path));
                     *this.asking = Some((id, SyncWrapper::new(question)));
                 }
                 Step::Queued => return Poll::Pending,

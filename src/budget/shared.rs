@@ -12,7 +12,8 @@ use tokio::sync::mpsc;
 
 use super::bucket::Floor;
 use super::remote::{
-    Breaker, Decision, FailurePolicy, RemoteStore, Settle, StoreFuture, StoreUnavailable,
+    Breaker, Decision, FailurePolicy, PathLimits, RemoteStore, Settle, StoreFuture,
+    StoreUnavailable,
 };
 use super::store::MemoryStore;
 use super::{Budget, Observation, ReservationId};
@@ -235,8 +236,9 @@ impl Remote {
         cost: Cost,
         floor: Floor,
         limits: Arc<[Limit]>,
+        path: PathLimits,
     ) -> StoreFuture<Decision> {
-        let call = self.store.reserve(self.id(id), cost, floor, limits);
+        let call = self.store.reserve(self.id(id), cost, floor, limits, path);
         bounded(self.options.timeout, call)
     }
 
@@ -246,18 +248,26 @@ impl Remote {
         reserved: Cost,
         actual: Cost,
         limits: Arc<[Limit]>,
+        path: PathLimits,
     ) {
         self.send(Command::Settle(Settle {
             id: self.id(id),
             reserved,
             actual,
             limits,
+            path,
         }));
     }
 
     /// Gives back a reservation that may or may not have been made.
-    pub(crate) fn release(&self, id: ReservationId, reserved: Cost, limits: Arc<[Limit]>) {
-        self.settle(id, reserved, Cost::default(), limits);
+    pub(crate) fn release(
+        &self,
+        id: ReservationId,
+        reserved: Cost,
+        limits: Arc<[Limit]>,
+        path: PathLimits,
+    ) {
+        self.settle(id, reserved, Cost::default(), limits, path);
     }
 
     pub(crate) fn lower(&self, limit: Limit, remaining: Option<u64>, pause: Duration) {
@@ -556,6 +566,7 @@ mod tests {
             _cost: Cost,
             _floor: Floor,
             _limits: Arc<[Limit]>,
+            _path: PathLimits,
         ) -> StoreFuture<Decision> {
             self.asked.lock().unwrap().push((id, Instant::now()));
             let next = self.script.lock().unwrap().pop_front();

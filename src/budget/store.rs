@@ -109,6 +109,11 @@ impl MemoryStore {
         }
     }
 
+    /// The limits of the buckets.
+    pub(crate) fn limits(&self) -> Vec<Limit> {
+        self.buckets.iter().map(|bucket| *bucket.limit()).collect()
+    }
+
     /// Keeps only the buckets whose limit `keep` accepts.
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Limit) -> bool) {
         self.buckets.retain(|bucket| keep(bucket.limit()));

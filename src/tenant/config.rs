@@ -293,6 +293,11 @@ impl TenantTree {
         &self.default_tenant
     }
 
+    /// How many segments of a path the per-tenant metrics keep.
+    pub fn label_depth(&self) -> usize {
+        self.label_depth
+    }
+
     pub(crate) fn template(&self, depth: usize) -> Option<&TenantNode> {
         self.templates
             .iter()

@@ -105,7 +105,7 @@
 //! Admission looks up the nodes of its path by their text (a few hash lookups, no
 //! allocation once they live), so its cost does not depend on the number of tenants. A node
 //! holds memory only while it has traffic, a pause, a day's use or buckets not full again;
-//! an idle node is forgotten by a sweep that looks at one node per admission. The fair share
+//! a node idle for a minute is forgotten by a sweep that looks at one node per admission. The fair share
 //! holds state only for flows with requests waiting.
 //!
 //! # Configuration file
@@ -126,10 +126,15 @@
 //!
 //! # Across processes
 //!
-//! The tree is enforced in the process that holds the budget. A budget shared through Redis
-//! ([`RedisBudget`](crate::budget::redis)) enforces the account's limits across processes;
-//! each process enforces its own copy of the tree's node limits (see the README's Tenants
-//! section for what holds across processes).
+//! A budget shared through Redis ([`RedisBudget`](crate::budget::redis::RedisBudget)) takes
+//! the tree with [`Budget::with_tenant_tree`](crate::Budget::with_tenant_tree): the reserve
+//! script then checks and takes the buckets of every node of the path beside the account's,
+//! all or nothing in one call under the account's hash tag, so **every node's limits (and
+//! borrowing caps) hold across processes**; settlement reaches them the same way. Pauses,
+//! daily caps and caps on calls in flight are kept by each process (pause a scope in every
+//! process). Each process serves its own waiters by the weighted fair share; the store admits
+//! the processes' questions in arrival order, so between processes tenants share by what
+//! their processes ask, not by weight.
 
 mod config;
 mod daily;

@@ -76,6 +76,8 @@ pub(crate) struct Node {
     pub(crate) configured: bool,
     /// Requests waiting out of the ordering for this node's limits, by ticket.
     pub(crate) parked: Vec<(u64, Waker)>,
+    /// When a request last took or settled on it (nanoseconds).
+    touched_at: u64,
 }
 
 impl Node {
@@ -109,6 +111,7 @@ impl Node {
             weight,
             configured: config.is_some(),
             parked: Vec::new(),
+            touched_at: 0,
         }
     }
 
@@ -162,6 +165,7 @@ impl Node {
             let _ = self.store.reserve(ReservationId(0), cost, Floor::NONE, now);
         }
         self.in_flight += 1;
+        self.touched_at = now;
         for day in &mut self.days {
             day.add(cost.amount(day.cap.dimension), unix);
         }
@@ -180,6 +184,7 @@ impl Node {
     ) -> bool {
         let mut freed = self.max_in_flight.is_some();
         self.in_flight = self.in_flight.saturating_sub(1);
+        self.touched_at = now;
         if self.limited {
             freed |= self
                 .store
@@ -205,9 +210,12 @@ impl Node {
         freed
     }
 
-    /// Whether the node holds nothing a default node would not: it may be dropped.
+    /// Whether the node holds nothing a default node would not, and has had no traffic for a
+    /// minute (so a tenant sending one request at a time is not made again for each): it may
+    /// be dropped.
     pub(crate) fn is_idle(&mut self, now: u64, unix: u64) -> bool {
-        self.in_flight == 0
+        now.saturating_sub(self.touched_at) >= MINUTE
+            && self.in_flight == 0
             && !self.paused
             && self.parked.is_empty()
             && self.meter.get(now) == 0
@@ -223,7 +231,7 @@ impl Node {
 
 /// The limits a node enforces: each of `parent`'s scaled by its most share (its borrowing
 /// cap), then its own (the lower of two for one dimension and period).
-fn limits_of(config: &TenantNode, parent: &[Limit]) -> Vec<Limit> {
+pub(crate) fn limits_of(config: &TenantNode, parent: &[Limit]) -> Vec<Limit> {
     let mut limits: Vec<Limit> = Vec::new();
     if let Some(share) = config.max_share {
         for limit in parent {

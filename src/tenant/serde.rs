@@ -165,7 +165,7 @@ mod tests {
         let key = tree.node(&"acme/search/k1".parse().unwrap()).unwrap();
         assert_eq!(key.limits()[0].dimension(), Dimension::Requests);
         assert_eq!(tree.default_tenant().as_str(), "anonymous");
-        assert_eq!(tree.label_depth, 2);
+        assert_eq!(tree.label_depth(), 2);
     }
 
     #[test]

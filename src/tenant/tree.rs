@@ -5,13 +5,14 @@
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 use std::task::Waker;
 
 use tokio::time::Instant;
 
 use super::config::{DailyCap, TenantNode, TenantTree};
 use super::error::{Refusal, TenantRefused};
-use super::node::Node;
+use super::node::{Node, limits_of};
 use super::path::{Tenant, within};
 use crate::budget::Floor;
 use crate::budget::store::{LimitState, Store};
@@ -306,6 +307,21 @@ impl Tenants {
         }
     }
 
+    /// The limits of every node of `path`, each with its node, as a shared store keeps them
+    /// (empty without any).
+    pub(crate) fn shared_path(&self, path: &Tenant) -> Arc<[(Tenant, Limit)]> {
+        let mut limits = Vec::new();
+        for prefix in path.prefixes() {
+            let Some(config) = self.config(prefix) else {
+                continue;
+            };
+            let node = Tenant::parse(prefix).expect("a prefix of a valid path");
+            let own = limits_of(config, &self.parent_limits(&node));
+            limits.extend(own.into_iter().map(|limit| (node.clone(), limit)));
+        }
+        limits.into()
+    }
+
     /// What a snapshot of `path` shows; a node without state reads as fresh.
     pub(crate) fn view(&mut self, path: &Tenant, now: u64, at: Instant) -> NodeView {
         let unix = self.tree.clock.unix_seconds(at);
@@ -333,6 +349,7 @@ impl Tenants {
     }
 
     /// The live node at `path`, if any.
+    #[cfg(feature = "metrics")]
     pub(crate) fn get_mut(&mut self, path: &str) -> Option<&mut Node> {
         self.live.get_mut(path)
     }

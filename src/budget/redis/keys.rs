@@ -1,6 +1,7 @@
 //! Key names, and a limit's rate as the integer fraction the scripts compute with.
 
 use crate::quota::Limit;
+use crate::tenant::Tenant;
 
 /// The names of one quota's keys: every key shares the quota's hash tag.
 #[derive(Debug, Clone)]
@@ -39,6 +40,18 @@ impl Keys {
     /// a provider's pause. It expires at that instant.
     pub(super) fn hold(&self, limit: &Limit) -> String {
         format!("{}:held", self.bucket(limit))
+    }
+
+    /// The bucket of `limit` of the tenant node `node`, under the quota's hash tag: every
+    /// bucket of a path lives in the account's slot, so one script reaches them all.
+    pub(super) fn node_bucket(&self, node: &Tenant, limit: &Limit) -> String {
+        format!(
+            "{}:t:{}:{}:{}",
+            self.root,
+            node.as_str(),
+            limit.dimension().as_str(),
+            limit.period().as_millis()
+        )
     }
 
     /// The record of reservation `id`.

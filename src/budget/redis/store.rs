@@ -8,9 +8,12 @@ use ::redis::aio::ConnectionManager;
 
 use super::keys::{Keys, Rate};
 use crate::budget::bucket::Floor;
-use crate::budget::remote::{Decision, RemoteStore, Settle, StoreFuture, StoreUnavailable};
+use crate::budget::remote::{
+    Decision, PathLimits, RemoteStore, Settle, StoreFuture, StoreUnavailable,
+};
 use crate::cost::Cost;
 use crate::quota::Limit;
+use crate::tenant::Tenant;
 
 /// How long a settled reservation's tombstone lives, at least and at most: settlements are
 /// retried within a few seconds, so a duplicate arrives well within it.
@@ -136,25 +139,49 @@ impl RemoteStore for RedisStore {
         cost: Cost,
         floor: Floor,
         limits: Arc<[Limit]>,
+        path: PathLimits,
     ) -> StoreFuture<Decision> {
-        let touched: Vec<usize> = (0..limits.len())
-            .filter(|&i| cost.amount(limits[i].dimension()) > 0)
+        // The account's limits, then the path's nodes': one list of buckets, numbered on.
+        let all = limits.len() + path.len();
+        let limit_of = |i: usize| match i.checked_sub(limits.len()) {
+            None => (None, &limits[i]),
+            Some(j) => (Some(&path[j].0), &path[j].1),
+        };
+        let touched: Vec<usize> = (0..all)
+            .filter(|&i| cost.amount(limit_of(i).1.dimension()) > 0)
             .collect();
         let mut call = Call::new();
         // The clock override is for tests of the script alone; the server's clock is used.
         call.arg("").arg(self.lease_ms);
         for &i in &touched {
-            let limit = &limits[i];
+            let (node, limit) = limit_of(i);
             let rate = Rate::of(limit);
-            call.keys.push(self.keys.bucket(limit));
+            call.keys.push(match node {
+                None => self.keys.bucket(limit),
+                Some(node) => self.keys.node_bucket(node, limit),
+            });
+            // A class floor keeps a share of the account, not of a tenant's own limits.
+            let keep = if node.is_none() {
+                floor.of(rate.capacity)
+            } else {
+                0
+            };
             call.arg(rate.num)
                 .arg(rate.den)
                 .arg(rate.capacity)
                 .arg(cost.amount(limit.dimension()))
-                .arg(floor.of(rate.capacity));
+                .arg(keep);
         }
-        call.keys
-            .extend(touched.iter().map(|&i| self.keys.hold(&limits[i])));
+        // A node's bucket is never held (a provider pause holds the account): its hold key
+        // stays absent.
+        let holds: Vec<String> = touched
+            .iter()
+            .map(|&i| match limit_of(i) {
+                (None, limit) => self.keys.hold(limit),
+                (Some(node), limit) => format!("{}:held", self.keys.node_bucket(node, limit)),
+            })
+            .collect();
+        call.keys.extend(holds);
         call.keys.push(self.keys.record(&id));
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
         Box::pin(async move {
@@ -169,8 +196,11 @@ impl RemoteStore for RedisStore {
     fn settle(&self, batch: Vec<Settle>) -> StoreFuture<()> {
         // Every bucket once, then every record.
         let mut buckets: Vec<(String, Rate)> = Vec::new();
-        let mut index = |limit: &Limit| {
-            let key = self.keys.bucket(limit);
+        let mut index = |node: Option<&Tenant>, limit: &Limit| {
+            let key = match node {
+                None => self.keys.bucket(limit),
+                Some(node) => self.keys.node_bucket(node, limit),
+            };
             match buckets.iter().position(|(k, _)| *k == key) {
                 Some(i) => i + 1,
                 None => {
@@ -181,16 +211,19 @@ impl RemoteStore for RedisStore {
         };
         let mut settlements = Vec::with_capacity(batch.len());
         for settle in &batch {
+            let nodes = settle.path.iter().map(|(node, limit)| (Some(node), limit));
             let touched: Vec<(usize, u64, u64)> = settle
                 .limits
                 .iter()
-                .filter_map(|limit| {
+                .map(|limit| (None, limit))
+                .chain(nodes)
+                .filter_map(|(node, limit)| {
                     let dimension = limit.dimension();
                     let (reserved, actual) = (
                         settle.reserved.amount(dimension),
                         settle.actual.amount(dimension),
                     );
-                    (reserved > 0 || actual > 0).then(|| (index(limit), reserved, actual))
+                    (reserved > 0 || actual > 0).then(|| (index(node, limit), reserved, actual))
                 })
                 .collect();
             settlements.push(touched);

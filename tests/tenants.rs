@@ -1,0 +1,496 @@
+//! Tenants against the simulated provider, in virtual time: weighted fair shares over token
+//! cost, borrowing of an idle share and its reclaim, classes before fair shares, daily caps,
+//! pause and resume, a node's own limit that does not hold up the others, idle state
+//! forgotten. No provider 429 anywhere.
+
+mod support;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::num::{NonZeroU32, NonZeroU64};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use support::limit;
+use tokio::time::{self, Instant};
+use tower::util::BoxCloneService;
+use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
+use tower_llm_quota::sim::{SimBody, SimConfig, Simulator};
+use tower_llm_quota::stack::{QuotaBody, QuotaStack};
+use tower_llm_quota::tenant::{DailyCap, DayWindow, Tenant, TenantNode, TenantTree, WallClock};
+use tower_llm_quota::{
+    BoxError, Budget, Cost, Dimension, Error, Priority, Quota, Timings, TokenBudgetLayer,
+};
+
+const MINUTE: Duration = Duration::from_secs(60);
+/// The account: tokens per minute, all of it at once.
+const TPM: u64 = 60_000;
+
+fn tenant(path: &str) -> Tenant {
+    path.parse().unwrap()
+}
+
+fn weight(w: u32) -> NonZeroU32 {
+    NonZeroU32::new(w).unwrap()
+}
+
+/// The provider: the account's minute at 10 % above what the budget plans, every completion
+/// as long as its `max_tokens`, half a second per call.
+fn simulator() -> Simulator {
+    Simulator::new(
+        SimConfig::openai(100_000, TPM * 11 / 10)
+            .key("sk", "org")
+            .latency(Duration::from_millis(500), Duration::ZERO)
+            .completion_share(1.0, 1.0),
+    )
+}
+
+fn quota() -> Quota {
+    Quota::new().with_limit(limit(Dimension::TotalTokens, TPM, MINUTE, TPM))
+}
+
+type Llm = BoxCloneService<Request<Full<Bytes>>, u64, BoxError>;
+
+/// The whole stack over `budget` and the simulator; a call answers the tokens it used.
+fn governed(budget: &Budget, sim: &Simulator) -> Llm {
+    let stack = QuotaStack::openai(quota()).with_budget(budget.clone());
+    let service =
+        ServiceExt::<Request<Full<Bytes>>>::map_err(stack.layer(sim.service()), BoxError::from);
+    let service = ServiceExt::<Request<Full<Bytes>>>::and_then(
+        service,
+        |response: Response<QuotaBody<SimBody>>| async move {
+            assert_eq!(response.status(), 200, "no provider refusal");
+            let body = response.into_body().collect().await?.to_bytes();
+            let json: serde_json::Value = serde_json::from_slice(&body)?;
+            Ok(json["usage"]["total_tokens"].as_u64().expect("usage"))
+        },
+    );
+    BoxCloneService::new(service)
+}
+
+/// A chat request of `tenant` with a prompt of about `prompt` tokens.
+fn chat(tenant: &str, class: Priority, prompt: usize, max_tokens: u64) -> Request<Full<Bytes>> {
+    let text = "word ".repeat(prompt * 4 / 5);
+    let body = format!(
+        r#"{{"model":"m","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"{text}"}}]}}"#
+    );
+    Request::post("/v1/chat/completions")
+        .header("authorization", "Bearer sk")
+        .header("content-type", "application/json")
+        .extension(class)
+        .extension(self::tenant(tenant))
+        .body(Full::new(Bytes::from(body)))
+        .unwrap()
+}
+
+type Tally = Arc<Mutex<HashMap<String, u64>>>;
+
+/// `workers` loops of `tenant`'s requests from `from` until `until`, each counting its tokens
+/// (of calls sent from `count_from` and before `until`) in `tally`.
+fn saturate(
+    llm: &Llm,
+    tally: &Tally,
+    tenant: &'static str,
+    prompt: usize,
+    workers: usize,
+    (from, count_from, until): (Instant, Instant, Instant),
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..workers)
+        .map(|_| {
+            let (llm, tally) = (llm.clone(), Arc::clone(tally));
+            tokio::spawn(async move {
+                time::sleep_until(from).await;
+                while Instant::now() < until {
+                    let counted = Instant::now() >= count_from;
+                    let tokens = llm
+                        .clone()
+                        .oneshot(chat(tenant, Priority::Batch, prompt, 100))
+                        .await
+                        .expect("admitted");
+                    let mut tally = tally.lock().unwrap();
+                    *tally.entry(tenant.into()).or_default() += if counted { tokens } else { 0 };
+                }
+            })
+        })
+        .collect()
+}
+
+fn share(tally: &Tally, tenant: &str) -> f64 {
+    let tally = tally.lock().unwrap();
+    tally[tenant] as f64 / tally.values().sum::<u64>() as f64
+}
+
+async fn weighted_shares(prompt_a: usize, prompt_b: usize) -> (f64, f64) {
+    let tree = TenantTree::new()
+        .with_node(tenant("a"), TenantNode::new().with_weight(weight(3)))
+        .with_node(tenant("b"), TenantNode::new().with_weight(weight(1)));
+    let budget = Budget::with_tenants(quota(), tree).unwrap();
+    let sim = simulator();
+    let llm = governed(&budget, &sim);
+    let tally = Tally::default();
+    // Ten minutes once the account's first minute, granted at once, is spent.
+    let start = Instant::now();
+    let (from, end) = (start + MINUTE, start + 11 * MINUTE);
+    let mut tasks = saturate(&llm, &tally, "a", prompt_a, 8, (start, from, end));
+    tasks.extend(saturate(&llm, &tally, "b", prompt_b, 8, (start, from, end)));
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(sim.stats().rate_limited, 0);
+    let (a, b) = (share(&tally, "a"), share(&tally, "b"));
+    eprintln!("prompts {prompt_a} and {prompt_b}: token shares a {a:.4}, b {b:.4}, 0 × 429");
+    (a, b)
+}
+
+/// Weights 3:1, both saturating for ten minutes (after the account's first minute, which is
+/// granted at once to whoever asks): tokens 75/25 within 2 points.
+#[tokio::test(start_paused = true)]
+async fn token_shares_follow_the_weights() {
+    let (a, b) = weighted_shares(200, 200).await;
+    assert!((a - 0.75).abs() <= 0.02, "a {a:.4}, b {b:.4}");
+}
+
+/// The same when the lighter tenant sends prompts ten times larger: a share of tokens, not of
+/// requests.
+#[tokio::test(start_paused = true)]
+async fn token_shares_follow_the_weights_with_prompts_ten_times_larger() {
+    let (a, b) = weighted_shares(200, 2_000).await;
+    assert!((b - 0.25).abs() <= 0.02, "a {a:.4}, b {b:.4}");
+}
+
+/// One tenant idle: the other uses at least 97 % of the account. When the idle one returns,
+/// its first request is admitted within one refill of its own cost, and in its first minute
+/// back it gets at least its guarantee.
+#[tokio::test(start_paused = true)]
+async fn an_idle_share_is_borrowed_and_taken_back() {
+    let tree = TenantTree::new()
+        .with_node(tenant("a"), TenantNode::new().with_guarantee(0.5))
+        .with_node(tenant("b"), TenantNode::new().with_guarantee(0.5));
+    let budget = Budget::with_tenants(quota(), tree).unwrap();
+    let sim = simulator();
+    let llm = governed(&budget, &sim);
+    let tally = Tally::default();
+    let start = Instant::now();
+    let back = start + 5 * MINUTE;
+    let end = back + MINUTE;
+    let b_tasks = saturate(&llm, &tally, "b", 400, 8, (start, start, end));
+
+    // Minutes 1 to 5 (after the first burst): b alone.
+    time::sleep_until(start + MINUTE).await;
+    let before = tally.lock().unwrap()["b"];
+    time::sleep_until(back).await;
+    let alone = tally.lock().unwrap()["b"] - before;
+    assert!(
+        alone as f64 >= 0.97 * 4.0 * TPM as f64,
+        "b used {alone} of {}",
+        4 * TPM
+    );
+
+    // a returns: its first request waits at most the refill of its cost (about 500 tokens at
+    // 1,000 a second) plus the time the call in front of it takes to be admitted.
+    let first = Instant::now();
+    llm.clone()
+        .oneshot(chat("a", Priority::Batch, 400, 100))
+        .await
+        .unwrap();
+    let waited = first.elapsed() - Duration::from_millis(500);
+    assert!(waited <= Duration::from_millis(600), "waited {waited:?}");
+    let a_tasks = saturate(&llm, &tally, "a", 400, 8, (back, back, end));
+    for task in a_tasks.into_iter().chain(b_tasks) {
+        task.await.unwrap();
+    }
+    let a = tally.lock().unwrap()["a"];
+    eprintln!(
+        "b alone: {:.1} % of the account; a back: first admitted after {waited:?}, \
+         {:.1} % of the account in its first minute (guarantee 50 %)",
+        alone as f64 * 100.0 / (4 * TPM) as f64,
+        a as f64 * 100.0 / TPM as f64
+    );
+    assert!(
+        a as f64 >= 0.5 * TPM as f64 * 0.98,
+        "a got {a} in its first minute back"
+    );
+    assert_eq!(sim.stats().rate_limited, 0);
+}
+
+/// Classes first: an interactive request of tenant a under tenant b's long-context batch
+/// backlog waits no longer than the refill of its own cost plus one of b's items.
+#[tokio::test(start_paused = true)]
+async fn interactive_work_of_one_tenant_is_not_held_by_another_s_batch_backlog() {
+    const RATE: u64 = 1_000; // tokens a second
+    const ITEM: u64 = 4_000; // b's long-context item
+    const ASK: u64 = 200;
+    let tree = TenantTree::new()
+        .with_node(tenant("a"), TenantNode::new())
+        .with_node(tenant("b"), TenantNode::new().with_weight(weight(10)));
+    let budget = Budget::with_tenants(
+        Quota::new().with_limit(limit(
+            Dimension::TotalTokens,
+            RATE,
+            Duration::from_secs(1),
+            ITEM,
+        )),
+        tree,
+    )
+    .unwrap();
+    let client =
+        service_fn(|_request: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
+    let llm = BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(TokenBudgetLayer::new(budget.clone()))
+            .service(client),
+    );
+    let send = |tenant: &str, class, tokens| {
+        let mut request = Request::new(());
+        request.extensions_mut().insert(class);
+        request.extensions_mut().insert(Cost::new(tokens, 0));
+        request.extensions_mut().insert(self::tenant(tenant));
+        let llm = llm.clone();
+        async move {
+            let response = llm.oneshot(request).await.expect("admitted");
+            *response.extensions().get::<Timings>().unwrap()
+        }
+    };
+    let backlog: Vec<_> = (0..100)
+        .map(|_| tokio::spawn(send("b", Priority::Batch, ITEM)))
+        .collect();
+    let refill = |tokens: u64| Duration::from_millis(tokens * 1_000 / RATE);
+    let mut worst = Duration::ZERO;
+    for second in 0..30 {
+        time::sleep(Duration::from_secs(2)).await;
+        let timings = send("a", Priority::Interactive, ASK).await;
+        worst = worst.max(timings.waited());
+        assert!(
+            timings.waited() <= refill(ASK) + refill(ITEM),
+            "second {second}: waited {:?}",
+            timings.waited()
+        );
+    }
+    eprintln!(
+        "interactive under a batch backlog: worst wait {worst:?}, bound {:?}",
+        refill(ASK) + refill(ITEM)
+    );
+    backlog.into_iter().for_each(|task| task.abort());
+}
+
+/// A calendar-day cap: the first request over it is refused locally, naming the scope, and
+/// nothing is sent; the next day admits again.
+#[tokio::test(start_paused = true)]
+async fn a_daily_cap_refuses_the_first_request_over_it_until_the_next_day() {
+    // 23:50 UTC.
+    let wall = UNIX_EPOCH + Duration::from_secs(20_000 * 86_400 - 600);
+    let cap = DailyCap::new(
+        Dimension::TotalTokens,
+        NonZeroU64::new(5_000).unwrap(),
+        DayWindow::CalendarUtc,
+    );
+    let tree = TenantTree::new()
+        .with_clock(WallClock::starting_at(wall))
+        .with_node(tenant("acme"), TenantNode::new().with_daily_cap(cap));
+    let budget = Budget::with_tenants(quota(), tree).unwrap();
+    let sim = simulator();
+    let llm = governed(&budget, &sim);
+    let mut used = 0;
+    let refused = loop {
+        match llm
+            .clone()
+            .oneshot(chat("acme/search/key-1", Priority::Async, 400, 100))
+            .await
+        {
+            Ok(tokens) => used += tokens,
+            Err(error) => break error,
+        }
+    };
+    let refused = refused.downcast::<Error>().expect("a local refusal");
+    let refusal = refused.tenant_refused().expect("a scope refused it");
+    assert_eq!(refusal.scope().as_str(), "acme");
+    assert!(refusal.is_daily_cap() && refused.is_local(), "{refused}");
+    let handle = budget.tenants().unwrap();
+    let today = handle.snapshot(&tenant("acme")).used_today()[0].1;
+    assert_eq!(today, used, "settled with the actual usage");
+    assert!(used <= 5_000);
+    let sent = sim.stats().received;
+    // Other tenants are not capped.
+    llm.clone()
+        .oneshot(chat("globex", Priority::Async, 400, 100))
+        .await
+        .unwrap();
+    assert_eq!(
+        sim.stats().received,
+        sent + 1,
+        "the refused request was not sent"
+    );
+    // Midnight: a new day.
+    time::sleep(Duration::from_secs(600)).await;
+    llm.clone()
+        .oneshot(chat("acme/search/key-1", Priority::Async, 400, 100))
+        .await
+        .unwrap();
+    assert_eq!(sim.stats().rate_limited, 0);
+    let _ = SystemTime::now();
+}
+
+/// Pause: the tenant's queued and new requests are refused at once (within 1 ms), naming
+/// it, while the others go on; resumed, it is admitted again.
+#[tokio::test(start_paused = true)]
+async fn a_pause_refuses_queued_and_new_requests_at_once() {
+    let tree = TenantTree::new();
+    let budget = Budget::with_tenants(
+        Quota::new().with_limit(limit(
+            Dimension::TotalTokens,
+            1_000,
+            Duration::from_secs(1),
+            1_000,
+        )),
+        tree,
+    )
+    .unwrap();
+    let handle = budget.tenants().unwrap();
+    // Spend the bucket: everything after waits.
+    budget
+        .reserve(Cost::new(1_000, 0))
+        .await
+        .unwrap()
+        .mark_sent();
+    let reserve = |path: &str| {
+        let reserve = budget.reserve(Cost::new(100, 0)).tenant(tenant(path));
+        tokio::spawn(async move { reserve.await.map(|mut r| r.mark_sent()) })
+    };
+    let queued: Vec<_> = (0..5).map(|i| reserve(&format!("acme/key-{i}"))).collect();
+    let others: Vec<_> = (0..5).map(|_| reserve("globex")).collect();
+    time::sleep(Duration::from_millis(10)).await;
+    assert_eq!(budget.waiters(), 10);
+    let paused = Instant::now();
+    handle.pause(&tenant("acme"));
+    for task in queued {
+        let error = task.await.unwrap().unwrap_err();
+        let refused = error.tenant_refused().expect("refused by a scope");
+        assert!(refused.is_paused());
+        assert_eq!(refused.scope().as_str(), "acme");
+    }
+    assert!(paused.elapsed() <= Duration::from_millis(1));
+    assert_eq!(budget.waiters(), 5, "the others still wait");
+    let new = budget
+        .reserve(Cost::new(1, 0))
+        .tenant(tenant("acme/key-9"))
+        .await;
+    assert!(new.unwrap_err().tenant_refused().unwrap().is_paused());
+    assert!(handle.snapshot(&tenant("acme")).is_paused());
+    for task in others {
+        task.await.unwrap().expect("unaffected");
+    }
+    handle.resume(&tenant("acme"));
+    budget
+        .reserve(Cost::new(100, 0))
+        .tenant(tenant("acme/key-0"))
+        .await
+        .expect("resumed")
+        .refund();
+}
+
+/// All or nothing on the path, and a node's own limit does not hold up the others: a key
+/// limited to 100 tokens a second waits for its own refill while the account serves another
+/// tenant; the team's limit binds across its keys; settlement reaches every node.
+#[tokio::test(start_paused = true)]
+async fn a_path_pays_on_every_node_and_a_node_s_limit_binds_only_below_it() {
+    let per_second = |amount| {
+        limit(
+            Dimension::TotalTokens,
+            amount,
+            Duration::from_secs(1),
+            amount,
+        )
+    };
+    let tree = TenantTree::new()
+        .with_node(
+            tenant("acme"),
+            TenantNode::new().with_limit(per_second(300)),
+        )
+        .with_node(
+            tenant("acme/key-1"),
+            TenantNode::new().with_limit(per_second(100)),
+        );
+    let budget = Budget::with_tenants(Quota::new().with_limit(per_second(10_000)), tree).unwrap();
+    let handle = budget.tenants().unwrap();
+    let start = Instant::now();
+    let first = budget
+        .reserve(Cost::new(100, 0))
+        .tenant(tenant("acme/key-1"))
+        .await
+        .unwrap();
+    // key-1 is spent for a second; its next request steps aside.
+    let second = {
+        let reserve = budget
+            .reserve(Cost::new(100, 0))
+            .tenant(tenant("acme/key-1"));
+        tokio::spawn(reserve)
+    };
+    time::sleep(Duration::from_millis(1)).await;
+    // Another tenant, and another key of the team, go at once.
+    let other = budget
+        .reserve(Cost::new(5_000, 0))
+        .tenant(tenant("globex"))
+        .await;
+    assert_eq!(start.elapsed(), Duration::from_millis(1));
+    let key2 = budget
+        .reserve(Cost::new(200, 0))
+        .tenant(tenant("acme/key-2"))
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(1));
+    // The team (300 a second) is spent now: key-2's next waits for the team's refill.
+    let levels = |path: &str| handle.snapshot(&tenant(path)).limits()[0].level();
+    assert_eq!((levels("acme"), levels("acme/key-1")), (0, 0));
+    // key-1's second request is admitted once key-1 and the team hold 100 again.
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(second.tenant().unwrap().as_str(), "acme/key-1");
+    // A refund reaches every node of the path.
+    drop(key2);
+    drop(first);
+    drop(other);
+    // Unsent, refunded whole: the team and key-1 are full again (key-1's second request
+    // holds what refilled meanwhile).
+    assert_eq!(levels("acme"), 300);
+    assert_eq!(levels("acme/key-1"), 100);
+    assert_eq!(handle.snapshot(&tenant("acme")).in_flight(), 1);
+}
+
+/// 10,000 tenants with limits of their own: memory only while they have state.
+#[tokio::test(start_paused = true)]
+async fn idle_tenants_are_forgotten() {
+    let tree = TenantTree::new().with_template(
+        1,
+        TenantNode::new().with_limit(limit(Dimension::Requests, 10, Duration::from_secs(1), 10)),
+    );
+    let budget = Budget::with_tenants(
+        Quota::new().with_limit(limit(
+            Dimension::Requests,
+            1_000_000,
+            Duration::from_secs(1),
+            1_000_000,
+        )),
+        tree,
+    )
+    .unwrap();
+    let handle = budget.tenants().unwrap();
+    for i in 0..10_000 {
+        let mut r = budget
+            .reserve(Cost::requests_only(1))
+            .tenant(tenant(&format!("t{i}")))
+            .await
+            .unwrap();
+        r.mark_sent();
+        drop(r);
+    }
+    assert_eq!(handle.live_nodes(), 10_000);
+    // Two minutes later every bucket is full and the meters empty: nothing is kept.
+    time::sleep(2 * MINUTE).await;
+    assert_eq!(handle.live_nodes(), 0);
+    // A paused tenant is kept while idle.
+    handle.pause(&tenant("t7"));
+    assert_eq!(handle.live_nodes(), 1);
+}

@@ -1,0 +1,163 @@
+//! Tenants over a budget shared through Redis: three budgets (as three processes would) with
+//! the same tenant tree, three tenants each: no node's limit is exceeded in any window, across
+//! the budgets, and the account's never. Real time against a private `redis-server`.
+
+mod redis_server;
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis_server::RedisServer;
+use support::limit;
+use tokio::time::Instant;
+use tower_llm_quota::budget::redis::RedisBudget;
+use tower_llm_quota::tenant::{Tenant, TenantNode, TenantTree};
+use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota};
+
+const SECOND: Duration = Duration::from_secs(1);
+/// The account: tokens a second, and at once.
+const ACCOUNT: u64 = 3_000;
+/// Tenant a's and b's own limits (a second, and at once); c has none.
+const NODE_A: u64 = 500;
+const NODE_B: u64 = 800;
+const COST: u64 = 100;
+const RUN: Duration = Duration::from_secs(3);
+/// How late an admission may be recorded after the script made it (the reply's way back).
+const SLACK: Duration = Duration::from_millis(25);
+
+/// Every admission: when it was told, its tenant, its cost.
+type Log = Arc<Mutex<Vec<(Instant, &'static str, u64)>>>;
+
+fn per_second(amount: u64) -> Limit {
+    limit(Dimension::TotalTokens, amount, SECOND, amount)
+}
+
+fn tree() -> TenantTree {
+    TenantTree::new()
+        .with_node(
+            "a".parse().unwrap(),
+            TenantNode::new().with_limit(per_second(NODE_A)),
+        )
+        .with_node(
+            "b".parse().unwrap(),
+            TenantNode::new().with_limit(per_second(NODE_B)),
+        )
+}
+
+async fn budget(server: &RedisServer) -> Budget {
+    RedisBudget::new(server.url(), "tenants")
+        .timeout(Duration::from_millis(500))
+        .connect(&Quota::new().with_limit(per_second(ACCOUNT)))
+        .await
+        .unwrap()
+        .with_tenant_tree(tree())
+        .unwrap()
+}
+
+/// The most that `admissions` (instant, amount) take in any window, beyond what a bucket of
+/// `rate` a second holding `burst` allows: positive is an excess.
+fn worst_excess(admissions: &[(Instant, u64)], rate: u64, burst: u64) -> i64 {
+    let mut sorted = admissions.to_vec();
+    sorted.sort_by_key(|(at, _)| *at);
+    let mut worst = i64::MIN;
+    for i in 0..sorted.len() {
+        let mut sum = 0;
+        for j in i..sorted.len() {
+            sum += sorted[j].1;
+            let span = sorted[j].0 - sorted[i].0 + SLACK;
+            let allowed = burst as f64 + rate as f64 * span.as_secs_f64();
+            worst = worst.max(sum as i64 - allowed.floor() as i64);
+        }
+    }
+    worst
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_budgets_three_tenants_keep_every_node_and_the_account() {
+    let server = RedisServer::start();
+    let budgets = [
+        budget(&server).await,
+        budget(&server).await,
+        budget(&server).await,
+    ];
+    let log: Log = Arc::default();
+    let end = Instant::now() + RUN;
+    let mut tasks = Vec::new();
+    for budget in &budgets {
+        for tenant in ["a", "b", "c"] {
+            for _ in 0..4 {
+                let (budget, log) = (budget.clone(), Arc::clone(&log));
+                let path: Tenant = tenant.parse().unwrap();
+                tasks.push(tokio::spawn(async move {
+                    while Instant::now() < end {
+                        let mut reservation = budget
+                            .reserve(Cost::new(COST, 0))
+                            .tenant(path.clone())
+                            .await
+                            .expect("admitted");
+                        log.lock().unwrap().push((Instant::now(), tenant, COST));
+                        reservation.mark_sent();
+                        reservation.charge_estimate();
+                    }
+                }));
+            }
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let log = log.lock().unwrap();
+    let of = |tenant: &str| -> Vec<(Instant, u64)> {
+        log.iter()
+            .filter(|(_, t, _)| *t == tenant)
+            .map(|&(at, _, cost)| (at, cost))
+            .collect()
+    };
+    let all: Vec<(Instant, u64)> = log.iter().map(|&(at, _, cost)| (at, cost)).collect();
+    assert!(
+        worst_excess(&of("a"), NODE_A, NODE_A) <= 0,
+        "tenant a over its limit"
+    );
+    assert!(
+        worst_excess(&of("b"), NODE_B, NODE_B) <= 0,
+        "tenant b over its limit"
+    );
+    assert!(
+        worst_excess(&all, ACCOUNT, ACCOUNT) <= 0,
+        "the account over its limit"
+    );
+    // The node limits bind across the budgets (whatever each budget's local copy of the tree
+    // would allow alone: three times them), and a denial by a node does not hold up the
+    // others: a and b get most of their rate, c the rest of the account.
+    let start = all.iter().map(|(at, _)| *at).min().unwrap();
+    let span = |tenant| (of(tenant).iter().map(|(at, _)| *at).max().unwrap() - start).as_secs_f64();
+    let total = |tenant| of(tenant).iter().map(|(_, c)| c).sum::<u64>() as f64;
+    let bound = |rate: u64, tenant| rate as f64 * (1.0 + span(tenant));
+    let (a, b, c) = (total("a"), total("b"), total("c"));
+    let (bound_a, bound_b) = (bound(NODE_A, "a"), bound(NODE_B, "b"));
+    assert!(a <= bound_a && a >= 0.8 * bound_a, "a {a} of {bound_a}");
+    assert!(b <= bound_b && b >= 0.8 * bound_b, "b {b} of {bound_b}");
+    // While every tenant saturates (until the end of the run; the queues drain after it).
+    let before_end: u64 = all
+        .iter()
+        .filter(|(at, _)| *at <= end)
+        .map(|(_, c)| c)
+        .sum();
+    let used = before_end as f64 / (ACCOUNT as f64 * (1.0 + (end - start).as_secs_f64()));
+    eprintln!(
+        "a {a} of {bound_a}, b {b} of {bound_b}, account {:.1} % used, worst excess: a {}, b {}, account {}",
+        used * 100.0,
+        worst_excess(&of("a"), NODE_A, NODE_A),
+        worst_excess(&of("b"), NODE_B, NODE_B),
+        worst_excess(&all, ACCOUNT, ACCOUNT)
+    );
+    assert!(
+        used >= 0.9,
+        "the account {used:.3} used: a {a}, b {b}, c {c}"
+    );
+    assert!(
+        total("c") > 0.0,
+        "the tenant without a limit of its own gets the rest"
+    );
+}
