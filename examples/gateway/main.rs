@@ -70,9 +70,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = TcpListener::bind(listen).await?;
     let url = format!("http://{}", listener.local_addr()?);
     if args.redis_url.is_some() {
-        println!(
-            "note: the accounts' quotas are shared through Redis; the tenant tree is not enforced"
-        );
+        println!("quotas and tenant limits shared through Redis; pause a tenant on every replica");
     }
     println!("gateway listening on {url} (status page at {url}/, metrics at {url}/metrics)");
     if demo {

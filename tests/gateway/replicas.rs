@@ -32,16 +32,33 @@ async fn two_replicas_share_the_account_through_redis() {
             .is_err()
     );
     assert_eq!(seen.lock().unwrap().len(), 1);
-    // The tree is not enforced on a budget shared through Redis: the admin API says so.
-    let pause = second
-        .admin(
-            reqwest::Method::POST,
-            "/pause",
-            "admin",
-            serde_json::json!({"tenant": "team"}),
-        )
-        .await;
-    assert_eq!(pause.status(), 409);
+    first.stop().await;
+    second.stop().await;
+}
+
+#[tokio::test]
+async fn two_replicas_share_a_tenant_limit_through_redis() {
+    let redis = RedisServer::start();
+    let (upstream, seen) = fixed_upstream(Duration::ZERO).await;
+    // The account is wide; the tenant may send six requests a minute, a burst of one.
+    let tree = "[tenants.nodes.team]\nlimits = [{ dimension = \"requests\", amount = 6, period_seconds = 60 }]\n";
+    let config = format!("{tree}{}", fixed_config(&upstream));
+    let first = Running::start_shared(&config, &redis.url()).await;
+    let second = Running::start_shared(&config, &redis.url()).await;
+    assert_eq!(
+        first
+            .post("/v1/chat/completions", Some("caller-secret"), BODY)
+            .await
+            .status(),
+        200
+    );
+    let waiting = second.post("/v1/chat/completions", Some("caller-secret"), BODY);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .is_err()
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1);
     first.stop().await;
     second.stop().await;
 }

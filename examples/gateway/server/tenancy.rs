@@ -98,11 +98,6 @@ impl Tenancy {
         self.accounts.push((account.to_owned(), handle));
     }
 
-    /// Whether any account enforces the tree (none does when every budget lives in Redis).
-    pub(crate) fn is_enforced(&self) -> bool {
-        !self.accounts.is_empty()
-    }
-
     fn handle(&self, account: &str) -> Option<&TenantHandle> {
         self.accounts
             .iter()

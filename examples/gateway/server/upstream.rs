@@ -123,9 +123,8 @@ fn client(simulator: Option<&Simulator>) -> Client {
 
 impl Account {
     /// Builds an account, its budget holding a copy of the tenant `tree`. With `redis_url`
-    /// the account's quota is shared through Redis with the other replicas instead; the
-    /// crate cannot yet put a tenant tree on a Redis budget, so such an account enforces the
-    /// account's limits only (the gateway says so at start).
+    /// the account's quota and every node's limits are shared through Redis with the other
+    /// replicas; pauses, daily caps and caps on calls in flight stay in each replica.
     pub(crate) async fn new(
         config: &AccountConfig,
         tree: &TenantTree,
@@ -159,21 +158,25 @@ impl Account {
         };
         let quota = config.quota.quota()?;
         let minute = config.quota.minute();
-        let mut budget =
-            Budget::with_tenants(quota.clone(), tree.clone()).map_err(|e| error(e.to_string()))?;
-        if let Some(url) = redis_url {
-            let policy = if fail_closed {
-                FailurePolicy::FailClosed
-            } else {
-                FailurePolicy::local_share_of(2)
-            };
-            budget = RedisBudget::new(url, config.name.clone())
-                .prefix("gateway")
-                .failure_policy(policy)
-                .connect(&quota)
-                .await
-                .map_err(|e| error(format!("redis: {e}")))?;
-        }
+        let budget = match redis_url {
+            None => Budget::new(quota.clone()),
+            Some(url) => {
+                let policy = if fail_closed {
+                    FailurePolicy::FailClosed
+                } else {
+                    FailurePolicy::local_share_of(2)
+                };
+                RedisBudget::new(url, config.name.clone())
+                    .prefix("gateway")
+                    .failure_policy(policy)
+                    .connect(&quota)
+                    .await
+                    .map_err(|e| error(format!("redis: {e}")))?
+            }
+        };
+        let budget = budget
+            .with_tenant_tree(tree.clone())
+            .map_err(|e| error(e.to_string()))?;
         let client = client(simulator.as_ref());
         let mut stack_for = None;
         let stacks = config
@@ -281,7 +284,7 @@ impl Account {
         &self.budget
     }
 
-    /// The account's copy of the tenant tree (none when its budget lives in Redis).
+    /// The account's copy of the tenant tree.
     pub(crate) fn tenants(&self) -> Option<TenantHandle> {
         self.budget.tenants()
     }
