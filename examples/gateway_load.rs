@@ -20,6 +20,8 @@
 //! 3. **a saturated account** shared by three tenants weighing 3, 2 and 1, each with
 //!    `--workers` clients, for `--saturated-secs` after a warm-up of `--warmup-secs`: each
 //!    tenant's share of the tokens, against its weight, and the provider's 429s.
+//!
+//! `GATEWAY_LOAD_TAIL=1` also prints each phase's tail (p90 to the maximum) and every failure.
 
 #[path = "gateway/server/mod.rs"]
 mod server;
