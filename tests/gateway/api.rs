@@ -282,8 +282,8 @@ async fn metrics_carry_per_tenant_series() {
     let (status, text) = gateway.get("/metrics").await;
     assert_eq!(status, 200);
     for series in [
-        r#"gateway_requests_total{tenant="acme/search",api="chat",status="200"}"#,
-        r#"gateway_requests_total{tenant="acme/reports",api="messages",status="200"}"#,
+        r#"gateway_requests_total{tenant="acme/search",api="chat",class="interactive",status="200"}"#,
+        r#"gateway_requests_total{tenant="acme/reports",api="messages",class="batch",status="200"}"#,
         r#"gateway_tokens_total{tenant="acme/reports",kind="output"}"#,
         r#"gateway_tenant_level{tenant="globex",account="openai-sim",limit="requests_per_minute"}"#,
         r#"gateway_tenant_guaranteed_tokens_per_minute{tenant="acme",account="anthropic-sim"}"#,
@@ -294,5 +294,52 @@ async fn metrics_carry_per_tenant_series() {
         assert!(text.contains(series), "{series} missing from\n{text}");
     }
     assert_eq!(gateway.get("/healthz").await, (200, "ok".to_owned()));
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn x_priority_chooses_the_class_only_where_the_key_allows_it() {
+    let (upstream, _) = fixed_upstream(Duration::ZERO).await;
+    let config = fixed_config(&upstream).replace("tenant = \"team\"", "tenant = \"prio\"")
+        + r#"
+        [[keys]]
+        name = "prio-free"
+        key = "free-secret"
+        tenant = "prio"
+        default_class = "interactive"
+        allow_priority_header = true
+        "#;
+    let gateway = Running::start(&config).await;
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"Hi"}]}"#;
+    for (key, header) in [
+        ("caller-secret", "interactive"),
+        ("free-secret", "batch"),
+        ("free-secret", "bogus"),
+    ] {
+        let response = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", gateway.url))
+            .bearer_auth(key)
+            .header("x-priority", header)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+    }
+    let (_, text) = gateway.get("/metrics").await;
+    let count = |class: &str| {
+        let series = format!(
+            r#"gateway_requests_total{{tenant="prio",api="chat",class="{class}",status="200"}} "#
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map(str::to_owned)
+    };
+    // The first key may not choose: its default (async) stands; the second may: batch, then
+    // its default (interactive) for a value it does not know.
+    assert_eq!(count("async").as_deref(), Some("1"));
+    assert_eq!(count("batch").as_deref(), Some("1"));
+    assert_eq!(count("interactive").as_deref(), Some("1"));
     gateway.stop().await;
 }

@@ -57,9 +57,8 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let (profile, stack) = account.stack(api).expect("the account serves the API");
     let dispatched = Dispatched::default();
     let mut upstream = account.request(api, &parts.headers, body.clone());
-    upstream
-        .extensions_mut()
-        .insert(caller.class(&parts.headers));
+    let class = caller.class(&parts.headers);
+    upstream.extensions_mut().insert(class);
     upstream.extensions_mut().insert(dispatched.clone());
     upstream.extensions_mut().insert(caller.path.clone());
     upstream.extensions_mut().insert(Scope {
@@ -92,9 +91,12 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         let head = http::Response::from_parts(head, ());
         return gateway.refuse(tenant, provider_refusal(account, &head, &bytes));
     }
-    gateway
-        .ledger
-        .answered(&caller.tenant, api.as_str(), response.status().as_u16());
+    gateway.ledger.answered(
+        &caller.tenant,
+        api.as_str(),
+        class,
+        response.status().as_u16(),
+    );
     let (mut head, body) = response.into_parts();
     strip_hop_by_hop(&mut head.headers);
     let meter = Meter {

@@ -7,6 +7,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use metrics::counter;
 use serde::Serialize;
+use tower_llm_quota::Priority;
 
 use super::refusal::{Decision, Refusal};
 
@@ -78,11 +79,11 @@ impl Ledger {
         change(today.counts.entry(tenant.to_owned()).or_default());
     }
 
-    /// A request the provider answered (any status but a refusal).
-    pub(crate) fn answered(&self, tenant: &str, api: &'static str, status: u16) {
+    /// A request of `class` the provider answered (any status but a refusal).
+    pub(crate) fn answered(&self, tenant: &str, api: &'static str, class: Priority, status: u16) {
         self.with_today(tenant, |c| c.requests += 1);
         counter!("gateway_requests_total", "tenant" => tenant.to_owned(), "api" => api,
-            "status" => status.to_string())
+            "class" => class.as_str(), "status" => status.to_string())
         .increment(1);
     }
 
