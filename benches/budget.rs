@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use governor::{DefaultDirectRateLimiter, Quota as GovQuota, RateLimiter};
-use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, TryReserveError};
+use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, error::TryReserveError};
 
 /// Reserved per request: 1 request, 1 200 input tokens, 200 output tokens.
 const ESTIMATE: Cost = Cost::new(1_200, 200);

@@ -71,7 +71,7 @@ use tower_llm_quota::estimate::{Defaults, estimate};
 use tower_llm_quota::sim::{SimConfig, SimService, Simulator};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{
-    CharEstimator, DEFAULT_HEADROOM, Dimension, Limit, Priority, QueueConfig, Quota,
+    DEFAULT_HEADROOM, Dimension, Limit, Priority, QueueConfig, Quota, estimate::CharEstimator,
 };
 
 use run::{Binding, Consumption, FixedRetry, Meter, Metered, Outcome, QuotaSpec, Target};
@@ -313,7 +313,7 @@ fn tuned_stack(spec: QuotaSpec) -> QuotaStack {
         .max_wait(Priority::Batch, LONG_WAIT)
         .promote_after(Priority::Batch, None);
     QuotaStack::openai(quota(spec, Some(1.0)))
-        .concurrency(CONCURRENCY)
+        .concurrency(std::num::NonZeroUsize::new(CONCURRENCY).expect("non-zero"))
         .queue(queue)
         .class_headroom(Priority::Batch, BATCH_CLASS_HEADROOM)
 }

@@ -51,7 +51,8 @@ use http::{Request, Response};
 use tower::{Layer, Service};
 use tower_llm_quota::queue::ResponseFuture;
 use tower_llm_quota::{
-    Cost, Deadline, Priority, PriorityQueue, PriorityQueueLayer, QueueConfig, QueueHandle,
+    Cost, Deadline, Priority, PriorityQueueLayer, QueueConfig,
+    queue::{PriorityQueue, QueueHandle},
 };
 
 /// The backlog sizes compared.

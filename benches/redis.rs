@@ -1,6 +1,7 @@
-//! Reserve + settle against a private loopback `redis-server`, beside the in-memory budget in
-//! the same run: admissions per second and latency percentiles from 1 and 64 concurrent tasks,
-//! and Redis round trips per admission (counted by the server's `INFO commandstats`).
+//! Reserve + settle against a private loopback `redis-server` and a private three-node Redis
+//! Cluster, beside the in-memory budget in the same run: admissions per second and latency
+//! percentiles from 1 and 64 concurrent tasks, and Redis round trips per admission (counted by
+//! the server's `INFO commandstats`; on the cluster, by the node holding the quota's slot).
 //!
 //! ```sh
 //! cargo bench --bench redis
@@ -17,8 +18,9 @@ use std::num::NonZeroU64;
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
+use redis_server::cluster::RedisCluster;
 use tower_llm_quota::budget::redis::RedisBudget;
-use tower_llm_quota::{Budget, Cost, Dimension, FailurePolicy, Limit, Quota};
+use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, budget::FailurePolicy};
 
 const RUN: Duration = Duration::from_secs(3);
 
@@ -108,6 +110,14 @@ async fn main() {
         .connect(&quota())
         .await
         .expect("connected");
+    let cluster = RedisCluster::start(3);
+    let cluster_budget = RedisBudget::cluster(cluster.urls(), "bench")
+        .failure_policy(FailurePolicy::FailClosed)
+        .connect(&quota())
+        .await
+        .expect("connected to the cluster");
+    // Every key of the quota is on one node: the one serving its hash tag's slot.
+    let slot_owner = cluster.node(cluster.owner("llmq:{bench}:probe"));
     let memory = Budget::new(quota());
 
     println!("reserve + settle, 3 dimensions, {RUN:?} per row, nothing waits");
@@ -117,18 +127,23 @@ async fn main() {
     );
     let mut rows = Vec::new();
     for tasks in [1, 64] {
-        let before = evalsha_stats(&server);
-        let figures = measure(&redis_budget, tasks).await;
-        tokio::time::sleep(Duration::from_millis(200)).await; // settlements drain
-        let after = evalsha_stats(&server);
-        let (calls, usec) = (after.0 - before.0, after.1 - before.1);
-        println!(
-            "redis, {tasks} tasks: the server spent {:.1} µs per script call, {:.1} µs per reservation",
-            usec as f64 / calls as f64,
-            usec as f64 / figures.admissions as f64
-        );
-        let round_trips = calls as f64 / figures.admissions as f64;
-        rows.push(("redis", tasks, figures, Some(round_trips)));
+        for (store, budget, server) in [
+            ("redis", &redis_budget, &server),
+            ("cluster", &cluster_budget, slot_owner),
+        ] {
+            let before = evalsha_stats(server);
+            let figures = measure(budget, tasks).await;
+            tokio::time::sleep(Duration::from_millis(200)).await; // settlements drain
+            let after = evalsha_stats(server);
+            let (calls, usec) = (after.0 - before.0, after.1 - before.1);
+            println!(
+                "{store}, {tasks} tasks: the server spent {:.1} µs per script call, {:.1} µs per reservation",
+                usec as f64 / calls as f64,
+                usec as f64 / figures.admissions as f64
+            );
+            let round_trips = calls as f64 / figures.admissions as f64;
+            rows.push((store, tasks, figures, Some(round_trips)));
+        }
         let figures = measure(&memory, tasks).await;
         rows.push(("memory", tasks, figures, None));
     }
@@ -152,8 +167,10 @@ async fn main() {
                 .unwrap()
         };
         println!(
-            "{tasks} tasks: memory / redis admissions per second = {:.0}x",
-            find("memory") / find("redis")
+            "{tasks} tasks: memory / redis admissions per second = {:.0}x, \
+             cluster / single node = {:.2}x",
+            find("memory") / find("redis"),
+            find("cluster") / find("redis")
         );
     }
 }

@@ -38,7 +38,9 @@ async fn main() -> Result<(), BoxError> {
         .with_limit(Limit::new(Dimension::Requests, nz(300), MINUTE)?)
         .with_limit(Limit::new(Dimension::TotalTokens, nz(20_000), MINUTE)?);
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let llm = QuotaStack::openai(quota).concurrency(16).layer(client);
+    let llm = QuotaStack::openai(quota)
+        .concurrency(std::num::NonZeroUsize::new(16).expect("non-zero"))
+        .layer(client);
 
     let start = Instant::now();
     let calls = (0..60).map(|i| {

@@ -27,8 +27,8 @@ use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::provider::{Profile, ProviderScan, ProviderUsage, Scope};
 use tower_llm_quota::retry::RetryBody;
 use tower_llm_quota::{
-    Budget, Cost, Dimension, Limit, Priority, PriorityQueueLayer, Quota, ReconcileBody,
-    ReconcileLayer, RetryAfterLayer, RetryPolicy, TokenBudgetLayer,
+    Budget, Cost, Dimension, Limit, Priority, PriorityQueueLayer, Quota, ReconcileLayer,
+    RetryAfterLayer, RetryPolicy, TokenBudgetLayer, reconcile::ReconcileBody,
 };
 
 type Body = RetryBody<ReconcileBody<Full<Bytes>, ProviderScan>>;

@@ -35,9 +35,9 @@ async fn main() -> Result<(), BoxError> {
         .with_limit(Limit::new(Dimension::Requests, nz(300), MINUTE)?)
         .with_limit(Limit::new(Dimension::TotalTokens, nz(20_000), MINUTE)?);
     let client = ClientBuilder::new(reqwest::Client::new())
-        .with(QuotaMiddleware::new(
-            QuotaStack::openai(quota).concurrency(16),
-        ))
+        .with(QuotaMiddleware::new(QuotaStack::openai(quota).concurrency(
+            std::num::NonZeroUsize::new(16).expect("non-zero"),
+        )))
         .build();
 
     let start = Instant::now();

@@ -3,7 +3,7 @@
 use crate::quota::Dimension;
 
 /// What one request will consume, placed in the request's extensions before it reaches a
-/// [`TokenBudget`](crate::TokenBudget).
+/// [`TokenBudget`](crate::token_budget::TokenBudget).
 ///
 /// A cost counts requests (one by default), input tokens (the prompt) and output tokens
 /// *reserved*: the upper bound the provider may generate (`max_tokens`). Totals are derived, so a

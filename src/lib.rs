@@ -4,7 +4,7 @@
 pub mod budget;
 mod builder;
 mod cost;
-mod error;
+pub mod error;
 pub mod estimate;
 mod loom;
 #[cfg(feature = "reqwest")]
@@ -34,26 +34,19 @@ pub mod usage;
 pub mod idempotency;
 pub mod jobs;
 
-pub use budget::{
-    AdaptiveShare, Budget, BudgetSnapshot, FailurePolicy, LimitSnapshot, Observation, Reservation,
-    ReservationId, ReservationSlot, Reserve, Settlement, StoreUnavailable,
-};
+// The names users write: the budget and its quota, a request's cost and class, the crate's
+// error, the layers and the stack. Seam types (bodies, futures, extractor traits, snapshots,
+// typed answers of the budget) stay in their modules.
+pub use budget::{Budget, Reservation};
 pub use builder::ServiceBuilderExt;
 pub use cost::{Cost, Usage};
-pub use error::{BoxError, Error, InsufficientCapacity, NotUntil, ReserveError, TryReserveError};
-pub use estimate::{CharEstimator, Estimate, EstimateLayer, Estimator, LearnedOutput, OutputRoute};
-pub use priority::{Deadline, EnqueuedAt, Priority, Timings};
-pub use queue::{
-    ClassSnapshot, PriorityQueue, PriorityQueueLayer, QueueConfig, QueueHandle, QueueSnapshot,
-};
+pub use error::{BoxError, Error};
+pub use estimate::EstimateLayer;
+pub use idempotency::IdempotencyLayer;
+pub use priority::{Deadline, Priority, Timings};
+pub use queue::{PriorityQueueLayer, QueueConfig};
 pub use quota::{DEFAULT_BURST_FRACTION, DEFAULT_HEADROOM, Dimension, InvalidLimit, Limit, Quota};
-pub use reconcile::{
-    BodyEnd, ExtensionUsage, ExtractUsage, Reconcile, ReconcileBody, ReconcileLayer, ScanUsage,
-};
-pub use retry::{
-    Classify, ClassifyFn, FailureClass, ProviderErrors, RetryAfter, RetryAfterLayer, RetryPolicy,
-    RetryReport,
-};
-pub use token_budget::{MissingCost, TokenBudget, TokenBudgetLayer};
-
-pub use idempotency::{IdempotencyLayer, Operation};
+pub use reconcile::ReconcileLayer;
+pub use retry::{RetryAfterLayer, RetryPolicy};
+pub use stack::QuotaStack;
+pub use token_budget::{MissingCost, TokenBudgetLayer};

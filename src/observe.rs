@@ -5,6 +5,11 @@
 //! [`Scope`](crate::provider::Scope) (`"unknown"` when absent), `priority` from its class,
 //! `dimension` and `status` from fixed sets. Keep the scope's values to a bounded set (provider
 //! and model names, never user ids), so the number of series stays bounded.
+//!
+//! # Length
+//!
+//! Every metric name and label set of the crate is here, one function per event, so that the
+//! names are reviewed, documented (in the README's table) and kept stable in one place.
 
 use std::time::Duration;
 
@@ -359,13 +364,11 @@ pub(crate) fn settled(labels: &Labels, reserved: &Cost, usage: Option<&Usage>) {
     }
 }
 
-/// The levels and debts of a budget, after a settlement; at most ten times a second.
+/// The levels and debts of a budget's `snapshot`, after a settlement (at most ten times a
+/// second: the caller asks the budget whether its gauges are due).
 #[cfg(feature = "metrics")]
-pub(crate) fn budget(budget: &crate::budget::Budget) {
-    if !budget.gauges_due() {
-        return;
-    }
-    for limit in budget.snapshot().limits() {
+pub(crate) fn budget(snapshot: &crate::budget::BudgetSnapshot) {
+    for limit in snapshot.limits() {
         let labels = [
             (
                 "dimension",

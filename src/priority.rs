@@ -21,6 +21,7 @@ use tokio::time::Instant;
 /// assert!(Priority::Interactive > Priority::Async && Priority::Async > Priority::Batch);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Priority {
     /// Minutes or hours of tolerance: nightly jobs, backfills.
     Batch,

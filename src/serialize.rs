@@ -52,6 +52,27 @@ struct Class {
     oldest_wait_ms: u64,
 }
 
+/// A budget's snapshot as data (feature `serde`). The field names are part of the API:
+///
+/// | Field | Meaning |
+/// |---|---|
+/// | `waiters` | requests waiting for the budget now |
+/// | `queued` | their summed cost: `requests`, `input_tokens`, `output_tokens` |
+/// | `limits` | one object per limit, in the quota's order: |
+/// | `limits[].dimension` | `requests`, `input_tokens`, `output_tokens` or `total_tokens` ([`Dimension::as_str`](crate::Dimension::as_str)) |
+/// | `limits[].period_seconds` | the limit's period, in seconds (a float) |
+/// | `limits[].amount` | the nominal amount per period, as the provider states it |
+/// | `limits[].share` | the share of `amount` planned now (fixed, or where the adaptive share stands) |
+/// | `limits[].adaptive` | whether that share is adaptive |
+/// | `limits[].effective_amount` | the amount refilled per period: `amount × share` |
+/// | `limits[].capacity` | the most the bucket holds, and the largest cost it admits |
+/// | `limits[].level` | what the bucket holds now (negative while in debt) |
+/// | `limits[].debt` | usage settled above what was reserved, still to be paid back |
+/// | `limits[].available_in_ms` | milliseconds until one unit is available (0: now) |
+/// | `limits[].full_in_ms` | milliseconds until the bucket is full again |
+///
+/// Times are relative to the snapshot: a monotonic instant means nothing outside the
+/// process.
 impl Serialize for BudgetSnapshot {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let at = self.taken_at();
@@ -87,6 +108,15 @@ impl Serialize for BudgetSnapshot {
     }
 }
 
+/// A queue's snapshot as data (feature `serde`). The field names are part of the API:
+///
+/// | Field | Meaning |
+/// |---|---|
+/// | `depth` | requests waiting, every class together |
+/// | `classes` | one object per class, highest first: |
+/// | `classes[].priority` | `interactive`, `async` or `batch` ([`Priority::as_str`](crate::Priority::as_str)) |
+/// | `classes[].depth` | requests of the class waiting |
+/// | `classes[].oldest_wait_ms` | how long the oldest of them has waited, in milliseconds |
 impl Serialize for QueueSnapshot {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         Queue {

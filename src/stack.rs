@@ -9,7 +9,10 @@
 //! 3. [`PriorityQueueLayer`]: stamps each request's class, place and deadline;
 //! 4. [`TokenBudgetLayer`]: reserves the cost and an in-flight slot together, from the head
 //!    of the budget's ordering, or waits there;
-//! 5. [`ReconcileLayer`] with [`ProviderUsage`] for the profile: settles with the usage in the
+//! 5. [`StripUsageLayer`]: hides from the caller the usage chunk of a stream whose usage only
+//!    the stack asked for ([`EstimateLayer::include_stream_usage`]); every other response
+//!    passes untouched;
+//! 6. [`ReconcileLayer`] with [`ProviderUsage`] for the profile: settles with the usage in the
 //!    provider's body and lowers the budget when its rate-limit headers report less left.
 //!
 //! The result is a [`QuotaService`]; its responses carry a [`QuotaBody`]. To make one call per
@@ -19,7 +22,7 @@
 //! # Example
 //!
 //! ```
-//! use std::num::NonZeroU64;
+//! use std::num::{NonZeroU64, NonZeroUsize};
 //! use bytes::Bytes;
 //! use http_body_util::{BodyExt, Full};
 //! use tower::{Layer, Service, ServiceExt, service_fn};
@@ -28,7 +31,7 @@
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), tower_llm_quota::BoxError> {
 //! let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(30_000).unwrap());
-//! let stack = QuotaStack::openai(Quota::new().with_limit(tpm)).concurrency(16);
+//! let stack = QuotaStack::openai(Quota::new().with_limit(tpm)).concurrency(NonZeroUsize::new(16).unwrap());
 //! let budget = stack.budget().clone();
 //!
 //! // Any client: hyper, a `reqwest_middleware` client (the `middleware` module), a mock.
@@ -61,9 +64,17 @@
 //! - **The client**: `Service<http::Request<B>, Response = http::Response<ResBody>> + Clone`,
 //!   with `S::Error: Into<BoxError>`.
 //!
-//! The stack's error is a [`BoxError`](crate::BoxError): downcast it to
-//! [`Error`](crate::Error) to read a local decision (`is_too_large()`, `is_queue_full()`,
-//! `is_deadline_exceeded()`, ...) or the retry report.
+//! The stack's error is the crate's [`Error`](crate::Error): a local decision
+//! (`is_too_large()`, `is_queue_full()`, `is_deadline_exceeded()`, `is_store_unavailable()`,
+//! ...), retries exhausted (`retry_report()`), or the client's failure (`is_inner()`), whose
+//! own error is the [`source`](std::error::Error::source).
+//!
+//! # Spawning
+//!
+//! The stack's futures and bodies are `Send + 'static` when the client's are, whatever the
+//! client's error types, a `BoxError` body error included (tower-http's decompression): a
+//! task may own the whole call, `tokio::spawn(async move { llm.oneshot(request).await?
+//! .into_body().collect().await })`, with no `boxed_unsync()` in between.
 //!
 //! # Requests without an estimate
 //!
@@ -78,20 +89,28 @@ use crate::estimate::{Estimate, EstimateLayer, Estimator};
 use std::num::NonZeroUsize;
 
 use crate::priority::Priority;
-use crate::provider::{Profile, ProviderScan, ProviderUsage};
+use crate::provider::{
+    Profile, ProviderScan, ProviderUsage, StripUsage, StripUsageBody, StripUsageLayer,
+};
 use crate::queue::{PriorityQueue, PriorityQueueLayer, QueueConfig, QueueHandle};
 use crate::quota::Quota;
-use crate::reconcile::{Reconcile, ReconcileBody, ReconcileLayer};
+use crate::reconcile::{ExtensionUsage, Reconcile, ReconcileBody, ReconcileLayer};
 use crate::retry::{ProviderErrors, RetryAfter, RetryAfterLayer, RetryBody, RetryPolicy};
 use crate::token_budget::{MissingCost, TokenBudget, TokenBudgetLayer};
 
 /// The service a [`QuotaStack`] builds around a client `S`, outermost layer first.
-pub type QuotaService<S> =
-    Estimate<RetryAfter<PriorityQueue<TokenBudget<Reconcile<S, ProviderUsage>>>, ProviderErrors>>;
+pub type QuotaService<S> = Estimate<
+    RetryAfter<PriorityQueue<TokenBudget<StripUsage<Reconcile<S, ProviderUsage>>>>, ProviderErrors>,
+>;
+
+/// The service of the two core layers assembled by hand, [`TokenBudgetLayer`] over
+/// [`ReconcileLayer`] reading usage with `X` (by default the usage the client puts in the
+/// response's extensions): `ServiceBuilder::new().token_budget(budget).reconcile()`.
+pub type Governed<S, X = ExtensionUsage> = TokenBudget<Reconcile<S, X>>;
 
 /// The body of a [`QuotaService`]'s responses around a client's response body `B`: it settles
 /// the call's reservation (giving back its in-flight slot) when it ends, fails or is dropped.
-pub type QuotaBody<B> = RetryBody<ReconcileBody<B, ProviderScan>>;
+pub type QuotaBody<B> = RetryBody<StripUsageBody<ReconcileBody<B, ProviderScan>>>;
 
 /// The recommended stack for one provider quota; see the [module documentation](self).
 ///
@@ -174,12 +193,18 @@ impl QuotaStack {
         self
     }
 
-    /// At most `max` calls in flight (at least one), each holding its slot until its response
-    /// body ends: sets the cap of the stack's budget ([`Budget::set_max_in_flight`]), which
-    /// every holder of that budget shares, whether the budget is given before or after this
-    /// call. Defaults to the quota's cap, else [`QuotaStack::DEFAULT_CONCURRENCY`].
-    pub fn concurrency(mut self, max: usize) -> Self {
-        let max = NonZeroUsize::new(max).unwrap_or(NonZeroUsize::MIN);
+    /// At most `max` calls in flight, each holding its slot until its response body ends:
+    /// sets the cap of the stack's budget ([`Budget::set_max_in_flight`]), which every holder
+    /// of that budget shares, whether the budget is given before or after this call. Defaults
+    /// to the quota's cap, else [`QuotaStack::DEFAULT_CONCURRENCY`].
+    ///
+    /// A cap of zero (every call would wait until its deadline) cannot be written:
+    ///
+    /// ```compile_fail
+    /// # use tower_llm_quota::{Quota, stack::QuotaStack};
+    /// let stack = QuotaStack::openai(Quota::new()).concurrency(0);
+    /// ```
+    pub fn concurrency(mut self, max: NonZeroUsize) -> Self {
         self.concurrency = Some(max);
         self.budget.set_max_in_flight(Some(max));
         self
@@ -206,7 +231,7 @@ impl QuotaStack {
     }
 
     /// Estimates with `estimator` and the default [`Defaults`](crate::estimate::Defaults).
-    /// Defaults to a [`CharEstimator`](crate::CharEstimator).
+    /// Defaults to a [`CharEstimator`](crate::estimate::CharEstimator).
     pub fn estimator(self, estimator: impl Estimator) -> Self {
         self.estimate(EstimateLayer::with_estimator(estimator))
     }
@@ -263,7 +288,7 @@ impl<S> Layer<S> for QuotaStack {
             |layer, priority| layer.class_headroom(priority, self.class_headroom[priority.index()]),
         );
         let retry = self.retry.clone().pause_on_rate_limit(self.budget.clone());
-        let service = reconcile.layer(client);
+        let service = StripUsageLayer.layer(reconcile.layer(client));
         let service = token_budget.layer(service);
         let service = self.queue.layer(service);
         let service = retry.layer(service);

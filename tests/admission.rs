@@ -9,7 +9,9 @@ use std::time::Duration;
 use support::{budget, levels, limit, requests_and_tokens, tokens_10_per_sec};
 use tokio::time::{self, Instant};
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
-use tower_llm_quota::{Budget, Cost, Dimension, Observation, Reservation, TryReserveError, Usage};
+use tower_llm_quota::{
+    Budget, Cost, Dimension, Reservation, Usage, budget::Observation, error::TryReserveError,
+};
 
 const SEC: Duration = Duration::from_secs(1);
 
@@ -304,9 +306,9 @@ fn public_types_are_send_sync_and_unpin_where_it_matters() {
     fn send_unpin<T: Send + Unpin>() {}
     send_sync::<Budget>();
     send_sync::<Reservation>();
-    send_sync::<tower_llm_quota::ReservationSlot>();
+    send_sync::<tower_llm_quota::budget::ReservationSlot>();
     send_sync::<tower_llm_quota::Error>();
-    send_sync::<tower_llm_quota::Reserve>();
+    send_sync::<tower_llm_quota::budget::Reserve>();
     send_unpin::<Budget>();
     send_unpin::<Reservation>();
 }

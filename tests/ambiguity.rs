@@ -125,7 +125,7 @@ async fn a_reset_before_the_head_is_retried_only_with_the_key() {
     assert_eq!(calls.lock().unwrap().len(), 1);
     assert_eq!(Ambiguity::of_error(&error), Ambiguity::Uncertain);
     let classified = tower_llm_quota::retry::ProviderErrors;
-    let class = tower_llm_quota::Classify::classify(
+    let class = tower_llm_quota::retry::Classify::classify(
         &classified,
         &tower_llm_quota::retry::Failure::Error(&error),
     );

@@ -19,7 +19,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 use support::levels;
 use tokio::time::Instant;
-use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, Reservation, TryReserveError, Usage};
+use tower_llm_quota::{
+    Budget, Cost, Dimension, Limit, Quota, Reservation, Usage, error::TryReserveError,
+};
 
 /// One timer tick of tokio's clock: how late a sleeping waiter may be woken.
 const TICK_NS: u64 = 1_000_000;
@@ -849,7 +851,7 @@ proptest! {
                 .unwrap();
             let budget = Budget::new(Quota::new().with_limit(limit));
             let report = |thousandths: u64| {
-                tower_llm_quota::Observation::new(Dimension::TotalTokens, period)
+                tower_llm_quota::budget::Observation::new(Dimension::TotalTokens, period)
                     .with_remaining(amount * thousandths / 1_000)
             };
             let check = |budget: &Budget| -> Result<(), TestCaseError> {

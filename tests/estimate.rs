@@ -17,7 +17,8 @@ use serde_json::Value;
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_llm_quota::estimate::{self, Defaults, read_request};
 use tower_llm_quota::{
-    BoxError, CharEstimator, Cost, EstimateLayer, Estimator, LearnedOutput, OutputRoute,
+    BoxError, Cost, EstimateLayer,
+    estimate::{CharEstimator, Estimator, LearnedOutput, OutputRoute},
 };
 
 fn c(text: &str) -> u64 {
@@ -310,7 +311,10 @@ fn learned_output_estimates_the_nearest_rank_p95() {
     assert_eq!(learned.samples("r"), 100);
     // The same records, the same answer.
     assert_eq!(learned.estimate("r"), Some(95));
-    let median = LearnedOutput::new().with_quantile(0.5).with_min_samples(1);
+    let median = LearnedOutput::new()
+        .with_quantile(0.5)
+        .unwrap()
+        .with_min_samples(nz(1));
     for tokens in [10, 30, 20] {
         median.record("r", tokens);
     }
@@ -330,7 +334,9 @@ fn learned_output_needs_min_samples() {
 
 #[test]
 fn learned_output_window_slides() {
-    let learned = LearnedOutput::new().with_window(10).with_min_samples(10);
+    let learned = LearnedOutput::new()
+        .with_window(nz(10))
+        .with_min_samples(nz(10));
     for _ in 0..10 {
         learned.record("r", 1_000);
     }
@@ -356,7 +362,9 @@ fn learned_output_window_slides() {
 
 #[test]
 fn learned_output_evicts_the_least_recently_used_route() {
-    let learned = LearnedOutput::new().with_max_routes(2).with_min_samples(1);
+    let learned = LearnedOutput::new()
+        .with_max_routes(nz(2))
+        .with_min_samples(nz(1));
     learned.record("a", 1);
     learned.record("b", 2);
     // Reading "a" makes "b" the least recently used.
@@ -373,8 +381,8 @@ fn learned_output_evicts_the_least_recently_used_route() {
 
 #[test]
 fn output_route_learns_per_choice() {
-    let learned = LearnedOutput::new().with_min_samples(1);
-    let route = OutputRoute::new(learned.clone(), "r", 3);
+    let learned = LearnedOutput::new().with_min_samples(nz(1));
+    let route = OutputRoute::new(learned.clone(), "r", std::num::NonZeroU64::new(3).unwrap());
     route.record(301);
     assert_eq!(learned.estimate("r"), Some(101), "rounded up");
     assert_eq!(route.route(), "r");
@@ -383,7 +391,7 @@ fn output_route_learns_per_choice() {
 
 #[test]
 fn learned_cost_is_bounded_by_max_tokens() {
-    let learned = LearnedOutput::new().with_min_samples(1);
+    let learned = LearnedOutput::new().with_min_samples(nz(1));
     learned.record("r", 700);
     let defaults = Defaults::new();
     let bounded = br#"{"max_tokens":500,"n":2,"messages":[{"role":"user","content":"x"}]}"#;
@@ -617,7 +625,9 @@ async fn a_failing_body_fails_the_call_before_the_inner_service() {
         .call(Request::new(body))
         .await
         .unwrap_err();
-    assert_eq!(error.to_string(), "connection reset");
+    assert!(error.is_request_body() && error.is_local(), "{error:?}");
+    let source = std::error::Error::source(&error).expect("the body's error");
+    assert_eq!(source.to_string(), "connection reset");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
@@ -650,7 +660,7 @@ async fn dropped_while_reading_nothing_is_sent() {
 
 #[tokio::test]
 async fn the_layer_learns_outputs_per_route() {
-    let learned = LearnedOutput::new().with_min_samples(2);
+    let learned = LearnedOutput::new().with_min_samples(nz(2));
     let layer = EstimateLayer::new().learn_output(learned.clone());
     // Not enough samples yet: max_tokens is reserved, and the route travels with the request.
     let (_, cost, route) = through(&layer, post(CHAT)).await;
@@ -720,7 +730,6 @@ async fn the_layer_composes_with_the_budget() {
         .call(request)
         .await
         .unwrap_err();
-    let error = error.downcast::<tower_llm_quota::Error>().unwrap();
     assert!(error.is_missing_cost());
 }
 
@@ -733,8 +742,8 @@ async fn the_layer_composes_with_the_budget() {
 /// `--nocapture`).
 #[cfg(feature = "tiktoken")]
 mod quality {
-    use tower_llm_quota::CharEstimator;
-    use tower_llm_quota::Estimator;
+    use tower_llm_quota::estimate::CharEstimator;
+    use tower_llm_quota::estimate::Estimator;
     use tower_llm_quota::estimate::{TiktokenEncoding, TiktokenEstimator};
 
     const PROMPTS: usize = 300;
@@ -1817,4 +1826,8 @@ find /var/backups -maxdepth 1 -type d -mtime +14 -exec rm -rf {} +"#,
         }
         out
     }
+}
+
+fn nz(n: usize) -> std::num::NonZeroUsize {
+    std::num::NonZeroUsize::new(n).unwrap()
 }

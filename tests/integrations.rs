@@ -108,7 +108,9 @@ async fn hyper_client_governed_by_the_stack() {
     let (simulator, server) = provider().await;
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     // No adapter: hyper-util's client is a tower service already.
-    let llm = QuotaStack::openai(quota()).concurrency(32).layer(client);
+    let llm = QuotaStack::openai(quota())
+        .concurrency(std::num::NonZeroUsize::new(32).unwrap())
+        .layer(client);
     let url = format!("{}/v1/chat/completions", server.url());
     let calls = (0..ITEMS).map(|i| {
         let (mut llm, url) = (llm.clone(), url.clone());
@@ -133,7 +135,7 @@ async fn reqwest_middleware_client_governed_by_the_stack() {
     let (simulator, server) = provider().await;
     let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
         .with(QuotaMiddleware::new(
-            QuotaStack::openai(quota()).concurrency(32),
+            QuotaStack::openai(quota()).concurrency(std::num::NonZeroUsize::new(32).unwrap()),
         ))
         .build();
     let url = format!("{}/v1/chat/completions", server.url());

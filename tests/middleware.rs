@@ -21,7 +21,8 @@ use tower_llm_quota::estimate::{Defaults, estimate};
 use tower_llm_quota::middleware::{AttemptError, QuotaMiddleware};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{
-    Budget, CharEstimator, Cost, Dimension, Error, Priority, Quota, RetryPolicy, RetryReport,
+    Budget, Cost, Dimension, Error, Priority, Quota, RetryPolicy, estimate::CharEstimator,
+    retry::RetryReport,
 };
 
 const CHAT: &str = r#"{"model":"gpt-4o-mini","max_tokens":50,"messages":[{"role":"user","content":"Hello there"}]}"#;

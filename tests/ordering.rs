@@ -15,8 +15,8 @@ use tower::util::BoxCloneService;
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::{
-    Cost, Dimension, EnqueuedAt, Error, Priority, PriorityQueueLayer, QueueConfig, Quota,
-    TokenBudgetLayer,
+    Cost, Dimension, Error, Priority, PriorityQueueLayer, QueueConfig, Quota, TokenBudgetLayer,
+    queue::EnqueuedAt,
 };
 
 use redis_server::RedisServer;
@@ -458,13 +458,13 @@ async fn a_stack_caps_calls_in_flight_whatever_the_order_of_its_settings() {
     let cap = |stack: &QuotaStack| stack.budget().snapshot().max_in_flight().map(|n| n.get());
     let shared = tower_llm_quota::Budget::new(quota());
     let before = QuotaStack::openai(quota())
-        .concurrency(3)
+        .concurrency(std::num::NonZeroUsize::new(3).unwrap())
         .with_budget(shared);
     assert_eq!(cap(&before), Some(3));
     let shared = tower_llm_quota::Budget::new(quota());
     let after = QuotaStack::openai(quota())
         .with_budget(shared)
-        .concurrency(5);
+        .concurrency(std::num::NonZeroUsize::new(5).unwrap());
     assert_eq!(cap(&after), Some(5));
     let shared = tower_llm_quota::Budget::new(quota());
     let default = QuotaStack::openai(quota()).with_budget(shared);

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tower_llm_quota::budget::redis::RedisBudget;
-use tower_llm_quota::{Budget, Cost, Dimension, FailurePolicy, Limit, Quota, ReserveError};
+use tower_llm_quota::{
+    Budget, Cost, Dimension, Limit, Quota, budget::FailurePolicy, error::ReserveError,
+};
 
 use redis_server::RedisServer;
 

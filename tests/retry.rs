@@ -17,8 +17,9 @@ use tower::util::BoxCloneService;
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::retry::{GaveUp, Jitter, Permanent, RetryBody, Transient};
 use tower_llm_quota::{
-    Cost, Dimension, Error, FailureClass, Priority, PriorityQueueLayer, QueueConfig,
-    ReconcileLayer, RetryAfterLayer, RetryPolicy, RetryReport, TokenBudgetLayer,
+    Cost, Dimension, Error, Priority, PriorityQueueLayer, QueueConfig, ReconcileLayer,
+    RetryAfterLayer, RetryPolicy, TokenBudgetLayer,
+    retry::{FailureClass, RetryReport},
 };
 
 const SEC: Duration = Duration::from_secs(1);
@@ -395,7 +396,7 @@ async fn herd(
         }
         async move { Ok::<_, Infallible>(response) }
     });
-    let policy = RetryPolicy::new().retry_budget(1.0, 0);
+    let policy = RetryPolicy::new().retry_budget(1.0, 0).unwrap();
     let client = RetryAfterLayer::new(policy)
         .jitter(tower_llm_quota::retry::SeededJitter::new(7))
         .layer(provider);

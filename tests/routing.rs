@@ -3,139 +3,25 @@
 //! keeps the request waiting on its route, nothing is reserved twice, a started stream stays
 //! where it is, and a ramp grows, pauses and steps back on the new route's health.
 
+mod routing_support;
 mod support;
 
 use std::io;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::FutureExt;
 use http::{Request, Response, StatusCode};
 use http_body::Frame;
-use http_body_util::{BodyExt, Full, StreamBody, combinators::UnsyncBoxBody};
-use support::limit;
+use http_body_util::{BodyExt, Full, StreamBody};
+use routing_support::*;
 use tokio::time::{self, Instant};
-use tower::util::BoxCloneSyncService;
-use tower::{Service, ServiceExt, service_fn};
-use tower_llm_quota::retry::{Ambiguity, Interrupted, SeededJitter};
+use tower::{ServiceExt, service_fn};
+use tower_llm_quota::retry::{Ambiguity, Interrupted};
 use tower_llm_quota::routing::{
-    Condition, Fallback, PauseReason, Ramp, Reason, Route, RouteKey, Router, ServedBy, Tenant,
+    Condition, Fallback, PauseReason, Ramp, Reason, RouteKey, Router, ServedBy, Tenant,
 };
-use tower_llm_quota::sim::{Faults, SimBody, SimConfig, Simulator};
-use tower_llm_quota::stack::QuotaStack;
-use tower_llm_quota::{BoxError, Cost, Dimension, Priority, Quota, RetryAfterLayer, RetryPolicy};
-
-type Body = UnsyncBoxBody<Bytes, BoxError>;
-type Svc = BoxCloneSyncService<Request<Full<Bytes>>, Response<Body>, BoxError>;
-
-const MINUTE: Duration = Duration::from_secs(60);
-
-fn boxed<S, B>(service: S) -> Svc
-where
-    S: Service<Request<Full<Bytes>>, Response = Response<B>> + Clone + Send + Sync + 'static,
-    S::Future: Send + 'static,
-    S::Error: Into<BoxError>,
-    B: http_body::Body<Data = Bytes> + Send + 'static,
-    B::Error: Into<BoxError>,
-{
-    BoxCloneSyncService::new(
-        service
-            .map_response(|r: Response<B>| r.map(|b| b.map_err(Into::into).boxed_unsync()))
-            .map_err(Into::into),
-    )
-}
-
-/// A simulated OpenAI-style provider with `latency` before each answer.
-fn simulator(config: SimConfig, latency: Duration) -> Simulator {
-    Simulator::new(config.key("sk", "org").latency(latency, Duration::ZERO))
-}
-
-/// A stack of `tokens` per minute, all at once, with seeded retries.
-fn stack(tokens: u64) -> QuotaStack {
-    QuotaStack::openai(Quota::new().with_limit(limit(
-        Dimension::TotalTokens,
-        tokens,
-        MINUTE,
-        tokens,
-    )))
-    .retry_layer(RetryAfterLayer::new(RetryPolicy::new()).jitter(SeededJitter::new(7)))
-}
-
-/// The models each route was asked for, in order.
-type Models = Arc<Mutex<Vec<String>>>;
-
-/// A route named `name`: `stack` around `client`, recording the model of every request.
-fn route<C>(name: &str, stack: &QuotaStack, client: C, models: &Models) -> Route<Svc>
-where
-    C: Service<Request<Full<Bytes>>> + Clone + Send + Sync + 'static,
-    C::Response: Into<Response<Body>>,
-    C::Future: Send + 'static,
-    C::Error: Into<BoxError>,
-{
-    let models = Arc::clone(models);
-    let client = client.map_request(move |request: Request<Full<Bytes>>| {
-        let body = request.body().clone().collect().now_or_never();
-        let model = body
-            .and_then(|b| b.ok())
-            .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b.to_bytes()).ok())
-            .and_then(|v| v["model"].as_str().map(str::to_owned))
-            .unwrap_or_default();
-        models.lock().unwrap().push(model);
-        request
-    });
-    let client = client.map_response(Into::into).map_err(Into::into);
-    let client = BoxCloneSyncService::<_, Response<Body>, BoxError>::new(client);
-    Route::new(name, boxed(tower::Layer::layer(stack, client)))
-        .provider(name)
-        .budget(stack.budget().clone())
-}
-
-/// A simulator's service with boxed bodies, for [`route`].
-fn sim_client(sim: &Simulator) -> Svc {
-    let service =
-        ServiceExt::<Request<Full<Bytes>>>::map_response(sim.service(), |r: Response<SimBody>| {
-            r.map(|b| b.map_err(Into::into).boxed_unsync())
-        });
-    BoxCloneSyncService::new(ServiceExt::<Request<Full<Bytes>>>::map_err(
-        service,
-        Into::into,
-    ))
-}
-
-fn request(class: Priority, max_tokens: u64, extra: &str) -> Request<Full<Bytes>> {
-    let body = format!(
-        r#"{{"model":"primary-model","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"Hello there"}}]{extra}}}"#
-    );
-    Request::post("/v1/chat/completions")
-        .header("authorization", "Bearer sk")
-        .header("content-type", "application/json")
-        .extension(class)
-        .body(Full::new(Bytes::from(body)))
-        .unwrap()
-}
-
-/// Sends one request and reads its body to the end (which settles its reservation).
-async fn send(
-    router: &Router<Svc>,
-    request: Request<Full<Bytes>>,
-) -> (StatusCode, ServedBy, Duration) {
-    let start = Instant::now();
-    // The router's own future, not `oneshot`'s: spawned tasks hold it across awaits.
-    let mut router = router.clone();
-    let response = Service::call(&mut router, request)
-        .await
-        .expect("an answer");
-    let elapsed = start.elapsed();
-    let status = response.status();
-    let served = response.extensions().get::<ServedBy>().cloned().unwrap();
-    response.into_body().collect().await.expect("a whole body");
-    (status, served, elapsed)
-}
-
-fn level(stack: &QuotaStack) -> i64 {
-    stack.budget().snapshot().limits()[0].level()
-}
+use tower_llm_quota::sim::{Faults, SimConfig};
+use tower_llm_quota::{BoxError, Cost, Dimension, Priority, RetryPolicy};
 
 #[tokio::test(start_paused = true)]
 async fn provider_5xx_sends_only_the_classes_the_fallback_serves() {
@@ -726,78 +612,4 @@ async fn a_ramp_respects_the_compatibility_check() {
     assert_eq!(served.route(), "old");
     let (_, served, _) = send(&router, request(Priority::Async, 20, "")).await;
     assert_eq!(served.route(), "new");
-}
-
-/// Every routing decision is a tracing event: the route chosen, the fallback taken and why,
-/// the compatibility check's refusals, the ramp's pauses.
-#[tokio::test(start_paused = true)]
-async fn routing_decisions_are_traced() {
-    use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
-
-    #[derive(Clone, Default)]
-    struct Events(Arc<Mutex<Vec<String>>>);
-
-    struct Line<'a>(&'a mut String);
-
-    impl tracing::field::Visit for Line<'_> {
-        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-            self.0.push_str(&format!(" {}={value:?}", field.name()));
-        }
-
-        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-            self.0.push_str(&format!(" {}={value}", field.name()));
-        }
-    }
-
-    impl<S: tracing::Subscriber> Layer<S> for Events {
-        fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-            if event
-                .metadata()
-                .target()
-                .starts_with("tower_llm_quota::routing")
-            {
-                let mut line = String::new();
-                event.record(&mut Line(&mut line));
-                self.0.lock().unwrap().push(line);
-            }
-        }
-    }
-
-    let events = Events::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(events.clone()));
-    let models = Models::default();
-    let primary = simulator(
-        SimConfig::openai(1_000, 1_000_000).faults(Faults::none().server_errors(1.0)),
-        Duration::ZERO,
-    );
-    let fallback = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
-    let router = Router::builder(route("a", &stack(100_000), sim_client(&primary), &models))
-        .fallback(
-            route("b", &stack(100_000), sim_client(&fallback), &models).attribute("tools", "no"),
-            Fallback::when(Condition::provider_5xx()),
-        )
-        .compatible(|request, route| {
-            !(request.has_field("tools") && route.attribute("tools") == Some("no"))
-        })
-        .build();
-    send(&router, request(Priority::Interactive, 20, "")).await;
-    send(
-        &router,
-        request(Priority::Interactive, 20, r#","tools":[{}]"#),
-    )
-    .await;
-    let events = events.0.lock().unwrap().clone();
-    let has = |needle: &str| events.iter().filter(|e| e.contains(needle)).count();
-    assert_eq!(has("message=routed route=a"), 2, "{events:#?}");
-    assert_eq!(
-        has("message=routed to a fallback from=a to=b reason=provider_5xx"),
-        1,
-        "{events:#?}"
-    );
-    assert_eq!(
-        has("message=fallback refused by the compatibility check from=a to=b reason=provider_5xx"),
-        1,
-        "{events:#?}"
-    );
 }

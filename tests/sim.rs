@@ -36,11 +36,13 @@ fn request(style: Style, key: Option<&str>, body: impl Into<Bytes>) -> Request<F
     let builder = match style {
         Style::OpenAi => Request::post("/v1/chat/completions"),
         Style::Anthropic => Request::post("/v1/messages"),
+        other => panic!("no request shape for {other:?}"),
     };
     let builder = match (style, key) {
         (Style::OpenAi, Some(key)) => builder.header("authorization", format!("Bearer {key}")),
         (Style::Anthropic, Some(key)) => builder.header("x-api-key", key),
         (_, None) => builder,
+        (other, Some(_)) => panic!("no key header for {other:?}"),
     };
     builder.body(Full::new(body.into())).unwrap()
 }
@@ -975,7 +977,10 @@ async fn provider_usage(
     response: http::Response<tower_llm_quota::sim::SimBody>,
 ) -> tower_llm_quota::Usage {
     use tower_llm_quota::provider::ProviderUsage;
-    use tower_llm_quota::{BodyEnd, Budget, Cost, ExtractUsage, Quota, ScanUsage};
+    use tower_llm_quota::{
+        Budget, Cost, Quota,
+        reconcile::{BodyEnd, ExtractUsage, ScanUsage},
+    };
 
     let (parts, mut body) = response.into_parts();
     let mut scan = ProviderUsage::new(profile).start(&parts, &Budget::new(Quota::new()));

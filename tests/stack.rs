@@ -17,8 +17,8 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_llm_quota::estimate::{Defaults, estimate};
 use tower_llm_quota::stack::{QuotaBody, QuotaStack};
 use tower_llm_quota::{
-    BoxError, Budget, CharEstimator, Cost, Dimension, Error, Limit, Priority, QueueConfig, Quota,
-    RetryAfterLayer, RetryPolicy, retry::SeededJitter,
+    Budget, Cost, Dimension, Error, Limit, Priority, QueueConfig, Quota, RetryAfterLayer,
+    RetryPolicy, estimate::CharEstimator, retry::SeededJitter,
 };
 
 /// What the provider saw of one call.
@@ -144,14 +144,14 @@ fn secs(secs: u64) -> Duration {
     Duration::from_secs(secs)
 }
 
-/// Sends `request` and reads the whole answer.
-async fn send<S>(mut service: S, request: Request<Full<Bytes>>) -> Result<StatusCode, BoxError>
+/// Sends `request` and reads the whole answer: the stack's error is the crate's [`Error`].
+async fn send<S>(mut service: S, request: Request<Full<Bytes>>) -> Result<StatusCode, Error>
 where
-    S: Service<Request<Full<Bytes>>, Response = Response<QuotaBody<Full<Bytes>>>, Error = BoxError>,
+    S: Service<Request<Full<Bytes>>, Response = Response<QuotaBody<Full<Bytes>>>, Error = Error>,
 {
     let response = service.ready().await?.call(request).await?;
     let status = response.status();
-    response.into_body().collect().await?;
+    response.into_body().collect().await.expect("the body");
     Ok(status)
 }
 
@@ -247,7 +247,6 @@ async fn a_cost_that_never_fits_never_reaches_the_client() {
     let error = send(llm, priced("huge", Cost::new(6_000, 0), Priority::Async))
         .await
         .unwrap_err();
-    let error = error.downcast::<Error>().unwrap();
     assert!(error.is_too_large() && error.is_local());
     assert_eq!(error.insufficient_capacity().unwrap().capacity(), 5_000);
     assert_eq!(provider.calls(), []);
@@ -264,7 +263,7 @@ async fn a_request_without_an_estimate_is_refused_before_it_is_sent() {
         .headers_mut()
         .insert("content-type", http::HeaderValue::from_static("text/plain"));
     let error = send(llm, request).await.unwrap_err();
-    assert!(error.downcast::<Error>().unwrap().is_missing_cost());
+    assert!(error.is_missing_cost());
     assert_eq!(provider.calls(), []);
 }
 
@@ -322,4 +321,57 @@ async fn an_absurd_usage_report_delays_the_next_request_by_one_refill_at_most() 
         "the next call went after {:?} (one refill: {refill:?})",
         calls[1].at
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn usage_the_stack_asked_a_stream_for_is_hidden_from_the_caller() {
+    let stream = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,\"total_tokens\":42}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let asked = Arc::new(Mutex::new(String::new()));
+    let seen = asked.clone();
+    let client = service_fn(move |request: Request<Full<Bytes>>| {
+        let seen = seen.clone();
+        async move {
+            let body = request.into_body().collect().await.unwrap().to_bytes();
+            *seen.lock().unwrap() = String::from_utf8(body.to_vec()).unwrap();
+            let mut response = Response::new(Full::new(Bytes::from_static(stream.as_bytes())));
+            response
+                .headers_mut()
+                .insert("content-type", "text/event-stream".parse().unwrap());
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(60_000).unwrap())
+        .with_headroom(1.0)
+        .unwrap()
+        .with_burst(NonZeroU64::new(60_000).unwrap());
+    let stack = QuotaStack::openai(Quota::new().with_limit(tpm))
+        .estimate(tower_llm_quota::EstimateLayer::new().include_stream_usage(true));
+    let budget = stack.budget().clone();
+    let body = r#"{"model":"gpt-4o","stream":true,"max_tokens":500,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let request = Request::post("http://provider/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap();
+    let response = stack.layer(client).oneshot(request).await.unwrap();
+    let received = response.into_body().collect().await.unwrap().to_bytes();
+
+    assert!(
+        asked
+            .lock()
+            .unwrap()
+            .contains(r#""stream_options":{"include_usage":true}"#)
+    );
+    assert_eq!(
+        received,
+        concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n",
+            "data: [DONE]\n\n",
+        )
+    );
+    // Settled with the usage the caller never saw.
+    assert_eq!(budget.snapshot().limits()[0].level(), 60_000 - 42);
 }

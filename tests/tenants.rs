@@ -18,6 +18,7 @@ use support::limit;
 use tokio::time::{self, Instant};
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
+use tower_llm_quota::error::TryReserveError;
 use tower_llm_quota::sim::{SimBody, SimConfig, Simulator};
 use tower_llm_quota::stack::{QuotaBody, QuotaStack};
 use tower_llm_quota::tenant::{DailyCap, DayWindow, Tenant, TenantNode, TenantTree, WallClock};
@@ -363,6 +364,7 @@ async fn a_pause_refuses_queued_and_new_requests_at_once() {
     let others: Vec<_> = (0..5).map(|_| reserve("globex")).collect();
     time::sleep(Duration::from_millis(10)).await;
     assert_eq!(budget.waiters(), 10);
+    assert_eq!(handle.snapshot(&tenant("acme")).queued(Priority::Async), 5);
     let paused = Instant::now();
     handle.pause(&tenant("acme"));
     for task in queued {
@@ -429,6 +431,13 @@ async fn a_path_pays_on_every_node_and_a_node_s_limit_binds_only_below_it() {
         tokio::spawn(reserve)
     };
     time::sleep(Duration::from_millis(1)).await;
+    // It waits out of the ordering, and still counts as queued for its scopes.
+    assert_eq!(budget.waiters(), 0);
+    assert_eq!(handle.snapshot(&tenant("acme")).queued(Priority::Async), 1);
+    assert_eq!(
+        handle.snapshot(&tenant("globex")).queued(Priority::Async),
+        0
+    );
     // Another tenant, and another key of the team, go at once.
     let other = budget
         .reserve(Cost::new(5_000, 0))
@@ -441,6 +450,19 @@ async fn a_path_pays_on_every_node_and_a_node_s_limit_binds_only_below_it() {
         .await
         .unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(1));
+    // Asked without waiting, a node that cannot pay says when it can.
+    match budget.try_reserve_for(Cost::new(100, 0), &tenant("acme/key-3")) {
+        Err(TryReserveError::NotYet(not_until)) => {
+            // The team holds 0.3 of the 100 (refilled over 1 ms at 300 a second).
+            let wait = Duration::from_nanos(332_333_334);
+            assert_eq!(not_until.wait_time_from(Instant::now()), wait);
+        }
+        other => panic!("{other:?}"),
+    }
+    budget
+        .try_reserve_for(Cost::new(100, 0), &tenant("initech"))
+        .expect("another tenant pays now")
+        .refund();
     // The team (300 a second) is spent now: key-2's next waits for the team's refill.
     let levels = |path: &str| handle.snapshot(&tenant(path)).limits()[0].level();
     assert_eq!((levels("acme"), levels("acme/key-1")), (0, 0));
@@ -493,4 +515,55 @@ async fn idle_tenants_are_forgotten() {
     // A paused tenant is kept while idle.
     handle.pause(&tenant("t7"));
     assert_eq!(handle.live_nodes(), 1);
+}
+
+/// A tree from a configuration file, changed live through the handle: a lowered limit and
+/// a new weight apply at once, for waiting requests as for new ones; the snapshot shows them.
+#[tokio::test(start_paused = true)]
+async fn a_tree_from_a_file_changes_live() {
+    let tree: TenantTree = serde_json::from_str(
+        r#"{ "nodes": { "acme": { "weight": 2, "limits": [ { "dimension": "total_tokens",
+               "amount": 1000, "period_seconds": 1, "burst": 1000 } ] } } }"#,
+    )
+    .unwrap();
+    let budget = Budget::with_tenants(
+        Quota::new().with_limit(limit(
+            Dimension::TotalTokens,
+            100_000,
+            Duration::from_secs(1),
+            100_000,
+        )),
+        tree,
+    )
+    .unwrap();
+    let handle = budget.tenants().unwrap();
+    let acme = tenant("acme");
+    assert_eq!(handle.snapshot(&acme).weight(), 2);
+    let start = Instant::now();
+    budget
+        .reserve(Cost::new(1_000, 0))
+        .tenant(acme.clone())
+        .await
+        .unwrap()
+        .charge_estimate();
+    // Spent: the next one steps aside until acme refills 500 (half a second at 1,000 a
+    // second)...
+    let waiting = tokio::spawn(budget.reserve(Cost::new(500, 0)).tenant(tenant("acme/k")));
+    time::sleep(Duration::from_millis(100)).await;
+    // ... but the limit is lowered to 500 a second at 100 ms, keeping its level (100): the
+    // 400 it lacks take 800 ms more.
+    handle.set_limit(
+        &acme,
+        limit(Dimension::TotalTokens, 500, Duration::from_secs(1), 500),
+    );
+    handle.set_weight(&acme, weight(5));
+    let reservation = waiting.await.unwrap().unwrap();
+    assert_eq!(start.elapsed(), Duration::from_millis(900));
+    let snapshot = handle.snapshot(&acme);
+    assert_eq!(snapshot.limits()[0].capacity(), 500);
+    assert_eq!(snapshot.limits()[0].level(), 0);
+    assert_eq!(snapshot.weight(), 5);
+    assert_eq!(snapshot.in_flight(), 1);
+    assert_eq!(snapshot.used(), 1_500);
+    drop(reservation);
 }

@@ -17,8 +17,8 @@ use proptest::prelude::*;
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::usage::{RawUsage, UsageScanner, WireFormat};
 use tower_llm_quota::{
-    BodyEnd, Budget, Cost, Dimension, ExtractUsage, Limit, Quota, ReconcileLayer, ScanUsage,
-    TokenBudgetLayer, Usage,
+    Budget, Cost, Dimension, Limit, Quota, ReconcileLayer, TokenBudgetLayer, Usage,
+    reconcile::{BodyEnd, ExtractUsage, ScanUsage},
 };
 
 use WireFormat::{Anthropic, Gemini, OpenAiChat, OpenAiResponses};

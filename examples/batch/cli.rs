@@ -9,9 +9,10 @@ use clap::{Parser, ValueEnum};
 #[derive(Debug, Parser)]
 #[command(name = "batch", version, about)]
 pub(crate) struct Args {
-    /// An OpenAI-compatible chat completions URL (plain HTTP) instead of the embedded
-    /// simulated provider.
-    #[arg(long, value_name = "URL")]
+    /// An OpenAI-compatible endpoint (plain HTTP) instead of the embedded simulated provider:
+    /// a base URL as OpenAI's SDKs take it (`http://host/v1`), or the full chat completions
+    /// URL (`http://host/v1/chat/completions`).
+    #[arg(long, value_name = "URL", value_parser = chat_completions_url)]
     pub(crate) url: Option<String>,
     /// The environment variable holding the API key for --url.
     #[arg(long, value_name = "VAR", default_value = "OPENAI_API_KEY")]
@@ -27,8 +28,8 @@ pub(crate) struct Args {
     #[arg(long, value_name = "MS")]
     pub(crate) minute_ms: Option<u64>,
     /// Calls in flight at most, for the governed run.
-    #[arg(long, value_name = "N", default_value_t = 64)]
-    pub(crate) concurrency: usize,
+    #[arg(long, value_name = "N", default_value = "64")]
+    pub(crate) concurrency: std::num::NonZeroUsize,
     /// A fixed share of the quota for the governed run, in (0, 1] [default: the crate's
     /// adaptive share; a fixed 0.85 with --redis-url].
     #[arg(long, value_name = "SHARE")]
@@ -102,4 +103,52 @@ pub(crate) enum Role {
     Work,
     /// Enqueue, then work.
     Both,
+}
+
+/// The chat completions URL for `--url`: a full one as it is, a base URL (`http://host/v1`,
+/// with or without a trailing slash) with `/chat/completions` appended to its path, any query
+/// (Azure's `api-version`) kept.
+pub(crate) fn chat_completions_url(url: &str) -> Result<String, String> {
+    const ENDPOINT: &str = "/chat/completions";
+    let uri: http::Uri = url.parse().map_err(|e| format!("not a URL ({e}): {url}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") if uri.authority().is_some() => {}
+        _ => return Err(format!("not an http:// URL: {url}")),
+    }
+    let path = uri.path().trim_end_matches('/');
+    if path.ends_with(ENDPOINT) {
+        return Ok(url.to_owned());
+    }
+    let query = uri.query().map_or_else(String::new, |q| format!("?{q}"));
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    let scheme = uri.scheme_str().unwrap_or("http");
+    Ok(format!("{scheme}://{authority}{path}{ENDPOINT}{query}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chat_completions_url as url;
+
+    #[test]
+    fn a_base_url_or_the_full_url_is_accepted() {
+        let full = "http://127.0.0.1:8080/v1/chat/completions";
+        assert_eq!(url("http://127.0.0.1:8080/v1").unwrap(), full);
+        assert_eq!(url("http://127.0.0.1:8080/v1/").unwrap(), full);
+        assert_eq!(url(full).unwrap(), full);
+        assert_eq!(
+            url("https://host/openai/deployments/d?api-version=2024-10-21").unwrap(),
+            "https://host/openai/deployments/d/chat/completions?api-version=2024-10-21"
+        );
+        assert_eq!(url("http://host").unwrap(), "http://host/chat/completions");
+        assert!(url("host/v1").is_err());
+        assert!(url("/v1").unwrap_err().starts_with("not an http:// URL"));
+        assert!(url("ftp://host/v1").is_err());
+    }
+
+    #[test]
+    fn the_command_line_takes_a_base_url() {
+        use clap::Parser;
+        let args = super::Args::try_parse_from(["batch", "--url", "http://host/v1"]).unwrap();
+        assert_eq!(args.url.as_deref(), Some("http://host/v1/chat/completions"));
+    }
 }

@@ -45,7 +45,7 @@ use tower_llm_quota::idempotency::{
 use tower_llm_quota::jobs::JobCounts;
 use tower_llm_quota::retry::{Failure as Failed, FailureClass, ProviderErrors};
 use tower_llm_quota::sim::Simulator;
-use tower_llm_quota::{BoxError, Classify, Priority, Timings};
+use tower_llm_quota::{BoxError, Priority, Timings, retry::Classify};
 
 use crate::cli::{Args, Role};
 use crate::report::{Frame, RunFigures};
@@ -246,7 +246,7 @@ async fn work(
     WorkerBuilder::new(args.worker_name.as_str())
         .backend(storage)
         .data(worker)
-        .concurrency(settings.concurrency)
+        .concurrency(settings.concurrency.get())
         .build(work_job)
         .run_until(watch)
         .await

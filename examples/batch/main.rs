@@ -45,8 +45,9 @@
 //!
 //! # Other modes
 //!
-//! - `--url http://host/v1/chat/completions --api-key-env VAR`: any OpenAI-compatible endpoint
-//!   over plain HTTP instead of the embedded provider, through reqwest: the governed run puts
+//! - `--url http://host/v1 --api-key-env VAR`: any OpenAI-compatible endpoint (its base URL, as
+//!   OpenAI's SDKs take it, or the full `.../v1/chat/completions`) over plain HTTP instead of
+//!   the embedded provider, through reqwest: the governed run puts
 //!   the stack in a `reqwest_middleware` client (`QuotaMiddleware`); `--minute-ms` then
 //!   defaults to 60000. The figures are those the client measured.
 //! - `--input FILE.jsonl`: one object a line, `{"id": "t1", "prompt": "...", "max_tokens":
@@ -175,7 +176,7 @@ struct Settings {
     quota: QuotaSpec,
     /// A fixed share of the quota; `None`: the adaptive default.
     headroom: Option<f64>,
-    concurrency: usize,
+    concurrency: std::num::NonZeroUsize,
     target: Target,
     naive_retry: FixedRetry,
 }
@@ -219,7 +220,7 @@ impl Settings {
                 minute,
             },
             headroom,
-            concurrency: args.concurrency.max(1),
+            concurrency: args.concurrency,
             target,
             naive_retry: FixedRetry {
                 attempts: NAIVE_ATTEMPTS,

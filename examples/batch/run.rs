@@ -18,7 +18,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
-use tower_llm_quota::{BoxError, Priority, RetryReport, Timings};
+use tower_llm_quota::{BoxError, Priority, Timings, retry::RetryReport};
 
 use crate::workload::Item;
 

@@ -236,6 +236,25 @@ impl Budget {
     /// without a round trip: its `try_reserve` fails with [`TryReserveError::Unavailable`];
     /// use [`Budget::reserve`].
     pub fn try_reserve(&self, cost: Cost) -> Result<Reservation, TryReserveError> {
+        self.try_reserve_as(cost, None)
+    }
+
+    /// [`Budget::try_reserve`] for `tenant`: the account and every node of its path must pay
+    /// now ([`TryReserveError::Tenant`] when a node refuses it; `NotYet` or `NoSlot` when a
+    /// node cannot pay yet). A budget without tenants ignores `tenant`.
+    pub fn try_reserve_for(
+        &self,
+        cost: Cost,
+        tenant: &Tenant,
+    ) -> Result<Reservation, TryReserveError> {
+        self.try_reserve_as(cost, Some(tenant))
+    }
+
+    fn try_reserve_as(
+        &self,
+        cost: Cost,
+        tenant: Option<&Tenant>,
+    ) -> Result<Reservation, TryReserveError> {
         if self.shared.remote.is_some() {
             return Err(TryReserveError::Unavailable(StoreUnavailable::new(
                 "a shared budget admits through `reserve`, which asks the shared store",
@@ -258,8 +277,8 @@ impl Budget {
         if !state.slots.free() {
             return Err(TryReserveError::NoSlot);
         }
-        // A budget with tenants admits it for the default tenant.
-        let path = state.tenants.as_ref().map(|t| t.path_of(None));
+        // A budget with tenants admits it for its tenant, else the default one.
+        let path = state.tenants.as_ref().map(|t| t.path_of(tenant));
         if let (Some(tenants), Some(path)) = (&mut state.tenants, &path) {
             match tenants.check(path, &cost, ns, now) {
                 Check::Fits => {}
@@ -536,10 +555,11 @@ impl Budget {
                 return Step::Full(depth);
             }
             let mine = place.expect("placed");
-            let next = state.queue.remove(mine, now);
+            let next = state.queue.step_out(mine, now);
             let tenants = state.tenants.as_mut().expect("a budget with tenants");
             let path = ask.tenant.as_ref().expect("resolved");
-            *parked = Some((depth, tenants.park(path, depth, waker)));
+            let priority = ask.scheduling.priority;
+            *parked = Some((depth, tenants.park(path, depth, priority, waker)));
             drop(state);
             if let Some(next) = next {
                 next.wake();
@@ -754,7 +774,8 @@ impl Budget {
                         let (tenants, tenant) = (tenants.as_mut().expect("checked"), &ask.tenant);
                         let tenant = tenant.as_ref().expect("a path was asked for");
                         let depth = node.depth();
-                        let ticket = tenants.park(tenant, depth, waker);
+                        let priority = ask.scheduling.priority;
+                        let ticket = tenants.park(tenant, depth, priority, waker);
                         let at = crate::sched::saturating_deadline(now, remote.jittered(wait));
                         Answer::Parked(at, (depth, ticket))
                     }

@@ -13,7 +13,7 @@ use crate::quota::Dimension;
 /// a `remaining` count lowers the local level to at most `remaining × share`, because a
 /// provider that has less left than we think is being spent by someone else. An observation
 /// never raises the level: other consumers of the same key are invisible to us. A limit with
-/// an [`AdaptiveShare`](crate::AdaptiveShare) compares `remaining` with what the provider
+/// an [`AdaptiveShare`](crate::budget::AdaptiveShare) compares `remaining` with what the provider
 /// would hold if this budget were alone on the key, and plans a smaller share when it is
 /// lower (see its documentation).
 ///
@@ -24,7 +24,7 @@ use crate::quota::Dimension;
 ///
 /// ```
 /// use std::{num::NonZeroU64, time::Duration};
-/// use tower_llm_quota::{Dimension, Observation};
+/// use tower_llm_quota::{Dimension, budget::Observation};
 ///
 /// let seen = Observation::new(Dimension::TotalTokens, Duration::from_secs(60))
 ///     .with_limit(NonZeroU64::new(150_000).unwrap())

@@ -197,8 +197,8 @@ impl Settlement {
 
 /// A [`Reservation`] travelling in a request's extensions, to be taken once.
 ///
-/// [`TokenBudget`](crate::TokenBudget) inserts one into every request it admits;
-/// [`Reconcile`](crate::Reconcile), or any layer of your own, [`take`](ReservationSlot::take)s
+/// [`TokenBudget`](crate::token_budget::TokenBudget) inserts one into every request it admits;
+/// [`Reconcile`](crate::reconcile::Reconcile), or any layer of your own, [`take`](ReservationSlot::take)s
 /// it to settle. Extensions must be `Clone`, so clones of a slot share the one reservation:
 /// whoever takes it first owns it. A reservation nobody takes is charged its estimate when the
 /// `TokenBudget` call completes or is dropped.

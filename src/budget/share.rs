@@ -57,7 +57,7 @@ use std::time::Duration;
 ///
 /// ```
 /// use std::num::NonZeroU64;
-/// use tower_llm_quota::{AdaptiveShare, Dimension, Limit};
+/// use tower_llm_quota::{Dimension, Limit, budget::AdaptiveShare};
 ///
 /// let share = AdaptiveShare::new().min(0.5).decrease(0.7);
 /// let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(30_000).unwrap())

@@ -690,7 +690,7 @@ mod tests {
         let start = Instant::now();
         let error = budget.reserve(Cost::new(10, 0)).await.unwrap_err();
         assert!(
-            matches!(error, crate::ReserveError::Unavailable(_)),
+            matches!(error, crate::error::ReserveError::Unavailable(_)),
             "{error}"
         );
         assert_eq!(start.elapsed(), 50 * MS);

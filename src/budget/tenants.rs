@@ -119,6 +119,11 @@ impl Budget {
                 queued[priority.index()] += 1;
             }
         }
+        // Those stepped out of the ordering for a node's limits wait too.
+        if let Some(tenants) = tenants.as_ref() {
+            let parked = tenants.parked_within(path);
+            queued.iter_mut().zip(parked).for_each(|(q, p)| *q += p);
+        }
         let view = tenants.as_mut().map(|t| t.view(path, ns, now));
         drop(state);
         let view = view.unwrap_or_else(NodeView::empty);

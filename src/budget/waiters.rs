@@ -101,6 +101,19 @@ impl WaitList {
         }
     }
 
+    /// Steps a waiter out of the ordering, to come back to its place (a node of its tenant
+    /// path cannot pay yet); returns the waker of whoever may go now in its stead.
+    pub(crate) fn step_out(&mut self, place: Place, now: Instant) -> Option<Waker> {
+        let was_front = self.order.ranked(now).contains(&Some(place));
+        let waiter = self.order.step_out(place, now)?;
+        self.queued = self.queued.saturating_sub(waiter.cost);
+        if was_front {
+            self.next_to_wake(now, None)
+        } else {
+            None
+        }
+    }
+
     /// Whether `place` may try to be admitted now: it is the head, or every request ranked
     /// before it waits only to keep a class floor higher than its own.
     pub(crate) fn may_go(&self, place: Place, now: Instant) -> bool {

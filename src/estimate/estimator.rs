@@ -12,7 +12,7 @@ use std::fmt;
 /// # Example
 ///
 /// ```
-/// use tower_llm_quota::{CharEstimator, Estimator};
+/// use tower_llm_quota::estimate::{CharEstimator, Estimator};
 ///
 /// /// Four characters per token, for English-only prompts on a known model.
 /// struct Quarter;
@@ -103,7 +103,7 @@ const TEXT_SLACK: u64 = 2 * UNIT;
 /// # Example
 ///
 /// ```
-/// use tower_llm_quota::{CharEstimator, Estimator};
+/// use tower_llm_quota::estimate::{CharEstimator, Estimator};
 ///
 /// let estimator = CharEstimator::new();
 /// // 3.5 characters a token, plus the slack of 2: ceil(14 × 2/7) + 2.

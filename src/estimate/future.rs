@@ -1,5 +1,6 @@
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroU64;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -11,9 +12,9 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use super::layer::Settings;
+use super::settings::Settings;
 use super::{OutputRoute, read_request};
-use crate::error::BoxError;
+use crate::error::{BoxError, Error};
 
 pin_project! {
     /// The response future of [`Estimate`](super::Estimate): reads the request body when it
@@ -121,7 +122,7 @@ where
     B: Body + From<Bytes>,
     B::Error: Into<BoxError>,
 {
-    type Output = Result<S::Response, BoxError>;
+    type Output = Result<S::Response, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -141,7 +142,7 @@ where
                         Some(Err(error)) => {
                             this.state.set(State::Done);
                             this.read.take();
-                            return Poll::Ready(Err(error.into()));
+                            return Poll::Ready(Err(Error::request_body(error.into())));
                         }
                         None => {}
                     }
@@ -162,7 +163,7 @@ where
                 StateProj::Calling { future } => {
                     let output = ready!(future.poll(cx));
                     this.state.set(State::Done);
-                    return Poll::Ready(output.map_err(Into::into));
+                    return Poll::Ready(output.map_err(Error::from_inner));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
@@ -220,9 +221,11 @@ fn estimate_into(parts: &mut Parts, body: &[u8], settings: &Settings) {
     let cost = match route {
         Some((learned, route)) => {
             let cost = request.cost_learned(&settings.defaults, learned, &route);
+            // `choices()` is at least 1 (a missing or zero `n` is one choice).
+            let choices = NonZeroU64::new(request.choices()).unwrap_or(NonZeroU64::MIN);
             parts
                 .extensions
-                .insert(OutputRoute::new(learned.clone(), route, request.choices()));
+                .insert(OutputRoute::new(learned.clone(), route, choices));
             cost
         }
         None => request.cost(&settings.defaults),

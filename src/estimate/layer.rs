@@ -1,43 +1,10 @@
-use std::fmt;
 use std::sync::Arc;
 
 use http::request::Parts;
 use tower::Layer;
 
+use super::settings::Settings;
 use super::{CharEstimator, Defaults, Estimate, Estimator, LearnedOutput, RequestEstimate};
-
-/// Chooses the route a request's output is learned under; `None` learns nothing for it.
-type RouteKey = dyn Fn(&Parts, &RequestEstimate) -> Option<String> + Send + Sync;
-
-/// What an [`EstimateLayer`] and its services share.
-#[derive(Clone)]
-pub(super) struct Settings {
-    pub(super) estimator: Arc<dyn Estimator>,
-    pub(super) defaults: Defaults,
-    pub(super) max_body_bytes: usize,
-    pub(super) learned: Option<LearnedOutput>,
-    pub(super) route_key: Arc<RouteKey>,
-    pub(super) include_stream_usage: bool,
-}
-
-impl fmt::Debug for Settings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Settings")
-            .field("defaults", &self.defaults)
-            .field("max_body_bytes", &self.max_body_bytes)
-            .field("learned", &self.learned)
-            .finish_non_exhaustive()
-    }
-}
-
-/// The default route: the request's path, and its model when the body names one.
-fn path_and_model(parts: &Parts, request: &RequestEstimate) -> Option<String> {
-    let path = parts.uri.path();
-    Some(match request.model() {
-        Some(model) => format!("{path} {model}"),
-        None => path.to_owned(),
-    })
-}
 
 /// Applies [`Estimate`] to a service; see the [module documentation](crate::estimate).
 ///
@@ -49,7 +16,7 @@ pub struct EstimateLayer {
 
 impl EstimateLayer {
     /// Bodies larger than this, 4 MiB by default, pass without an estimate.
-    pub const DEFAULT_MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+    pub const DEFAULT_MAX_BODY_BYTES: usize = Settings::DEFAULT_MAX_BODY_BYTES;
 
     /// Estimates with a [`CharEstimator`] and the default [`Defaults`].
     pub fn new() -> Self {
@@ -59,14 +26,7 @@ impl EstimateLayer {
     /// Estimates with `estimator` and the default [`Defaults`].
     pub fn with_estimator(estimator: impl Estimator) -> Self {
         Self {
-            settings: Arc::new(Settings {
-                estimator: Arc::new(estimator),
-                defaults: Defaults::new(),
-                max_body_bytes: Self::DEFAULT_MAX_BODY_BYTES,
-                learned: None,
-                route_key: Arc::new(path_and_model),
-                include_stream_usage: false,
-            }),
+            settings: Arc::new(Settings::new(Arc::new(estimator))),
         }
     }
 

@@ -1,5 +1,6 @@
 use std::collections::HashMap;
 use std::fmt;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// Learned output sizes: per route, a sliding window of the output tokens real responses used,
@@ -22,9 +23,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 /// # Example
 ///
 /// ```
-/// use tower_llm_quota::LearnedOutput;
+/// use std::num::NonZeroUsize;
+/// use tower_llm_quota::estimate::LearnedOutput;
 ///
-/// let learned = LearnedOutput::new().with_min_samples(10);
+/// let learned = LearnedOutput::new().with_min_samples(NonZeroUsize::new(10).unwrap());
 /// for tokens in 1..=100 {
 ///     learned.record("/v1/chat/completions gpt-4o", tokens);
 /// }
@@ -97,43 +99,42 @@ impl LearnedOutput {
         }
     }
 
-    /// A new, empty store keeping the last `window` samples of each route (at least 1).
-    pub fn with_window(self, window: usize) -> Self {
+    /// A new, empty store keeping the last `window` samples of each route.
+    pub fn with_window(self, window: NonZeroUsize) -> Self {
         let config = self.shared.config;
         Self::with_config(Config {
-            window: window.max(1),
+            window: window.get(),
             ..config
         })
     }
 
-    /// A new, empty store keeping at most `max_routes` routes (at least 1).
-    pub fn with_max_routes(self, max_routes: usize) -> Self {
+    /// A new, empty store keeping at most `max_routes` routes.
+    pub fn with_max_routes(self, max_routes: NonZeroUsize) -> Self {
         let config = self.shared.config;
         Self::with_config(Config {
-            max_routes: max_routes.max(1),
+            max_routes: max_routes.get(),
             ..config
         })
     }
 
-    /// A new, empty store estimating the `quantile` of each window, clamped to `[0, 1]`
-    /// (a NaN is the default). The nearest-rank definition is used: the smallest sample
-    /// at least `quantile` of the window does not exceed.
-    pub fn with_quantile(self, quantile: f64) -> Self {
+    /// A new, empty store estimating the `quantile` (in `[0, 1]`) of each window. The
+    /// nearest-rank definition is used: the smallest sample at least `quantile` of the window
+    /// does not exceed. Fails when `quantile` is outside `[0, 1]` (or NaN).
+    pub fn with_quantile(self, quantile: f64) -> Result<Self, InvalidQuantile> {
+        if !(0.0..=1.0).contains(&quantile) {
+            return Err(InvalidQuantile("the quantile must be in [0, 1]"));
+        }
         let config = self.shared.config;
-        let quantile = if quantile.is_nan() {
-            Self::DEFAULT_QUANTILE
-        } else {
-            quantile.clamp(0.0, 1.0)
-        };
-        Self::with_config(Config { quantile, ..config })
+        Ok(Self::with_config(Config { quantile, ..config }))
     }
 
-    /// A new, empty store that estimates a route only once it holds `min_samples` samples
-    /// (at least 1; capped at the window).
-    pub fn with_min_samples(self, min_samples: usize) -> Self {
+    /// A new, empty store that estimates a route only once it holds `min_samples` samples.
+    /// A route never holds more than the window: a larger `min_samples` waits for a full
+    /// window.
+    pub fn with_min_samples(self, min_samples: NonZeroUsize) -> Self {
         let config = self.shared.config;
         Self::with_config(Config {
-            min_samples: min_samples.max(1),
+            min_samples: min_samples.get(),
             ..config
         })
     }
@@ -246,10 +247,12 @@ impl fmt::Debug for LearnedOutput {
 /// # Example
 ///
 /// ```
-/// use tower_llm_quota::{LearnedOutput, OutputRoute};
+/// use std::num::NonZeroU64;
+/// use tower_llm_quota::estimate::{LearnedOutput, OutputRoute};
 ///
 /// let learned = LearnedOutput::new();
-/// let route = OutputRoute::new(learned.clone(), "/v1/chat/completions gpt-4o", 2);
+/// let two = NonZeroU64::new(2).unwrap();
+/// let route = OutputRoute::new(learned.clone(), "/v1/chat/completions gpt-4o", two);
 /// // Two choices used 300 output tokens: 150 each are learned.
 /// route.record(300);
 /// assert_eq!(learned.samples("/v1/chat/completions gpt-4o"), 1);
@@ -262,12 +265,12 @@ pub struct OutputRoute {
 }
 
 impl OutputRoute {
-    /// The route `route` of `learned`, for a request asking for `choices` choices (at least 1).
-    pub fn new(learned: LearnedOutput, route: impl Into<Arc<str>>, choices: u64) -> Self {
+    /// The route `route` of `learned`, for a request asking for `choices` choices.
+    pub fn new(learned: LearnedOutput, route: impl Into<Arc<str>>, choices: NonZeroU64) -> Self {
         Self {
             learned,
             route: route.into(),
-            choices: choices.max(1),
+            choices: choices.get(),
         }
     }
 
@@ -302,3 +305,14 @@ impl fmt::Debug for OutputRoute {
             .finish_non_exhaustive()
     }
 }
+/// A quantile outside `[0, 1]`, refused by [`LearnedOutput::with_quantile`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidQuantile(&'static str);
+
+impl fmt::Display for InvalidQuantile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for InvalidQuantile {}

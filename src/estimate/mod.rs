@@ -84,7 +84,7 @@
 //! # Learned output
 //!
 //! ```
-//! use tower_llm_quota::{EstimateLayer, LearnedOutput};
+//! use tower_llm_quota::{EstimateLayer, estimate::LearnedOutput};
 //!
 //! let learned = LearnedOutput::new();
 //! let layer = EstimateLayer::new().learn_output(learned.clone());
@@ -99,13 +99,14 @@ mod layer;
 mod learned;
 mod request;
 mod service;
+mod settings;
 #[cfg(feature = "tiktoken")]
 mod tiktoken;
 
 pub use estimator::{CharEstimator, Estimator};
 pub use future::ResponseFuture;
 pub use layer::EstimateLayer;
-pub use learned::{LearnedOutput, OutputRoute};
+pub use learned::{InvalidQuantile, LearnedOutput, OutputRoute};
 pub use request::{Defaults, RequestEstimate, estimate, read_request};
 pub use service::Estimate;
 #[cfg(feature = "tiktoken")]

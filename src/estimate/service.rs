@@ -7,9 +7,9 @@ use http_body::Body;
 use tower::Service;
 
 use super::ResponseFuture;
-use super::layer::Settings;
+use super::settings::Settings;
 use crate::cost::Cost;
-use crate::error::BoxError;
+use crate::error::{BoxError, Error};
 
 /// Estimates each request's [`Cost`] from its body and puts it in the request's extensions;
 /// see the [module documentation](crate::estimate).
@@ -23,7 +23,7 @@ impl<S> Estimate<S> {
     /// Wraps `inner`, estimating with a [`CharEstimator`](super::CharEstimator) and the default
     /// [`Defaults`](super::Defaults); configure through [`EstimateLayer`](super::EstimateLayer).
     pub fn new(inner: S) -> Self {
-        tower::Layer::layer(&super::EstimateLayer::new(), inner)
+        Self::from_settings(inner, Arc::default())
     }
 
     pub(super) fn from_settings(inner: S, settings: Arc<Settings>) -> Self {
@@ -82,11 +82,11 @@ where
     B::Error: Into<BoxError>,
 {
     type Response = S::Response;
-    type Error = BoxError;
+    type Error = Error;
     type Future = ResponseFuture<S, B>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
+        self.inner.poll_ready(cx).map_err(Error::from_inner)
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {

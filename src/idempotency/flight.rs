@@ -8,6 +8,11 @@
 //! others after unlocking; a reader dropped while it was the one the upstream body would wake
 //! wakes the others, so one of them takes over. The chunks stay until the flight ends, so a
 //! duplicate arriving mid-stream still receives the body from its first byte.
+//!
+//! # Length
+//!
+//! The flight, its readers and their one lock protocol (who polls the upstream body, who
+//! wakes whom) belong together: a reader's correctness depends on every other reader's.
 
 use std::collections::HashMap;
 use std::fmt;

@@ -1,3 +1,12 @@
+//! The response future of [`Idempotency`](super::Idempotency): join a call in flight, replay a
+//! record, or lead the call and record it.
+//!
+//! # Length
+//!
+//! One `pin_project` state machine over the store's answers (claim, wait for another process,
+//! re-check, lead, record) in one loop: the states share the key, the owner and the request's
+//! template. The coalescing in one process is `flight.rs`, the records `record.rs`.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -16,7 +25,7 @@ use super::Suppressed;
 use super::error::IdempotencyError;
 use super::flight::{Flight, Handle, Head, HeadState, IdempotentBody, Recording, Upstream};
 use super::key::{IdempotencyKey, Operation};
-use super::layer::IdempotencyLayer;
+use super::shared::Shared;
 use super::store::{Claim, StoreFuture};
 use crate::error::BoxError;
 use crate::usage::UsageScanner;
@@ -39,7 +48,7 @@ pin_project! {
         #[pin]
         state: State<S::Future, B>,
         service: S,
-        layer: IdempotencyLayer,
+        layer: Shared,
         request: Option<Request<B>>,
         parts: Option<http::request::Parts>,
         key: Option<IdempotencyKey>,
@@ -95,7 +104,7 @@ where
     S: Service<Request<B>>,
     B: Body<Data = Bytes>,
 {
-    pub(crate) fn new(service: S, layer: &IdempotencyLayer, request: Request<B>) -> Self {
+    pub(crate) fn new(service: S, layer: &Shared, request: Request<B>) -> Self {
         let config = &layer.config;
         let operation = request
             .extensions()

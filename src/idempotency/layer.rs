@@ -4,8 +4,8 @@ use std::time::Duration;
 use http::HeaderName;
 use tower::Layer;
 
-use super::flight::Flights;
 use super::service::Idempotency;
+use super::shared::{Config, Shared};
 use super::store::{IdempotencyStore, MemoryStore};
 use crate::usage::WireFormat;
 
@@ -15,22 +15,7 @@ use crate::usage::WireFormat;
 /// one layer joins the call of the first.
 #[derive(Debug, Clone)]
 pub struct IdempotencyLayer {
-    pub(crate) store: Arc<dyn IdempotencyStore>,
-    pub(crate) flights: Arc<Flights>,
-    pub(crate) config: Arc<Config>,
-}
-
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub(crate) ttl: Duration,
-    pub(crate) lease: Duration,
-    pub(crate) recheck: Duration,
-    pub(crate) max_body: usize,
-    pub(crate) max_request_body: usize,
-    pub(crate) key_header: HeaderName,
-    pub(crate) forward: Option<HeaderName>,
-    pub(crate) derive: bool,
-    pub(crate) format: WireFormat,
+    shared: Shared,
 }
 
 /// The header the key is read from and forwarded under by default.
@@ -40,19 +25,21 @@ impl IdempotencyLayer {
     /// A layer keeping its records in `store`.
     pub fn new(store: impl IdempotencyStore) -> Self {
         Self {
-            store: Arc::new(store),
-            flights: Arc::default(),
-            config: Arc::new(Config {
-                ttl: Duration::from_secs(24 * 3600),
-                lease: Duration::from_secs(600),
-                recheck: Duration::from_secs(5),
-                max_body: 1024 * 1024,
-                max_request_body: 4 * 1024 * 1024,
-                key_header: IDEMPOTENCY_KEY,
-                forward: Some(IDEMPOTENCY_KEY),
-                derive: true,
-                format: WireFormat::OpenAiChat,
-            }),
+            shared: Shared {
+                store: Arc::new(store),
+                flights: Arc::default(),
+                config: Arc::new(Config {
+                    ttl: Duration::from_secs(24 * 3600),
+                    lease: Duration::from_secs(600),
+                    recheck: Duration::from_secs(5),
+                    max_body: 1024 * 1024,
+                    max_request_body: 4 * 1024 * 1024,
+                    key_header: IDEMPOTENCY_KEY,
+                    forward: Some(IDEMPOTENCY_KEY),
+                    derive: true,
+                    format: WireFormat::OpenAiChat,
+                }),
+            },
         }
     }
 
@@ -62,7 +49,7 @@ impl IdempotencyLayer {
     }
 
     fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
-        change(Arc::make_mut(&mut self.config));
+        change(Arc::make_mut(&mut self.shared.config));
         self
     }
 
@@ -126,7 +113,7 @@ impl IdempotencyLayer {
 
     /// Operations in flight in this process (through this layer and its clones).
     pub fn in_flight(&self) -> usize {
-        self.flights.len()
+        self.shared.flights.len()
     }
 }
 
@@ -134,6 +121,6 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = Idempotency<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Idempotency::new(inner, self.clone())
+        Idempotency::new(inner, self.shared.clone())
     }
 }

@@ -100,6 +100,7 @@ mod record;
 #[cfg(feature = "redis")]
 mod redis;
 mod service;
+mod shared;
 mod store;
 
 pub use error::IdempotencyError;
@@ -115,6 +116,7 @@ pub use store::{Claim, IdempotencyStore, MemoryStore, StoreFuture};
 
 /// How a response was answered without its own call: a response extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Suppressed {
     /// It joined an identical request in flight and received its response.
     Coalesced,

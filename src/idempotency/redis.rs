@@ -1,4 +1,9 @@
 //! Operation records in Redis, shared by every process naming the same prefix.
+//!
+//! # Length
+//!
+//! The store's four operations are each one script call with its arguments and its reply's
+//! decoding; the scripts and their replies read best side by side.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -8,7 +13,6 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::task::Poll;
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{RedisError, Script, Value};
 use bytes::Bytes;
 use futures_core::Stream;
@@ -16,6 +20,7 @@ use tokio::sync::{Notify, oneshot, watch};
 
 use super::record::Record;
 use super::store::{Claim, IdempotencyStore, StoreFuture};
+use crate::budget::redis::connection::{Connection, Servers, Timeouts};
 
 /// Sets the key in flight for an owner, or returns what holds it.
 /// KEYS[1] the record; ARGV owner, lease (ms).
@@ -55,7 +60,8 @@ return 1
 /// every process naming the same server and prefix shares them. Clones share the
 /// connections.
 ///
-/// A record is a hash at `<prefix>:idem:{<key>}` (its own Redis Cluster hash tag): `s` (`f`
+/// A record is a hash at `<prefix>:idem:{<key>}` (its own Redis Cluster hash tag, and the
+/// only key of each script, so records spread over a cluster's slots): `s` (`f`
 /// in flight, `d` done), the owner `o` of a claim, the metadata `m` and the body `b` of a
 /// completed operation. Its TTL is the lease while in flight, the record's TTL once done: an
 /// idle store empties itself.
@@ -63,7 +69,10 @@ return 1
 /// Waiters are woken by one message on the channel `<prefix>:idem:done`, published by the
 /// script that completes or releases a claim. The store keeps one subscribed connection,
 /// started by the first wait, and wakes the local waiters of the key a message names; after a
-/// reconnection it wakes every waiter, which claims again to see what it missed.
+/// reconnection it wakes every waiter, which claims again to see what it missed. On a Redis
+/// Cluster ([`RedisIdempotencyStore::open_cluster`]) a message published on one node reaches
+/// the subscribers of every node: the listener subscribes on one node, and on the next after
+/// losing it.
 #[derive(Clone)]
 pub struct RedisIdempotencyStore {
     inner: Arc<Inner>,
@@ -73,8 +82,9 @@ pub struct RedisIdempotencyStore {
 type Waiters = HashMap<Vec<u8>, (Arc<Notify>, usize)>;
 
 struct Inner {
-    client: ::redis::Client,
-    connection: ConnectionManager,
+    /// A client per known node: the listener subscribes through one of them.
+    subscribers: Vec<::redis::Client>,
+    connection: Connection,
     prefix: String,
     channel: String,
     claim: Script,
@@ -102,17 +112,40 @@ impl RedisIdempotencyStore {
         prefix: &str,
         timeout: Duration,
     ) -> Result<Self, RedisError> {
-        let client = ::redis::Client::open(url)?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(200));
-        let connection = ConnectionManager::new_lazy_with_config(client.clone(), config)?;
+        Self::connect(Servers::Node(url.to_owned()), prefix, timeout)
+    }
+
+    /// A store in a Redis Cluster, given the addresses of some of its nodes
+    /// (`redis://host:port`), under keys starting with `prefix`. Connects lazily, like
+    /// [`RedisIdempotencyStore::open`]; fails on an invalid address or no address at all.
+    /// Must be called within a tokio runtime.
+    pub fn open_cluster<N: AsRef<str>>(
+        nodes: impl IntoIterator<Item = N>,
+        prefix: &str,
+    ) -> Result<Self, RedisError> {
+        Self::open_cluster_with_timeout(nodes, prefix, Duration::from_secs(1))
+    }
+
+    /// [`RedisIdempotencyStore::open_cluster`], with every command bounded by `timeout` (1 s
+    /// by default).
+    pub fn open_cluster_with_timeout<N: AsRef<str>>(
+        nodes: impl IntoIterator<Item = N>,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<Self, RedisError> {
+        let nodes = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
+        Self::connect(Servers::Cluster(nodes), prefix, timeout)
+    }
+
+    fn connect(servers: Servers, prefix: &str, timeout: Duration) -> Result<Self, RedisError> {
+        let connection = servers.connect_lazy(Timeouts {
+            connect: timeout,
+            response: timeout,
+            max_delay: Duration::from_millis(200),
+        })?;
         Ok(Self {
             inner: Arc::new(Inner {
-                client,
+                subscribers: servers.subscription_clients()?,
                 connection,
                 prefix: prefix.to_owned(),
                 channel: format!("{prefix}:idem:done"),
@@ -190,9 +223,10 @@ async fn listen(
     mut stop: oneshot::Receiver<()>,
 ) {
     let mut backoff = Duration::from_millis(50);
-    loop {
+    for turn in 0.. {
         let Some(store) = inner.upgrade() else { return };
-        let client = store.client.clone();
+        // The next node after one was lost (one node: always the same).
+        let client = store.subscribers[turn % store.subscribers.len()].clone();
         let channel = store.channel.clone();
         drop(store);
         let connected = async {

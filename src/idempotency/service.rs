@@ -7,7 +7,7 @@ use tower::Service;
 
 use super::flight::IdempotentBody;
 use super::future::ResponseFuture;
-use super::layer::IdempotencyLayer;
+use super::shared::Shared;
 use crate::error::BoxError;
 
 /// Deduplicates the operations of the requests it forwards; see the
@@ -19,11 +19,11 @@ use crate::error::BoxError;
 #[derive(Debug, Clone)]
 pub struct Idempotency<S> {
     inner: S,
-    layer: IdempotencyLayer,
+    layer: Shared,
 }
 
 impl<S> Idempotency<S> {
-    pub(crate) fn new(inner: S, layer: IdempotencyLayer) -> Self {
+    pub(crate) fn new(inner: S, layer: Shared) -> Self {
         Self { inner, layer }
     }
 

@@ -18,6 +18,7 @@ pub type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Sen
 
 /// The answer to [`IdempotencyStore::claim`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Claim {
     /// Nobody holds the key: the caller now does, until it completes, releases, or the lease
     /// ends.

@@ -44,60 +44,8 @@ mod instant;
 mod number;
 mod retry_after;
 
-use std::time::Duration;
-
 pub use body::body_retry_delay;
 pub use duration::{go_duration, reset_duration, timespan};
 pub use instant::{epoch_seconds, rfc3339, until};
+pub use number::{MAX_WAIT, count};
 pub use retry_after::retry_after;
-
-/// The longest wait any parser returns: 7 days. Longer well-formed values are clamped to it.
-///
-/// Far above any delay worth honouring (the SDKs stop at 60 or 120 seconds), and far below
-/// what would overflow an `Instant` or a timer.
-pub const MAX_WAIT: Duration = Duration::from_secs(7 * 24 * 60 * 60);
-
-/// Parses a count, as in `x-ratelimit-remaining-tokens: 149984`: ASCII digits only.
-///
-/// A sign (Azure's `-1` sentinel means unknown), a fraction, an exponent or a value above
-/// `u64::MAX` gives `None`; surrounding spaces and tabs are ignored.
-///
-/// # Example
-///
-/// ```
-/// use tower_llm_quota::parse::count;
-///
-/// assert_eq!(count("149984"), Some(149_984));
-/// assert_eq!(count("-1"), None);
-/// ```
-pub fn count(s: &str) -> Option<u64> {
-    let s = number::trim(s);
-    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    s.parse().ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn counts() {
-        assert_eq!(count("0"), Some(0));
-        assert_eq!(count(" 60 "), Some(60));
-        assert_eq!(count("18446744073709551615"), Some(u64::MAX));
-        for s in [
-            "",
-            "-1",
-            "+1",
-            "1.0",
-            "1e3",
-            "18446744073709551616",
-            "1 000",
-            "٣",
-        ] {
-            assert_eq!(count(s), None, "{s:?}");
-        }
-    }
-}

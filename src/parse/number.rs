@@ -2,8 +2,6 @@
 
 use std::time::Duration;
 
-use super::MAX_WAIT;
-
 /// Nanoseconds per second.
 pub(super) const SECOND: u64 = 1_000_000_000;
 /// Nanoseconds per millisecond.
@@ -98,6 +96,33 @@ pub(super) fn decimal_wait(s: &str, unit: u64) -> Option<Duration> {
     Decimal::whole(trim(s).as_bytes()).map(|d| clamp(d.nanos(unit)))
 }
 
+/// The longest wait any parser returns: 7 days. Longer well-formed values are clamped to it.
+///
+/// Far above any delay worth honouring (the SDKs stop at 60 or 120 seconds), and far below
+/// what would overflow an `Instant` or a timer.
+pub const MAX_WAIT: Duration = Duration::from_secs(7 * 24 * 60 * 60);
+
+/// Parses a count, as in `x-ratelimit-remaining-tokens: 149984`: ASCII digits only.
+///
+/// A sign (Azure's `-1` sentinel means unknown), a fraction, an exponent or a value above
+/// `u64::MAX` gives `None`; surrounding spaces and tabs are ignored.
+///
+/// # Example
+///
+/// ```
+/// use tower_llm_quota::parse::count;
+///
+/// assert_eq!(count("149984"), Some(149_984));
+/// assert_eq!(count("-1"), None);
+/// ```
+pub fn count(s: &str) -> Option<u64> {
+    let s = trim(s);
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,5 +167,24 @@ mod tests {
         assert_eq!(nanos(&long_fraction, SECOND), Some(1_999_999_999));
         assert_eq!(duration(u128::MAX), None);
         assert_eq!(duration(1_500_000_000), Some(Duration::from_millis(1_500)));
+    }
+
+    #[test]
+    fn counts() {
+        assert_eq!(count("0"), Some(0));
+        assert_eq!(count(" 60 "), Some(60));
+        assert_eq!(count("18446744073709551615"), Some(u64::MAX));
+        for s in [
+            "",
+            "-1",
+            "+1",
+            "1.0",
+            "1e3",
+            "18446744073709551616",
+            "1 000",
+            "٣",
+        ] {
+            assert_eq!(count(s), None, "{s:?}");
+        }
     }
 }

@@ -11,6 +11,7 @@
 mod extract;
 mod profile;
 mod rate_limit;
+mod scope;
 mod strip;
 
 pub use extract::{ProviderScan, ProviderUsage};
@@ -18,7 +19,8 @@ pub(crate) use profile::reports_of_any_provider;
 pub use profile::{AdoptLimits, LimitReport, Profile};
 #[cfg(feature = "metrics")]
 pub(crate) use rate_limit::limit_type;
-pub use rate_limit::{Decision, LimitedBy, RateLimitError, Scope};
+pub use rate_limit::{Decision, LimitedBy, RateLimitError};
+pub use scope::Scope;
 pub use strip::{
     InjectedStreamUsage, StripUsage, StripUsageBody, StripUsageFuture, StripUsageLayer,
 };

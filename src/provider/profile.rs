@@ -50,6 +50,7 @@ enum Kind {
 
 /// Whether a limit a provider reports replaces the configured one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum AdoptLimits {
     /// Never: the configured limits stand (for example when instances share a key and each
     /// is configured with its share).

@@ -11,8 +11,11 @@ use crate::parse;
 use crate::quota::Dimension;
 use crate::retry::{Classify, Failure, FailureClass, ProviderErrors};
 
+use super::scope::Scope;
+
 /// Who refused the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Decision {
     /// Refused or timed out here, before anything was sent: intentional protection.
     Local,
@@ -43,15 +46,12 @@ pub enum LimitedBy {
     Unknown,
 }
 
-/// Where the limit applies, as far as known: place one in a request's extensions to name it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
-pub struct Scope {
-    /// The provider (`"openai"`, `"anthropic"`, ...).
-    pub provider: Option<String>,
-    /// The model or deployment.
-    pub model: Option<String>,
-    /// The API key's name (never the key itself).
-    pub key: Option<String>,
+impl Error {
+    /// The same failure as a normalized [`RateLimitError`], when it is a local rate-limit
+    /// refusal (a cost that never fits, a deadline passed while waiting, a full queue).
+    pub fn rate_limit(&self) -> Option<RateLimitError> {
+        RateLimitError::from_local(self)
+    }
 }
 
 /// A rate-limit failure, normalized: who decided, which limit, where, how long to wait, and
@@ -105,7 +105,7 @@ impl RateLimitError {
 
     /// The rate-limit failure a local refusal of this crate describes (a cost that never
     /// fits, a deadline passed while waiting, a full queue); `None` for other errors.
-    pub(crate) fn from_local(error: &Error) -> Option<Self> {
+    fn from_local(error: &Error) -> Option<Self> {
         let (limited_by, exhausted) = if let Some(too_large) = error.insufficient_capacity() {
             let by = match too_large.dimension() {
                 Dimension::Requests => LimitedBy::Requests,

@@ -1,3 +1,11 @@
+//! The response future of [`PriorityQueue`](super::PriorityQueue): wait in the queue's own
+//! ordering while the inner service is not ready, then call it.
+//!
+//! # Length
+//!
+//! One state machine (waiting, readying, calling) whose cancellation paths give back a place
+//! in the ordering and a readiness taken but unused; its ordering is the pure `sched` module.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;

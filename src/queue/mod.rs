@@ -1,7 +1,7 @@
 //! Decide who goes next: priority classes, aging, per-class deadlines, bounded depth.
 //!
 //! [`PriorityQueueLayer`] gives every request its class (the configured default if it has
-//! none), its place (its enqueue time, kept across retries by [`EnqueuedAt`](crate::EnqueuedAt))
+//! none), its place (its enqueue time, kept across retries by [`EnqueuedAt`])
 //! and its deadline (its class's maximum wait, unless it carries a [`Deadline`](crate::Deadline)),
 //! and orders the requests waiting for the inner service by them: by [`Priority`](crate::Priority),
 //! then by age, not by arrival.
@@ -119,6 +119,7 @@ mod layer;
 mod service;
 mod shared;
 
+pub use crate::priority::EnqueuedAt;
 pub use crate::sched::{ClassSnapshot, QueueSnapshot};
 pub use config::{ClassConfig, QueueConfig};
 pub use future::ResponseFuture;

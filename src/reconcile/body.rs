@@ -104,7 +104,9 @@ impl<X: ScanUsage> Pending<X> {
             observe::settled(&self.labels, &reserved, usage.as_ref());
         }
         #[cfg(feature = "metrics")]
-        observe::budget(&budget);
+        if budget.gauges_due() {
+            observe::budget(&budget.snapshot());
+        }
     }
 }
 

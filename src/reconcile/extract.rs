@@ -19,7 +19,7 @@ use crate::cost::{Cost, Usage};
 ///
 /// ```
 /// use http::response::Parts;
-/// use tower_llm_quota::{BodyEnd, Budget, Cost, ExtractUsage, ScanUsage, Usage};
+/// use tower_llm_quota::{Budget, Cost, Usage, reconcile::{BodyEnd, ExtractUsage, ScanUsage}};
 ///
 /// #[derive(Clone)]
 /// struct Trailer;

@@ -1,7 +1,7 @@
 //! Settle each reservation with the real usage, when the response body ends.
 //!
 //! [`ReconcileLayer`] takes the [`Reservation`](crate::Reservation) that
-//! [`TokenBudget`](crate::TokenBudget) put in the request's extensions and wraps the response
+//! [`TokenBudget`](crate::token_budget::TokenBudget) put in the request's extensions and wraps the response
 //! body in a [`ReconcileBody`] that settles it when the body **ends, fails or is dropped**,
 //! whichever comes first. Streams report their usage at their end, so settling when the headers
 //! arrive would be too early.

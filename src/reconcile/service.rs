@@ -3,7 +3,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::Service;
 
-use super::{ExtractUsage, ReconcileBody, ResponseFuture};
+use super::{ExtensionUsage, ExtractUsage, ReconcileBody, ResponseFuture};
 use crate::budget::ReservationSlot;
 use crate::estimate::OutputRoute;
 use crate::observe::Labels;
@@ -11,9 +11,11 @@ use crate::observe::Labels;
 /// Settles each request's reservation when its response body ends; see the
 /// [module documentation](crate::reconcile).
 ///
-/// Requests that carry no [`ReservationSlot`] pass through untouched.
+/// Requests that carry no [`ReservationSlot`] pass through untouched. `X` defaults to
+/// [`ExtensionUsage`] (the usage the client put in the response's extensions), as
+/// [`ReconcileLayer::new`](super::ReconcileLayer::new) builds it.
 #[derive(Debug, Clone)]
-pub struct Reconcile<S, X> {
+pub struct Reconcile<S, X = ExtensionUsage> {
     inner: S,
     extract: X,
 }

@@ -7,8 +7,11 @@ use std::sync::Arc;
 
 use http::{HeaderMap, StatusCode};
 
+use super::failure::{FailureClass, Permanent, Transient};
+
 /// A failed attempt, as a classifier sees it.
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub enum Failure<'a> {
     /// The provider answered with an error status. `body` is the error body (read up to a
     /// limit; empty when it was too large to read).
@@ -22,59 +25,6 @@ pub enum Failure<'a> {
     },
     /// The inner service failed without a response (connection, timeout, a local decision).
     Error(&'a (dyn StdError + 'static)),
-}
-
-/// What a failure is: worth retrying, or not. Failure classes are data, not booleans, so the
-/// final report and the metrics can say why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FailureClass {
-    /// Worth retrying.
-    Transient(Transient),
-    /// Never retried.
-    Permanent(Permanent),
-}
-
-/// Why a failure is worth retrying.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Transient {
-    /// A rate limit (429): the quota is spent for now, for everyone who shares it.
-    RateLimited,
-    /// The provider is overloaded (Anthropic's 529, a 503 saying so): not a quota hit.
-    Overloaded,
-    /// A server error (500, 502, 503, 504) or a conflict (409).
-    Server,
-    /// A timeout (408, a connect or read timeout).
-    Timeout,
-    /// The connection failed or was reset.
-    Connection,
-}
-
-/// Why a failure is not retried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Permanent {
-    /// The request is invalid (400 and other 4xx).
-    Client,
-    /// The credentials are refused (401, 403).
-    Auth,
-    /// The prompt does not fit the model's context.
-    ContextLength,
-    /// A policy refusal (content filter, safety).
-    Policy,
-    /// The quota is exhausted beyond this window: billing (`insufficient_quota`), a daily limit.
-    QuotaExhausted,
-    /// The provider asks for a wait beyond the configured maximum.
-    WaitTooLong,
-    /// A local decision of an inner layer (deadline, full queue, a cost that never fits):
-    /// nothing was sent, and retrying would not change it.
-    Local,
-    /// An error nothing here knows how to classify.
-    Unknown,
-    /// Sent, and failed before the response head (a timeout, a reset) without an idempotency
-    /// key: the provider may have processed it, and a retry could bill twice (see
-    /// [`Ambiguity`](super::Ambiguity)).
-    Ambiguous,
 }
 
 /// Decides whether a failure is transient. Object safe, so a policy can hold

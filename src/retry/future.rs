@@ -1,3 +1,13 @@
+//! The response future of [`RetryAfter`](super::RetryAfter): one request's attempts, waits and
+//! final report.
+//!
+//! # Length
+//!
+//! One `pin_project` state machine (calling, reading an error body, waiting to retry, done) in
+//! one loop, as tower's retry future is: its transitions share the attempt's template, report
+//! and span, and read best as one table. The pure parts live elsewhere: classification in
+//! `classify.rs`, wait hints in `hints.rs`, the backoff arithmetic in `policy.rs`.
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -16,7 +26,7 @@ use tokio::time::{Instant, Sleep, sleep};
 use tower::Service;
 use tower::retry::budget::{Budget as _, TpsBudget};
 
-use super::layer::Settings;
+use super::settings::Settings;
 use super::{Classify, Failure, FailureClass, GaveUp, Permanent, RetryBody, RetryReport, hints};
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};

@@ -2,8 +2,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use tower::Layer;
-use tower::retry::budget::TpsBudget;
 
+use super::settings::Settings;
 use super::{Classify, Jitter, ProviderErrors, RetryAfter, RetryPolicy, ThreadJitter};
 use crate::budget::Budget;
 
@@ -12,27 +12,6 @@ use crate::budget::Budget;
 /// Every service this layer builds shares one retry budget.
 pub struct RetryAfterLayer<C = ProviderErrors> {
     settings: Settings<C>,
-}
-
-/// What every attempt of a retried request consults.
-pub(crate) struct Settings<C> {
-    pub(crate) policy: RetryPolicy,
-    pub(crate) classify: C,
-    pub(crate) budget: Arc<TpsBudget>,
-    pub(crate) pause: Option<Budget>,
-    pub(crate) jitter: Arc<dyn Jitter>,
-}
-
-impl<C: Clone> Clone for Settings<C> {
-    fn clone(&self) -> Self {
-        Self {
-            policy: self.policy,
-            classify: self.classify.clone(),
-            budget: self.budget.clone(),
-            pause: self.pause.clone(),
-            jitter: self.jitter.clone(),
-        }
-    }
 }
 
 impl RetryAfterLayer {

@@ -62,7 +62,7 @@
 //!   which the 429 paused and which spaces it, so it waits for budget, bounded only by its
 //!   deadline and its class's total time. Interactive requests keep every limit.
 //! - **Every attempt re-enters admission**: the layer sits outside the queue and the budget,
-//!   so a retry queues again (keeping its first attempt's [`EnqueuedAt`](crate::EnqueuedAt)
+//!   so a retry queues again (keeping its first attempt's [`EnqueuedAt`](crate::queue::EnqueuedAt)
 //!   for aging) and reserves again. Requests are re-sent from a clone: the body must be `Clone`
 //!   (`Full<Bytes>`, `String`, `Bytes`; buffer a streaming request body first).
 //! - **A 429 pauses the shared budget** ([`RetryAfterLayer::pause_on_rate_limit`]): the
@@ -90,7 +90,7 @@
 //!   call to collect them.
 //! - **The outcome is reported**: a final 429 carries a normalized
 //!   [`RateLimitError`](crate::provider::RateLimitError) (decision, limit, scope, wait), and
-//!   every final failed response a [`RetryReport`] (attempts,
+//!   every final failed response, and every success that needed retries, a [`RetryReport`] (attempts,
 //!   time waited, last status and class, why it gave up: [`GaveUp`] says permanent, attempts,
 //!   time, deadline, retry budget or a wait too long; the wait asked); a failure without a
 //!   response is an [`Error`](crate::Error) with the same report. Error bodies (up to 64 KiB)
@@ -100,22 +100,22 @@
 mod ambiguity;
 mod body;
 mod classify;
+mod failure;
 mod future;
 mod hints;
 mod layer;
 mod policy;
 mod report;
 mod service;
+mod settings;
 
 pub use ambiguity::{Ambiguity, Interrupted};
 pub use body::RetryBody;
-pub use classify::{
-    Classify, ClassifyError, ClassifyFn, Failure, FailureClass, Permanent, ProviderErrors,
-    Transient,
-};
+pub use classify::{Classify, ClassifyError, ClassifyFn, Failure, ProviderErrors};
+pub use failure::{FailureClass, Permanent, Transient};
 pub use future::ResponseFuture;
 pub(crate) use hints::spent;
 pub use layer::RetryAfterLayer;
-pub use policy::{InvalidBackoff, Jitter, RetryPolicy, SeededJitter, ThreadJitter};
+pub use policy::{InvalidRetryPolicy, Jitter, RetryPolicy, SeededJitter, ThreadJitter};
 pub use report::{GaveUp, RetryReport};
 pub use service::RetryAfter;

@@ -35,7 +35,7 @@ use crate::priority::Priority;
 ///     .max_attempts(Priority::Interactive, NonZeroU32::new(2).unwrap())
 ///     .max_total(Priority::Batch, Duration::from_secs(900))
 ///     .backoff(Duration::from_millis(250), Duration::from_secs(30))?;
-/// # Ok::<(), tower_llm_quota::retry::InvalidBackoff>(())
+/// # Ok::<(), tower_llm_quota::retry::InvalidRetryPolicy>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryPolicy {
@@ -94,12 +94,14 @@ impl RetryPolicy {
 
     /// Backoff without a provider hint: `uniform(0, min(cap, base × 2^retry))`. Defaults to
     /// 0.5 s and 20 s. Fails when `base` is zero or above `cap`.
-    pub fn backoff(self, base: Duration, cap: Duration) -> Result<Self, InvalidBackoff> {
+    pub fn backoff(self, base: Duration, cap: Duration) -> Result<Self, InvalidRetryPolicy> {
         if base.is_zero() {
-            return Err(InvalidBackoff("the backoff base must not be zero"));
+            return Err(InvalidRetryPolicy("the backoff base must not be zero"));
         }
         if base > cap {
-            return Err(InvalidBackoff("the backoff base must not exceed its cap"));
+            return Err(InvalidRetryPolicy(
+                "the backoff base must not exceed its cap",
+            ));
         }
         Ok(Self { base, cap, ..self })
     }
@@ -116,19 +118,20 @@ impl RetryPolicy {
         }
     }
 
-    /// Retries may be at most `percent` (in `[0, 1]`, clamped) of the requests of the last
-    /// ten seconds, plus `min_per_sec` per second, so a failing provider is not hammered.
-    /// Defaults to 10 % and 1 per second.
-    pub fn retry_budget(self, percent: f32, min_per_sec: u32) -> Self {
-        Self {
-            budget_percent: if percent.is_nan() {
-                0.0
-            } else {
-                percent.clamp(0.0, 1.0)
-            },
+    /// Retries may be at most `percent` (in `[0, 1]`) of the requests of the last ten
+    /// seconds, plus `min_per_sec` per second, so a failing provider is not hammered.
+    /// Defaults to 10 % and 1 per second. Fails when `percent` is outside `[0, 1]` (or NaN).
+    pub fn retry_budget(self, percent: f32, min_per_sec: u32) -> Result<Self, InvalidRetryPolicy> {
+        if !(0.0..=1.0).contains(&percent) {
+            return Err(InvalidRetryPolicy(
+                "the retry budget's percent must be in [0, 1]",
+            ));
+        }
+        Ok(Self {
+            budget_percent: percent,
             budget_min_per_sec: min_per_sec,
             ..self
-        }
+        })
     }
 
     pub(crate) fn attempts(&self, priority: Priority) -> u32 {
@@ -188,17 +191,17 @@ impl Default for RetryPolicy {
     }
 }
 
-/// A backoff parameter out of range; the message says which.
+/// A retry policy parameter out of range (backoff, retry budget); the message says which.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InvalidBackoff(&'static str);
+pub struct InvalidRetryPolicy(&'static str);
 
-impl fmt::Display for InvalidBackoff {
+impl fmt::Display for InvalidRetryPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.0)
     }
 }
 
-impl std::error::Error for InvalidBackoff {}
+impl std::error::Error for InvalidRetryPolicy {}
 
 /// The source of randomness for jitter: uniform fractions in `[0, 1)`. Injectable so that tests
 /// are deterministic.

@@ -9,6 +9,17 @@ use super::FailureClass;
 
 /// What happened to a request that failed at least once; in the final response's extensions,
 /// or in the [`Error`](crate::Error) when there was no response.
+///
+/// Where it is found:
+///
+/// - **A success after retries** (a 2xx after at least one failed attempt): in the response's
+///   extensions, with [`gave_up`](RetryReport::gave_up) `None`, and the last failure's status
+///   and class. A success at the first attempt carries no report: look for one with
+///   `response.extensions().get::<RetryReport>()` and read its absence as "sent once".
+/// - **A final failed response** (a 429 or 5xx the layer stopped retrying, a permanent 4xx):
+///   in its extensions, with `gave_up` saying why.
+/// - **No response** (every attempt failed before its head, or a local refusal after one):
+///   in the error, through [`Error::retry_report`](crate::Error::retry_report).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryReport {
     pub(crate) attempts: u32,

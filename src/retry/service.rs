@@ -7,7 +7,7 @@ use http::{Request, Response};
 use http_body::Body;
 use tower::Service;
 
-use super::layer::Settings;
+use super::settings::Settings;
 use super::{Classify, ResponseFuture, RetryBody};
 use crate::error::{BoxError, Error};
 

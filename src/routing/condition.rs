@@ -264,8 +264,8 @@ mod tests {
         assert_eq!(failed_error(&reset), None);
         let local: BoxError = Box::new(Error::missing_cost());
         assert_eq!(failed_error(&local), None);
-        let closed: BoxError = Box::new(Error::from(crate::ReserveError::Unavailable(
-            crate::StoreUnavailable::new("the breaker is open"),
+        let closed: BoxError = Box::new(Error::from(crate::error::ReserveError::Unavailable(
+            crate::budget::StoreUnavailable::new("the breaker is open"),
         )));
         assert_eq!(failed_error(&closed), Some(Reason::PrimaryUnavailable));
     }

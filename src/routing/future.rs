@@ -137,7 +137,9 @@ impl<S> Inner<S> {
             {
                 Some(Reason::ContextLength)
             } else if let Some(max) = fallback.max_wait() {
-                let wait = *wait.get_or_insert_with(|| wait_on(first.budget.as_ref(), cost));
+                let tenant = view.parts.extensions.get::<Tenant>();
+                let wait =
+                    *wait.get_or_insert_with(|| wait_on(first.budget.as_ref(), cost, tenant));
                 wait.is_some_and(|wait| wait > max)
                     .then_some(Reason::WouldWait)
             } else {
@@ -206,9 +208,18 @@ fn needs_context<S>(first: &Route<S>, fallback: &Route<S>, cost: Option<Cost>) -
 /// The probe is `try_reserve`, which never overtakes the budget's waiters; a reservation it
 /// gets is dropped at once, unsent, which gives everything back before anyone else can see
 /// it held (one lock, no await in between).
-fn wait_on(budget: Option<&Budget>, cost: Option<Cost>) -> Option<Duration> {
+fn wait_on(
+    budget: Option<&Budget>,
+    cost: Option<Cost>,
+    tenant: Option<&Tenant>,
+) -> Option<Duration> {
     let (budget, cost) = (budget?, cost?);
-    match budget.try_reserve(cost) {
+    // For a budget with tenants, the request's path (its nodes' limits too).
+    let probe = match tenant {
+        Some(tenant) => budget.try_reserve_for(cost, tenant),
+        None => budget.try_reserve(cost),
+    };
+    match probe {
         Ok(reservation) => {
             drop(reservation);
             Some(Duration::ZERO)

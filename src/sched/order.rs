@@ -230,6 +230,19 @@ impl<T> Order<T> {
 
     /// Removes a request at `now`; returns its value if it was there.
     pub(crate) fn remove(&mut self, place: Place, now: Instant) -> Option<T> {
+        self.take(place, now, true)
+    }
+
+    /// Removes a request that steps out of the order to come back to its place later (a
+    /// tenant's own limit cannot pay yet): it was not served, so the fair share's virtual
+    /// time does not move.
+    pub(crate) fn step_out(&mut self, place: Place, now: Instant) -> Option<T> {
+        self.take(place, now, false)
+    }
+
+    /// Removes a request; when it was the front and `served`, the fair share's virtual time
+    /// moves to its tag.
+    fn take(&mut self, place: Place, now: Instant, served: bool) -> Option<T> {
         let class = &mut self.classes[place.priority.index()];
         let was_front = class
             .waiting
@@ -248,7 +261,7 @@ impl<T> Order<T> {
                 place.priority.index(),
                 entry.flow.key,
                 place.slot.0.tag,
-                was_front,
+                was_front && served,
             );
         }
         if let Some(deadline) = place.deadline {
@@ -435,6 +448,48 @@ mod tests {
         order
             .push(&Scheduling::new(priority, at), None, ())
             .unwrap()
+    }
+
+    #[test]
+    fn tenants_share_a_class_by_finish_tag_below_guarantee_first() {
+        let t0 = Instant::now();
+        let mut order: Order<u32> = Order::default();
+        let push = |order: &mut Order<u32>, key, weight, below, cost, value| {
+            let mut scheduling = Scheduling::new(Priority::Batch, t0);
+            scheduling.flow = Flow {
+                key,
+                weight,
+                below_guarantee: below,
+            };
+            order.push_fair(&scheduling, None, cost, value).unwrap()
+        };
+        // a weighs 3, b 1; 300 tokens each: a's tags 100, 200, 300, b's 300, 600, 900.
+        for i in 0..3 {
+            push(&mut order, 1, 3, false, 300, i);
+            push(&mut order, 2, 1, false, 300, 10 + i);
+        }
+        // A flow below its guarantee goes first, whatever its tag.
+        push(&mut order, 3, 1, true, 10_000, 99);
+        // One steps out (its own limit) and comes back: its place is kept, and the virtual
+        // time did not move, so a newcomer of an idle flow still starts at 0.
+        let front = order.top(t0).unwrap();
+        let value = order.step_out(front, t0).unwrap();
+        let newcomer = push(&mut order, 4, 1, false, 50, 7);
+        let mut scheduling = Scheduling::new(Priority::Batch, t0);
+        scheduling.flow = Flow {
+            key: 3,
+            weight: 1,
+            below_guarantee: true,
+        };
+        order.restore(front, &scheduling, value);
+        let mut served = Vec::new();
+        while let Some(place) = order.top(t0) {
+            served.push(*order.get(place).unwrap());
+            order.remove(place, t0);
+            assert!(place != newcomer || served.len() == 2);
+        }
+        // Equal tags (a's third, b's first) go by ticket: b's was pushed first.
+        assert_eq!(served, [99, 7, 0, 1, 10, 2, 11, 12]);
     }
 
     #[test]

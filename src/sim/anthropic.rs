@@ -6,8 +6,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
-use super::engine::Level;
-use super::wire::{self, ChatRequest, Completion, Fnv, Frame, Invalid, Refusal};
+use super::wire::{self, ChatRequest, Completion, Fnv, Frame, Invalid, Level, Refusal};
 use crate::quota::Dimension;
 
 /// The API key of `x-api-key: <key>`.

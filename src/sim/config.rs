@@ -8,6 +8,7 @@ const MINUTE: Duration = Duration::from_secs(60);
 
 /// Which provider's API the simulator speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Style {
     /// OpenAI Chat Completions: `POST /v1/chat/completions`, `Authorization: Bearer <key>`,
     /// `x-ratelimit-*` headers, RPM and TPM (input plus output).

@@ -9,12 +9,19 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, StatusCode};
 
 use super::config::Style;
-use super::engine::Outcome;
 use super::wire::Completion;
 use super::{anthropic, openai};
 
 /// The header a client sends its operation's key under.
 const HEADER: &str = "idempotency-key";
+
+/// The answer to a duplicate: the stored completion, or a conflict while it is generated.
+#[derive(Debug)]
+pub(crate) struct Replay {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
+}
 
 /// Per key: calls billed, and what an honoured key answers again.
 #[derive(Debug, Default)]
@@ -65,7 +72,7 @@ impl KeyCounts {
 
     /// The answer to a request with an honoured `key` billed before, at `now`: the same
     /// completion once generated, a 409 while it is generated; `None` for a new key.
-    pub(crate) fn replay(&self, key: &str, now: u64, style: Style) -> Option<Outcome> {
+    pub(crate) fn replay(&self, key: &str, now: u64, style: Style) -> Option<Replay> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         if state.kept.len() > 1024 {
             state.kept.retain(|_, kept| kept.until > now);
@@ -92,7 +99,7 @@ impl KeyCounts {
                 http::header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),
             );
-            return Some(Outcome::Refused {
+            return Some(Replay {
                 status: StatusCode::CONFLICT,
                 headers,
                 body,
@@ -124,7 +131,7 @@ impl KeyCounts {
         };
         headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
         state.replayed += 1;
-        Some(Outcome::Refused {
+        Some(Replay {
             status: StatusCode::OK,
             headers,
             body,

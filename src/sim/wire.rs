@@ -9,6 +9,15 @@ use serde_json::Value;
 pub(crate) const MESSAGE_OVERHEAD: u64 = 4;
 
 /// A valid completion request, as the simulator needs it.
+/// What a reported limit says now, for the rate-limit headers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Level {
+    pub(crate) dimension: crate::quota::Dimension,
+    pub(crate) limit: u64,
+    pub(crate) remaining: u64,
+    pub(crate) until_full: Duration,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ChatRequest {
     pub(crate) model: String,

@@ -1,13 +1,12 @@
 //! The tree of quotas: what each node may spend, its weight, its guarantee, its cap.
 
 use std::collections::HashMap;
-use std::fmt;
-use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+use std::num::{NonZeroU32, NonZeroUsize};
 
-use super::daily::WallClock;
+use super::daily::{DailyCap, WallClock};
 use super::error::InvalidTree;
 use super::path::Tenant;
-use crate::quota::{Dimension, Limit};
+use crate::quota::Limit;
 
 /// One node of a [`TenantTree`]: its own limits, its weight among its siblings, the share of
 /// its parent it is guaranteed and the most it may use when borrowing, a cap on calls in
@@ -152,63 +151,6 @@ fn clamp_share(share: f64) -> f64 {
     }
 }
 
-/// The kind of day a [`DailyCap`] counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DayWindow {
-    /// The calendar day in UTC: the count starts again at 00:00 UTC, whatever was spent at
-    /// 23:59. What invoices and most provider daily limits use; a tenant can spend twice
-    /// its cap in a few minutes around midnight.
-    CalendarUtc,
-    /// The last 24 hours, counted in 96 slots of 15 minutes: a spend counts until the slot it
-    /// fell in is 24 hours old. No 24 hours aligned to a quarter hour ever see more than the
-    /// cap; any 24 hours at most the cap plus one quarter hour's spending. No burst at
-    /// midnight.
-    Rolling,
-}
-
-impl fmt::Display for DayWindow {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DayWindow::CalendarUtc => "calendar day (UTC)",
-            DayWindow::Rolling => "rolling 24 h",
-        })
-    }
-}
-
-/// At most `amount` of a dimension per day, for one node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DailyCap {
-    pub(crate) dimension: Dimension,
-    pub(crate) amount: NonZeroU64,
-    pub(crate) window: DayWindow,
-}
-
-impl DailyCap {
-    /// At most `amount` of `dimension` in each `window`.
-    pub const fn new(dimension: Dimension, amount: NonZeroU64, window: DayWindow) -> Self {
-        Self {
-            dimension,
-            amount,
-            window,
-        }
-    }
-
-    /// The capped dimension.
-    pub const fn dimension(&self) -> Dimension {
-        self.dimension
-    }
-
-    /// The cap.
-    pub const fn amount(&self) -> NonZeroU64 {
-        self.amount
-    }
-
-    /// The kind of day.
-    pub const fn window(&self) -> DayWindow {
-        self.window
-    }
-}
-
 /// The tree of tenant quotas under one provider account (one [`Budget`](crate::Budget)).
 ///
 /// Nodes are named by their [`Tenant`] path; a node need not have its parent configured.
@@ -267,7 +209,7 @@ impl TenantTree {
         }
     }
 
-    /// The clock the calendar days of [`DayWindow::CalendarUtc`] are read from. Defaults to
+    /// The clock the calendar days of [`DayWindow::CalendarUtc`](super::DayWindow::CalendarUtc) are read from. Defaults to
     /// [`WallClock::system`].
     pub fn with_clock(self, clock: WallClock) -> Self {
         Self { clock, ..self }

@@ -1,16 +1,75 @@
 //! Daily caps: a calendar day in UTC, or the last 24 hours. Pure counters over a wall clock
 //! read through a seam, so tests drive the days with tokio's paused clock.
 
+use std::fmt;
+use std::num::NonZeroU64;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use super::config::{DailyCap, DayWindow};
+use crate::quota::Dimension;
 
 const DAY: u64 = 86_400;
 /// The rolling window's slot: a quarter hour.
 const SLOT: u64 = 900;
 const SLOTS: usize = (DAY / SLOT) as usize;
+
+/// The kind of day a [`DailyCap`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DayWindow {
+    /// The calendar day in UTC: the count starts again at 00:00 UTC, whatever was spent at
+    /// 23:59. What invoices and most provider daily limits use; a tenant can spend twice
+    /// its cap in a few minutes around midnight.
+    CalendarUtc,
+    /// The last 24 hours, counted in 96 slots of 15 minutes: a spend counts until the slot it
+    /// fell in is 24 hours old. No 24 hours aligned to a quarter hour ever see more than the
+    /// cap; any 24 hours at most the cap plus one quarter hour's spending. No burst at
+    /// midnight.
+    Rolling,
+}
+
+impl fmt::Display for DayWindow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DayWindow::CalendarUtc => "calendar day (UTC)",
+            DayWindow::Rolling => "rolling 24 h",
+        })
+    }
+}
+
+/// At most `amount` of a dimension per day, for one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DailyCap {
+    pub(crate) dimension: Dimension,
+    pub(crate) amount: NonZeroU64,
+    pub(crate) window: DayWindow,
+}
+
+impl DailyCap {
+    /// At most `amount` of `dimension` in each `window`.
+    pub const fn new(dimension: Dimension, amount: NonZeroU64, window: DayWindow) -> Self {
+        Self {
+            dimension,
+            amount,
+            window,
+        }
+    }
+
+    /// The capped dimension.
+    pub const fn dimension(&self) -> Dimension {
+        self.dimension
+    }
+
+    /// The cap.
+    pub const fn amount(&self) -> NonZeroU64 {
+        self.amount
+    }
+
+    /// The kind of day.
+    pub const fn window(&self) -> DayWindow {
+        self.window
+    }
+}
 
 /// Where the calendar days of [`DayWindow::CalendarUtc`] come from: the wall time at one
 /// instant of tokio's clock, advanced by that clock. The wall time is read once, so a step of
@@ -158,8 +217,6 @@ impl DayCount {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quota::Dimension;
-    use std::num::NonZeroU64;
 
     fn cap(window: DayWindow) -> DayCount {
         DayCount::new(DailyCap::new(

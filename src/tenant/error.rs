@@ -2,21 +2,9 @@
 
 use std::fmt;
 
-use super::config::DayWindow;
+use super::daily::DayWindow;
 use super::path::Tenant;
 use crate::quota::Dimension;
-
-/// A tenant path that cannot be: empty, or with an empty segment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InvalidTenant(pub(crate) &'static str);
-
-impl fmt::Display for InvalidTenant {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "invalid tenant path: {}", self.0)
-    }
-}
-
-impl std::error::Error for InvalidTenant {}
 
 /// A tenant tree that cannot be enforced: a share outside `[0, 1]`, guarantees of siblings
 /// above their parent's whole, a cap below the guarantee.

@@ -7,28 +7,11 @@
 //!   `daily_cap`, `too_large`), the scope cut to the label depth.
 
 use super::error::{Refusal, TenantRefused};
-use super::path::Tenant;
-use super::tree::Tenants;
-use crate::cost::Cost;
 
-/// Counts a settlement's tokens as guaranteed or borrowed, for the label-depth node.
-pub(crate) fn settled(tenants: &mut Tenants, path: &Tenant, actual: &Cost, now: u64) {
-    let label = path.prefix(tenants.tree.label_depth).to_owned();
-    let amount = actual.amount(tenants.reference.0);
-    if amount == 0 {
-        return;
-    }
-    let share = match tenants.get_mut(path.as_str()) {
-        Some(node) if node.guaranteed > 0 => {
-            if node.meter.get(now) <= node.guaranteed {
-                "guaranteed"
-            } else {
-                "borrowed"
-            }
-        }
-        _ => "none",
-    };
-    metrics::counter!("llm_tenant_tokens_total", "tenant" => label, "share" => share)
+/// Counts a settlement's `amount` of tokens for `tenant` (the label-depth prefix of its
+/// path), as `share` (`guaranteed`, `borrowed` or `none`).
+pub(crate) fn settled(tenant: &str, share: &'static str, amount: u64) {
+    metrics::counter!("llm_tenant_tokens_total", "tenant" => tenant.to_owned(), "share" => share)
         .increment(amount);
 }
 

@@ -150,9 +150,9 @@ mod serde;
 mod snapshot;
 pub(crate) mod tree;
 
-pub use config::{DailyCap, DayWindow, TenantNode, TenantTree};
-pub use daily::WallClock;
-pub use error::{InvalidTenant, InvalidTree, Refusal, TenantRefused};
+pub use config::{TenantNode, TenantTree};
+pub use daily::{DailyCap, DayWindow, WallClock};
+pub use error::{InvalidTree, Refusal, TenantRefused};
 pub use handle::TenantHandle;
-pub use path::Tenant;
+pub use path::{InvalidTenant, Tenant};
 pub use snapshot::TenantSnapshot;

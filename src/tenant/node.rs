@@ -6,9 +6,11 @@ use std::task::Waker;
 
 use super::config::TenantNode;
 use super::daily::DayCount;
+use super::path::Tenant;
 use crate::budget::Floor;
 use crate::budget::store::{MemoryStore, ReservationId, Store};
 use crate::cost::Cost;
+use crate::priority::Priority;
 use crate::quota::{Dimension, Limit, Quota};
 
 const MINUTE: u64 = 60_000_000_000;
@@ -74,8 +76,8 @@ pub(crate) struct Node {
     pub(crate) weight: u32,
     /// Whether a configuration (its own or its depth's template) applies.
     pub(crate) configured: bool,
-    /// Requests waiting out of the ordering for this node's limits, by ticket.
-    pub(crate) parked: Vec<(u64, Waker)>,
+    /// Requests waiting out of the ordering for this node's limits.
+    pub(crate) parked: Vec<Parked>,
     /// When a request last took or settled on it (nanoseconds).
     touched_at: u64,
 }
@@ -225,8 +227,18 @@ impl Node {
 
     /// The parked requests' wakers, taken.
     pub(crate) fn unpark_all(&mut self) -> impl Iterator<Item = Waker> + '_ {
-        self.parked.drain(..).map(|(_, waker)| waker)
+        self.parked.drain(..).map(|parked| parked.waker)
     }
+}
+
+/// A request waiting out of the ordering for a node's limits: its ticket, class and path (for
+/// the snapshots' queue counts), and its waker.
+#[derive(Debug)]
+pub(crate) struct Parked {
+    pub(crate) ticket: u64,
+    pub(crate) priority: Priority,
+    pub(crate) path: Tenant,
+    pub(crate) waker: Waker,
 }
 
 /// The limits a node enforces: each of `parent`'s scaled by its most share (its borrowing

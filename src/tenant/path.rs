@@ -4,8 +4,6 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use super::error::InvalidTenant;
-
 /// The scopes a request belongs to, below the provider account: for example organisation /
 /// team / API key / model profile, written `acme/search/key-7/chat`.
 ///
@@ -32,6 +30,18 @@ use super::error::InvalidTenant;
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tenant(Arc<str>);
+
+/// A tenant path that cannot be: empty, or with an empty segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidTenant(pub(crate) &'static str);
+
+impl fmt::Display for InvalidTenant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid tenant path: {}", self.0)
+    }
+}
+
+impl std::error::Error for InvalidTenant {}
 
 /// The separator of a path's segments.
 const SEPARATOR: char = '/';

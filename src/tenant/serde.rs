@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::Error as _;
 
-use super::config::{DailyCap, DayWindow, TenantNode, TenantTree};
+use super::config::{TenantNode, TenantTree};
+use super::daily::{DailyCap, DayWindow};
 use super::path::Tenant;
 use crate::quota::{Dimension, Limit};
 

@@ -3,7 +3,7 @@
 use crate::budget::LimitSnapshot;
 use crate::priority::Priority;
 
-use super::config::DailyCap;
+use super::daily::DailyCap;
 use super::path::Tenant;
 
 /// One node of a tenant tree at one instant, from

@@ -10,13 +10,15 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use super::config::{DailyCap, TenantNode, TenantTree};
+use super::config::{TenantNode, TenantTree};
+use super::daily::DailyCap;
 use super::error::{Refusal, TenantRefused};
-use super::node::{Node, limits_of};
+use super::node::{Node, Parked, limits_of};
 use super::path::{Tenant, within};
 use crate::budget::Floor;
 use crate::budget::store::{LimitState, Store};
 use crate::cost::Cost;
+use crate::priority::Priority;
 use crate::quota::{Dimension, Limit};
 use crate::sched::Flow;
 
@@ -219,7 +221,28 @@ impl Tenants {
             }
         }
         #[cfg(feature = "metrics")]
-        super::metrics::settled(self, path, actual, now);
+        self.count_settled(path, actual, now);
+    }
+
+    /// Counts a settlement's tokens as guaranteed (the path's use of the last minute within
+    /// its guarantee) or borrowed, for the label-depth prefix of the path.
+    #[cfg(feature = "metrics")]
+    fn count_settled(&mut self, path: &Tenant, actual: &Cost, now: u64) {
+        let amount = actual.amount(self.reference.0);
+        if amount == 0 {
+            return;
+        }
+        let share = match self.live.get_mut(path.as_str()) {
+            Some(node) if node.guaranteed > 0 => {
+                if node.meter.get(now) <= node.guaranteed {
+                    "guaranteed"
+                } else {
+                    "borrowed"
+                }
+            }
+            _ => "none",
+        };
+        super::metrics::settled(path.prefix(self.tree.label_depth), share, amount);
     }
 
     /// The fair-share flow of `path`: its deepest configured node (else its top-level
@@ -250,18 +273,40 @@ impl Tenants {
 
     /// Parks a request blocked by the node at `depth` of `path` until it frees capacity;
     /// returns its ticket.
-    pub(crate) fn park(&mut self, path: &Tenant, depth: usize, waker: &Waker) -> u64 {
+    pub(crate) fn park(
+        &mut self,
+        path: &Tenant,
+        depth: usize,
+        priority: Priority,
+        waker: &Waker,
+    ) -> u64 {
         self.next_ticket += 1;
         let ticket = self.next_ticket;
         let node = self.node(path.prefix(depth));
-        node.parked.push((ticket, waker.clone()));
+        node.parked.push(Parked {
+            ticket,
+            priority,
+            path: path.clone(),
+            waker: waker.clone(),
+        });
         ticket
+    }
+
+    /// The requests at or below `scope` parked for a node's limits, by class.
+    pub(crate) fn parked_within(&self, scope: &Tenant) -> [usize; 3] {
+        let mut queued = [0; 3];
+        for parked in self.live.values().flat_map(|node| &node.parked) {
+            if parked.path.is_within(scope) {
+                queued[parked.priority.index()] += 1;
+            }
+        }
+        queued
     }
 
     /// Ends a parking.
     pub(crate) fn unpark(&mut self, path: &Tenant, depth: usize, ticket: u64) {
         if let Some(node) = self.live.get_mut(path.prefix(depth)) {
-            node.parked.retain(|(t, _)| *t != ticket);
+            node.parked.retain(|parked| parked.ticket != ticket);
         }
     }
 
@@ -346,12 +391,6 @@ impl Tenants {
                 .map(|day| (day.cap, day.used(unix)))
                 .collect(),
         }
-    }
-
-    /// The live node at `path`, if any.
-    #[cfg(feature = "metrics")]
-    pub(crate) fn get_mut(&mut self, path: &str) -> Option<&mut Node> {
-        self.live.get_mut(path)
     }
 
     /// Looks at the live node the sweep reached: forgotten if idle, else looked at later.

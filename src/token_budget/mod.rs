@@ -3,7 +3,7 @@
 //! [`TokenBudgetLayer`] reads the [`Cost`](crate::Cost) in each request's extensions, waits
 //! until the shared [`Budget`](crate::Budget) admits it, puts the
 //! [`Reservation`](crate::Reservation) into the request's extensions (as a
-//! [`ReservationSlot`](crate::ReservationSlot)) and calls the inner service.
+//! [`ReservationSlot`](crate::budget::ReservationSlot)) and calls the inner service.
 //!
 //! # Example
 //!
@@ -44,7 +44,7 @@
 //!   [`QueueConfig`](crate::QueueConfig) says), then by when it first entered (kept across
 //!   retries), then by arrival, from what a
 //!   [`PriorityQueueLayer`](crate::PriorityQueueLayer) outside stamped on it (or its own
-//!   [`Priority`](crate::Priority) and [`EnqueuedAt`](crate::EnqueuedAt)). Only the head is
+//!   [`Priority`](crate::Priority) and [`EnqueuedAt`](crate::queue::EnqueuedAt)). Only the head is
 //!   admitted, with every resource at once: the buckets its cost touches and, when the quota
 //!   caps calls in flight, a slot. Whatever binds, the next request served is the one the
 //!   ordering names — across every client and layer sharing the budget.

@@ -254,7 +254,7 @@ async fn tokens_and_slots_refill_independently() {
     let b = budget.try_reserve(Cost::new(10, 0)).unwrap();
     assert!(matches!(
         budget.try_reserve(Cost::new(10, 0)),
-        Err(tower_llm_quota::TryReserveError::NoSlot)
+        Err(tower_llm_quota::error::TryReserveError::NoSlot)
     ));
     let _ = a.refund();
     let c = budget.try_reserve(Cost::new(10, 0)).unwrap();

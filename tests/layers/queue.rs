@@ -9,8 +9,8 @@ use tokio_test::{assert_pending, task};
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::{
-    Budget, Cost, Deadline, Error, Priority, PriorityQueueLayer, QueueConfig, QueueHandle, Timings,
-    TokenBudgetLayer,
+    Budget, Cost, Deadline, Error, Priority, PriorityQueueLayer, QueueConfig, Timings,
+    TokenBudgetLayer, queue::QueueHandle,
 };
 
 use crate::support::{levels, tokens_10_per_sec};

@@ -10,8 +10,8 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use tokio_test::{assert_pending, assert_ready, task};
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::{
-    BodyEnd, Budget, Cost, Dimension, ExtractUsage, Reconcile, ReconcileLayer, ScanUsage,
-    TokenBudgetLayer, Usage,
+    Budget, Cost, Dimension, ReconcileLayer, TokenBudgetLayer, Usage,
+    reconcile::{BodyEnd, ExtractUsage, Reconcile, ScanUsage},
 };
 
 use crate::support::{budget, levels, limit, request_with, tokens_10_per_sec};
@@ -51,7 +51,7 @@ async fn through_budget<C, B>(
     budget: &Budget,
     client: C,
     cost: Cost,
-) -> Response<tower_llm_quota::ReconcileBody<B, tower_llm_quota::reconcile::NoScan>>
+) -> Response<tower_llm_quota::reconcile::ReconcileBody<B, tower_llm_quota::reconcile::NoScan>>
 where
     C: Service<Request<&'static str>, Response = Response<B>, Error = Infallible> + Clone,
 {
@@ -238,10 +238,11 @@ async fn the_reservation_is_held_until_the_stream_ends_even_across_refill() {
         100,
     )]);
     let (client, tx) = streaming_client(Some(Usage::new(0, 100)));
-    let mut service: tower_llm_quota::TokenBudget<Reconcile<_, _>> = ServiceBuilder::new()
-        .layer(TokenBudgetLayer::new(budget.clone()))
-        .layer(ReconcileLayer::new())
-        .service(client);
+    let mut service: tower_llm_quota::token_budget::TokenBudget<Reconcile<_, _>> =
+        ServiceBuilder::new()
+            .layer(TokenBudgetLayer::new(budget.clone()))
+            .layer(ReconcileLayer::new())
+            .service(client);
     let response = service
         .ready()
         .await

@@ -4,7 +4,9 @@ use http::{Request, Response};
 use tokio::time;
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
 use tower::{Layer, Service, ServiceExt};
-use tower_llm_quota::{Cost, MissingCost, ReservationSlot, TokenBudget, TokenBudgetLayer};
+use tower_llm_quota::{
+    Cost, MissingCost, TokenBudgetLayer, budget::ReservationSlot, token_budget::TokenBudget,
+};
 use tower_test::mock;
 
 use crate::support::{CountReady, levels, request_with, tokens_10_per_sec};

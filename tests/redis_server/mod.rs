@@ -1,4 +1,9 @@
-//! A private `redis-server` on a free loopback port, which a test may kill and restart.
+//! A private `redis-server` on a free loopback port, which a test may kill and restart, and
+//! a private Redis Cluster of such servers ([`cluster`]).
+
+// Only the cluster tests and benchmark use it.
+#[allow(dead_code)]
+pub(crate) mod cluster;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -8,19 +13,42 @@ use std::time::Duration;
 /// A `redis-server` child process; killed when dropped.
 pub(crate) struct RedisServer {
     port: u16,
+    /// Options after the port and before the defaults, kept for a restart.
+    options: Vec<String>,
     child: Option<Child>,
+}
+
+/// A loopback port nobody listens on now.
+pub(crate) fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free loopback port")
+        .port()
 }
 
 impl RedisServer {
     /// Starts a server that keeps nothing on disk, on a free port.
+    #[allow(dead_code)] // The cluster tests start theirs with options.
     pub(crate) fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free loopback port")
-            .port();
-        let mut server = Self { port, child: None };
+        Self::start_with(free_port(), Vec::new())
+    }
+
+    /// Starts a server on `port` with more `options` (`--name value` pairs), kept for its
+    /// restarts.
+    pub(crate) fn start_with(port: u16, options: Vec<String>) -> Self {
+        let mut server = Self {
+            port,
+            options,
+            child: None,
+        };
         server.restart();
         server
+    }
+
+    /// Its port.
+    #[allow(dead_code)] // Not every test asks.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
     }
 
     /// `redis://127.0.0.1:<port>`
@@ -36,11 +64,35 @@ impl RedisServer {
         }
     }
 
+    /// Stops the server with SIGSTOP: connections stay open and nothing answers until
+    /// [`resume`](Self::resume).
+    #[allow(dead_code)] // Only some of the tests that include this module pause it.
+    pub(crate) fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused server run again with SIGCONT.
+    #[allow(dead_code)]
+    pub(crate) fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status()
+                .expect("kill(1) runs");
+            assert!(status.success(), "kill {signal} failed");
+        }
+    }
+
     /// Starts the server again on the same port (empty: nothing was saved).
     pub(crate) fn restart(&mut self) {
         self.kill();
         let mut child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(&self.options)
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -68,6 +120,12 @@ impl RedisServer {
 
     /// Sends one inline command and returns the first line of the reply ("" if none).
     pub(crate) fn command(&self, command: &str) -> String {
+        self.reply(command).lines().next().unwrap_or("").to_owned()
+    }
+
+    /// Sends one inline command and returns its reply as read at once (up to 4 kB; "" if
+    /// none).
+    pub(crate) fn reply(&self, command: &str) -> String {
         let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return String::new();
         };
@@ -80,11 +138,7 @@ impl RedisServer {
         }
         let mut reply = [0u8; 4096];
         let n = stream.read(&mut reply).unwrap_or(0);
-        String::from_utf8_lossy(&reply[..n])
-            .lines()
-            .next()
-            .unwrap_or("")
-            .to_owned()
+        String::from_utf8_lossy(&reply[..n]).into_owned()
     }
 }
 

@@ -111,7 +111,7 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
 }
 
 /// The answer of a governed stack.
-type Answer = Result<http::Response<QuotaBody<UpBody>>, BoxError>;
+type Answer = Result<http::Response<QuotaBody<UpBody>>, Error>;
 
 /// The stack's answer, as a boxed `Send` future (its type names the whole stack).
 fn send(
@@ -179,11 +179,8 @@ pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool, Option<St
 }
 
 /// The normalized refusal for an error of the governed stack.
-fn stack_error(account: &Account, error: &BoxError) -> Refusal {
+fn stack_error(account: &Account, error: &Error) -> Refusal {
     let scope = format!("account:{}", account.name);
-    let Some(error) = error.downcast_ref::<Error>() else {
-        return upstream_failure(&scope, &error.to_string());
-    };
     if let Some(refused) = error.tenant_refused() {
         return tenancy::refused(refused);
     }

@@ -14,8 +14,9 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tower_llm_quota::budget::LimitSnapshot;
 use tower_llm_quota::tenant::{Refusal as Why, Tenant, TenantHandle, TenantNode, TenantRefused};
-use tower_llm_quota::{Cost, Dimension, Limit, LimitSnapshot, Priority};
+use tower_llm_quota::{Cost, Dimension, Limit, Priority};
 
 use super::config::ConfigError;
 use super::refusal::{Refusal, limit_name};

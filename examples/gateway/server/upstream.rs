@@ -14,12 +14,14 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
+use tower_llm_quota::budget::FailurePolicy;
 use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::provider::Profile;
+use tower_llm_quota::queue::QueueHandle;
 use tower_llm_quota::sim::{SimConfig, Simulator};
 use tower_llm_quota::stack::{QuotaService, QuotaStack};
 use tower_llm_quota::tenant::{TenantHandle, TenantTree};
-use tower_llm_quota::{BoxError, Budget, FailurePolicy, QueueHandle};
+use tower_llm_quota::{BoxError, Budget};
 
 use super::config::{AccountConfig, Api, ConfigError, ProfileName};
 

@@ -68,26 +68,46 @@
 //! request waits longer than the timeout for Redis, and a deadline set on the request still
 //! holds. Replication to a replica is asynchronous: a failover may lose the last writes, at
 //! most about one burst per limit.
+//!
+//! # Redis Cluster
+//!
+//! [`RedisBudget::cluster`] connects through redis-rs's cluster client, given the addresses of
+//! some of the nodes; [`RedisBudget::new`] connects to one server (or a proxy). Every key of one
+//! quota shares the hash tag `{<quota key>}`, so every script touches one slot and runs on the
+//! primary holding it: accounts spread over the primaries, and each account is one hot slot by
+//! design (its admissions are serialised there, which is what makes them exact). `connect`
+//! refuses a [prefix](RedisBudget::prefix) whose braces would move keys of one script to
+//! different slots; a prefix with its own tag (`{app}`) puts every account in one slot.
+//!
+//! When a node fails, only the accounts in its slots are affected: their calls fail or time
+//! out, so their budgets move to the failure policy (a local share, or refusals) within the
+//! timeout, while accounts on the other primaries keep working through Redis (with
+//! `cluster-require-full-coverage no` on the servers; with the default `yes` the whole cluster
+//! stops answering until the slots are served again). The client reads the slot map again
+//! after a lost connection or a `MOVED` reply, so once a replica is promoted or the node is
+//! back, the breaker's next probe finds it and the budget returns to Redis; a promoted replica
+//! without the scripts loads them on the first `NOSCRIPT`. The writes a failed primary had not
+//! yet replicated are lost, as above.
 
+pub(crate) mod connection;
 mod keys;
 mod store;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
-
 use super::Budget;
 use super::remote::FailurePolicy;
 use super::shared::RemoteOptions;
 use crate::quota::Quota;
+use connection::{Servers, Timeouts};
 use keys::Keys;
 use store::RedisStore;
 
 /// Builds a [`Budget`] kept in Redis; see the [module documentation](self).
 #[derive(Debug, Clone)]
 pub struct RedisBudget {
-    url: String,
+    servers: Servers,
     quota_key: String,
     prefix: String,
     timeout: Duration,
@@ -101,9 +121,43 @@ impl RedisBudget {
     /// A budget in the Redis server at `url`, under `quota_key`: the provider account (or any
     /// name) whose quota every process naming it shares.
     pub fn new(url: impl Into<String>, quota_key: impl Into<String>) -> Self {
+        Self::with_servers(Servers::Node(url.into()), quota_key.into())
+    }
+
+    /// A budget in a Redis Cluster, under `quota_key`: `nodes` are addresses of some of its
+    /// nodes (`redis://host:port`), from which the cluster client learns the others and which
+    /// node holds which slot. Every key of one quota shares its hash tag, so each script runs
+    /// on the one primary that holds the quota's slot; see
+    /// [Redis Cluster](self#redis-cluster).
+    ///
+    /// ```no_run
+    /// # use std::num::NonZeroU64;
+    /// # use tower_llm_quota::budget::redis::RedisBudget;
+    /// # use tower_llm_quota::{Dimension, Limit, Quota};
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let quota = Quota::new()
+    /// #     .with_limit(Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(30_000).unwrap()));
+    /// let budget = RedisBudget::cluster(
+    ///     ["redis://10.0.0.5:7000", "redis://10.0.0.6:7000", "redis://10.0.0.7:7000"],
+    ///     "openai-org-1",
+    /// )
+    /// .connect(&quota)
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn cluster<N: Into<String>>(
+        nodes: impl IntoIterator<Item = N>,
+        quota_key: impl Into<String>,
+    ) -> Self {
+        let nodes = nodes.into_iter().map(Into::into).collect();
+        Self::with_servers(Servers::Cluster(nodes), quota_key.into())
+    }
+
+    fn with_servers(servers: Servers, quota_key: String) -> Self {
         Self {
-            url: url.into(),
-            quota_key: quota_key.into(),
+            servers,
+            quota_key,
             prefix: "llmq".to_owned(),
             timeout: Duration::from_millis(50),
             policy: FailurePolicy::default(),
@@ -113,7 +167,9 @@ impl RedisBudget {
         }
     }
 
-    /// The prefix of every key (default `llmq`).
+    /// The prefix of every key (default `llmq`). On a cluster, braces in it must not make an
+    /// empty hash tag (`{}`), which would hash each key whole: [`RedisBudget::connect`]
+    /// refuses it. A prefix with a tag of its own (`{app}`) puts every account in one slot.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
         self
@@ -157,23 +213,33 @@ impl RedisBudget {
     /// Connects and loads the scripts, then returns the budget. Must be called within a tokio
     /// runtime.
     ///
-    /// Fails on an invalid URL; when Redis does not answer, fails only under
-    /// [`FailurePolicy::FailClosed`]: with a local fallback the budget starts on it and moves
-    /// to Redis when Redis answers.
+    /// # Errors
+    ///
+    /// Fails on an invalid URL, on a cluster without nodes, and on a cluster when braces in
+    /// the [prefix](RedisBudget::prefix) would put keys of one script in different slots (all
+    /// [`ErrorKind::InvalidClientConfig`](::redis::ErrorKind::InvalidClientConfig)). When
+    /// Redis does not answer, fails only under [`FailurePolicy::FailClosed`]: with a local
+    /// fallback the budget starts on it and moves to Redis when Redis answers.
     pub async fn connect(self, quota: &Quota) -> Result<Budget, ::redis::RedisError> {
-        let client = ::redis::Client::open(self.url.as_str())?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.timeout.max(Duration::from_millis(100))))
-            .set_response_timeout(Some(self.timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(100));
-        let connection = ConnectionManager::new_lazy_with_config(client, config)?;
-        let store = RedisStore::new(
-            connection,
-            Keys::new(&self.prefix, &self.quota_key),
-            self.lease,
-        );
+        let keys = Keys::new(&self.prefix, &self.quota_key);
+        if self.servers.is_cluster() {
+            // Every key a script may touch: each limit's bucket and hold, and a record.
+            let record = keys.record("0");
+            let limits = quota.limits();
+            let buckets = limits.iter().map(|l| keys.bucket(l));
+            let holds = limits.iter().map(|l| keys.hold(l));
+            let all: Vec<String> = std::iter::once(record)
+                .chain(buckets)
+                .chain(holds)
+                .collect();
+            connection::same_slot(all.iter().map(String::as_str))?;
+        }
+        let connection = self.servers.connect_lazy(Timeouts {
+            connect: self.timeout.max(Duration::from_millis(100)),
+            response: self.timeout,
+            max_delay: Duration::from_millis(100),
+        })?;
+        let store = RedisStore::new(connection, keys, self.lease);
         let mut reachable = false;
         match tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), store.load()).await
         {

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::Script;
-use ::redis::aio::ConnectionManager;
 
+use super::connection::Connection;
 use super::keys::{Keys, Rate};
 use crate::budget::bucket::Floor;
 use crate::budget::remote::{
@@ -58,7 +58,7 @@ impl Scripts {
 /// restart, a failover, a `SCRIPT FLUSH`).
 #[derive(Debug)]
 pub(super) struct RedisStore {
-    connection: ConnectionManager,
+    connection: Connection,
     keys: Keys,
     lease_ms: u64,
     tombstone_ms: u64,
@@ -66,7 +66,7 @@ pub(super) struct RedisStore {
 }
 
 impl RedisStore {
-    pub(super) fn new(connection: ConnectionManager, keys: Keys, lease: Duration) -> Self {
+    pub(super) fn new(connection: Connection, keys: Keys, lease: Duration) -> Self {
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1);
         Self {
             connection,
@@ -80,7 +80,8 @@ impl RedisStore {
         }
     }
 
-    /// Loads every script: a health check that exercises the scripting engine, not a PING.
+    /// Loads every script: a health check that exercises the scripting engine and reaches the
+    /// node of the quota's keys, not a PING.
     pub(super) async fn load(&self) -> Result<(), ::redis::RedisError> {
         let mut connection = self.connection.clone();
         for script in [
@@ -90,6 +91,12 @@ impl RedisStore {
         ] {
             script.prepare_invoke().load_async(&mut connection).await?;
         }
+        // A cluster loads the scripts on every primary that answers: ask the one holding this
+        // quota's slot too.
+        let _: bool = ::redis::cmd("EXISTS")
+            .arg(self.keys.record("0"))
+            .query_async(&mut connection)
+            .await?;
         Ok(())
     }
 }
@@ -116,7 +123,7 @@ impl Call {
     async fn run<T: ::redis::FromRedisValue>(
         self,
         script: &Script,
-        connection: &mut ConnectionManager,
+        connection: &mut Connection,
     ) -> Result<T, StoreUnavailable> {
         let mut invocation = script.prepare_invoke();
         for key in &self.keys {

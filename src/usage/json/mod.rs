@@ -11,6 +11,11 @@
 //! skipped unread); a string is a key if it comes first in an object or after a `,` there, a
 //! value otherwise. A closing bracket that does not match stops the scan; whatever was
 //! reported before stays reported. A captured object is for the visitor to validate.
+//!
+//! # Length
+//!
+//! The scanner's structural state machine is one `match` over its modes; strings (found whole
+//! or resumed across pieces) are in `strings.rs`, the byte search in `search.rs`.
 
 /// Nesting levels whose path is tracked; containers deeper than this are skipped whole.
 pub(super) const MAX_DEPTH: usize = 8;
@@ -98,9 +103,10 @@ enum Escape {
     },
 }
 
+mod search;
 mod strings;
 
-use strings::string_end;
+use search::string_end;
 
 /// The bytes that matter outside strings.
 const STRUCTURAL: [bool; 256] = {

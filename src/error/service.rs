@@ -1,213 +1,15 @@
-//! Errors: the crate-level [`Error`] and the typed answers of [`Budget::try_reserve`].
-//!
-//! [`Budget::try_reserve`]: crate::Budget::try_reserve
+//! The crate-level [`Error`]: a local decision, or the inner service's failure.
 
 use std::fmt;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
-use crate::budget::StoreUnavailable;
+use super::capacity::InsufficientCapacity;
 use crate::priority::Priority;
-use crate::quota::Dimension;
-use crate::retry::RetryReport;
+use crate::retry::{GaveUp, RetryReport};
 use crate::tenant::TenantRefused;
 
 /// A boxed error, as tower services return.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// A cost larger than a bucket's capacity: it can never be admitted, however long it waits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InsufficientCapacity {
-    pub(crate) dimension: Dimension,
-    pub(crate) period: Duration,
-    pub(crate) cost: u64,
-    pub(crate) capacity: u64,
-}
-
-impl InsufficientCapacity {
-    /// The dimension whose bucket is too small.
-    pub fn dimension(&self) -> Dimension {
-        self.dimension
-    }
-
-    /// The period of the limit whose bucket is too small.
-    pub fn period(&self) -> Duration {
-        self.period
-    }
-
-    /// The amount the request asked for in that dimension.
-    pub fn cost(&self) -> u64 {
-        self.cost
-    }
-
-    /// The bucket's capacity: the most it admits at once.
-    pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
-}
-
-impl fmt::Display for InsufficientCapacity {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "a cost of {} {} exceeds the capacity of {} of the limit per {:?}",
-            self.cost, self.dimension, self.capacity, self.period
-        )
-    }
-}
-
-impl std::error::Error for InsufficientCapacity {}
-
-/// Not admitted yet: the cost fits no earlier than [`NotUntil::earliest`].
-///
-/// The time is a lower bound: it accounts for the requests already waiting in the budget's
-/// queue, but a settlement with debt or a lowered limit may push it later, and a refund may
-/// bring it sooner.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct NotUntil {
-    pub(crate) at: Instant,
-    pub(crate) dimension: Dimension,
-    pub(crate) period: Duration,
-}
-
-impl NotUntil {
-    /// The earliest instant at which the cost may be admitted.
-    pub fn earliest(&self) -> Instant {
-        self.at
-    }
-
-    /// How long to wait from `now`.
-    pub fn wait_time_from(&self, now: Instant) -> Duration {
-        self.at.saturating_duration_since(now)
-    }
-
-    /// The dimension that has to refill the longest.
-    pub fn dimension(&self) -> Dimension {
-        self.dimension
-    }
-
-    /// The period of the limit that has to refill the longest.
-    pub fn period(&self) -> Duration {
-        self.period
-    }
-}
-
-impl fmt::Display for NotUntil {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "not enough {} in the limit per {:?} yet",
-            self.dimension, self.period
-        )
-    }
-}
-
-impl std::error::Error for NotUntil {}
-
-/// Why [`Budget::try_reserve`](crate::Budget::try_reserve) admitted nothing.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum TryReserveError {
-    /// Not yet: retry at the time it names.
-    NotYet(NotUntil),
-    /// Every in-flight slot of the quota is taken: retry when a call ends.
-    NoSlot,
-    /// Never: the cost exceeds a bucket's capacity.
-    Never(InsufficientCapacity),
-    /// The budget is shared through a store that a synchronous call cannot ask.
-    Unavailable(StoreUnavailable),
-    /// A scope of the tenant path refused it (paused, its day spent, too large for it).
-    Tenant(TenantRefused),
-}
-
-impl fmt::Display for TryReserveError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            TryReserveError::NotYet(e) => e.fmt(f),
-            TryReserveError::NoSlot => f.write_str("every in-flight slot is taken"),
-            TryReserveError::Never(e) => e.fmt(f),
-            TryReserveError::Unavailable(e) => e.fmt(f),
-            TryReserveError::Tenant(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for TryReserveError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            TryReserveError::NotYet(e) => Some(e),
-            TryReserveError::NoSlot => None,
-            TryReserveError::Never(e) => Some(e),
-            TryReserveError::Unavailable(e) => Some(e),
-            TryReserveError::Tenant(e) => Some(e),
-        }
-    }
-}
-
-/// Why [`Budget::reserve`](crate::Budget::reserve) admitted nothing.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum ReserveError {
-    /// The cost exceeds a bucket's capacity: it can never be admitted.
-    TooLarge(InsufficientCapacity),
-    /// The budget's shared store did not answer and its
-    /// [`FailurePolicy`](crate::budget::FailurePolicy) is to refuse (or the local fallback
-    /// share cannot pay the cost).
-    Unavailable(StoreUnavailable),
-    /// The budget's ordering holds as many waiting requests as the request's
-    /// [`QueueConfig`](crate::QueueConfig) allows.
-    QueueFull {
-        /// The request's class.
-        priority: Priority,
-        /// The depth it would exceed.
-        depth: usize,
-    },
-    /// A scope of the tenant path refused it (paused, its day spent, too large for it).
-    Tenant(TenantRefused),
-}
-
-impl ReserveError {
-    /// The bucket that is too small, when the cost can never be admitted.
-    pub fn insufficient_capacity(&self) -> Option<&InsufficientCapacity> {
-        match self {
-            ReserveError::TooLarge(e) => Some(e),
-            _ => None,
-        }
-    }
-
-    /// The scope that refused it, when a node of its tenant path did.
-    pub fn tenant_refused(&self) -> Option<&TenantRefused> {
-        match self {
-            ReserveError::Tenant(e) => Some(e),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for ReserveError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ReserveError::TooLarge(e) => e.fmt(f),
-            ReserveError::Unavailable(e) => e.fmt(f),
-            ReserveError::QueueFull { priority, depth } => {
-                write!(f, "{depth} requests already wait (class {priority})")
-            }
-            ReserveError::Tenant(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for ReserveError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            ReserveError::TooLarge(e) => Some(e),
-            ReserveError::Unavailable(e) => Some(e),
-            ReserveError::QueueFull { .. } => None,
-            ReserveError::Tenant(e) => Some(e),
-        }
-    }
-}
 
 /// The error of this crate's services.
 ///
@@ -228,7 +30,8 @@ struct Inner {
 #[derive(Debug)]
 enum Kind {
     TooLarge(InsufficientCapacity),
-    StoreUnavailable(StoreUnavailable),
+    /// The source is the [`StoreUnavailable`](crate::budget::StoreUnavailable).
+    StoreUnavailable,
     MissingCost,
     DeadlineExceeded {
         priority: Option<Priority>,
@@ -239,7 +42,10 @@ enum Kind {
         depth: usize,
     },
     GaveUp(RetryReport),
-    Tenant(TenantRefused),
+    /// The source is the error of the caller's request body.
+    RequestBody,
+    /// The source is the [`TenantRefused`].
+    Tenant,
     Inner,
 }
 
@@ -248,6 +54,17 @@ impl Error {
         Self {
             inner: Box::new(Inner { kind, source }),
         }
+    }
+
+    /// The budget's shared store did not answer: `unavailable` is its
+    /// [`StoreUnavailable`](crate::budget::StoreUnavailable).
+    pub(crate) fn store_unavailable(unavailable: BoxError) -> Self {
+        Self::new(Kind::StoreUnavailable, Some(unavailable))
+    }
+
+    /// A scope of the tenant path refused the request: `refused` is its [`TenantRefused`].
+    pub(crate) fn tenant_refused_by(refused: BoxError) -> Self {
+        Self::new(Kind::Tenant, Some(refused))
     }
 
     pub(crate) fn missing_cost() -> Self {
@@ -264,6 +81,11 @@ impl Error {
 
     pub(crate) fn gave_up(report: RetryReport, last: BoxError) -> Self {
         Self::new(Kind::GaveUp(report), Some(last))
+    }
+
+    /// The caller's request body failed while a layer read it.
+    pub(crate) fn request_body(error: BoxError) -> Self {
+        Self::new(Kind::RequestBody, Some(error))
     }
 
     /// Wraps an inner service's error, unless it already is an [`Error`] of this crate (an
@@ -295,6 +117,12 @@ impl Error {
         }
     }
 
+    /// Whether the caller's request body failed while the estimation layer read it (nothing
+    /// was sent); [`source`](std::error::Error::source) is the body's error.
+    pub fn is_request_body(&self) -> bool {
+        matches!(self.inner.kind, Kind::RequestBody)
+    }
+
     /// Whether the inner service failed; [`source`](std::error::Error::source) is its error.
     pub fn is_inner(&self) -> bool {
         matches!(self.inner.kind, Kind::Inner)
@@ -308,7 +136,7 @@ impl Error {
     /// Whether the budget's shared store (Redis) did not answer in time and the budget's
     /// [`FailurePolicy`](crate::budget::FailurePolicy) is to refuse rather than fall back.
     pub fn is_store_unavailable(&self) -> bool {
-        matches!(self.inner.kind, Kind::StoreUnavailable(_))
+        matches!(self.inner.kind, Kind::StoreUnavailable)
     }
 
     /// Whether the request had no [`Cost`](crate::Cost) and the layer was set to refuse it.
@@ -352,26 +180,19 @@ impl Error {
         }
     }
 
-    /// The same failure as a normalized [`RateLimitError`](crate::provider::RateLimitError),
-    /// when it is a local rate-limit refusal (a cost that never fits, a deadline passed while
-    /// waiting, a full queue).
-    pub fn rate_limit(&self) -> Option<crate::provider::RateLimitError> {
-        crate::provider::RateLimitError::from_local(self)
+    /// The scope of the tenant path that refused the request (paused, its day spent, too
+    /// large for it), when one did.
+    pub fn tenant_refused(&self) -> Option<&TenantRefused> {
+        match self.inner.kind {
+            Kind::Tenant => self.inner.source.as_deref()?.downcast_ref(),
+            _ => None,
+        }
     }
 
     /// The bucket that is too small, when [`Error::is_too_large`].
     pub fn insufficient_capacity(&self) -> Option<&InsufficientCapacity> {
         match &self.inner.kind {
             Kind::TooLarge(e) => Some(e),
-            _ => None,
-        }
-    }
-
-    /// The scope of the tenant path that refused the request (paused, its day spent, too
-    /// large for it), when one did.
-    pub fn tenant_refused(&self) -> Option<&TenantRefused> {
-        match &self.inner.kind {
-            Kind::Tenant(e) => Some(e),
             _ => None,
         }
     }
@@ -391,17 +212,6 @@ impl From<InsufficientCapacity> for Error {
     }
 }
 
-impl From<ReserveError> for Error {
-    fn from(e: ReserveError) -> Self {
-        match e {
-            ReserveError::TooLarge(e) => e.into(),
-            ReserveError::Unavailable(e) => Self::new(Kind::StoreUnavailable(e), None),
-            ReserveError::QueueFull { priority, depth } => Self::queue_full(priority, depth),
-            ReserveError::Tenant(e) => Self::new(Kind::Tenant(e), None),
-        }
-    }
-}
-
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("tower_llm_quota::Error");
@@ -417,7 +227,10 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner.kind {
             Kind::TooLarge(e) => write!(f, "rejected locally: {e}"),
-            Kind::StoreUnavailable(e) => write!(f, "rejected locally: {e}"),
+            Kind::StoreUnavailable => match &self.inner.source {
+                Some(e) => write!(f, "rejected locally: {e}"),
+                None => f.write_str("rejected locally: the shared quota store is unavailable"),
+            },
             Kind::MissingCost => f.write_str("rejected locally: the request carries no cost"),
             Kind::DeadlineExceeded {
                 priority: Some(priority),
@@ -441,9 +254,13 @@ impl fmt::Display for Error {
                 f,
                 "gave up after {} attempts: {}",
                 report.attempts(),
-                report.gave_up().unwrap_or(crate::retry::GaveUp::Permanent)
+                report.gave_up().unwrap_or(GaveUp::Permanent)
             ),
-            Kind::Tenant(e) => write!(f, "rejected locally: {e}"),
+            Kind::RequestBody => f.write_str("rejected locally: the request body failed"),
+            Kind::Tenant => match self.tenant_refused() {
+                Some(refused) => write!(f, "rejected locally: {refused}"),
+                None => f.write_str("rejected locally by a tenant scope"),
+            },
             Kind::Inner => f.write_str("inner service failed"),
         }
     }
@@ -453,7 +270,6 @@ impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.inner.kind {
             Kind::TooLarge(e) => Some(e),
-            Kind::Tenant(e) => Some(e),
             _ => self
                 .inner
                 .source
@@ -466,6 +282,7 @@ impl std::error::Error for Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quota::Dimension;
 
     #[test]
     fn error_is_one_pointer() {
