@@ -1,0 +1,94 @@
+//! A multi-tenant OpenAI- and Anthropic-compatible gateway on axum, governed by this crate's
+//! stack: per-tenant limits, one budget per provider account, normalized refusals, a quota
+//! API, Prometheus metrics and a live status page.
+//!
+//! ```sh
+//! cargo run --release --example gateway                       # the demo: simulated providers
+//! cargo run --release --example gateway -- --config gateway.toml --redis-url redis://127.0.0.1/
+//! ```
+//!
+//! Without `--config` it runs `demo.toml` (beside this file) against the crate's simulated
+//! provider in process, and prints the demo keys and two `curl` lines to try.
+
+mod server;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use server::config::Config;
+use server::{Gateway, serve};
+use tokio::net::TcpListener;
+
+/// The gateway's command line.
+#[derive(Debug, Parser)]
+#[command(about = "A quota-aware LLM gateway")]
+struct Args {
+    /// The configuration (TOML); the demo when absent.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The address to listen on, over the configuration's.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Share every account's quota with the other replicas through this Redis.
+    #[arg(long)]
+    redis_url: Option<String>,
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+async fn stop_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let demo = args.config.is_none();
+    let config = match &args.config {
+        Some(path) => Config::from_toml(&std::fs::read_to_string(path)?)?,
+        None => Config::from_toml(include_str!("demo.toml"))?,
+    };
+    let listen = args.listen.unwrap_or(config.server.listen);
+    let gateway = Gateway::new(&config, args.redis_url.as_deref()).await?;
+    let listener = TcpListener::bind(listen).await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    if args.redis_url.is_some() {
+        println!("quotas and tenant limits shared through Redis; pause a tenant on every replica");
+    }
+    println!("gateway listening on {url} (status page at {url}/, metrics at {url}/metrics)");
+    if demo {
+        println!("demo keys (tenant, default class):");
+        for key in &config.keys {
+            let secret = key.key.as_deref().unwrap_or("(from the environment)");
+            println!("  {secret:<24} {} ({:?})", key.tenant, key.default_class);
+        }
+        let admin = config.server.admin_token.as_deref().unwrap_or("");
+        println!("try:");
+        println!(
+            "  curl -s {url}/v1/chat/completions -H 'authorization: Bearer demo-key-acme-search' \
+             -H 'content-type: application/json' \
+             -d '{{\"model\":\"gpt-4o-mini\",\"max_tokens\":50,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'"
+        );
+        println!("  curl -s {url}/admin/tenants -H 'authorization: Bearer {admin}'");
+    }
+    serve(gateway, listener, stop_signal()).await?;
+    println!("gateway stopped");
+    Ok(())
+}

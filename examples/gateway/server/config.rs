@@ -1,0 +1,347 @@
+//! The gateway's configuration: a TOML file (serde), or the demo built in.
+//!
+//! ```toml
+//! [server]
+//! listen = "127.0.0.1:8080"
+//! admin_token_env = "GATEWAY_ADMIN_TOKEN"
+//! max_body_bytes = 1048576
+//!
+//! [[accounts]]
+//! name = "openai-main"
+//! base_url = "http://127.0.0.1:4000"   # or "sim": the simulated provider, in process
+//! key_env = "OPENAI_API_KEY"
+//! profile = "openai"                   # openai | anthropic | azure_openai | groq
+//! apis = ["chat", "responses"]         # chat | responses | messages
+//! quota = { requests_per_minute = 500, tokens_per_minute = 200000, max_in_flight = 64 }
+//!
+//! [tenants.nodes."acme/search"]
+//! weight = 3
+//! guarantee = 0.5
+//! limits = [{ dimension = "total_tokens", amount = 60000, period_seconds = 60 }]
+//!
+//! [[keys]]
+//! name = "acme-search-web"
+//! key_env = "ACME_SEARCH_KEY"
+//! tenant = "acme/search"
+//! default_class = "interactive"
+//! allow_priority_header = true
+//! ```
+
+use std::net::SocketAddr;
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use std::collections::BTreeSet;
+
+use serde::Deserialize;
+use tower_llm_quota::tenant::{Tenant, TenantTree};
+use tower_llm_quota::{Dimension, Limit, Priority, Quota};
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Config {
+    #[serde(default)]
+    pub(crate) server: ServerConfig,
+    pub(crate) accounts: Vec<AccountConfig>,
+    /// The tenant tree, in the crate's format (`tower_llm_quota::tenant`'s configuration
+    /// file): `default_tenant`, `label_depth`, `nodes`, `templates`.
+    #[serde(default)]
+    pub(crate) tenants: toml::Table,
+    pub(crate) keys: Vec<KeyConfig>,
+}
+
+/// Where the gateway listens and what it accepts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ServerConfig {
+    #[serde(default = "default_listen")]
+    #[allow(dead_code, reason = "read by main.rs; the tests bind their own port")]
+    pub(crate) listen: SocketAddr,
+    /// The admin API's bearer token, read from this environment variable.
+    pub(crate) admin_token_env: Option<String>,
+    /// The admin token itself (the demo's); prefer `admin_token_env`.
+    pub(crate) admin_token: Option<String>,
+    /// The largest request body accepted (413 above).
+    #[serde(default = "default_max_body")]
+    pub(crate) max_body_bytes: usize,
+    /// Refuse (503) rather than admit locally when the shared store is unreachable.
+    #[serde(default = "default_true")]
+    pub(crate) fail_closed: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: default_listen(),
+            admin_token_env: None,
+            admin_token: None,
+            max_body_bytes: default_max_body(),
+            fail_closed: true,
+        }
+    }
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+
+fn default_max_body() -> usize {
+    1 << 20
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// The APIs the gateway serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Api {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/responses`.
+    Responses,
+    /// `POST /v1/messages`.
+    Messages,
+}
+
+impl Api {
+    pub(crate) const ALL: [Api; 3] = [Api::Chat, Api::Responses, Api::Messages];
+
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Responses => "/v1/responses",
+            Api::Messages => "/v1/messages",
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Responses => "responses",
+            Api::Messages => "messages",
+        }
+    }
+}
+
+/// One provider account: where it is, its key, its profile, its quota.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AccountConfig {
+    pub(crate) name: String,
+    /// `http://host:port` of the provider, or `sim` for the in-process simulator.
+    pub(crate) base_url: String,
+    /// The environment variable holding the provider key (never logged).
+    pub(crate) key_env: Option<String>,
+    /// The provider key itself; prefer `key_env`.
+    pub(crate) key: Option<String>,
+    pub(crate) profile: ProfileName,
+    pub(crate) apis: Vec<Api>,
+    pub(crate) quota: Limits,
+    /// The simulator's latency, when `base_url` is `sim`.
+    #[serde(default)]
+    pub(crate) sim: SimLatency,
+}
+
+/// How fast the in-process simulator answers.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SimLatency {
+    /// Before the first token.
+    #[serde(default)]
+    pub(crate) base_ms: u64,
+    /// For each output token.
+    #[serde(default)]
+    pub(crate) per_token_ms: u64,
+}
+
+/// The provider profiles a configuration may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ProfileName {
+    Openai,
+    Anthropic,
+    AzureOpenai,
+    Groq,
+}
+
+/// Limits per window, as in a provider's dashboard; all optional.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Limits {
+    pub(crate) requests_per_minute: Option<NonZeroU64>,
+    pub(crate) tokens_per_minute: Option<NonZeroU64>,
+    pub(crate) input_tokens_per_minute: Option<NonZeroU64>,
+    pub(crate) output_tokens_per_minute: Option<NonZeroU64>,
+    pub(crate) tokens_per_day: Option<NonZeroU64>,
+    pub(crate) max_in_flight: Option<std::num::NonZeroUsize>,
+    /// The length of a "minute" in milliseconds (60 000; shorter against a fast simulator).
+    pub(crate) minute_ms: Option<NonZeroU64>,
+}
+
+impl Limits {
+    /// The window the per-minute limits count over.
+    pub(crate) fn minute(&self) -> Duration {
+        self.minute_ms.map_or(Duration::from_secs(60), |ms| {
+            Duration::from_millis(ms.get())
+        })
+    }
+
+    /// The crate's limits for these figures.
+    pub(crate) fn limits(&self) -> Result<Vec<Limit>, ConfigError> {
+        let minute = self.minute();
+        let day = Duration::from_secs(86_400);
+        [
+            (Dimension::Requests, self.requests_per_minute, minute),
+            (Dimension::TotalTokens, self.tokens_per_minute, minute),
+            (Dimension::InputTokens, self.input_tokens_per_minute, minute),
+            (
+                Dimension::OutputTokens,
+                self.output_tokens_per_minute,
+                minute,
+            ),
+            (Dimension::TotalTokens, self.tokens_per_day, day),
+        ]
+        .into_iter()
+        .filter_map(|(dimension, amount, period)| Some((dimension, amount?, period)))
+        .map(|(dimension, amount, period)| {
+            Limit::new(dimension, amount, period).map_err(|e| ConfigError(e.to_string()))
+        })
+        .collect()
+    }
+
+    /// The crate's quota for these figures.
+    pub(crate) fn quota(&self) -> Result<Quota, ConfigError> {
+        let quota = self
+            .limits()?
+            .into_iter()
+            .fold(Quota::new(), Quota::with_limit);
+        Ok(match self.max_in_flight {
+            Some(max) => quota.with_max_in_flight(max),
+            None => quota,
+        })
+    }
+}
+
+/// The classes a key may name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Class {
+    Interactive,
+    Async,
+    Batch,
+}
+
+impl From<Class> for Priority {
+    fn from(class: Class) -> Self {
+        match class {
+            Class::Interactive => Priority::Interactive,
+            Class::Async => Priority::Async,
+            Class::Batch => Priority::Batch,
+        }
+    }
+}
+
+/// One caller API key: which tenant it spends, in which class.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct KeyConfig {
+    /// A name for logs, metrics and the admin API (the key itself is never shown).
+    pub(crate) name: String,
+    /// The environment variable holding the key.
+    pub(crate) key_env: Option<String>,
+    /// The key itself (the demo's); prefer `key_env`.
+    pub(crate) key: Option<String>,
+    pub(crate) tenant: String,
+    #[serde(default = "default_class")]
+    pub(crate) default_class: Class,
+    /// Whether `x-priority` may choose another class.
+    #[serde(default)]
+    pub(crate) allow_priority_header: bool,
+}
+
+fn default_class() -> Class {
+    Class::Async
+}
+
+/// Why a configuration cannot run.
+#[derive(Debug)]
+pub(crate) struct ConfigError(pub(crate) String);
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl Config {
+    /// Parses and checks a TOML configuration.
+    pub(crate) fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// The tenant tree, and the paths the status page lists: every configured node, every
+    /// key's tenant, and their ancestors.
+    pub(crate) fn tenant_tree(&self) -> Result<(TenantTree, Vec<Tenant>), ConfigError> {
+        let error = |e: &dyn std::fmt::Display| ConfigError(format!("tenants: {e}"));
+        let tree = TenantTree::deserialize(toml::Value::Table(self.tenants.clone()))
+            .map_err(|e| error(&e))?;
+        let mut paths = BTreeSet::new();
+        let configured = self.tenants.get("nodes").and_then(toml::Value::as_table);
+        let named = configured.into_iter().flat_map(|nodes| nodes.keys());
+        for path in named.chain(self.keys.iter().map(|k| &k.tenant)) {
+            let mut tenant = Some(Tenant::parse(path).map_err(|e| error(&e))?);
+            while let Some(node) = tenant {
+                tenant = node.parent();
+                paths.insert(node);
+            }
+        }
+        Ok((tree, paths.into_iter().collect()))
+    }
+
+    /// Every key's tenant and name are paths, every API is served once, limits are valid.
+    pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        for account in &self.accounts {
+            account.quota.limits()?;
+        }
+        self.tenant_tree()?;
+        for key in &self.keys {
+            if Tenant::parse(&key.tenant)
+                .and_then(|t| t.child(&key.name))
+                .is_err()
+            {
+                return Err(ConfigError(format!(
+                    "key `{}`: its tenant and name must make a tenant path",
+                    key.name
+                )));
+            }
+            if key.key.is_none() == key.key_env.is_none() {
+                return Err(ConfigError(format!(
+                    "key `{}`: give exactly one of `key` and `key_env`",
+                    key.name
+                )));
+            }
+        }
+        for api in Api::ALL {
+            if self
+                .accounts
+                .iter()
+                .filter(|a| a.apis.contains(&api))
+                .count()
+                > 1
+            {
+                return Err(ConfigError(format!(
+                    "{} is served by two accounts",
+                    api.path()
+                )));
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,259 @@
+//! `POST /v1/chat/completions`, `/v1/responses` and `/v1/messages`: authenticate, read and
+//! check the body, admit by the tenant tree, send through the account's governed stack, and
+//! answer the provider's bytes unchanged, or one normalized refusal.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderMap, Request, StatusCode, header};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde_json::Value;
+use tower::ServiceExt;
+use tower_llm_quota::estimate::{CharEstimator, Defaults, estimate};
+use tower_llm_quota::provider::{LimitedBy, RateLimitError, Scope};
+use tower_llm_quota::usage::UsageScanner;
+use tower_llm_quota::{BoxError, Cost, Error};
+
+use super::Gateway;
+use super::config::Api;
+use super::metered::{Meter, Metered};
+use super::refusal::Refusal;
+use super::tenancy;
+use super::upstream::{Account, Dispatched, Governed, UpBody};
+use tower_llm_quota::stack::QuotaBody;
+
+/// The largest provider error body read to normalize a 429.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// Forwards one request of `api`.
+pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Body>) -> Response {
+    let (parts, body) = request.into_parts();
+    let Some(caller) = gateway.keys.authenticate(&parts.headers).cloned() else {
+        return gateway.refuse(None, Refusal::unauthorized());
+    };
+    let tenant = Some(caller.tenant.as_str());
+    if gateway.shutdown.is_cancelled() {
+        return gateway.refuse(tenant, stopping());
+    }
+    let Some(account) = gateway.account(api) else {
+        return gateway.refuse(tenant, Refusal::not_served(api.path()));
+    };
+    let body = match read_body(body, gateway.max_body_bytes).await {
+        Ok(body) => body,
+        Err(refusal) => return gateway.refuse(tenant, refusal),
+    };
+    let (cost, streaming, model) = match check_body(api, &body) {
+        Ok(checked) => checked,
+        Err(refusal) => return gateway.refuse(tenant, refusal),
+    };
+    if let Err(refusal) = gateway.tenants.check(&account.name, &caller.path, cost) {
+        return gateway.refuse(tenant, refusal);
+    }
+    let (profile, stack) = account.stack(api).expect("the account serves the API");
+    let dispatched = Dispatched::default();
+    let mut upstream = account.request(api, &parts.headers, body.clone());
+    let class = caller.class(&parts.headers);
+    upstream.extensions_mut().insert(class);
+    upstream.extensions_mut().insert(dispatched.clone());
+    upstream.extensions_mut().insert(caller.path.clone());
+    upstream.extensions_mut().insert(Scope {
+        provider: Some(account.name.clone()),
+        model,
+        key: Some(caller.name.clone()),
+    });
+
+    let mut call = send(stack, upstream);
+    let result = tokio::select! {
+        biased;
+        result = &mut call => result,
+        () = gateway.shutdown.cancelled() => {
+            if dispatched.is_set() {
+                call.await
+            } else {
+                // Still queued: leave the queue (the future's drop gives its place back).
+                drop(call);
+                return gateway.refuse(tenant, stopping());
+            }
+        }
+    };
+    let response = match result {
+        Ok(response) => response,
+        Err(error) => return gateway.refuse(tenant, stack_error(account, &error)),
+    };
+    if response.status() == StatusCode::TOO_MANY_REQUESTS {
+        let (head, body) = response.into_parts();
+        let bytes = collect(body, MAX_ERROR_BODY).await.unwrap_or_default();
+        let head = http::Response::from_parts(head, ());
+        return gateway.refuse(tenant, provider_refusal(account, &head, &bytes));
+    }
+    gateway.ledger.answered(
+        &caller.tenant,
+        api.as_str(),
+        class,
+        response.status().as_u16(),
+    );
+    let (mut head, body) = response.into_parts();
+    strip_hop_by_hop(&mut head.headers);
+    let meter = Meter {
+        ledger: gateway.ledger.clone(),
+        tenant: caller.tenant.clone(),
+        profile,
+        scanner: UsageScanner::new(profile.wire_format(), streaming),
+        estimate: cost,
+        finished: false,
+    };
+    Response::from_parts(head, Body::new(Metered::new(body, meter)))
+}
+
+/// The answer of a governed stack.
+type Answer = Result<http::Response<QuotaBody<UpBody>>, Error>;
+
+/// The stack's answer, as a boxed `Send` future (its type names the whole stack).
+fn send(
+    stack: Governed,
+    request: http::Request<http_body_util::Full<Bytes>>,
+) -> Pin<Box<dyn Future<Output = Answer> + Send>> {
+    Box::pin(stack.oneshot(request))
+}
+
+fn stopping() -> Refusal {
+    Refusal::unavailable(
+        "shutdown",
+        "the gateway is shutting down; retry on another replica",
+    )
+    .retry_after(Some(Duration::from_secs(1)))
+}
+
+/// A body's bytes, at most `max` of them, as a boxed `Send` future.
+fn collect<B>(body: B, max: usize) -> Pin<Box<dyn Future<Output = Result<Bytes, BoxError>> + Send>>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    Box::pin(async move { Ok(Limited::new(body, max).collect().await?.to_bytes()) })
+}
+
+async fn read_body(body: Body, max: usize) -> Result<Bytes, Refusal> {
+    match collect(body, max).await {
+        Ok(bytes) => Ok(bytes),
+        Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
+            Err(Refusal::too_large(max))
+        }
+        Err(error) => Err(Refusal::bad_request(format!(
+            "the body could not be read: {error}"
+        ))),
+    }
+}
+
+/// The request's estimated cost, whether it streams and its model, or why its body is
+/// refused.
+pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool, Option<String>), Refusal> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| Refusal::bad_request(format!("the body is not JSON: {e}")))?;
+    let object = value
+        .as_object()
+        .ok_or_else(|| Refusal::bad_request("the body is not a JSON object"))?;
+    let field = match api {
+        Api::Responses => "input",
+        Api::Chat | Api::Messages => "messages",
+    };
+    if !object.contains_key(field) {
+        return Err(Refusal::bad_request(format!("the body has no `{field}`")));
+    }
+    let streaming = object
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let cost = estimate(body, &CharEstimator::new(), &Defaults::new())
+        .ok_or_else(|| Refusal::bad_request(format!("the `{field}` cannot be read")))?;
+    let model = object
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    Ok((cost, streaming, model))
+}
+
+/// The normalized refusal for an error of the governed stack.
+fn stack_error(account: &Account, error: &Error) -> Refusal {
+    let scope = format!("account:{}", account.name);
+    if let Some(refused) = error.tenant_refused() {
+        return tenancy::refused(refused);
+    }
+    if error.is_store_unavailable() {
+        // The store's circuit breaker asks again within a second.
+        return Refusal::unavailable("store", "the shared quota store is unreachable")
+            .scope(scope)
+            .retry_after(Some(Duration::from_secs(1)));
+    }
+    if let Some(capacity) = error.insufficient_capacity() {
+        let dimension = capacity.dimension().as_str();
+        return Refusal::bad_request(format!(
+            "the request's {dimension} ({}) exceed what the account may ever admit at once ({})",
+            capacity.cost(),
+            capacity.capacity()
+        ))
+        .scope(scope)
+        .dimension(Some(dimension));
+    }
+    if error.is_queue_full() || error.is_deadline_exceeded() {
+        let limit = if error.is_queue_full() {
+            "queue_depth"
+        } else {
+            "queue_wait"
+        };
+        let retry_after = error.rate_limit().and_then(|r| r.retry_after());
+        return Refusal::rate_limited(limit, scope)
+            .retry_after(retry_after)
+            .message(format!("the account's queue refused the request: {error}"));
+    }
+    upstream_failure(&scope, &error.to_string())
+}
+
+/// 502: the provider failed without an answer (after the retries the policy allows).
+fn upstream_failure(scope: &str, message: &str) -> Refusal {
+    let mut refusal = Refusal::unavailable("upstream", format!("the provider failed: {message}"))
+        .provider()
+        .scope(scope);
+    refusal.status = StatusCode::BAD_GATEWAY;
+    refusal
+}
+
+/// The normalized refusal for a provider's 429 (its retries given up).
+fn provider_refusal(account: &Account, head: &http::Response<()>, body: &[u8]) -> Refusal {
+    let scope = format!("account:{}", account.name);
+    let parsed = RateLimitError::from_response(head, body);
+    let (limit, dimension) = match parsed.as_ref().map(RateLimitError::limited_by) {
+        Some(LimitedBy::Requests) => ("requests_per_minute", Some("requests")),
+        Some(LimitedBy::InputTokens) => ("input_tokens_per_minute", Some("input_tokens")),
+        Some(LimitedBy::OutputTokens) => ("output_tokens_per_minute", Some("output_tokens")),
+        Some(LimitedBy::Tokens) => ("tokens_per_minute", Some("total_tokens")),
+        Some(LimitedBy::Daily) => ("tokens_per_day", None),
+        Some(LimitedBy::Concurrency) => ("max_in_flight", None),
+        _ => ("unknown", None),
+    };
+    let retry_after = parsed.as_ref().and_then(RateLimitError::retry_after);
+    Refusal::rate_limited(limit, scope)
+        .provider()
+        .dimension(dimension)
+        .retry_after(retry_after)
+        .message(format!(
+            "the provider account {} is rate limited ({limit})",
+            account.name
+        ))
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in [
+        header::CONNECTION,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+}

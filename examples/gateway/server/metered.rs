@@ -1,0 +1,107 @@
+//! The body of a forwarded answer: passed through unchanged, its usage read on the way and
+//! counted for its tenant when it ends (or is dropped). The budget settles its own
+//! reservation, on the account and every tenant node, in the stack's body below.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tower_llm_quota::provider::Profile;
+use tower_llm_quota::usage::UsageScanner;
+use tower_llm_quota::{BoxError, Cost};
+
+use super::usage::Ledger;
+
+/// What is counted when the answer ends.
+#[derive(Debug)]
+pub(crate) struct Meter {
+    pub(crate) ledger: Arc<Ledger>,
+    pub(crate) tenant: String,
+    pub(crate) profile: Profile,
+    pub(crate) scanner: UsageScanner,
+    pub(crate) estimate: Cost,
+    pub(crate) finished: bool,
+}
+
+impl Meter {
+    /// Counts once: the usage the provider reported, else the estimate.
+    fn finish(&mut self) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        let usage = self
+            .scanner
+            .usage()
+            .and_then(|raw| self.profile.usage(&raw));
+        let (input, output) = match &usage {
+            Some(usage) => (usage.input_tokens(), usage.output_tokens()),
+            None => (self.estimate.input_tokens(), self.estimate.output_tokens()),
+        };
+        self.ledger.tokens(&self.tenant, input, output);
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+pin_project! {
+    /// A provider body, metered.
+    pub(crate) struct Metered<B> {
+        #[pin]
+        inner: B,
+        meter: Meter,
+    }
+}
+
+impl<B> Metered<B> {
+    pub(crate) fn new(inner: B, meter: Meter) -> Self {
+        Self { inner, meter }
+    }
+}
+
+impl<B> Body for Metered<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        match this.inner.poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    this.meter.scanner.data(data);
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(error))) => {
+                this.meter.finish();
+                Poll::Ready(Some(Err(error.into())))
+            }
+            Poll::Ready(None) => {
+                this.meter.finish();
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}

@@ -1,0 +1,172 @@
+//! The gateway: state, routes and the server loop. `main.rs` parses the command line and
+//! calls [`Gateway::new`] and [`serve`]; the tests call the same two.
+
+pub(crate) mod admin;
+pub(crate) mod auth;
+pub(crate) mod config;
+pub(crate) mod forward;
+pub(crate) mod metered;
+pub(crate) mod refusal;
+pub(crate) mod status;
+pub(crate) mod tenancy;
+pub(crate) mod upstream;
+pub(crate) mod usage;
+
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use auth::KeyRing;
+use config::{Api, Config, ConfigError};
+use refusal::Refusal;
+use tenancy::Tenancy;
+use upstream::Account;
+use usage::Ledger;
+
+/// Everything a request handler reads.
+#[derive(Debug)]
+pub(crate) struct Gateway {
+    pub(crate) keys: KeyRing,
+    pub(crate) tenants: Tenancy,
+    pub(crate) ledger: Arc<Ledger>,
+    pub(crate) accounts: Vec<Account>,
+    pub(crate) max_body_bytes: usize,
+    admin_token: String,
+    /// Cancelled when the gateway stops: queued requests are answered 503.
+    pub(crate) shutdown: CancellationToken,
+    metrics: PrometheusHandle,
+}
+
+/// The process's Prometheus recorder, installed on first use.
+pub(crate) fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Another recorder already installed (a test's): this one still renders its own.
+            let _ = metrics::set_global_recorder(recorder);
+            handle
+        })
+        .clone()
+}
+
+impl Gateway {
+    /// Builds the gateway of `config`; with `redis_url`, every account's budget is shared
+    /// through Redis with the other replicas.
+    pub(crate) async fn new(
+        config: &Config,
+        redis_url: Option<&str>,
+    ) -> Result<Arc<Self>, ConfigError> {
+        config.check()?;
+        let admin_token = match (&config.server.admin_token, &config.server.admin_token_env) {
+            (_, Some(var)) => std::env::var(var)
+                .map_err(|_| ConfigError(format!("the admin token variable {var} is not set")))?,
+            (Some(token), None) => token.clone(),
+            (None, None) => {
+                return Err(ConfigError("no admin token: set `admin_token_env`".into()));
+            }
+        };
+        let (tree, paths) = config.tenant_tree()?;
+        let mut tenants = Tenancy::new(paths);
+        let mut accounts = Vec::with_capacity(config.accounts.len());
+        for account in &config.accounts {
+            let account =
+                Account::new(account, &tree, redis_url, config.server.fail_closed).await?;
+            if let Some(handle) = account.tenants() {
+                tenants.attach(&account.name, handle);
+            }
+            accounts.push(account);
+        }
+        Ok(Arc::new(Self {
+            keys: KeyRing::new(&config.keys)?,
+            tenants,
+            ledger: Arc::new(Ledger::default()),
+            accounts,
+            max_body_bytes: config.server.max_body_bytes,
+            admin_token,
+            shutdown: CancellationToken::new(),
+            metrics: metrics_handle(),
+        }))
+    }
+
+    /// The account serving `api`.
+    pub(crate) fn account(&self, api: Api) -> Option<&Account> {
+        self.accounts.iter().find(|a| a.stack(api).is_some())
+    }
+
+    /// Answers a refusal, recording it for the status page and the metrics.
+    pub(crate) fn refuse(&self, tenant: Option<&str>, refusal: Refusal) -> Response {
+        self.ledger.refused(tenant, &refusal);
+        refusal.into_response()
+    }
+
+    /// Whether a request carries the admin token.
+    pub(crate) fn is_admin(&self, headers: &http::HeaderMap) -> bool {
+        let presented = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        auth::secret_matches(presented, &self.admin_token)
+    }
+
+    /// Every route of the gateway.
+    pub(crate) fn router(self: &Arc<Self>) -> Router {
+        let api = |api: Api| {
+            move |State(gateway): State<Arc<Gateway>>, request: Request| {
+                forward::forward(gateway, api, request)
+            }
+        };
+        Router::new()
+            .route(Api::Chat.path(), post(api(Api::Chat)))
+            .route(Api::Responses.path(), post(api(Api::Responses)))
+            .route(Api::Messages.path(), post(api(Api::Messages)))
+            .route("/", get(status::page))
+            .route("/status.json", get(status::json))
+            .route("/healthz", get(status::healthz))
+            .route("/metrics", get(metrics))
+            .nest("/admin", admin::routes(self.clone()))
+            .with_state(self.clone())
+    }
+}
+
+async fn metrics(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
+    status::record_gauges(&gateway);
+    (
+        [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        gateway.metrics.render(),
+    )
+}
+
+/// Serves `gateway` on `listener` until `stop` completes, then drains: new connections are
+/// refused, requests still queued get a 503, answers already streaming finish.
+///
+/// # Cancel safety
+///
+/// Dropping the future stops serving at once, cutting answers in flight (their
+/// reservations are settled as their bodies drop).
+pub(crate) async fn serve(
+    gateway: Arc<Gateway>,
+    listener: TcpListener,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let token = gateway.shutdown.clone();
+    // Small writes (a head, then an event) go out at once, not after a delayed ACK.
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, gateway.router())
+        .with_graceful_shutdown(async move {
+            stop.await;
+            token.cancel();
+        })
+        .await
+}

@@ -1,0 +1,158 @@
+//! Every refusal in one JSON schema, with a `Retry-After` header.
+//!
+//! ```json
+//! {"error": {"type": "rate_limit", "gateway_decision": "local", "limit": "tokens_per_minute",
+//!            "dimension": "total_tokens", "scope": "tenant:acme/search", "retry_after": 2.5,
+//!            "message": "tenant acme/search is over its tokens per minute; retry in 2.5 s"}}
+//! ```
+//!
+//! `gateway_decision` is `local` when the gateway refused before anything was sent, and
+//! `provider` when the provider refused after the gateway admitted the request. `scope` names
+//! what ran out: `tenant:<path>`, `account:<name>` or `gateway`.
+
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+use serde::Serialize;
+
+/// Who refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Decision {
+    Local,
+    Provider,
+}
+
+/// A refusal, ready to be answered.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Refusal {
+    #[serde(skip)]
+    pub(crate) status: StatusCode,
+    #[serde(rename = "type")]
+    pub(crate) kind: &'static str,
+    pub(crate) gateway_decision: Decision,
+    /// The limit that binds (`requests_per_minute`, `paused`, `body_size`, ...).
+    pub(crate) limit: Box<str>,
+    /// The quota dimension, when the limit counts one.
+    pub(crate) dimension: Option<&'static str>,
+    pub(crate) scope: Box<str>,
+    /// Seconds to wait before trying again, when known.
+    pub(crate) retry_after: Option<f64>,
+    pub(crate) message: Box<str>,
+}
+
+#[derive(Serialize)]
+struct Envelope<'a> {
+    error: &'a Refusal,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, kind: &'static str, limit: impl Into<String>) -> Self {
+        Self {
+            status,
+            kind,
+            gateway_decision: Decision::Local,
+            limit: limit.into().into_boxed_str(),
+            dimension: None,
+            scope: "gateway".into(),
+            retry_after: None,
+            message: "".into(),
+        }
+    }
+
+    /// 429: a rate or quota limit.
+    pub(crate) fn rate_limited(limit: impl Into<String>, scope: impl Into<String>) -> Self {
+        Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit", limit).scope(scope)
+    }
+
+    /// 401: no key, or an unknown one.
+    pub(crate) fn unauthorized() -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "authentication", "api_key")
+            .message("a valid gateway key is required (Authorization: Bearer, or x-api-key)")
+    }
+
+    /// 400: a body the gateway cannot read; nothing was reserved.
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", "body").message(message)
+    }
+
+    /// 413: a body above the configured size.
+    pub(crate) fn too_large(max: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request",
+            "body_size",
+        )
+        .message(format!("the request body is over {max} bytes"))
+    }
+
+    /// 503: the shared store is unreachable and the policy is to refuse, or the gateway stops.
+    pub(crate) fn unavailable(limit: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", limit).message(message)
+    }
+
+    /// 404: no account serves this API.
+    pub(crate) fn not_served(path: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request", "route")
+            .message(format!("no upstream account serves {path}"))
+    }
+
+    pub(crate) fn provider(mut self) -> Self {
+        self.gateway_decision = Decision::Provider;
+        self
+    }
+
+    pub(crate) fn scope(mut self, scope: impl Into<String>) -> Self {
+        self.scope = scope.into().into_boxed_str();
+        self
+    }
+
+    pub(crate) fn dimension(mut self, dimension: Option<&'static str>) -> Self {
+        self.dimension = dimension;
+        self
+    }
+
+    pub(crate) fn retry_after(mut self, wait: Option<Duration>) -> Self {
+        self.retry_after = wait.map(|w| (w.as_secs_f64() * 1000.0).ceil() / 1000.0);
+        self
+    }
+
+    pub(crate) fn message(mut self, message: impl Into<String>) -> Self {
+        self.message = message.into().into_boxed_str();
+        self
+    }
+
+    /// The `Retry-After` header's value: whole seconds, rounded up.
+    fn retry_after_header(&self) -> Option<HeaderValue> {
+        let secs = self.retry_after?.ceil().max(0.0);
+        HeaderValue::from_str(&format!("{secs:.0}")).ok()
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_vec(&Envelope { error: &self }).unwrap_or_default();
+        let mut response = (self.status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(value) = self.retry_after_header() {
+            headers.insert(header::RETRY_AFTER, value);
+        }
+        response
+    }
+}
+
+/// The limit name of a dimension counted per minute or per day.
+pub(crate) fn limit_name(dimension: &str, period: Duration) -> String {
+    let per = match period.as_secs() {
+        86_400 => "day",
+        3_600 => "hour",
+        1 => "second",
+        _ => "minute",
+    };
+    format!("{dimension}_per_{per}")
+}

@@ -1,0 +1,128 @@
+//! `/`, the status page (one static HTML file that fetches `/status.json` every second),
+//! `/status.json`, `/healthz`, and the gauges `/metrics` renders.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{Html, IntoResponse};
+use http::StatusCode;
+use metrics::gauge;
+use serde::Serialize;
+use tower_llm_quota::Priority;
+
+use super::Gateway;
+use super::tenancy::{LevelView, NodeView};
+use super::usage::{Counts, RefusalRecord};
+
+/// A tenant node with today's usage of its subtree.
+#[derive(Debug, Serialize)]
+pub(crate) struct TenantStatus {
+    #[serde(flatten)]
+    pub(crate) node: NodeView,
+    pub(crate) usage: Counts,
+}
+
+/// An account: its limits now, calls in flight, requests queued by class.
+#[derive(Debug, Serialize)]
+struct AccountStatus {
+    name: String,
+    levels: Vec<LevelView>,
+    in_flight: usize,
+    queued: Vec<(&'static str, usize)>,
+    /// The 429s the in-process simulator answered (none for a real upstream).
+    simulator_429s: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+struct Status {
+    tenants: Vec<TenantStatus>,
+    accounts: Vec<AccountStatus>,
+    refusals: Vec<RefusalRecord>,
+    stopping: bool,
+}
+
+pub(crate) fn tenants(gateway: &Gateway) -> Vec<TenantStatus> {
+    gateway
+        .tenants
+        .snapshot()
+        .into_iter()
+        .map(|node| TenantStatus {
+            usage: gateway.ledger.counts_under(&node.path),
+            node,
+        })
+        .collect()
+}
+
+fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
+    gateway
+        .accounts
+        .iter()
+        .map(|account| {
+            let snapshot = account.budget().snapshot();
+            let queue = account.queue().snapshot();
+            AccountStatus {
+                name: account.name.clone(),
+                levels: snapshot.limits().iter().map(LevelView::from).collect(),
+                in_flight: snapshot.in_flight(),
+                queued: Priority::ALL
+                    .iter()
+                    .map(|p| (p.as_str(), queue.class(*p).depth()))
+                    .collect(),
+                simulator_429s: account.simulator.as_ref().map(|s| s.stats().rate_limited),
+            }
+        })
+        .collect()
+}
+
+pub(crate) async fn page() -> Html<&'static str> {
+    Html(include_str!("status.html"))
+}
+
+pub(crate) async fn json(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
+    Json(Status {
+        tenants: tenants(&gateway),
+        accounts: accounts(&gateway),
+        refusals: gateway.ledger.last_refusals(),
+        stopping: gateway.shutdown.is_cancelled(),
+    })
+}
+
+pub(crate) async fn healthz(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
+    if gateway.shutdown.is_cancelled() {
+        (StatusCode::SERVICE_UNAVAILABLE, "stopping")
+    } else {
+        (StatusCode::OK, "ok")
+    }
+}
+
+/// Sets the level gauges of every tenant and account, and the queue depths, before a scrape.
+pub(crate) fn record_gauges(gateway: &Gateway) {
+    for tenant in gateway.tenants.snapshot() {
+        for share in &tenant.accounts {
+            let labels = |name: &'static str| {
+                let (tenant, account) = (tenant.path.clone(), share.account.clone());
+                gauge!(name, "tenant" => tenant, "account" => account)
+            };
+            labels("gateway_tenant_used_tokens_per_minute").set(share.used as f64);
+            labels("gateway_tenant_guaranteed_tokens_per_minute").set(share.guaranteed as f64);
+            labels("gateway_tenant_borrowed_tokens_per_minute").set(share.borrowed as f64);
+            labels("gateway_tenant_queued").set(share.queued.iter().sum::<usize>() as f64);
+            for level in &share.levels {
+                gauge!("gateway_tenant_level", "tenant" => tenant.path.clone(),
+                    "account" => share.account.clone(), "limit" => level.limit.clone())
+                .set(level.level as f64);
+            }
+        }
+        gauge!("gateway_tenant_paused", "tenant" => tenant.path.clone())
+            .set(f64::from(u8::from(tenant.paused)));
+    }
+    for account in accounts(gateway) {
+        gauge!("gateway_account_in_flight", "account" => account.name.clone())
+            .set(account.in_flight as f64);
+        for (class, depth) in account.queued {
+            gauge!("gateway_account_queued", "account" => account.name.clone(), "class" => class)
+                .set(depth as f64);
+        }
+    }
+}

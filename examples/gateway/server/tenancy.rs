@@ -1,0 +1,280 @@
+//! The gateway's view of the crate's tenant tree (`tower_llm_quota::tenant`): each account's
+//! budget holds a copy of the configured tree; this module pauses, changes and reads the
+//! nodes on every account at once, and refuses a request its own nodes cannot pay now.
+//!
+//! A request of key `web` of tenant `acme/search` carries the path `acme/search/web`, so a
+//! key is a node too (it can be paused, and a template may limit every key). The budget
+//! admits it only when `acme`, `acme/search`, `acme/search/web` and the account can all pay,
+//! and serves waiting requests by weighted fair queuing over token cost. The gateway adds one
+//! policy: a request that a node of its own path cannot pay now is refused at once (429
+//! naming that node, with the wait until it could), instead of holding its connection while
+//! its tenant refills. A request that only the account cannot pay waits its fair turn.
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tower_llm_quota::budget::LimitSnapshot;
+use tower_llm_quota::tenant::{Refusal as Why, Tenant, TenantHandle, TenantNode, TenantRefused};
+use tower_llm_quota::{Cost, Dimension, Limit, Priority};
+
+use super::config::ConfigError;
+use super::refusal::{Refusal, limit_name};
+
+/// The tenant nodes of every account.
+#[derive(Debug, Default)]
+pub(crate) struct Tenancy {
+    paths: Vec<Tenant>,
+    accounts: Vec<(String, TenantHandle)>,
+}
+
+/// A limit as the admin API takes it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LimitChange {
+    /// `requests`, `input_tokens`, `output_tokens` or `total_tokens`.
+    dimension: String,
+    amount: std::num::NonZeroU64,
+    period_seconds: u64,
+}
+
+/// One node on one account, as the admin API and the status page show it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct NodeView {
+    pub(crate) path: String,
+    pub(crate) weight: u32,
+    pub(crate) paused: bool,
+    pub(crate) accounts: Vec<ShareView>,
+}
+
+/// A node's state on one account now; tokens per minute in the account's reference dimension.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ShareView {
+    pub(crate) account: String,
+    pub(crate) levels: Vec<LevelView>,
+    pub(crate) used: u64,
+    pub(crate) guaranteed: u64,
+    pub(crate) borrowed: u64,
+    pub(crate) in_flight: usize,
+    pub(crate) queued: [usize; 3],
+}
+
+/// A limit's state now.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct LevelView {
+    pub(crate) limit: String,
+    pub(crate) capacity: u64,
+    pub(crate) level: i64,
+}
+
+impl From<&LimitSnapshot> for LevelView {
+    fn from(snapshot: &LimitSnapshot) -> Self {
+        Self {
+            limit: limit_name(
+                snapshot.limit().dimension().as_str(),
+                snapshot.limit().period(),
+            ),
+            capacity: snapshot.capacity(),
+            level: snapshot.level(),
+        }
+    }
+}
+
+/// The path of every node from the root down to `path`: `a`, `a/b`, `a/b/c`.
+fn ancestry(path: &Tenant) -> impl Iterator<Item = Tenant> + '_ {
+    (1..=path.depth()).filter_map(|depth| Tenant::parse(path.prefix(depth)).ok())
+}
+
+impl Tenancy {
+    /// The nodes the views list (configured ones, every key's tenant and their ancestors).
+    pub(crate) fn new(paths: Vec<Tenant>) -> Self {
+        Self {
+            paths,
+            accounts: Vec::new(),
+        }
+    }
+
+    /// Adds an account's copy of the tree.
+    pub(crate) fn attach(&mut self, account: &str, handle: TenantHandle) {
+        self.accounts.push((account.to_owned(), handle));
+    }
+
+    fn handle(&self, account: &str) -> Option<&TenantHandle> {
+        self.accounts
+            .iter()
+            .find(|(name, _)| name == account)
+            .map(|(_, h)| h)
+    }
+
+    /// Refuses `cost` for `path` on `account` when a node of the path is paused or cannot
+    /// pay it now.
+    pub(crate) fn check(&self, account: &str, path: &Tenant, cost: Cost) -> Result<(), Refusal> {
+        let Some(handle) = self.handle(account) else {
+            return Ok(());
+        };
+        for node in ancestry(path) {
+            let snapshot = handle.snapshot(&node);
+            if snapshot.is_paused() {
+                return Err(paused(&node));
+            }
+            for limit in snapshot.limits() {
+                let dimension = limit.limit().dimension();
+                let asked = cost.amount(dimension);
+                let short = i64::try_from(asked).unwrap_or(i64::MAX) - limit.level();
+                if asked == 0 || short <= 0 || asked > limit.capacity() {
+                    continue; // fits, or can never fit: the budget says which
+                }
+                let rate =
+                    limit.limit().effective_amount() as f64 / limit.limit().period().as_secs_f64();
+                let wait = Duration::from_secs_f64(short as f64 / rate.max(f64::MIN_POSITIVE));
+                return Err(over_limit(&node, limit.limit(), wait));
+            }
+        }
+        Ok(())
+    }
+
+    /// Pauses (or resumes) a node on every account.
+    pub(crate) fn set_paused(&self, path: &Tenant, paused: bool) {
+        for (_, handle) in &self.accounts {
+            match paused {
+                true => handle.pause(path),
+                false => handle.resume(path),
+            }
+        }
+    }
+
+    /// Replaces a node's limits (when given) and weight (when given) on every account, keeping
+    /// the rest of its configuration.
+    pub(crate) fn set_node(
+        &self,
+        path: &Tenant,
+        limits: Option<&[LimitChange]>,
+        weight: Option<NonZeroU32>,
+    ) -> Result<(), ConfigError> {
+        let limits = limits
+            .map(|limits| {
+                limits
+                    .iter()
+                    .map(|l| {
+                        let dimension = Dimension::ALL
+                            .into_iter()
+                            .find(|d| d.as_str() == l.dimension)
+                            .ok_or_else(|| {
+                                ConfigError(format!("unknown dimension `{}`", l.dimension))
+                            })?;
+                        Limit::new(dimension, l.amount, Duration::from_secs(l.period_seconds))
+                            .map_err(|e| ConfigError(e.to_string()))
+                    })
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .transpose()?;
+        for (_, handle) in &self.accounts {
+            let old = handle.node(path).unwrap_or_default();
+            let mut node = match &limits {
+                Some(limits) => limits.iter().fold(rebuilt(&old), |n, l| n.with_limit(*l)),
+                None => old,
+            };
+            if let Some(weight) = weight {
+                node = node.with_weight(weight);
+            }
+            handle.set_node(path, node);
+        }
+        Ok(())
+    }
+
+    /// Every listed node, in path order, on every account.
+    pub(crate) fn snapshot(&self) -> Vec<NodeView> {
+        self.paths
+            .iter()
+            .map(|path| {
+                let shares: Vec<_> = self
+                    .accounts
+                    .iter()
+                    .map(|(name, handle)| (name, handle.snapshot(path)))
+                    .collect();
+                NodeView {
+                    path: path.to_string(),
+                    weight: shares.first().map_or(1, |(_, s)| s.weight()),
+                    paused: shares.iter().any(|(_, s)| s.is_paused()),
+                    accounts: shares
+                        .iter()
+                        .map(|(name, s)| ShareView {
+                            account: (*name).clone(),
+                            levels: s.limits().iter().map(LevelView::from).collect(),
+                            used: s.used(),
+                            guaranteed: s.guaranteed(),
+                            borrowed: s.borrowed(),
+                            in_flight: s.in_flight(),
+                            queued: Priority::ALL.map(|p| s.queued(p)),
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+}
+
+/// `node` without its limits, the rest kept.
+fn rebuilt(node: &TenantNode) -> TenantNode {
+    let mut fresh = TenantNode::new()
+        .with_weight(node.weight())
+        .with_guarantee(node.guarantee());
+    if let Some(share) = node.max_share() {
+        fresh = fresh.with_max_share(share);
+    }
+    if let Some(max) = node.max_in_flight() {
+        fresh = fresh.with_max_in_flight(max);
+    }
+    node.daily_caps()
+        .iter()
+        .fold(fresh, |n, cap| n.with_daily_cap(*cap))
+}
+
+fn paused(node: &Tenant) -> Refusal {
+    Refusal::rate_limited("paused", format!("tenant:{node}"))
+        .message(format!("the tenant {node} is paused by an operator"))
+}
+
+fn over_limit(node: &Tenant, limit: &Limit, wait: Duration) -> Refusal {
+    let dimension = limit.dimension().as_str();
+    let name = limit_name(dimension, limit.period());
+    Refusal::rate_limited(name.clone(), format!("tenant:{node}"))
+        .dimension(Some(dimension))
+        .retry_after(Some(wait))
+        .message(format!(
+            "tenant {node} is over its {}; retry in {:.1} s",
+            name.replace('_', " "),
+            wait.as_secs_f64()
+        ))
+}
+
+/// The normalized refusal of a tenant scope, from the budget.
+pub(crate) fn refused(refusal: &TenantRefused) -> Refusal {
+    let scope = refusal.scope();
+    match refusal.reason() {
+        Why::Paused => paused(scope),
+        Why::DailyCap { dimension, cap, used, .. } => {
+            Refusal::rate_limited(limit_name(dimension.as_str(), Duration::from_secs(86_400)), format!("tenant:{scope}"))
+                .dimension(Some(dimension.as_str()))
+                .message(format!("tenant {scope} spent its daily {dimension} ({used} of {cap})"))
+        }
+        Why::TooLarge { dimension, cost, capacity } => Refusal::bad_request(format!(
+            "the request's {dimension} ({cost}) exceed what tenant {scope} may ever spend at once ({capacity})"
+        ))
+        .scope(format!("tenant:{scope}"))
+        .dimension(Some(dimension.as_str())),
+        _ => Refusal::rate_limited("tenant", format!("tenant:{scope}")).message(refusal.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ancestry_runs_from_the_root() {
+        let path = Tenant::parse("a/b/c").unwrap();
+        let nodes: Vec<String> = ancestry(&path).map(|t| t.to_string()).collect();
+        assert_eq!(nodes, ["a", "a/b", "a/b/c"]);
+    }
+}

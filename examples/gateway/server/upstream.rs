@@ -1,0 +1,298 @@
+//! The provider accounts: one governed stack ([`QuotaStack`]) per API an account serves, over
+//! one budget per account, in front of the simulator or an HTTP upstream.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, Uri, header};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, ServiceExt};
+use tower_llm_quota::budget::FailurePolicy;
+use tower_llm_quota::budget::redis::RedisBudget;
+use tower_llm_quota::provider::Profile;
+use tower_llm_quota::queue::QueueHandle;
+use tower_llm_quota::sim::{SimConfig, Simulator};
+use tower_llm_quota::stack::{QuotaService, QuotaStack};
+use tower_llm_quota::tenant::{TenantHandle, TenantTree};
+use tower_llm_quota::{BoxError, Budget};
+
+use super::config::{AccountConfig, Api, ConfigError, ProfileName};
+
+/// A provider's response body, boxed.
+pub(crate) type UpBody = BoxBody<Bytes, BoxError>;
+/// The client under a governed stack.
+pub(crate) type Client = BoxCloneSyncService<Request<Full<Bytes>>, Response<UpBody>, BoxError>;
+/// A governed stack over a client.
+pub(crate) type Governed = QuotaService<Client>;
+
+/// The simulator's own key for the gateway (the gateway's provider key in the demo).
+const SIM_KEY: &str = "sim-gateway-key";
+
+/// Set when a request leaves for the provider: until then it is only queued.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Dispatched(Arc<AtomicBool>);
+
+impl Dispatched {
+    pub(crate) fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
+/// One account: its budget, and a stack per API.
+#[derive(Debug, Clone)]
+pub(crate) struct Account {
+    pub(crate) name: String,
+    pub(crate) profile: Profile,
+    budget: Budget,
+    queue: QueueHandle,
+    stacks: Vec<(Api, Profile, Governed)>,
+    base: Uri,
+    key: Option<HeaderValue>,
+    /// The in-process simulator, when the account has no real upstream.
+    pub(crate) simulator: Option<Simulator>,
+}
+
+fn profile(name: ProfileName, api: Api) -> Profile {
+    match (name, api) {
+        (ProfileName::Openai, Api::Responses) => Profile::openai_responses(),
+        (ProfileName::Openai, _) => Profile::openai(),
+        (ProfileName::Anthropic, _) => Profile::anthropic(),
+        (ProfileName::AzureOpenai, _) => Profile::azure_openai(),
+        (ProfileName::Groq, _) => Profile::groq(),
+    }
+}
+
+fn simulator(config: &AccountConfig) -> Simulator {
+    let limits = &config.quota;
+    let amount = |n: Option<std::num::NonZeroU64>| n.map_or(u64::MAX / 4, |n| n.get());
+    let sim = match config.profile {
+        ProfileName::Anthropic => SimConfig::anthropic(
+            amount(limits.requests_per_minute),
+            amount(limits.input_tokens_per_minute),
+            amount(limits.output_tokens_per_minute),
+        ),
+        _ => SimConfig::openai(
+            amount(limits.requests_per_minute),
+            amount(limits.tokens_per_minute),
+        ),
+    };
+    Simulator::new(
+        sim.minute(limits.minute())
+            .latency(
+                Duration::from_millis(config.sim.base_ms),
+                Duration::from_millis(config.sim.per_token_ms),
+            )
+            .key(SIM_KEY, config.name.clone()),
+    )
+}
+
+/// The client an account's stacks call: marks the request dispatched, then sends it.
+fn client(simulator: Option<&Simulator>) -> Client {
+    let mark = |request: Request<Full<Bytes>>| {
+        if let Some(dispatched) = request.extensions().get::<Dispatched>() {
+            dispatched.0.store(true, Ordering::Release);
+        }
+        request
+    };
+    match simulator {
+        Some(simulator) => BoxCloneSyncService::new(
+            simulator
+                .service()
+                .map_request(mark)
+                .map_response(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
+                .map_err(BoxError::from),
+        ),
+        None => {
+            let mut connector = HttpConnector::new();
+            connector.set_nodelay(true);
+            let http =
+                HyperClient::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector);
+            BoxCloneSyncService::new(
+                http.map_request(mark)
+                    .map_response(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
+                    .map_err(BoxError::from),
+            )
+        }
+    }
+}
+
+impl Account {
+    /// Builds an account, its budget holding a copy of the tenant `tree`. With `redis_url`
+    /// the account's quota and every node's limits are shared through Redis with the other
+    /// replicas; pauses, daily caps and caps on calls in flight stay in each replica.
+    pub(crate) async fn new(
+        config: &AccountConfig,
+        tree: &TenantTree,
+        redis_url: Option<&str>,
+        fail_closed: bool,
+    ) -> Result<Self, ConfigError> {
+        let error = |message: String| ConfigError(format!("account `{}`: {message}", config.name));
+        let simulator = (config.base_url == "sim").then(|| simulator(config));
+        let (base, key) = match &simulator {
+            Some(_) => (
+                Uri::from_static("http://simulator"),
+                Some(SIM_KEY.to_owned()),
+            ),
+            None => {
+                let base = config
+                    .base_url
+                    .parse::<Uri>()
+                    .map_err(|e| error(e.to_string()))?;
+                if base.scheme_str() != Some("http") {
+                    return Err(error("base_url must be http:// (or `sim`)".into()));
+                }
+                let key = match (&config.key, &config.key_env) {
+                    (Some(key), _) => Some(key.clone()),
+                    (None, Some(var)) => {
+                        Some(std::env::var(var).map_err(|_| error(format!("{var} is not set")))?)
+                    }
+                    (None, None) => None,
+                };
+                (base, key)
+            }
+        };
+        let quota = config.quota.quota()?;
+        let minute = config.quota.minute();
+        let budget = match redis_url {
+            None => Budget::new(quota.clone()),
+            Some(url) => {
+                let policy = if fail_closed {
+                    FailurePolicy::FailClosed
+                } else {
+                    FailurePolicy::local_share_of(2)
+                };
+                RedisBudget::new(url, config.name.clone())
+                    .prefix("gateway")
+                    .failure_policy(policy)
+                    .connect(&quota)
+                    .await
+                    .map_err(|e| error(format!("redis: {e}")))?
+            }
+        };
+        let budget = budget
+            .with_tenant_tree(tree.clone())
+            .map_err(|e| error(e.to_string()))?;
+        let client = client(simulator.as_ref());
+        let mut stack_for = None;
+        let stacks = config
+            .apis
+            .iter()
+            .map(|&api| {
+                let profile = profile(config.profile, api).windows(minute, minute);
+                let stack =
+                    QuotaStack::for_profile(profile, quota.clone()).with_budget(budget.clone());
+                let governed = stack.layer(client.clone());
+                stack_for.get_or_insert(stack);
+                (api, profile, governed)
+            })
+            .collect::<Vec<_>>();
+        let queue = stack_for.as_ref().map_or_else(
+            || {
+                QuotaStack::openai(quota.clone())
+                    .with_budget(budget.clone())
+                    .queue_handle()
+            },
+            QuotaStack::queue_handle,
+        );
+        let key = key
+            .map(|key| {
+                let value = match config.profile {
+                    ProfileName::Anthropic => key,
+                    _ => format!("Bearer {key}"),
+                };
+                let mut value = HeaderValue::from_str(&value)
+                    .map_err(|_| error("the key is not a header value".into()))?;
+                value.set_sensitive(true);
+                Ok(value)
+            })
+            .transpose()?;
+        Ok(Self {
+            name: config.name.clone(),
+            profile: profile(config.profile, Api::Chat),
+            budget,
+            queue,
+            stacks,
+            base,
+            key,
+            simulator,
+        })
+    }
+
+    /// The stack and the profile serving `api`, if this account serves it.
+    pub(crate) fn stack(&self, api: Api) -> Option<(Profile, Governed)> {
+        self.stacks
+            .iter()
+            .find(|(a, ..)| *a == api)
+            .map(|(_, profile, governed)| (*profile, governed.clone()))
+    }
+
+    /// The upstream request for a caller's body and headers: the gateway's own key, the
+    /// provider's headers passed through, the caller's credentials dropped.
+    pub(crate) fn request(
+        &self,
+        api: Api,
+        headers: &http::HeaderMap,
+        body: Bytes,
+    ) -> Request<Full<Bytes>> {
+        let uri = format!(
+            "{}://{}{}{}",
+            self.base.scheme_str().unwrap_or("http"),
+            self.base.authority().map_or("localhost", |a| a.as_str()),
+            self.base.path().trim_end_matches('/'),
+            api.path()
+        );
+        let mut request = Request::post(uri)
+            .body(Full::new(body))
+            .expect("a valid request");
+        let out = request.headers_mut();
+        out.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        for name in [
+            "anthropic-version",
+            "anthropic-beta",
+            "openai-organization",
+            "openai-project",
+            "accept",
+        ] {
+            if let Some(value) = headers.get(name) {
+                out.insert(name, value.clone());
+            }
+        }
+        if self.profile == Profile::anthropic() && !out.contains_key("anthropic-version") {
+            out.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+        }
+        if let Some(key) = &self.key {
+            let name = if self.profile == Profile::anthropic() {
+                "x-api-key"
+            } else {
+                "authorization"
+            };
+            out.insert(name, key.clone());
+        }
+        request
+    }
+
+    /// The account's shared budget.
+    pub(crate) fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// The account's copy of the tenant tree.
+    pub(crate) fn tenants(&self) -> Option<TenantHandle> {
+        self.budget.tenants()
+    }
+
+    /// Requests waiting for this account, by class.
+    pub(crate) fn queue(&self) -> &QueueHandle {
+        &self.queue
+    }
+}

@@ -1,0 +1,165 @@
+//! Per-tenant usage of the current UTC day, and the last refusals, for the admin API and the
+//! status page; the same figures go to `/metrics`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use metrics::counter;
+use serde::Serialize;
+use tower_llm_quota::Priority;
+
+use super::refusal::{Decision, Refusal};
+
+/// How many refusals the status page lists.
+const LAST_REFUSALS: usize = 20;
+
+/// A tenant's counts for one day.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub(crate) struct Counts {
+    pub(crate) requests: u64,
+    pub(crate) input_tokens: u64,
+    pub(crate) output_tokens: u64,
+    pub(crate) local_refusals: u64,
+    pub(crate) provider_refusals: u64,
+}
+
+impl Counts {
+    pub(crate) fn add(&mut self, other: &Counts) {
+        self.requests += other.requests;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.local_refusals += other.local_refusals;
+        self.provider_refusals += other.provider_refusals;
+    }
+}
+
+/// One refusal, as the status page lists it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RefusalRecord {
+    /// Seconds since the Unix epoch.
+    pub(crate) at: f64,
+    pub(crate) tenant: Option<String>,
+    pub(crate) status: u16,
+    pub(crate) decision: Decision,
+    pub(crate) limit: String,
+    pub(crate) scope: String,
+}
+
+#[derive(Debug, Default)]
+struct Day {
+    day: u64,
+    counts: HashMap<String, Counts>,
+}
+
+/// The usage ledger: counts by tenant path for today, and the last refusals.
+#[derive(Debug, Default)]
+pub(crate) struct Ledger {
+    today: Mutex<Day>,
+    refusals: Mutex<VecDeque<RefusalRecord>>,
+}
+
+fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+impl Ledger {
+    fn with_today(&self, tenant: &str, change: impl FnOnce(&mut Counts)) {
+        let day = (now() / 86_400.0) as u64;
+        let mut today = self
+            .today
+            .lock()
+            .expect("the ledger lock is never poisoned");
+        if today.day != day {
+            today.day = day;
+            today.counts.clear();
+        }
+        change(today.counts.entry(tenant.to_owned()).or_default());
+    }
+
+    /// A request of `class` the provider answered (any status but a refusal).
+    pub(crate) fn answered(&self, tenant: &str, api: &'static str, class: Priority, status: u16) {
+        self.with_today(tenant, |c| c.requests += 1);
+        counter!("gateway_requests_total", "tenant" => tenant.to_owned(), "api" => api,
+            "class" => class.as_str(), "status" => status.to_string())
+        .increment(1);
+    }
+
+    /// The tokens a finished answer used.
+    pub(crate) fn tokens(&self, tenant: &str, input: u64, output: u64) {
+        self.with_today(tenant, |c| {
+            c.input_tokens += input;
+            c.output_tokens += output;
+        });
+        let tenant = tenant.to_owned();
+        counter!("gateway_tokens_total", "tenant" => tenant.clone(), "kind" => "input")
+            .increment(input);
+        counter!("gateway_tokens_total", "tenant" => tenant, "kind" => "output").increment(output);
+    }
+
+    /// A refusal, local or the provider's, of a request of `tenant` (none when unauthenticated).
+    pub(crate) fn refused(&self, tenant: Option<&str>, refusal: &Refusal) {
+        if let Some(tenant) = tenant {
+            self.with_today(tenant, |c| match refusal.gateway_decision {
+                Decision::Local => c.local_refusals += 1,
+                Decision::Provider => c.provider_refusals += 1,
+            });
+        }
+        let decision = match refusal.gateway_decision {
+            Decision::Local => "local",
+            Decision::Provider => "provider",
+        };
+        counter!("gateway_refusals_total", "tenant" => tenant.unwrap_or("-").to_owned(),
+            "decision" => decision, "limit" => refusal.limit.to_string())
+        .increment(1);
+        let mut last = self
+            .refusals
+            .lock()
+            .expect("the ledger lock is never poisoned");
+        if last.len() == LAST_REFUSALS {
+            last.pop_front();
+        }
+        last.push_back(RefusalRecord {
+            at: now(),
+            tenant: tenant.map(str::to_owned),
+            status: refusal.status.as_u16(),
+            decision: refusal.gateway_decision,
+            limit: refusal.limit.to_string(),
+            scope: refusal.scope.to_string(),
+        });
+    }
+
+    /// Today's counts of one tenant path and every path below it.
+    pub(crate) fn counts_under(&self, path: &str) -> Counts {
+        let today = self
+            .today
+            .lock()
+            .expect("the ledger lock is never poisoned");
+        let mut total = Counts::default();
+        for (tenant, counts) in &today.counts {
+            if is_under(tenant, path) {
+                total.add(counts);
+            }
+        }
+        total
+    }
+
+    /// The last refusals, newest first.
+    pub(crate) fn last_refusals(&self) -> Vec<RefusalRecord> {
+        let last = self
+            .refusals
+            .lock()
+            .expect("the ledger lock is never poisoned");
+        last.iter().rev().cloned().collect()
+    }
+}
+
+/// Whether `tenant` is `path` or below it.
+pub(crate) fn is_under(tenant: &str, path: &str) -> bool {
+    tenant == path
+        || tenant
+            .strip_prefix(path)
+            .is_some_and(|rest| rest.starts_with('/'))
+}

@@ -1,0 +1,347 @@
+//! Forwarding: keys, refusals, bodies, streaming and metrics.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::routing::post;
+use bytes::Bytes;
+use http::HeaderMap;
+use tokio::net::TcpListener;
+
+use crate::support::{GLOBEX, REPORTS, Running, SEARCH, chat, demo, json, messages};
+
+#[tokio::test]
+async fn demo_keys_work_on_both_styles() {
+    let gateway = Running::start(&demo()).await;
+    for key in [SEARCH, REPORTS, GLOBEX] {
+        let (status, _, body) = json(
+            gateway
+                .post("/v1/chat/completions", Some(key), &chat(20))
+                .await,
+        )
+        .await;
+        assert_eq!(status, 200, "{key}: {body}");
+        assert_eq!(body["object"], "chat.completion");
+        let (status, _, body) =
+            json(gateway.post("/v1/messages", Some(key), &messages(20)).await).await;
+        assert_eq!(status, 200, "{key}: {body}");
+        assert_eq!(body["type"], "message");
+    }
+    // No account serves the Responses API in the demo.
+    let (status, _, body) = json(
+        gateway
+            .post("/v1/responses", Some(SEARCH), r#"{"input":"hi"}"#)
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["limit"].as_str()),
+        (404, Some("route"))
+    );
+    let simulators = gateway
+        .gateway
+        .accounts
+        .iter()
+        .map(|a| a.simulator.as_ref().unwrap().stats());
+    assert_eq!(simulators.map(|s| s.admitted).collect::<Vec<_>>(), [3, 3]);
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn an_unknown_key_gets_401_and_touches_no_quota() {
+    let gateway = Running::start(&demo()).await;
+    let before = gateway.gateway.tenants.snapshot();
+    for key in [Some("demo-key-acme-searcH"), Some(""), None] {
+        let (status, _, body) =
+            json(gateway.post("/v1/chat/completions", key, &chat(20)).await).await;
+        assert_eq!(status, 401);
+        assert_eq!(body["error"]["type"], "authentication");
+        assert_eq!(body["error"]["gateway_decision"], "local");
+    }
+    let levels = |nodes: Vec<crate::server::tenancy::NodeView>| {
+        let accounts = nodes.into_iter().flat_map(|n| n.accounts);
+        accounts
+            .map(|a| (a.used, a.levels.iter().map(|l| l.level).collect::<Vec<_>>()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(levels(gateway.gateway.tenants.snapshot()), levels(before));
+    for account in &gateway.gateway.accounts {
+        assert_eq!(account.simulator.as_ref().unwrap().stats().received, 0);
+        let snapshot = account.budget().snapshot();
+        assert!(
+            snapshot
+                .limits()
+                .iter()
+                .all(|l| l.level() == l.capacity() as i64)
+        );
+    }
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn an_over_limit_tenant_gets_the_normalized_429_and_the_others_go_on() {
+    let gateway = Running::start(&demo()).await;
+    // globex: 20 requests a minute, a burst of a sixth of them.
+    let burst = 4;
+    for _ in 0..burst {
+        let response = gateway
+            .post("/v1/chat/completions", Some(GLOBEX), &chat(20))
+            .await;
+        assert_eq!(response.status(), 200);
+    }
+    let (status, retry_after, body) = json(
+        gateway
+            .post("/v1/chat/completions", Some(GLOBEX), &chat(20))
+            .await,
+    )
+    .await;
+    assert_eq!(status, 429);
+    let error = &body["error"];
+    assert_eq!(error["type"], "rate_limit");
+    assert_eq!(error["gateway_decision"], "local");
+    assert_eq!(error["limit"], "requests_per_minute");
+    assert_eq!(error["dimension"], "requests");
+    assert_eq!(error["scope"], "tenant:globex");
+    let wait = error["retry_after"].as_f64().unwrap();
+    assert!(wait > 0.0 && wait <= 3.0, "one request every 3 s: {wait}");
+    assert_eq!(retry_after, Some(format!("{}", wait.ceil() as u64)));
+    // The other tenants keep their 200s; the provider saw only what was admitted.
+    for key in [SEARCH, REPORTS] {
+        assert_eq!(
+            gateway
+                .post("/v1/chat/completions", Some(key), &chat(20))
+                .await
+                .status(),
+            200
+        );
+    }
+    let stats = gateway.gateway.accounts[0]
+        .simulator
+        .as_ref()
+        .unwrap()
+        .stats();
+    assert_eq!((stats.admitted, stats.rate_limited), (burst + 2, 0));
+    let usage = gateway.gateway.ledger.counts_under("globex");
+    assert_eq!((usage.requests, usage.local_refusals), (burst, 1));
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn bad_bodies_are_refused_before_anything_is_reserved() {
+    let gateway = Running::start(&demo()).await;
+    let cases = [
+        ("{not json".to_owned(), 400, "body"),
+        (r#"{"model":"m"}"#.to_owned(), 400, "body"),
+        (
+            format!(
+                r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#,
+                "x".repeat(1 << 20)
+            ),
+            413,
+            "body_size",
+        ),
+    ];
+    for (body, expected, limit) in cases {
+        let (status, _, json) = json(
+            gateway
+                .post("/v1/chat/completions", Some(SEARCH), &body)
+                .await,
+        )
+        .await;
+        assert_eq!(
+            (status, json["error"]["limit"].as_str()),
+            (expected, Some(limit))
+        );
+    }
+    let search = gateway
+        .gateway
+        .tenants
+        .snapshot()
+        .into_iter()
+        .find(|n| n.path == "acme/search")
+        .unwrap();
+    let levels = search.accounts.iter().flat_map(|a| &a.levels);
+    assert!(levels.clone().all(|l| l.level == l.capacity as i64));
+    assert_eq!(levels.count(), 2);
+    assert_eq!(
+        gateway.gateway.accounts[0]
+            .simulator
+            .as_ref()
+            .unwrap()
+            .stats()
+            .received,
+        0
+    );
+    gateway.stop().await;
+}
+
+/// The events a fixed upstream streams, 20 ms apart.
+pub(crate) const EVENTS: [&str; 4] = [
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}],\"usage\":null}\n\n",
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo!\"}}],\"usage\":null}\n\n",
+    "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,\"total_tokens\":11}}\n\n",
+    "data: [DONE]\n\n",
+];
+
+/// An upstream on loopback that records the headers it gets and streams [`EVENTS`].
+pub(crate) async fn fixed_upstream(pause: Duration) -> (String, Arc<Mutex<Vec<HeaderMap>>>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(move |headers: HeaderMap| {
+            record.lock().unwrap().push(headers);
+            async move {
+                let stream = futures::stream::unfold(0, move |i| async move {
+                    let event = EVENTS.get(i)?;
+                    tokio::time::sleep(pause).await;
+                    Some((
+                        Ok::<_, std::io::Error>(Bytes::from_static(event.as_bytes())),
+                        i + 1,
+                    ))
+                });
+                (
+                    [("content-type", "text/event-stream")],
+                    Body::from_stream(stream),
+                )
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+/// A gateway with one tenant and one key in front of `upstream`, one call in flight at most.
+pub(crate) fn fixed_config(upstream: &str) -> String {
+    format!(
+        r#"
+        [server]
+        admin_token = "admin"
+        [[accounts]]
+        name = "fixed"
+        base_url = "{upstream}"
+        key = "sk-upstream-secret"
+        profile = "openai"
+        apis = ["chat"]
+        quota = {{ requests_per_minute = 600, tokens_per_minute = 600000, max_in_flight = 1 }}
+        [[keys]]
+        name = "team-key"
+        key = "caller-secret"
+        tenant = "team"
+        "#
+    )
+}
+
+#[tokio::test]
+async fn a_stream_passes_byte_for_byte_with_the_gateway_key_upstream() {
+    let (upstream, seen) = fixed_upstream(Duration::from_millis(20)).await;
+    let gateway = Running::start(&fixed_config(&upstream)).await;
+    let body = r#"{"model":"gpt-4o-mini","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Hi"}]}"#;
+    let response = gateway
+        .post("/v1/chat/completions", Some("caller-secret"), body)
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["content-type"], "text/event-stream");
+    assert_eq!(response.bytes().await.unwrap(), EVENTS.concat().as_bytes());
+    let headers = seen.lock().unwrap().clone();
+    assert_eq!(headers.len(), 1);
+    assert_eq!(headers[0]["authorization"], "Bearer sk-upstream-secret");
+    assert!(
+        headers[0]
+            .values()
+            .all(|v| !v.as_bytes().windows(6).any(|w| w == b"caller"))
+    );
+    let usage = gateway.gateway.ledger.counts_under("team");
+    assert_eq!(
+        (usage.requests, usage.input_tokens, usage.output_tokens),
+        (1, 9, 2)
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn metrics_carry_per_tenant_series() {
+    let gateway = Running::start(&demo()).await;
+    assert_eq!(
+        gateway
+            .post("/v1/chat/completions", Some(SEARCH), &chat(20))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        gateway
+            .post("/v1/messages", Some(REPORTS), &messages(20))
+            .await
+            .status(),
+        200
+    );
+    let (status, text) = gateway.get("/metrics").await;
+    assert_eq!(status, 200);
+    for series in [
+        r#"gateway_requests_total{tenant="acme/search",api="chat",class="interactive",status="200"}"#,
+        r#"gateway_requests_total{tenant="acme/reports",api="messages",class="batch",status="200"}"#,
+        r#"gateway_tokens_total{tenant="acme/reports",kind="output"}"#,
+        r#"gateway_tenant_level{tenant="globex",account="openai-sim",limit="requests_per_minute"}"#,
+        r#"gateway_tenant_guaranteed_tokens_per_minute{tenant="acme",account="anthropic-sim"}"#,
+        r#"gateway_account_queued{account="openai-sim",class="batch"}"#,
+    ] {
+        assert!(text.contains(series), "{series} missing from\n{text}");
+    }
+    // The crate's own series, with its `metrics` feature.
+    for series in ["llm_requests_total", "llm_tenant_tokens_total"] {
+        assert_eq!(text.contains(series), cfg!(feature = "metrics"), "{series}");
+    }
+    assert_eq!(gateway.get("/healthz").await, (200, "ok".to_owned()));
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn x_priority_chooses_the_class_only_where_the_key_allows_it() {
+    let (upstream, _) = fixed_upstream(Duration::ZERO).await;
+    let config = fixed_config(&upstream).replace("tenant = \"team\"", "tenant = \"prio\"")
+        + r#"
+        [[keys]]
+        name = "prio-free"
+        key = "free-secret"
+        tenant = "prio"
+        default_class = "interactive"
+        allow_priority_header = true
+        "#;
+    let gateway = Running::start(&config).await;
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"Hi"}]}"#;
+    for (key, header) in [
+        ("caller-secret", "interactive"),
+        ("free-secret", "batch"),
+        ("free-secret", "bogus"),
+    ] {
+        let response = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", gateway.url))
+            .bearer_auth(key)
+            .header("x-priority", header)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+    }
+    let (_, text) = gateway.get("/metrics").await;
+    let count = |class: &str| {
+        let series = format!(
+            r#"gateway_requests_total{{tenant="prio",api="chat",class="{class}",status="200"}} "#
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map(str::to_owned)
+    };
+    // The first key may not choose: its default (async) stands; the second may: batch, then
+    // its default (interactive) for a value it does not know.
+    assert_eq!(count("async").as_deref(), Some("1"));
+    assert_eq!(count("batch").as_deref(), Some("1"));
+    assert_eq!(count("interactive").as_deref(), Some("1"));
+    gateway.stop().await;
+}

@@ -1,0 +1,15 @@
+//! The gateway example, run in process on a loopback port: its keys, refusals, admin API,
+//! streaming, metrics, shutdown and status page (in a real browser when one is installed).
+
+#[path = "../../examples/gateway/server/mod.rs"]
+mod server;
+
+#[path = "../redis_server/mod.rs"]
+mod redis_server;
+
+mod admin;
+mod api;
+mod browser;
+mod replicas;
+mod shutdown;
+mod support;

@@ -1,0 +1,92 @@
+//! `--redis-url`: two gateway replicas spend one account quota.
+
+use std::time::Duration;
+
+use crate::api::{fixed_config, fixed_upstream};
+use crate::redis_server::RedisServer;
+use crate::support::Running;
+
+const BODY: &str = r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"Hi"}]}"#;
+
+#[tokio::test]
+async fn two_replicas_share_the_account_through_redis() {
+    let redis = RedisServer::start();
+    let (upstream, seen) = fixed_upstream(Duration::ZERO).await;
+    // Six requests a minute: a burst of one, then one every 10 s, for both replicas together.
+    let config =
+        fixed_config(&upstream).replace("requests_per_minute = 600", "requests_per_minute = 6");
+    let first = Running::start_shared(&config, &redis.url()).await;
+    let second = Running::start_shared(&config, &redis.url()).await;
+    assert_eq!(
+        first
+            .post("/v1/chat/completions", Some("caller-secret"), BODY)
+            .await
+            .status(),
+        200
+    );
+    // The other replica's request waits for the shared bucket's refill.
+    let waiting = second.post("/v1/chat/completions", Some("caller-secret"), BODY);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .is_err()
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    first.stop().await;
+    second.stop().await;
+}
+
+#[tokio::test]
+async fn two_replicas_share_a_tenant_limit_through_redis() {
+    let redis = RedisServer::start();
+    let (upstream, seen) = fixed_upstream(Duration::ZERO).await;
+    // The account is wide; the tenant may send six requests a minute, a burst of one.
+    let tree = "[tenants.nodes.team]\nlimits = [{ dimension = \"requests\", amount = 6, period_seconds = 60 }]\n";
+    let config = format!("{tree}{}", fixed_config(&upstream));
+    let first = Running::start_shared(&config, &redis.url()).await;
+    let second = Running::start_shared(&config, &redis.url()).await;
+    assert_eq!(
+        first
+            .post("/v1/chat/completions", Some("caller-secret"), BODY)
+            .await
+            .status(),
+        200
+    );
+    let waiting = second.post("/v1/chat/completions", Some("caller-secret"), BODY);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .is_err()
+    );
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    first.stop().await;
+    second.stop().await;
+}
+
+#[tokio::test]
+async fn an_unreachable_store_fails_closed_with_503() {
+    let mut redis = RedisServer::start();
+    let (upstream, seen) = fixed_upstream(Duration::ZERO).await;
+    let gateway = Running::start_shared(&fixed_config(&upstream), &redis.url()).await;
+    assert_eq!(
+        gateway
+            .post("/v1/chat/completions", Some("caller-secret"), BODY)
+            .await
+            .status(),
+        200
+    );
+    redis.kill();
+    let (status, retry_after, body) = crate::support::json(
+        gateway
+            .post("/v1/chat/completions", Some("caller-secret"), BODY)
+            .await,
+    )
+    .await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["limit"], "store");
+    assert_eq!(body["error"]["scope"], "account:fixed");
+    assert_eq!(body["error"]["gateway_decision"], "local");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    assert_eq!(seen.lock().unwrap().len(), 1);
+    gateway.stop().await;
+}

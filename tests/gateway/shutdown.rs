@@ -1,0 +1,45 @@
+//! Stopping: a stream in flight finishes, a queued request gets a 503.
+
+use std::time::Duration;
+
+use crate::api::{fixed_config, fixed_upstream};
+use crate::support::{Running, json};
+
+#[tokio::test]
+async fn a_stop_lets_streams_finish_and_answers_queued_requests_503() {
+    let (upstream, _) = fixed_upstream(Duration::from_millis(100)).await;
+    let mut gateway = Running::start(&fixed_config(&upstream)).await;
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
+    // The only call in flight: its head has come, its events take 400 ms.
+    let streaming = gateway
+        .post("/v1/chat/completions", Some("caller-secret"), body)
+        .await;
+    assert_eq!(streaming.status(), 200);
+    // A second request waits for that slot.
+    let queued = {
+        let url = gateway.url.clone();
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{url}/v1/chat/completions"))
+                .bearer_auth("caller-secret")
+                .body(r#"{"model":"m","messages":[{"role":"user","content":"Hi"}]}"#)
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    let account = gateway.gateway.accounts[0].clone();
+    while account.queue().snapshot().depth() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    gateway.signal_stop();
+    let (status, retry_after, refusal) = json(queued.await.unwrap()).await;
+    assert_eq!((status, retry_after.as_deref()), (503, Some("1")));
+    assert_eq!(refusal["error"]["limit"], "shutdown");
+    assert_eq!(account.queue().snapshot().depth(), 0);
+    let events = streaming.bytes().await.unwrap();
+    assert_eq!(events.as_ref(), crate::api::EVENTS.concat().as_bytes());
+    gateway.stop().await;
+    // The stream's slot came back; nothing is left reserved.
+    assert_eq!(account.budget().snapshot().in_flight(), 0);
+}
