@@ -217,6 +217,37 @@ async fn an_idle_share_is_borrowed_and_taken_back() {
     assert_eq!(sim.stats().rate_limited, 0);
 }
 
+/// A guarantee belongs to the node that sets it: two teams of a tenant guaranteed half the
+/// account do not each claim that half (which would put all of the tenant's traffic before
+/// the other tenant's, 2/3 against 1/3 over three flows); together they are held to it.
+#[tokio::test(start_paused = true)]
+async fn a_child_without_a_guarantee_does_not_claim_its_parent_s() {
+    let tree = TenantTree::new()
+        .with_node(tenant("a"), TenantNode::new().with_guarantee(0.5))
+        .with_node(tenant("a/x"), TenantNode::new())
+        .with_node(tenant("a/y"), TenantNode::new())
+        .with_node(tenant("b"), TenantNode::new().with_guarantee(0.5));
+    let budget = Budget::with_tenants(quota(), tree).unwrap();
+    let handle = budget.tenants().unwrap();
+    assert_eq!(handle.snapshot(&tenant("a/x")).guaranteed(), 0);
+    assert_eq!(handle.snapshot(&tenant("a")).guaranteed(), TPM / 2);
+    let sim = simulator();
+    let llm = governed(&budget, &sim);
+    let tally = Tally::default();
+    let start = Instant::now();
+    let (from, end) = (start + MINUTE, start + 6 * MINUTE);
+    let mut tasks = saturate(&llm, &tally, "a/x", 200, 4, (start, from, end));
+    tasks.extend(saturate(&llm, &tally, "a/y", 200, 4, (start, from, end)));
+    tasks.extend(saturate(&llm, &tally, "b", 200, 8, (start, from, end)));
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(sim.stats().rate_limited, 0);
+    let a = share(&tally, "a/x") + share(&tally, "a/y");
+    eprintln!("teams of a: {a:.4} of the account's tokens (guarantee 0.5)");
+    assert!((a - 0.5).abs() <= 0.03, "a {a:.4}");
+}
+
 /// Classes first: an interactive request of tenant a under tenant b's long-context batch
 /// backlog waits no longer than the refill of its own cost plus one of b's items.
 #[tokio::test(start_paused = true)]

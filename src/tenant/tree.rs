@@ -110,8 +110,17 @@ impl Tenants {
     }
 
     /// The guarantee of `path` in the reference dimension per minute: the product of the
-    /// guarantees set on its path, times the account's rate.
+    /// guarantees set on its path, times the account's rate; 0 for a node that sets none of
+    /// its own (its traffic counts in its nearest guaranteed ancestor's meter, which is the
+    /// one that decides whether it is below its guarantee: a child does not claim its
+    /// parent's whole guarantee for itself).
     fn guaranteed(&self, path: &Tenant) -> u64 {
+        if self
+            .config(path.as_str())
+            .is_none_or(|c| c.guarantee <= 0.0)
+        {
+            return 0;
+        }
         let mut share = 1.0;
         let mut any = false;
         for prefix in path.prefixes() {
@@ -232,15 +241,20 @@ impl Tenants {
         if amount == 0 {
             return;
         }
-        let share = match self.live.get_mut(path.as_str()) {
-            Some(node) if node.guaranteed > 0 => {
+        // The nearest node of the path with a guarantee decides, as in `flow`.
+        let guarantor = path
+            .prefixes()
+            .filter(|prefix| self.live.get(*prefix).is_some_and(|n| n.guaranteed > 0))
+            .last();
+        let share = match guarantor.and_then(|prefix| self.live.get_mut(prefix)) {
+            Some(node) => {
                 if node.meter.get(now) <= node.guaranteed {
                     "guaranteed"
                 } else {
                     "borrowed"
                 }
             }
-            _ => "none",
+            None => "none",
         };
         super::metrics::settled(path.prefix(self.tree.label_depth), share, amount);
     }
