@@ -186,6 +186,15 @@ pub(crate) const EVENTS: [&str; 4] = [
 
 /// An upstream on loopback that records the headers it gets and streams [`EVENTS`].
 pub(crate) async fn fixed_upstream(pause: Duration) -> (String, Arc<Mutex<Vec<HeaderMap>>>) {
+    let (app, seen) = fixed_app(pause);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+/// The fixed upstream's routes, and the headers it got.
+pub(crate) fn fixed_app(pause: Duration) -> (axum::Router, Arc<Mutex<Vec<HeaderMap>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();
     let app = axum::Router::new().route(
@@ -208,10 +217,7 @@ pub(crate) async fn fixed_upstream(pause: Duration) -> (String, Arc<Mutex<Vec<He
             }
         }),
     );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (url, seen)
+    (app, seen)
 }
 
 /// A gateway with one tenant and one key in front of `upstream`, one call in flight at most.

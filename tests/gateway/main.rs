@@ -1,5 +1,5 @@
 //! The gateway example, run in process on a loopback port: its keys, refusals, admin API,
-//! streaming, metrics, shutdown and status page (in a real browser when one is installed).
+//! streaming, metrics, shutdown, HTTPS upstreams and status page (in a real browser when one is installed).
 
 #[path = "../../examples/gateway/server/mod.rs"]
 mod server;
@@ -13,3 +13,4 @@ mod browser;
 mod replicas;
 mod shutdown;
 mod support;
+mod tls;

@@ -8,7 +8,8 @@
 //!
 //! [[accounts]]
 //! name = "openai-main"
-//! base_url = "http://127.0.0.1:4000"   # or "sim": the simulated provider, in process
+//! base_url = "https://api.openai.com"  # http(s)://, or "sim": the simulated provider, in process
+//! # ca_file = "corp-ca.pem"            # trust these CAs (PEM) instead of the Mozilla roots
 //! key_env = "OPENAI_API_KEY"
 //! profile = "openai"                   # openai | anthropic | azure_openai | groq
 //! apis = ["chat", "responses"]         # chat | responses | messages
@@ -131,8 +132,13 @@ impl Api {
 #[serde(deny_unknown_fields)]
 pub(crate) struct AccountConfig {
     pub(crate) name: String,
-    /// `http://host:port` of the provider, or `sim` for the in-process simulator.
+    /// `https://host` (or `http://host:port`) of the provider, or `sim` for the in-process
+    /// simulator.
     pub(crate) base_url: String,
+    /// A PEM bundle of the CAs to trust for an `https://` upstream (a corporate proxy, a
+    /// private gateway), instead of the Mozilla roots compiled in; a relative path is from the
+    /// working directory.
+    pub(crate) ca_file: Option<std::path::PathBuf>,
     /// The environment variable holding the provider key (never logged).
     pub(crate) key_env: Option<String>,
     /// The provider key itself; prefer `key_env`.

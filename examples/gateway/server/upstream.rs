@@ -1,6 +1,7 @@
 //! The provider accounts: one governed stack ([`QuotaStack`]) per API an account serves, over
-//! one budget per account, in front of the simulator or an HTTP upstream.
+//! one budget per account, in front of the simulator or an HTTP(S) upstream.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -12,6 +13,8 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 use tower_llm_quota::budget::FailurePolicy;
@@ -93,8 +96,67 @@ fn simulator(config: &AccountConfig) -> Simulator {
     )
 }
 
-/// The client an account's stacks call: marks the request dispatched, then sends it.
-fn client(simulator: Option<&Simulator>) -> Client {
+/// The TLS configuration of an `https://` upstream: the Mozilla roots compiled in, or the
+/// CAs of `ca_file` instead; the `ring` provider, TLS 1.2 and 1.3.
+fn tls_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?;
+    let Some(path) = ca_file else {
+        use hyper_rustls::ConfigBuilderExt;
+        return Ok(builder.with_webpki_roots().with_no_client_auth());
+    };
+    let shown = path.display();
+    let pem = std::fs::read(path).map_err(|e| format!("ca_file {shown}: {e}"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| format!("ca_file {shown}: {e}"))?;
+        roots
+            .add(cert)
+            .map_err(|e| format!("ca_file {shown}: {e}"))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("ca_file {shown}: no certificate in the file"));
+    }
+    Ok(builder.with_root_certificates(roots).with_no_client_auth())
+}
+
+/// A TLS handshake the upstream failed (a certificate of an unknown CA, another name): the
+/// same every time, so no retry is spent on it (a connect error alone reads as transient).
+#[derive(Debug)]
+struct TlsRefused(String);
+
+impl std::fmt::Display for TlsRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the TLS handshake with the upstream failed: {}", self.0)
+    }
+}
+
+impl std::error::Error for TlsRefused {}
+
+/// The client's error, a [`TlsRefused`] when a TLS error caused it.
+fn client_error(error: hyper_util::client::legacy::Error) -> BoxError {
+    // An `io::Error` hides what it wraps from `source`: descend through `get_ref`.
+    let mut link: Option<&(dyn std::error::Error + 'static)> = Some(&error);
+    while let Some(e) = link {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Box::new(TlsRefused(tls.to_string()));
+        }
+        link = match e.downcast_ref::<std::io::Error>() {
+            Some(io) => io
+                .get_ref()
+                .map(|inner| inner as &(dyn std::error::Error + 'static)),
+            None => e.source(),
+        };
+    }
+    error.into()
+}
+
+/// The client an account's stacks call: marks the request dispatched, then sends it, over
+/// `tls` for an `https://` upstream.
+fn client(simulator: Option<&Simulator>, tls: rustls::ClientConfig) -> Client {
     let mark = |request: Request<Full<Bytes>>| {
         if let Some(dispatched) = request.extensions().get::<Dispatched>() {
             dispatched.0.store(true, Ordering::Release);
@@ -112,12 +174,19 @@ fn client(simulator: Option<&Simulator>) -> Client {
         None => {
             let mut connector = HttpConnector::new();
             connector.set_nodelay(true);
+            connector.enforce_http(false);
+            let connector = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(tls)
+                .https_or_http()
+                .enable_http1()
+                .enable_http2()
+                .wrap_connector(connector);
             let http =
                 HyperClient::builder(TokioExecutor::new()).build::<_, Full<Bytes>>(connector);
             BoxCloneSyncService::new(
                 http.map_request(mark)
                     .map_response(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
-                    .map_err(BoxError::from),
+                    .map_err(client_error),
             )
         }
     }
@@ -145,8 +214,10 @@ impl Account {
                     .base_url
                     .parse::<Uri>()
                     .map_err(|e| error(e.to_string()))?;
-                if base.scheme_str() != Some("http") {
-                    return Err(error("base_url must be http:// (or `sim`)".into()));
+                if !matches!(base.scheme_str(), Some("http" | "https")) {
+                    return Err(error(
+                        "base_url must be http:// or https:// (or `sim`)".into(),
+                    ));
                 }
                 let key = match (&config.key, &config.key_env) {
                     (Some(key), _) => Some(key.clone()),
@@ -158,6 +229,7 @@ impl Account {
                 (base, key)
             }
         };
+        let tls = tls_config(config.ca_file.as_deref()).map_err(error)?;
         let quota = config.quota.quota()?;
         let minute = config.quota.minute();
         let budget = match redis_url {
@@ -179,7 +251,7 @@ impl Account {
         let budget = budget
             .with_tenant_tree(tree.clone())
             .map_err(|e| error(e.to_string()))?;
-        let client = client(simulator.as_ref());
+        let client = client(simulator.as_ref(), tls);
         let mut stack_for = None;
         let stacks = config
             .apis
