@@ -77,7 +77,7 @@ mod reservation;
 mod reserve;
 mod share;
 mod shared;
-mod snapshot;
+pub(crate) mod snapshot;
 pub(crate) mod store;
 mod tenants;
 mod waiters;

@@ -1,11 +1,12 @@
 //! A point-in-time view of a budget, for introspection and health endpoints.
 
 use std::num::NonZeroUsize;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::cost::Cost;
-use crate::quota::Limit;
+use crate::quota::{Dimension, Limit};
 
 /// A budget's state at one instant, from [`Budget::snapshot`](crate::Budget::snapshot).
 ///
@@ -30,6 +31,35 @@ impl BudgetSnapshot {
     /// Every limit's state, in the quota's order.
     pub fn limits(&self) -> &[LimitSnapshot] {
         &self.limits
+    }
+
+    /// The state of the limit on `dimension` per `period`, if the quota has one.
+    ///
+    /// ```
+    /// use std::{num::NonZeroU64, time::Duration};
+    /// use tower_llm_quota::{Budget, Dimension, Limit, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let budget = Budget::new(
+    ///     Quota::new()
+    ///         .with_limit(Limit::per_minute(Dimension::Requests, NonZeroU64::new(500).unwrap()))
+    ///         .with_limit(Limit::per_day(Dimension::TotalTokens, NonZeroU64::new(1_000_000).unwrap())),
+    /// );
+    /// let snapshot = budget.snapshot();
+    /// let daily = snapshot.limit(Dimension::TotalTokens, Duration::from_secs(86_400)).unwrap();
+    /// assert_eq!(daily.limit().dimension(), Dimension::TotalTokens);
+    /// assert!(snapshot.limit(Dimension::TotalTokens, Duration::from_secs(60)).is_none());
+    /// assert_eq!(snapshot.limits_of(Dimension::Requests).count(), 1);
+    /// # }
+    /// ```
+    pub fn limit(&self, dimension: Dimension, period: Duration) -> Option<&LimitSnapshot> {
+        find(&self.limits, dimension, period)
+    }
+
+    /// The states of every limit on `dimension` (a per-minute and a per-day limit, say), in
+    /// the quota's order.
+    pub fn limits_of(&self, dimension: Dimension) -> impl Iterator<Item = &LimitSnapshot> + '_ {
+        of(&self.limits, dimension)
     }
 
     /// Requests waiting for admission.
@@ -93,4 +123,23 @@ impl LimitSnapshot {
     pub fn full_at(&self) -> Instant {
         self.full_at
     }
+}
+
+/// The limit on `dimension` per `period` among `limits`.
+pub(crate) fn find(
+    limits: &[LimitSnapshot],
+    dimension: Dimension,
+    period: Duration,
+) -> Option<&LimitSnapshot> {
+    of(limits, dimension).find(|l| l.limit.period() == period)
+}
+
+/// The limits on `dimension` among `limits`.
+pub(crate) fn of(
+    limits: &[LimitSnapshot],
+    dimension: Dimension,
+) -> impl Iterator<Item = &LimitSnapshot> + '_ {
+    limits
+        .iter()
+        .filter(move |l| l.limit.dimension() == dimension)
 }

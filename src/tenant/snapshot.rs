@@ -1,7 +1,10 @@
 //! A node's state at one instant, for a quota API or a status page.
 
+use std::time::Duration;
+
 use crate::budget::LimitSnapshot;
 use crate::priority::Priority;
+use crate::quota::Dimension;
 
 use super::daily::DailyCap;
 use super::path::Tenant;
@@ -35,6 +38,16 @@ impl TenantSnapshot {
     /// The node's own limits (its borrowing cap included) and their levels.
     pub fn limits(&self) -> &[LimitSnapshot] {
         &self.limits
+    }
+
+    /// The state of the node's limit on `dimension` per `period`, if it has one.
+    pub fn limit(&self, dimension: Dimension, period: Duration) -> Option<&LimitSnapshot> {
+        crate::budget::snapshot::find(&self.limits, dimension, period)
+    }
+
+    /// The states of every limit of the node on `dimension`, in its configuration's order.
+    pub fn limits_of(&self, dimension: Dimension) -> impl Iterator<Item = &LimitSnapshot> + '_ {
+        crate::budget::snapshot::of(&self.limits, dimension)
     }
 
     /// The node's weight in the fair share (the product of the weights on its path).
