@@ -20,6 +20,23 @@ use crate::sched::Scheduling;
 use crate::sched::order::Place;
 use crate::tenant::Tenant;
 
+impl Budget {
+    /// Waits until `cost` can be paid in every limit it touches (and an in-flight slot is
+    /// free, when the quota caps them), then reserves it.
+    ///
+    /// Waiters are admitted in the budget's ordering: by the class and place set with
+    /// [`Reserve::priority`] (by default async, in arrival order). Fails at once, without waiting, when `cost`
+    /// exceeds a bucket's capacity (or later, should a limit shrink below it while waiting).
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes reserves nothing and gives up its place in the
+    /// queue.
+    pub fn reserve(&self, cost: Cost) -> Reserve {
+        Reserve::new(self.clone(), cost)
+    }
+}
+
 pin_project! {
     /// Waits for a [`Budget`] to admit a cost; see [`Budget::reserve`].
     ///

@@ -65,7 +65,7 @@ pub(crate) const PIPELINE: usize = 8;
 
 /// Tells the budget, if it still exists, that a refund reached the store.
 #[derive(Debug, Clone)]
-struct Refunded(std::sync::Weak<super::Shared>);
+struct Refunded(std::sync::Weak<super::handle::Shared>);
 
 impl Refunded {
     fn notify(&self) {

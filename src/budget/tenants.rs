@@ -5,7 +5,8 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use super::{Budget, LimitSnapshot, State};
+use super::handle::State;
+use super::{Budget, LimitSnapshot};
 use crate::budget::waiters::Ask;
 use crate::quota::{Limit, Quota};
 use crate::tenant::tree::{NodeView, Tenants};
