@@ -57,6 +57,42 @@ async fn budget(server: &RedisServer) -> Budget {
         .unwrap()
 }
 
+/// Four callers per tenant on every budget, each reserving `COST` until `end` and logging
+/// what it was admitted.
+async fn drive(
+    budgets: &[Budget],
+    tenants: &[&'static str],
+    end: Instant,
+    expect: &'static str,
+) -> Log {
+    let log: Log = Arc::default();
+    let mut tasks = Vec::new();
+    for budget in budgets {
+        for &tenant in tenants {
+            for _ in 0..4 {
+                let (budget, log) = (budget.clone(), Arc::clone(&log));
+                let path: Tenant = tenant.parse().unwrap();
+                tasks.push(tokio::spawn(async move {
+                    while Instant::now() < end {
+                        let mut reservation = budget
+                            .reserve(Cost::new(COST, 0))
+                            .tenant(path.clone())
+                            .await
+                            .expect(expect);
+                        log.lock().unwrap().push((Instant::now(), tenant, COST));
+                        reservation.mark_sent();
+                        reservation.charge_estimate();
+                    }
+                }));
+            }
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    log
+}
+
 /// The most that `admissions` (instant, amount) take in any window, beyond what a bucket of
 /// `rate` a second holding `burst` allows: positive is an excess.
 fn worst_excess(admissions: &[(Instant, u64)], rate: u64, burst: u64) -> i64 {
@@ -83,32 +119,8 @@ async fn three_budgets_three_tenants_keep_every_node_and_the_account() {
         budget(&server).await,
         budget(&server).await,
     ];
-    let log: Log = Arc::default();
     let end = Instant::now() + RUN;
-    let mut tasks = Vec::new();
-    for budget in &budgets {
-        for tenant in ["a", "b", "c"] {
-            for _ in 0..4 {
-                let (budget, log) = (budget.clone(), Arc::clone(&log));
-                let path: Tenant = tenant.parse().unwrap();
-                tasks.push(tokio::spawn(async move {
-                    while Instant::now() < end {
-                        let mut reservation = budget
-                            .reserve(Cost::new(COST, 0))
-                            .tenant(path.clone())
-                            .await
-                            .expect("admitted");
-                        log.lock().unwrap().push((Instant::now(), tenant, COST));
-                        reservation.mark_sent();
-                        reservation.charge_estimate();
-                    }
-                }));
-            }
-        }
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
+    let log = drive(&budgets, &["a", "b", "c"], end, "admitted").await;
     let log = log.lock().unwrap();
     let of = |tenant: &str| -> Vec<(Instant, u64)> {
         log.iter()
@@ -184,32 +196,13 @@ async fn over_a_cluster_a_path_s_buckets_share_the_account_s_slot() {
             .unwrap();
         budgets.push(budget);
     }
-    let log: Log = Arc::default();
-    let end = Instant::now() + Duration::from_secs(2);
-    let mut tasks = Vec::new();
-    for budget in &budgets {
-        for tenant in ["a", "c"] {
-            for _ in 0..4 {
-                let (budget, log) = (budget.clone(), Arc::clone(&log));
-                let path: Tenant = tenant.parse().unwrap();
-                tasks.push(tokio::spawn(async move {
-                    while Instant::now() < end {
-                        let mut reservation = budget
-                            .reserve(Cost::new(COST, 0))
-                            .tenant(path.clone())
-                            .await
-                            .expect("admitted: every key of the script in one slot");
-                        log.lock().unwrap().push((Instant::now(), tenant, COST));
-                        reservation.mark_sent();
-                        reservation.charge_estimate();
-                    }
-                }));
-            }
-        }
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
+    let log = drive(
+        &budgets,
+        &["a", "c"],
+        Instant::now() + Duration::from_secs(2),
+        "admitted: every key of the script in one slot",
+    )
+    .await;
     let log = log.lock().unwrap();
     let a: Vec<(Instant, u64)> = log
         .iter()

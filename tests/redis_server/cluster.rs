@@ -123,6 +123,8 @@ impl RedisCluster {
             .contains("master_link_status:up")
         {
             assert!(start.elapsed() < Duration::from_secs(10), "no replication");
+            // Real time: the servers are other processes, which announce this state nowhere
+            // but in their replies; the paused clock has no hold on them.
             std::thread::sleep(Duration::from_millis(20));
         }
         self.nodes.push(replica);
@@ -175,6 +177,7 @@ impl RedisCluster {
                 start.elapsed() < within,
                 "the cluster is not ok after {within:?}: {states:?}"
             );
+            // Real time, as above: the cluster's state is read from other processes.
             std::thread::sleep(Duration::from_millis(20));
         }
     }
