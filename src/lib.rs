@@ -6,6 +6,7 @@ mod builder;
 mod cost;
 pub mod error;
 pub mod estimate;
+pub mod group;
 mod loom;
 #[cfg(feature = "reqwest")]
 pub mod middleware;

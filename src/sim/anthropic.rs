@@ -39,6 +39,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<ChatRequest, Invalid> {
         stream: wire::flag(&body, "stream")?,
         include_usage: true,
         prompt_hash: hash.finish(),
+        group: wire::group_ids(messages),
     })
 }
 
@@ -52,7 +53,7 @@ fn stop_reason(c: &Completion) -> &'static str {
 
 /// The `message` body.
 pub(crate) fn completion(c: &Completion) -> Bytes {
-    let text = wire::completion_text(c.completion_tokens);
+    let text = wire::completion_text(c);
     let body = json!({
         "id": c.id,
         "type": "message",
@@ -110,7 +111,7 @@ pub(crate) fn frames(c: &Completion) -> Vec<Frame> {
         ),
         event(0, "ping", json!({"type": "ping"}), false),
     ];
-    for (tokens, text) in wire::content_pieces(c.completion_tokens) {
+    for (tokens, text) in wire::content_pieces(c) {
         frames.push(event(
             tokens,
             "content_block_delta",

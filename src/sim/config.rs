@@ -172,6 +172,7 @@ pub struct SimConfig {
     pub(crate) seed: u64,
     pub(crate) keys: Vec<(String, String)>,
     pub(crate) faults: Faults,
+    pub(crate) group_faults: super::group::GroupFaults,
     pub(crate) series_interval: Option<Duration>,
     pub(crate) idempotency_ttl: Option<Duration>,
     pub(crate) neighbour: Option<NeighbourSpec>,
@@ -201,6 +202,7 @@ impl SimConfig {
             seed: 0,
             keys: Vec::new(),
             faults: Faults::none(),
+            group_faults: super::group::GroupFaults::none(),
             series_interval: None,
             idempotency_ttl: None,
             neighbour: None,
@@ -387,6 +389,16 @@ impl SimConfig {
     /// The faults to inject (none by default).
     pub fn faults(self, faults: Faults) -> Self {
         Self { faults, ..self }
+    }
+
+    /// The faults of the answers to grouped prompts (none by default). A prompt whose items
+    /// are marked `<item id="...">` (see [`crate::group`]) is answered with a JSON array of
+    /// one `{"id", "answer"}` object per item, within its `max_tokens`.
+    pub fn group_faults(self, group_faults: super::group::GroupFaults) -> Self {
+        Self {
+            group_faults,
+            ..self
+        }
     }
 
     /// The width of one point of the statistics' time series (default: 1/60 of the minute;

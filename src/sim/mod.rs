@@ -122,6 +122,7 @@ mod anthropic;
 mod bucket;
 mod config;
 mod engine;
+mod group;
 mod keys;
 mod openai;
 mod server;
@@ -134,6 +135,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 pub use config::{Faults, SimConfig, Style};
+pub use group::GroupFaults;
 pub use server::SimServer;
 pub use service::{SimBody, SimResponseFuture, SimService};
 pub use stats::{LimitStats, SeriesPoint, SimStats};

@@ -37,6 +37,7 @@ pub(crate) fn parse(body: &[u8], default_max_tokens: u64) -> Result<ChatRequest,
         stream: wire::flag(&body, "stream")?,
         include_usage,
         prompt_hash: hash.finish(),
+        group: wire::group_ids(messages),
     })
 }
 
@@ -54,7 +55,7 @@ fn finish_reason(c: &Completion) -> &'static str {
 
 /// The `chat.completion` body.
 pub(crate) fn completion(c: &Completion) -> Bytes {
-    let text = wire::completion_text(c.completion_tokens);
+    let text = wire::completion_text(c);
     let body = json!({
         "id": c.id,
         "object": "chat.completion",
@@ -99,7 +100,7 @@ pub(crate) fn frames(c: &Completion) -> Vec<Frame> {
         chunk(json!({"role": "assistant", "content": ""}), Value::Null),
         false,
     )];
-    for (tokens, text) in wire::content_pieces(c.completion_tokens) {
+    for (tokens, text) in wire::content_pieces(c) {
         frames.push(event(
             tokens,
             chunk(json!({"content": text}), Value::Null),

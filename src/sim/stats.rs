@@ -48,6 +48,9 @@ pub struct SimStats {
     pub neighbour_rate_limited: u64,
     /// Tokens the neighbour spent.
     pub neighbour_tokens: u64,
+    /// Admitted requests whose prompt was a group of marked items (answered with a JSON
+    /// array; see [`GroupFaults`](super::GroupFaults)).
+    pub grouped_answers: u64,
 }
 
 /// One enforced limit of one organisation.
@@ -131,6 +134,7 @@ pub(crate) struct Counters {
     pub(crate) neighbour_admitted: u64,
     pub(crate) neighbour_rate_limited: u64,
     pub(crate) neighbour_tokens: u64,
+    pub(crate) grouped_answers: u64,
 }
 
 /// One admission (32 bytes on 64-bit targets).
@@ -251,6 +255,7 @@ pub(crate) fn snapshot(
         neighbour_admitted: counters.neighbour_admitted,
         neighbour_rate_limited: counters.neighbour_rate_limited,
         neighbour_tokens: counters.neighbour_tokens,
+        grouped_answers: counters.grouped_answers,
     }
 }
 

@@ -28,6 +28,9 @@ pub(crate) struct ChatRequest {
     pub(crate) include_usage: bool,
     /// A hash of the prompt text, which decides the completion length.
     pub(crate) prompt_hash: u64,
+    /// The ids of the items marked in the prompt (`<item id="...">`): a grouped prompt,
+    /// answered with a JSON array.
+    pub(crate) group: Vec<String>,
 }
 
 /// Why a request is malformed: the message of a 400.
@@ -44,6 +47,9 @@ pub(crate) struct Completion {
     pub(crate) completion_tokens: u64,
     pub(crate) max_tokens: u64,
     pub(crate) include_usage: bool,
+    /// The answer to a grouped prompt, instead of generated words (its tokens are
+    /// `completion_tokens`, four characters each).
+    pub(crate) text: Option<String>,
 }
 
 impl Completion {
@@ -67,21 +73,33 @@ pub(crate) struct Frame {
 /// frame.
 pub(crate) const MAX_CONTENT_FRAMES: u64 = 16;
 
-/// The whole text of a completion of `completion_tokens`, as a non-streamed body carries it.
-pub(crate) fn completion_text(completion_tokens: u64) -> String {
-    content_pieces(completion_tokens)
-        .into_iter()
-        .map(|(_, text)| text)
-        .collect()
+/// The whole text of a completion, as a non-streamed body carries it.
+pub(crate) fn completion_text(c: &Completion) -> String {
+    match &c.text {
+        Some(text) => text.clone(),
+        None => content_pieces(c)
+            .into_iter()
+            .map(|(_, text)| text)
+            .collect(),
+    }
 }
 
-/// The content frames' token counts and texts.
-pub(crate) fn content_pieces(completion_tokens: u64) -> Vec<(u64, String)> {
+/// The content frames' token counts and texts: generated words, or slices of the
+/// completion's own text (four characters a token).
+pub(crate) fn content_pieces(c: &Completion) -> Vec<(u64, String)> {
+    let chars: Option<Vec<char>> = c.text.as_ref().map(|text| text.chars().collect());
     let mut offset = 0;
-    pieces(completion_tokens, MAX_CONTENT_FRAMES)
+    pieces(c.completion_tokens, MAX_CONTENT_FRAMES)
         .into_iter()
         .map(|n| {
-            let text = generated_text(n, offset);
+            let text = match &chars {
+                Some(chars) => {
+                    let start = (offset as usize * 4).min(chars.len());
+                    let end = ((offset + n) as usize * 4).min(chars.len());
+                    chars[start..end].iter().collect()
+                }
+                None => generated_text(n, offset),
+            };
             offset += n;
             (n, text)
         })
@@ -188,6 +206,26 @@ pub(crate) fn count_content(content: Option<&Value>, tokens: &mut u64, hash: &mu
     }
 }
 
+/// The ids of the items marked in the messages' texts (see
+/// [`item_markers`](crate::group::item_markers)).
+pub(crate) fn group_ids(messages: &[Value]) -> Vec<String> {
+    let mut ids = Vec::new();
+    let mut scan = |text: &str| {
+        ids.extend(crate::group::item_markers(text).map(|(id, _)| id.to_owned()));
+    };
+    for message in messages {
+        match message.get("content") {
+            Some(Value::String(text)) => scan(text),
+            Some(Value::Array(blocks)) => blocks
+                .iter()
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .for_each(&mut scan),
+            _ => {}
+        }
+    }
+    ids
+}
+
 /// A positive integer field, `None` when absent.
 pub(crate) fn positive(body: &Value, field: &str) -> Result<Option<u64>, Invalid> {
     match body.get(field) {
@@ -267,7 +305,7 @@ pub(crate) fn completion_tokens(max_tokens: u64, share: (f64, f64), hash: u64, s
 }
 
 /// A 64-bit finalizer (splitmix64's), so neighbouring hashes spread.
-fn mix(mut x: u64) -> u64 {
+pub(crate) fn mix(mut x: u64) -> u64 {
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
     x ^ (x >> 31)

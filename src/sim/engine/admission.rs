@@ -260,13 +260,27 @@ impl Engine {
             output: request.max_tokens,
         });
         let id = self.next_id(&mut state);
+        let (text, completion_tokens) = if request.group.is_empty() {
+            let tokens = wire::completion_tokens(
+                request.max_tokens,
+                self.config.completion_share,
+                request.prompt_hash,
+                self.config.seed,
+            );
+            (None, tokens)
+        } else {
+            state.counters.grouped_answers += 1;
+            let (text, tokens) = crate::sim::group::answer(
+                &request.group,
+                request.max_tokens,
+                self.config.completion_share,
+                self.config.seed,
+                self.config.group_faults,
+                &mut state.rng,
+            );
+            (Some(text), tokens)
+        };
         drop(state);
-        let completion_tokens = wire::completion_tokens(
-            request.max_tokens,
-            self.config.completion_share,
-            request.prompt_hash,
-            self.config.seed,
-        );
         let completion = Completion {
             id,
             model: request.model,
@@ -278,6 +292,7 @@ impl Engine {
             completion_tokens,
             max_tokens: request.max_tokens,
             include_usage: request.include_usage,
+            text,
         };
         let extra = if spike {
             self.config.faults.spike
