@@ -53,6 +53,7 @@
 #[allow(dead_code)] // Shared with the batch example, which uses more of it.
 #[path = "../examples/batch/run.rs"]
 mod run;
+#[allow(dead_code)] // The grouping mode's ticket texts are the example's alone.
 #[path = "../examples/batch/workload.rs"]
 mod workload;
 

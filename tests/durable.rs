@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
-use tower_llm_quota::sim::{Faults, SimConfig, Simulator};
+use tower_llm_quota::sim::{Faults, GroupFaults, SimConfig, Simulator};
 
 const JOBS: usize = 500;
 /// Jobs whose `max_tokens` no quota can ever pay: permanent failures.
@@ -261,5 +261,91 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
     assert!(twice.is_empty(), "billed twice: {twice:?}");
     assert_eq!(keys.len(), JOBS - POISONED);
     assert_eq!(stats.rate_limited, 0, "no provider 429");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--durable --group 10`: each worker groups the jobs it holds; each job ends on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_groups_the_jobs_it_holds_and_each_job_ends_on_its_own() {
+    const GROUPED_JOBS: usize = 100;
+    let binary = support::batch_example();
+    let redis = RedisServer::start();
+    let simulator = Simulator::new(
+        SimConfig::openai(RPM, 200_000)
+            .minute(MINUTE)
+            .latency(Duration::from_millis(20), Duration::from_micros(100))
+            .honour_idempotency_keys(Duration::from_secs(600))
+            .group_faults(GroupFaults::none().missing(0.05))
+            .seed(9),
+    );
+    let server = simulator
+        .serve("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("{}/v1/chat/completions", server.url());
+    let dir = tempdir();
+    let path = dir.join("tickets.jsonl");
+    let mut file = std::fs::File::create(&path).unwrap();
+    for i in 0..GROUPED_JOBS {
+        let line = serde_json::json!({
+            "id": format!("g{i}"),
+            "prompt": format!("Ticket {i}: my invoice for order {} is wrong.", 2_000 + i),
+            "max_tokens": 40,
+            "priority": "batch",
+        });
+        writeln!(file, "{line}").unwrap();
+    }
+    drop(file);
+    let log = std::fs::File::create(dir.join("grouped.log")).unwrap();
+    let child = Command::new(&binary)
+        .args([
+            "--durable",
+            "--role",
+            "both",
+            "--queue",
+            "grouped",
+            "--group",
+            "10",
+        ])
+        .args(["--heartbeat-secs", "1"])
+        .args(["--url", &url, "--api-key-env", "SIM_API_KEY"])
+        .args(["--redis-url", &redis.url(), "--quota-key", "grouped"])
+        .args(["--rpm", &RPM.to_string(), "--tpm", "200000"])
+        .args(["--minute-ms", &MINUTE.as_millis().to_string()])
+        .arg("--input")
+        .arg(&path)
+        .env("SIM_API_KEY", "sk-durable")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("the example starts");
+    let mut worker = Worker(Some(child));
+    let finished = worker.wait(Instant::now() + DEADLINE).await;
+    let log = std::fs::read_to_string(dir.join("grouped.log")).unwrap_or_default();
+    assert!(finished, "the grouped worker failed: {log}");
+
+    let done = count(&redis, "SCARD grouped:done");
+    let dead = count(&redis, "SCARD grouped:dead");
+    assert_eq!((done, dead), (GROUPED_JOBS as u64, 0), "{log}");
+    let stats = simulator.stats();
+    // Groups of up to ten, and the items an answer left out sent again alone.
+    assert!(stats.grouped_answers >= 10, "{stats:?}");
+    assert!(
+        stats.admitted < GROUPED_JOBS as u64 / 2,
+        "{} calls for {GROUPED_JOBS} jobs",
+        stats.admitted
+    );
+    assert_eq!(stats.rate_limited, 0);
+    let twice: Vec<_> = simulator
+        .calls_by_idempotency_key()
+        .into_iter()
+        .filter(|&(_, n)| n > 1)
+        .collect();
+    assert!(twice.is_empty(), "a group billed twice: {twice:?}");
+    println!(
+        "{GROUPED_JOBS} jobs in {} calls ({} grouped answers)",
+        stats.admitted, stats.grouped_answers
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -20,9 +20,10 @@ pub(crate) struct Args {
     /// Requests per minute of the quota.
     #[arg(long, value_name = "N", default_value_t = 500)]
     pub(crate) rpm: u64,
-    /// Tokens per minute of the quota.
-    #[arg(long, value_name = "N", default_value_t = 30_000)]
-    pub(crate) tpm: u64,
+    /// Tokens per minute of the quota [default: 30000; 120000 with --group, the scale of the
+    /// batch article's account, where a group of ten tickets fits the budget's burst].
+    #[arg(long, value_name = "N")]
+    pub(crate) tpm: Option<u64>,
     /// How long the quota's minute lasts, in milliseconds [default: 2000 with the embedded
     /// provider, 60000 with --url].
     #[arg(long, value_name = "MS")]
@@ -88,6 +89,24 @@ pub(crate) struct Args {
     /// queued or in flight; a job re-run after its worker died waits at most this long.
     #[arg(long, value_name = "MS", default_value_t = 60_000)]
     pub(crate) lease_ms: u64,
+    /// Group N items per call, and compare with one item per call: the same tickets, shared
+    /// instructions (`--instructions`) sent once per call, each answer checked per item, bad
+    /// items sent again alone.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub(crate) group: Option<u16>,
+    /// With --group: the shared instructions, as plain text [default: the built-in
+    /// classification guide, about 2,000 tokens].
+    #[arg(long, value_name = "FILE.txt", requires = "group")]
+    pub(crate) instructions: Option<PathBuf>,
+    /// With --group: the group template, TOML with `system`, `user` and `item` texts (see
+    /// `examples/batch/group-template.toml`) [default: the crate's].
+    #[arg(long, value_name = "FILE.toml", requires = "group")]
+    pub(crate) template: Option<PathBuf>,
+    /// With --group against the embedded provider: the share of answers that are malformed,
+    /// of items left out and of items answered invalidly; and a tenth of it per extra item in
+    /// a group (answers get worse as groups grow).
+    #[arg(long, value_name = "SHARE", default_value_t = 0.01)]
+    pub(crate) answer_errors: f64,
     /// With --durable: the worker heartbeat, in whole seconds (apalis-redis keeps heartbeats
     /// in seconds); a worker silent for two beats is dead, and its jobs are re-enqueued.
     #[arg(long, value_name = "SECS", default_value_t = 5)]

@@ -38,6 +38,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
+use tower_llm_quota::group::{ApiFormat, GroupConfig, GroupItem, GroupQueue, Grouper};
 use tower_llm_quota::idempotency::{
     IdempotencyError, IdempotencyLayer, IdempotentBody, Operation, RedisIdempotencyStore,
     Suppressed,
@@ -67,6 +68,8 @@ type Llm = BoxCloneSyncService<Request<Full<Bytes>>, Response<IdempotentBody>, B
 /// What a job handler needs.
 struct Worker {
     llm: Llm,
+    /// With `--group`: the jobs' items go in groups, formed from the jobs this worker holds.
+    group: Option<GroupQueue<Value>>,
     url: String,
     api_key: String,
     queue: String,
@@ -204,8 +207,30 @@ async fn work(
             BoxCloneSyncService::new(idempotency.layer(stack.layer(client)))
         }
     };
+    let group = match args.group {
+        Some(size) => {
+            let (instructions, template) = crate::grouped::prompt_parts(args)?;
+            let config = GroupConfig::new()
+                .max_items(usize::from(size))?
+                .fit_budget(stack.budget());
+            let (queue, grouper) = Grouper::new(llm.clone(), ApiFormat::OpenAiChat, instructions)
+                .uri(settings.target.url.parse()?)
+                .header(
+                    http::header::AUTHORIZATION,
+                    format!("Bearer {}", settings.target.api_key).parse()?,
+                )
+                .template(template)
+                .config(config)
+                .queue();
+            // It ends once the handlers' queue handles are dropped, after the run.
+            tokio::spawn(grouper.run());
+            Some(queue)
+        }
+        None => None,
+    };
     let worker = Arc::new(Worker {
         llm,
+        group,
         url: settings.target.url.clone(),
         api_key: settings.target.api_key.clone(),
         queue: args.queue.clone(),
@@ -279,6 +304,9 @@ async fn work_job(job: Job, id: TaskId, worker: Data<Arc<Worker>>) -> Result<Val
         .into_iter()
         .find(|p| p.as_str() == job.priority)
         .unwrap_or(Priority::Batch);
+    if let Some(queue) = &worker.group {
+        return grouped_job(queue, job, id, priority, worker.start).await;
+    }
     let request = Request::post(worker.url.as_str())
         .header(http::header::CONTENT_TYPE, "application/json")
         .header(
@@ -334,6 +362,45 @@ async fn work_job(job: Job, id: TaskId, worker: Data<Arc<Worker>>) -> Result<Val
 }
 
 /// A failed call as apalis sees it: permanent (dead letter) or transient (rescheduled).
+/// A job whose item goes in a group: done with its validated answer, rescheduled when its
+/// calls failed, dead when its answers were rejected on every attempt.
+async fn grouped_job(
+    queue: &GroupQueue<Value>,
+    job: Job,
+    id: TaskId,
+    priority: Priority,
+    start: Instant,
+) -> Result<Value, BoxDynError> {
+    let body: Value = serde_json::from_str(&job.body).map_err(AbortError::new)?;
+    let text = body["messages"][0]["content"].as_str().unwrap_or_default();
+    let item = GroupItem::new(job.item.clone(), text)
+        .key(id.to_string())
+        .priority(priority);
+    let arrived = start.elapsed();
+    let outcome = queue
+        .submit(item)
+        .await
+        .map_err(|closed| RetryAfterError::new(closed, Duration::from_secs(1)))?;
+    match outcome.result {
+        Ok(answer) => Ok(json!({
+            "item": job.item,
+            "priority": job.priority,
+            "status": 200,
+            "tokens": outcome.usage.total(),
+            "waited_ms": 0,
+            "sent_at_ms": arrived.as_millis() as u64,
+            "replayed": false,
+            "answer": answer,
+            "attempts": outcome.attempts,
+        })),
+        Err(failure) if failure.is_call_failed() => Err(Box::new(RetryAfterError::new(
+            failure,
+            Duration::from_secs(1),
+        ))),
+        Err(failure) => Err(Box::new(AbortError::new(failure))),
+    }
+}
+
 fn job_error(error: BoxError) -> BoxDynError {
     let permanent = error
         .downcast_ref::<IdempotencyError>()

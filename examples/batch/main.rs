@@ -58,12 +58,17 @@
 //!   while Redis is out of reach.
 //! - `--report FILE.json`, `--plot FILE.svg`: the figures as JSON; tokens admitted per
 //!   simulated second against the quota, with the 429s marked.
+//! - `--group N [--instructions FILE.txt] [--template FILE.toml] [--answer-errors SHARE]`:
+//!   the tickets grouped N per call with shared instructions, against the same tickets one
+//!   per call, side by side (calls, input and output tokens, wall time, provider 429s, items
+//!   re-sent alone, items failed); see `grouped.rs`.
 //! - `--durable --redis-url URL [--role enqueue|work|both] [--worker-name NAME]`: the items as
 //!   jobs in Redis (apalis), worked by any number of processes through `IdempotencyLayer` and
 //!   the governed stack; see `durable.rs`.
 
 mod cli;
 mod durable;
+mod grouped;
 mod input;
 mod plot;
 mod remote;
@@ -147,6 +152,9 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
     if args.durable {
         return durable::run(&args, &settings, &provider, &items).await;
     }
+    if let Some(size) = args.group {
+        return grouped::run(&args, &settings, &provider, usize::from(size)).await;
+    }
 
     let naive = if args.governed_only {
         None
@@ -189,7 +197,12 @@ impl Settings {
             EMBEDDED_MINUTE_MS
         };
         let minute = Duration::from_millis(args.minute_ms.unwrap_or(default_minute));
-        if minute.is_zero() || args.rpm == 0 || args.tpm == 0 {
+        let tpm = args.tpm.unwrap_or(if args.group.is_some() {
+            120_000
+        } else {
+            30_000
+        });
+        if minute.is_zero() || args.rpm == 0 || tpm == 0 {
             return Err("--rpm, --tpm and --minute-ms must be positive".into());
         }
         let headroom = args
@@ -216,7 +229,7 @@ impl Settings {
         Ok(Self {
             quota: QuotaSpec {
                 rpm: args.rpm,
-                tpm: args.tpm,
+                tpm,
                 minute,
             },
             headroom,

@@ -73,6 +73,25 @@ pub(crate) fn tickets(
         .collect()
 }
 
+/// `count` ticket texts of `shape` (without the instruction each prompt of [`tickets`]
+/// opens with), deterministic from `seed`: `(id, text)`, ids `<prefix>-<n>`.
+pub(crate) fn ticket_texts(
+    prefix: &str,
+    count: usize,
+    shape: TicketShape,
+    seed: u64,
+) -> Vec<(String, String)> {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    (0..count)
+        .map(|n| {
+            let chars = rng.usize(shape.min_chars..=shape.max_chars.max(shape.min_chars));
+            let prompt = ticket_prompt(&mut rng, n, chars + INSTRUCTION.len());
+            let text = prompt[INSTRUCTION.len()..].to_owned();
+            (format!("{prefix}-{n}"), text)
+        })
+        .collect()
+}
+
 const INSTRUCTION: &str = "Classify this support ticket as one of: billing, bug, account, \
                            feature request, other. Answer with the label and one sentence.\n\n";
 

@@ -107,6 +107,23 @@ impl GroupConfig {
         }
     }
 
+    /// Caps the estimated cost of a group at what `budget` can admit at once: the smallest
+    /// capacity (burst) of its token limits. An item that costs more on its own is still sent
+    /// alone, and refused by the budget as too large.
+    pub fn fit_budget(self, budget: &crate::budget::Budget) -> Self {
+        let capacity = budget
+            .snapshot()
+            .limits()
+            .iter()
+            .filter(|limit| limit.limit().dimension() != crate::quota::Dimension::Requests)
+            .map(|limit| limit.capacity())
+            .min();
+        Self {
+            max_cost: capacity.or(self.max_cost),
+            ..self
+        }
+    }
+
     /// Calls an item may take part in before it fails with its last reason (its first call
     /// included). Defaults to 3.
     pub fn max_attempts(self, attempts: NonZeroU32) -> Self {

@@ -362,11 +362,12 @@ impl<T> Planner<T> {
                 if exhausted(self, i) || (alone && !transient) {
                     self.fail(i, FailureKind::Call, format!("the call failed: {reason}"));
                 } else {
-                    // A permanent failure of a group may be its size: each goes alone.
+                    // A permanent failure of a group may be its size (a cost the budget can
+                    // never admit, a context too long): halves are tried.
                     let limit = if transient {
                         self.config.max_items.get()
                     } else {
-                        1
+                        (group.members.len() / 2).max(1)
                     };
                     self.requeue_regrouped(i, limit);
                 }
