@@ -491,3 +491,45 @@ async fn the_queue_groups_items_submitted_one_by_one_within_the_linger() {
     let stats = worker.await.unwrap();
     assert_eq!(stats.calls, 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn groups_in_flight_are_bounded_so_a_large_batch_waits_in_the_grouper() {
+    let open = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let model = {
+        let (open, most) = (Arc::clone(&open), Arc::clone(&most));
+        boxed(service_fn(move |request: Request<Full<Bytes>>| {
+            let (open, most) = (Arc::clone(&open), Arc::clone(&most));
+            async move {
+                use std::sync::atomic::Ordering::SeqCst;
+                let now = open.fetch_add(1, SeqCst) + 1;
+                most.fetch_max(now, SeqCst);
+                let body = request.into_body().collect().await?.to_bytes();
+                let body: Value = serde_json::from_slice(&body)?;
+                let prompt = body["messages"][1]["content"].as_str().unwrap_or_default();
+                let answers: Vec<Value> = item_markers(prompt)
+                    .map(|(id, _)| json!({"id": id, "answer": "ok"}))
+                    .collect();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                open.fetch_sub(1, SeqCst);
+                let body = json!({"choices": [{"message": {"content": Value::Array(answers).to_string()}}]});
+                Ok::<_, BoxError>(Response::new(Full::new(Bytes::from(body.to_string()))))
+            }
+        }))
+    };
+    let start = tokio::time::Instant::now();
+    let report = Grouper::new(model, ApiFormat::OpenAiChat, "Shared.")
+        .config(
+            GroupConfig::new()
+                .max_items(5)
+                .unwrap()
+                .max_in_flight(NonZeroUsize::new(2).unwrap()),
+        )
+        .run(items(40))
+        .await;
+    assert!(report.outcomes.iter().all(|o| o.result.is_ok()));
+    assert_eq!(report.stats.calls, 8);
+    assert_eq!(most.load(std::sync::atomic::Ordering::SeqCst), 2);
+    // Eight groups, two at a time, 100 ms each.
+    assert_eq!(start.elapsed(), Duration::from_millis(400));
+}

@@ -165,6 +165,27 @@ mod tests {
     }
 
     #[test]
+    fn grouping_takes_a_size_and_its_files() {
+        use clap::Parser;
+        let args = super::Args::try_parse_from([
+            "batch",
+            "--group",
+            "10",
+            "--instructions",
+            "guide.txt",
+            "--template",
+            "t.toml",
+        ])
+        .unwrap();
+        assert_eq!(args.group, Some(10));
+        assert!(args.instructions.is_some() && args.template.is_some());
+        assert_eq!(args.answer_errors, 0.01);
+        // A group of zero, or instructions without grouping, are refused.
+        assert!(super::Args::try_parse_from(["batch", "--group", "0"]).is_err());
+        assert!(super::Args::try_parse_from(["batch", "--instructions", "g.txt"]).is_err());
+    }
+
+    #[test]
     fn the_command_line_takes_a_base_url() {
         use clap::Parser;
         let args = super::Args::try_parse_from(["batch", "--url", "http://host/v1"]).unwrap();

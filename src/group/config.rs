@@ -59,6 +59,7 @@ pub struct GroupConfig {
     pub(crate) item_output: u64,
     pub(crate) answer_overhead: u64,
     pub(crate) linger: Duration,
+    pub(crate) max_in_flight: NonZeroUsize,
 }
 
 impl Default for GroupConfig {
@@ -71,6 +72,7 @@ impl Default for GroupConfig {
             item_output: 100,
             answer_overhead: 16,
             linger: Duration::from_millis(20),
+            max_in_flight: NonZeroUsize::new(256).expect("256 is not zero"),
         }
     }
 }
@@ -78,7 +80,7 @@ impl Default for GroupConfig {
 impl GroupConfig {
     /// The defaults: groups of at most 10 items, no cost cap, 3 attempts per item, bad answers
     /// sent again alone, 100 output tokens per item, 16 tokens of answer overhead per item, a
-    /// linger of 20 ms.
+    /// linger of 20 ms, 256 groups in flight.
     pub fn new() -> Self {
         Self::default()
     }
@@ -168,6 +170,17 @@ impl GroupConfig {
             return Err(InvalidGroupConfig("a linger of more than an hour"));
         }
         Ok(Self { linger, ..self })
+    }
+
+    /// Groups handed to the service and not answered yet, at most: the rest wait in the
+    /// grouper, formed when a call ends, so a batch of a million items does not fill the
+    /// stack's queue (whose depth is bounded) with groups. Keep it above the calls the stack
+    /// lets run at once. Defaults to 256.
+    pub fn max_in_flight(self, groups: NonZeroUsize) -> Self {
+        Self {
+            max_in_flight: groups,
+            ..self
+        }
     }
 
     /// The item limit.

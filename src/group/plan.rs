@@ -170,6 +170,11 @@ impl<T> Planner<T> {
         index
     }
 
+    /// Groups in flight at most.
+    pub(crate) fn max_in_flight(&self) -> usize {
+        self.config.max_in_flight.get()
+    }
+
     /// Items not finished yet (queued or in a group in flight).
     pub(crate) fn pending(&self) -> usize {
         self.slots.len() - self.free.len()
@@ -501,4 +506,200 @@ fn group_key(keys: &[(&str, u32)]) -> String {
         key.push_str(&format!("{byte:02x}"));
     }
     key
+}
+
+#[cfg(test)]
+mod tests {
+    //! The planner against a deliberately simple model: after every settlement, the next
+    //! group must be the one a linear scan over every pending item names (best class first,
+    //! arrival order, the prefix that fits), every item ends exactly once, within its
+    //! attempts, and usage adds up.
+
+    use super::*;
+    use crate::estimate::CharEstimator;
+    use crate::group::{AnswerField, TextTemplate};
+    use proptest::prelude::*;
+    use serde_json::json;
+    use std::collections::HashMap;
+
+    /// What the model keeps of an item.
+    #[derive(Debug, Clone)]
+    struct Modelled {
+        class: usize,
+        seq: u64,
+        input: u64,
+        output: u64,
+        size_limit: usize,
+    }
+
+    /// The model's next group: a scan of every queued item.
+    fn model_group(
+        pending: &[(usize, Modelled)],
+        shared: u64,
+        max_items: usize,
+        max_cost: Option<u64>,
+    ) -> Vec<usize> {
+        let mut sorted: Vec<&(usize, Modelled)> = pending.iter().collect();
+        sorted.sort_by_key(|(_, m)| (m.class, m.seq));
+        let Some((_, first)) = sorted.first() else {
+            return Vec::new();
+        };
+        let class = first.class;
+        let mut members = Vec::new();
+        let (mut cost, mut cap) = (shared, max_items);
+        for (slot, m) in sorted.into_iter().filter(|(_, m)| m.class == class) {
+            let limit = cap.min(m.size_limit);
+            let next = cost + m.input + m.output;
+            if !members.is_empty()
+                && (members.len() + 1 > limit || max_cost.is_some_and(|c| next > c))
+            {
+                break;
+            }
+            cap = limit;
+            cost = next;
+            members.push(*slot);
+            if members.len() >= cap {
+                break;
+            }
+        }
+        members
+    }
+
+    #[derive(Debug, Clone)]
+    enum Answer {
+        /// Answer every member but those whose bit is set.
+        Drop(u16),
+        Malformed,
+        Transient,
+        Permanent,
+    }
+
+    fn answer() -> impl Strategy<Value = Answer> {
+        prop_oneof![
+            4 => any::<u16>().prop_map(Answer::Drop),
+            1 => Just(Answer::Malformed),
+            1 => Just(Answer::Transient),
+            1 => Just(Answer::Permanent),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn the_planner_forms_the_groups_a_scan_names_and_ends_every_item_once(
+            items in proptest::collection::vec((0..3usize, 1..400usize), 1..40),
+            max_items in 1..12usize,
+            cap in proptest::option::of(200..3_000u64),
+            smaller in any::<bool>(),
+            answers in proptest::collection::vec(answer(), 1..200),
+        ) {
+            let config = GroupConfig::new()
+                .max_items(max_items).unwrap()
+                .resend(if smaller { Resend::Smaller } else { Resend::Alone });
+            let config = match cap {
+                Some(cap) => config.max_cost(std::num::NonZeroU64::new(cap).unwrap()),
+                None => config,
+            };
+            let estimator = CharEstimator::new();
+            let mut planner: Planner<serde_json::Value> = Planner::new(
+                config.clone(),
+                Arc::new(TextTemplate::default()),
+                Arc::from("Shared instructions."),
+                &estimator,
+            );
+            let now = Instant::now();
+            let mut model: HashMap<usize, Modelled> = HashMap::new();
+            for (n, &(class, chars)) in items.iter().enumerate() {
+                let class = Priority::ALL[class];
+                let item = GroupItem::new(format!("i{n}"), "x".repeat(chars)).priority(class);
+                let slot = planner.push(item, &estimator, now);
+                let s = planner.slot(slot);
+                model.insert(slot, Modelled {
+                    class: class.index(), seq: s.seq, input: s.input, output: s.output,
+                    size_limit: max_items,
+                });
+            }
+            let mut ended: HashMap<String, u32> = HashMap::new();
+            let mut attributed = (0u64, 0u64);
+            let mut reported = (0u64, 0u64);
+            let mut answers = answers.into_iter().cycle();
+            let mut again: Option<Vec<usize>> = None;
+            for _ in 0..2_000 {
+                let Some(group) = planner.form(now, true) else { break };
+                // The group is the one sent again, or the one the scan names.
+                let expected = match again.take() {
+                    Some(members) => members,
+                    None => {
+                        let queued: Vec<(usize, Modelled)> =
+                            model.iter().map(|(&k, v)| (k, v.clone())).collect();
+                        model_group(&queued, planner.shared_input, max_items, config.max_cost)
+                    }
+                };
+                prop_assert_eq!(&group.members, &expected);
+                let classes: std::collections::HashSet<usize> =
+                    group.members.iter().map(|&i| planner.slot(i).item.class().index()).collect();
+                prop_assert_eq!(classes.len(), 1);
+                for &i in &group.members { model.remove(&i); }
+                let ids: Vec<String> =
+                    group.members.iter().map(|&i| planner.slot(i).item.id().to_owned()).collect();
+                let usage = Some((100 + ids.len() as u64, 7 * ids.len() as u64));
+                let result = match answers.next().unwrap() {
+                    Answer::Drop(bits) => {
+                        let kept: Vec<_> = ids.iter().enumerate()
+                            .filter(|(k, _)| bits & (1 << (k % 16)) == 0)
+                            .map(|(_, id)| json!({"id": id, "answer": "ok"}))
+                            .collect();
+                        CallResult::Answered { text: serde_json::Value::Array(kept).to_string(), usage }
+                    }
+                    Answer::Malformed => CallResult::Answered { text: "[{".into(), usage },
+                    Answer::Transient => CallResult::Failed { transient: true, reason: "503".into(), usage: None },
+                    Answer::Permanent => CallResult::Failed { transient: false, reason: "400".into(), usage: None },
+                };
+                if let Some((i, o)) = usage.filter(|_| matches!(result, CallResult::Answered { .. })) {
+                    reported = (reported.0 + i, reported.1 + o);
+                }
+                let members = group.members.clone();
+                let key = group.key.clone();
+                planner.settle(group, result, &AnswerField);
+                for (_, outcome) in planner.take_finished() {
+                    prop_assert!(outcome.attempts <= 3);
+                    attributed.0 += outcome.usage.input_tokens;
+                    attributed.1 += outcome.usage.output_tokens;
+                    prop_assert!(ended.insert(outcome.id.clone(), outcome.attempts).is_none(), "ended twice");
+                }
+                // What went back: the same group (same key) or regrouped items in the queue.
+                if let Some(resent) = planner.again.back().filter(|g| g.members == members) {
+                    prop_assert_eq!(&resent.key, &key);
+                    again = Some(members.clone());
+                } else {
+                    for &i in &members {
+                        if let Some(slot) = planner.slots[i].as_ref() {
+                            model.insert(i, Modelled {
+                                class: slot.item.class().index(), seq: slot.seq,
+                                input: slot.input, output: slot.output, size_limit: slot.size_limit,
+                            });
+                        }
+                    }
+                }
+            }
+            // Every item ended exactly once, and the usage of the answered calls adds up.
+            prop_assert_eq!(ended.len(), items.len());
+            prop_assert_eq!(planner.pending(), 0);
+            prop_assert_eq!((planner.stats.input_tokens, planner.stats.output_tokens), reported);
+            prop_assert_eq!(attributed, reported);
+        }
+    }
+
+    #[test]
+    fn keys_differ_by_members_and_rounds() {
+        assert_eq!(
+            group_key(&[("a", 0), ("b", 0)]),
+            group_key(&[("a", 0), ("b", 0)])
+        );
+        assert_ne!(
+            group_key(&[("a", 0), ("b", 0)]),
+            group_key(&[("a", 1), ("b", 0)])
+        );
+        assert_ne!(group_key(&[("ab", 0)]), group_key(&[("a", 0), ("b", 0)]));
+    }
 }

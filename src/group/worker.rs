@@ -130,14 +130,21 @@ impl<T: Send + 'static> GroupWorker<T> {
                 }
             }
             let now = Instant::now();
-            while let Some(group) = self.planner.form(now, !open) {
+            while calls.len() < self.planner.max_in_flight() {
+                let Some(group) = self.planner.form(now, !open) else {
+                    break;
+                };
                 calls.push((self.launch)(group));
             }
             self.deliver();
             if !open && calls.is_empty() && self.planner.pending() == 0 {
                 return self.planner.stats;
             }
-            let wake_at = self.planner.linger_until();
+            // Lingering matters only while a group could be sent.
+            let wake_at = self
+                .planner
+                .linger_until()
+                .filter(|_| calls.len() < self.planner.max_in_flight());
             if let Some(at) = wake_at {
                 linger.as_mut().reset(at);
             }

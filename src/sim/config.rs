@@ -126,7 +126,7 @@ impl Faults {
     }
 }
 
-fn clamp_share(share: f64) -> f64 {
+pub(crate) fn clamp_share(share: f64) -> f64 {
     if share.is_nan() {
         0.0
     } else {

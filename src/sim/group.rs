@@ -1,6 +1,7 @@
 //! Answers to grouped prompts: a JSON array with one object per item, and the faults a model
 //! makes with them.
 
+use super::config::clamp_share as clamp;
 use super::wire::{self, Fnv};
 
 /// Faults in the answers to grouped prompts (prompts whose items are marked
@@ -78,14 +79,6 @@ impl GroupFaults {
             per_extra_item: clamp(share),
             ..self
         }
-    }
-}
-
-fn clamp(share: f64) -> f64 {
-    if share.is_nan() {
-        0.0
-    } else {
-        share.clamp(0.0, 1.0)
     }
 }
 
