@@ -350,3 +350,57 @@ async fn a_pause_holds_the_shortest_window_keeps_its_level_and_can_be_lifted() {
         "admitted as soon as the pause was lifted"
     );
 }
+
+/// Several reservations polled by one task (`join!`, `join_all`, `select!`): each is admitted
+/// at the instant its turn and the refill allow, whichever order the task polls them in.
+#[tokio::test(start_paused = true)]
+async fn reservations_polled_by_one_task_are_admitted_at_their_refill_instants() {
+    // 1,000 tokens a second, 1,000 at once.
+    let quota = || budget([limit(Dimension::TotalTokens, 1_000, SEC, 1_000)]);
+    let drain = |budget: &Budget| {
+        budget
+            .try_reserve(Cost::new(1_000, 0))
+            .unwrap()
+            .charge_estimate();
+    };
+    let at = |start: Instant| start.elapsed().as_millis();
+    // Admitted at this instant, and spent (a dropped reservation would be refunded).
+    let spent = |reservation: Reservation, start: Instant| {
+        reservation.charge_estimate();
+        at(start)
+    };
+
+    let b = quota();
+    drain(&b);
+    let start = Instant::now();
+    let (x, y) = tokio::join!(
+        async { b.reserve(Cost::new(400, 0)).await.map(|r| spent(r, start)) },
+        async { b.reserve(Cost::new(400, 0)).await.map(|r| spent(r, start)) },
+    );
+    assert_eq!((x.unwrap(), y.unwrap()), (400, 800));
+
+    let b = quota();
+    drain(&b);
+    let start = Instant::now();
+    let all = futures::future::join_all(
+        (0..4).map(|_| async { b.reserve(Cost::new(250, 0)).await.map(|r| spent(r, start)) }),
+    )
+    .await;
+    let all: Vec<u128> = all.into_iter().map(Result::unwrap).collect();
+    assert_eq!(all, [250, 500, 750, 1_000]);
+
+    let b = quota();
+    drain(&b);
+    let start = Instant::now();
+    let first = b.reserve(Cost::new(300, 0));
+    let second = b.reserve(Cost::new(300, 0));
+    tokio::pin!(first, second);
+    // A reservation takes its place when first polled: `biased` polls `first` first.
+    tokio::select! {
+        biased;
+        first = &mut first => assert_eq!(spent(first.unwrap(), start), 300),
+        _ = &mut second => panic!("the second waiter went first"),
+    }
+    second.await.unwrap().charge_estimate();
+    assert_eq!(at(start), 600);
+}

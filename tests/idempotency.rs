@@ -568,3 +568,26 @@ async fn an_unreachable_redis_store_sends_uncoordinated_and_still_coalesces_loca
         started.elapsed()
     );
 }
+
+/// Durations past any representable instant (a lease, a TTL, a recheck of `Duration::MAX`)
+/// mean "as long as it takes", never an overflow: a second instance waits for the first's
+/// call and replays it.
+#[tokio::test(start_paused = true)]
+async fn the_longest_durations_saturate_instead_of_overflowing() {
+    let client = Scripted::new(Duration::from_secs(1), |_| ok("{\"done\":true}"));
+    let store = MemoryStore::new();
+    let layer = |store: MemoryStore| {
+        IdempotencyLayer::new(store)
+            .recheck(Duration::MAX)
+            .lease(Duration::MAX)
+            .ttl(Duration::MAX)
+    };
+    let first = layer(store.clone()).layer(client.service());
+    let second = layer(store).layer(client.service());
+    let first = tokio::spawn(receive(first, chat(false)));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let second = receive(second, chat(false)).await.unwrap();
+    assert_eq!(second.suppressed, Some(Suppressed::Replayed));
+    assert_eq!(first.await.unwrap().unwrap().body, "{\"done\":true}");
+    assert_eq!(client.calls(), 1);
+}

@@ -587,3 +587,63 @@ async fn processes_configured_differently_share_whole_units() {
         "admitted after {waited:?}"
     );
 }
+
+/// Several reservations polled by one task (`join!`, `join_all`, `select!`) on a drained
+/// shared budget: every one is admitted once capacity returns, whichever future's question
+/// the store answered last (the answer wakes the head even when it is a future of the same
+/// task, polled earlier in the same pass).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reservations_polled_by_one_task_are_all_admitted_when_capacity_returns() {
+    let server = RedisServer::start();
+    // 1,000 tokens a second, 1,000 at once.
+    let quota = Quota::new().with_limit(limit(
+        Dimension::TotalTokens,
+        1_000,
+        Duration::from_secs(1),
+        1_000,
+    ));
+    for run in 0..4 {
+        for shape in ["join", "join_all", "select"] {
+            let budget = RedisBudget::new(server.url(), format!("one-task-{shape}-{run}"))
+                .connect(&quota)
+                .await
+                .expect("connected");
+            let drained = budget.reserve(Cost::new(1_000, 0)).await.expect("admitted");
+            let _ = drained.settle_cost(Cost::new(1_000, 0));
+            let started = Instant::now();
+            let reserve = |tokens| budget.reserve(Cost::new(tokens, 0));
+            let all = async {
+                match shape {
+                    "join" => {
+                        let (a, b) = tokio::join!(reserve(400), reserve(400));
+                        vec![a.is_ok(), b.is_ok()]
+                    }
+                    "join_all" => futures::future::join_all((0..4).map(|_| reserve(200)))
+                        .await
+                        .iter()
+                        .map(Result::is_ok)
+                        .collect(),
+                    _ => {
+                        let (a, b) = (reserve(400), reserve(400));
+                        tokio::pin!(a, b);
+                        let first = tokio::select! {
+                            a = &mut a => (a.is_ok(), b.await.is_ok()),
+                            b = &mut b => (b.is_ok(), a.await.is_ok()),
+                        };
+                        vec![first.0, first.1]
+                    }
+                }
+            };
+            let admitted = tokio::time::timeout(Duration::from_secs(5), all)
+                .await
+                .unwrap_or_else(|_| panic!("{shape}, run {run}: still waiting after 5 s"));
+            assert!(admitted.iter().all(|&ok| ok), "{shape}: {admitted:?}");
+            // 800 tokens refill in 0.8 s; round trips and the budget's jitter add little.
+            let waited = started.elapsed();
+            assert!(
+                waited < Duration::from_secs(3),
+                "{shape}, run {run}: {waited:?}"
+            );
+        }
+    }
+}

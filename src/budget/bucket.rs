@@ -142,10 +142,11 @@ impl Bucket {
         if amount > self.usable(floor) {
             return Fit::Never;
         }
-        let needed = amount + floor.of(self.capacity);
-        // The common case needs no division: the level covers the amount now.
+        let needed = amount.saturating_add(floor.of(self.capacity));
+        // The common case needs no division: the level covers the amount now. (Sums of ticks
+        // saturate: a limit of u64::MAX per u64::MAX nanoseconds fills a u128 product.)
         if now >= self.held_until
-            && self.deficit(now) + self.units(needed) <= self.units(self.capacity)
+            && self.deficit(now).saturating_add(self.units(needed)) <= self.units(self.capacity)
         {
             return Fit::Now;
         }
@@ -158,8 +159,12 @@ impl Bucket {
     pub(crate) fn ready_at(&self, amount: u64) -> u64 {
         // The level reaches `amount` when the deficit falls to `capacity - amount`, that is
         // when ticks(t) >= full_at - (capacity - amount) × period.
-        let target = i128::try_from(self.full_at).unwrap_or(i128::MAX)
-            - (i128::from(self.capacity) - i128::from(amount)) * i128::from(self.period);
+        let target = i128::try_from(self.full_at)
+            .unwrap_or(i128::MAX)
+            .saturating_sub(
+                (i128::from(self.capacity) - i128::from(amount))
+                    .saturating_mul(i128::from(self.period)),
+            );
         if target <= 0 {
             return self.held_until;
         }
@@ -176,8 +181,12 @@ impl Bucket {
             shadow.debit(amount, now);
         }
         let start = self.full_at.max(self.ticks(now));
-        let floor = self.ticks(now) + 2 * self.units(self.capacity);
-        self.full_at = (start + self.units(amount)).min(floor.max(start));
+        let floor = self
+            .ticks(now)
+            .saturating_add(self.units(self.capacity).saturating_mul(2));
+        self.full_at = start
+            .saturating_add(self.units(amount))
+            .min(floor.max(start));
     }
 
     /// Gives `amount` back. A bucket never holds more than its capacity: what overflows is
@@ -223,9 +232,13 @@ impl Bucket {
             self.shadow = shadow;
         }
         // Same period, so ticks of deficit per unit are unchanged: deficit' = capacity' − level.
-        let owed = i128::try_from(owed).unwrap_or(i128::MAX)
-            + (i128::from(self.capacity) - i128::from(old_capacity)) * i128::from(self.period);
-        self.full_at = self.ticks(now) + u128::try_from(owed.max(0)).unwrap_or(0);
+        let owed = i128::try_from(owed).unwrap_or(i128::MAX).saturating_add(
+            (i128::from(self.capacity) - i128::from(old_capacity))
+                .saturating_mul(i128::from(self.period)),
+        );
+        self.full_at = self
+            .ticks(now)
+            .saturating_add(u128::try_from(owed.max(0)).unwrap_or(0));
     }
 
     /// Admits nothing before `until` (nanoseconds); the level is left as it is and keeps
@@ -243,7 +256,7 @@ impl Bucket {
     pub(crate) fn cap_level(&mut self, level: u64, now: u64) {
         let owed = self.units(self.capacity.saturating_sub(level));
         if self.deficit(now) < owed {
-            self.full_at = self.ticks(now) + owed;
+            self.full_at = self.ticks(now).saturating_add(owed);
         }
     }
 }
@@ -413,5 +426,36 @@ mod tests {
         assert_eq!(b.level(0), 3);
         b.cap_level(8, 0);
         assert_eq!(b.level(0), 3);
+    }
+
+    #[test]
+    fn absurd_limits_saturate_instead_of_overflowing() {
+        use std::num::NonZeroU64;
+        use std::time::Duration;
+        let huge = Limit::new(Dimension::Requests, NonZeroU64::MAX, Duration::MAX).unwrap();
+        for limit in [
+            huge,
+            huge.with_burst(NonZeroU64::MAX),
+            huge.with_headroom(1.0).unwrap(),
+        ] {
+            let mut b = Bucket::new(limit);
+            let cap = b.capacity();
+            assert_eq!(b.fit(cap, Floor::NONE, u64::MAX), Fit::Now);
+            b.debit(cap, u64::MAX / 2);
+            b.debit(u64::MAX, u64::MAX / 2);
+            assert!(matches!(
+                b.fit(cap, Floor::from_fraction(0.5), 0),
+                Fit::At(_) | Fit::Never
+            ));
+            let _ = (b.level(u64::MAX), b.full_at(0), b.ready_at(u64::MAX));
+            b.refund(u64::MAX);
+            b.cap_level(0, u64::MAX);
+            b.set_limit(
+                Limit::per_second(Dimension::Requests, NonZeroU64::MIN),
+                u64::MAX,
+            );
+            b.set_limit(limit, 0);
+            let _ = b.fit(1, Floor::NONE, u64::MAX);
+        }
     }
 }

@@ -163,7 +163,10 @@ impl Budget {
             }
         };
         // A question ended: the head may ask (or be admitted) now, and whoever a floor lets go.
-        let head = queue.head_waker(now).filter(|head| !head.will_wake(waker));
+        // The head is woken even when it is a future of the answering task: that task may
+        // have polled it earlier in this very pass (`join!`, `join_all`, `select!`), and
+        // nothing else would poll it again. An answer happens once, so this cannot spin.
+        let head = queue.head_waker(now);
         drop(state);
         for waker in [head, other].into_iter().flatten() {
             waker.wake();

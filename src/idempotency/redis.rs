@@ -379,7 +379,7 @@ impl IdempotencyStore for RedisIdempotencyStore {
         let store = self.clone();
         let key = key.to_owned();
         Box::pin(async move {
-            let deadline = tokio::time::Instant::now() + within;
+            let deadline = crate::sched::saturating_deadline(tokio::time::Instant::now(), within);
             let notify = {
                 let mut waiters = store
                     .inner

@@ -139,9 +139,7 @@ impl MemoryStore {
             },
             _ => {}
         }
-        let until = now
-            .checked_add(lease)
-            .unwrap_or(now + Duration::from_secs(86_400 * 365));
+        let until = crate::sched::saturating_deadline(now, lease);
         let previous = records.entries.insert(
             key.to_owned(),
             Entry::InFlight {
@@ -192,9 +190,7 @@ impl IdempotencyStore for MemoryStore {
 
     fn complete(&self, key: &str, owner: &str, record: Record, ttl: Duration) {
         let now = Instant::now();
-        let until = now
-            .checked_add(ttl)
-            .unwrap_or(now + Duration::from_secs(86_400 * 365));
+        let until = crate::sched::saturating_deadline(now, ttl);
         self.finish(key, owner, Some(Entry::Completed { record, until }));
     }
 
@@ -214,7 +210,7 @@ impl IdempotencyStore for MemoryStore {
             _ => return Box::pin(async { Ok(()) }),
         };
         drop(records);
-        let deadline = until.min(Instant::now() + within);
+        let deadline = until.min(crate::sched::saturating_deadline(Instant::now(), within));
         Box::pin(async move {
             let _ = tokio::time::timeout_at(deadline, notified).await;
             Ok(())

@@ -126,7 +126,85 @@ impl Faults {
     }
 }
 
-pub(crate) fn clamp_share(share: f64) -> f64 {
+/// Faults in the answers to grouped prompts (prompts whose items are marked
+/// `<item id="...">`, as [`TextTemplate`](crate::group::TextTemplate)'s default renders them).
+/// Each share is drawn per answer or per item from the simulator's seeded generator; shares
+/// are clamped to `[0, 1]`. None by default.
+///
+/// # Example
+///
+/// ```
+/// use tower_llm_quota::sim::GroupFaults;
+///
+/// // 2 % of the answers malformed; per item 1 % left out, 1 % under a wrong id; and an
+/// // answer error growing with the group: 0.5 % per item beyond the first (4.5 % at 10,
+/// // 19.5 % at 40).
+/// let faults = GroupFaults::none()
+///     .malformed(0.02)
+///     .missing(0.01)
+///     .wrong_id(0.01)
+///     .per_extra_item(0.005);
+/// # let _ = faults;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct GroupFaults {
+    pub(crate) malformed: f64,
+    pub(crate) missing: f64,
+    pub(crate) wrong_id: f64,
+    pub(crate) invalid: f64,
+    pub(crate) per_extra_item: f64,
+}
+
+impl GroupFaults {
+    /// No faults (the default).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// The share of grouped answers that are not valid JSON (the array cut in the middle).
+    pub fn malformed(self, share: f64) -> Self {
+        Self {
+            malformed: clamp_share(share),
+            ..self
+        }
+    }
+
+    /// The share of items left out of the answer.
+    pub fn missing(self, share: f64) -> Self {
+        Self {
+            missing: clamp_share(share),
+            ..self
+        }
+    }
+
+    /// The share of items answered under an id that is not theirs (an id of no item).
+    pub fn wrong_id(self, share: f64) -> Self {
+        Self {
+            wrong_id: clamp_share(share),
+            ..self
+        }
+    }
+
+    /// The share of items whose answer is `null` (an answer that fails validation).
+    pub fn invalid(self, share: f64) -> Self {
+        Self {
+            invalid: clamp_share(share),
+            ..self
+        }
+    }
+
+    /// An answer error that grows with the group: each item's answer is `null` with a
+    /// probability of `share` times the number of other items in its group (on top of
+    /// [`invalid`](Self::invalid)). A group of one is spared.
+    pub fn per_extra_item(self, share: f64) -> Self {
+        Self {
+            per_extra_item: clamp_share(share),
+            ..self
+        }
+    }
+}
+
+fn clamp_share(share: f64) -> f64 {
     if share.is_nan() {
         0.0
     } else {
@@ -172,7 +250,7 @@ pub struct SimConfig {
     pub(crate) seed: u64,
     pub(crate) keys: Vec<(String, String)>,
     pub(crate) faults: Faults,
-    pub(crate) group_faults: super::group::GroupFaults,
+    pub(crate) group_faults: GroupFaults,
     pub(crate) series_interval: Option<Duration>,
     pub(crate) idempotency_ttl: Option<Duration>,
     pub(crate) neighbour: Option<NeighbourSpec>,
@@ -202,7 +280,7 @@ impl SimConfig {
             seed: 0,
             keys: Vec::new(),
             faults: Faults::none(),
-            group_faults: super::group::GroupFaults::none(),
+            group_faults: GroupFaults::none(),
             series_interval: None,
             idempotency_ttl: None,
             neighbour: None,
@@ -394,7 +472,7 @@ impl SimConfig {
     /// The faults of the answers to grouped prompts (none by default). A prompt whose items
     /// are marked `<item id="...">` (see [`crate::group`]) is answered with a JSON array of
     /// one `{"id", "answer"}` object per item, within its `max_tokens`.
-    pub fn group_faults(self, group_faults: super::group::GroupFaults) -> Self {
+    pub fn group_faults(self, group_faults: GroupFaults) -> Self {
         Self {
             group_faults,
             ..self

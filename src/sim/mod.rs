@@ -134,8 +134,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-pub use config::{Faults, SimConfig, Style};
-pub use group::GroupFaults;
+pub use config::{Faults, GroupFaults, SimConfig, Style};
 pub use server::SimServer;
 pub use service::{SimBody, SimResponseFuture, SimService};
 pub use stats::{LimitStats, SeriesPoint, SimStats};
