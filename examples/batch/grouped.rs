@@ -306,3 +306,34 @@ fn run_json(run: &GroupedRun) -> serde_json::Value {
         "failures": run.failures,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_template_file_spells_the_crate_s_default() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples/batch/group-template.toml");
+        let template = read_template(&path).expect("the file reads");
+        assert_eq!(template, TextTemplate::default());
+    }
+
+    #[test]
+    fn a_template_that_cannot_be_split_is_an_error() {
+        let dir = std::env::temp_dir().join(format!("group-template-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("bad.toml");
+        std::fs::write(
+            &path,
+            "system = \"\"\nuser = \"no items\"\nitem = \"{{id}} {{text}}\"\n",
+        )
+        .unwrap();
+        let error = read_template(&path).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "invalid group template: the user text has no {{items}}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
