@@ -613,3 +613,63 @@ async fn a_ramp_respects_the_compatibility_check() {
     let (_, served, _) = send(&router, request(Priority::Async, 20, "")).await;
     assert_eq!(served.route(), "new");
 }
+
+/// The would-wait probe counts only what would be admitted before the request: a batch
+/// backlog of 100 items of 1,000 tokens does not make an interactive request wait 100 s, so
+/// it stays on the primary (and is admitted as the probe said); a batch request behind the
+/// backlog goes to the fallback.
+#[tokio::test(start_paused = true)]
+async fn would_wait_counts_only_the_requests_ahead_of_the_class() {
+    let models = Models::default();
+    let primary = simulator(SimConfig::openai(100_000, 10_000_000), Duration::ZERO);
+    let fallback = simulator(SimConfig::openai(100_000, 10_000_000), Duration::ZERO);
+    // 60,000 tokens a minute: 1,000 a second, all at once.
+    let primary_stack = stack(60_000);
+    let budget = primary_stack.budget().clone();
+    // Drain the bucket, then 100 batch items of 1,000 tokens wait.
+    budget
+        .try_reserve(Cost::new(60_000, 0))
+        .unwrap()
+        .charge_estimate();
+    let backlog: Vec<_> = (0..100)
+        .map(|_| {
+            let budget = budget.clone();
+            tokio::spawn(async move {
+                let reservation = budget
+                    .reserve(Cost::new(1_000, 0))
+                    .priority(Priority::Batch)
+                    .await
+                    .unwrap();
+                reservation.charge_estimate();
+            })
+        })
+        .collect();
+    // Every task takes its place (no time passes: yielding only).
+    for _ in 0..1_000 {
+        if budget.snapshot().waiters() == 100 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(budget.snapshot().waiters(), 100);
+    let router = Router::builder(route("a", &primary_stack, sim_client(&primary), &models))
+        .fallback(
+            route("b", &stack(10_000_000), sim_client(&fallback), &models),
+            Fallback::when(Condition::would_wait_longer_than(Duration::from_secs(3))),
+        )
+        .build();
+    let with_cost = |class| {
+        let mut request = request(class, 500, "");
+        request.extensions_mut().insert(Cost::new(500, 500));
+        request
+    };
+    // 1,000 tokens at 1,000 a second: one second, ahead of every batch item.
+    let (_, served, elapsed) = send(&router, with_cost(Priority::Interactive)).await;
+    assert_eq!((served.route(), elapsed), ("a", Duration::from_secs(1)));
+    // A batch request waits behind the 99 left: the fallback.
+    let (_, served, elapsed) = send(&router, with_cost(Priority::Batch)).await;
+    assert_eq!((served.route(), elapsed), ("b", Duration::ZERO));
+    for task in backlog {
+        task.abort();
+    }
+}

@@ -411,6 +411,11 @@ async fn a_pause_refuses_queued_and_new_requests_at_once() {
         .tenant(tenant("acme/key-9"))
         .await;
     assert!(new.unwrap_err().tenant_refused().unwrap().is_paused());
+    // The probe says so too, while others wait (not "not yet").
+    match budget.try_reserve_for(Cost::new(1, 0), &tenant("acme/key-9")) {
+        Err(TryReserveError::Tenant(refused)) => assert!(refused.is_paused()),
+        other => panic!("a paused scope's probe: {other:?}"),
+    }
     assert!(handle.snapshot(&tenant("acme")).is_paused());
     for task in others {
         task.await.unwrap().expect("unaffected");

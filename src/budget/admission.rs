@@ -16,6 +16,7 @@ use super::store::{Denial, ReservationId, Store};
 use super::waiters::Ask;
 use crate::cost::Cost;
 use crate::error::{InsufficientCapacity, TryReserveError};
+use crate::priority::Priority;
 use crate::quota::Limit;
 use crate::sched::order::{Full, Place};
 use crate::tenant::Tenant;
@@ -67,7 +68,7 @@ impl Budget {
     /// without a round trip: its `try_reserve` fails with [`TryReserveError::Unavailable`];
     /// use [`Budget::reserve`].
     pub fn try_reserve(&self, cost: Cost) -> Result<Reservation, TryReserveError> {
-        self.try_reserve_as(cost, None)
+        self.try_reserve_as(cost, None, None)
     }
 
     /// [`Budget::try_reserve`] for `tenant`: the account and every node of its path must pay
@@ -78,13 +79,42 @@ impl Budget {
         cost: Cost,
         tenant: &Tenant,
     ) -> Result<Reservation, TryReserveError> {
-        self.try_reserve_as(cost, Some(tenant))
+        self.try_reserve_as(cost, Some(tenant), None)
     }
 
+    /// What a request of `class` (and `tenant`) would wait now: zero when it would be
+    /// admitted at once, the time until its cost fits behind the requests that would be
+    /// admitted before it (its class and the classes above, and lower fronts aging has lifted
+    /// to its class; not those of lower classes), `Duration::MAX` while no in-flight slot is
+    /// free; `None` when it cannot tell (a shared store, a cost that never fits, a refused
+    /// tenant). The router's would-wait condition asks it.
+    pub(crate) fn would_wait(
+        &self,
+        cost: Cost,
+        class: Priority,
+        tenant: Option<&Tenant>,
+    ) -> Option<std::time::Duration> {
+        match self.try_reserve_as(cost, tenant, Some(class)) {
+            Ok(reservation) => {
+                // A probe: given back at once.
+                drop(reservation);
+                Some(std::time::Duration::ZERO)
+            }
+            Err(TryReserveError::NotYet(not_until)) => {
+                Some(not_until.wait_time_from(Instant::now()))
+            }
+            Err(TryReserveError::NoSlot) => Some(std::time::Duration::MAX),
+            Err(_) => None,
+        }
+    }
+
+    /// `try_reserve` behind every waiting request (`class` `None`), or behind those a request
+    /// of `class` would wait behind.
     fn try_reserve_as(
         &self,
         cost: Cost,
         tenant: Option<&Tenant>,
+        class: Option<Priority>,
     ) -> Result<Reservation, TryReserveError> {
         if self.shared.remote.is_some() {
             return Err(TryReserveError::Unavailable(StoreUnavailable::new(
@@ -94,12 +124,26 @@ impl Budget {
         let now = Instant::now();
         let ns = self.nanos_since_origin(now);
         let mut state = self.lock();
-        if !state.queue.is_empty() {
+        // A budget with tenants admits it for its tenant, else the default one; a scope that
+        // refuses it (paused, over its daily cap) says so whoever waits.
+        let path = state.tenants.as_ref().map(|t| t.path_of(tenant));
+        let check = match (&mut state.tenants, &path) {
+            (Some(tenants), Some(path)) => Some(tenants.check(path, &cost, ns, now)),
+            _ => None,
+        };
+        if let Some(Check::Refused(e)) = check {
+            return Err(TryReserveError::Tenant(e));
+        }
+        let ahead = match class {
+            None => state.queue.queued(),
+            Some(class) => state.queue.queued_ahead_of(class, now),
+        };
+        if ahead != Cost::default() {
             state
                 .store
                 .check_capacity(&cost, Floor::NONE)
                 .map_err(TryReserveError::Never)?;
-            let behind = state.queue.queued().saturating_add(cost);
+            let behind = ahead.saturating_add(cost);
             if let Some((at, limit)) = state.store.not_before(&behind, ns) {
                 let limit = state.store.limit(limit);
                 return Err(TryReserveError::NotYet(self.not_until(at, &limit)));
@@ -108,18 +152,14 @@ impl Budget {
         if !state.slots.free() {
             return Err(TryReserveError::NoSlot);
         }
-        // A budget with tenants admits it for its tenant, else the default one.
-        let path = state.tenants.as_ref().map(|t| t.path_of(tenant));
-        if let (Some(tenants), Some(path)) = (&mut state.tenants, &path) {
-            match tenants.check(path, &cost, ns, now) {
-                Check::Fits => {}
-                Check::Refused(e) => return Err(TryReserveError::Tenant(e)),
-                Check::Blocked { at: None, .. } => return Err(TryReserveError::NoSlot),
-                Check::Blocked {
-                    at: Some((at, limit)),
-                    ..
-                } => return Err(TryReserveError::NotYet(self.not_until(at, &limit))),
-            }
+        // Its scope cannot pay yet (a refusal was answered above).
+        match check {
+            Some(Check::Blocked { at: None, .. }) => return Err(TryReserveError::NoSlot),
+            Some(Check::Blocked {
+                at: Some((at, limit)),
+                ..
+            }) => return Err(TryReserveError::NotYet(self.not_until(at, &limit))),
+            _ => {}
         }
         let id = state.next_id();
         match state.store.reserve(id, &cost, Floor::NONE, ns) {

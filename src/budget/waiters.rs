@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::bucket::Floor;
 use crate::cost::Cost;
+use crate::priority::Priority;
 use crate::sched::Scheduling;
 use crate::sched::order::{Full, Order, Place};
 use crate::tenant::Tenant;
@@ -43,8 +44,9 @@ pub(crate) struct Waiter {
 #[derive(Debug, Default)]
 pub(crate) struct WaitList {
     order: Order<Waiter>,
-    /// The sum of the waiting costs, to tell a newcomer when its turn can come at the earliest.
-    queued: Cost,
+    /// The sum of the waiting costs by class, to tell a newcomer when its turn can come at the
+    /// earliest.
+    queued: [Cost; 3],
 }
 
 impl WaitList {
@@ -67,7 +69,7 @@ impl WaitList {
                 // A tenant's flow shares the class by token cost (requests for a cost of none).
                 let fair = ask.cost.total_tokens().max(ask.cost.requests());
                 let mine = self.order.push_fair(&ask.scheduling, None, fair, waiter)?;
-                self.queued = self.queued.saturating_add(ask.cost);
+                self.add(mine, ask.cost);
                 *place.insert(mine)
             }
         };
@@ -84,7 +86,7 @@ impl WaitList {
             floor_blocked: false,
         };
         self.order.restore(place, &ask.scheduling, waiter);
-        self.queued = self.queued.saturating_add(ask.cost);
+        self.add(place, ask.cost);
         self.order.set_waker(place, waker);
     }
 
@@ -93,7 +95,7 @@ impl WaitList {
     pub(crate) fn remove(&mut self, place: Place, now: Instant) -> Option<Waker> {
         let was_front = self.order.ranked(now).contains(&Some(place));
         let waiter = self.order.remove(place, now)?;
-        self.queued = self.queued.saturating_sub(waiter.cost);
+        self.subtract(place, waiter.cost);
         if was_front {
             self.next_to_wake(now, None)
         } else {
@@ -106,7 +108,7 @@ impl WaitList {
     pub(crate) fn step_out(&mut self, place: Place, now: Instant) -> Option<Waker> {
         let was_front = self.order.ranked(now).contains(&Some(place));
         let waiter = self.order.step_out(place, now)?;
-        self.queued = self.queued.saturating_sub(waiter.cost);
+        self.subtract(place, waiter.cost);
         if was_front {
             self.next_to_wake(now, None)
         } else {
@@ -205,6 +207,36 @@ impl WaitList {
     /// The total cost of the waiting requests.
     pub(crate) fn queued(&self) -> Cost {
         self.queued
+            .iter()
+            .fold(Cost::default(), |sum, cost| sum.saturating_add(*cost))
+    }
+
+    /// The cost of the requests a newcomer of `priority` arriving at `now` would wait behind:
+    /// every request of its class and of the classes above, and a lower class's front that
+    /// aging has lifted to its class or above. (Fair share inside a class is not counted: a
+    /// tenant's newcomer is taken to wait behind its whole class.)
+    pub(crate) fn queued_ahead_of(&self, priority: Priority, now: Instant) -> Cost {
+        let mut ahead = Cost::default();
+        for class in Priority::ALL {
+            if class.index() <= priority.index() {
+                ahead = ahead.saturating_add(self.queued[class.index()]);
+            } else if let Some((lifted, waiter)) = self.order.front_of(class, now) {
+                if lifted.index() <= priority.index() {
+                    ahead = ahead.saturating_add(waiter.cost);
+                }
+            }
+        }
+        ahead
+    }
+
+    fn add(&mut self, place: Place, cost: Cost) {
+        let class = place.priority().index();
+        self.queued[class] = self.queued[class].saturating_add(cost);
+    }
+
+    fn subtract(&mut self, place: Place, cost: Cost) {
+        let class = place.priority().index();
+        self.queued[class] = self.queued[class].saturating_sub(cost);
     }
 }
 

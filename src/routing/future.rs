@@ -21,7 +21,7 @@ use super::route::{RequestView, Route, RouteKey, ServedBy, Tenant, priority_of, 
 use super::service::Inner;
 use crate::budget::Budget;
 use crate::cost::Cost;
-use crate::error::{BoxError, TryReserveError};
+use crate::error::BoxError;
 use crate::estimate::{CharEstimator, Defaults, estimate};
 use crate::priority::Priority;
 use crate::retry::RetryReport;
@@ -138,8 +138,8 @@ impl<S> Inner<S> {
                 Some(Reason::ContextLength)
             } else if let Some(max) = fallback.max_wait() {
                 let tenant = view.parts.extensions.get::<Tenant>();
-                let wait =
-                    *wait.get_or_insert_with(|| wait_on(first.budget.as_ref(), cost, tenant));
+                let wait = *wait
+                    .get_or_insert_with(|| wait_on(first.budget.as_ref(), cost, class, tenant));
                 wait.is_some_and(|wait| wait > max)
                     .then_some(Reason::WouldWait)
             } else {
@@ -200,34 +200,16 @@ fn needs_context<S>(first: &Route<S>, fallback: &Route<S>, cost: Option<Cost>) -
             .is_none_or(|fits| tokens <= fits)
 }
 
-/// How long `cost` would wait on `budget` now: zero when it can be admitted at once, `MAX`
-/// when no in-flight slot is free (a slot frees only when a call ends), `None` when nobody
-/// can tell (no budget or cost; a budget shared through a store, which answers only to a
-/// round trip; a cost that never fits, which the route refuses itself).
-///
-/// The probe is `try_reserve`, which never overtakes the budget's waiters; a reservation it
-/// gets is dropped at once, unsent, which gives everything back before anyone else can see
-/// it held (one lock, no await in between).
+/// How long `cost` of `class` would wait on `budget` now (see `Budget::would_wait`); `None`
+/// when nobody can tell (no budget or cost, a shared store, a cost that never fits).
 fn wait_on(
     budget: Option<&Budget>,
     cost: Option<Cost>,
+    class: Priority,
     tenant: Option<&Tenant>,
 ) -> Option<Duration> {
-    let (budget, cost) = (budget?, cost?);
-    // For a budget with tenants, the request's path (its nodes' limits too).
-    let probe = match tenant {
-        Some(tenant) => budget.try_reserve_for(cost, tenant),
-        None => budget.try_reserve(cost),
-    };
-    match probe {
-        Ok(reservation) => {
-            drop(reservation);
-            Some(Duration::ZERO)
-        }
-        Err(TryReserveError::NotYet(not_until)) => Some(not_until.wait_time_from(Instant::now())),
-        Err(TryReserveError::NoSlot) => Some(Duration::MAX),
-        Err(_) => None,
-    }
+    // Only what would be admitted before it: its class and those above, its tenant's path.
+    budget?.would_wait(cost?, class, tenant)
 }
 
 /// The request again, for one route: the head cloned, the body rewritten for its model.

@@ -51,6 +51,11 @@ struct Stamp {
 }
 
 impl Place {
+    /// The class it waits in.
+    pub(crate) fn priority(&self) -> Priority {
+        self.priority
+    }
+
     /// When the request stops waiting, if the order watches a deadline for it.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         self.deadline
@@ -337,6 +342,16 @@ impl<T> Order<T> {
     /// The waker of the request to serve next.
     pub(crate) fn top_waker(&self, now: Instant) -> Option<Waker> {
         self.waker(self.top(now)?)
+    }
+
+    /// The front of `priority`'s class: its effective class at `now` (aging lifts it) and its
+    /// value.
+    pub(crate) fn front_of(&self, priority: Priority, now: Instant) -> Option<(Priority, &T)> {
+        let class = &self.classes[priority.index()];
+        let (&slot, entry) = class.waiting.first_key_value()?;
+        let since = class.front_since.unwrap_or(slot.0.at);
+        let (effective, _) = aged(priority, slot.0.at, since, entry.aging, now);
+        Some((effective, &entry.value))
     }
 
     /// The front of every class, in the order they would be served at `now`.
