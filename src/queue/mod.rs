@@ -56,7 +56,8 @@
 //! first in, first out. **Aging** prevents starvation: the request at the front of a class moves
 //! one class up once it has been the front for its class's ceiling
 //! ([`QueueConfig::promote_after`]), and keeps moving up while it keeps waiting; among requests
-//! of one (effective) class, the one that entered it first goes first. Aging is computed when a
+//! of one (effective) class, the one that came first goes first (a promoted request before the
+//! requests of its new class that came after it). Aging is computed when a
 //! decision is made: no timer per request, no scan (only the front of each class can be next).
 //!
 //! Only the front ages, counted from when it became the front: a backlog submitted at once is
@@ -66,7 +67,7 @@
 //! **Worst-case wait.** Under a load of higher classes that saturates the quota, with the
 //! defaults, the front of the batch class reaches interactive 150 s (120 + 30) after it became
 //! the front, and the front of the async class 30 s after; it then waits for at most the
-//! interactive requests that entered before it and one request in flight. So the k-th batch
+//! interactive requests that came before it and one request in flight. So the k-th batch
 //! request in line waits at most about k × 150 s, the k-th async request k × 30 s, plus those
 //! waits. Whenever the higher classes leave capacity, lower classes are served at once, without
 //! waiting for aging. Without aging (`promote_after(.., None)`) a lower class can starve.

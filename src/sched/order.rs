@@ -334,7 +334,8 @@ impl<T> Order<T> {
     }
 
     /// The request to serve next at `now`: the front of the highest effective class; among
-    /// equals, the one that entered that class first.
+    /// equals, the one that came first (a promoted front before the later arrivals of its new
+    /// class).
     pub(crate) fn top(&self, now: Instant) -> Option<Place> {
         self.ranked(now).into_iter().flatten().next()
     }
@@ -360,13 +361,15 @@ impl<T> Order<T> {
             let class = &self.classes[priority.index()];
             let (&slot, entry) = class.waiting.first_key_value()?;
             let since = class.front_since.unwrap_or(slot.0.at);
-            let (effective, entered) = aged(priority, slot.0.at, since, entry.aging, now);
+            // Ranked by effective class, then by first arrival: a promoted front goes before
+            // the requests of its new class that came after it.
+            let (effective, _) = aged(priority, slot.0.at, since, entry.aging, now);
             let place = Place {
                 priority,
                 slot,
                 deadline: entry.deadline,
             };
-            Some(((std::cmp::Reverse(effective), entered, slot.1), place))
+            Some(((std::cmp::Reverse(effective), slot.0.at, slot.1), place))
         });
         // Three items: sorting is a few comparisons, no allocation.
         fronts.sort_by_key(|front| front.map(|(rank, _)| rank).ok_or(()));
@@ -531,23 +534,21 @@ mod tests {
         let mut order = Order::default();
         let batch = push(&mut order, Priority::Batch, t0);
         let asynchronous = push(&mut order, Priority::Async, t0 + 100 * SEC);
-        // At 119.999 s the batch item is still batch; at 120 s it is async, and entered async
-        // at 120 s, after the async item (100 s): the async item goes first.
+        // At 119.999 s the batch item is still batch; at 120 s it is async, and it came first
+        // (at 0 s, the async item at 100 s): it goes first.
         let just_before = t0 + 120 * SEC - Duration::from_millis(1);
         assert_eq!(order.top(just_before), Some(asynchronous));
-        assert_eq!(order.top(t0 + 120 * SEC), Some(asynchronous));
-        // At 130 s the async item reaches interactive (30 s): still first.
-        assert_eq!(order.top(t0 + 130 * SEC), Some(asynchronous));
-        order.remove(asynchronous, t0 + 130 * SEC);
+        assert_eq!(order.top(t0 + 120 * SEC), Some(batch));
+        // The async item is interactive from 130 s (the front of its class since 100 s): it
+        // goes before an interactive request of 140 s, and before the batch item, async then.
         let interactive = push(&mut order, Priority::Interactive, t0 + 140 * SEC);
-        // The batch item reaches interactive at 150 s, entering before one enqueued at 151 s,
-        // but after one enqueued at 140 s.
+        assert_eq!(order.top(t0 + 140 * SEC), Some(asynchronous));
+        // At 150 s the batch item is interactive too, and came first of all.
+        assert_eq!(order.top(t0 + 150 * SEC), Some(batch));
+        order.remove(batch, t0 + 150 * SEC);
+        assert_eq!(order.top(t0 + 150 * SEC), Some(asynchronous));
+        order.remove(asynchronous, t0 + 150 * SEC);
         assert_eq!(order.top(t0 + 150 * SEC), Some(interactive));
-        order.remove(interactive, t0 + 150 * SEC);
-        let late = push(&mut order, Priority::Interactive, t0 + 151 * SEC);
-        assert_eq!(order.top(t0 + 151 * SEC), Some(batch));
-        order.remove(batch, t0 + 151 * SEC);
-        assert_eq!(order.top(t0 + 151 * SEC), Some(late));
     }
 
     #[test]
@@ -568,8 +569,8 @@ mod tests {
         assert_eq!(order.top(at + 149 * SEC), Some(second));
         let newcomer = push(&mut order, Priority::Interactive, at + 149 * SEC);
         assert_eq!(order.top(at + 149 * SEC), Some(newcomer));
-        // At 150 s of being the front it is interactive too, but entered after the newcomer.
-        assert_eq!(order.top(at + 150 * SEC), Some(newcomer));
+        // At 150 s of being the front it is interactive too, and it came first (at 0 s).
+        assert_eq!(order.top(at + 150 * SEC), Some(second));
     }
 
     #[test]

@@ -197,17 +197,17 @@ async fn the_front_of_a_starved_class_is_promoted_at_its_exact_thresholds() {
     for task in tasks {
         task.await.unwrap().unwrap();
     }
-    // The batch request is the front from 0 s: async at 2 s, interactive at 3 s. At 4 s, when
-    // the budget frees, it entered interactive (3 s) before i3 (3.5 s) did: it goes then, and is
-    // admitted at 5 s.
+    // The batch request is the front from 0 s: async at 2 s, interactive at 3 s. At 3 s, when
+    // the budget frees, it is interactive and came first of all (at 0 s; i1 at 1.5 s): it is
+    // admitted then, ahead of the interactive requests that came after it.
     assert_eq!(
         stack.arrivals(),
         [
             arrival("head", 1.0),
             arrival("i0", 2.0),
-            arrival("i1", 3.0),
-            arrival("i2", 4.0),
-            arrival("batch", 5.0),
+            arrival("batch", 3.0),
+            arrival("i1", 4.0),
+            arrival("i2", 5.0),
             arrival("i3", 6.0),
             arrival("i4", 7.0),
             arrival("i5", 8.0),
