@@ -404,3 +404,30 @@ async fn reservations_polled_by_one_task_are_admitted_at_their_refill_instants()
     second.await.unwrap().charge_estimate();
     assert_eq!(at(start), 600);
 }
+
+/// A request behind a waiter that waits only to keep its class floor, with a lower floor of
+/// its own, goes first, in the same class too: nothing holds it.
+#[tokio::test(start_paused = true)]
+async fn a_waiter_kept_by_its_floor_does_not_block_a_lower_floor_behind_it() {
+    let b = budget([limit(Dimension::TotalTokens, 1_000, SEC, 1_000)]);
+    let start = Instant::now();
+    let first = b.reserve(Cost::new(500, 0)).keeping(0.5).await.unwrap();
+    first.charge_estimate();
+    // 500 left: another 500 keeping half of the bucket must wait for a full bucket.
+    let kept = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let r = b.reserve(Cost::new(500, 0)).keeping(0.5).await.unwrap();
+            r.charge_estimate();
+            start.elapsed()
+        }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(b.waiters(), 1);
+    // A plain request of 100 behind it is admitted at once.
+    let plain = b.reserve(Cost::new(100, 0)).await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    plain.charge_estimate();
+    // The floor's waiter: 400 left, 1,000 needed: 600 ms of refill.
+    assert_eq!(kept.await.unwrap(), Duration::from_millis(600));
+}

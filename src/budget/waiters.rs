@@ -116,19 +116,19 @@ impl WaitList {
         }
     }
 
-    /// Whether `place` may try to be admitted now: it is the head, or every request ranked
-    /// before it waits only to keep a class floor higher than its own.
+    /// Whether `place` may try to be admitted now: it is the head, or every request served
+    /// before it (in its class or another) waits only to keep a class floor higher than its
+    /// own.
     pub(crate) fn may_go(&self, place: Place, now: Instant) -> bool {
         let Some(mine) = self.order.get(place) else {
             return false;
         };
-        for front in self.order.ranked(now).into_iter().flatten() {
-            if front == place {
+        for (ahead, waiter) in self.order.walk(now) {
+            if ahead == place {
                 return true;
             }
-            match self.order.get(front) {
-                Some(ahead) if ahead.floor_blocked && ahead.floor > mine.floor => {}
-                _ => return false,
+            if !(waiter.floor_blocked && waiter.floor > mine.floor) {
+                return false;
             }
         }
         false
@@ -138,24 +138,22 @@ impl WaitList {
     /// itself waiting only for its floor: whoever should look next. A front waiting for its
     /// floor has a timer of its own, so waking it again would only spin.
     fn next_to_wake(&self, now: Instant, after: Option<Place>) -> Option<Waker> {
-        let ranked = self.order.ranked(now);
-        let start = after.map_or(0, |after| {
-            ranked
-                .iter()
-                .position(|front| *front == Some(after))
-                .map_or(ranked.len(), |i| i + 1)
-        });
-        ranked[start..]
-            .iter()
-            .flatten()
-            .find(|&&front| {
-                self.may_go(front, now)
-                    && self
-                        .order
-                        .get(front)
-                        .is_some_and(|waiter| !waiter.floor_blocked)
-            })
-            .and_then(|&front| self.order.waker(front))
+        let mut passed = after.is_none();
+        for (place, waiter) in self.order.walk(now) {
+            if !passed {
+                passed = Some(place) == after;
+                continue;
+            }
+            if !waiter.floor_blocked {
+                // The first that is not waiting for its floor: it may go if every one before
+                // it waits for a higher floor.
+                return self
+                    .may_go(place, now)
+                    .then(|| self.order.waker(place))
+                    .flatten();
+            }
+        }
+        None
     }
 
     /// Records whether `place`'s last attempt failed only because of its floor; if it did,

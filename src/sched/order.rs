@@ -376,6 +376,42 @@ impl<T> Order<T> {
         fronts.map(|front| front.map(|(_, place)| place))
     }
 
+    /// Every waiting request with its value, in the order they would be served from `now` if
+    /// nothing changed: the fronts ranked as [`ranked`](Self::ranked) does, and behind each
+    /// front the rest of its class (not aged yet), merged by the same rule.
+    pub(crate) fn walk(&self, now: Instant) -> impl Iterator<Item = (Place, &T)> + '_ {
+        let mut lists = Priority::ALL.map(|p| self.classes[p.index()].waiting.iter().peekable());
+        let mut fronts = [true; 3];
+        std::iter::from_fn(move || {
+            let mut best: Option<((std::cmp::Reverse<Priority>, Instant, u64), usize)> = None;
+            for (i, list) in lists.iter_mut().enumerate() {
+                let Some(&(&slot, entry)) = list.peek() else {
+                    continue;
+                };
+                let priority = Priority::ALL[i];
+                let effective = if fronts[i] {
+                    let since = self.classes[i].front_since.unwrap_or(slot.0.at);
+                    aged(priority, slot.0.at, since, entry.aging, now).0
+                } else {
+                    priority
+                };
+                let rank = (std::cmp::Reverse(effective), slot.0.at, slot.1);
+                if best.is_none_or(|(ahead, _)| rank < ahead) {
+                    best = Some((rank, i));
+                }
+            }
+            let (_, i) = best?;
+            fronts[i] = false;
+            let (&slot, entry) = lists[i].next()?;
+            let place = Place {
+                priority: Priority::ALL[i],
+                slot,
+                deadline: entry.deadline,
+            };
+            Some((place, &entry.value))
+        })
+    }
+
     /// The next instant after `now` at which a class's front moves up a class, when fronts of
     /// more than one class wait (else aging cannot change who goes first).
     pub(crate) fn next_promotion(&self, now: Instant) -> Option<Instant> {
