@@ -41,6 +41,10 @@ pub(crate) struct Place {
 /// The order of service within a class: stamp, then ticket.
 type Slot = (Stamp, u64);
 
+/// The order of service across classes: effective class (highest first), first arrival,
+/// ticket.
+type Rank = (std::cmp::Reverse<Priority>, Instant, u64);
+
 /// Where a request ranks in its class: below its guarantee or not (tier 0 first), its fair
 /// share's finish tag (0 without tenants), its enqueue time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -383,7 +387,7 @@ impl<T> Order<T> {
         let mut lists = Priority::ALL.map(|p| self.classes[p.index()].waiting.iter().peekable());
         let mut fronts = [true; 3];
         std::iter::from_fn(move || {
-            let mut best: Option<((std::cmp::Reverse<Priority>, Instant, u64), usize)> = None;
+            let mut best: Option<(Rank, usize)> = None;
             for (i, list) in lists.iter_mut().enumerate() {
                 let Some(&(&slot, entry)) = list.peek() else {
                     continue;
