@@ -588,11 +588,13 @@ async fn a_tree_from_a_file_changes_live() {
     time::sleep(Duration::from_millis(100)).await;
     // ... but the limit is lowered to 500 a second at 100 ms, keeping its level (100): the
     // 400 it lacks take 800 ms more.
-    handle.set_limit(
-        &acme,
-        limit(Dimension::TotalTokens, 500, Duration::from_secs(1), 500),
-    );
-    handle.set_weight(&acme, weight(5));
+    handle
+        .set_limit(
+            &acme,
+            limit(Dimension::TotalTokens, 500, Duration::from_secs(1), 500),
+        )
+        .unwrap();
+    handle.set_weight(&acme, weight(5)).unwrap();
     let reservation = waiting.await.unwrap().unwrap();
     assert_eq!(start.elapsed(), Duration::from_millis(900));
     let snapshot = handle.snapshot(&acme);
@@ -602,4 +604,59 @@ async fn a_tree_from_a_file_changes_live() {
     assert_eq!(snapshot.in_flight(), 1);
     assert_eq!(snapshot.used(), 1_500);
     drop(reservation);
+}
+
+/// Shares out of range are refused, not clamped: at install, and when a node is changed live
+/// (nothing changes then); a node keeps the `Limit` it was given.
+#[tokio::test(start_paused = true)]
+async fn out_of_range_shares_are_refused_and_limits_kept_as_given() {
+    let quota = || {
+        Quota::new().with_limit(limit(
+            Dimension::TotalTokens,
+            1_000,
+            Duration::from_secs(1),
+            1_000,
+        ))
+    };
+    let install = |node: TenantNode| {
+        Budget::with_tenants(quota(), TenantTree::new().with_node(tenant("acme"), node))
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(
+        install(TenantNode::new().with_guarantee(1.5)),
+        Err("invalid tenant tree at `acme`: a guarantee outside [0, 1]".into())
+    );
+    assert!(install(TenantNode::new().with_guarantee(f64::NAN)).is_err());
+    assert!(install(TenantNode::new().with_guarantee(-0.1)).is_err());
+    assert_eq!(
+        install(TenantNode::new().with_max_share(0.0)),
+        Err("invalid tenant tree at `acme`: a borrowing cap outside (0, 1]".into())
+    );
+    assert!(install(TenantNode::new().with_max_share(1.01)).is_err());
+    assert!(install(TenantNode::new().with_guarantee(1.0).with_max_share(1.0)).is_ok());
+
+    let budget = Budget::with_tenants(quota(), TenantTree::new()).unwrap();
+    let handle = budget.tenants().unwrap();
+    let refused = handle.set_node(&tenant("acme"), TenantNode::new().with_guarantee(2.0));
+    assert_eq!(refused.unwrap_err().reason(), "a guarantee outside [0, 1]");
+    assert_eq!(handle.node(&tenant("acme")), None, "nothing changed");
+    // Siblings' guarantees are checked as a whole.
+    handle
+        .set_node(&tenant("acme"), TenantNode::new().with_guarantee(0.6))
+        .unwrap();
+    assert!(
+        handle
+            .set_node(&tenant("globex"), TenantNode::new().with_guarantee(0.6))
+            .is_err()
+    );
+
+    let given = tower_llm_quota::Limit::per_minute(
+        Dimension::Requests,
+        std::num::NonZeroU64::new(20).unwrap(),
+    );
+    let node = TenantNode::new().with_limit(given);
+    assert_eq!(node.limits(), [given]);
+    handle.set_node(&tenant("acme/k"), node).unwrap();
+    assert_eq!(handle.node(&tenant("acme/k")).unwrap().limits(), [given]);
 }

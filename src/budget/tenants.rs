@@ -78,17 +78,28 @@ impl Budget {
     }
 
     /// Replaces the configuration of a node of the tenant tree.
-    pub(crate) fn set_tenant_node(&self, path: &Tenant, node: TenantNode) {
+    pub(crate) fn set_tenant_node(
+        &self,
+        path: &Tenant,
+        node: TenantNode,
+    ) -> Result<(), InvalidTree> {
         let now = Instant::now();
         let ns = self.nanos_since_origin(now);
         let mut wakers = Vec::new();
         let mut state = self.lock();
         let State { tenants, queue, .. } = &mut *state;
-        let Some(tenants) = tenants else { return };
+        let Some(tenants) = tenants else {
+            return Ok(());
+        };
+        // The tree with the new node must be enforceable as a whole (siblings' guarantees).
+        let mut candidate = tenants.tree.clone();
+        candidate.nodes.insert(path.clone(), node.clone());
+        candidate.validate()?;
         tenants.set_node(path.clone(), node, ns, &mut wakers);
         wakers.extend(queue.head_waker(now));
         drop(state);
         wakers.into_iter().for_each(Waker::wake);
+        Ok(())
     }
 
     /// The configuration of a node of the tenant tree.

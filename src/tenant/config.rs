@@ -44,11 +44,11 @@ impl TenantNode {
     }
 
     /// Adds a limit of the node's own (any dimension, any period: a per-key rate, a team's
-    /// burst); one of the same dimension and period is replaced. Its share is fixed (a node's
-    /// limits are its operator's, not a provider's: they do not adapt). Defaults to none.
+    /// burst); one of the same dimension and period is replaced. The node keeps the `Limit`
+    /// as given ([`limits`](Self::limits) returns it); its bucket plans a fixed share of it
+    /// (a node's limits are its operator's, not a provider's: they do not adapt), which the
+    /// tenant snapshot reports. Defaults to none.
     pub fn with_limit(mut self, limit: Limit) -> Self {
-        // A fixed share: the node's limits do not adapt to provider reports.
-        let limit = limit.with_headroom(limit.headroom()).unwrap_or(limit);
         self.limits.retain(|l| !l.same_bucket(&limit));
         self.limits.push(limit);
         self
@@ -62,10 +62,11 @@ impl TenantNode {
 
     /// The share of its parent's capacity (the account's, for a top-level tenant) the node is
     /// guaranteed: while its traffic stays below it, its requests go before those of
-    /// borrowers in their class. Clamped to `[0, 1]`. Defaults to 0 (no guarantee).
+    /// borrowers in their class. A share outside `[0, 1]` (or NaN) makes the tree invalid:
+    /// installing it fails with [`InvalidTree`]. Defaults to 0 (no guarantee).
     pub fn with_guarantee(self, share: f64) -> Self {
         Self {
-            guarantee: clamp_share(share),
+            guarantee: share,
             ..self
         }
     }
@@ -73,11 +74,11 @@ impl TenantNode {
     /// The most of its parent's capacity the node may use, borrowing included: its guarantee
     /// plus what it may borrow of the idle share of others. Enforced as limits of the node's
     /// own: each limit of the parent (the account's, when no ancestor has limits) scaled by
-    /// `share`. Clamped to `(0, 1]`. Defaults to no cap (the whole idle capacity may be
-    /// borrowed).
+    /// `share`. A share outside `(0, 1]` (or NaN) makes the tree invalid: installing it fails
+    /// with [`InvalidTree`]. Defaults to no cap (the whole idle capacity may be borrowed).
     pub fn with_max_share(self, share: f64) -> Self {
         Self {
-            max_share: Some(clamp_share(share).max(f64::MIN_POSITIVE)),
+            max_share: Some(share),
             ..self
         }
     }
@@ -131,6 +132,12 @@ impl TenantNode {
     }
 
     fn validate(&self, node: Option<&Tenant>) -> Result<(), InvalidTree> {
+        if !(0.0..=1.0).contains(&self.guarantee) {
+            return Err(InvalidTree::new(node, "a guarantee outside [0, 1]"));
+        }
+        if self.max_share.is_some_and(|max| !(max > 0.0 && max <= 1.0)) {
+            return Err(InvalidTree::new(node, "a borrowing cap outside (0, 1]"));
+        }
         if let Some(max) = self.max_share {
             if max < self.guarantee {
                 return Err(InvalidTree::new(
@@ -140,14 +147,6 @@ impl TenantNode {
             }
         }
         Ok(())
-    }
-}
-
-fn clamp_share(share: f64) -> f64 {
-    if share.is_nan() {
-        0.0
-    } else {
-        share.clamp(0.0, 1.0)
     }
 }
 

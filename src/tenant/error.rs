@@ -26,6 +26,11 @@ impl InvalidTree {
     pub fn node(&self) -> Option<&Tenant> {
         self.node.as_ref()
     }
+
+    /// What is wrong, in words.
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
 }
 
 impl fmt::Display for InvalidTree {

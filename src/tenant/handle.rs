@@ -4,6 +4,7 @@ use std::fmt;
 use std::num::NonZeroU32;
 
 use super::config::TenantNode;
+use super::error::InvalidTree;
 use super::path::Tenant;
 use super::snapshot::TenantSnapshot;
 use crate::budget::Budget;
@@ -34,22 +35,36 @@ impl TenantHandle {
     }
 
     /// Replaces the configuration of the node at `path` (limits, weight, guarantee, caps).
-    pub fn set_node(&self, path: &Tenant, node: TenantNode) {
-        self.budget.set_tenant_node(path, node);
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidTree`] when the tree with this node could not be enforced (a share out of
+    /// range, siblings' guarantees above the whole, a cap below the guarantee): nothing
+    /// changes.
+    pub fn set_node(&self, path: &Tenant, node: TenantNode) -> Result<(), InvalidTree> {
+        self.budget.set_tenant_node(path, node)
     }
 
     /// Adds or replaces one limit of the node at `path` (of the same dimension and period),
     /// keeping the rest of its configuration.
-    pub fn set_limit(&self, path: &Tenant, limit: Limit) {
+    ///
+    /// # Errors
+    ///
+    /// As [`set_node`](Self::set_node).
+    pub fn set_limit(&self, path: &Tenant, limit: Limit) -> Result<(), InvalidTree> {
         let node = self.node(path).unwrap_or_default().with_limit(limit);
-        self.set_node(path, node);
+        self.set_node(path, node)
     }
 
     /// Sets the weight of the node at `path`, keeping the rest of its configuration; requests
     /// already waiting keep their place.
-    pub fn set_weight(&self, path: &Tenant, weight: NonZeroU32) {
+    ///
+    /// # Errors
+    ///
+    /// As [`set_node`](Self::set_node).
+    pub fn set_weight(&self, path: &Tenant, weight: NonZeroU32) -> Result<(), InvalidTree> {
         let node = self.node(path).unwrap_or_default().with_weight(weight);
-        self.set_node(path, node);
+        self.set_node(path, node)
     }
 
     /// The configuration of the node at `path`: its own, else its depth's template.

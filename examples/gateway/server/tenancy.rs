@@ -177,7 +177,9 @@ impl Tenancy {
             if let Some(weight) = weight {
                 node = node.with_weight(weight);
             }
-            handle.set_node(path, node);
+            handle
+                .set_node(path, node)
+                .map_err(|e| ConfigError(e.to_string()))?;
         }
         Ok(())
     }
