@@ -12,6 +12,7 @@ mod loom;
 pub mod middleware;
 mod observe;
 pub mod parse;
+pub mod prelude;
 mod priority;
 pub mod provider;
 pub mod queue;
