@@ -4,9 +4,10 @@ use std::time::Duration;
 use http::HeaderName;
 use tower::Layer;
 
+use super::memory::MemoryStore;
 use super::service::Idempotency;
 use super::shared::{Config, Shared};
-use super::store::{IdempotencyStore, MemoryStore};
+use super::store::IdempotencyStore;
 use crate::usage::WireFormat;
 
 /// Deduplicates operations: see the [module documentation](super).

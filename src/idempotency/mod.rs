@@ -96,6 +96,7 @@ mod flight;
 mod future;
 mod key;
 mod layer;
+mod memory;
 mod record;
 #[cfg(feature = "redis")]
 mod redis;
@@ -108,11 +109,12 @@ pub use flight::IdempotentBody;
 pub use future::ResponseFuture;
 pub use key::{IdempotencyKey, InvalidKey, Operation};
 pub use layer::IdempotencyLayer;
+pub use memory::{DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, MemoryStore};
 pub use record::Record;
 #[cfg(feature = "redis")]
 pub use redis::RedisIdempotencyStore;
 pub use service::Idempotency;
-pub use store::{Claim, IdempotencyStore, MemoryStore, StoreFuture};
+pub use store::{Claim, IdempotencyStore, StoreFuture};
 
 /// How a response was answered without its own call: a response extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
