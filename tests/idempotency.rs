@@ -79,7 +79,7 @@ where
     S: Service<
             Request<Full<Bytes>>,
             Response = Response<tower_llm_quota::idempotency::IdempotentBody>,
-            Error = BoxError,
+            Error = tower_llm_quota::Error,
         >,
 {
     let response = service.oneshot(request).await?;
@@ -255,13 +255,18 @@ async fn a_failed_first_call_lets_the_next_one_through() {
     let mut leader_failed = 0;
     for task in tasks {
         let error = task.await.unwrap().unwrap_err();
+        let error = error
+            .downcast_ref::<tower_llm_quota::Error>()
+            .expect("the crate's error");
         if error
-            .downcast_ref::<IdempotencyError>()
+            .idempotency_error()
             .is_some_and(IdempotencyError::is_leader_failed)
         {
             leader_failed += 1;
         } else {
-            assert!(error.downcast_ref::<io::Error>().is_some(), "{error}");
+            // The leader: the client's own error, as the source.
+            let source = std::error::Error::source(error).unwrap();
+            assert!(error.is_inner() && source.is::<io::Error>(), "{error}");
         }
     }
     assert_eq!((client.calls(), leader_failed), (1, 9));
@@ -305,7 +310,10 @@ async fn a_body_over_the_stored_size_reaches_the_waiters_but_is_not_replayed() {
     assert!(received[0].body.len() > 64);
     // Completed, but too large to keep: an error, not a second billed call.
     let error = receive(service.clone(), chat(true)).await.unwrap_err();
-    let error = error.downcast_ref::<IdempotencyError>().unwrap();
+    let error = error
+        .downcast_ref::<tower_llm_quota::Error>()
+        .and_then(tower_llm_quota::Error::idempotency_error)
+        .unwrap();
     assert!(error.is_not_replayable(), "{error}");
     assert_eq!(simulator.stats().admitted, 1);
 }
@@ -355,7 +363,8 @@ async fn keys_from_the_header_are_validated_forwarded_and_scoped_by_tenant() {
         .unwrap_err();
     assert!(
         error
-            .downcast_ref::<IdempotencyError>()
+            .downcast_ref::<tower_llm_quota::Error>()
+            .and_then(tower_llm_quota::Error::idempotency_error)
             .unwrap()
             .is_invalid_key()
     );
@@ -590,4 +599,38 @@ async fn the_longest_durations_saturate_instead_of_overflowing() {
     assert_eq!(second.suppressed, Some(Suppressed::Replayed));
     assert_eq!(first.await.unwrap().unwrap().body, "{\"done\":true}");
     assert_eq!(client.calls(), 1);
+}
+
+/// The layer fails with the crate's `Error`: its own decisions read without a downcast, the
+/// client's failures as `is_inner` with the client's error as the source.
+#[tokio::test(start_paused = true)]
+async fn the_layer_fails_with_the_crate_s_error() {
+    let client = Scripted::new(Duration::ZERO, |_| ok("{}"));
+    let service = IdempotencyLayer::in_memory().layer(client.service());
+    let mut request = chat(false);
+    request
+        .headers_mut()
+        .insert("idempotency-key", http::HeaderValue::from_static(""));
+    let error: tower_llm_quota::Error = service.oneshot(request).await.unwrap_err();
+    assert!(error.is_local());
+    assert!(
+        error.idempotency_error().unwrap().is_invalid_key(),
+        "{error}"
+    );
+    assert!(std::error::Error::source(&error).is_some());
+    assert_eq!(client.calls(), 0);
+
+    let failing = service_fn(|_request: Request<Full<Bytes>>| async {
+        Err::<Response<Full<Bytes>>, _>(std::io::Error::other("connection refused"))
+    });
+    let error = IdempotencyLayer::in_memory()
+        .layer(failing)
+        .oneshot(chat(false))
+        .await
+        .unwrap_err();
+    assert!(error.is_inner() && error.idempotency_error().is_none());
+    assert_eq!(
+        std::error::Error::source(&error).unwrap().to_string(),
+        "connection refused"
+    );
 }

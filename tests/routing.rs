@@ -145,11 +145,7 @@ async fn unreachable_primary_goes_elsewhere_but_a_reset_does_not() {
         .oneshot(request(Priority::Interactive, 20, ""))
         .await
         .expect_err("the reset is reported");
-    assert_eq!(
-        Ambiguity::of_error(&*error),
-        Ambiguity::Uncertain,
-        "{error}"
-    );
+    assert_eq!(Ambiguity::of_error(&error), Ambiguity::Uncertain, "{error}");
     assert_eq!(resetting.stats().connection_resets, 1);
     assert_eq!(fallback.stats().received, 1, "not one more");
 }

@@ -63,7 +63,8 @@ pub(crate) struct Job {
 }
 
 /// The governed client every job calls through.
-type Llm = BoxCloneSyncService<Request<Full<Bytes>>, Response<IdempotentBody>, BoxError>;
+type Llm =
+    BoxCloneSyncService<Request<Full<Bytes>>, Response<IdempotentBody>, tower_llm_quota::Error>;
 
 /// What a job handler needs.
 struct Worker {
@@ -325,7 +326,7 @@ async fn work_job(job: Job, id: TaskId, worker: Data<Arc<Worker>>) -> Result<Val
         .clone()
         .oneshot(request)
         .await
-        .map_err(job_error)?;
+        .map_err(|error| job_error(error.into()))?;
     let (parts, body) = response.into_parts();
     let body = body.collect().await.map_err(job_error)?.to_bytes();
     if !parts.status.is_success() {
@@ -402,9 +403,13 @@ async fn grouped_job(
 }
 
 fn job_error(error: BoxError) -> BoxDynError {
-    let permanent = error
-        .downcast_ref::<IdempotencyError>()
-        .is_some_and(|e| e.is_not_replayable() || e.is_invalid_key())
+    // The layer's decision: the call's `Error` names it; a body's error is it.
+    let idempotency = error.downcast_ref::<IdempotencyError>().or_else(|| {
+        error
+            .downcast_ref::<tower_llm_quota::Error>()
+            .and_then(tower_llm_quota::Error::idempotency_error)
+    });
+    let permanent = idempotency.is_some_and(|e| e.is_not_replayable() || e.is_invalid_key())
         || matches!(
             ProviderErrors.classify(&Failed::Error(&*error)),
             FailureClass::Permanent(_)

@@ -4,6 +4,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::capacity::InsufficientCapacity;
+use crate::idempotency::IdempotencyError;
 use crate::priority::Priority;
 use crate::retry::{GaveUp, RetryReport};
 use crate::tenant::TenantRefused;
@@ -46,6 +47,8 @@ enum Kind {
     RequestBody,
     /// The source is the [`TenantRefused`].
     Tenant,
+    /// The source is the [`IdempotencyError`].
+    Idempotency,
     Inner,
 }
 
@@ -65,6 +68,11 @@ impl Error {
     /// A scope of the tenant path refused the request: `refused` is its [`TenantRefused`].
     pub(crate) fn tenant_refused_by(refused: BoxError) -> Self {
         Self::new(Kind::Tenant, Some(refused))
+    }
+
+    /// The idempotency layer decided (`failure` is its [`IdempotencyError`]).
+    pub(crate) fn idempotency(failure: BoxError) -> Self {
+        Self::new(Kind::Idempotency, Some(failure))
     }
 
     pub(crate) fn missing_cost() -> Self {
@@ -89,10 +97,12 @@ impl Error {
     }
 
     /// Wraps an inner service's error, unless it already is an [`Error`] of this crate (an
-    /// inner layer of the same stack), which is passed on unchanged.
+    /// inner layer of the same stack), which is passed on unchanged, or an
+    /// [`IdempotencyError`], which becomes its kind.
     pub(crate) fn from_inner(error: impl Into<BoxError>) -> Self {
         match error.into().downcast::<Error>() {
             Ok(error) => *error,
+            Err(error) if error.is::<IdempotencyError>() => Self::idempotency(error),
             Err(error) => Self::new(Kind::Inner, Some(error)),
         }
     }
@@ -189,6 +199,16 @@ impl Error {
         }
     }
 
+    /// What the idempotency layer decided, when it failed the request: an invalid key, a
+    /// duplicate whose leader failed, a completed operation too large to replay, an
+    /// interrupted response ([`IdempotencyError`]'s `is_*` methods). No downcast needed.
+    pub fn idempotency_error(&self) -> Option<&IdempotencyError> {
+        match self.inner.kind {
+            Kind::Idempotency => self.inner.source.as_deref()?.downcast_ref(),
+            _ => None,
+        }
+    }
+
     /// The bucket that is too small, when [`Error::is_too_large`].
     pub fn insufficient_capacity(&self) -> Option<&InsufficientCapacity> {
         match &self.inner.kind {
@@ -257,6 +277,10 @@ impl fmt::Display for Error {
                 report.gave_up().unwrap_or(GaveUp::Permanent)
             ),
             Kind::RequestBody => f.write_str("rejected locally: the request body failed"),
+            Kind::Idempotency => match &self.inner.source {
+                Some(e) => write!(f, "rejected locally: {e}"),
+                None => f.write_str("rejected locally by the idempotency layer"),
+            },
             Kind::Tenant => match self.tenant_refused() {
                 Some(refused) => write!(f, "rejected locally: {refused}"),
                 None => f.write_str("rejected locally by a tenant scope"),

@@ -27,7 +27,7 @@ use super::flight::{Flight, Handle, Head, HeadState, IdempotentBody, Recording, 
 use super::key::{IdempotencyKey, Operation};
 use super::shared::Shared;
 use super::store::{Claim, StoreFuture};
-use crate::error::BoxError;
+use crate::error::{BoxError, Error};
 use crate::usage::UsageScanner;
 
 pin_project! {
@@ -177,9 +177,28 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    type Output = Result<Response<IdempotentBody>, BoxError>;
+    type Output = Result<Response<IdempotentBody>, Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // The layer's own failures become the crate's `Error` (`Error::idempotency_error`);
+        // the inner service's pass as `Error::is_inner`, or unchanged if they already are one.
+        self.poll_boxed(cx).map_err(Error::from_inner)
+    }
+}
+
+impl<S, B, ResBody> ResponseFuture<S, B>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    S::Error: Into<BoxError>,
+    B: Body<Data = Bytes> + From<Bytes>,
+    B::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    fn poll_boxed(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<IdempotentBody>, BoxError>> {
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {

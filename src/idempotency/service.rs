@@ -8,7 +8,7 @@ use tower::Service;
 use super::flight::IdempotentBody;
 use super::future::ResponseFuture;
 use super::shared::Shared;
-use crate::error::BoxError;
+use crate::error::{BoxError, Error};
 
 /// Deduplicates the operations of the requests it forwards; see the
 /// [module documentation](super).
@@ -43,7 +43,7 @@ where
     ResBody::Error: Into<BoxError>,
 {
     type Response = Response<IdempotentBody>;
-    type Error = BoxError;
+    type Error = Error;
     type Future = ResponseFuture<S, B>;
 
     fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {

@@ -21,7 +21,7 @@ use super::route::{RequestView, Route, RouteKey, ServedBy, Tenant, priority_of, 
 use super::service::Inner;
 use crate::budget::Budget;
 use crate::cost::Cost;
-use crate::error::BoxError;
+use crate::error::{BoxError, Error};
 use crate::estimate::{CharEstimator, Defaults, estimate};
 use crate::priority::Priority;
 use crate::retry::RetryReport;
@@ -54,10 +54,12 @@ impl<ResBody> ResponseFuture<ResBody> {
 }
 
 impl<ResBody> Future for ResponseFuture<ResBody> {
-    type Output = Result<Response<ResBody>, BoxError>;
+    type Output = Result<Response<ResBody>, Error>;
 
+    /// A route's failure is the crate's [`Error`] (a route's stack's own, passed unchanged),
+    /// or the client's, wrapped as [`Error::is_inner`].
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.inner.as_mut().poll(cx)
+        self.inner.as_mut().poll(cx).map_err(Error::from_inner)
     }
 }
 

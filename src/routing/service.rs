@@ -16,7 +16,7 @@ use super::future::{ResponseFuture, route};
 use super::ramp::{Ramp, RampState, RampStatus};
 use super::route::{RequestView, Route, RouteInfo};
 use crate::budget::Budget;
-use crate::error::BoxError;
+use crate::error::{BoxError, Error};
 use std::sync::Mutex;
 
 /// A user's compatibility check: may this request be served by this route?
@@ -266,7 +266,7 @@ where
     ResBody: Send + 'static,
 {
     type Response = Response<ResBody>;
-    type Error = BoxError;
+    type Error = Error;
     type Future = ResponseFuture<ResBody>;
 
     /// Always ready: the route a request takes is known only in `call`, and its readiness is
