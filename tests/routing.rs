@@ -669,3 +669,32 @@ async fn would_wait_counts_only_the_requests_ahead_of_the_class() {
         task.abort();
     }
 }
+
+/// Routes of different client types in one router, once boxed: a failing closure and a
+/// governed simulator; the 5xx goes to the fallback.
+#[tokio::test(start_paused = true)]
+async fn routes_of_different_client_types_share_a_router_once_boxed() {
+    let backup = simulator(SimConfig::openai(1_000, 1_000_000), Duration::ZERO);
+    let failing = service_fn(|_request: Request<Full<Bytes>>| async {
+        let response = Response::builder()
+            .status(StatusCode::SERVICE_UNAVAILABLE)
+            .body(Full::new(Bytes::from(r#"{"error":{"message":"down"}}"#)))
+            .unwrap();
+        Ok::<_, std::io::Error>(response)
+    });
+    use tower_llm_quota::routing::Route;
+    let router = Router::builder(Route::new("closure", failing).boxed())
+        .fallback(
+            Route::stack("governed", &stack(100_000), backup.service()).boxed(),
+            Fallback::when(Condition::provider_5xx()),
+        )
+        .build();
+    let response = router
+        .oneshot(request(Priority::Interactive, 20, ""))
+        .await
+        .unwrap();
+    let served = response.extensions().get::<ServedBy>().unwrap();
+    assert_eq!(served.route(), "governed");
+    assert_eq!(served.fallback_reason(), Some(Reason::Provider5xx));
+    assert_eq!(backup.stats().admitted, 1);
+}

@@ -110,7 +110,9 @@ mod service;
 pub use condition::{Condition, Fallback, Reason};
 pub use future::ResponseFuture;
 pub use ramp::{InvalidRamp, PauseReason, Ramp, RampStatus};
-pub use route::{RequestView, Route, RouteInfo, RouteKey, ServedBy, Tenant};
+pub use route::{
+    BoxRouteBody, BoxRouteService, RequestView, Route, RouteInfo, RouteKey, ServedBy, Tenant,
+};
 pub use service::{DEFAULT_MAX_BODY, RampHandle, Router, RouterBuilder};
 
 #[cfg(test)]

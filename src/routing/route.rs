@@ -5,9 +5,16 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::request::Parts;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use tower::util::BoxCloneSyncService;
+use tower::{Service, ServiceExt};
 
 use super::condition::Reason;
 use crate::budget::Budget;
+use crate::error::BoxError;
 use crate::priority::Priority;
 use crate::stack::{QuotaService, QuotaStack};
 use tower::Layer;
@@ -126,6 +133,69 @@ impl<S> Route<S> {
     /// What the router knows about the route.
     pub fn info(&self) -> &RouteInfo {
         &self.info
+    }
+}
+
+/// A route's response body once its client is [boxed](Route::boxed).
+pub type BoxRouteBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A route's client once [boxed](Route::boxed): any service over `Request<B>`, its response
+/// body boxed, its error a [`BoxError`]. Routes of different client types box to this one
+/// type, so one [`Router`](super::Router) holds them all.
+pub type BoxRouteService<B> = BoxCloneSyncService<Request<B>, Response<BoxRouteBody>, BoxError>;
+
+impl<S> Route<S> {
+    /// The same route with its client boxed ([`BoxRouteService`]): routes of different client
+    /// types (two `service_fn` closures, a hyper and a reqwest client, stacks over different
+    /// clients) then share one type. A box and a virtual call per request: nothing next to a
+    /// network call.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use bytes::Bytes;
+    /// use http_body_util::Full;
+    /// use tower::{ServiceExt, service_fn};
+    /// use tower_llm_quota::routing::{Condition, Fallback, Route, Router, ServedBy};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), tower_llm_quota::BoxError> {
+    /// let answer = |text: &'static str| {
+    ///     move |_request: http::Request<Full<Bytes>>| async move {
+    ///         Ok::<_, std::io::Error>(http::Response::new(Full::new(Bytes::from(text))))
+    ///     }
+    /// };
+    /// // Two closures: two client types, one router.
+    /// let router = Router::builder(Route::new("primary", service_fn(answer("a"))).boxed())
+    ///     .fallback(
+    ///         Route::new("backup", service_fn(answer("b"))).boxed(),
+    ///         Fallback::when(Condition::provider_5xx()),
+    ///     )
+    ///     .build();
+    /// let request = http::Request::post("/v1/chat/completions").body(Full::new(Bytes::from("{}")))?;
+    /// let response = router.oneshot(request).await?;
+    /// assert_eq!(response.extensions().get::<ServedBy>().unwrap().route(), "primary");
+    /// # Ok(()) }
+    /// ```
+    pub fn boxed<B, ResBody>(self) -> Route<BoxRouteService<B>>
+    where
+        S: Service<Request<B>, Response = Response<ResBody>> + Clone + Send + Sync + 'static,
+        S::Future: Send + 'static,
+        S::Error: Into<BoxError> + 'static,
+        B: 'static,
+        ResBody: Body<Data = Bytes> + Send + 'static,
+        ResBody::Error: Into<BoxError>,
+    {
+        let service = ServiceExt::<Request<B>>::map_response(self.service, |response| {
+            response.map(|body| body.map_err(Into::into).boxed_unsync())
+        })
+        .map_err(Into::into);
+        Route {
+            info: self.info,
+            budget: self.budget,
+            service: BoxCloneSyncService::new(service),
+        }
     }
 }
 
