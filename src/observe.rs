@@ -419,10 +419,13 @@ pub(crate) fn rate_limit_hit(limit_type: &'static str, decision: &'static str) {
 
 /// The depth of one class of the priority queue.
 #[cfg(feature = "metrics")]
-pub(crate) fn queue_depth(priority: Priority, depth: usize) {
+pub(crate) fn queue_depth(priority: Priority, queue: &std::sync::Arc<str>, depth: usize) {
     enabled::gauge(
         "llm_queue_depth",
-        &[("priority", SharedString::const_str(priority.as_str()))],
+        &[
+            ("priority", SharedString::const_str(priority.as_str())),
+            ("queue", SharedString::from(std::sync::Arc::clone(queue))),
+        ],
         |h| h.set(depth as f64),
     );
 }

@@ -291,6 +291,7 @@ fn scale(amount: u64, factor: f64, round: fn(f64) -> f64) -> u64 {
 pub struct Quota {
     limits: Vec<Limit>,
     max_in_flight: Option<NonZeroUsize>,
+    name: Option<std::sync::Arc<str>>,
 }
 
 impl Quota {
@@ -299,7 +300,24 @@ impl Quota {
         Self {
             limits: Vec::new(),
             max_in_flight: None,
+            name: None,
         }
+    }
+
+    /// Names the quota (the provider account, say): the `queue` label of the
+    /// `llm_queue_depth` gauge of the budget's ordering, so that budgets and queues of one
+    /// process do not overwrite each other's depth. Defaults to none: a [`QuotaStack`](crate::QuotaStack)
+    /// names it after its profile, a Redis budget after its quota key, else `default`.
+    pub fn with_name(self, name: impl Into<std::sync::Arc<str>>) -> Self {
+        Self {
+            name: Some(name.into()),
+            ..self
+        }
+    }
+
+    /// The quota's name, if set.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
     }
 
     /// Caps the calls in flight at `max`: a limit that does not refill with time. A budget

@@ -160,12 +160,18 @@ impl QuotaStack {
             Some(_) => quota,
             None => quota.with_max_in_flight(Self::default_concurrency()),
         };
+        // The depth gauges are labelled by the quota's name, else the profile's.
+        let quota = match quota.name() {
+            Some(_) => quota,
+            None => quota.with_name(profile.name()),
+        };
+        let name: std::sync::Arc<str> = quota.name().unwrap_or_default().into();
         Self {
             profile,
             budget: Budget::new(quota),
             estimate: EstimateLayer::new(),
             retry: RetryAfterLayer::default(),
-            queue: PriorityQueueLayer::default(),
+            queue: PriorityQueueLayer::default().named(name),
             missing_cost: MissingCost::default(),
             class_headroom: [0.0; 3],
             concurrency: None,
@@ -189,6 +195,8 @@ impl QuotaStack {
             }
             None => {}
         }
+        // The queue's depth gauge follows the budget's name.
+        self.queue = self.queue.named(budget.queue_label());
         self.budget = budget;
         self
     }
@@ -226,7 +234,8 @@ impl QuotaStack {
     /// Queues by `config`, in a new queue: take [`QuotaStack::queue_handle`] after this call.
     /// Defaults to [`QueueConfig::new`].
     pub fn queue(mut self, config: QueueConfig) -> Self {
-        self.queue = PriorityQueueLayer::new(config);
+        let name = self.budget.queue_label();
+        self.queue = PriorityQueueLayer::new(config).named(name);
         self
     }
 

@@ -225,7 +225,10 @@ async fn a_scripted_scenario_records_every_series() {
         [0.25; 9]
     );
     // Every request was admitted at once: no ordering ever held one, so no depth was set.
-    assert_eq!(series.get("gauge llm_queue_depth{priority=async}"), None);
+    assert_eq!(
+        series.get("gauge llm_queue_depth{priority=async,queue=default}"),
+        None
+    );
     assert!(
         series.contains_key("gauge llm_budget_level{dimension=total_tokens,window_seconds=60}")
     );
@@ -297,4 +300,54 @@ fn duplicates_suppressed_and_jobs_by_state_are_recorded() {
             other => panic!("llm_jobs{{state={state}}}: {other:?}"),
         }
     }
+}
+
+/// Every budget's ordering has its own depth gauge, labelled by its quota's name: two
+/// accounts' queues no longer overwrite each other's depth.
+#[test]
+fn each_budget_s_depth_has_its_own_label() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let account = |name: &str| {
+                let quota = tower_llm_quota::Quota::new()
+                    .with_limit(limit(Dimension::TotalTokens, 1_000, SEC, 1_000))
+                    .with_name(name);
+                let budget = tower_llm_quota::Budget::new(quota);
+                budget
+                    .try_reserve(Cost::new(1_000, 0))
+                    .unwrap()
+                    .charge_estimate();
+                budget
+            };
+            let (openai, anthropic) = (account("openai"), account("anthropic"));
+            let wait = |budget: &tower_llm_quota::Budget, n| {
+                (0..n)
+                    .map(|_| {
+                        let budget = budget.clone();
+                        tokio::spawn(async move { budget.reserve(Cost::new(10, 0)).await })
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let (a, b) = (wait(&openai, 3), wait(&anthropic, 1));
+            tokio::task::yield_now().await;
+            let series = series(snapshotter.snapshot().into_vec());
+            let depth = |queue: &str| {
+                series.get(&format!(
+                    "gauge llm_queue_depth{{priority=async,queue={queue}}}"
+                ))
+            };
+            assert_eq!(depth("openai"), Some(&DebugValue::Gauge(3.0.into())));
+            assert_eq!(depth("anthropic"), Some(&DebugValue::Gauge(1.0.into())));
+            for task in a.into_iter().chain(b) {
+                task.abort();
+            }
+        });
+    });
 }

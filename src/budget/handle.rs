@@ -68,6 +68,10 @@ impl Budget {
         shared: Option<SharedState>,
         remote: Option<Remote>,
     ) -> Self {
+        let mut queue = WaitList::default();
+        if let Some(name) = quota.name() {
+            queue.set_label(name.into());
+        }
         Self {
             shared: Arc::new(Shared {
                 origin: Instant::now(),
@@ -77,13 +81,18 @@ impl Budget {
                 state: Mutex::new(State {
                     store,
                     shared,
-                    queue: WaitList::default(),
+                    queue,
                     slots: Slots::new(quota.max_in_flight()),
                     next_id: 0,
                     tenants: None,
                 }),
             }),
         }
+    }
+
+    /// The `queue` label of the depth gauge of the budget's ordering (its quota's name).
+    pub(crate) fn queue_label(&self) -> Arc<str> {
+        self.lock().queue.label()
     }
 
     /// The state of every limit and of the queue, now.

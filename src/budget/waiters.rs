@@ -202,6 +202,16 @@ impl WaitList {
         self.order.is_empty()
     }
 
+    /// Names the ordering: the `queue` label of its depth gauge.
+    pub(crate) fn set_label(&mut self, label: std::sync::Arc<str>) {
+        self.order.set_label(label);
+    }
+
+    /// The `queue` label of its depth gauge.
+    pub(crate) fn label(&self) -> std::sync::Arc<str> {
+        self.order.label()
+    }
+
     /// The total cost of the waiting requests.
     pub(crate) fn queued(&self) -> Cost {
         self.queued

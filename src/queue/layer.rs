@@ -22,6 +22,13 @@ impl PriorityQueueLayer {
         }
     }
 
+    /// Names the queue: the `queue` label of its `llm_queue_depth` gauge, so that queues of
+    /// one process do not overwrite each other's depth. Defaults to `default`.
+    pub fn named(self, name: impl Into<Arc<str>>) -> Self {
+        self.shared.lock().order.set_label(name.into());
+        self
+    }
+
     /// A handle for introspection: depth and oldest wait by class.
     pub fn handle(&self) -> QueueHandle {
         QueueHandle::new(self.shared.clone())

@@ -82,7 +82,12 @@ pub(crate) struct Order<T> {
     fair: FairClock,
     len: usize,
     next_ticket: u64,
+    /// The `queue` label of its depth gauge.
+    label: std::sync::Arc<str>,
 }
+
+/// The depth gauge's `queue` label of an ordering nobody named.
+pub(crate) const DEFAULT_LABEL: &str = "default";
 
 #[derive(Debug)]
 struct Class<T> {
@@ -118,6 +123,7 @@ impl<T> Default for Order<T> {
             fair: FairClock::default(),
             len: 0,
             next_ticket: 0,
+            label: std::sync::Arc::from(DEFAULT_LABEL),
         }
     }
 }
@@ -286,7 +292,21 @@ impl<T> Order<T> {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     fn record_depth(&self, priority: Priority) {
         #[cfg(feature = "metrics")]
-        crate::observe::queue_depth(priority, self.classes[priority.index()].waiting.len());
+        crate::observe::queue_depth(
+            priority,
+            &self.label,
+            self.classes[priority.index()].waiting.len(),
+        );
+    }
+
+    /// Names the ordering: the `queue` label of its depth gauge.
+    pub(crate) fn set_label(&mut self, label: std::sync::Arc<str>) {
+        self.label = label;
+    }
+
+    /// The `queue` label of its depth gauge.
+    pub(crate) fn label(&self) -> std::sync::Arc<str> {
+        std::sync::Arc::clone(&self.label)
     }
 
     /// The value of a waiting request.

@@ -230,7 +230,8 @@ impl Account {
             }
         };
         let tls = tls_config(config.ca_file.as_deref()).map_err(error)?;
-        let quota = config.quota.quota()?;
+        // Named after the account: its depth gauges are its own.
+        let quota = config.quota.quota()?.with_name(config.name.as_str());
         let minute = config.quota.minute();
         let budget = match redis_url {
             None => Budget::new(quota.clone()),

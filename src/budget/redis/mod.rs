@@ -210,7 +210,8 @@ impl RedisBudget {
         self
     }
 
-    /// Connects and loads the scripts, then returns the budget. Must be called within a tokio
+    /// Connects and loads the scripts, then returns the budget, named after the quota key
+    /// unless the quota has a name ([`Quota::with_name`]). Must be called within a tokio
     /// runtime.
     ///
     /// # Errors
@@ -261,6 +262,15 @@ impl RedisBudget {
             timeout: self.timeout,
             breaker_threshold: self.breaker_threshold,
             breaker_open_for: self.breaker_open_for,
+        };
+        // Named after its quota key unless the quota has a name (the depth gauge's label).
+        let named;
+        let quota = match quota.name() {
+            Some(_) => quota,
+            None => {
+                named = quota.clone().with_name(self.quota_key.as_str());
+                &named
+            }
         };
         Ok(Budget::with_remote(
             quota,
