@@ -164,3 +164,53 @@ async fn the_core_layers_by_hand_have_a_short_type() {
     response.into_body().collect().await.unwrap();
     assert_eq!(budget.snapshot().limits()[0].level(), 5_000 - 15);
 }
+
+/// A queue's snapshot counts everyone waiting by default: the requests waiting in the budget
+/// below it, found through the requests themselves; the queue's own ordering is the narrower
+/// view.
+#[tokio::test(start_paused = true)]
+async fn a_queue_snapshot_counts_the_budget_s_waiters_by_default() {
+    use tower_llm_quota::{Budget, Cost, Priority, PriorityQueueLayer, TokenBudgetLayer};
+    let budget = Budget::new(
+        Quota::new().with_limit(
+            Limit::per_second(Dimension::TotalTokens, NonZeroU64::new(100).unwrap())
+                .with_burst(NonZeroU64::new(100).unwrap()),
+        ),
+    );
+    budget
+        .try_reserve(Cost::new(100, 0))
+        .unwrap()
+        .charge_estimate();
+    let queue = PriorityQueueLayer::default();
+    let client = service_fn(|_request: http::Request<Full<Bytes>>| async {
+        Ok::<_, BoxError>(http::Response::new(Full::new(Bytes::new())))
+    });
+    let llm = tower::ServiceBuilder::new()
+        .layer(queue.clone())
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .service(client);
+    let waiting: Vec<_> = (0..5)
+        .map(|_| {
+            let request = http::Request::post("/v1/chat/completions")
+                .extension(Cost::new(50, 0))
+                .extension(Priority::Batch)
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            tokio::spawn(llm.clone().oneshot(request))
+        })
+        .collect();
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    let handle = queue.handle();
+    assert_eq!(handle.snapshot().class(Priority::Batch).depth(), 5);
+    assert_eq!(handle.own_snapshot().depth(), 0);
+    assert_eq!(
+        handle.clone().including(&budget).snapshot().depth(),
+        5,
+        "not twice"
+    );
+    for task in waiting {
+        task.abort();
+    }
+}

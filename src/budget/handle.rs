@@ -90,6 +90,11 @@ impl Budget {
         }
     }
 
+    /// The budget's identity: equal for every clone of one budget.
+    pub(crate) fn address(&self) -> usize {
+        Arc::as_ptr(&self.shared) as usize
+    }
+
     /// The `queue` label of the depth gauge of the budget's ordering (its quota's name).
     pub(crate) fn queue_label(&self) -> Arc<str> {
         self.lock().queue.label()

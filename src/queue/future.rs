@@ -185,6 +185,9 @@ where
                             // Inner layers follow the placement: a budget orders its waiters by
                             // it, and gives up waiting at its deadline.
                             request.extensions_mut().insert(scheduling);
+                            if let Some(link) = shared.link() {
+                                request.extensions_mut().insert(link);
+                            }
                             let queued = arrived.elapsed();
                             observe::span_record("queue_wait_ms", queued.as_millis() as u64);
                             if let Some(place) = place {

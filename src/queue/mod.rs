@@ -127,3 +127,4 @@ pub use future::ResponseFuture;
 pub use layer::PriorityQueueLayer;
 pub use service::PriorityQueue;
 pub use shared::QueueHandle;
+pub(crate) use shared::QueueLink;

@@ -109,6 +109,9 @@ where
             // its deadline.
             let scheduling = config.placed(priority, enqueued_at, deadline);
             request.extensions_mut().insert(scheduling);
+            if let Some(link) = self.shared.link() {
+                request.extensions_mut().insert(link);
+            }
             crate::observe::span_record("queue_wait_ms", 0);
             return ResponseFuture::calling(self.inner.call(request), priority, now);
         }

@@ -20,7 +20,22 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     /// How many requests wait, readable without the lock (written under it).
     waiting: AtomicUsize,
+    /// The budgets its requests went on to wait in, found through [`QueueLink`]s.
+    linked: Mutex<Vec<Budget>>,
+    /// Requests stamped: after the first budget is found, one request in
+    /// [`LINK_EVERY`] still carries a link, to find others (a router's routes).
+    stamped: AtomicUsize,
+    /// The address of the budget linked last: the common case checks it without the lock.
+    last_linked: AtomicUsize,
 }
+
+/// One request in this many carries a [`QueueLink`] once the queue knows a budget.
+const LINK_EVERY: usize = 256;
+
+/// A request extension naming the queue that placed it, so that a budget it waits in next
+/// makes itself known to the queue (whose snapshot then counts the budget's waiters).
+#[derive(Debug, Clone)]
+pub(crate) struct QueueLink(pub(crate) Arc<Shared>);
 
 #[derive(Debug)]
 pub(crate) struct State {
@@ -41,7 +56,31 @@ impl Shared {
                 sentinel: None,
             }),
             waiting: AtomicUsize::new(0),
+            linked: Mutex::new(Vec::new()),
+            stamped: AtomicUsize::new(0),
+            last_linked: AtomicUsize::new(0),
         }
+    }
+
+    /// The link a request placed now carries, if it carries one: every request until a
+    /// budget is known, then one in [`LINK_EVERY`].
+    pub(crate) fn link(self: &Arc<Self>) -> Option<QueueLink> {
+        let n = self.stamped.fetch_add(1, Ordering::Relaxed);
+        let known = self.last_linked.load(Ordering::Relaxed) != 0;
+        (!known || n % LINK_EVERY == 0).then(|| QueueLink(Arc::clone(self)))
+    }
+
+    /// `budget` holds requests this queue placed: its waiters count in the queue's snapshot.
+    pub(crate) fn linked_to(&self, budget: &Budget) {
+        let address = budget.address();
+        if self.last_linked.load(Ordering::Relaxed) == address {
+            return;
+        }
+        let mut linked = self.linked.lock().unwrap_or_else(PoisonError::into_inner);
+        if !linked.iter().any(|known| known.address() == address) {
+            linked.push(budget.clone());
+        }
+        self.last_linked.store(address, Ordering::Relaxed);
     }
 
     /// Whether nobody waits in the queue's own ordering (a hint: it may change at once).
@@ -117,8 +156,12 @@ impl Shared {
 /// [`PriorityQueueLayer::handle`](crate::PriorityQueueLayer::handle).
 ///
 /// Under a [`TokenBudgetLayer`](crate::TokenBudgetLayer), requests wait in the budget's
-/// ordering rather than in the queue's own (the queue only stamps their class and place):
-/// [`QueueHandle::including`] adds the budget's waiters to the snapshot.
+/// ordering rather than in the queue's own (the queue only stamps their class and place).
+/// The snapshot counts everyone waiting: the queue's own ordering and that of every budget
+/// its requests reached (each budget makes itself known through the requests; everyone
+/// waiting in such a budget counts, whichever way they came), and of the budgets given to
+/// [`including`](Self::including). [`own_snapshot`](Self::own_snapshot) is the narrower
+/// view.
 #[derive(Debug, Clone)]
 pub struct QueueHandle {
     shared: Arc<Shared>,
@@ -141,12 +184,27 @@ impl QueueHandle {
         }
     }
 
-    /// The depth and oldest wait of every class, now.
+    /// The depth and oldest wait of every class, now, over everyone waiting (see above).
     pub fn snapshot(&self) -> QueueSnapshot {
-        let own = self.shared.lock().order.snapshot(Instant::now());
-        match &self.budget {
-            Some(budget) => own.merge(budget.queue_snapshot()),
-            None => own,
+        let mut budgets: Vec<Budget> = self
+            .shared
+            .linked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(budget) = &self.budget {
+            if !budgets.iter().any(|b| b.address() == budget.address()) {
+                budgets.push(budget.clone());
+            }
         }
+        budgets.iter().fold(self.own_snapshot(), |sum, budget| {
+            sum.merge(budget.queue_snapshot())
+        })
+    }
+
+    /// The depth and oldest wait of the requests waiting in the queue's own ordering only
+    /// (for an inner service that is not ready), now.
+    pub fn own_snapshot(&self) -> QueueSnapshot {
+        self.shared.lock().order.snapshot(Instant::now())
     }
 }

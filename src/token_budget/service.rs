@@ -9,6 +9,7 @@ use crate::cost::Cost;
 use crate::error::{BoxError, Error};
 use crate::observe::Labels;
 use crate::priority::{Deadline, EnqueuedAt, Priority};
+use crate::queue::QueueLink;
 use crate::sched::Scheduling;
 use crate::tenant::Tenant;
 use tokio::time::Instant;
@@ -131,6 +132,10 @@ where
             }
         };
         let extensions = request.extensions();
+        if let Some(link) = extensions.get::<QueueLink>() {
+            // The queue that placed it counts this budget's waiters in its snapshot.
+            link.0.linked_to(&self.budget);
+        }
         // Placed as a priority queue outside placed it, or by the request's own class, first
         // enqueue time and deadline.
         let scheduling = extensions.get::<Scheduling>().copied().unwrap_or_else(|| {
