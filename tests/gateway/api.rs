@@ -4,9 +4,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::response::IntoResponse;
 use axum::routing::post;
 use bytes::Bytes;
-use http::HeaderMap;
+use http::{HeaderMap, StatusCode};
 use tokio::net::TcpListener;
 
 use crate::support::{GLOBEX, REPORTS, Running, SEARCH, chat, demo, json, messages};
@@ -350,4 +351,54 @@ async fn x_priority_chooses_the_class_only_where_the_key_allows_it() {
     assert_eq!(count("batch").as_deref(), Some("1"));
     assert_eq!(count("interactive").as_deref(), Some("1"));
     gateway.stop().await;
+}
+
+/// A provider's 429 that the stack's retries do not absorb reaches the caller as a 429 with
+/// `Retry-After`, `gateway_decision: "provider"`, never as a 502; the same with rate-limit
+/// headers or without.
+#[tokio::test]
+async fn a_provider_429_the_retries_do_not_absorb_is_a_429_with_retry_after() {
+    for with_headers in [false, true] {
+        let app = axum::Router::new().route(
+            "/v1/chat/completions",
+            post(move || async move {
+                let body = r#"{"error":{"message":"Rate limit reached","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
+                let mut response = (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [("content-type", "application/json"), ("retry-after", "2")],
+                    body,
+                )
+                    .into_response();
+                if with_headers {
+                    let headers = response.headers_mut();
+                    headers.insert("x-ratelimit-limit-requests", "600".parse().unwrap());
+                    headers.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
+                    headers.insert("x-ratelimit-reset-requests", "2s".parse().unwrap());
+                }
+                response
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        // An interactive key: the stack gives up within its class's 8 s.
+        let config = fixed_config(&upstream).replace(
+            "tenant = \"team\"",
+            "tenant = \"team\"\n        default_class = \"interactive\"",
+        );
+        let gateway = Running::start(&config).await;
+        let (status, retry_after, body) = json(
+            gateway
+                .post("/v1/chat/completions", Some("caller-secret"), &chat(20))
+                .await,
+        )
+        .await;
+        let error = &body["error"];
+        assert_eq!(status, 429, "{body}");
+        assert_eq!(error["gateway_decision"], "provider", "{body}");
+        let wait = error["retry_after"].as_f64().expect("a wait");
+        assert!(wait > 0.0, "{body}");
+        assert_eq!(retry_after, Some(format!("{}", wait.ceil() as u64)));
+        gateway.stop().await;
+    }
 }
