@@ -100,7 +100,7 @@ impl Deadline {
     /// A deadline `wait` from now; `Duration::MAX` (or any wait too long to represent) means
     /// no deadline in practice (a century).
     pub fn after(wait: Duration) -> Self {
-        Self(crate::sched::saturating_deadline(Instant::now(), wait))
+        Self(crate::timer::saturating_deadline(Instant::now(), wait))
     }
 
     /// The instant.

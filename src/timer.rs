@@ -3,8 +3,18 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Context;
+use std::time::Duration;
 
 use tokio::time::{Instant, Sleep, sleep_until};
+
+/// `from + wait`, or a century later when that cannot be represented: `Duration::MAX` means no
+/// limit, and deadline arithmetic never overflows.
+pub(crate) fn saturating_deadline(from: Instant, wait: Duration) -> Instant {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
+    from.checked_add(wait.min(CENTURY))
+        .or_else(|| from.checked_add(CENTURY))
+        .unwrap_or(from)
+}
 
 /// A deadline whose timer is created on the first wait, so requests that never wait never
 /// touch the timer wheel nor allocate it. Dropping it cancels the timer.
@@ -38,5 +48,20 @@ impl DeadlineTimer {
             .sleep
             .get_or_insert_with(|| Box::pin(sleep_until(deadline)));
         sleep.as_mut().poll(cx).is_ready()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deadlines_saturate() {
+        let now = Instant::now();
+        assert!(saturating_deadline(now, Duration::MAX) > now + Duration::from_secs(86_400));
+        assert_eq!(
+            saturating_deadline(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
     }
 }

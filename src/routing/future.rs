@@ -18,7 +18,7 @@ use tower::{Service, ServiceExt};
 use super::condition::{Condition, Reason, failed_error, failed_status};
 use super::ramp::{position_of, position_of_sequence};
 use super::route::{RequestView, Route, RouteKey, ServedBy, Tenant, priority_of, rewrite_model};
-use super::service::Inner;
+use super::shared::Inner;
 use crate::budget::Budget;
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};

@@ -106,6 +106,7 @@ mod future;
 mod ramp;
 mod route;
 mod service;
+mod shared;
 
 pub use condition::{Condition, Fallback, Reason};
 pub use future::ResponseFuture;
@@ -113,7 +114,8 @@ pub use ramp::{InvalidRamp, PauseReason, Ramp, RampStatus};
 pub use route::{
     BoxRouteBody, BoxRouteService, RequestView, Route, RouteInfo, RouteKey, ServedBy, Tenant,
 };
-pub use service::{DEFAULT_MAX_BODY, RampHandle, Router, RouterBuilder};
+pub use service::{DEFAULT_MAX_BODY, Router, RouterBuilder};
+pub use shared::RampHandle;
 
 #[cfg(test)]
 mod tests {

@@ -23,5 +23,6 @@ pub(crate) mod order;
 mod scheduling;
 mod snapshot;
 
-pub(crate) use scheduling::{Aging, Flow, Scheduling, depth, saturating_deadline};
+pub(crate) use crate::timer::saturating_deadline;
+pub(crate) use scheduling::{Aging, Flow, Scheduling, depth};
 pub use snapshot::{ClassSnapshot, QueueSnapshot};

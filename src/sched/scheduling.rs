@@ -96,28 +96,9 @@ impl Scheduling {
     }
 }
 
-/// `from + wait`, or a century later when that cannot be represented: `Duration::MAX` means no
-/// limit, and deadline arithmetic never overflows.
-pub(crate) fn saturating_deadline(from: Instant, wait: Duration) -> Instant {
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
-    from.checked_add(wait.min(CENTURY))
-        .or_else(|| from.checked_add(CENTURY))
-        .unwrap_or(from)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn deadlines_saturate() {
-        let now = Instant::now();
-        assert!(saturating_deadline(now, Duration::MAX) > now + Duration::from_secs(86_400));
-        assert_eq!(
-            saturating_deadline(now, Duration::from_secs(1)),
-            now + Duration::from_secs(1)
-        );
-    }
 
     #[test]
     fn aging_round_trips() {
