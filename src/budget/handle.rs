@@ -11,10 +11,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::observation::Observation;
-use super::reservation::Origin;
-use super::shared::{Remote, SharedState};
+use super::remote_state::{Remote, SharedState};
 use super::snapshot::{BudgetSnapshot, LimitSnapshot};
-use super::store::{MemoryStore, ReservationId, Store, nanos};
+use super::store::{MemoryStore, Origin, ReservationId, Store, nanos};
 use super::waiters::{Slots, WaitList};
 use crate::cost::Cost;
 use crate::error::NotUntil;

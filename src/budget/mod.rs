@@ -76,6 +76,7 @@ mod observation;
 pub mod redis;
 mod remote;
 mod remote_admission;
+mod remote_state;
 mod reservation;
 mod reserve;
 mod share;

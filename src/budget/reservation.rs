@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use super::store::Origin;
 use super::{Budget, ReservationId};
 use crate::cost::{Cost, Usage};
 use crate::quota::Dimension;
@@ -151,15 +152,6 @@ impl fmt::Debug for Reservation {
             .field("sent", &self.sent)
             .finish()
     }
-}
-
-/// Which store admitted a reservation, and so settles it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Origin {
-    /// The budget's own buckets (for a shared budget, its local fallback share).
-    Local,
-    /// The store shared with other processes.
-    Shared,
 }
 
 /// What a settlement changed: the reserved cost and the actual one.

@@ -11,7 +11,7 @@ use tokio::time::{Instant, Sleep, sleep_until};
 
 use super::bucket::Floor;
 use super::remote::{Decision, StoreFuture};
-use super::reservation::Origin;
+use super::store::Origin;
 use super::{Answer, Ask, Budget, Reservation, ReservationId, Step};
 use crate::cost::Cost;
 use crate::error::ReserveError;

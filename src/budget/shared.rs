@@ -15,53 +15,12 @@ use super::remote::{
     Breaker, Decision, FailurePolicy, PathLimits, RemoteStore, Settle, StoreFuture,
     StoreUnavailable,
 };
+use super::remote_state::{Command, PIPELINE, Remote, RemoteOptions, SharedState};
 use super::store::MemoryStore;
 use super::{Budget, Observation, ReservationId};
 use crate::cost::Cost;
 use crate::error::InsufficientCapacity;
 use crate::quota::{Limit, Quota};
-
-/// How a budget uses its shared store.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct RemoteOptions {
-    pub(crate) policy: FailurePolicy,
-    /// The longest an admission waits for the store's answer.
-    pub(crate) timeout: Duration,
-    /// Failures in a row that open the breaker.
-    pub(crate) breaker_threshold: u32,
-    /// How long the breaker stays open before one probe.
-    pub(crate) breaker_open_for: Duration,
-}
-
-/// The handle on the shared store.
-#[derive(Debug)]
-pub(crate) struct Remote {
-    store: Arc<dyn RemoteStore>,
-    options: RemoteOptions,
-    /// Makes this process's reservation ids unique among every process sharing the store.
-    instance: u64,
-    commands: mpsc::UnboundedSender<Command>,
-}
-
-/// The limits and breaker of a shared budget, under the budget's lock.
-#[derive(Debug)]
-pub(crate) struct SharedState {
-    limits: Arc<[Limit]>,
-    share: f64,
-    pub(crate) breaker: Breaker,
-    /// Counts the refunds this process made to the store: a wait the store told before the
-    /// latest one may be too long.
-    pub(crate) refunds: u64,
-    /// Questions on their way to the store.
-    pub(crate) asking: usize,
-    /// The store's last answer was a refusal: until it admits again, one question at a time.
-    pub(crate) refused: bool,
-}
-
-/// Questions a budget may have on their way to its shared store at once while the store
-/// admits; while it refuses, one (the head's), so that the store admits in the ordering's
-/// order.
-pub(crate) const PIPELINE: usize = 8;
 
 /// Tells the budget, if it still exists, that a refund reached the store.
 #[derive(Debug, Clone)]
@@ -73,19 +32,6 @@ impl Refunded {
             Budget { shared }.refunded_remotely();
         }
     }
-}
-
-/// Work sent to the store in the background.
-#[derive(Debug, Clone)]
-enum Command {
-    Settle(Settle),
-    Lower {
-        limit: Limit,
-        remaining: Option<u64>,
-        pause: Duration,
-    },
-    /// Ends the holds of these limits.
-    Lift(Vec<Limit>),
 }
 
 impl Budget {

@@ -14,6 +14,15 @@ use crate::cost::Cost;
 use crate::error::InsufficientCapacity;
 use crate::quota::{Dimension, Limit, Quota};
 
+/// Which store admitted a reservation, and so settles it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    /// The budget's own buckets (for a shared budget, its local fallback share).
+    Local,
+    /// The store shared with other processes.
+    Shared,
+}
+
 /// A reservation's identity, unique within its budget; a shared store settles by it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ReservationId(pub(crate) u64);

@@ -98,7 +98,7 @@ use std::time::Duration;
 
 use super::Budget;
 use super::remote::FailurePolicy;
-use super::shared::RemoteOptions;
+use super::remote_state::RemoteOptions;
 use crate::quota::Quota;
 use connection::{Servers, Timeouts};
 use keys::Keys;

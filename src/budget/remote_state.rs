@@ -1,0 +1,68 @@
+//! The types of a budget's shared-store state: what the budget holds under its lock and
+//! what it sends its background worker. Their behaviour, and the worker, are in
+//! `shared.rs`; kept apart so that the budget's handle names them without depending on the
+//! code that uses the handle back.
+#![cfg_attr(not(feature = "redis"), allow(dead_code, unused_imports))]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::remote::{Breaker, FailurePolicy, RemoteStore, Settle};
+use crate::quota::Limit;
+
+/// How a budget uses its shared store.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RemoteOptions {
+    pub(crate) policy: FailurePolicy,
+    /// The longest an admission waits for the store's answer.
+    pub(crate) timeout: Duration,
+    /// Failures in a row that open the breaker.
+    pub(crate) breaker_threshold: u32,
+    /// How long the breaker stays open before one probe.
+    pub(crate) breaker_open_for: Duration,
+}
+
+/// The handle on the shared store.
+#[derive(Debug)]
+pub(crate) struct Remote {
+    pub(crate) store: Arc<dyn RemoteStore>,
+    pub(crate) options: RemoteOptions,
+    /// Makes this process's reservation ids unique among every process sharing the store.
+    pub(crate) instance: u64,
+    pub(crate) commands: mpsc::UnboundedSender<Command>,
+}
+
+/// The limits and breaker of a shared budget, under the budget's lock.
+#[derive(Debug)]
+pub(crate) struct SharedState {
+    pub(crate) limits: Arc<[Limit]>,
+    pub(crate) share: f64,
+    pub(crate) breaker: Breaker,
+    /// Counts the refunds this process made to the store: a wait the store told before the
+    /// latest one may be too long.
+    pub(crate) refunds: u64,
+    /// Questions on their way to the store.
+    pub(crate) asking: usize,
+    /// The store's last answer was a refusal: until it admits again, one question at a time.
+    pub(crate) refused: bool,
+}
+
+/// Questions a budget may have on their way to its shared store at once while the store
+/// admits; while it refuses, one (the head's), so that the store admits in the ordering's
+/// order.
+pub(crate) const PIPELINE: usize = 8;
+
+/// Work sent to the store in the background.
+#[derive(Debug, Clone)]
+pub(crate) enum Command {
+    Settle(Settle),
+    Lower {
+        limit: Limit,
+        remaining: Option<u64>,
+        pause: Duration,
+    },
+    /// Ends the holds of these limits.
+    Lift(Vec<Limit>),
+}
