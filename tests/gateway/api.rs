@@ -57,9 +57,18 @@ async fn an_unknown_key_gets_401_and_touches_no_quota() {
         let (status, _, body) =
             json(gateway.post("/v1/chat/completions", key, &chat(20)).await).await;
         assert_eq!(status, 401);
-        assert_eq!(body["error"]["type"], "authentication");
+        // OpenAI's schema, which its SDK reads as an `AuthenticationError`.
+        assert_eq!(body["error"]["type"], "invalid_request_error");
+        assert_eq!(body["error"]["code"], "invalid_api_key");
+        assert_eq!(body["error"]["gateway_type"], "authentication");
         assert_eq!(body["error"]["gateway_decision"], "local");
     }
+    // On the Messages API, Anthropic's schema.
+    let (status, _, body) = json(gateway.post("/v1/messages", None, &messages(20)).await).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["type"], "error");
+    assert_eq!(body["error"]["type"], "authentication_error");
+    assert_eq!(body["error"]["gateway_decision"], "local");
     let levels = |nodes: Vec<crate::server::tenancy::NodeView>| {
         let accounts = nodes.into_iter().flat_map(|n| n.accounts);
         accounts
@@ -99,7 +108,11 @@ async fn an_over_limit_tenant_gets_the_normalized_429_and_the_others_go_on() {
     .await;
     assert_eq!(status, 429);
     let error = &body["error"];
-    assert_eq!(error["type"], "rate_limit");
+    // OpenAI's rate-limit schema (its SDK raises `RateLimitError`), the gateway's fields beside.
+    assert_eq!(error["type"], "requests");
+    assert_eq!(error["code"], "rate_limit_exceeded");
+    assert_eq!(error["param"], serde_json::Value::Null);
+    assert_eq!(error["gateway_type"], "rate_limit");
     assert_eq!(error["gateway_decision"], "local");
     assert_eq!(error["limit"], "requests_per_minute");
     assert_eq!(error["dimension"], "requests");
@@ -401,4 +414,40 @@ async fn a_provider_429_the_retries_do_not_absorb_is_a_429_with_retry_after() {
         assert_eq!(retry_after, Some(format!("{}", wait.ceil() as u64)));
         gateway.stop().await;
     }
+}
+
+/// Unknown routes and methods answer JSON in OpenAI's schema; a body without a `model` is a
+/// 400 naming it, before anything is reserved.
+#[tokio::test]
+async fn unknown_routes_methods_and_models_get_json_errors() {
+    let gateway = Running::start(&demo()).await;
+    let (status, _, body) = json(gateway.post("/v1/nothing", Some(SEARCH), "{}").await).await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["type"], "invalid_request_error");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/v1/nothing")
+    );
+    let (status, body) = gateway.get("/v1/chat/completions").await;
+    assert_eq!(status, 405);
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["error"]["limit"], "method");
+    let no_model = r#"{"messages":[{"role":"user","content":"Hi"}]}"#;
+    let (status, _, body) = json(
+        gateway
+            .post("/v1/chat/completions", Some(SEARCH), no_model)
+            .await,
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("`model`"),
+        "{body}"
+    );
+    gateway.stop().await;
 }

@@ -135,7 +135,11 @@ async fn an_https_upstream_of_an_unknown_ca_is_refused_as_a_failed_provider() {
     assert_eq!(status, 502, "{body}");
     let error = &body["error"];
     assert_eq!(
-        (&error["type"], &error["gateway_decision"], &error["limit"]),
+        (
+            &error["gateway_type"],
+            &error["gateway_decision"],
+            &error["limit"]
+        ),
         (
             &"unavailable".into(),
             &"provider".into(),

@@ -22,7 +22,7 @@ use tower_llm_quota::{BoxError, Cost, Error};
 use super::Gateway;
 use super::config::Api;
 use super::metered::{Meter, Metered};
-use super::refusal::Refusal;
+use super::refusal::{Dialect, Refusal};
 use super::tenancy;
 use super::upstream::{Account, Dispatched, Governed, UpBody};
 use tower_llm_quota::stack::QuotaBody;
@@ -32,27 +32,28 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// Forwards one request of `api`.
 pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Body>) -> Response {
+    let dialect = dialect_of(api);
     let (parts, body) = request.into_parts();
     let Some(caller) = gateway.keys.authenticate(&parts.headers).cloned() else {
-        return gateway.refuse(None, Refusal::unauthorized());
+        return gateway.refuse_in(dialect, None, Refusal::unauthorized());
     };
     let tenant = Some(caller.tenant.as_str());
     if gateway.shutdown.is_cancelled() {
-        return gateway.refuse(tenant, stopping());
+        return gateway.refuse_in(dialect, tenant, stopping());
     }
     let Some(account) = gateway.account(api) else {
-        return gateway.refuse(tenant, Refusal::not_served(api.path()));
+        return gateway.refuse_in(dialect, tenant, Refusal::not_served(api.path()));
     };
     let body = match read_body(body, gateway.max_body_bytes).await {
         Ok(body) => body,
-        Err(refusal) => return gateway.refuse(tenant, refusal),
+        Err(refusal) => return gateway.refuse_in(dialect, tenant, refusal),
     };
     let (cost, streaming, model) = match check_body(api, &body) {
         Ok(checked) => checked,
-        Err(refusal) => return gateway.refuse(tenant, refusal),
+        Err(refusal) => return gateway.refuse_in(dialect, tenant, refusal),
     };
     if let Err(refusal) = gateway.tenants.check(&account.name, &caller.path, cost) {
-        return gateway.refuse(tenant, refusal);
+        return gateway.refuse_in(dialect, tenant, refusal);
     }
     let (profile, stack) = account.stack(api).expect("the account serves the API");
     let dispatched = Dispatched::default();
@@ -77,19 +78,19 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
             } else {
                 // Still queued: leave the queue (the future's drop gives its place back).
                 drop(call);
-                return gateway.refuse(tenant, stopping());
+                return gateway.refuse_in(dialect, tenant, stopping());
             }
         }
     };
     let response = match result {
         Ok(response) => response,
-        Err(error) => return gateway.refuse(tenant, stack_error(account, &error)),
+        Err(error) => return gateway.refuse_in(dialect, tenant, stack_error(account, &error)),
     };
     if response.status() == StatusCode::TOO_MANY_REQUESTS {
         let (head, body) = response.into_parts();
         let bytes = collect(body, MAX_ERROR_BODY).await.unwrap_or_default();
         let head = http::Response::from_parts(head, ());
-        return gateway.refuse(tenant, provider_refusal(account, &head, &bytes));
+        return gateway.refuse_in(dialect, tenant, provider_refusal(account, &head, &bytes));
     }
     gateway.ledger.answered(
         &caller.tenant,
@@ -108,6 +109,15 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         finished: false,
     };
     Response::from_parts(head, Body::new(Metered::new(body, meter)))
+}
+
+/// Whose error schema the callers of `api` read: the Anthropic SDK's on `/v1/messages`,
+/// OpenAI's elsewhere.
+pub(crate) fn dialect_of(api: Api) -> Dialect {
+    match api {
+        Api::Messages => Dialect::Anthropic,
+        Api::Chat | Api::Responses => Dialect::OpenAi,
+    }
 }
 
 /// The answer of a governed stack.
@@ -164,6 +174,9 @@ pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool, Option<St
     };
     if !object.contains_key(field) {
         return Err(Refusal::bad_request(format!("the body has no `{field}`")));
+    }
+    if !object.get("model").is_some_and(Value::is_string) {
+        return Err(Refusal::bad_request("the body names no `model`"));
     }
     let streaming = object
         .get("stream")

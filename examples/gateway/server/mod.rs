@@ -109,6 +109,16 @@ impl Gateway {
         refusal.into_response()
     }
 
+    /// [`refuse`](Self::refuse), in the error schema of `dialect`.
+    pub(crate) fn refuse_in(
+        &self,
+        dialect: refusal::Dialect,
+        tenant: Option<&str>,
+        refusal: Refusal,
+    ) -> Response {
+        self.refuse(tenant, refusal.dialect(dialect))
+    }
+
     /// Whether a request carries the admin token.
     pub(crate) fn is_admin(&self, headers: &http::HeaderMap) -> bool {
         let presented = headers
@@ -134,8 +144,20 @@ impl Gateway {
             .route("/healthz", get(status::healthz))
             .route("/metrics", get(metrics))
             .nest("/admin", admin::routes(self.clone()))
+            .fallback(not_found)
+            .method_not_allowed_fallback(method_not_allowed)
             .with_state(self.clone())
     }
+}
+
+/// 404 with a JSON body: no such route.
+async fn not_found(uri: http::Uri) -> Response {
+    Refusal::not_found(uri.path()).into_response()
+}
+
+/// 405 with a JSON body: the route exists, not for this method.
+async fn method_not_allowed(method: http::Method, uri: http::Uri) -> Response {
+    Refusal::method_not_allowed(&method, uri.path()).into_response()
 }
 
 async fn metrics(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {

@@ -1,10 +1,16 @@
-//! Every refusal in one JSON schema, with a `Retry-After` header.
+//! Every refusal in the error schema of the API it answers (so the official SDKs raise their
+//! own exceptions), with the gateway's fields beside, and a `Retry-After` header when the
+//! wait is known. On OpenAI routes (and outside any API):
 //!
 //! ```json
-//! {"error": {"type": "rate_limit", "gateway_decision": "local", "limit": "tokens_per_minute",
-//!            "dimension": "total_tokens", "scope": "tenant:acme/search", "retry_after": 2.5,
-//!            "message": "tenant acme/search is over its tokens per minute; retry in 2.5 s"}}
+//! {"error": {"message": "tenant acme/search is over its tokens per minute; retry in 2.5 s",
+//!            "type": "tokens", "param": null, "code": "rate_limit_exceeded",
+//!            "gateway_decision": "local", "limit": "tokens_per_minute",
+//!            "dimension": "total_tokens", "scope": "tenant:acme/search", "retry_after": 2.5}}
 //! ```
+//!
+//! On `/v1/messages`, Anthropic's: `{"type": "error", "error": {"type": "rate_limit_error",
+//! "message": "...", "gateway_decision": ..., ...}}`.
 //!
 //! `gateway_decision` is `local` when the gateway refused before anything was sent, and
 //! `provider` when the provider refused after the gateway admitted the request. `scope` names
@@ -15,6 +21,16 @@ use std::time::Duration;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
+
+/// Whose error schema a refusal is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Dialect {
+    /// OpenAI's (also Azure's and OpenAI-compatible servers'): the default.
+    #[default]
+    OpenAi,
+    /// Anthropic's.
+    Anthropic,
+}
 
 /// Who refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -40,11 +56,8 @@ pub(crate) struct Refusal {
     /// Seconds to wait before trying again, when known.
     pub(crate) retry_after: Option<f64>,
     pub(crate) message: Box<str>,
-}
-
-#[derive(Serialize)]
-struct Envelope<'a> {
-    error: &'a Refusal,
+    #[serde(skip)]
+    pub(crate) dialect: Dialect,
 }
 
 impl Refusal {
@@ -58,6 +71,72 @@ impl Refusal {
             scope: "gateway".into(),
             retry_after: None,
             message: "".into(),
+            dialect: Dialect::OpenAi,
+        }
+    }
+
+    /// The same refusal in the error schema of `dialect`.
+    pub(crate) fn dialect(self, dialect: Dialect) -> Self {
+        Self { dialect, ..self }
+    }
+
+    /// OpenAI's `type` and `code` for this refusal.
+    fn openai_type_and_code(&self) -> (&'static str, Option<&'static str>) {
+        match self.status.as_u16() {
+            401 => ("invalid_request_error", Some("invalid_api_key")),
+            429 => {
+                let kind = if self.dimension == Some("requests") {
+                    "requests"
+                } else {
+                    "tokens"
+                };
+                (kind, Some("rate_limit_exceeded"))
+            }
+            404 if &*self.limit == "model" => ("invalid_request_error", Some("model_not_found")),
+            413 => ("invalid_request_error", Some("request_too_large")),
+            400..=499 => ("invalid_request_error", None),
+            _ => ("server_error", None),
+        }
+    }
+
+    /// Anthropic's error `type` for this refusal.
+    fn anthropic_type(&self) -> &'static str {
+        match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            400..=499 => "invalid_request_error",
+            503 => "overloaded_error",
+            _ => "api_error",
+        }
+    }
+
+    /// The body: the dialect's schema, the gateway's fields inside its `error` object.
+    fn body(&self) -> serde_json::Value {
+        use serde_json::json;
+        let mut error = json!({
+            "message": self.message,
+            "gateway_decision": self.gateway_decision,
+            "gateway_type": self.kind,
+            "limit": self.limit,
+            "dimension": self.dimension,
+            "scope": self.scope,
+            "retry_after": self.retry_after,
+        });
+        match self.dialect {
+            Dialect::OpenAi => {
+                let (kind, code) = self.openai_type_and_code();
+                error["type"] = json!(kind);
+                error["param"] = serde_json::Value::Null;
+                error["code"] = json!(code);
+                json!({"error": error})
+            }
+            Dialect::Anthropic => {
+                error["type"] = json!(self.anthropic_type());
+                json!({"type": "error", "error": error})
+            }
         }
     }
 
@@ -98,6 +177,18 @@ impl Refusal {
             .message(format!("no upstream account serves {path}"))
     }
 
+    /// 404: no such route.
+    pub(crate) fn not_found(path: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request", "route")
+            .message(format!("Invalid URL ({path}): no such route"))
+    }
+
+    /// 405: the route does not take this method.
+    pub(crate) fn method_not_allowed(method: &http::Method, path: &str) -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, "invalid_request", "method")
+            .message(format!("{method} is not allowed on {path}"))
+    }
+
     pub(crate) fn provider(mut self) -> Self {
         self.gateway_decision = Decision::Provider;
         self
@@ -132,7 +223,7 @@ impl Refusal {
 
 impl IntoResponse for Refusal {
     fn into_response(self) -> Response {
-        let body = serde_json::to_vec(&Envelope { error: &self }).unwrap_or_default();
+        let body = serde_json::to_vec(&self.body()).unwrap_or_default();
         let mut response = (self.status, body).into_response();
         let headers = response.headers_mut();
         headers.insert(
