@@ -451,3 +451,39 @@ async fn unknown_routes_methods_and_models_get_json_errors() {
     );
     gateway.stop().await;
 }
+
+/// A request the account's queue gives up on (its class's wait passed) is a 429 that says
+/// when to come back.
+#[tokio::test]
+async fn a_queue_wait_refusal_carries_retry_after() {
+    let (upstream, _seen) = fixed_upstream(Duration::ZERO).await;
+    // One request a minute, interactive keys (a 5 s wait at most).
+    let config = fixed_config(&upstream)
+        .replace("requests_per_minute = 600", "requests_per_minute = 1")
+        .replace(
+            "tenant = \"team\"",
+            "tenant = \"team\"\n        default_class = \"interactive\"",
+        );
+    let gateway = Running::start(&config).await;
+    let body = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hi"}]}"#;
+    let first = gateway
+        .post("/v1/chat/completions", Some("caller-secret"), body)
+        .await;
+    assert_eq!(first.status(), 200);
+    let (status, retry_after, body) = json(
+        gateway
+            .post("/v1/chat/completions", Some("caller-secret"), body)
+            .await,
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["limit"], "queue_wait", "{body}");
+    assert!(
+        body["error"]["retry_after"]
+            .as_f64()
+            .is_some_and(|w| w > 0.0),
+        "{body}"
+    );
+    assert!(retry_after.is_some(), "a Retry-After header");
+    gateway.stop().await;
+}

@@ -219,9 +219,14 @@ fn stack_error(account: &Account, error: &Error) -> Refusal {
         } else {
             "queue_wait"
         };
-        let retry_after = error.rate_limit().and_then(|r| r.retry_after());
+        // Every 429 says when to come back: the wait the budget knows, else a second (the
+        // queue moves on within it: its head is admitted or refused by then).
+        let retry_after = error
+            .rate_limit()
+            .and_then(|r| r.retry_after())
+            .unwrap_or(Duration::from_secs(1));
         return Refusal::rate_limited(limit, scope)
-            .retry_after(retry_after)
+            .retry_after(Some(retry_after))
             .message(format!("the account's queue refused the request: {error}"));
     }
     upstream_failure(&scope, &error.to_string())
