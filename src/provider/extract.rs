@@ -52,6 +52,32 @@ pub struct ProviderScan {
     streaming: bool,
 }
 
+impl ProviderScan {
+    /// A scanner of one response body of `profile`'s format, an event stream if `streaming`,
+    /// settling as [`ProviderUsage`] does (a cut stream is charged what it streamed) without
+    /// adapting any budget: for a second reader of the same body, such as a gateway's usage
+    /// ledger.
+    ///
+    /// ```
+    /// use tower_llm_quota::Cost;
+    /// use tower_llm_quota::provider::{Profile, ProviderScan};
+    /// use tower_llm_quota::reconcile::{BodyEnd, ScanUsage};
+    ///
+    /// let mut scan = ProviderScan::new(Profile::openai(), true);
+    /// scan.data(b"data: {\"choices\":[{\"delta\":{\"content\":\"Hello, world!\"}}]}\n\n");
+    /// // Cut before the final usage chunk: the estimate's input, the output streamed.
+    /// let usage = scan.finish(BodyEnd::Dropped, Cost::new(100, 500)).unwrap();
+    /// assert_eq!((usage.input_tokens(), usage.output_tokens()), (100, 4));
+    /// ```
+    pub fn new(profile: Profile, streaming: bool) -> Self {
+        Self {
+            profile,
+            scanner: UsageScanner::new(profile.wire_format(), streaming),
+            streaming,
+        }
+    }
+}
+
 impl ExtractUsage for ProviderUsage {
     type Scanner = ProviderScan;
 
@@ -62,11 +88,7 @@ impl ExtractUsage for ProviderUsage {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-        ProviderScan {
-            profile: self.profile,
-            scanner: UsageScanner::new(self.profile.wire_format(), streaming),
-            streaming,
-        }
+        ProviderScan::new(self.profile, streaming)
     }
 }
 

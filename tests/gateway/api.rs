@@ -487,3 +487,33 @@ async fn a_queue_wait_refusal_carries_retry_after() {
     assert!(retry_after.is_some(), "a Retry-After header");
     gateway.stop().await;
 }
+
+/// A stream the caller cuts before its usage is charged in the ledger what was streamed, as
+/// the budget charges it: the estimate's input, the output streamed, not `max_tokens`.
+#[tokio::test]
+async fn a_cut_stream_is_charged_what_it_streamed_in_the_ledger() {
+    let (upstream, _seen) = fixed_upstream(Duration::from_millis(300)).await;
+    let gateway = Running::start(&fixed_config(&upstream)).await;
+    let body = r#"{"model":"gpt-4o-mini","stream":true,"max_tokens":500,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let mut response = gateway
+        .post("/v1/chat/completions", Some("caller-secret"), body)
+        .await;
+    assert_eq!(response.status(), 200);
+    // The first event ("Hel"), then the caller goes.
+    let first = response.chunk().await.unwrap().unwrap();
+    assert!(first.starts_with(b"data: "));
+    drop(response);
+    let started = std::time::Instant::now();
+    let usage = loop {
+        let usage = gateway.gateway.ledger.counts_under("team");
+        if usage.output_tokens > 0 || usage.input_tokens > 0 {
+            break usage;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "never counted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    // "Hel": 3 characters streamed, a token; far below the 500 reserved.
+    assert_eq!(usage.output_tokens, 1, "{usage:?}");
+    assert!(usage.input_tokens > 0);
+    gateway.stop().await;
+}

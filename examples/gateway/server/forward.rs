@@ -15,8 +15,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::Value;
 use tower::ServiceExt;
 use tower_llm_quota::estimate::{CharEstimator, Defaults, estimate};
+use tower_llm_quota::provider::ProviderScan;
 use tower_llm_quota::provider::{LimitedBy, RateLimitError, Scope};
-use tower_llm_quota::usage::UsageScanner;
 use tower_llm_quota::{BoxError, Cost, Error};
 
 use super::Gateway;
@@ -103,10 +103,8 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let meter = Meter {
         ledger: gateway.ledger.clone(),
         tenant: caller.tenant.clone(),
-        profile,
-        scanner: UsageScanner::new(profile.wire_format(), streaming),
+        scan: Some(ProviderScan::new(profile, streaming)),
         estimate: cost,
-        finished: false,
     };
     Response::from_parts(head, Body::new(Metered::new(body, meter)))
 }

@@ -9,8 +9,8 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-use tower_llm_quota::provider::Profile;
-use tower_llm_quota::usage::UsageScanner;
+use tower_llm_quota::provider::ProviderScan;
+use tower_llm_quota::reconcile::{BodyEnd, ScanUsage};
 use tower_llm_quota::{BoxError, Cost};
 
 use super::usage::Ledger;
@@ -20,23 +20,20 @@ use super::usage::Ledger;
 pub(crate) struct Meter {
     pub(crate) ledger: Arc<Ledger>,
     pub(crate) tenant: String,
-    pub(crate) profile: Profile,
-    pub(crate) scanner: UsageScanner,
+    /// Reads the usage as the budget's own reconciliation does; taken when the answer ends.
+    pub(crate) scan: Option<ProviderScan>,
     pub(crate) estimate: Cost,
-    pub(crate) finished: bool,
 }
 
 impl Meter {
-    /// Counts once: the usage the provider reported, else the estimate.
-    fn finish(&mut self) {
-        if std::mem::replace(&mut self.finished, true) {
+    /// Counts once, as the budget settles: the usage the provider reported; for a stream cut
+    /// before its final usage, the input reported (or estimated) and the output streamed; the
+    /// estimate when nothing can be read.
+    fn finish(&mut self, end: BodyEnd) {
+        let Some(scan) = self.scan.take() else {
             return;
-        }
-        let usage = self
-            .scanner
-            .usage()
-            .and_then(|raw| self.profile.usage(&raw));
-        let (input, output) = match &usage {
+        };
+        let (input, output) = match scan.finish(end, self.estimate) {
             Some(usage) => (usage.input_tokens(), usage.output_tokens()),
             None => (self.estimate.input_tokens(), self.estimate.output_tokens()),
         };
@@ -46,7 +43,7 @@ impl Meter {
 
 impl Drop for Meter {
     fn drop(&mut self) {
-        self.finish();
+        self.finish(BodyEnd::Dropped);
     }
 }
 
@@ -80,17 +77,17 @@ where
         let this = self.project();
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    this.meter.scanner.data(data);
+                if let (Some(data), Some(scan)) = (frame.data_ref(), this.meter.scan.as_mut()) {
+                    scan.data(data);
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(error))) => {
-                this.meter.finish();
+                this.meter.finish(BodyEnd::Error);
                 Poll::Ready(Some(Err(error.into())))
             }
             Poll::Ready(None) => {
-                this.meter.finish();
+                this.meter.finish(BodyEnd::Complete);
                 Poll::Ready(None)
             }
             Poll::Pending => Poll::Pending,
