@@ -517,3 +517,50 @@ async fn a_cut_stream_is_charged_what_it_streamed_in_the_ledger() {
     assert!(usage.input_tokens > 0);
     gateway.stop().await;
 }
+
+/// Each caller sees its own scope's rate-limit headers, never the account's: globex its 20
+/// requests and 6,000 tokens a minute, in each API's names.
+#[tokio::test]
+async fn each_tenant_sees_its_own_rate_limit_headers() {
+    let gateway = Running::start(&demo()).await;
+    let response = gateway
+        .post("/v1/chat/completions", Some(GLOBEX), &chat(20))
+        .await;
+    assert_eq!(response.status(), 200);
+    let headers = response.headers();
+    assert_eq!(headers["x-ratelimit-limit-requests"], "20");
+    // What may go at once now: the node's bucket (its burst, a sixth of the minute by
+    // default) less the one just sent.
+    let remaining: u64 = headers["x-ratelimit-remaining-requests"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(remaining, 20_u64.div_ceil(6) - 1);
+    assert_eq!(headers["x-ratelimit-limit-tokens"], "6000");
+    assert!(headers.contains_key("x-ratelimit-reset-tokens"));
+    let response = gateway
+        .post("/v1/messages", Some(GLOBEX), &messages(20))
+        .await;
+    assert_eq!(response.status(), 200);
+    let headers = response.headers();
+    assert_eq!(headers["anthropic-ratelimit-requests-limit"], "20");
+    assert!(
+        headers
+            .keys()
+            .filter(|name| name.as_str().starts_with("anthropic-ratelimit-"))
+            .all(|name| name.as_str().contains("-requests-") || name.as_str().contains("-tokens-")),
+        "{headers:?}"
+    );
+    // acme/search: its node's 60,000 tokens; the account's 600 requests never show.
+    let response = gateway
+        .post("/v1/chat/completions", Some(SEARCH), &chat(20))
+        .await;
+    let headers = response.headers();
+    assert_eq!(headers["x-ratelimit-limit-tokens"], "60000");
+    assert!(
+        !headers.contains_key("x-ratelimit-limit-requests"),
+        "{headers:?}"
+    );
+    gateway.stop().await;
+}

@@ -100,6 +100,20 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     );
     let (mut head, body) = response.into_parts();
     strip_hop_by_hop(&mut head.headers);
+    // The account's rate-limit headers describe every tenant's traffic: each caller sees its
+    // own scope's instead.
+    strip_rate_limits(&mut head.headers);
+    for (name, value) in gateway
+        .tenants
+        .rate_limit_headers(&account.name, &caller.path, dialect)
+    {
+        if let (Ok(name), Ok(value)) = (
+            http::HeaderName::try_from(name),
+            http::HeaderValue::try_from(value),
+        ) {
+            head.headers.insert(name, value);
+        }
+    }
     let meter = Meter {
         ledger: gateway.ledger.clone(),
         tenant: caller.tenant.clone(),
@@ -261,6 +275,21 @@ fn provider_refusal(account: &Account, head: &http::Response<()>, body: &[u8]) -
             "the provider account {} is rate limited ({limit})",
             account.name
         ))
+}
+
+/// Removes the provider's rate-limit headers (OpenAI's, Azure's and Anthropic's).
+fn strip_rate_limits(headers: &mut HeaderMap) {
+    let names: Vec<http::HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            let name = name.as_str();
+            name.starts_with("x-ratelimit-") || name.starts_with("anthropic-ratelimit-")
+        })
+        .cloned()
+        .collect();
+    for name in names {
+        headers.remove(name);
+    }
 }
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {

@@ -19,7 +19,7 @@ use tower_llm_quota::tenant::{Refusal as Why, Tenant, TenantHandle, TenantNode, 
 use tower_llm_quota::{Cost, Dimension, Limit, Priority};
 
 use super::config::ConfigError;
-use super::refusal::{Refusal, limit_name};
+use super::refusal::{Dialect, Refusal, limit_name};
 
 /// The tenant nodes of every account.
 #[derive(Debug, Default)]
@@ -104,6 +104,69 @@ impl Tenancy {
             .iter()
             .find(|(name, _)| name == account)
             .map(|(_, h)| h)
+    }
+
+    /// The rate-limit headers a caller of `path` sees on `account`: those of the nearest node
+    /// of its path with limits of its own (its key's, its team's, its tenant's), in the
+    /// dialect's names — never the account's, which describe other tenants' traffic too.
+    /// OpenAI's `x-ratelimit-{limit,remaining,reset}-{requests,tokens}` (resets as durations);
+    /// Anthropic's `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,
+    /// remaining}`. None when no node of the path has limits.
+    pub(crate) fn rate_limit_headers(
+        &self,
+        account: &str,
+        path: &Tenant,
+        dialect: Dialect,
+    ) -> Vec<(String, String)> {
+        let Some(handle) = self.handle(account) else {
+            return Vec::new();
+        };
+        let mut node = Some(path.clone());
+        let snapshot = loop {
+            let Some(current) = node else {
+                return Vec::new();
+            };
+            let snapshot = handle.snapshot(&current);
+            if !snapshot.limits().is_empty() {
+                break snapshot;
+            }
+            node = current.parent();
+        };
+        let now = tokio::time::Instant::now();
+        let mut headers = Vec::new();
+        for limit in snapshot.limits() {
+            let amount = limit.limit().amount().get();
+            let remaining = u64::try_from(limit.level()).unwrap_or(0);
+            let name = match (dialect, limit.limit().dimension()) {
+                (_, Dimension::Requests) => "requests",
+                (Dialect::OpenAi, _) => "tokens",
+                (Dialect::Anthropic, Dimension::InputTokens) => "input-tokens",
+                (Dialect::Anthropic, Dimension::OutputTokens) => "output-tokens",
+                (Dialect::Anthropic, _) => "tokens",
+            };
+            match dialect {
+                Dialect::OpenAi => {
+                    let reset = limit.full_at().saturating_duration_since(now);
+                    headers.push((format!("x-ratelimit-limit-{name}"), amount.to_string()));
+                    headers.push((
+                        format!("x-ratelimit-remaining-{name}"),
+                        remaining.to_string(),
+                    ));
+                    headers.push((format!("x-ratelimit-reset-{name}"), duration_text(reset)));
+                }
+                Dialect::Anthropic => {
+                    headers.push((
+                        format!("anthropic-ratelimit-{name}-limit"),
+                        amount.to_string(),
+                    ));
+                    headers.push((
+                        format!("anthropic-ratelimit-{name}-remaining"),
+                        remaining.to_string(),
+                    ));
+                }
+            }
+        }
+        headers
     }
 
     /// Refuses `cost` for `path` on `account` when a node of the path is paused or cannot
@@ -279,4 +342,14 @@ mod tests {
         let nodes: Vec<String> = ancestry(&path).map(|t| t.to_string()).collect();
         assert_eq!(nodes, ["a", "a/b", "a/b/c"]);
     }
+}
+
+/// A wait as OpenAI writes its resets: `250ms`, `1.5s`, `20s`, rounded up to the millisecond.
+fn duration_text(wait: Duration) -> String {
+    let millis = wait.as_nanos().div_ceil(1_000_000);
+    if millis < 1_000 {
+        return format!("{millis}ms");
+    }
+    let text = format!("{:.3}", millis as f64 / 1_000.0);
+    format!("{}s", text.trim_end_matches('0').trim_end_matches('.'))
 }
