@@ -332,18 +332,6 @@ pub(crate) fn refused(refusal: &TenantRefused) -> Refusal {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ancestry_runs_from_the_root() {
-        let path = Tenant::parse("a/b/c").unwrap();
-        let nodes: Vec<String> = ancestry(&path).map(|t| t.to_string()).collect();
-        assert_eq!(nodes, ["a", "a/b", "a/b/c"]);
-    }
-}
-
 /// A wait as OpenAI writes its resets: `250ms`, `1.5s`, `20s`, rounded up to the millisecond.
 fn duration_text(wait: Duration) -> String {
     let millis = wait.as_nanos().div_ceil(1_000_000);
@@ -352,4 +340,24 @@ fn duration_text(wait: Duration) -> String {
     }
     let text = format!("{:.3}", millis as f64 / 1_000.0);
     format!("{}s", text.trim_end_matches('0').trim_end_matches('.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resets_read_as_openai_writes_them() {
+        assert_eq!(duration_text(Duration::from_millis(250)), "250ms");
+        assert_eq!(duration_text(Duration::from_millis(1_500)), "1.5s");
+        assert_eq!(duration_text(Duration::from_secs(20)), "20s");
+        assert_eq!(duration_text(Duration::from_nanos(1)), "1ms");
+    }
+
+    #[test]
+    fn ancestry_runs_from_the_root() {
+        let path = Tenant::parse("a/b/c").unwrap();
+        let nodes: Vec<String> = ancestry(&path).map(|t| t.to_string()).collect();
+        assert_eq!(nodes, ["a", "a/b", "a/b/c"]);
+    }
 }
