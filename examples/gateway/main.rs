@@ -5,6 +5,7 @@
 //! ```sh
 //! cargo run --release --example gateway                       # the demo: simulated providers
 //! cargo run --release --example gateway -- --config gateway.toml --redis-url redis://127.0.0.1/
+//! cargo run --release --example gateway -- --check-config gateway.toml  # validate, then exit
 //! ```
 //!
 //! Without `--config` it runs `demo.toml` (beside this file) against the crate's simulated
@@ -33,6 +34,10 @@ struct Args {
     /// Share every account's quota with the other replicas through this Redis.
     #[arg(long)]
     redis_url: Option<String>,
+    /// Validate this configuration (TOML: every key, limit and tenant node) and exit, without
+    /// starting: status 0 and a summary when it is valid, 1 and the reason otherwise.
+    #[arg(long, value_name = "FILE")]
+    check_config: Option<PathBuf>,
 }
 
 /// Completes on SIGTERM or Ctrl-C.
@@ -60,6 +65,13 @@ async fn stop_signal() {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    if let Some(path) = &args.check_config {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let config = Config::from_toml(&text)?;
+        println!("{}", config.summary());
+        return Ok(());
+    }
     let demo = args.config.is_none();
     let config = match &args.config {
         Some(path) => Config::from_toml(&std::fs::read_to_string(path)?)?,

@@ -564,3 +564,19 @@ async fn each_tenant_sees_its_own_rate_limit_headers() {
     );
     gateway.stop().await;
 }
+
+/// `--check-config`: a valid configuration is summarized; an invalid one is refused with its
+/// reason (a guarantee out of range, here), before anything starts.
+#[test]
+fn a_configuration_is_checked_without_starting() {
+    use crate::server::config::Config;
+    let summary = Config::from_toml(&demo()).unwrap().summary();
+    assert!(
+        summary.starts_with("configuration OK: 2 account(s)"),
+        "{summary}"
+    );
+    assert!(summary.contains("3 key(s), 4 tenant node(s)"), "{summary}");
+    let bad = demo().replace("guarantee = 0.6", "guarantee = 1.6");
+    let error = Config::from_toml(&bad).unwrap_err().to_string();
+    assert!(error.contains("a guarantee outside [0, 1]"), "{error}");
+}

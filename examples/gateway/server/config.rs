@@ -311,6 +311,39 @@ impl Config {
         Ok((tree, paths.into_iter().collect()))
     }
 
+    /// What `--check-config` says of a valid configuration: its accounts, keys and tenant
+    /// nodes, and the environment variables it names that are not set here.
+    // The load generator shares this module and has no `--check-config`.
+    #[allow(dead_code)]
+    pub(crate) fn summary(&self) -> String {
+        let nodes = self
+            .tenants
+            .get("nodes")
+            .and_then(toml::Value::as_table)
+            .map_or(0, toml::map::Map::len);
+        let accounts: Vec<&str> = self.accounts.iter().map(|a| a.name.as_str()).collect();
+        let mut text = format!(
+            "configuration OK: {} account(s) ({}), {} key(s), {nodes} tenant node(s)",
+            accounts.len(),
+            accounts.join(", "),
+            self.keys.len()
+        );
+        let unset: Vec<&str> = self
+            .accounts
+            .iter()
+            .filter_map(|a| a.key_env.as_deref())
+            .chain(self.keys.iter().filter_map(|k| k.key_env.as_deref()))
+            .filter(|var| std::env::var_os(var).is_none())
+            .collect();
+        if !unset.is_empty() {
+            text.push_str(&format!(
+                "\nnote: not set in this environment: {}",
+                unset.join(", ")
+            ));
+        }
+        text
+    }
+
     /// Every key's tenant and name are paths, every API is served once, limits are valid.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         for account in &self.accounts {
