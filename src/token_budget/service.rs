@@ -128,6 +128,11 @@ where
             (None, MissingCost::Charge(cost)) => cost,
             (None, MissingCost::Reject) => {
                 tracing::debug!("request without a cost rejected");
+                if std::mem::take(&mut self.ready) {
+                    // Nothing is sent: the readiness taken in `poll_ready` (an inner limit's
+                    // permit) is given back for the next caller.
+                    self.inner = self.inner.clone();
+                }
                 return ResponseFuture::failed(Error::missing_cost());
             }
         };

@@ -320,3 +320,35 @@ async fn a_deadline_bounds_the_wait_for_budget_and_for_inner_readiness() {
         "refunded: 10 refilled, nothing spent"
     );
 }
+
+/// A request refused for its missing cost gives back the readiness its service took: an
+/// inner `ConcurrencyLimit`'s permit is free for the next caller at once.
+#[tokio::test(start_paused = true)]
+async fn a_request_refused_for_its_missing_cost_gives_back_the_inner_readiness() {
+    use tower::limit::ConcurrencyLimitLayer;
+    let budget = tokens_10_per_sec();
+    let client = tower::service_fn(|_request: Request<&'static str>| async {
+        Ok::<_, std::convert::Infallible>(Response::new("ok"))
+    });
+    let limited = ConcurrencyLimitLayer::new(1).layer(client);
+    let layer = TokenBudgetLayer::new(budget).missing_cost(MissingCost::Reject);
+    let mut first = layer.layer(limited.clone());
+    let mut second = layer.layer(limited);
+    // The first takes the only permit in its readiness, then its request has no cost.
+    first.ready().await.unwrap();
+    let refused = first.call(Request::new("no cost")).await.unwrap_err();
+    assert!(refused.is_missing_cost());
+    // The permit is free: the other service's request is sent at once (it would wait for
+    // the permit, while `first` lives, if the refused request had kept it).
+    let request = Request::builder()
+        .extension(Cost::new(1, 0))
+        .body("priced")
+        .unwrap();
+    let call = second.ready().await.unwrap().call(request);
+    let answered = time::timeout(Duration::from_secs(1), call).await;
+    assert!(
+        answered.is_ok_and(|r| r.is_ok()),
+        "the permit was still held"
+    );
+    drop(first);
+}
