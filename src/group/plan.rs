@@ -421,17 +421,11 @@ impl<T> Planner<T> {
         self.stats.output_tokens = self.stats.output_tokens.saturating_add(output);
         let own: Vec<u64> = group.members.iter().map(|&i| self.slot(i).input).collect();
         let inputs = distribute(input, &input_weights(self.shared_input, &own));
-        let outputs = distribute(output, &out.unwrap_or_default());
+        // No answer to weigh by: zero weights split the output evenly.
+        let weights = out.unwrap_or_else(|| vec![0; group.members.len()]);
+        let outputs = distribute(output, &weights);
         for (n, &i) in group.members.iter().enumerate() {
-            let output = outputs.get(n).copied().unwrap_or(0);
-            self.slot_mut(i).usage.add(inputs[n], output);
-        }
-        if outputs.is_empty() && output > 0 {
-            // No answer to weigh by: split evenly.
-            let even = distribute(output, &vec![0; group.members.len()]);
-            for (n, &i) in group.members.iter().enumerate() {
-                self.slot_mut(i).usage.add(0, even[n]);
-            }
+            self.slot_mut(i).usage.add(inputs[n], outputs[n]);
         }
     }
 

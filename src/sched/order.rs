@@ -375,7 +375,7 @@ impl<T> Order<T> {
         let class = &self.classes[priority.index()];
         let (&slot, entry) = class.waiting.first_key_value()?;
         let since = class.front_since.unwrap_or(slot.0.at);
-        let (effective, _) = aged(priority, slot.0.at, since, entry.aging, now);
+        let effective = aged(priority, since, entry.aging, now);
         Some((effective, &entry.value))
     }
 
@@ -387,7 +387,7 @@ impl<T> Order<T> {
             let since = class.front_since.unwrap_or(slot.0.at);
             // Ranked by effective class, then by first arrival: a promoted front goes before
             // the requests of its new class that came after it.
-            let (effective, _) = aged(priority, slot.0.at, since, entry.aging, now);
+            let effective = aged(priority, since, entry.aging, now);
             let place = Place {
                 priority,
                 slot,
@@ -415,7 +415,7 @@ impl<T> Order<T> {
                 let priority = Priority::ALL[i];
                 let effective = if fronts[i] {
                     let since = self.classes[i].front_since.unwrap_or(slot.0.at);
-                    aged(priority, slot.0.at, since, entry.aging, now).0
+                    aged(priority, since, entry.aging, now)
                 } else {
                     priority
                 };
@@ -495,25 +495,17 @@ impl<T> Order<T> {
     }
 }
 
-/// The class a front of `priority`, enqueued at `enqueued_at` and the front since `since`, has
-/// reached by `now`, and when it entered that class: its enqueue time if it was not promoted,
-/// else the instant of its last promotion.
-fn aged(
-    priority: Priority,
-    enqueued_at: Instant,
-    since: Instant,
-    aging: Aging,
-    now: Instant,
-) -> (Priority, Instant) {
-    let (mut class, mut entered) = (priority, enqueued_at);
-    let mut from = since;
+/// The class a front of `priority`, the front since `since`, has reached by `now`. (It ranks
+/// by its first arrival whatever its class: when it was promoted does not matter.)
+fn aged(priority: Priority, since: Instant, aging: Aging, now: Instant) -> Priority {
+    let (mut class, mut from) = (priority, since);
     while let (Some(up), Some(after)) = (class.promoted(), aging.after(class)) {
         match from.checked_add(after) {
-            Some(at) if at <= now => (class, entered, from) = (up, at, at),
+            Some(at) if at <= now => (class, from) = (up, at),
             _ => break,
         }
     }
-    (class, entered)
+    class
 }
 
 #[cfg(test)]
