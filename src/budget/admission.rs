@@ -213,7 +213,7 @@ impl Budget {
                     Some(tenants.check(path, &ask.cost, ns, now))
                 } else {
                     if place.is_none() {
-                        ask.scheduling.flow = tenants.flow(path, ns);
+                        ask.scheduling.flow = tenants.flow(path);
                     }
                     Some(tenants.check(path, &ask.cost, ns, now))
                 }
@@ -266,7 +266,7 @@ impl Budget {
                 return Step::Full(depth);
             }
             let mine = place.expect("placed");
-            let next = state.queue.step_out(mine, now);
+            let next = state.queue.remove(mine, now);
             let tenants = state.tenants.as_mut().expect("a budget with tenants");
             let path = ask.tenant.as_ref().expect("resolved");
             let priority = ask.scheduling.priority;
@@ -342,7 +342,7 @@ impl Budget {
                     crate::observe::fallback(reason);
                 }
                 state.slots.take();
-                let wakeups = state.leave(place, now);
+                let wakeups = state.served(place, now);
                 drop(state);
                 wakeups.wake();
                 Step::Admitted(id, Origin::Local)
@@ -469,8 +469,13 @@ impl State {
             .map_or(at, |reorder| reorder.min(at))
     }
 
-    /// Leaves the ordering, if in it; collects the waker of the new head.
+    /// Leaves the ordering unserved, if in it; collects the waker of the new head.
     pub(super) fn leave(&mut self, place: &mut Option<Place>, now: Instant) -> Wakeups {
         Wakeups(place.take().and_then(|mine| self.queue.remove(mine, now)))
+    }
+
+    /// Leaves the ordering admitted, if in it; collects the waker of the new head.
+    pub(super) fn served(&mut self, place: &mut Option<Place>, now: Instant) -> Wakeups {
+        Wakeups(place.take().and_then(|mine| self.queue.serve(mine, now)))
     }
 }

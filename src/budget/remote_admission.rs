@@ -81,6 +81,7 @@ impl Budget {
                     Decision::Admitted => {
                         shared.refused = false;
                         *place = None;
+                        queue.charge(ask);
                         // The store took the path's shared buckets; the process's own copy
                         // of the tree (slots, days, meters, local buckets) takes its part.
                         if let (Some(tenants), Some(tenant)) = (tenants, &ask.tenant) {

@@ -24,6 +24,12 @@ pub(crate) struct Ask {
     pub(crate) tenant: Option<Tenant>,
 }
 
+/// What a request counts for in its tenant's fair share: its tokens (its requests, for a cost
+/// of none).
+fn fair_cost(ask: &Ask) -> u64 {
+    ask.cost.total_tokens().max(ask.cost.requests())
+}
+
 /// A request waiting for the budget.
 #[derive(Debug)]
 pub(crate) struct Waiter {
@@ -66,9 +72,9 @@ impl WaitList {
                     tenant: ask.tenant.clone(),
                     floor_blocked: false,
                 };
-                // A tenant's flow shares the class by token cost (requests for a cost of none).
-                let fair = ask.cost.total_tokens().max(ask.cost.requests());
-                let mine = self.order.push_fair(&ask.scheduling, None, fair, waiter)?;
+                let mine = self
+                    .order
+                    .push_fair(&ask.scheduling, None, fair_cost(ask), waiter)?;
                 self.add(mine, ask.cost);
                 *place.insert(mine)
             }
@@ -85,31 +91,41 @@ impl WaitList {
             tenant: ask.tenant.clone(),
             floor_blocked: false,
         };
-        self.order.restore(place, &ask.scheduling, waiter);
+        self.order
+            .restore(place, &ask.scheduling, fair_cost(ask), waiter);
         self.add(place, ask.cost);
         self.order.set_waker(place, waker);
     }
 
-    /// Removes a waiter; returns the waker of whoever may go now in its stead, when it was one
-    /// of the fronts (only a front can go) and someone is left.
+    /// Removes a waiter that was not served (it left, was refused, steps out to come back to
+    /// its place, or asks a shared store); returns the waker of whoever may go now in its
+    /// stead, when it was one of the fronts (only a front can go) and someone is left.
     pub(crate) fn remove(&mut self, place: Place, now: Instant) -> Option<Waker> {
-        let was_front = self.order.ranked(now).contains(&Some(place));
-        let waiter = self.order.remove(place, now)?;
-        self.subtract(place, waiter.cost);
-        if was_front {
-            self.next_to_wake(now, None)
-        } else {
-            None
-        }
+        self.take(place, now, false)
     }
 
-    /// Steps a waiter out of the ordering, to come back to its place (a node of its tenant
-    /// path cannot pay yet); returns the waker of whoever may go now in its stead.
-    pub(crate) fn step_out(&mut self, place: Place, now: Instant) -> Option<Waker> {
-        let was_front = self.order.ranked(now).contains(&Some(place));
-        let waiter = self.order.step_out(place, now)?;
+    /// Removes a waiter admitted now (its tenant's fair share counts it); returns the waker of
+    /// whoever may go next.
+    pub(crate) fn serve(&mut self, place: Place, now: Instant) -> Option<Waker> {
+        self.take(place, now, true)
+    }
+
+    /// Counts a request admitted by a shared store after it left the ordering to ask.
+    pub(crate) fn charge(&mut self, ask: &Ask) {
+        self.order.charge(&ask.scheduling, fair_cost(ask));
+    }
+
+    fn take(&mut self, place: Place, now: Instant, served: bool) -> Option<Waker> {
+        let fronts = self.order.ranked(now);
+        let waiter = if served {
+            self.order.serve(place, now)?
+        } else {
+            self.order.remove(place, now)?
+        };
         self.subtract(place, waiter.cost);
-        if was_front {
+        // Whoever goes next changed when a front left, and also when a request behind a
+        // tenant's oldest did: its successor may rank before the other tenants.
+        if self.order.ranked(now) != fronts {
             self.next_to_wake(now, None)
         } else {
             None

@@ -13,12 +13,14 @@
 //!
 //! # Tenants
 //!
-//! Each request carries a [`Flow`]: a tenant key and a weight. Inside a class, requests are
-//! ordered by a *stamp*: for a budget without tenants the enqueue time (first in, first out);
-//! with a [`TenantTree`](crate::tenant::TenantTree), requests of flows below their guarantee
-//! first, then by the flow's virtual finish tag over token cost (weighted fair queuing, see
-//! `tenant/fair.rs` for the bound), then by enqueue time.
+//! Each request carries a [`Flow`]: a tenant key, a weight and the node guaranteeing it a
+//! share. Inside a class, a budget without tenants serves requests in the order they came;
+//! with a [`TenantTree`](crate::tenant::TenantTree), the class's fair share (`sched/fair.rs`,
+//! with its bound) chooses at each admission: a flow owed its guarantee first, then the
+//! smallest weighted-fair-queuing tag over token cost, each flow's requests in the order they
+//! came.
 
+mod fair;
 pub(crate) mod order;
 mod scheduling;
 mod snapshot;

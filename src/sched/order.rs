@@ -1,13 +1,13 @@
 //! The ordering of waiting requests: who goes next. Plain data, no clock of its own, no locking.
 //!
-//! Each class is a list ordered by stamp then ticket. The stamp is the enqueue time for the
-//! requests of a budget without tenants; with tenants, requests below their guarantee come
-//! first, then the weighted fair share's finish tag decides (`tenant::fair`), then the
-//! enqueue time. Aging applies to the
-//! *front* of each class: it moves one class up once it has been the front for its class's
-//! ceiling, counted from when it became the front (its enqueue time, if the class was empty).
-//! Promotion is computed when a decision is made: no timer per item, no scan, only the fronts of
-//! the classes compared.
+//! Each class keeps its requests by arrival, and its fair share (`sched::fair`) chooses which
+//! one goes next: for a budget without tenants the first that came; with tenants, a flow owed
+//! its guarantee first, then the smallest weighted-fair-queuing tag, each flow's requests in
+//! the order they came. The choice is made when asked, from the state at that moment. Aging
+//! applies to the *front* of each class: it moves one class up once it has been the front for
+//! its class's ceiling, counted from when it became the front (its enqueue time, if the class
+//! was empty). Promotion is computed when a decision is made: no timer per item, no scan, only
+//! the fronts of the classes compared.
 //!
 //! Why the front only: aging every item by its own enqueue time would promote a whole backlog at
 //! once (a batch job of 10,000 items submitted together would, 150 s later, outrank every new
@@ -24,13 +24,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::fair::{FairQueue, Slot};
 use super::scheduling::{Aging, Flow, Scheduling};
 use super::snapshot::{ClassSnapshot, QueueSnapshot};
 use crate::priority::Priority;
-use crate::tenant::fair::FairClock;
 
-/// Where a waiting request stands: its class, its place in it, and the deadline the order
-/// watches for it (if any).
+/// Where a waiting request stands: its class, its place in it (enqueue time, ticket), and the
+/// deadline the order watches for it (if any).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Place {
     priority: Priority,
@@ -38,21 +38,9 @@ pub(crate) struct Place {
     deadline: Option<Instant>,
 }
 
-/// The order of service within a class: stamp, then ticket.
-type Slot = (Stamp, u64);
-
 /// The order of service across classes: effective class (highest first), first arrival,
 /// ticket.
 type Rank = (std::cmp::Reverse<Priority>, Instant, u64);
-
-/// Where a request ranks in its class: below its guarantee or not (tier 0 first), its fair
-/// share's finish tag (0 without tenants), its enqueue time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-struct Stamp {
-    tier: u8,
-    tag: u128,
-    at: Instant,
-}
 
 impl Place {
     /// The class it waits in.
@@ -76,10 +64,8 @@ pub(crate) struct Order<T> {
     /// One list per class, indexed as `Priority::ALL`.
     classes: [Class<T>; 3],
     /// The requests whose deadline the order watches, by deadline (and ticket): their class and
-    /// stamp, from which their place is rebuilt.
-    deadlines: BTreeMap<(Instant, u64), (Priority, Stamp)>,
-    /// The weighted fair share of tenant flows, per class.
-    fair: FairClock,
+    /// enqueue time, from which their place is rebuilt.
+    deadlines: BTreeMap<(Instant, u64), (Priority, Instant)>,
     len: usize,
     next_ticket: u64,
     /// The `queue` label of its depth gauge.
@@ -91,7 +77,10 @@ pub(crate) const DEFAULT_LABEL: &str = "default";
 
 #[derive(Debug)]
 struct Class<T> {
+    /// Every waiting request, by arrival.
     waiting: BTreeMap<Slot, Entry<T>>,
+    /// Who of them goes next.
+    fair: FairQueue,
     /// When the current front became the front: its aging starts there.
     front_since: Option<Instant>,
 }
@@ -100,8 +89,17 @@ impl<T> Default for Class<T> {
     fn default() -> Self {
         Self {
             waiting: BTreeMap::new(),
+            fair: FairQueue::default(),
             front_since: None,
         }
+    }
+}
+
+impl<T> Class<T> {
+    /// The slot of the request this class serves next, and its entry.
+    fn front(&self) -> Option<(Slot, &Entry<T>)> {
+        let (_, slot) = self.fair.next()?;
+        Some((slot, self.waiting.get(&slot)?))
     }
 }
 
@@ -111,8 +109,9 @@ struct Entry<T> {
     waker: Option<Waker>,
     deadline: Option<Instant>,
     aging: Aging,
-    /// The tenant's flow, whose fair-share state it counts in.
+    /// The tenant's flow, whose fair share it counts in, and its cost there.
     flow: Flow,
+    cost: u64,
 }
 
 impl<T> Default for Order<T> {
@@ -120,7 +119,6 @@ impl<T> Default for Order<T> {
         Self {
             classes: Default::default(),
             deadlines: BTreeMap::new(),
-            fair: FairClock::default(),
             len: 0,
             next_ticket: 0,
             label: std::sync::Arc::from(DEFAULT_LABEL),
@@ -140,8 +138,8 @@ impl<T> Order<T> {
         self.push_fair(scheduling, deadline, 0, value)
     }
 
-    /// Adds a request of token cost `cost` (its tenant flow's share counts it), watching
-    /// `deadline` for it, unless a depth limit is reached.
+    /// Adds a request of cost `cost` (its tenant flow's share counts it), watching `deadline`
+    /// for it, unless a depth limit is reached.
     pub(crate) fn push_fair(
         &mut self,
         scheduling: &Scheduling,
@@ -160,65 +158,47 @@ impl<T> Order<T> {
         if self.classes[priority.index()].waiting.len() >= class_max {
             return Err(Full(class_max));
         }
-        let flow = scheduling.flow;
-        let stamp = if flow.key == 0 {
-            Stamp {
-                tier: 0,
-                tag: 0,
-                at: scheduling.enqueued_at,
-            }
-        } else {
-            Stamp {
-                tier: u8::from(!flow.below_guarantee),
-                tag: self.fair.join(priority.index(), flow, cost),
-                at: scheduling.enqueued_at,
-            }
-        };
         let place = Place {
             priority,
-            slot: (stamp, self.next_ticket),
+            slot: (scheduling.enqueued_at, self.next_ticket),
             deadline,
         };
         self.next_ticket += 1;
-        self.insert(place, scheduling, value);
+        self.insert(place, scheduling, cost, value);
         Ok(place)
     }
 
-    /// Puts a request back at the place it had (it left to ask a shared store, which refused):
-    /// no depth limit applies, it was counted before.
-    pub(crate) fn restore(&mut self, place: Place, scheduling: &Scheduling, value: T) {
-        if scheduling.flow.key != 0 {
-            let tag = place.slot.0.tag;
-            self.fair
-                .rejoin(place.priority.index(), scheduling.flow.key, tag);
-        }
-        self.insert(place, scheduling, value);
+    /// Puts a request back at the place it had (it left to ask a shared store, which refused,
+    /// or to wait for its own tenant node): no depth limit applies, it was counted before.
+    pub(crate) fn restore(&mut self, place: Place, scheduling: &Scheduling, cost: u64, value: T) {
+        self.insert(place, scheduling, cost, value);
     }
 
-    fn insert(&mut self, place: Place, scheduling: &Scheduling, value: T) {
+    fn insert(&mut self, place: Place, scheduling: &Scheduling, cost: u64, value: T) {
         let class = &mut self.classes[place.priority.index()];
-        if class
-            .waiting
-            .first_key_value()
-            .is_none_or(|(&front, _)| place.slot < front)
-        {
-            // First in line at once (an empty class, or an earlier enqueue time kept across a
-            // retry): it has been waiting since it was enqueued.
-            class.front_since = Some(place.slot.0.at);
-        }
+        let at = place.slot.0;
+        class.front_since = match (class.front_since, class.waiting.first_key_value()) {
+            // The first, or an earlier enqueue time kept across a retry: it has been waiting
+            // since it was enqueued.
+            (Some(since), Some((&(first, _), _))) if first <= at => Some(since),
+            (Some(since), Some(_)) => Some(since.min(at)),
+            _ => Some(at),
+        };
         let entry = Entry {
             value,
             waker: None,
             deadline: place.deadline,
             aging: scheduling.aging,
             flow: scheduling.flow,
+            cost,
         };
         if class.waiting.insert(place.slot, entry).is_none() {
             self.len += 1;
+            class.fair.join(scheduling.flow, place.slot, cost);
         }
         if let Some(deadline) = place.deadline {
             self.deadlines
-                .insert((deadline, place.slot.1), (place.priority, place.slot.0));
+                .insert((deadline, place.slot.1), (place.priority, at));
         }
         self.record_depth(place.priority);
     }
@@ -243,41 +223,43 @@ impl<T> Order<T> {
             .collect()
     }
 
-    /// Removes a request at `now`; returns its value if it was there.
+    /// Removes a request that was not served (it gave up, was refused, or steps out to come
+    /// back to its place later): the fair share's clocks do not move. Returns its value if it
+    /// was there.
     pub(crate) fn remove(&mut self, place: Place, now: Instant) -> Option<T> {
-        self.take(place, now, true)
-    }
-
-    /// Removes a request that steps out of the order to come back to its place later (a
-    /// tenant's own limit cannot pay yet): it was not served, so the fair share's virtual
-    /// time does not move.
-    pub(crate) fn step_out(&mut self, place: Place, now: Instant) -> Option<T> {
         self.take(place, now, false)
     }
 
-    /// Removes a request; when it was the front and `served`, the fair share's virtual time
-    /// moves to its tag.
+    /// Removes a request that is served now: its flow's fair share counts it.
+    pub(crate) fn serve(&mut self, place: Place, now: Instant) -> Option<T> {
+        self.take(place, now, true)
+    }
+
+    /// Counts a request of `scheduling`'s flow and class costing `cost` as served, which is not
+    /// in the order (it left to ask a shared store, which admitted it).
+    pub(crate) fn charge(&mut self, scheduling: &Scheduling, cost: u64) {
+        self.classes[scheduling.priority.index()]
+            .fair
+            .serve(scheduling.flow, None, cost);
+    }
+
     fn take(&mut self, place: Place, now: Instant, served: bool) -> Option<T> {
         let class = &mut self.classes[place.priority.index()];
         let was_front = class
-            .waiting
-            .first_key_value()
-            .is_some_and(|(&front, _)| front == place.slot);
+            .fair
+            .next()
+            .is_some_and(|(_, front)| front == place.slot);
         let entry = class.waiting.remove(&place.slot)?;
-        if was_front {
-            // The next in line becomes the front now, and starts aging.
-            class.front_since = class
-                .waiting
-                .first_key_value()
-                .map(|(&(stamp, _), _)| stamp.at.max(now));
+        if served {
+            class.fair.serve(entry.flow, Some(place.slot), entry.cost);
+        } else {
+            class.fair.leave(entry.flow.key, place.slot);
         }
-        if entry.flow.key != 0 {
-            self.fair.leave(
-                place.priority.index(),
-                entry.flow.key,
-                place.slot.0.tag,
-                was_front && served,
-            );
+        if class.waiting.is_empty() {
+            class.front_since = None;
+        } else if was_front {
+            // The next in line becomes the front now, and starts aging.
+            class.front_since = class.front().map(|((at, _), _)| at.max(now));
         }
         if let Some(deadline) = place.deadline {
             self.deadlines.remove(&(deadline, place.slot.1));
@@ -349,10 +331,10 @@ impl<T> Order<T> {
 
     /// The waiting request whose watched deadline comes first.
     pub(crate) fn first_deadline(&self) -> Option<Place> {
-        let (&(deadline, ticket), &(priority, stamp)) = self.deadlines.first_key_value()?;
+        let (&(deadline, ticket), &(priority, at)) = self.deadlines.first_key_value()?;
         Some(Place {
             priority,
-            slot: (stamp, ticket),
+            slot: (at, ticket),
             deadline: Some(deadline),
         })
     }
@@ -373,18 +355,17 @@ impl<T> Order<T> {
     /// value.
     pub(crate) fn front_of(&self, priority: Priority, now: Instant) -> Option<(Priority, &T)> {
         let class = &self.classes[priority.index()];
-        let (&slot, entry) = class.waiting.first_key_value()?;
-        let since = class.front_since.unwrap_or(slot.0.at);
-        let effective = aged(priority, since, entry.aging, now);
-        Some((effective, &entry.value))
+        let (slot, entry) = class.front()?;
+        let since = class.front_since.unwrap_or(slot.0);
+        Some((aged(priority, since, entry.aging, now), &entry.value))
     }
 
     /// The front of every class, in the order they would be served at `now`.
     pub(crate) fn ranked(&self, now: Instant) -> [Option<Place>; 3] {
         let mut fronts = Priority::ALL.map(|priority| {
             let class = &self.classes[priority.index()];
-            let (&slot, entry) = class.waiting.first_key_value()?;
-            let since = class.front_since.unwrap_or(slot.0.at);
+            let (slot, entry) = class.front()?;
+            let since = class.front_since.unwrap_or(slot.0);
             // Ranked by effective class, then by first arrival: a promoted front goes before
             // the requests of its new class that came after it.
             let effective = aged(priority, since, entry.aging, now);
@@ -393,7 +374,7 @@ impl<T> Order<T> {
                 slot,
                 deadline: entry.deadline,
             };
-            Some(((std::cmp::Reverse(effective), slot.0.at, slot.1), place))
+            Some(((std::cmp::Reverse(effective), slot.0, slot.1), place))
         });
         // Three items: sorting is a few comparisons, no allocation.
         fronts.sort_by_key(|front| front.map(|(rank, _)| rank).ok_or(()));
@@ -402,31 +383,36 @@ impl<T> Order<T> {
 
     /// Every waiting request with its value, in the order they would be served from `now` if
     /// nothing changed: the fronts ranked as [`ranked`](Self::ranked) does, and behind each
-    /// front the rest of its class (not aged yet), merged by the same rule.
+    /// front the rest of its class in its fair share's order (not aged yet), merged by the
+    /// same rule.
     pub(crate) fn walk(&self, now: Instant) -> impl Iterator<Item = (Place, &T)> + '_ {
-        let mut lists = Priority::ALL.map(|p| self.classes[p.index()].waiting.iter().peekable());
+        let mut lists =
+            Priority::ALL.map(|p| self.classes[p.index()].fair.service_order().peekable());
         let mut fronts = [true; 3];
         std::iter::from_fn(move || {
             let mut best: Option<(Rank, usize)> = None;
             for (i, list) in lists.iter_mut().enumerate() {
-                let Some(&(&slot, entry)) = list.peek() else {
+                let Some(&slot) = list.peek() else {
                     continue;
                 };
+                let class = &self.classes[i];
                 let priority = Priority::ALL[i];
-                let effective = if fronts[i] {
-                    let since = self.classes[i].front_since.unwrap_or(slot.0.at);
-                    aged(priority, since, entry.aging, now)
-                } else {
-                    priority
+                let effective = match class.waiting.get(&slot) {
+                    Some(entry) if fronts[i] => {
+                        let since = class.front_since.unwrap_or(slot.0);
+                        aged(priority, since, entry.aging, now)
+                    }
+                    _ => priority,
                 };
-                let rank = (std::cmp::Reverse(effective), slot.0.at, slot.1);
+                let rank = (std::cmp::Reverse(effective), slot.0, slot.1);
                 if best.is_none_or(|(ahead, _)| rank < ahead) {
                     best = Some((rank, i));
                 }
             }
             let (_, i) = best?;
             fronts[i] = false;
-            let (&slot, entry) = lists[i].next()?;
+            let slot = lists[i].next()?;
+            let entry = self.classes[i].waiting.get(&slot)?;
             let place = Place {
                 priority: Priority::ALL[i],
                 slot,
@@ -451,8 +437,8 @@ impl<T> Order<T> {
             .iter()
             .filter_map(|&priority| {
                 let class = &self.classes[priority.index()];
-                let (&slot, entry) = class.waiting.first_key_value()?;
-                let (mut level, mut from) = (priority, class.front_since.unwrap_or(slot.0.at));
+                let (slot, entry) = class.front()?;
+                let (mut level, mut from) = (priority, class.front_since.unwrap_or(slot.0));
                 while let (Some(up), Some(after)) = (level.promoted(), entry.aging.after(level)) {
                     let at = from.checked_add(after)?;
                     if at > now {
@@ -485,8 +471,8 @@ impl<T> Order<T> {
                     oldest_wait: class
                         .waiting
                         .first_key_value()
-                        .map_or(Duration::ZERO, |(&(stamp, _), _)| {
-                            now.saturating_duration_since(stamp.at)
+                        .map_or(Duration::ZERO, |(&(at, _), _)| {
+                            now.saturating_duration_since(at)
                         }),
                 }
             }),
@@ -521,45 +507,45 @@ mod tests {
     }
 
     #[test]
-    fn tenants_share_a_class_by_finish_tag_below_guarantee_first() {
+    fn tenants_share_a_class_by_tag_each_in_arrival_order() {
         let t0 = Instant::now();
         let mut order: Order<u32> = Order::default();
-        let push = |order: &mut Order<u32>, key, weight, below, cost, value| {
-            let mut scheduling = Scheduling::new(Priority::Batch, t0);
+        let push = |order: &mut Order<u32>, key, weight, at: Instant, cost, value| {
+            let mut scheduling = Scheduling::new(Priority::Batch, at);
             scheduling.flow = Flow {
                 key,
                 weight,
-                below_guarantee: below,
+                ..Flow::DEFAULT
             };
             order.push_fair(&scheduling, None, cost, value).unwrap()
         };
         // a weighs 3, b 1; 300 tokens each: a's tags 100, 200, 300, b's 300, 600, 900.
         for i in 0..3 {
-            push(&mut order, 1, 3, false, 300, i);
-            push(&mut order, 2, 1, false, 300, 10 + i);
+            push(&mut order, 1, 3, t0, 300, i);
+            push(&mut order, 2, 1, t0, 300, 10 + i);
         }
-        // A flow below its guarantee goes first, whatever its tag.
-        push(&mut order, 3, 1, true, 10_000, 99);
-        // One steps out (its own limit) and comes back: its place is kept, and the virtual
-        // time did not move, so a newcomer of an idle flow still starts at 0.
+        // A later request of a, much cheaper, still waits behind a's earlier ones.
+        push(&mut order, 1, 3, t0 + SEC, 3, 3);
+        // The front steps out (its own node) and comes back: its place is kept, and nothing
+        // was served, so a newcomer of an idle flow still starts at 0.
         let front = order.top(t0).unwrap();
-        let value = order.step_out(front, t0).unwrap();
-        let newcomer = push(&mut order, 4, 1, false, 50, 7);
+        let value = order.remove(front, t0).unwrap();
+        let newcomer = push(&mut order, 4, 1, t0, 50, 7);
         let mut scheduling = Scheduling::new(Priority::Batch, t0);
         scheduling.flow = Flow {
-            key: 3,
-            weight: 1,
-            below_guarantee: true,
+            key: 1,
+            weight: 3,
+            ..Flow::DEFAULT
         };
-        order.restore(front, &scheduling, value);
+        order.restore(front, &scheduling, 300, value);
         let mut served = Vec::new();
         while let Some(place) = order.top(t0) {
             served.push(*order.get(place).unwrap());
-            order.remove(place, t0);
-            assert!(place != newcomer || served.len() == 2);
+            order.serve(place, t0);
+            assert!(place != newcomer || served.len() == 1);
         }
-        // Equal tags (a's third, b's first) go by ticket: b's was pushed first.
-        assert_eq!(served, [99, 7, 0, 1, 10, 2, 11, 12]);
+        // Equal tags go by arrival, then ticket: b's first (300) was pushed before a's third.
+        assert_eq!(served, [7, 0, 1, 10, 2, 3, 11, 12]);
     }
 
     #[test]
@@ -678,7 +664,7 @@ mod tests {
         // The front leaves (to ask a store, say) and comes back: still the front.
         order.remove(late, t0);
         assert_eq!(order.top(t0), Some(early));
-        order.restore(late, &scheduling, ());
+        order.restore(late, &scheduling, 0, ());
         assert_eq!(order.top(t0), Some(late));
         assert_eq!(order.first_deadline(), Some(early));
         let snapshot = order.snapshot(t0 + SEC);

@@ -39,14 +39,17 @@ impl Aging {
     }
 }
 
-/// A tenant's key and weight, for a fair share inside a class, and whether it is below its
-/// guarantee (it goes before borrowers). Key 0 is the flow of a budget without tenants: its
+/// A tenant's key and weight, for a fair share inside a class, and the node that guarantees
+/// it a share (see `sched::fair`). Key 0 is the flow of a budget without tenants: its
 /// requests are served in the order they entered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Flow {
     pub(crate) key: u64,
     pub(crate) weight: u32,
-    pub(crate) below_guarantee: bool,
+    /// The key of its nearest node with a guarantee (0: none), and that guarantee's share of
+    /// the account in millionths.
+    pub(crate) guarantor: u64,
+    pub(crate) share_ppm: u32,
 }
 
 /// A depth limit: how many requests may wait; `u32::MAX` (or more) is no limit.
@@ -58,7 +61,8 @@ impl Flow {
     pub(crate) const DEFAULT: Flow = Flow {
         key: 0,
         weight: 1,
-        below_guarantee: false,
+        guarantor: 0,
+        share_ppm: 0,
     };
 }
 

@@ -4,7 +4,7 @@
 //! A [`Budget`](crate::Budget) built with [`Budget::with_tenants`](crate::Budget::with_tenants)
 //! admits a request only when the account **and every node on its [`Tenant`] path** can pay
 //! (all or nothing, under the budget's one lock), and serves waiting requests of a class by
-//! weighted fair queuing over token cost, tenants below their guarantee first.
+//! weighted fair queuing over token cost, tenants owed their guarantee first.
 //!
 //! # Example
 //!
@@ -70,27 +70,37 @@
 //! # Fair share, borrowing and reclaim
 //!
 //! Classes come first (an interactive request of any tenant before batch). Inside a class,
-//! requests of a tenant below its guarantee (its use of the last minute below its share of
-//! the account's rate) go before those of borrowers; then requests are served by weighted fair
+//! the next request is chosen when the ordering decides, never fixed when a request starts
+//! waiting: a tenant *owed* its guarantee goes first (its guarantee's share of what the
+//! class served is more than it was served), then requests are served by weighted fair
 //! queuing over **token cost** (self-clocked: see the bound below), so a tenant sending
-//! prompts ten times larger gets ten times fewer requests, not ten times the tokens. The
-//! flow of a request is its path's deepest configured node (else its top-level tenant), its
-//! weight the product of the weights on its path.
+//! prompts ten times larger gets ten times fewer requests, not ten times the tokens. A
+//! tenant's requests of one class are admitted in the order they came. The flow of a request
+//! is its path's deepest configured node (else its top-level tenant), its weight the product
+//! of the weights on its path; its guarantor the nearest node of its path with a guarantee,
+//! whose share is the product of the guarantees on the path to it.
 //!
 //! The account is never idle while someone waits: a tenant's unused share goes to the others
 //! (borrowing), bounded by the borrower's [`max_share`](TenantNode::with_max_share). When
-//! the owner's traffic returns, its first request starts at the virtual time, ahead of every
-//! borrower's backlog, and as long as it is below its guarantee its requests go first: it is
-//! admitted within one refill of its own cost (plus what settles as debt from calls already
-//! in flight), and reaches its guaranteed rate within a minute (the meter's window). Borrowed
-//! traffic never causes a provider 429 for guaranteed traffic: everyone is admitted from the
-//! same account buckets.
+//! the owner's traffic returns, its first request goes first (a guarantor back from idleness
+//! is owed one request), and its turn in the fair share starts at the virtual time, level with
+//! the borrowers' next requests: it is admitted within one refill of its own cost (plus what
+//! settles as debt from calls already in flight), and from then on gets at least its
+//! guarantee of what the class serves. A guarantor earns only from what is actually served,
+//! so a guarantee never starves a tenant without one, whatever the account's throughput; and
+//! it banks nothing while idle. Borrowed traffic never causes a provider 429 for guaranteed
+//! traffic: everyone is admitted from the same account buckets.
 //!
 //! **Fairness bound.** Over any interval in which tenants `i` and `j` both wait in one class,
 //! the tokens admitted for them satisfy `|S_i / w_i - S_j / w_j| <= L_i / w_i + L_j / w_j`,
 //! `L` being each one's largest cost: the drift from the weights is at most one request of
 //! each, whatever the interval, so over ten minutes of a saturated account the shares stay
-//! within a fraction of a point of the weights (measured in `tests/tenants.rs`).
+//! within a fraction of a point of the weights (measured in `tests/tenants.rs`). Guarantees
+//! proportional to the weights keep the drift within twice that bound (an owed tenant may go
+//! one request ahead of its turn); a guarantee above a tenant's weighted share lifts it to
+//! its guarantee instead: it gets at least `share × S - 2 L` of any `S` the class serves while
+//! it waits, the others sharing the rest by weight. Property tests check the three statements
+//! over generated backlogs (`sched/fair.rs`).
 //!
 //! # Daily caps
 //!
@@ -139,7 +149,6 @@
 mod config;
 mod daily;
 mod error;
-pub(crate) mod fair;
 mod handle;
 #[cfg(feature = "metrics")]
 mod metrics;

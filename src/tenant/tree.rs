@@ -22,6 +22,14 @@ use crate::priority::Priority;
 use crate::quota::{Dimension, Limit};
 use crate::sched::Flow;
 
+/// A flow's key for a node's path text: a hash, never 0 (the flow of requests without a
+/// tenant tree).
+fn flow_key(prefix: &str) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    prefix.hash(&mut hasher);
+    hasher.finish() | 1
+}
+
 /// What the nodes of a path say to a cost.
 #[derive(Debug)]
 pub(crate) enum Check {
@@ -260,28 +268,28 @@ impl Tenants {
     }
 
     /// The fair-share flow of `path`: its deepest configured node (else its top-level
-    /// tenant), the product of the weights on the path, and whether it is below its
-    /// guarantee.
-    pub(crate) fn flow(&mut self, path: &Tenant, now: u64) -> Flow {
+    /// tenant), the product of the weights on the path, and its nearest node with a guarantee
+    /// with that guarantee's share of the account (the product of the guarantees on its path).
+    pub(crate) fn flow(&mut self, path: &Tenant) -> Flow {
         let mut key = path.prefix(1);
-        let mut below = false;
+        let (mut guarantor, mut share) = (None, 1.0);
         for prefix in path.prefixes() {
-            let node = self.node(prefix);
-            if node.configured {
+            if self.node(prefix).configured {
                 key = prefix;
             }
-            if node.guaranteed > 0 {
-                below = node.meter.get(now) < node.guaranteed;
+            if let Some(config) = self.config(prefix).filter(|c| c.guarantee > 0.0) {
+                share *= config.guarantee;
+                guarantor = Some(prefix);
             }
         }
         let weight = self.live.get(path.as_str()).map_or(1, |n| n.weight);
-        let mut hasher = DefaultHasher::new();
-        key.hash(&mut hasher);
+        let share = if guarantor.is_some() { share } else { 0.0 };
         Flow {
             // Never 0: the key of requests without a tenant tree, served first come.
-            key: hasher.finish() | 1,
+            key: flow_key(key),
             weight: weight.max(1),
-            below_guarantee: below,
+            guarantor: guarantor.map_or(0, flow_key),
+            share_ppm: (share * 1e6).round() as u32,
         }
     }
 

@@ -1,0 +1,772 @@
+//! The wait engine against a reference model: given the same events (arrivals with class,
+//! tenant and cost; cancellations; settlements that refund; time steps), a deliberately
+//! simple scheduler says who is admitted next and when, and the budget must agree on every
+//! admission: the same requests, in the same order, at the same instant (within one timer
+//! tick).
+//!
+//! The model keeps every waiting request in one `Vec` and decides by a linear scan over all of
+//! them at each instant: no index, no cached front, no forgotten state. It states the rules
+//! the engine promises, in the textbook form:
+//!
+//! - classes first; the front of a class moves up a class after the class's aging ceiling
+//!   (async 30 s, batch 120 s) counted from when it became the front; fronts rank by effective
+//!   class, then first arrival, then ticket;
+//! - inside a class, a tenant owed its guarantee first (it earns `share × cost` of each cost
+//!   the class serves, spends what it is served, and while it has nothing waiting is owed
+//!   one request at most), then the smallest
+//!   weighted-fair-queuing tag (a flow's turn starts at `max(F, V)` when its oldest request
+//!   becomes its oldest; `V` the largest tag served by tag), then arrival; each tenant's
+//!   requests in arrival order;
+//! - a request is admitted when it is the head and the bucket holds its cost; a request that
+//!   arrives while nobody waits and fits is admitted at once.
+//!
+//! Two drivers run each case: every reservation in its own task, and every reservation polled
+//! by one task (as `join_all` does), whose wakers are all the same.
+//!
+//! The grid keeps instants apart: events fall on 5 (mod 10) ms, costs and refunds are
+//! multiples of 10 tokens at one token a millisecond, and the burst is 5 (mod 10), so a head
+//! becomes affordable only on 0 (mod 10) ms: no event and no timer share an instant.
+//!
+//! `ENGINE_MODEL_CASES` sets the number of generated sequences (1,000 by default).
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::num::{NonZeroU32, NonZeroU64};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tokio::time::Instant;
+use tower_llm_quota::tenant::{Tenant, TenantNode, TenantTree};
+use tower_llm_quota::{Budget, Cost, Dimension, Limit, Priority, Quota, Reservation, Usage};
+
+const CLASSES: [Priority; 3] = [Priority::Interactive, Priority::Async, Priority::Batch];
+/// The default aging of each class, in ms (`QueueConfig`'s defaults).
+const AGING_MS: [Option<u64>; 3] = [None, Some(30_000), Some(120_000)];
+/// Tag units per unit of cost and weight (the engine's scale; any would do for the order).
+const SCALE: u128 = 1 << 20;
+/// Events fall on this offset of every 10 ms.
+const PHASE_MS: u64 = 5;
+
+// ---------------------------------------------------------------------------------------------
+// The generated case.
+
+#[derive(Debug, Clone, Copy)]
+struct TenantSpec {
+    weight: u32,
+    /// In thousandths of the account.
+    guarantee: u32,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Event {
+    Arrive {
+        class: usize,
+        tenant: usize,
+        cost: u64,
+    },
+    /// Cancels the `n`-th (modulo) request still waiting, by arrival.
+    Cancel {
+        n: usize,
+    },
+    /// Settles the `n`-th (modulo) reservation still held with `keep` tenths of its cost: the
+    /// rest is refunded.
+    Settle {
+        n: usize,
+        keep: u64,
+    },
+    Advance {
+        ms: u64,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    burst: u64,
+    tenants: Vec<TenantSpec>,
+    events: Vec<Event>,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let burst = prop_oneof![Just(205u64), Just(505), Just(1_005)];
+    let tenants = prop::collection::vec(
+        (
+            1u32..=4,
+            prop_oneof![Just(0u32), Just(100), Just(250), Just(400)],
+        ),
+        1..=4,
+    );
+    (burst, tenants).prop_flat_map(|(burst, tenants)| {
+        // Siblings' guarantees add up to at most the whole account.
+        let mut left = 1_000;
+        let tenants: Vec<TenantSpec> = tenants
+            .into_iter()
+            .map(|(weight, guarantee)| {
+                let guarantee = guarantee.min(left);
+                left -= guarantee;
+                TenantSpec { weight, guarantee }
+            })
+            .collect();
+        let count = tenants.len();
+        let event = prop_oneof![
+            6 => (0..3usize, 0..count, 1..=(burst / 10)).prop_map(|(class, tenant, cost)| {
+                Event::Arrive { class, tenant, cost: cost * 10 }
+            }),
+            1 => (0..64usize).prop_map(|n| Event::Cancel { n }),
+            1 => (0..64usize, 0..=9u64).prop_map(|(n, keep)| Event::Settle { n, keep }),
+            3 => prop_oneof![
+                4 => Just(0u64),
+                4 => (1..=50u64).prop_map(|t| t * 10),
+                1 => Just(31_000u64),
+                1 => Just(125_000u64),
+            ]
+            .prop_map(|ms| Event::Advance { ms }),
+        ];
+        (
+            Just(burst),
+            Just(tenants),
+            prop::collection::vec(event, 1..48),
+        )
+            .prop_map(|(burst, tenants, events)| Case {
+                burst,
+                tenants,
+                events,
+            })
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The reference model.
+
+#[derive(Debug, Clone)]
+struct Waiting {
+    id: usize,
+    class: usize,
+    tenant: usize,
+    cost: u64,
+    at: u64,
+    ticket: u64,
+}
+
+/// One class's fair-share clocks, never forgotten.
+#[derive(Debug, Default, Clone)]
+struct ClassClocks {
+    virtual_time: u128,
+    finish: HashMap<usize, u128>,
+    /// Where the turn of each tenant's oldest waiting request starts.
+    turn: HashMap<usize, u128>,
+    credit: HashMap<usize, i128>,
+    front_since: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Model {
+    tenants: Vec<TenantSpec>,
+    burst: u64,
+    /// The bucket's level and when it was last computed (one token a millisecond).
+    level: u64,
+    level_at: u64,
+    now: u64,
+    waiting: Vec<Waiting>,
+    clocks: [ClassClocks; 3],
+    next_ticket: u64,
+    held: Vec<(usize, u64)>,
+    admitted: Vec<(usize, u64)>,
+}
+
+impl Model {
+    fn new(case: &Case) -> Self {
+        Self {
+            tenants: case.tenants.clone(),
+            burst: case.burst,
+            level: case.burst,
+            level_at: 0,
+            now: 0,
+            waiting: Vec::new(),
+            clocks: Default::default(),
+            next_ticket: 0,
+            held: Vec::new(),
+            admitted: Vec::new(),
+        }
+    }
+
+    fn level(&self, t: u64) -> u64 {
+        (self.level + (t - self.level_at)).min(self.burst)
+    }
+
+    fn set_level(&mut self, level: u64) {
+        self.level = level;
+        self.level_at = self.now;
+    }
+
+    /// Whether `w` is the oldest waiting request of its tenant in its class.
+    fn is_flow_head(&self, w: &Waiting) -> bool {
+        !self.waiting.iter().any(|o| {
+            o.class == w.class && o.tenant == w.tenant && (o.at, o.ticket) < (w.at, w.ticket)
+        })
+    }
+
+    fn waits_in(&self, class: usize, tenant: usize) -> bool {
+        self.waiting
+            .iter()
+            .any(|w| w.class == class && w.tenant == tenant)
+    }
+
+    fn guarantee_waits(&self, class: usize, tenant: usize) -> bool {
+        self.tenants[tenant].guarantee > 0 && self.waits_in(class, tenant)
+    }
+
+    /// The request a class serves next: owed first, then the smallest tag, then arrival.
+    fn front(&self, class: usize) -> Option<&Waiting> {
+        let clocks = &self.clocks[class];
+        self.waiting
+            .iter()
+            .filter(|w| w.class == class && self.is_flow_head(w))
+            .min_by_key(|w| {
+                let spec = self.tenants[w.tenant];
+                let owed =
+                    spec.guarantee > 0 && clocks.credit.get(&w.tenant).copied().unwrap_or(0) > 0;
+                let tag =
+                    clocks.turn[&w.tenant] + u128::from(w.cost) * SCALE / u128::from(spec.weight);
+                (!owed, tag, w.at, w.ticket)
+            })
+    }
+
+    /// The class a front has reached at `t`.
+    fn effective(&self, class: usize, t: u64) -> usize {
+        let (mut c, mut from) = (class, self.clocks[class].front_since.expect("a front"));
+        while c > 0 {
+            match AGING_MS[c] {
+                Some(after) if from + after <= t => {
+                    from += after;
+                    c -= 1;
+                }
+                _ => break,
+            }
+        }
+        c
+    }
+
+    /// The head at `t`: the fronts ranked by effective class, first arrival, ticket.
+    fn head(&self, t: u64) -> Option<Waiting> {
+        (0..3)
+            .filter_map(|class| self.front(class).map(|f| (class, f)))
+            .min_by_key(|(class, f)| (self.effective(*class, t), f.at, f.ticket))
+            .map(|(_, f)| f.clone())
+    }
+
+    /// The next instant after `t` at which a front moves up a class, if fronts of two classes
+    /// wait.
+    fn next_promotion(&self, t: u64) -> Option<u64> {
+        let classes: Vec<usize> = (0..3).filter(|&c| self.front(c).is_some()).collect();
+        if classes.len() < 2 {
+            return None;
+        }
+        classes
+            .into_iter()
+            .filter_map(|class| {
+                let (mut c, mut from) = (class, self.clocks[class].front_since?);
+                while c > 0 {
+                    let at = from + AGING_MS[c]?;
+                    if at > t {
+                        return Some(at);
+                    }
+                    (c, from) = (c - 1, at);
+                }
+                None
+            })
+            .min()
+    }
+
+    fn join(&mut self, id: usize, class: usize, tenant: usize, cost: u64) {
+        let clocks = &mut self.clocks[class];
+        if !self.waiting.iter().any(|w| w.class == class) {
+            clocks.front_since = Some(self.now);
+        }
+        if !self
+            .waiting
+            .iter()
+            .any(|w| w.class == class && w.tenant == tenant)
+        {
+            let finish = clocks.finish.get(&tenant).copied().unwrap_or(0);
+            clocks.turn.insert(tenant, finish.max(clocks.virtual_time));
+            if self.tenants[tenant].guarantee > 0 {
+                // A new guarantor is owed its first request.
+                clocks.credit.entry(tenant).or_insert(1);
+            }
+        }
+        self.waiting.push(Waiting {
+            id,
+            class,
+            tenant,
+            cost,
+            at: self.now,
+            ticket: self.next_ticket,
+        });
+        self.next_ticket += 1;
+    }
+
+    /// Takes `id` out of the waiting list, served or not.
+    fn take(&mut self, id: usize, served: bool) {
+        let i = self.waiting.iter().position(|w| w.id == id).unwrap();
+        let was_front = self.front(self.waiting[i].class).map(|f| f.id) == Some(id);
+        let w = self.waiting.remove(i);
+        if served {
+            let spec = self.tenants[w.tenant];
+            let owed = spec.guarantee > 0 && self.clocks[w.class].credit[&w.tenant] > 0;
+            let clocks = &mut self.clocks[w.class];
+            let tag = clocks.turn[&w.tenant] + u128::from(w.cost) * SCALE / u128::from(spec.weight);
+            clocks.finish.insert(w.tenant, tag);
+            if !owed {
+                clocks.virtual_time = clocks.virtual_time.max(tag);
+            }
+            let v = clocks.virtual_time;
+            clocks.turn.insert(w.tenant, tag.max(v));
+            for tenant in 0..self.tenants.len() {
+                let share = i128::from(self.tenants[tenant].guarantee) * 1_000;
+                let waits = self.guarantee_waits(w.class, tenant);
+                let Some(credit) = self.clocks[w.class].credit.get_mut(&tenant) else {
+                    continue;
+                };
+                *credit += share * i128::from(w.cost);
+                if tenant == w.tenant {
+                    *credit -= 1_000_000 * i128::from(w.cost);
+                }
+                if !waits {
+                    // Away, it banks nothing beyond its first request.
+                    *credit = (*credit).min(1);
+                }
+            }
+        }
+        let front = self.front(w.class).map(|f| f.at);
+        let clocks = &mut self.clocks[w.class];
+        match front {
+            None => clocks.front_since = None,
+            Some(at) if was_front => clocks.front_since = Some(at.max(self.now)),
+            Some(_) => {}
+        }
+    }
+
+    fn admit(&mut self, id: usize, cost: u64) {
+        let level = self.level(self.now) - cost;
+        self.set_level(level);
+        self.held.push((id, cost));
+        self.admitted.push((id, self.now));
+    }
+
+    /// Admits every head that fits now.
+    fn admit_ready(&mut self) {
+        while let Some(head) = self.head(self.now) {
+            if self.level(self.now) < head.cost {
+                break;
+            }
+            self.take(head.id, true);
+            self.admit(head.id, head.cost);
+        }
+    }
+
+    /// Runs the admissions and promotions of `(now, until]`.
+    fn run_until(&mut self, until: u64) {
+        loop {
+            self.admit_ready();
+            let ready = self.head(self.now).map(|head| {
+                let level = self.level(self.now);
+                self.now + head.cost.saturating_sub(level)
+            });
+            let next = [ready, self.next_promotion(self.now)]
+                .into_iter()
+                .flatten()
+                .min();
+            match next {
+                Some(at) if at <= until => self.now = at.max(self.now),
+                _ => break,
+            }
+        }
+        self.now = until;
+    }
+
+    fn apply(&mut self, id: usize, event: Event) {
+        match event {
+            Event::Arrive {
+                class,
+                tenant,
+                cost,
+            } => {
+                if self.waiting.is_empty() && self.level(self.now) >= cost {
+                    self.admit(id, cost);
+                } else {
+                    self.join(id, class, tenant, cost);
+                }
+            }
+            Event::Cancel { n } => {
+                if !self.waiting.is_empty() {
+                    let mut ids: Vec<usize> = self.waiting.iter().map(|w| w.id).collect();
+                    ids.sort_unstable();
+                    self.take(ids[n % ids.len()], false);
+                }
+            }
+            Event::Settle { n, keep } => {
+                if !self.held.is_empty() {
+                    let (_, cost) = self.held.remove(n % self.held.len());
+                    let refund = cost - kept(cost, keep);
+                    let level = (self.level(self.now) + refund).min(self.burst);
+                    self.set_level(level);
+                }
+            }
+            Event::Advance { .. } => {}
+        }
+        self.admit_ready();
+    }
+}
+
+/// The model's admissions: `(request, ms)`, in order.
+fn model(case: &Case) -> Vec<(usize, u64)> {
+    let mut model = Model::new(case);
+    let mut t = PHASE_MS;
+    for (id, event) in case.events.iter().enumerate() {
+        model.run_until(t);
+        model.apply(id, *event);
+        if let Event::Advance { ms } = event {
+            t += ms;
+        }
+    }
+    model.run_until(u64::MAX / 4);
+    model.admitted
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine, driven by the same events.
+
+fn budget(case: &Case) -> Budget {
+    let limit = Limit::new(
+        Dimension::TotalTokens,
+        NonZeroU64::new(60_000).unwrap(),
+        Duration::from_secs(60),
+    )
+    .unwrap()
+    .with_headroom(1.0)
+    .unwrap()
+    .with_burst(NonZeroU64::new(case.burst).unwrap());
+    let mut tree = TenantTree::new();
+    for (i, spec) in case.tenants.iter().enumerate() {
+        let mut node = TenantNode::new().with_weight(NonZeroU32::new(spec.weight).unwrap());
+        if spec.guarantee > 0 {
+            node = node.with_guarantee(f64::from(spec.guarantee) / 1_000.0);
+        }
+        tree = tree.with_node(tenant(i), node);
+    }
+    Budget::with_tenants(Quota::new().with_limit(limit), tree).unwrap()
+}
+
+fn tenant(i: usize) -> Tenant {
+    format!("t{i}").parse().unwrap()
+}
+
+fn reserve(budget: &Budget, event: Event) -> Option<tower_llm_quota::budget::Reserve> {
+    let Event::Arrive {
+        class,
+        tenant: t,
+        cost,
+    } = event
+    else {
+        return None;
+    };
+    Some(
+        budget
+            .reserve(Cost::new(cost, 0))
+            .priority(CLASSES[class])
+            .tenant(tenant(t)),
+    )
+}
+
+fn settle(reservation: Reservation, keep: u64) {
+    let cost = reservation.cost().input_tokens();
+    reservation.settle(&Usage::new(kept(cost, keep), 0));
+}
+
+/// What a settlement keeping `keep` tenths of `cost` charges: a multiple of 10 tokens.
+fn kept(cost: u64, keep: u64) -> u64 {
+    cost * keep / 100 * 10
+}
+
+fn ms_since(start: Instant) -> u64 {
+    u64::try_from(start.elapsed().as_millis()).unwrap()
+}
+
+type Log = Arc<Mutex<Vec<(usize, u64)>>>;
+
+/// Every reservation in a task of its own.
+async fn engine_tasks(case: &Case) -> Vec<(usize, u64)> {
+    let budget = budget(case);
+    let start = Instant::now();
+    let log: Log = Log::default();
+    let held: Arc<Mutex<Vec<(usize, Reservation)>>> = Arc::default();
+    let mut tasks: HashMap<usize, tokio::task::JoinHandle<()>> = HashMap::new();
+    let mut t = PHASE_MS;
+    for (id, &event) in case.events.iter().enumerate() {
+        tokio::time::sleep_until(start + Duration::from_millis(t)).await;
+        if let Some(reserve) = reserve(&budget, event) {
+            let (log, held) = (log.clone(), held.clone());
+            tasks.insert(
+                id,
+                tokio::spawn(async move {
+                    let reservation = watched(id, reserve).await.expect("admitted");
+                    log.lock().unwrap().push((id, ms_since(start)));
+                    held.lock().unwrap().push((id, reservation));
+                }),
+            );
+        }
+        match event {
+            Event::Cancel { n } => {
+                let admitted: Vec<usize> = log.lock().unwrap().iter().map(|(id, _)| *id).collect();
+                let mut waiting: Vec<usize> = tasks
+                    .keys()
+                    .copied()
+                    .filter(|id| !admitted.contains(id))
+                    .collect();
+                waiting.sort_unstable();
+                if !waiting.is_empty() {
+                    tasks[&waiting[n % waiting.len()]].abort();
+                    tasks.remove(&waiting[n % waiting.len()]);
+                }
+            }
+            Event::Settle { n, keep } => {
+                let mut held = held.lock().unwrap();
+                if !held.is_empty() {
+                    let i = n % held.len();
+                    settle(held.remove(i).1, keep);
+                }
+            }
+            Event::Advance { ms } => t += ms,
+            Event::Arrive { .. } => {}
+        }
+        // Everything this event causes happens at its instant, before the next event (each
+        // admission wakes the next head: a chain as long as the waiting list at most).
+        for _ in 0..256 {
+            tokio::task::yield_now().await;
+        }
+    }
+    for (_, task) in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(budget.waiters(), 0);
+    Arc::try_unwrap(log).unwrap().into_inner().unwrap()
+}
+
+/// Every reservation polled by one task, in arrival order, as `join_all` polls its futures:
+/// one waker for all.
+async fn engine_one_task(case: &Case) -> Vec<(usize, u64)> {
+    let budget = budget(case);
+    let start = Instant::now();
+    let mut log = Vec::new();
+    let mut pending: Vec<(usize, Pin<Box<Watched<tower_llm_quota::budget::Reserve>>>)> = Vec::new();
+    let mut held: Vec<(usize, Reservation)> = Vec::new();
+    let poll_all =
+        |pending: &mut Vec<(usize, Pin<Box<Watched<tower_llm_quota::budget::Reserve>>>)>,
+         held: &mut Vec<(usize, Reservation)>,
+         log: &mut Vec<(usize, u64)>,
+         cx: &mut Context<'_>| {
+            let mut i = 0;
+            while i < pending.len() {
+                if let Poll::Ready(result) = pending[i].1.as_mut().poll(cx) {
+                    let (id, _) = pending.remove(i);
+                    log.push((id, ms_since(start)));
+                    held.push((id, result.expect("admitted")));
+                } else {
+                    i += 1;
+                }
+            }
+        };
+    let mut t = PHASE_MS;
+    let mut next = 0;
+    let mut sleep = Box::pin(tokio::time::sleep_until(start + Duration::from_millis(t)));
+    // Woken while polling: polled again before the next event, so that everything an event
+    // causes happens at its instant. One waker for all, the same at every poll, as a task's.
+    let mut woken: Option<(Arc<Woken>, Waker)> = None;
+    std::future::poll_fn(|cx| {
+        let (woken, waker) = match &woken {
+            Some((w, _)) if w.inner.lock().unwrap().will_wake(cx.waker()) => {
+                woken.as_ref().unwrap()
+            }
+            _ => {
+                let w = Arc::new(Woken {
+                    flag: AtomicBool::new(false),
+                    inner: Mutex::new(cx.waker().clone()),
+                });
+                let waker = Waker::from(w.clone());
+                woken.insert((w, waker))
+            }
+        };
+        let cx = &mut Context::from_waker(waker);
+        loop {
+            let mut passes = 0;
+            loop {
+                woken.flag.store(false, Ordering::SeqCst);
+                poll_all(&mut pending, &mut held, &mut log, cx);
+                if !woken.flag.load(Ordering::SeqCst) {
+                    break;
+                }
+                passes += 1;
+                assert!(
+                    passes < 1_000,
+                    "the reservations keep waking their task: a spin"
+                );
+            }
+            if next == case.events.len() {
+                return if pending.is_empty() {
+                    Poll::Ready(())
+                } else {
+                    Poll::Pending
+                };
+            }
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let event = case.events[next];
+            if let Some(reserve) = reserve(&budget, event) {
+                pending.push((next, Box::pin(watched(next, reserve))));
+            }
+            match event {
+                Event::Cancel { n } => {
+                    if !pending.is_empty() {
+                        // `pending` is in arrival order.
+                        drop(pending.remove(n % pending.len()));
+                    }
+                }
+                Event::Settle { n, keep } => {
+                    if !held.is_empty() {
+                        let i = n % held.len();
+                        settle(held.remove(i).1, keep);
+                    }
+                }
+                Event::Advance { ms } => t += ms,
+                Event::Arrive { .. } => {}
+            }
+            next += 1;
+            sleep.as_mut().reset(start + Duration::from_millis(t));
+        }
+    })
+    .await;
+    assert_eq!(budget.waiters(), 0);
+    log
+}
+
+/// A waker that remembers it was woken, and passes the wake on.
+struct Woken {
+    flag: AtomicBool,
+    inner: Mutex<Waker>,
+}
+
+impl Wake for Woken {
+    fn wake(self: Arc<Self>) {
+        self.flag.store(true, Ordering::SeqCst);
+        self.inner.lock().unwrap().wake_by_ref();
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A reservation that fails the test when it is polled without end: a spin (futures waking
+    /// each other at one instant) would otherwise stop the paused clock for ever.
+    struct Watched<F> {
+        #[pin]
+        inner: F,
+        polls: u32,
+        id: usize,
+    }
+}
+
+impl<F: Future> Future for Watched<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        *this.polls += 1;
+        assert!(
+            *this.polls < 100_000,
+            "request {} was polled {} times: a spin",
+            this.id,
+            this.polls
+        );
+        this.inner.poll(cx)
+    }
+}
+
+fn watched<F>(id: usize, inner: F) -> Watched<F> {
+    Watched {
+        inner,
+        polls: 0,
+        id,
+    }
+}
+
+/// Runs `f` on a paused clock; `None` if a request was still waiting after a virtual year
+/// (nothing would ever admit it).
+fn paused<F: Future>(f: F) -> Option<F::Output> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(365 * 86_400), f)
+                .await
+                .ok()
+        })
+}
+
+fn agree(
+    driver: &str,
+    model: &[(usize, u64)],
+    engine: &[(usize, u64)],
+) -> Result<(), TestCaseError> {
+    let ids = |log: &[(usize, u64)]| log.iter().map(|(id, _)| *id).collect::<Vec<_>>();
+    prop_assert_eq!(
+        ids(engine),
+        ids(model),
+        "order of admission ({}): engine {:?}, model {:?}",
+        driver,
+        engine,
+        model
+    );
+    for (&(id, m), &(_, e)) in model.iter().zip(engine) {
+        prop_assert!(
+            e >= m && e - m <= 1,
+            "request {} admitted at {} ms, the model says {} ms ({}): engine {:?}, model {:?}",
+            id,
+            e,
+            m,
+            driver,
+            engine,
+            model
+        );
+    }
+    Ok(())
+}
+
+fn cases() -> u32 {
+    std::env::var("ENGINE_MODEL_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1_000)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_engine_admits_as_the_model_says(case in case()) {
+        let expected = model(&case);
+        let one_task = paused(engine_one_task(&case));
+        prop_assert!(one_task.is_some(), "a request waits forever (one task for all)");
+        agree("one task for all", &expected, &one_task.unwrap())?;
+        let tasks = paused(engine_tasks(&case));
+        prop_assert!(tasks.is_some(), "a request waits forever (a task per reservation)");
+        agree("a task per reservation", &expected, &tasks.unwrap())?;
+    }
+}
