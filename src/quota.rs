@@ -117,6 +117,9 @@ pub struct Limit {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Burst {
+    /// Not set: [`DEFAULT_BURST_FRACTION`] for an account's limit, the whole amount for a
+    /// tenant node's (see [`Limit::for_node`]).
+    Default,
     Fraction(f64),
     Exact(NonZeroU64),
 }
@@ -143,7 +146,7 @@ impl Limit {
             period,
             headroom: 1.0,
             adaptive: Some(AdaptiveShare::new()),
-            burst: Burst::Fraction(DEFAULT_BURST_FRACTION),
+            burst: Burst::Default,
         }
     }
 
@@ -254,9 +257,27 @@ impl Limit {
 
     /// The most the bucket holds, and so the largest cost it can admit at once.
     pub fn capacity(&self) -> u64 {
-        match self.burst {
-            Burst::Exact(burst) => burst.get(),
-            Burst::Fraction(fraction) => scale(self.effective_amount(), fraction, f64::ceil),
+        let fraction = match self.burst {
+            Burst::Exact(burst) => return burst.get(),
+            Burst::Default => DEFAULT_BURST_FRACTION,
+            Burst::Fraction(fraction) => fraction,
+        };
+        scale(self.effective_amount(), fraction, f64::ceil)
+    }
+
+    /// The limit as a tenant node's bucket plans it: a fixed share (an operator's limit does
+    /// not adapt), and, unless a burst was set, the whole amount at once: "20 a minute" for a
+    /// tenant admits 20 requests sent together, while the account keeps the burst that
+    /// protects the provider.
+    pub(crate) fn for_node(self) -> Self {
+        let burst = match self.burst {
+            Burst::Default => Burst::Fraction(1.0),
+            set => set,
+        };
+        Self {
+            adaptive: None,
+            burst,
+            ..self
         }
     }
 }

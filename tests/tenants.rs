@@ -660,3 +660,35 @@ async fn out_of_range_shares_are_refused_and_limits_kept_as_given() {
     handle.set_node(&tenant("acme/k"), node).unwrap();
     assert_eq!(handle.node(&tenant("acme/k")).unwrap().limits(), [given]);
 }
+
+/// "20 a minute" for a tenant admits 20 requests sent together (a node's burst is its whole
+/// amount unless one is set), the 21st when the first's share of the minute has refilled;
+/// the account keeps its own burst. Before, the node held a sixth of its minute: 4 at once.
+#[tokio::test(start_paused = true)]
+async fn a_tenant_limit_of_n_a_minute_admits_n_at_once() {
+    let per_minute =
+        |n| tower_llm_quota::Limit::per_minute(Dimension::Requests, NonZeroU64::new(n).unwrap());
+    let tree = TenantTree::new()
+        .with_node(tenant("acme"), TenantNode::new().with_limit(per_minute(20)))
+        .with_node(
+            tenant("globex"),
+            TenantNode::new().with_limit(per_minute(20).with_burst(NonZeroU64::new(5).unwrap())),
+        );
+    let account = Quota::new().with_limit(per_minute(600));
+    let budget = Budget::with_tenants(account, tree).unwrap();
+    let try_one = |who: &str| budget.try_reserve_for(Cost::requests_only(1), &tenant(who));
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        held.push(try_one("acme").expect("within the tenant's minute"));
+    }
+    assert!(matches!(try_one("acme"), Err(TryReserveError::NotYet(_))));
+    // A burst set on the node is kept.
+    for _ in 0..5 {
+        held.push(try_one("globex").unwrap());
+    }
+    assert!(try_one("globex").is_err());
+    // The account's own limit keeps its default burst: a sixth of 600.
+    assert_eq!(budget.snapshot().limits()[0].capacity(), 100);
+    tokio::time::advance(Duration::from_secs(3)).await;
+    held.push(try_one("acme").expect("one request refilled in 3 s"));
+}

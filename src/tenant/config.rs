@@ -47,7 +47,10 @@ impl TenantNode {
     /// burst); one of the same dimension and period is replaced. The node keeps the `Limit`
     /// as given ([`limits`](Self::limits) returns it); its bucket plans a fixed share of it
     /// (a node's limits are its operator's, not a provider's: they do not adapt), which the
-    /// tenant snapshot reports. Defaults to none.
+    /// tenant snapshot reports. Unless the limit sets a burst, the node's bucket holds its
+    /// whole amount: "20 requests a minute" admits 20 requests sent together (an account's
+    /// limit holds a sixth, [`DEFAULT_BURST_FRACTION`](crate::DEFAULT_BURST_FRACTION),
+    /// to protect the provider). Defaults to none.
     pub fn with_limit(mut self, limit: Limit) -> Self {
         self.limits.retain(|l| !l.same_bucket(&limit));
         self.limits.push(limit);

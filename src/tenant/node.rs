@@ -261,8 +261,8 @@ pub(crate) fn limits_of(config: &TenantNode, parent: &[Limit]) -> Vec<Limit> {
         }
     }
     for own in &config.limits {
-        // A fixed share of the operator's limit: a node's limits do not adapt.
-        let own = &own.with_headroom(own.headroom()).unwrap_or(*own);
+        // A fixed share of the operator's limit (a node's limits do not adapt), its own burst.
+        let own = &own.for_node();
         match limits.iter_mut().find(|l| l.same_bucket(own)) {
             Some(cap) if own.effective_amount() < cap.effective_amount() => *cap = *own,
             Some(_) => {}
