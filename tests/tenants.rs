@@ -692,3 +692,100 @@ async fn a_tenant_limit_of_n_a_minute_admits_n_at_once() {
     tokio::time::advance(Duration::from_secs(3)).await;
     held.push(try_one("acme").expect("one request refilled in 3 s"));
 }
+
+/// A node with `max_wait` zero checks and takes in one step: of 600 requests sent at once to
+/// a tenant of 20 a minute, 20 are admitted and 580 refused at once with the time the node
+/// could pay, none queued (before: all 600 passed the check, and what the node could not pay
+/// queued for minutes).
+#[tokio::test(start_paused = true)]
+async fn a_node_that_refuses_when_it_cannot_pay_queues_nothing() {
+    let per_minute =
+        |n| tower_llm_quota::Limit::per_minute(Dimension::Requests, NonZeroU64::new(n).unwrap());
+    let tree = TenantTree::new().with_node(
+        tenant("acme"),
+        TenantNode::new()
+            .with_limit(per_minute(20))
+            .with_max_wait(Duration::ZERO),
+    );
+    let budget = Budget::with_tenants(Quota::new().with_limit(per_minute(6_000)), tree).unwrap();
+    let start = Instant::now();
+    let calls = (0..600).map(|_| {
+        let budget = budget.clone();
+        tokio::spawn(async move {
+            budget
+                .reserve(Cost::requests_only(1))
+                .tenant(tenant("acme"))
+                .await
+        })
+    });
+    let tasks: Vec<_> = calls.collect();
+    tokio::task::yield_now().await;
+    assert_eq!(budget.waiters(), 0, "nobody queued");
+    let (mut admitted, mut refused) = (Vec::new(), 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(reservation) => admitted.push(reservation),
+            Err(e) => {
+                let refusal = e.tenant_refused().expect("refused by the tenant");
+                assert!(refusal.is_rate_limited());
+                assert_eq!(refusal.scope().as_str(), "acme");
+                // One request of the 20 a minute refills in 3 s.
+                assert_eq!(refusal.retry_after(), Some(Duration::from_secs(3)));
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!((admitted.len(), refused), (20, 580));
+    assert_eq!(start.elapsed(), Duration::ZERO, "all answered at once");
+}
+
+/// With `max_wait` of 2 s, a request the node can pay within 2 s waits for it; one it could
+/// pay only later is refused at once, saying when; one waiting for a call in flight is
+/// refused when its 2 s are over.
+#[tokio::test(start_paused = true)]
+async fn a_node_s_max_wait_bounds_the_wait_for_it() {
+    let node = |per: u64| {
+        TenantNode::new()
+            .with_limit(limit(Dimension::Requests, 1, Duration::from_secs(per), 1))
+            .with_max_wait(Duration::from_secs(2))
+    };
+    let tree = TenantTree::new()
+        .with_node(tenant("acme"), node(1))
+        .with_node(tenant("initech"), node(5))
+        .with_node(
+            tenant("globex"),
+            TenantNode::new()
+                .with_max_in_flight(std::num::NonZeroUsize::new(1).unwrap())
+                .with_max_wait(Duration::from_secs(2)),
+        );
+    let budget = Budget::with_tenants(quota(), tree).unwrap();
+    let one = |who: &str| budget.reserve(Cost::requests_only(1)).tenant(tenant(who));
+    let start = Instant::now();
+    one("acme").await.unwrap().charge_estimate();
+    // The node refills one request a second: the second waits 1 s.
+    one("acme").await.unwrap().charge_estimate();
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    // One request in 5 s: the second would wait 5 s, and is refused at once.
+    let start = Instant::now();
+    one("initech").await.unwrap().charge_estimate();
+    let refused = one("initech").await.unwrap_err();
+    let refusal = refused.tenant_refused().unwrap();
+    assert!(refusal.is_rate_limited());
+    assert_eq!(refusal.retry_after(), Some(Duration::from_secs(5)));
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // Globex has one call in flight at most: a second waits for it up to 2 s.
+    let held = one("globex").await.unwrap();
+    let waited = Instant::now();
+    let second = one("globex").await.unwrap_err();
+    assert!(matches!(
+        second.tenant_refused().unwrap().reason(),
+        tower_llm_quota::tenant::Refusal::InFlight { max: 1 }
+    ));
+    assert_eq!(waited.elapsed(), Duration::from_secs(2));
+    // Given back within the 2 s, the slot admits the one waiting.
+    let waiting = tokio::spawn(one("globex"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(held);
+    waiting.await.unwrap().unwrap().charge_estimate();
+    assert_eq!(waited.elapsed(), Duration::from_secs(3));
+}

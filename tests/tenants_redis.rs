@@ -224,3 +224,50 @@ async fn over_a_cluster_a_path_s_buckets_share_the_account_s_slot() {
         a.len()
     );
 }
+
+/// A node with `max_wait` zero refuses across processes too: two budgets on one Redis quota,
+/// tenant `a` allowed 5 requests a minute: 5 admitted in all, every other request refused at
+/// once by the node as the store counts it, saying when it could pay; none queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_refuses_holds_across_processes() {
+    let server = RedisServer::start();
+    let per_minute = |n| limit(Dimension::Requests, n, Duration::from_secs(60), n);
+    let tree = || {
+        TenantTree::new().with_node(
+            "a".parse().unwrap(),
+            TenantNode::new()
+                .with_limit(per_minute(5))
+                .with_max_wait(Duration::ZERO),
+        )
+    };
+    let mut budgets = Vec::new();
+    for _ in 0..2 {
+        let budget = RedisBudget::new(server.url(), "refusing")
+            .timeout(Duration::from_millis(500))
+            .connect(&Quota::new().with_limit(per_minute(1_000)))
+            .await
+            .unwrap()
+            .with_tenant_tree(tree())
+            .unwrap();
+        budgets.push(budget);
+    }
+    let (mut admitted, mut refused) = (Vec::new(), 0);
+    for round in 0..10 {
+        let budget = &budgets[round % 2];
+        match budget
+            .reserve(Cost::requests_only(1))
+            .tenant("a".parse().unwrap())
+            .await
+        {
+            Ok(reservation) => admitted.push(reservation),
+            Err(e) => {
+                let refusal = e.tenant_refused().expect("refused by the node");
+                assert!(refusal.is_rate_limited(), "{refusal}");
+                assert!(refusal.retry_after().is_some_and(|d| d > Duration::ZERO));
+                refused += 1;
+            }
+        }
+        assert_eq!(budget.waiters(), 0);
+    }
+    assert_eq!((admitted.len(), refused), (5, 5));
+}

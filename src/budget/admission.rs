@@ -129,7 +129,7 @@ impl Budget {
         // refuses it (paused, over its daily cap) says so whoever waits.
         let path = state.tenants.as_ref().map(|t| t.path_of(tenant));
         let check = match (&mut state.tenants, &path) {
-            (Some(tenants), Some(path)) => Some(tenants.check(path, &cost, ns, now)),
+            (Some(tenants), Some(path)) => Some(tenants.check(path, &cost, ns, now, now)),
             _ => None,
         };
         if let Some(Check::Refused(e)) = check {
@@ -197,6 +197,7 @@ impl Budget {
         parked: &mut Option<(usize, u64)>,
     ) -> Step {
         let now = Instant::now();
+        let arrived = ask.scheduling.enqueued_at;
         let mut state = self.lock();
         let tenant_check = match state.tenants.as_mut() {
             Some(tenants) => {
@@ -210,12 +211,12 @@ impl Budget {
                     }
                     let tenants = state.tenants.as_mut().expect("checked");
                     let path = ask.tenant.as_ref().expect("resolved");
-                    Some(tenants.check(path, &ask.cost, ns, now))
+                    Some(tenants.check(path, &ask.cost, ns, now, arrived))
                 } else {
                     if place.is_none() {
                         ask.scheduling.flow = tenants.flow(path);
                     }
-                    Some(tenants.check(path, &ask.cost, ns, now))
+                    Some(tenants.check(path, &ask.cost, ns, now, arrived))
                 }
             }
             None => None,
@@ -259,7 +260,7 @@ impl Budget {
             return state.wait(place, ask, waker);
         }
         let ns = self.nanos_since_origin(now);
-        if let Some(Check::Blocked { depth, at }) = tenant_check {
+        if let Some(Check::Blocked { depth, at, give_up }) = tenant_check {
             // Its own scope cannot pay yet: it steps out of the ordering, keeping its place,
             // so that the others go meanwhile, and comes back when that scope can pay.
             if let Step::Full(depth) = state.wait(place, ask, waker) {
@@ -275,7 +276,13 @@ impl Budget {
             if let Some(next) = next {
                 next.wake();
             }
-            return Step::Parked(at.map(|(at, _)| self.instant(at)));
+            // Until the node can pay, or (waiting for its calls in flight) until its
+            // `max_wait` is over, when it refuses.
+            let wake = match (at.map(|(at, _)| at), give_up) {
+                (Some(at), Some(give_up)) => Some(at.min(give_up)),
+                (at, give_up) => at.or(give_up),
+            };
+            return Step::Parked(wake.map(|at| self.instant(at)));
         }
         if let (Some(remote), true, false) = (&self.shared.remote, state.shared.is_some(), local) {
             // The store's wait, unless a refund reached the store since it told it.
@@ -397,7 +404,11 @@ impl Budget {
         let path = match &mut state.tenants {
             Some(tenants) => {
                 let path = tenants.path_of(ask.tenant.as_ref());
-                if !matches!(tenants.check(&path, &ask.cost, ns, now), Check::Fits) {
+                let arrived = ask.scheduling.enqueued_at;
+                if !matches!(
+                    tenants.check(&path, &ask.cost, ns, now, arrived),
+                    Check::Fits
+                ) {
                     return None;
                 }
                 Some(path)

@@ -28,6 +28,8 @@ pub(crate) enum Answer {
     /// Denied by a node of its tenant path: out of the ordering, keeping its place, until this
     /// instant (or until woken), parked at that node.
     Parked(Instant, (usize, u64)),
+    /// Refused by a node of its tenant path that could not pay within its `max_wait`.
+    Refused(crate::tenant::TenantRefused),
     /// The store failed: admit from the local fallback share.
     Fallback,
     Unavailable(StoreUnavailable),
@@ -97,14 +99,30 @@ impl Budget {
                         // A node of its path cannot pay yet (other processes spent it): it
                         // steps out of the ordering, keeping its place, until then; the
                         // account did not refuse, so the others keep asking.
-                        let node = &path[(limit - shared.limits().len()).min(path.len() - 1)].0;
+                        let (node, node_limit) =
+                            &path[(limit - shared.limits().len()).min(path.len() - 1)];
                         let (tenants, tenant) = (tenants.as_mut().expect("checked"), &ask.tenant);
                         let tenant = tenant.as_ref().expect("a path was asked for");
                         let depth = node.depth();
-                        let priority = ask.scheduling.priority;
-                        let ticket = tenants.park(tenant, depth, priority, waker);
-                        let at = crate::sched::saturating_deadline(now, remote.jittered(wait));
-                        Answer::Parked(at, (depth, ticket))
+                        let arrived = ask.scheduling.enqueued_at;
+                        let dimension = node_limit.dimension();
+                        match tenants.refuses_after(tenant, depth, dimension, wait, (now, arrived))
+                        {
+                            // Past the node's `max_wait`: refused, out of the ordering.
+                            Some(refused) => {
+                                #[cfg(feature = "metrics")]
+                                crate::tenant::tree::refused_metric(tenants, &refused);
+                                *place = None;
+                                Answer::Refused(refused)
+                            }
+                            None => {
+                                let priority = ask.scheduling.priority;
+                                let ticket = tenants.park(tenant, depth, priority, waker);
+                                let at =
+                                    crate::sched::saturating_deadline(now, remote.jittered(wait));
+                                Answer::Parked(at, (depth, ticket))
+                            }
+                        }
                     }
                     Decision::Denied {
                         wait, floor_only, ..

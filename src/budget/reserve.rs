@@ -177,6 +177,7 @@ impl Future for Reserve {
                         return Poll::Ready(Ok(reservation));
                     }
                     Answer::Never(e) => return Poll::Ready(Err(ReserveError::TooLarge(e))),
+                    Answer::Refused(e) => return Poll::Ready(Err(ReserveError::Tenant(e))),
                     Answer::Unavailable(e) => {
                         return Poll::Ready(Err(ReserveError::Unavailable(e)));
                     }

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::num::{NonZeroU32, NonZeroUsize};
+use std::time::Duration;
 
 use super::daily::{DailyCap, WallClock};
 use super::error::InvalidTree;
@@ -22,6 +23,7 @@ pub struct TenantNode {
     pub(crate) max_share: Option<f64>,
     pub(crate) max_in_flight: Option<NonZeroUsize>,
     pub(crate) daily: Vec<DailyCap>,
+    pub(crate) max_wait: Option<Duration>,
 }
 
 impl Default for TenantNode {
@@ -40,6 +42,7 @@ impl TenantNode {
             max_share: None,
             max_in_flight: None,
             daily: Vec::new(),
+            max_wait: None,
         }
     }
 
@@ -94,6 +97,21 @@ impl TenantNode {
         }
     }
 
+    /// Bounds how long a request may wait for this node's own limits or calls in flight,
+    /// counted from when the request arrived: one that cannot be admitted by the node within
+    /// `max_wait` is refused at once with [`Refusal::RateLimited`](super::Refusal::RateLimited)
+    /// (saying when the node could pay) or [`Refusal::InFlight`](super::Refusal::InFlight),
+    /// instead of waiting. `Duration::ZERO` refuses whatever the node cannot pay now: "20 a
+    /// minute" then means the 21st request of the minute is told to come back, as a gateway's
+    /// caller expects. Defaults to no bound: the request waits for the node (up to its own
+    /// deadline), out of the ordering, keeping its place.
+    pub fn with_max_wait(self, max_wait: Duration) -> Self {
+        Self {
+            max_wait: Some(max_wait),
+            ..self
+        }
+    }
+
     /// Adds a daily cap; one of the same dimension and window is replaced. A request that
     /// would take the day's use above it is refused at once (it does not wait for the next
     /// day). Defaults to none.
@@ -127,6 +145,12 @@ impl TenantNode {
     /// The cap on calls in flight.
     pub fn max_in_flight(&self) -> Option<NonZeroUsize> {
         self.max_in_flight
+    }
+
+    /// How long a request may wait for this node's own limits and calls in flight, when
+    /// bounded.
+    pub fn max_wait(&self) -> Option<Duration> {
+        self.max_wait
     }
 
     /// The daily caps.

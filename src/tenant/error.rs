@@ -1,6 +1,7 @@
 //! The tenant errors: a bad path or tree, and a refusal by a scope.
 
 use std::fmt;
+use std::time::Duration;
 
 use super::daily::DayWindow;
 use super::path::Tenant;
@@ -72,6 +73,21 @@ pub enum Refusal {
         /// What the window has used, reservations included.
         used: u64,
     },
+    /// The scope's own limit cannot pay the cost within the scope's
+    /// [`max_wait`](super::TenantNode::with_max_wait): it could in `retry_after`.
+    RateLimited {
+        /// The dimension of the limit that binds.
+        dimension: Dimension,
+        /// When the scope could pay the cost, from now (other requests of the scope
+        /// permitting).
+        retry_after: Duration,
+    },
+    /// Every call in flight the scope allows is taken, past the scope's
+    /// [`max_wait`](super::TenantNode::with_max_wait).
+    InFlight {
+        /// The scope's cap on calls in flight.
+        max: usize,
+    },
     /// The cost exceeds the capacity of one of the scope's limits: it can never be admitted.
     TooLarge {
         /// The dimension of the limit.
@@ -103,6 +119,23 @@ impl TenantRefused {
     pub fn is_daily_cap(&self) -> bool {
         matches!(self.reason, Refusal::DailyCap { .. })
     }
+
+    /// Whether the scope's own limit or cap on calls in flight refused it (its
+    /// [`max_wait`](super::TenantNode::with_max_wait) would be passed).
+    pub fn is_rate_limited(&self) -> bool {
+        matches!(
+            self.reason,
+            Refusal::RateLimited { .. } | Refusal::InFlight { .. }
+        )
+    }
+
+    /// When the scope could pay the cost, when its limit refused it.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.reason {
+            Refusal::RateLimited { retry_after, .. } => Some(retry_after),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for TenantRefused {
@@ -119,6 +152,16 @@ impl fmt::Display for TenantRefused {
                 f,
                 "tenant `{scope}` spent its daily cap of {cap} {dimension} ({window}: {used} used)"
             ),
+            Refusal::RateLimited {
+                dimension,
+                retry_after,
+            } => write!(
+                f,
+                "tenant `{scope}` is over its {dimension} limit (it could pay in {retry_after:?})"
+            ),
+            Refusal::InFlight { max } => {
+                write!(f, "tenant `{scope}` has its {max} calls in flight")
+            }
             Refusal::TooLarge {
                 dimension,
                 cost,

@@ -4,7 +4,7 @@
 //! - `llm_tenant_tokens_total{tenant, share}`: tokens settled, `share` `guaranteed` while the
 //!   tenant's use of the last minute is within its guarantee, else `borrowed`.
 //! - `llm_tenant_refusals_total{scope, reason}`: requests refused by a scope (`paused`,
-//!   `daily_cap`, `too_large`), the scope cut to the label depth.
+//!   `daily_cap`, `too_large`, `rate_limited`, `in_flight`), the scope cut to the label depth.
 
 use super::error::{Refusal, TenantRefused};
 
@@ -21,6 +21,8 @@ pub(crate) fn refused(label_depth: usize, refusal: &TenantRefused) {
         Refusal::Paused => "paused",
         Refusal::DailyCap { .. } => "daily_cap",
         Refusal::TooLarge { .. } => "too_large",
+        Refusal::RateLimited { .. } => "rate_limited",
+        Refusal::InFlight { .. } => "in_flight",
     };
     let scope = refusal.scope.prefix(label_depth).to_owned();
     metrics::counter!("llm_tenant_refusals_total", "scope" => scope, "reason" => reason)

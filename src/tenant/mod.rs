@@ -102,6 +102,16 @@
 //! it waits, the others sharing the rest by weight. Property tests check the three statements
 //! over generated backlogs (`sched/fair.rs`).
 //!
+//! # Waiting for a node, or refused by it
+//!
+//! A request that only its own nodes cannot pay yet waits for them, out of the ordering and
+//! keeping its place, by default. A node with a [`max_wait`](TenantNode::with_max_wait)
+//! refuses instead what it could not admit within that time from the request's arrival,
+//! with a [`TenantRefused`] saying when it could ([`Refusal::RateLimited`]) or that its calls
+//! in flight are taken ([`Refusal::InFlight`]). The check and the reservation are one step
+//! under the budget's lock: of 600 requests sent at once to a tenant of 20 a minute with
+//! `max_wait` zero, 20 are admitted and 580 refused at once, none queued.
+//!
 //! # Daily caps
 //!
 //! [`DayWindow::CalendarUtc`] counts the calendar day in UTC (what invoices use; twice the
@@ -127,7 +137,7 @@
 //!   "nodes": { "acme": { "weight": 3, "guarantee": 0.75 },
 //!              "acme/search": { "limits": [ { "dimension": "total_tokens",
 //!                                "amount": 20000, "period_seconds": 60 } ],
-//!                               "max_in_flight": 8,
+//!                               "max_in_flight": 8, "max_wait_seconds": 0,
 //!                               "daily": [ { "dimension": "total_tokens",
 //!                                 "amount": 1000000, "window": "calendar_utc" } ] } },
 //!   "templates": { "3": { "limits": [ { "dimension": "requests", "amount": 60,

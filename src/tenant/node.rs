@@ -67,6 +67,8 @@ pub(crate) struct Node {
     pub(crate) limited: bool,
     pub(crate) in_flight: usize,
     pub(crate) max_in_flight: Option<NonZeroUsize>,
+    /// How long a request may wait for this node (nanoseconds), when bounded.
+    pub(crate) max_wait: Option<u64>,
     pub(crate) paused: bool,
     pub(crate) days: Vec<DayCount>,
     pub(crate) meter: Meter,
@@ -94,7 +96,9 @@ impl Node {
         let mut quota = Quota::new();
         let mut days = Vec::new();
         let mut max_in_flight = None;
+        let mut max_wait = None;
         if let Some(config) = config {
+            max_wait = config.max_wait.map(nanos);
             quota = limits_of(config, parent)
                 .into_iter()
                 .fold(quota, Quota::with_limit);
@@ -106,6 +110,7 @@ impl Node {
             store: MemoryStore::new(&quota),
             in_flight: 0,
             max_in_flight,
+            max_wait,
             paused: false,
             days,
             meter: Meter::default(),
@@ -135,6 +140,7 @@ impl Node {
         }
         self.limited = !limits.is_empty();
         self.max_in_flight = config.max_in_flight;
+        self.max_wait = config.max_wait.map(nanos);
         let mut days = Vec::with_capacity(config.daily.len());
         for cap in &config.daily {
             let kept = self
@@ -243,6 +249,11 @@ pub(crate) struct Parked {
 
 /// The limits a node enforces: each of `parent`'s scaled by its most share (its borrowing
 /// cap), then its own (the lower of two for one dimension and period).
+/// A duration in nanoseconds, saturating.
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
 pub(crate) fn limits_of(config: &TenantNode, parent: &[Limit]) -> Vec<Limit> {
     let mut limits: Vec<Limit> = Vec::new();
     if let Some(share) = config.max_share {

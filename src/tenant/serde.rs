@@ -40,6 +40,8 @@ struct Node {
     #[serde(default)]
     max_in_flight: Option<NonZeroUsize>,
     #[serde(default)]
+    max_wait_seconds: Option<f64>,
+    #[serde(default)]
     daily: Vec<DailyConfig>,
 }
 
@@ -111,6 +113,11 @@ fn node<E: serde::de::Error>(config: Node) -> Result<TenantNode, E> {
     }
     if let Some(max) = config.max_in_flight {
         node = node.with_max_in_flight(max);
+    }
+    if let Some(seconds) = config.max_wait_seconds {
+        let max_wait = Duration::try_from_secs_f64(seconds)
+            .map_err(|_| E::custom("a node's max_wait_seconds must be 0 or more"))?;
+        node = node.with_max_wait(max_wait);
     }
     Ok(node)
 }

@@ -38,10 +38,12 @@ pub(crate) enum Check {
     /// A node refuses: the request fails at once.
     Refused(TenantRefused),
     /// The node at `depth` cannot pay yet: at `at` (nanoseconds, with the limit that binds),
-    /// or when one of its calls in flight ends (`None`).
+    /// or when one of its calls in flight ends (`None`); past `give_up` (its `max_wait`, for
+    /// calls in flight), it refuses.
     Blocked {
         depth: usize,
         at: Option<(u64, Limit)>,
+        give_up: Option<u64>,
     },
 }
 
@@ -158,9 +160,20 @@ impl Tenants {
     }
 
     /// Checks every node of `path` for `cost`, top-down: refusals (a pause, a spent day, a
-    /// cost above a capacity) anywhere first, then what would make it wait.
-    pub(crate) fn check(&mut self, path: &Tenant, cost: &Cost, now: u64, at: Instant) -> Check {
+    /// cost above a capacity) anywhere first, then what would make it wait. A request that
+    /// arrived at `arrived` and would wait for a node past the node's `max_wait` is refused by
+    /// it instead.
+    pub(crate) fn check(
+        &mut self,
+        path: &Tenant,
+        cost: &Cost,
+        now: u64,
+        at: Instant,
+        arrived: Instant,
+    ) -> Check {
         let unix = self.tree.clock.unix_seconds(at);
+        let waited =
+            u64::try_from(at.saturating_duration_since(arrived).as_nanos()).unwrap_or(u64::MAX);
         let mut blocked = None;
         for (i, prefix) in path.prefixes().enumerate() {
             let node = self.node(prefix);
@@ -192,17 +205,30 @@ impl Tenants {
             if blocked.is_some() {
                 continue;
             }
+            let give_up = node.max_wait.map(|max| max.saturating_sub(waited));
             if !node.slot_free() {
-                blocked = Some((i + 1, None));
+                if give_up == Some(0) {
+                    let max = node.max_in_flight.map_or(0, |m| m.get());
+                    return Check::Refused(refused(prefix, Refusal::InFlight { max }));
+                }
+                blocked = Some((i + 1, None, give_up.map(|g| now.saturating_add(g))));
             } else if node.limited {
                 let ready = node.store.not_before(cost, now).filter(|(r, _)| *r > now);
                 if let Some((ready, limit)) = ready {
-                    blocked = Some((i + 1, Some((ready, node.store.limit(limit)))));
+                    let limit = node.store.limit(limit);
+                    if give_up.is_some_and(|g| ready - now > g) {
+                        let reason = Refusal::RateLimited {
+                            dimension: limit.dimension(),
+                            retry_after: std::time::Duration::from_nanos(ready - now),
+                        };
+                        return Check::Refused(refused(prefix, reason));
+                    }
+                    blocked = Some((i + 1, Some((ready, limit)), None));
                 }
             }
         }
         match blocked {
-            Some((depth, at)) => Check::Blocked { depth, at },
+            Some((depth, at, give_up)) => Check::Blocked { depth, at, give_up },
             None => Check::Fits,
         }
     }
@@ -323,6 +349,32 @@ impl Tenants {
             }
         }
         queued
+    }
+
+    /// The refusal of the node at `depth` of `path` for a request that arrived at `arrived`
+    /// and that the node (as a shared store counts it) could admit only in `wait` from `at`:
+    /// `None` while that is within the node's `max_wait`.
+    pub(crate) fn refuses_after(
+        &mut self,
+        path: &Tenant,
+        depth: usize,
+        dimension: Dimension,
+        wait: std::time::Duration,
+        (at, arrived): (Instant, Instant),
+    ) -> Option<TenantRefused> {
+        let prefix = path.prefix(depth);
+        let max = self.node(prefix).max_wait?;
+        let waited = at.saturating_duration_since(arrived);
+        let total = u64::try_from((waited + wait).as_nanos()).unwrap_or(u64::MAX);
+        (total > max).then(|| {
+            refused(
+                prefix,
+                Refusal::RateLimited {
+                    dimension,
+                    retry_after: wait,
+                },
+            )
+        })
     }
 
     /// Ends a parking.

@@ -328,6 +328,17 @@ pub(crate) fn refused(refusal: &TenantRefused) -> Refusal {
         ))
         .scope(format!("tenant:{scope}"))
         .dimension(Some(dimension.as_str())),
+        // The node's own limit, past its `max_wait`: come back when it can pay.
+        Why::RateLimited { dimension, retry_after } => {
+            Refusal::rate_limited(dimension.as_str(), format!("tenant:{scope}"))
+                .dimension(Some(dimension.as_str()))
+                .retry_after(Some(retry_after))
+                .message(refusal.to_string())
+        }
+        // Its calls in flight are taken: when one ends is not known; a second is a guess.
+        Why::InFlight { .. } => Refusal::rate_limited("in_flight", format!("tenant:{scope}"))
+            .retry_after(Some(Duration::from_secs(1)))
+            .message(refusal.to_string()),
         _ => Refusal::rate_limited("tenant", format!("tenant:{scope}")).message(refusal.to_string()),
     }
 }
