@@ -789,3 +789,61 @@ async fn a_node_s_max_wait_bounds_the_wait_for_it() {
     waiting.await.unwrap().unwrap().charge_estimate();
     assert_eq!(waited.elapsed(), Duration::from_secs(3));
 }
+
+/// A tenant's limits hold over every account it uses: two provider accounts' budgets serving
+/// one tenant state. A tenant of 20 requests a minute gets 20 in all, whichever accounts
+/// its requests go to (before, each account held a copy of the tree: 20 on each, and with
+/// a sixth as burst it was refused after 4 on one account and got 4 more on the other); a
+/// cap on calls in flight and a pause hold over both.
+#[tokio::test(start_paused = true)]
+async fn a_tenant_s_limits_hold_over_every_account_it_uses() {
+    let per_minute =
+        |n| tower_llm_quota::Limit::per_minute(Dimension::Requests, NonZeroU64::new(n).unwrap());
+    let tree = TenantTree::new()
+        .with_node(tenant("acme"), TenantNode::new().with_limit(per_minute(20)))
+        .with_node(
+            tenant("globex"),
+            TenantNode::new().with_max_in_flight(std::num::NonZeroUsize::new(2).unwrap()),
+        );
+    let account = || Quota::new().with_limit(per_minute(600));
+    let openai = Budget::with_tenants(account(), tree).unwrap();
+    // The second account's clock starts later: the shared state's times are shifted.
+    tokio::time::advance(Duration::from_secs(7)).await;
+    let anthropic = Budget::new(account()).with_tenants_of(&openai);
+    assert!(anthropic.shares_tenants_with(&openai));
+    let one =
+        |budget: &Budget, who: &str| budget.try_reserve_for(Cost::requests_only(1), &tenant(who));
+    let mut held = Vec::new();
+    for i in 0..20 {
+        let budget = if i % 2 == 0 { &openai } else { &anthropic };
+        held.push(one(budget, "acme").expect("within the tenant's minute"));
+    }
+    for budget in [&openai, &anthropic] {
+        match one(budget, "acme") {
+            Err(TryReserveError::NotYet(not_until)) => {
+                // One request of the 20 a minute refills in 3 s, told on either clock.
+                assert_eq!(
+                    not_until.wait_time_from(Instant::now()),
+                    Duration::from_secs(3)
+                );
+            }
+            other => panic!("the 21st request of the minute: {other:?}"),
+        }
+    }
+    tokio::time::advance(Duration::from_secs(3)).await;
+    held.push(one(&anthropic, "acme").expect("refilled in 3 s"));
+    // Two calls in flight for globex, over both accounts.
+    let first = one(&openai, "globex").unwrap();
+    let _second = one(&anthropic, "globex").unwrap();
+    assert!(matches!(
+        one(&openai, "globex"),
+        Err(TryReserveError::NoSlot)
+    ));
+    drop(first);
+    let _third = one(&anthropic, "globex").expect("a call ended on the other account");
+    // A pause through one account's handle refuses on the other.
+    openai.tenants().unwrap().pause(&tenant("acme"));
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let refused = one(&anthropic, "acme").unwrap_err();
+    assert!(matches!(refused, TryReserveError::Tenant(ref e) if e.is_paused()));
+}

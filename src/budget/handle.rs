@@ -21,7 +21,7 @@ use crate::loom::{Mutex, MutexGuard};
 use crate::quota::{Dimension, Limit, Quota};
 use crate::sched::QueueSnapshot;
 use crate::tenant::Tenant;
-use crate::tenant::tree::Tenants;
+use crate::tenant::shared::Tenants;
 
 /// A shared quota budget: a cheap handle, and clones share the same buckets and queue.
 ///
@@ -277,7 +277,7 @@ impl Budget {
             if let (Some(tenants), Some(path)) = (&mut state.tenants, tenant) {
                 let at = Instant::now();
                 let ns = self.nanos_since_origin(at);
-                tenants.settle(path, reserved, actual, ns, at, &mut parked);
+                tenants.settle(path, (reserved, actual), ns, at, &mut parked);
             }
         };
         if let (Origin::Shared, Some(remote)) = (origin, &self.shared.remote) {

@@ -9,7 +9,8 @@ use super::handle::State;
 use super::{Budget, LimitSnapshot};
 use crate::budget::waiters::Ask;
 use crate::quota::{Limit, Quota};
-use crate::tenant::tree::{NodeView, Tenants};
+use crate::tenant::shared::Tenants;
+use crate::tenant::tree::NodeView;
 use crate::tenant::{InvalidTree, Tenant, TenantHandle, TenantNode, TenantSnapshot, TenantTree};
 
 impl Budget {
@@ -41,6 +42,74 @@ impl Budget {
         state.tenants = Some(Tenants::new(tree, &account));
         drop(state);
         Ok(self)
+    }
+
+    /// The same budget (every clone of it) serving the tenants of `other`, the budget of
+    /// another provider account: both hold one tenant state, so a tenant's limits, calls in
+    /// flight, daily caps and pauses hold over every account it uses (a tenant of 20 requests
+    /// a minute gets 20 in all, not 20 on each account). Each budget keeps its own ordering
+    /// and fair share; guarantees and borrowing caps are shares of `other`'s account, as
+    /// the state was made for it. Changes through either budget's
+    /// [`tenants`](Budget::tenants) handle reach both; a pause refuses the other budget's
+    /// queued requests of the scope when they next look (their turn or their timer), its
+    /// parked ones at once. Replaces any tree this budget had; when `other` has none, this
+    /// one has none either.
+    ///
+    /// With a shared store (Redis), a node's limits are also kept in each account's store
+    /// and so hold per account across processes; within one process they hold over all.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use tower_llm_quota::tenant::{TenantNode, TenantTree};
+    /// use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota};
+    ///
+    /// let nz = |n| NonZeroU64::new(n).unwrap();
+    /// let tree = TenantTree::new().with_node(
+    ///     "acme".parse()?,
+    ///     TenantNode::new().with_limit(Limit::per_minute(Dimension::Requests, nz(20))),
+    /// );
+    /// let account = || Quota::new().with_limit(Limit::per_minute(Dimension::Requests, nz(500)));
+    /// let openai = Budget::with_tenants(account(), tree)?;
+    /// let anthropic = Budget::new(account()).with_tenants_of(&openai);
+    /// let acme = "acme".parse()?;
+    /// let mut held = Vec::new();
+    /// for i in 0..20 {
+    ///     let budget = if i % 2 == 0 { &openai } else { &anthropic };
+    ///     held.push(budget.try_reserve_for(Cost::requests_only(1), &acme)?);
+    /// }
+    /// // The 21st of the minute, on either account, must wait.
+    /// assert!(anthropic.try_reserve_for(Cost::requests_only(1), &acme).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_tenants_of(self, other: &Budget) -> Self {
+        let theirs = other.lock().tenants.clone();
+        let later = i128::try_from(
+            self.shared
+                .origin
+                .saturating_duration_since(other.shared.origin)
+                .as_nanos(),
+        )
+        .unwrap_or(i128::MAX)
+            - i128::try_from(
+                other
+                    .shared
+                    .origin
+                    .saturating_duration_since(self.shared.origin)
+                    .as_nanos(),
+            )
+            .unwrap_or(i128::MAX);
+        self.lock().tenants = theirs.map(|tenants| tenants.shared_with(later));
+        self
+    }
+
+    /// Whether this budget and `other` serve one tenant state
+    /// ([`with_tenants_of`](Budget::with_tenants_of)).
+    pub fn shares_tenants_with(&self, other: &Budget) -> bool {
+        let mine = self.lock().tenants.clone();
+        let theirs = other.lock().tenants.clone();
+        matches!((mine, theirs), (Some(a), Some(b)) if a.same(&b))
     }
 
     /// The handle on the budget's tenant tree (pause, resume, limits, snapshots), when it has
@@ -92,7 +161,7 @@ impl Budget {
             return Ok(());
         };
         // The tree with the new node must be enforceable as a whole (siblings' guarantees).
-        let mut candidate = tenants.tree.clone();
+        let mut candidate = tenants.tree();
         candidate.nodes.insert(path.clone(), node.clone());
         candidate.validate()?;
         tenants.set_node(path.clone(), node, ns, &mut wakers);
@@ -104,7 +173,7 @@ impl Budget {
 
     /// The configuration of a node of the tenant tree.
     pub(crate) fn tenant_config(&self, path: &Tenant) -> Option<TenantNode> {
-        self.lock().tenants.as_ref()?.tree.node(path).cloned()
+        self.lock().tenants.as_ref()?.config(path)
     }
 
     /// How many nodes of the tenant tree hold state.

@@ -168,7 +168,10 @@ impl FairQueue {
                 break;
             }
             self.idle_ahead.pop_first();
-            if self.flows.get(&key).is_some_and(|s| s.waiting.is_empty()) {
+            // The entry may be stale: the flow waited and was served again since, its tag
+            // further ahead (a later entry of its own forgets it then).
+            let passed = |s: &FlowState| s.waiting.is_empty() && s.finish <= self.virtual_time;
+            if self.flows.get(&key).is_some_and(passed) {
                 self.flows.remove(&key);
             }
         }

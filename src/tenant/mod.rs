@@ -166,6 +166,7 @@ mod node;
 mod path;
 #[cfg(feature = "serde")]
 mod serde;
+pub(crate) mod shared;
 mod snapshot;
 pub(crate) mod tree;
 

@@ -47,9 +47,11 @@ pub(crate) enum Check {
     },
 }
 
-/// The tenants of one budget.
+/// The tenants' run-time state, shared by every budget that serves them (see
+/// [`Tenants`](super::shared::Tenants), the handle each budget holds). Times are nanoseconds
+/// on the clock of the budget that made it.
 #[derive(Debug)]
-pub(crate) struct Tenants {
+pub(crate) struct TenantState {
     pub(crate) tree: TenantTree,
     live: HashMap<Tenant, Node>,
     /// The live nodes, in the order the sweep looks at them (one per admission).
@@ -61,7 +63,7 @@ pub(crate) struct Tenants {
     next_ticket: u64,
 }
 
-impl Tenants {
+impl TenantState {
     pub(crate) fn new(tree: TenantTree, account: &[Limit]) -> Self {
         Self {
             tree,
@@ -521,8 +523,8 @@ impl NodeView {
 
 /// Counts a refusal by a scope (feature `metrics`).
 #[cfg(feature = "metrics")]
-pub(crate) fn refused_metric(tenants: &Tenants, refused: &TenantRefused) {
-    super::metrics::refused(tenants.tree.label_depth, refused);
+pub(crate) fn refused_metric(tenants: &super::shared::Tenants, refused: &TenantRefused) {
+    super::metrics::refused(tenants.label_depth(), refused);
 }
 
 fn refused(prefix: &str, reason: Refusal) -> TenantRefused {

@@ -92,8 +92,8 @@ async fn an_unknown_key_gets_401_and_touches_no_quota() {
 #[tokio::test]
 async fn an_over_limit_tenant_gets_the_normalized_429_and_the_others_go_on() {
     let gateway = Running::start(&demo()).await;
-    // globex: 20 requests a minute, a burst of a sixth of them.
-    let burst = 4;
+    // globex: 20 requests a minute, all of them at once (a node's burst is its amount).
+    let burst = 20;
     for _ in 0..burst {
         let response = gateway
             .post("/v1/chat/completions", Some(GLOBEX), &chat(20))
@@ -529,14 +529,14 @@ async fn each_tenant_sees_its_own_rate_limit_headers() {
     assert_eq!(response.status(), 200);
     let headers = response.headers();
     assert_eq!(headers["x-ratelimit-limit-requests"], "20");
-    // What may go at once now: the node's bucket (its burst, a sixth of the minute by
-    // default) less the one just sent.
+    // What may go at once now: the node's bucket (its whole minute, unless it sets a burst)
+    // less the one just sent.
     let remaining: u64 = headers["x-ratelimit-remaining-requests"]
         .to_str()
         .unwrap()
         .parse()
         .unwrap();
-    assert_eq!(remaining, 20_u64.div_ceil(6) - 1);
+    assert_eq!(remaining, 20 - 1);
     assert_eq!(headers["x-ratelimit-limit-tokens"], "6000");
     assert!(headers.contains_key("x-ratelimit-reset-tokens"));
     let response = gateway
@@ -579,4 +579,31 @@ fn a_configuration_is_checked_without_starting() {
     let bad = demo().replace("guarantee = 0.6", "guarantee = 1.6");
     let error = Config::from_toml(&bad).unwrap_err().to_string();
     assert!(error.contains("a guarantee outside [0, 1]"), "{error}");
+}
+
+/// A tenant's limits hold over every account it uses: globex's 20 requests a minute are 20
+/// over the OpenAI and the Anthropic accounts together (before, each account held a copy of
+/// the tree, and globex got 20 on each).
+#[tokio::test]
+async fn a_tenant_s_limit_holds_over_both_accounts() {
+    let gateway = Running::start(&demo()).await;
+    for _ in 0..10 {
+        let chat = gateway
+            .post("/v1/chat/completions", Some(GLOBEX), &chat(20))
+            .await;
+        assert_eq!(chat.status(), 200);
+        let messages = gateway
+            .post("/v1/messages", Some(GLOBEX), &messages(20))
+            .await;
+        assert_eq!(messages.status(), 200);
+    }
+    for (path, body) in [
+        ("/v1/chat/completions", chat(20)),
+        ("/v1/messages", messages(20)),
+    ] {
+        let response = gateway.post(path, Some(GLOBEX), &body).await;
+        assert_eq!(response.status(), 429, "{path}");
+        assert!(response.headers().contains_key("retry-after"));
+    }
+    gateway.stop().await;
 }

@@ -40,8 +40,8 @@ async fn two_replicas_share_the_account_through_redis() {
 async fn two_replicas_share_a_tenant_limit_through_redis() {
     let redis = RedisServer::start();
     let (upstream, seen) = fixed_upstream(Duration::ZERO).await;
-    // The account is wide; the tenant may send six requests a minute, a burst of one.
-    let tree = "[tenants.nodes.team]\nlimits = [{ dimension = \"requests\", amount = 6, period_seconds = 60 }]\n";
+    // The account is wide; the tenant may send six requests a minute, one at once.
+    let tree = "[tenants.nodes.team]\nlimits = [{ dimension = \"requests\", amount = 6, period_seconds = 60, burst = 1 }]\n";
     let config = format!("{tree}{}", fixed_config(&upstream));
     let first = Running::start_shared(&config, &redis.url()).await;
     let second = Running::start_shared(&config, &redis.url()).await;

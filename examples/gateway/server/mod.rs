@@ -79,8 +79,15 @@ impl Gateway {
         let mut tenants = Tenancy::new(paths);
         let mut accounts = Vec::with_capacity(config.accounts.len());
         for account in &config.accounts {
-            let account =
-                Account::new(account, &tree, redis_url, config.server.fail_closed).await?;
+            // Every account serves one tenant state: a tenant's limits hold over all of them.
+            let before = accounts.first().map(Account::budget);
+            let account = Account::new(
+                account,
+                (&tree, before),
+                redis_url,
+                config.server.fail_closed,
+            )
+            .await?;
             if let Some(handle) = account.tenants() {
                 tenants.attach(&account.name, handle);
             }

@@ -193,12 +193,14 @@ fn client(simulator: Option<&Simulator>, tls: rustls::ClientConfig) -> Client {
 }
 
 impl Account {
-    /// Builds an account, its budget holding a copy of the tenant `tree`. With `redis_url`
-    /// the account's quota and every node's limits are shared through Redis with the other
-    /// replicas; pauses, daily caps and caps on calls in flight stay in each replica.
+    /// Builds an account, its budget serving the tenant `tree`, or the tenants of the budget
+    /// of the account built `before` it: a tenant's limits, calls in flight, daily caps and
+    /// pauses hold over every account it uses. With `redis_url` the account's quota and
+    /// every node's limits are also kept in Redis for the other replicas; pauses, daily caps
+    /// and caps on calls in flight stay in each replica.
     pub(crate) async fn new(
         config: &AccountConfig,
-        tree: &TenantTree,
+        (tree, before): (&TenantTree, Option<&Budget>),
         redis_url: Option<&str>,
         fail_closed: bool,
     ) -> Result<Self, ConfigError> {
@@ -249,9 +251,12 @@ impl Account {
                     .map_err(|e| error(format!("redis: {e}")))?
             }
         };
-        let budget = budget
-            .with_tenant_tree(tree.clone())
-            .map_err(|e| error(e.to_string()))?;
+        let budget = match before {
+            Some(before) => budget.with_tenants_of(before),
+            None => budget
+                .with_tenant_tree(tree.clone())
+                .map_err(|e| error(e.to_string()))?,
+        };
         let client = client(simulator.as_ref(), tls);
         let mut stack_for = None;
         let stacks = config

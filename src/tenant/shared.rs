@@ -1,0 +1,193 @@
+//! The handle a budget holds on its tenants' run-time state. Every budget that serves the
+//! same tenants (one per provider account, say) holds a handle on one state, so that a
+//! tenant's limits, calls in flight, daily caps and pauses hold over every account it uses:
+//! the provider account is the bottom of a tenant's path, not the top of a tree of its own.
+//!
+//! The state lives behind a mutex of its own, always taken *inside* a budget's lock and never
+//! the other way round, and it never calls back into a budget: a budget checks and takes a
+//! path in one step under both locks. Each budget's times are nanoseconds since its own
+//! origin; the handle shifts them to the state's clock and back.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Waker;
+
+use tokio::time::Instant;
+
+use super::config::{TenantNode, TenantTree};
+use super::error::TenantRefused;
+use super::path::Tenant;
+use super::tree::{Check, NodeView, TenantState};
+use crate::cost::Cost;
+use crate::priority::Priority;
+use crate::quota::{Dimension, Limit};
+use crate::sched::Flow;
+
+/// A budget's handle on its tenants' state.
+#[derive(Debug, Clone)]
+pub(crate) struct Tenants {
+    state: Arc<Mutex<TenantState>>,
+    /// What to add to this budget's nanoseconds to get the state's.
+    shift: i128,
+}
+
+impl Tenants {
+    /// Tenants of their own, for a budget whose account limits are `account`.
+    pub(crate) fn new(tree: TenantTree, account: &[Limit]) -> Self {
+        Self {
+            state: Arc::new(Mutex::new(TenantState::new(tree, account))),
+            shift: 0,
+        }
+    }
+
+    /// The same tenants for a budget whose clock starts `later` nanoseconds after the clock
+    /// of the budget holding `self` (negative: before).
+    pub(crate) fn shared_with(&self, later: i128) -> Self {
+        Self {
+            state: Arc::clone(&self.state),
+            shift: self.shift + later,
+        }
+    }
+
+    /// Whether two handles are on one state.
+    pub(crate) fn same(&self, other: &Tenants) -> bool {
+        Arc::ptr_eq(&self.state, &other.state)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, TenantState> {
+        // The state holds no invariant a panic elsewhere could break half-way.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// This budget's time on the state's clock.
+    fn there(&self, ns: u64) -> u64 {
+        clamp(i128::from(ns) + self.shift)
+    }
+
+    /// The state's time on this budget's clock.
+    fn here(&self, ns: u64) -> u64 {
+        clamp(i128::from(ns) - self.shift)
+    }
+
+    pub(crate) fn path_of(&self, tenant: Option<&Tenant>) -> Tenant {
+        self.lock().path_of(tenant)
+    }
+
+    pub(crate) fn live(&self) -> usize {
+        self.lock().live()
+    }
+
+    pub(crate) fn tree(&self) -> TenantTree {
+        self.lock().tree.clone()
+    }
+
+    pub(crate) fn config(&self, path: &Tenant) -> Option<TenantNode> {
+        self.lock().tree.node(path).cloned()
+    }
+
+    pub(crate) fn label_depth(&self) -> usize {
+        self.lock().tree.label_depth
+    }
+
+    pub(crate) fn check(
+        &self,
+        path: &Tenant,
+        cost: &Cost,
+        now: u64,
+        at: Instant,
+        arrived: Instant,
+    ) -> Check {
+        match self.lock().check(path, cost, self.there(now), at, arrived) {
+            Check::Blocked { depth, at, give_up } => Check::Blocked {
+                depth,
+                at: at.map(|(ready, limit)| (self.here(ready), limit)),
+                give_up: give_up.map(|g| self.here(g)),
+            },
+            other => other,
+        }
+    }
+
+    pub(crate) fn take(&self, path: &Tenant, cost: &Cost, now: u64, at: Instant) {
+        self.lock().take(path, cost, self.there(now), at);
+    }
+
+    pub(crate) fn settle(
+        &self,
+        path: &Tenant,
+        (reserved, actual): (&Cost, &Cost),
+        now: u64,
+        at: Instant,
+        wakers: &mut Vec<Waker>,
+    ) {
+        self.lock()
+            .settle(path, reserved, actual, self.there(now), at, wakers);
+    }
+
+    pub(crate) fn flow(&self, path: &Tenant) -> Flow {
+        self.lock().flow(path)
+    }
+
+    pub(crate) fn park(
+        &self,
+        path: &Tenant,
+        depth: usize,
+        priority: Priority,
+        waker: &Waker,
+    ) -> u64 {
+        self.lock().park(path, depth, priority, waker)
+    }
+
+    pub(crate) fn parked_within(&self, scope: &Tenant) -> [usize; 3] {
+        self.lock().parked_within(scope)
+    }
+
+    pub(crate) fn refuses_after(
+        &self,
+        path: &Tenant,
+        depth: usize,
+        dimension: Dimension,
+        wait: std::time::Duration,
+        times: (Instant, Instant),
+    ) -> Option<TenantRefused> {
+        self.lock()
+            .refuses_after(path, depth, dimension, wait, times)
+    }
+
+    pub(crate) fn unpark(&self, path: &Tenant, depth: usize, ticket: u64) {
+        self.lock().unpark(path, depth, ticket);
+    }
+
+    pub(crate) fn set_paused(&self, scope: &Tenant, paused: bool, wakers: &mut Vec<Waker>) {
+        self.lock().set_paused(scope, paused, wakers);
+    }
+
+    pub(crate) fn set_node(
+        &self,
+        path: Tenant,
+        config: TenantNode,
+        now: u64,
+        wakers: &mut Vec<Waker>,
+    ) {
+        self.lock().set_node(path, config, self.there(now), wakers);
+    }
+
+    pub(crate) fn shared_path(&self, path: &Tenant) -> Arc<[(Tenant, Limit)]> {
+        self.lock().shared_path(path)
+    }
+
+    pub(crate) fn view(&self, path: &Tenant, now: u64, at: Instant) -> NodeView {
+        let mut view = self.lock().view(path, self.there(now), at);
+        for limit in &mut view.limits {
+            limit.available_at = self.here(limit.available_at);
+            limit.full_at = self.here(limit.full_at);
+        }
+        view
+    }
+
+    pub(crate) fn sweep_all(&self, now: u64, at: Instant) {
+        self.lock().sweep_all(self.there(now), at);
+    }
+}
+
+fn clamp(ns: i128) -> u64 {
+    u64::try_from(ns.max(0)).unwrap_or(u64::MAX)
+}
