@@ -225,7 +225,7 @@ impl Budget {
             // Paused, its day spent, or too large for a node: refused at once, queued or not.
             #[cfg(feature = "metrics")]
             if let Some(tenants) = &state.tenants {
-                crate::tenant::tree::refused_metric(tenants, &refused);
+                crate::tenant::shared::refused_metric(tenants, &refused);
             }
             let wakeups = state.leave(place, now);
             drop(state);

@@ -80,3 +80,35 @@ fn loom_a_cancelled_waiter_hands_over_its_turn() {
         assert_eq!((snapshot.in_flight(), snapshot.waiters()), (0, 0));
     });
 }
+
+/// Two reservations polled by one task (as `join!` or `join_all` poll them: one waker for
+/// both) wait for the one slot another thread gives back: each is admitted in turn, the
+/// second woken by the first's release although both share the waker the release wakes.
+#[test]
+fn loom_two_futures_of_one_task_are_both_admitted() {
+    loom::model(|| {
+        let budget = one_slot();
+        let held = budget.try_reserve(Cost::new(1, 0)).unwrap();
+        let joined = {
+            let budget = budget.clone();
+            // The two futures and `join` outgrow a model thread's default stack.
+            let thread = thread::Builder::new().stack_size(1 << 20);
+            thread
+                .spawn(move || {
+                    let one = |priority| {
+                        let reserve = budget.reserve(Cost::new(1, 0)).priority(priority);
+                        async move { drop(reserve.await.unwrap()) }
+                    };
+                    block_on(futures_util::future::join(
+                        Box::pin(one(Priority::Batch)),
+                        Box::pin(one(Priority::Interactive)),
+                    ));
+                })
+                .unwrap()
+        };
+        drop(held);
+        joined.join().unwrap();
+        let snapshot = budget.snapshot();
+        assert_eq!((snapshot.in_flight(), snapshot.waiters()), (0, 0));
+    });
+}

@@ -111,7 +111,7 @@ impl Budget {
                             // Past the node's `max_wait`: refused, out of the ordering.
                             Some(refused) => {
                                 #[cfg(feature = "metrics")]
-                                crate::tenant::tree::refused_metric(tenants, &refused);
+                                crate::tenant::shared::refused_metric(tenants, &refused);
                                 *place = None;
                                 Answer::Refused(refused)
                             }

@@ -188,6 +188,12 @@ impl Tenants {
     }
 }
 
+/// Counts a refusal by a scope (feature `metrics`).
+#[cfg(feature = "metrics")]
+pub(crate) fn refused_metric(tenants: &Tenants, refused: &TenantRefused) {
+    super::metrics::refused(tenants.label_depth(), refused);
+}
+
 fn clamp(ns: i128) -> u64 {
     u64::try_from(ns.max(0)).unwrap_or(u64::MAX)
 }

@@ -521,12 +521,6 @@ impl NodeView {
     }
 }
 
-/// Counts a refusal by a scope (feature `metrics`).
-#[cfg(feature = "metrics")]
-pub(crate) fn refused_metric(tenants: &super::shared::Tenants, refused: &TenantRefused) {
-    super::metrics::refused(tenants.label_depth(), refused);
-}
-
 fn refused(prefix: &str, reason: Refusal) -> TenantRefused {
     TenantRefused {
         scope: Tenant::parse(prefix).expect("a prefix of a valid path"),
