@@ -23,11 +23,19 @@
 //! Two drivers run each case: every reservation in its own task, and every reservation polled
 //! by one task (as `join_all` does), whose wakers are all the same.
 //!
+//! Over Redis (a private `redis-server`, real time) the order is compared: requests of every
+//! class and tenant arrive together at a drained budget with one call in flight and one
+//! question at a time ([`RedisBudget::questions_in_flight`]), and the store must admit them
+//! in the model's order (the order the budget asked, read from the reservation ids).
+//!
+//! [`RedisBudget::questions_in_flight`]: tower_llm_quota::budget::redis::RedisBudget::questions_in_flight
+//!
 //! The grid keeps instants apart: events fall on 5 (mod 10) ms, costs and refunds are
 //! multiples of 10 tokens at one token a millisecond, and the burst is 5 (mod 10), so a head
 //! becomes affordable only on 0 (mod 10) ms: no event and no timer share an instant.
 //!
-//! `ENGINE_MODEL_CASES` sets the number of generated sequences (1,000 by default).
+//! `ENGINE_MODEL_CASES` sets the number of generated sequences of each test (1,000 by
+//! default).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -37,6 +45,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
+
+mod redis_server;
 
 use proptest::prelude::*;
 use tokio::time::Instant;
@@ -86,6 +96,8 @@ enum Event {
 #[derive(Debug, Clone)]
 struct Case {
     burst: u64,
+    /// The bucket starts empty (else full).
+    drained: bool,
     tenants: Vec<TenantSpec>,
     events: Vec<Event>,
 }
@@ -132,6 +144,7 @@ fn case() -> impl Strategy<Value = Case> {
         )
             .prop_map(|(burst, tenants, events)| Case {
                 burst,
+                drained: false,
                 tenants,
                 events,
             })
@@ -182,7 +195,7 @@ impl Model {
         Self {
             tenants: case.tenants.clone(),
             burst: case.burst,
-            level: case.burst,
+            level: if case.drained { 0 } else { case.burst },
             level_at: 0,
             now: 0,
             waiting: Vec::new(),
@@ -450,6 +463,11 @@ fn budget(case: &Case) -> Budget {
     .with_headroom(1.0)
     .unwrap()
     .with_burst(NonZeroU64::new(case.burst).unwrap());
+    Budget::with_tenants(Quota::new().with_limit(limit), tree(case)).unwrap()
+}
+
+/// The case's tenants: one node each, its weight and guarantee.
+fn tree(case: &Case) -> TenantTree {
     let mut tree = TenantTree::new();
     for (i, spec) in case.tenants.iter().enumerate() {
         let mut node = TenantNode::new().with_weight(NonZeroU32::new(spec.weight).unwrap());
@@ -458,7 +476,7 @@ fn budget(case: &Case) -> Budget {
         }
         tree = tree.with_node(tenant(i), node);
     }
-    Budget::with_tenants(Quota::new().with_limit(limit), tree).unwrap()
+    tree
 }
 
 fn tenant(i: usize) -> Tenant {
@@ -746,6 +764,90 @@ fn agree(
     Ok(())
 }
 
+// ---------------------------------------------------------------------------------------------
+// The engine over Redis: the order it asks the store in.
+
+/// Arrivals all at one instant into a drained budget: everyone waits, and the order of
+/// admission is the scheduler's alone, whatever the store's round trips take. Costs of 10 to
+/// 100 tokens at 10 a millisecond: the smallest takes a millisecond to refill, more than a
+/// round trip.
+fn burst_case() -> impl Strategy<Value = Case> {
+    case().prop_flat_map(|case| {
+        let count = case.tenants.len();
+        let arrival =
+            (0..3usize, 0..count, 1..=10u64).prop_map(|(class, tenant, cost)| Event::Arrive {
+                class,
+                tenant,
+                cost: cost * 10,
+            });
+        prop::collection::vec(arrival, 2..24).prop_map(move |events| Case {
+            drained: true,
+            events,
+            ..case.clone()
+        })
+    })
+}
+
+/// The store's budget: 10 tokens a millisecond (only the order is compared), the case's
+/// burst, one call in flight, under a key of its own.
+async fn redis_budget(url: &str, key: &str, case: &Case) -> Budget {
+    let limit = Limit::new(
+        Dimension::TotalTokens,
+        NonZeroU64::new(10_000).unwrap(),
+        Duration::from_secs(1),
+    )
+    .unwrap()
+    .with_headroom(1.0)
+    .unwrap()
+    .with_burst(NonZeroU64::new(case.burst).unwrap());
+    let quota = Quota::new()
+        .with_limit(limit)
+        .with_max_in_flight(std::num::NonZeroUsize::MIN);
+    tower_llm_quota::budget::redis::RedisBudget::new(url, key)
+        .timeout(Duration::from_secs(5))
+        // One question at a time: the store admits in the ordering's order.
+        .questions_in_flight(1)
+        .connect(&quota)
+        .await
+        .unwrap()
+        .with_tenant_tree(tree(case))
+        .unwrap()
+}
+
+/// The requests in the order the budget asked the store for them (reservation ids are taken
+/// as each question leaves), all polled by one task.
+async fn redis_order(url: &str, key: &str, case: &Case) -> Vec<usize> {
+    let budget = redis_budget(url, key, case).await;
+    // Drain the bucket, holding the one call in flight: everyone arrives and waits in the
+    // ordering (none can ask the store without a free slot) until it is given back.
+    let held = budget.reserve(Cost::new(case.burst, 0)).await.unwrap();
+    let reserves = case.events.iter().enumerate().filter_map(|(id, &event)| {
+        let reserve = reserve(&budget, event)?;
+        Some(async move {
+            let reservation = reserve.await.expect("admitted");
+            let order = reservation.id();
+            // The call ends at once: the slot goes to the next.
+            reservation.charge_estimate();
+            (order, id)
+        })
+    });
+    let mut all = std::pin::pin!(futures::future::join_all(reserves));
+    let arrivals = case.events.len();
+    std::future::poll_fn(|cx| {
+        assert!(all.as_mut().poll(cx).is_pending());
+        if budget.waiters() == arrivals {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await;
+    held.charge_estimate();
+    let mut admitted = all.await;
+    admitted.sort_unstable();
+    admitted.into_iter().map(|(_, id)| id).collect()
+}
+
 fn cases() -> u32 {
     std::env::var("ENGINE_MODEL_CASES")
         .ok()
@@ -753,11 +855,28 @@ fn cases() -> u32 {
         .unwrap_or(1_000)
 }
 
+static REDIS: std::sync::OnceLock<redis_server::RedisServer> = std::sync::OnceLock::new();
+
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: cases(),
         ..ProptestConfig::default()
     })]
+
+    /// Over Redis, the order is the model's (times are the store's, in real time).
+    #[test]
+    fn over_redis_the_engine_asks_in_the_model_s_order(case in burst_case()) {
+        let expected: Vec<usize> = model(&case).into_iter().map(|(id, _)| id).collect();
+        let server = REDIS.get_or_init(redis_server::RedisServer::start);
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let key = format!("model-{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let order = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(redis_order(&server.url(), &key, &case));
+        prop_assert_eq!(order, expected);
+    }
 
     #[test]
     fn the_engine_admits_as_the_model_says(case in case()) {

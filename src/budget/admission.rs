@@ -267,7 +267,7 @@ impl Budget {
                 return Step::Full(depth);
             }
             let mine = place.expect("placed");
-            let next = state.queue.remove(mine, now);
+            let next = state.queue.step_out(mine, now);
             let tenants = state.tenants.as_mut().expect("a budget with tenants");
             let path = ask.tenant.as_ref().expect("resolved");
             let priority = ask.scheduling.priority;
@@ -310,7 +310,7 @@ impl Budget {
                 state.slots.promise();
                 // It leaves the ordering while it asks (and comes back to its place if the
                 // store refuses), so the next may ask too while the store admits.
-                let next = place.and_then(|mine| state.queue.remove(mine, now));
+                let next = place.and_then(|mine| state.queue.step_out(mine, now));
                 let id = state.next_id();
                 drop(state);
                 if let Some(next) = next {

@@ -82,8 +82,11 @@ impl Budget {
                 match decision {
                     Decision::Admitted => {
                         shared.refused = false;
-                        *place = None;
-                        queue.charge(ask);
+                        // A request that waited is served in its tenant's fair share (one
+                        // admitted as it arrived, nobody waiting, is not, as in memory).
+                        if let Some(mine) = place.take() {
+                            queue.serve_away(mine);
+                        }
                         // The store took the path's shared buckets; the process's own copy
                         // of the tree (slots, days, meters, local buckets) takes its part.
                         if let (Some(tenants), Some(tenant)) = (tenants, &ask.tenant) {
@@ -112,7 +115,9 @@ impl Budget {
                             Some(refused) => {
                                 #[cfg(feature = "metrics")]
                                 crate::tenant::shared::refused_metric(tenants, &refused);
-                                *place = None;
+                                if let Some(mine) = place.take() {
+                                    queue.remove(mine, now);
+                                }
                                 Answer::Refused(refused)
                             }
                             None => {
@@ -143,7 +148,9 @@ impl Budget {
                         }
                     }
                     Decision::TooLarge { limit } => {
-                        *place = None;
+                        if let Some(mine) = place.take() {
+                            queue.remove(mine, now);
+                        }
                         match limit
                             .checked_sub(shared.limits().len())
                             .filter(|_| !path.is_empty())
@@ -175,7 +182,9 @@ impl Budget {
                         Err(depth) => Answer::Full(depth),
                     },
                     FailurePolicy::FailClosed => {
-                        *place = None;
+                        if let Some(mine) = place.take() {
+                            queue.remove(mine, now);
+                        }
                         Answer::Unavailable(error)
                     }
                 }

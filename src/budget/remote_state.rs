@@ -22,6 +22,8 @@ pub(crate) struct RemoteOptions {
     pub(crate) breaker_threshold: u32,
     /// How long the breaker stays open before one probe.
     pub(crate) breaker_open_for: Duration,
+    /// The most questions on their way to the store at once while it admits.
+    pub(crate) pipeline: usize,
 }
 
 /// The handle on the shared store.
@@ -47,11 +49,13 @@ pub(crate) struct SharedState {
     pub(crate) asking: usize,
     /// The store's last answer was a refusal: until it admits again, one question at a time.
     pub(crate) refused: bool,
+    /// The most questions on their way at once while the store admits.
+    pub(crate) pipeline: usize,
 }
 
 /// Questions a budget may have on their way to its shared store at once while the store
-/// admits; while it refuses, one (the head's), so that the store admits in the ordering's
-/// order.
+/// admits, by default; while it refuses, one (the head's), so that the store admits in the
+/// ordering's order.
 pub(crate) const PIPELINE: usize = 8;
 
 /// Work sent to the store in the background.

@@ -15,7 +15,7 @@ use super::remote::{
     Breaker, Decision, FailurePolicy, PathLimits, RemoteStore, Settle, StoreFuture,
     StoreUnavailable,
 };
-use super::remote_state::{Command, PIPELINE, Remote, RemoteOptions, SharedState};
+use super::remote_state::{Command, Remote, RemoteOptions, SharedState};
 use super::store::MemoryStore;
 use super::{Budget, Observation, ReservationId};
 use crate::cost::Cost;
@@ -73,6 +73,7 @@ impl Budget {
             breaker,
             refunds: 0,
             asking: 0,
+            pipeline: options.pipeline.max(1),
             refused: false,
         };
         let budget = Self::with_store(
@@ -244,7 +245,7 @@ impl SharedState {
 
     /// Whether one more question may go to the store now.
     pub(crate) fn may_ask(&self) -> bool {
-        self.asking == 0 || (!self.refused && self.asking < PIPELINE)
+        self.asking == 0 || (!self.refused && self.asking < self.pipeline)
     }
 
     /// Replaces (or adds) a shared limit; returns the local fallback's share of it.
@@ -564,6 +565,7 @@ mod tests {
             timeout: 50 * MS,
             breaker_threshold: 3,
             breaker_open_for: 500 * MS,
+            pipeline: crate::budget::remote_state::PIPELINE,
         };
         let store: Arc<dyn RemoteStore> = store.clone();
         Budget::with_remote(&Quota::new().with_limit(limit), store, options, true)

@@ -97,31 +97,39 @@ impl WaitList {
         self.order.set_waker(place, waker);
     }
 
-    /// Removes a waiter that was not served (it left, was refused, steps out to come back to
-    /// its place, or asks a shared store); returns the waker of whoever may go now in its
-    /// stead, when it was one of the fronts (only a front can go) and someone is left.
+    /// Removes a waiter that was not served and will not come back (it left, was refused),
+    /// waiting or stepped out; returns the waker of whoever may go now in its stead, when the
+    /// fronts changed and someone is left.
     pub(crate) fn remove(&mut self, place: Place, now: Instant) -> Option<Waker> {
-        self.take(place, now, false)
+        self.take(place, now, Order::remove)
     }
 
     /// Removes a waiter admitted now (its tenant's fair share counts it); returns the waker of
     /// whoever may go next.
     pub(crate) fn serve(&mut self, place: Place, now: Instant) -> Option<Waker> {
-        self.take(place, now, true)
+        self.take(place, now, Order::serve)
     }
 
-    /// Counts a request admitted by a shared store after it left the ordering to ask.
-    pub(crate) fn charge(&mut self, ask: &Ask) {
-        self.order.charge(&ask.scheduling, fair_cost(ask));
+    /// Steps a waiter out of the ordering for a while (it asks a shared store, or waits for
+    /// a node of its tenant path), keeping its place and its tenant's turn; returns the waker
+    /// of whoever may go now in its stead.
+    pub(crate) fn step_out(&mut self, place: Place, now: Instant) -> Option<Waker> {
+        self.take(place, now, Order::step_out)
     }
 
-    fn take(&mut self, place: Place, now: Instant, served: bool) -> Option<Waker> {
+    /// Counts a waiter that stepped out to ask a shared store as served: it was admitted.
+    pub(crate) fn serve_away(&mut self, place: Place) {
+        self.order.serve_away(place);
+    }
+
+    fn take(
+        &mut self,
+        place: Place,
+        now: Instant,
+        leave: fn(&mut Order<Waiter>, Place, Instant) -> Option<Waiter>,
+    ) -> Option<Waker> {
         let fronts = self.order.ranked(now);
-        let waiter = if served {
-            self.order.serve(place, now)?
-        } else {
-            self.order.remove(place, now)?
-        };
+        let waiter = leave(&mut self.order, place, now)?;
         self.subtract(place, waiter.cost);
         // Whoever goes next changed when a front left, and also when a request behind a
         // tenant's oldest did: its successor may rank before the other tenants.

@@ -73,6 +73,9 @@ struct FlowState {
     finish: u128,
     /// Where the turn of its oldest waiting request starts (while it has one).
     start: Option<u128>,
+    /// Its requests out of the class for a while (asking a shared store, waiting for their
+    /// node), keeping their turn: they come back, are served, or give up.
+    away: u32,
     weight: u32,
     guarantor: u64,
     /// Its waiting requests by arrival, with their costs.
@@ -93,7 +96,7 @@ impl FairQueue {
     pub(crate) fn join(&mut self, flow: Flow, slot: Slot, cost: u64) {
         let v = self.virtual_time;
         let state = self.flow_mut(flow);
-        if state.waiting.is_empty() {
+        if state.waiting.is_empty() && state.away == 0 {
             state.start = Some(state.finish.max(v));
         }
         state.waiting.insert(slot, cost);
@@ -108,7 +111,7 @@ impl FairQueue {
         }
     }
 
-    /// A waiting request leaves without being served (cancelled, refused, stepping out).
+    /// A waiting request leaves for good without being served (cancelled, refused).
     pub(crate) fn leave(&mut self, key: u64, slot: Slot) {
         let Some(state) = self.flows.get_mut(&key) else {
             return;
@@ -116,7 +119,46 @@ impl FairQueue {
         if state.waiting.remove(&slot).is_none() {
             return;
         }
-        if state.waiting.is_empty() {
+        self.gone(key);
+    }
+
+    /// A waiting request steps out for a while (to ask a shared store, to wait for its own
+    /// node), keeping its flow's turn and its guarantor's standing: it comes back
+    /// ([`rejoin`](Self::rejoin)), is served ([`serve`](Self::serve) with no slot) or gives up
+    /// ([`abandon`](Self::abandon)).
+    pub(crate) fn step_out(&mut self, key: u64, slot: Slot) {
+        if let Some(state) = self.flows.get_mut(&key) {
+            if state.waiting.remove(&slot).is_some() {
+                state.away += 1;
+            }
+        }
+    }
+
+    /// A request that stepped out comes back to its place.
+    pub(crate) fn rejoin(&mut self, flow: Flow, slot: Slot, cost: u64) {
+        let v = self.virtual_time;
+        let state = self.flow_mut(flow);
+        state.away = state.away.saturating_sub(1);
+        if state.start.is_none() {
+            state.start = Some(state.finish.max(v));
+        }
+        state.waiting.insert(slot, cost);
+    }
+
+    /// A request that stepped out gives up (cancelled, refused while away).
+    pub(crate) fn abandon(&mut self, key: u64) {
+        if let Some(state) = self.flows.get_mut(&key) {
+            state.away = state.away.saturating_sub(1);
+            self.gone(key);
+        }
+    }
+
+    /// One of `key`'s requests is gone unserved.
+    fn gone(&mut self, key: u64) {
+        let Some(state) = self.flows.get_mut(&key) else {
+            return;
+        };
+        if state.waiting.is_empty() && state.away == 0 {
             state.start = None;
         }
         let guarantor = state.guarantor;
@@ -132,12 +174,15 @@ impl FairQueue {
         let owed = self.owed(flow.guarantor);
         let v = self.virtual_time;
         let state = self.flow_mut(flow);
-        // It takes its flow's turn (a request that left to ask a store took it with it).
+        // It takes its flow's turn (one away took it with it).
         let start = state.start.unwrap_or(state.finish.max(v));
         let tag = tag(start, cost, state.weight);
         state.finish = tag;
-        if let Some(slot) = slot {
-            state.waiting.remove(&slot);
+        match slot {
+            Some(slot) => {
+                state.waiting.remove(&slot);
+            }
+            None => state.away = state.away.saturating_sub(1),
         }
         if !owed {
             // Served by its tag: the virtual time follows. (A flow served for its guarantee
@@ -146,11 +191,10 @@ impl FairQueue {
         }
         let v = self.virtual_time;
         let state = self.flows.get_mut(&flow.key).expect("just made");
-        state.start = (!state.waiting.is_empty()).then(|| state.finish.max(v));
-        if slot.is_some() {
-            if let Some(g) = self.guarantors.get_mut(&flow.guarantor) {
-                g.waiting = g.waiting.saturating_sub(1);
-            }
+        let waits = !state.waiting.is_empty() || state.away > 0;
+        state.start = waits.then(|| state.finish.max(v));
+        if let Some(g) = self.guarantors.get_mut(&flow.guarantor) {
+            g.waiting = g.waiting.saturating_sub(1);
         }
         for (&key, g) in &mut self.guarantors {
             g.credit += i128::from(g.share_ppm) * i128::from(cost);
@@ -170,7 +214,9 @@ impl FairQueue {
             self.idle_ahead.pop_first();
             // The entry may be stale: the flow waited and was served again since, its tag
             // further ahead (a later entry of its own forgets it then).
-            let passed = |s: &FlowState| s.waiting.is_empty() && s.finish <= self.virtual_time;
+            let passed = |s: &FlowState| {
+                s.waiting.is_empty() && s.away == 0 && s.finish <= self.virtual_time
+            };
             if self.flows.get(&key).is_some_and(passed) {
                 self.flows.remove(&key);
             }
@@ -251,6 +297,7 @@ impl FairQueue {
         let state = self.flows.entry(flow.key).or_insert_with(|| FlowState {
             finish: 0,
             start: None,
+            away: 0,
             weight: 1,
             guarantor: 0,
             waiting: BTreeMap::new(),
@@ -266,7 +313,7 @@ impl FairQueue {
         let Some(state) = self.flows.get(&key) else {
             return;
         };
-        if !state.waiting.is_empty() {
+        if !state.waiting.is_empty() || state.away > 0 {
             return;
         }
         if state.finish > self.virtual_time {

@@ -18,7 +18,7 @@
 //! Each entry carries the aging of the configuration that queued it, so requests queued by
 //! differently configured layers share one order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::task::Waker;
 use std::time::Duration;
 
@@ -54,6 +54,14 @@ impl Place {
     }
 }
 
+/// How a request leaves the order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leaving {
+    Served,
+    ForGood,
+    ForAWhile,
+}
+
 /// Why a request could not join the order: the depth it would exceed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Full(pub(crate) usize);
@@ -79,6 +87,9 @@ pub(crate) const DEFAULT_LABEL: &str = "default";
 struct Class<T> {
     /// Every waiting request, by arrival.
     waiting: BTreeMap<Slot, Entry<T>>,
+    /// The requests stepped out for a while (asking a shared store, waiting for their own
+    /// node), with their flow and cost: they keep their place and their flow's turn.
+    away: HashMap<Slot, (Flow, u64)>,
     /// Who of them goes next.
     fair: FairQueue,
     /// When the current front became the front: its aging starts there.
@@ -89,6 +100,7 @@ impl<T> Default for Class<T> {
     fn default() -> Self {
         Self {
             waiting: BTreeMap::new(),
+            away: HashMap::new(),
             fair: FairQueue::default(),
             front_since: None,
         }
@@ -168,8 +180,9 @@ impl<T> Order<T> {
         Ok(place)
     }
 
-    /// Puts a request back at the place it had (it left to ask a shared store, which refused,
-    /// or to wait for its own tenant node): no depth limit applies, it was counted before.
+    /// Puts a request back at the place it had (it stepped out to ask a shared store, which
+    /// refused, or to wait for its own tenant node): no depth limit applies, it was counted
+    /// before, and its flow's turn was kept for it.
     pub(crate) fn restore(&mut self, place: Place, scheduling: &Scheduling, cost: u64, value: T) {
         self.insert(place, scheduling, cost, value);
     }
@@ -194,7 +207,10 @@ impl<T> Order<T> {
         };
         if class.waiting.insert(place.slot, entry).is_none() {
             self.len += 1;
-            class.fair.join(scheduling.flow, place.slot, cost);
+            match class.away.remove(&place.slot) {
+                Some(_) => class.fair.rejoin(scheduling.flow, place.slot, cost),
+                None => class.fair.join(scheduling.flow, place.slot, cost),
+            }
         }
         if let Some(deadline) = place.deadline {
             self.deadlines
@@ -223,37 +239,53 @@ impl<T> Order<T> {
             .collect()
     }
 
-    /// Removes a request that was not served (it gave up, was refused, or steps out to come
-    /// back to its place later): the fair share's clocks do not move. Returns its value if it
-    /// was there.
+    /// Removes a request that was not served and will not come back (it gave up, was
+    /// refused), waiting or stepped out: the fair share's clocks do not move. Returns its
+    /// value if it was waiting.
     pub(crate) fn remove(&mut self, place: Place, now: Instant) -> Option<T> {
-        self.take(place, now, false)
+        let class = &mut self.classes[place.priority.index()];
+        if let Some((flow, _)) = class.away.remove(&place.slot) {
+            class.fair.abandon(flow.key);
+            return None;
+        }
+        self.take(place, now, Leaving::ForGood)
     }
 
     /// Removes a request that is served now: its flow's fair share counts it.
     pub(crate) fn serve(&mut self, place: Place, now: Instant) -> Option<T> {
-        self.take(place, now, true)
+        self.take(place, now, Leaving::Served)
     }
 
-    /// Counts a request of `scheduling`'s flow and class costing `cost` as served, which is not
-    /// in the order (it left to ask a shared store, which admitted it).
-    pub(crate) fn charge(&mut self, scheduling: &Scheduling, cost: u64) {
-        self.classes[scheduling.priority.index()]
-            .fair
-            .serve(scheduling.flow, None, cost);
+    /// Steps a request out for a while (to ask a shared store, to wait for its own tenant
+    /// node): it keeps its place and its flow's turn, and comes back with
+    /// [`restore`](Self::restore), is served with [`serve_away`](Self::serve_away), or gives
+    /// up with [`remove`](Self::remove).
+    pub(crate) fn step_out(&mut self, place: Place, now: Instant) -> Option<T> {
+        self.take(place, now, Leaving::ForAWhile)
     }
 
-    fn take(&mut self, place: Place, now: Instant, served: bool) -> Option<T> {
+    /// Counts a request that stepped out as served (a shared store admitted it).
+    pub(crate) fn serve_away(&mut self, place: Place) {
+        let class = &mut self.classes[place.priority.index()];
+        if let Some((flow, cost)) = class.away.remove(&place.slot) {
+            class.fair.serve(flow, None, cost);
+        }
+    }
+
+    fn take(&mut self, place: Place, now: Instant, leaving: Leaving) -> Option<T> {
         let class = &mut self.classes[place.priority.index()];
         let was_front = class
             .fair
             .next()
             .is_some_and(|(_, front)| front == place.slot);
         let entry = class.waiting.remove(&place.slot)?;
-        if served {
-            class.fair.serve(entry.flow, Some(place.slot), entry.cost);
-        } else {
-            class.fair.leave(entry.flow.key, place.slot);
+        match leaving {
+            Leaving::Served => class.fair.serve(entry.flow, Some(place.slot), entry.cost),
+            Leaving::ForGood => class.fair.leave(entry.flow.key, place.slot),
+            Leaving::ForAWhile => {
+                class.fair.step_out(entry.flow.key, place.slot);
+                class.away.insert(place.slot, (entry.flow, entry.cost));
+            }
         }
         if class.waiting.is_empty() {
             class.front_since = None;

@@ -115,6 +115,7 @@ pub struct RedisBudget {
     lease: Duration,
     breaker_threshold: u32,
     breaker_open_for: Duration,
+    pipeline: usize,
 }
 
 impl RedisBudget {
@@ -164,6 +165,7 @@ impl RedisBudget {
             lease: Duration::from_secs(600),
             breaker_threshold: 3,
             breaker_open_for: Duration::from_millis(500),
+            pipeline: crate::budget::remote_state::PIPELINE,
         }
     }
 
@@ -179,6 +181,17 @@ impl RedisBudget {
     /// 50 ms). Also bounds each background settlement.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// The most admission questions this process has on their way to Redis at once while
+    /// Redis admits them (default 8); while Redis refuses, one at a time, the head's. With
+    /// more than one, a later, smaller request may be admitted while an earlier, larger one
+    /// asked just before it finds its cost missing (at most this many of them, and only as
+    /// capacity runs out); with 1, the store admits exactly in the ordering's order, at one
+    /// round trip per admission. Clamped to at least 1.
+    pub fn questions_in_flight(mut self, questions: usize) -> Self {
+        self.pipeline = questions.max(1);
         self
     }
 
@@ -262,6 +275,7 @@ impl RedisBudget {
             timeout: self.timeout,
             breaker_threshold: self.breaker_threshold,
             breaker_open_for: self.breaker_open_for,
+            pipeline: self.pipeline,
         };
         // Named after its quota key unless the quota has a name (the depth gauge's label).
         let named;
