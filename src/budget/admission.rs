@@ -245,15 +245,19 @@ impl Budget {
         if let Some(mine) = *place {
             if !state.queue.may_go(mine, now) {
                 // Not its turn. Aging may have made another the head since the last event,
-                // and nobody else would tell it: make sure it looks.
+                // and nobody else would tell it: make sure it looks (once: a head already told
+                // is not woken again, so waiters polled together cannot keep waking each
+                // other, whatever their wakers compare as).
                 let step = state.wait(place, ask, waker);
-                let head = state.queue.head_waker(now).filter(|h| !h.will_wake(waker));
+                let head = state.queue.tell_head(now);
                 drop(state);
                 if let Some(head) = head {
                     head.wake();
                 }
                 return step;
             }
+            // Its turn: it looks now.
+            state.queue.told(mine);
         }
         if !state.slots.free() {
             // Every slot is taken: the head waits for one to be given back, holding nothing.

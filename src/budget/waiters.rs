@@ -50,6 +50,9 @@ pub(crate) struct Waiter {
 #[derive(Debug, Default)]
 pub(crate) struct WaitList {
     order: Order<Waiter>,
+    /// The head last told to look (or that looked): waiters that find another head than
+    /// their own wake it once, not at every poll.
+    told: Option<Place>,
     /// The sum of the waiting costs by class, to tell a newcomer when its turn can come at the
     /// earliest.
     queued: [Cost; 3],
@@ -205,6 +208,22 @@ impl WaitList {
     /// The waker of the head, to wake once the lock is released.
     pub(crate) fn head_waker(&self, now: Instant) -> Option<Waker> {
         self.order.top_waker(now)
+    }
+
+    /// The waker of the head, unless it was told to look (or looked) since it became the
+    /// head.
+    pub(crate) fn tell_head(&mut self, now: Instant) -> Option<Waker> {
+        let head = self.order.top(now)?;
+        if self.told == Some(head) {
+            return None;
+        }
+        self.told = Some(head);
+        self.order.waker(head)
+    }
+
+    /// `place` looks now: it needs no telling.
+    pub(crate) fn told(&mut self, place: Place) {
+        self.told = Some(place);
     }
 
     pub(crate) fn order(&self) -> &Order<Waiter> {
