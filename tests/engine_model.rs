@@ -39,7 +39,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::num::{NonZeroU32, NonZeroU64};
+use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,11 +47,13 @@ use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 mod redis_server;
+mod support;
 
 use proptest::prelude::*;
+use support::limit;
 use tokio::time::Instant;
 use tower_llm_quota::tenant::{Tenant, TenantNode, TenantTree};
-use tower_llm_quota::{Budget, Cost, Dimension, Limit, Priority, Quota, Reservation, Usage};
+use tower_llm_quota::{Budget, Cost, Dimension, Priority, Quota, Reservation, Usage};
 
 const CLASSES: [Priority; 3] = [Priority::Interactive, Priority::Async, Priority::Batch];
 /// The default aging of each class, in ms (`QueueConfig`'s defaults).
@@ -454,15 +456,12 @@ fn model(case: &Case) -> Vec<(usize, u64)> {
 // The engine, driven by the same events.
 
 fn budget(case: &Case) -> Budget {
-    let limit = Limit::new(
+    let limit = limit(
         Dimension::TotalTokens,
-        NonZeroU64::new(60_000).unwrap(),
+        60_000,
         Duration::from_secs(60),
-    )
-    .unwrap()
-    .with_headroom(1.0)
-    .unwrap()
-    .with_burst(NonZeroU64::new(case.burst).unwrap());
+        case.burst,
+    );
     Budget::with_tenants(Quota::new().with_limit(limit), tree(case)).unwrap()
 }
 
@@ -791,15 +790,12 @@ fn burst_case() -> impl Strategy<Value = Case> {
 /// The store's budget: 10 tokens a millisecond (only the order is compared), the case's
 /// burst, one call in flight, under a key of its own.
 async fn redis_budget(url: &str, key: &str, case: &Case) -> Budget {
-    let limit = Limit::new(
+    let limit = limit(
         Dimension::TotalTokens,
-        NonZeroU64::new(10_000).unwrap(),
+        10_000,
         Duration::from_secs(1),
-    )
-    .unwrap()
-    .with_headroom(1.0)
-    .unwrap()
-    .with_burst(NonZeroU64::new(case.burst).unwrap());
+        case.burst,
+    );
     let quota = Quota::new()
         .with_limit(limit)
         .with_max_in_flight(std::num::NonZeroUsize::MIN);

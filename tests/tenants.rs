@@ -34,6 +34,11 @@ fn tenant(path: &str) -> Tenant {
     path.parse().unwrap()
 }
 
+/// `n` requests a minute, the burst left to its default.
+fn requests_per_minute(n: u64) -> tower_llm_quota::Limit {
+    tower_llm_quota::Limit::per_minute(Dimension::Requests, NonZeroU64::new(n).unwrap())
+}
+
 fn weight(w: u32) -> NonZeroU32 {
     NonZeroU32::new(w).unwrap()
 }
@@ -666,15 +671,17 @@ async fn out_of_range_shares_are_refused_and_limits_kept_as_given() {
 /// the account keeps its own burst. Before, the node held a sixth of its minute: 4 at once.
 #[tokio::test(start_paused = true)]
 async fn a_tenant_limit_of_n_a_minute_admits_n_at_once() {
-    let per_minute =
-        |n| tower_llm_quota::Limit::per_minute(Dimension::Requests, NonZeroU64::new(n).unwrap());
     let tree = TenantTree::new()
-        .with_node(tenant("acme"), TenantNode::new().with_limit(per_minute(20)))
+        .with_node(
+            tenant("acme"),
+            TenantNode::new().with_limit(requests_per_minute(20)),
+        )
         .with_node(
             tenant("globex"),
-            TenantNode::new().with_limit(per_minute(20).with_burst(NonZeroU64::new(5).unwrap())),
+            TenantNode::new()
+                .with_limit(requests_per_minute(20).with_burst(NonZeroU64::new(5).unwrap())),
         );
-    let account = Quota::new().with_limit(per_minute(600));
+    let account = Quota::new().with_limit(requests_per_minute(600));
     let budget = Budget::with_tenants(account, tree).unwrap();
     let try_one = |who: &str| budget.try_reserve_for(Cost::requests_only(1), &tenant(who));
     let mut held = Vec::new();
@@ -699,15 +706,14 @@ async fn a_tenant_limit_of_n_a_minute_admits_n_at_once() {
 /// queued for minutes).
 #[tokio::test(start_paused = true)]
 async fn a_node_that_refuses_when_it_cannot_pay_queues_nothing() {
-    let per_minute =
-        |n| tower_llm_quota::Limit::per_minute(Dimension::Requests, NonZeroU64::new(n).unwrap());
     let tree = TenantTree::new().with_node(
         tenant("acme"),
         TenantNode::new()
-            .with_limit(per_minute(20))
+            .with_limit(requests_per_minute(20))
             .with_max_wait(Duration::ZERO),
     );
-    let budget = Budget::with_tenants(Quota::new().with_limit(per_minute(6_000)), tree).unwrap();
+    let budget =
+        Budget::with_tenants(Quota::new().with_limit(requests_per_minute(6_000)), tree).unwrap();
     let start = Instant::now();
     let calls = (0..600).map(|_| {
         let budget = budget.clone();
@@ -797,15 +803,16 @@ async fn a_node_s_max_wait_bounds_the_wait_for_it() {
 /// cap on calls in flight and a pause hold over both.
 #[tokio::test(start_paused = true)]
 async fn a_tenant_s_limits_hold_over_every_account_it_uses() {
-    let per_minute =
-        |n| tower_llm_quota::Limit::per_minute(Dimension::Requests, NonZeroU64::new(n).unwrap());
     let tree = TenantTree::new()
-        .with_node(tenant("acme"), TenantNode::new().with_limit(per_minute(20)))
+        .with_node(
+            tenant("acme"),
+            TenantNode::new().with_limit(requests_per_minute(20)),
+        )
         .with_node(
             tenant("globex"),
             TenantNode::new().with_max_in_flight(std::num::NonZeroUsize::new(2).unwrap()),
         );
-    let account = || Quota::new().with_limit(per_minute(600));
+    let account = || Quota::new().with_limit(requests_per_minute(600));
     let openai = Budget::with_tenants(account(), tree).unwrap();
     // The second account's clock starts later: the shared state's times are shifted.
     tokio::time::advance(Duration::from_secs(7)).await;
