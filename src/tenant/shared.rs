@@ -84,6 +84,7 @@ impl Tenants {
         self.lock().tree.node(path).cloned()
     }
 
+    #[cfg(feature = "metrics")]
     pub(crate) fn label_depth(&self) -> usize {
         self.lock().tree.label_depth
     }
