@@ -14,6 +14,9 @@
 //! - `denied`: the answer "not yet" on an exhausted budget / limiter.
 //! - `waiting`: ours only: joining the wait queue behind a sleeping head and leaving it.
 //!
+//! Printed first: the memory a waiting request holds (data segment growth over 10,000
+//! waiters queued behind a taken in-flight slot, the futures themselves counted apart).
+//!
 //! Every limit is sized so the benchmarks never run out (a denial would panic), except in
 //! `denied` where it is the point. `governor`'s cost does not depend on `n` (GCRA does one
 //! multiplication); its finest replenish interval is 1 ns, so a tight loop can only sustain a
@@ -214,8 +217,58 @@ fn waiting(c: &mut Criterion) {
     group.finish();
 }
 
+/// The process's data segment, in bytes (Linux; 0 elsewhere).
+fn data_segment() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmData:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<usize>()
+                .ok()
+        })
+        .map_or(0, |kb| kb * 1_024)
+}
+
+/// Bytes held per waiting request: the budget's side (its place in the ordering, its fair
+/// share's record), and the `reserve()` future itself.
+fn memory_per_waiter() -> (usize, usize) {
+    const WAITERS: usize = 10_000;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _context = runtime.enter();
+    let budget = Budget::new(
+        Quota::new()
+            .with_limit(Limit::per_minute(Dimension::Requests, nz(u64::MAX / 4)))
+            .with_max_in_flight(std::num::NonZeroUsize::MIN),
+    );
+    let held = budget.try_reserve(Cost::requests_only(1)).unwrap();
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut futures = Vec::with_capacity(WAITERS);
+    for _ in 0..WAITERS {
+        futures.push(Box::pin(budget.reserve(Cost::requests_only(1))));
+    }
+    let before = data_segment();
+    for future in &mut futures {
+        assert!(future.as_mut().poll(&mut cx).is_pending());
+    }
+    let after = data_segment();
+    assert_eq!(budget.waiters(), WAITERS);
+    drop(futures);
+    drop(held);
+    let future = std::mem::size_of::<tower_llm_quota::budget::Reserve>();
+    (after.saturating_sub(before) / WAITERS, future)
+}
+
 // What `criterion_group!`/`criterion_main!` expand to, without their undocumented `pub fn`.
 fn main() {
+    let (budget, future) = memory_per_waiter();
+    println!("memory per waiting request: {budget} B in the budget, the future itself {future} B");
     let mut c = Criterion::default().configure_from_args();
     uncontended(&mut c);
     contended(&mut c);
