@@ -290,6 +290,9 @@ fn rebuilt(node: &TenantNode) -> TenantNode {
     if let Some(max) = node.max_in_flight() {
         fresh = fresh.with_max_in_flight(max);
     }
+    if let Some(max_wait) = node.max_wait() {
+        fresh = fresh.with_max_wait(max_wait);
+    }
     node.daily_caps()
         .iter()
         .fold(fresh, |n, cap| n.with_daily_cap(*cap))
