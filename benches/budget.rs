@@ -22,6 +22,9 @@
 //! multiplication); its finest replenish interval is 1 ns, so a tight loop can only sustain a
 //! small `n` without draining: it checks `GOV_N` cells.
 
+#[path = "support/memory.rs"]
+mod memory;
+
 use std::hint::black_box;
 use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::{Arc, Barrier};
@@ -31,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput};
 use governor::{DefaultDirectRateLimiter, Quota as GovQuota, RateLimiter};
+use memory::data_segment;
 use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, error::TryReserveError};
 
 /// Reserved per request: 1 request, 1 200 input tokens, 200 output tokens.
@@ -215,22 +219,6 @@ fn waiting(c: &mut Criterion) {
     drop(held);
 
     group.finish();
-}
-
-/// The process's data segment, in bytes (Linux; 0 elsewhere).
-fn data_segment() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmData:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<usize>()
-                .ok()
-        })
-        .map_or(0, |kb| kb * 1_024)
 }
 
 /// Bytes held per waiting request: the budget's side (its place in the ordering, its fair

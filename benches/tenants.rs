@@ -21,6 +21,9 @@
 //!   the tenant tree, against the same traffic in a budget without tenants (first come,
 //!   first served).
 
+#[path = "support/memory.rs"]
+mod memory;
+
 use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU64;
@@ -29,27 +32,9 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput};
+use memory::data_segment;
 use tower_llm_quota::tenant::{Tenant, TenantNode, TenantTree};
 use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, Reservation};
-
-/// The process's data segment in bytes (`VmData` in `/proc/self/status`, Linux only): the
-/// crate forbids `unsafe` code, benches included, so no counting allocator is possible.
-/// Heap growth comes in whole pages; over 10,000 tenants that rounding is below a byte each,
-/// and the figure includes the allocator's own overhead per allocation.
-fn data_segment() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmData:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<usize>()
-                .ok()
-        })
-        .map_or(0, |kb| kb * 1_024)
-}
 
 fn nz(n: u64) -> NonZeroU64 {
     NonZeroU64::new(n).unwrap()
