@@ -21,6 +21,7 @@ pub mod reconcile;
 pub mod retry;
 pub mod routing;
 mod sched;
+mod scope;
 #[cfg(feature = "serde")]
 mod serialize;
 #[cfg(feature = "sim")]

@@ -2,7 +2,7 @@
 //! the `metrics` feature is on; without it every function here compiles to nothing.
 //!
 //! Label values come from the request: `provider` and `model` from its
-//! [`Scope`](crate::provider::Scope) (`"unknown"` when absent), `priority` from its class,
+//! [`Scope`](crate::scope::Scope) (`"unknown"` when absent), `priority` from its class,
 //! `dimension` and `status` from fixed sets. Keep the scope's values to a bounded set (provider
 //! and model names, never user ids), so the number of series stays bounded.
 //!
@@ -28,12 +28,12 @@ pub(crate) struct Labels {
 }
 
 impl Labels {
-    /// The labels of a request, from its [`Scope`](crate::provider::Scope).
+    /// The labels of a request, from its [`Scope`](crate::scope::Scope).
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn of(extensions: &Extensions) -> Self {
         #[cfg(feature = "metrics")]
         {
-            let scope = extensions.get::<crate::provider::Scope>();
+            let scope = extensions.get::<crate::scope::Scope>();
             let value = |v: Option<&String>| {
                 v.map_or(metrics::SharedString::const_str("unknown"), |v| {
                     metrics::SharedString::from(v.clone())
@@ -364,11 +364,11 @@ pub(crate) fn settled(labels: &Labels, reserved: &Cost, usage: Option<&Usage>) {
     }
 }
 
-/// The levels and debts of a budget's `snapshot`, after a settlement (at most ten times a
+/// The levels and debts of a budget's `limits` (from its snapshot), after a settlement (at most ten times a
 /// second: the caller asks the budget whether its gauges are due).
 #[cfg(feature = "metrics")]
-pub(crate) fn budget(snapshot: &crate::budget::BudgetSnapshot) {
-    for limit in snapshot.limits() {
+pub(crate) fn budget(limits: &[crate::quota::LimitSnapshot]) {
+    for limit in limits {
         let labels = [
             (
                 "dimension",
@@ -387,22 +387,13 @@ pub(crate) fn budget(snapshot: &crate::budget::BudgetSnapshot) {
     }
 }
 
-/// A retry after a failure of `class`.
+/// A retry after a failure of `error_type` (`"rate_limited"`, `"server"`, ...).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn retry(labels: &Labels, class: crate::retry::FailureClass) {
+pub(crate) fn retry(labels: &Labels, error_type: &'static str) {
     when_enabled! {
-        use crate::retry::{FailureClass, Transient};
-        let class = match class {
-            FailureClass::Transient(Transient::RateLimited) => "rate_limited",
-            FailureClass::Transient(Transient::Overloaded) => "overloaded",
-            FailureClass::Transient(Transient::Server) => "server",
-            FailureClass::Transient(Transient::Timeout) => "timeout",
-            FailureClass::Transient(Transient::Connection) => "connection",
-            _ => "other",
-        };
         enabled::counter(
             "llm_retries_total",
-            &[("provider", labels.provider.clone()), ("model", labels.model.clone()), ("error_type", SharedString::const_str(class))], |h| h.increment(1));
+            &[("provider", labels.provider.clone()), ("model", labels.model.clone()), ("error_type", SharedString::const_str(error_type))], |h| h.increment(1));
     }
 }
 

@@ -10,19 +10,20 @@ use tokio::time::Instant;
 
 use super::bucket::Floor;
 use super::handle::{Budget, State};
-use super::remote::{FailurePolicy, PathLimits, StoreUnavailable};
+use super::remote::{FailurePolicy, PathLimits};
 use super::reservation::Reservation;
 use super::store::Origin;
 use super::store::{Denial, ReservationId, Store};
 use super::waiters::Ask;
+use crate::budget::tenants::tree::Check;
 use crate::cost::Cost;
+use crate::error::StoreUnavailable;
 use crate::error::{InsufficientCapacity, TryReserveError};
 use crate::priority::Priority;
 use crate::quota::Limit;
 use crate::sched::order::{Full, Place};
 use crate::tenant::Tenant;
 use crate::tenant::TenantRefused;
-use crate::tenant::tree::Check;
 
 /// One step of a waiting admission.
 pub(crate) enum Step {
@@ -225,7 +226,7 @@ impl Budget {
             // Paused, its day spent, or too large for a node: refused at once, queued or not.
             #[cfg(feature = "metrics")]
             if let Some(tenants) = &state.tenants {
-                crate::tenant::shared::refused_metric(tenants, &refused);
+                crate::budget::tenants::shared::refused_metric(tenants, &refused);
             }
             let wakeups = state.leave(place, now);
             drop(state);

@@ -12,16 +12,17 @@ use tokio::time::Instant;
 
 use super::observation::Observation;
 use super::remote_state::{Remote, SharedState};
-use super::snapshot::{BudgetSnapshot, LimitSnapshot};
+use super::snapshot::BudgetSnapshot;
 use super::store::{MemoryStore, Origin, ReservationId, Store, nanos};
 use super::waiters::{Slots, WaitList};
+use crate::budget::tenants::shared::Tenants;
 use crate::cost::Cost;
 use crate::error::NotUntil;
 use crate::loom::{Mutex, MutexGuard};
+use crate::quota::LimitSnapshot;
 use crate::quota::{Dimension, Limit, Quota};
 use crate::sched::QueueSnapshot;
 use crate::tenant::Tenant;
-use crate::tenant::shared::Tenants;
 
 /// A shared quota budget: a cheap handle, and clones share the same buckets and queue.
 ///

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use super::bucket::Floor;
 use crate::cost::Cost;
+use crate::error::StoreUnavailable;
 use crate::quota::Limit;
 use crate::tenant::Tenant;
 
@@ -114,38 +115,6 @@ impl Default for FailurePolicy {
         FailurePolicy::local_share_of(2)
     }
 }
-
-/// The shared store did not answer: a timeout, a refused connection, a script error.
-#[derive(Debug, Clone)]
-pub struct StoreUnavailable {
-    reason: Arc<str>,
-}
-
-impl StoreUnavailable {
-    pub(crate) fn new(reason: impl fmt::Display) -> Self {
-        Self {
-            reason: reason.to_string().into(),
-        }
-    }
-
-    /// The store was not asked: its circuit breaker is open after repeated failures.
-    pub(crate) fn breaker_open() -> Self {
-        Self::new("the circuit breaker is open after repeated failures")
-    }
-
-    /// Why the store did not answer.
-    pub fn reason(&self) -> &str {
-        &self.reason
-    }
-}
-
-impl fmt::Display for StoreUnavailable {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "the shared quota store is unavailable: {}", self.reason)
-    }
-}
-
-impl std::error::Error for StoreUnavailable {}
 
 /// A circuit breaker over the shared store: pure state, times in nanoseconds of the budget's
 /// clock.

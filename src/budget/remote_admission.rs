@@ -8,11 +8,12 @@ use tokio::time::Instant;
 
 use super::bucket::Floor;
 use super::handle::{Budget, State};
-use super::remote::{Decision, FailurePolicy, PathLimits, StoreFuture, StoreUnavailable};
+use super::remote::{Decision, FailurePolicy, PathLimits, StoreFuture};
 use super::store::ReservationId;
 use super::waiters::{Ask, WaitList};
 use crate::cost::Cost;
 use crate::error::InsufficientCapacity;
+use crate::error::StoreUnavailable;
 use crate::quota::Limit;
 use crate::sched::order::{Full, Place};
 
@@ -114,7 +115,7 @@ impl Budget {
                             // Past the node's `max_wait`: refused, out of the ordering.
                             Some(refused) => {
                                 #[cfg(feature = "metrics")]
-                                crate::tenant::shared::refused_metric(tenants, &refused);
+                                crate::budget::tenants::shared::refused_metric(tenants, &refused);
                                 if let Some(mine) = place.take() {
                                     queue.remove(mine, now);
                                 }

@@ -44,124 +44,7 @@
 
 use std::time::Duration;
 
-/// The parameters of the adaptive share, the default way a [`Limit`](crate::Limit) plans its
-/// share of the nominal amount. See [`Limit::with_adaptive_share`](crate::Limit::with_adaptive_share)
-/// and, for a fixed share, [`Limit::with_headroom`](crate::Limit::with_headroom).
-///
-/// | parameter | default | bounds |
-/// |---|---|---|
-/// | [`min`](Self::min) | 0.2 | `(0, 1]` |
-/// | [`decrease`](Self::decrease) | 0.8 | `(0, 1)` |
-/// | [`increase`](Self::increase) | 0.1 per period | `(0, 1]` |
-/// | [`tolerance`](Self::tolerance) | 0.02 | `[0, 1)` |
-///
-/// Setters clamp out-of-range values into the bounds (NaN takes the default).
-///
-/// # Example
-///
-/// ```
-/// use std::num::NonZeroU64;
-/// use tower_llm_quota::{Dimension, Limit, budget::AdaptiveShare};
-///
-/// let share = AdaptiveShare::new().min(0.5).decrease(0.7);
-/// let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(30_000).unwrap())
-///     .with_adaptive_share(share);
-/// assert_eq!(tpm.effective_amount(), 30_000); // the whole quota, until someone else spends it
-/// assert_eq!(tpm.adaptive_share(), Some(share));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdaptiveShare {
-    min: f64,
-    decrease: f64,
-    increase: f64,
-    tolerance: f64,
-}
-
-const DEFAULT: AdaptiveShare = AdaptiveShare {
-    min: 0.2,
-    decrease: 0.8,
-    increase: 0.1,
-    tolerance: 0.02,
-};
-
-fn clamp(value: f64, low: f64, high: f64, default: f64) -> f64 {
-    if value.is_nan() {
-        default
-    } else {
-        value.clamp(low, high)
-    }
-}
-
-impl AdaptiveShare {
-    /// The defaults in the table above.
-    pub const fn new() -> Self {
-        DEFAULT
-    }
-
-    /// The smallest share the controller plans for. Defaults to 0.2; clamped to
-    /// `[0.01, 1]`.
-    pub fn min(self, min: f64) -> Self {
-        Self {
-            min: clamp(min, 0.01, 1.0, DEFAULT.min),
-            ..self
-        }
-    }
-
-    /// The factor applied on a decrease. Defaults to 0.8; clamped to `[0.05, 0.99]`.
-    pub fn decrease(self, factor: f64) -> Self {
-        Self {
-            decrease: clamp(factor, 0.05, 0.99, DEFAULT.decrease),
-            ..self
-        }
-    }
-
-    /// The share regained per period while nobody else spends the quota. Defaults to 0.1;
-    /// clamped to `[0.001, 1]`.
-    pub fn increase(self, per_period: f64) -> Self {
-        Self {
-            increase: clamp(per_period, 0.001, 1.0, DEFAULT.increase),
-            ..self
-        }
-    }
-
-    /// How far below the expected remaining (as a share of the nominal limit) a provider's
-    /// report may be before it counts as someone else's spending: rounding and timing.
-    /// Defaults to 0.02; clamped to `[0, 0.5]`. Anthropic rounds its input and output
-    /// remaining to the nearest thousand: for a limit below 25,000 tokens, raise the
-    /// tolerance to `500 / limit` or more so that rounding is not taken for a neighbour.
-    pub fn tolerance(self, share: f64) -> Self {
-        Self {
-            tolerance: clamp(share, 0.0, 0.5, DEFAULT.tolerance),
-            ..self
-        }
-    }
-
-    /// The smallest share.
-    pub const fn min_share(&self) -> f64 {
-        self.min
-    }
-
-    /// The decrease factor.
-    pub const fn decrease_factor(&self) -> f64 {
-        self.decrease
-    }
-
-    /// The share regained per period.
-    pub const fn increase_per_period(&self) -> f64 {
-        self.increase
-    }
-
-    /// The tolerance, as a share of the nominal limit.
-    pub const fn tolerance_share(&self) -> f64 {
-        self.tolerance
-    }
-}
-
-impl Default for AdaptiveShare {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+use crate::quota::AdaptiveShare;
 
 /// The controller's state for one limit.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -187,7 +70,7 @@ impl ShareController {
         Self {
             params,
             period: u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1),
-            share: share.clamp(params.min, 1.0),
+            share: share.clamp(params.min_share(), 1.0),
             decreased_at: None,
             lowered_for: 0,
             counted_to: now,
@@ -212,7 +95,7 @@ impl ShareController {
         nominal: u64,
         now: u64,
     ) -> Option<f64> {
-        let tolerance = (nominal as f64 * self.params.tolerance).ceil() as u64;
+        let tolerance = (nominal as f64 * self.params.tolerance_share()).ceil() as u64;
         let gap = expected.saturating_sub(reported);
         if gap <= tolerance {
             self.lowered_for = 0;
@@ -227,7 +110,8 @@ impl ShareController {
         }
         // In proportion to the gap, down to the decrease factor: a small, slowly growing gap
         // (a neighbour whose share was nearly left) costs a small step.
-        let factor = (1.0 - gap as f64 / nominal.max(1) as f64).clamp(self.params.decrease, 1.0);
+        let factor =
+            (1.0 - gap as f64 / nominal.max(1) as f64).clamp(self.params.decrease_factor(), 1.0);
         let lowered = self.lower(factor, now);
         if lowered.is_some() {
             self.lowered_for = gap;
@@ -237,7 +121,7 @@ impl ShareController {
 
     /// The provider refused with a 429 naming this limit.
     pub(crate) fn rate_limited(&mut self, now: u64) -> Option<f64> {
-        self.lower(self.params.decrease, now)
+        self.lower(self.params.decrease_factor(), now)
     }
 
     fn lower(&mut self, factor: f64, now: u64) -> Option<f64> {
@@ -249,7 +133,7 @@ impl ShareController {
             return None;
         }
         self.decreased_at = Some(now);
-        let lowered = (self.share * factor).max(self.params.min);
+        let lowered = (self.share * factor).max(self.params.min_share());
         (lowered < self.share).then(|| {
             self.share = lowered;
             lowered
@@ -268,7 +152,7 @@ impl ShareController {
         if now <= from {
             return None;
         }
-        let gained = self.params.increase * (now - from) as f64 / self.period as f64;
+        let gained = self.params.increase_per_period() * (now - from) as f64 / self.period as f64;
         let raised = (self.share + gained).min(1.0);
         if raised - self.share < STEP && raised < 1.0 {
             // Too small to apply yet: keep counting from `from`.

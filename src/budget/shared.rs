@@ -13,13 +13,13 @@ use tokio::sync::mpsc;
 use super::bucket::Floor;
 use super::remote::{
     Breaker, Decision, FailurePolicy, PathLimits, RemoteStore, Settle, StoreFuture,
-    StoreUnavailable,
 };
 use super::remote_state::{Command, Remote, RemoteOptions, SharedState};
 use super::store::MemoryStore;
 use super::{Budget, Observation, ReservationId};
 use crate::cost::Cost;
 use crate::error::InsufficientCapacity;
+use crate::error::StoreUnavailable;
 use crate::quota::{Limit, Quota};
 
 /// Tells the budget, if it still exists, that a refund reached the store.

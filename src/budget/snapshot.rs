@@ -6,7 +6,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cost::Cost;
-use crate::quota::{Dimension, Limit};
+use crate::quota::snapshot::{find, of};
+use crate::quota::{Dimension, LimitSnapshot};
 
 /// A budget's state at one instant, from [`Budget::snapshot`](crate::Budget::snapshot).
 ///
@@ -81,65 +82,4 @@ impl BudgetSnapshot {
     pub fn max_in_flight(&self) -> Option<NonZeroUsize> {
         self.max_in_flight
     }
-}
-
-/// One limit's state in a [`BudgetSnapshot`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LimitSnapshot {
-    pub(crate) limit: Limit,
-    pub(crate) capacity: u64,
-    pub(crate) level: i64,
-    pub(crate) available_at: Instant,
-    pub(crate) full_at: Instant,
-}
-
-impl LimitSnapshot {
-    /// The limit, as configured or last adapted.
-    pub fn limit(&self) -> &Limit {
-        &self.limit
-    }
-
-    /// The most the bucket holds.
-    pub fn capacity(&self) -> u64 {
-        self.capacity
-    }
-
-    /// What the bucket holds, rounded down; negative while in debt.
-    pub fn level(&self) -> i64 {
-        self.level
-    }
-
-    /// What the bucket owes: usage beyond the estimates, still to be paid off by refill.
-    pub fn debt(&self) -> u64 {
-        self.level.min(0).unsigned_abs()
-    }
-
-    /// When the bucket next holds at least one unit (the snapshot's time if it does now).
-    pub fn available_at(&self) -> Instant {
-        self.available_at
-    }
-
-    /// When the bucket is full again (the snapshot's time if it is full now).
-    pub fn full_at(&self) -> Instant {
-        self.full_at
-    }
-}
-
-/// The limit on `dimension` per `period` among `limits`.
-pub(crate) fn find(
-    limits: &[LimitSnapshot],
-    dimension: Dimension,
-    period: Duration,
-) -> Option<&LimitSnapshot> {
-    of(limits, dimension).find(|l| l.limit.period() == period)
-}
-
-/// The limits on `dimension` among `limits`.
-pub(crate) fn of(
-    limits: &[LimitSnapshot],
-    dimension: Dimension,
-) -> impl Iterator<Item = &LimitSnapshot> + '_ {
-    limits
-        .iter()
-        .filter(move |l| l.limit.dimension() == dimension)
 }

@@ -16,14 +16,22 @@
 //!
 //! Errors are named by every other module, so this module names only value types (a
 //! [`Dimension`](crate::quota::Dimension), a [`Priority`](crate::priority::Priority), a
-//! [`RetryReport`](crate::retry::RetryReport), the store's
-//! [`StoreUnavailable`](crate::budget::StoreUnavailable)), never a layer: conversions into
-//! other shapes (a [`RateLimitError`](crate::provider::RateLimitError)) live with those shapes.
+//! [`TenantRefused`](crate::tenant::TenantRefused)) and defines the failures the layers share:
+//! the store's [`StoreUnavailable`], the retry layer's
+//! [`FailureClass`](crate::retry::FailureClass) and [`RetryReport`](crate::retry::RetryReport),
+//! the idempotency layer's [`IdempotencyError`](crate::idempotency::IdempotencyError). It never
+//! names a layer: conversions into other shapes (a
+//! [`RateLimitError`](crate::provider::RateLimitError)) live with those shapes.
 
 mod capacity;
+pub(crate) mod failure;
+pub(crate) mod idempotency;
+pub(crate) mod report;
 mod reserve;
 mod service;
+mod store;
 
 pub use capacity::{InsufficientCapacity, NotUntil};
 pub use reserve::{ReserveError, TryReserveError};
 pub use service::{BoxError, Error};
+pub use store::StoreUnavailable;

@@ -4,7 +4,7 @@ use std::fmt;
 
 use super::capacity::{InsufficientCapacity, NotUntil};
 use super::service::Error;
-use crate::budget::StoreUnavailable;
+use super::store::StoreUnavailable;
 use crate::priority::Priority;
 use crate::tenant::TenantRefused;
 

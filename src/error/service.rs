@@ -4,9 +4,9 @@ use std::fmt;
 use std::time::Duration;
 
 use super::capacity::InsufficientCapacity;
-use crate::idempotency::IdempotencyError;
+use super::idempotency::IdempotencyError;
+use super::report::{GaveUp, RetryReport};
 use crate::priority::Priority;
-use crate::retry::{GaveUp, RetryReport};
 use crate::tenant::TenantRefused;
 
 /// A boxed error, as tower services return.

@@ -197,9 +197,7 @@ fn include_stream_usage(parts: &mut Parts, body: Bytes) -> Bytes {
         return body;
     };
     parts.headers.remove(http::header::CONTENT_LENGTH);
-    parts
-        .extensions
-        .insert(crate::provider::InjectedStreamUsage);
+    parts.extensions.insert(InjectedStreamUsage);
     tracing::debug!("stream usage asked of the provider for this crate");
     Bytes::from(rewritten)
 }
@@ -249,3 +247,10 @@ where
             .finish()
     }
 }
+
+/// Marks a request whose stream asks for usage only for this crate's sake: the estimation
+/// layer added `stream_options.include_usage` that the caller had not set. Its response's final
+/// usage chunk is removed by [`StripUsageLayer`](crate::provider::StripUsageLayer) before the
+/// caller sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct InjectedStreamUsage;

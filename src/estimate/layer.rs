@@ -68,7 +68,7 @@ impl EstimateLayer {
     /// Asks for the usage of OpenAI-style streams whose caller did not: a request with
     /// `"stream": true` and no `stream_options.include_usage` gets it (its body is rewritten,
     /// the only case where it is not passed on unchanged), and is marked
-    /// [`InjectedStreamUsage`](crate::provider::InjectedStreamUsage) so that a
+    /// [`InjectedStreamUsage`](super::InjectedStreamUsage) so that a
     /// [`StripUsageLayer`](crate::provider::StripUsageLayer) removes the usage chunk before the
     /// caller sees it. Without it, such a stream ends without usage and is charged from what
     /// it streamed. Defaults to off.

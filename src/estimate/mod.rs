@@ -104,7 +104,7 @@ mod settings;
 mod tiktoken;
 
 pub use estimator::{CharEstimator, Estimator};
-pub use future::ResponseFuture;
+pub use future::{InjectedStreamUsage, ResponseFuture};
 pub use layer::EstimateLayer;
 pub use learned::{InvalidQuantile, LearnedOutput, OutputRoute};
 pub use request::{Defaults, RequestEstimate, estimate, read_request};

@@ -26,7 +26,7 @@ use http::response::Parts;
 use http::{Extensions, HeaderMap, StatusCode, Version};
 use http_body::{Body, Frame};
 
-use super::error::IdempotencyError;
+use super::IdempotencyError;
 use super::record::Record;
 use super::store::IdempotencyStore;
 use crate::error::BoxError;

@@ -21,8 +21,8 @@ use http_body_util::combinators::Collect;
 use pin_project_lite::pin_project;
 use tower::Service;
 
+use super::IdempotencyError;
 use super::Suppressed;
-use super::error::IdempotencyError;
 use super::flight::{Flight, Handle, Head, HeadState, IdempotentBody, Recording, Upstream};
 use super::key::{IdempotencyKey, Operation};
 use super::shared::Shared;

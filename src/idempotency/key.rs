@@ -8,6 +8,8 @@ use http::{HeaderMap, HeaderName};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::InvalidKey;
+
 /// The longest key accepted from a header (Stripe's limit).
 pub(crate) const MAX_KEY_LEN: usize = 255;
 
@@ -176,18 +178,6 @@ impl fmt::Display for IdempotencyKey {
         f.write_str(&self.sent)
     }
 }
-
-/// A malformed idempotency key; the message says why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InvalidKey(&'static str);
-
-impl fmt::Display for InvalidKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.0)
-    }
-}
-
-impl std::error::Error for InvalidKey {}
 
 /// A hasher that starts with the scheme's version and the key's origin.
 fn framed(origin: &str) -> Sha256 {

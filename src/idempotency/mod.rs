@@ -91,7 +91,6 @@
 //! followed by a retry bills twice; identical requests in flight at once (a double click, two
 //! workers picking the same job) each pay for a call. The key makes the second of each free.
 
-mod error;
 mod flight;
 mod future;
 mod key;
@@ -104,10 +103,10 @@ mod service;
 mod shared;
 mod store;
 
-pub use error::IdempotencyError;
+pub use crate::error::idempotency::{IdempotencyError, InvalidKey};
 pub use flight::IdempotentBody;
 pub use future::ResponseFuture;
-pub use key::{IdempotencyKey, InvalidKey, Operation};
+pub use key::{IdempotencyKey, Operation};
 pub use layer::IdempotencyLayer;
 pub use memory::{DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, MemoryStore};
 pub use record::Record;

@@ -8,19 +8,19 @@
 //! budget when the provider reports less left than we hold. [`RateLimitError`] tells a local
 //! refusal from a provider's 429, with the dimension, scope and wait.
 
+pub(crate) mod classify;
 mod extract;
+pub(crate) mod hints;
 mod profile;
 mod rate_limit;
-mod scope;
 mod strip;
 
+pub use crate::estimate::InjectedStreamUsage;
+pub use crate::scope::Scope;
 pub use extract::{ProviderScan, ProviderUsage};
 pub(crate) use profile::reports_of_any_provider;
 pub use profile::{AdoptLimits, LimitReport, Profile};
 #[cfg(feature = "metrics")]
 pub(crate) use rate_limit::limit_type;
 pub use rate_limit::{Decision, LimitedBy, RateLimitError};
-pub use scope::Scope;
-pub use strip::{
-    InjectedStreamUsage, StripUsage, StripUsageBody, StripUsageFuture, StripUsageLayer,
-};
+pub use strip::{StripUsage, StripUsageBody, StripUsageFuture, StripUsageLayer};

@@ -6,12 +6,13 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 
+use super::classify::{Classify, Failure, ProviderErrors};
 use crate::error::Error;
+use crate::error::failure::FailureClass;
 use crate::parse;
 use crate::quota::Dimension;
-use crate::retry::{Classify, Failure, FailureClass, ProviderErrors};
 
-use super::scope::Scope;
+use crate::scope::Scope;
 
 /// Who refused the request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -215,7 +216,7 @@ fn limited_by(headers: &HeaderMap, body: &[u8], text: &str) -> LimitedBy {
     {
         return LimitedBy::Daily;
     }
-    let (dimensions, _) = crate::retry::spent(headers, body, None, None, SystemTime::now());
+    let (dimensions, _) = super::hints::spent(headers, body, None, None, SystemTime::now());
     let has = |d| dimensions.contains(&d);
     match (
         has(Dimension::Requests),

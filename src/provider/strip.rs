@@ -11,11 +11,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
-/// Marks a request whose stream asks for usage only for this crate's sake: the estimation
-/// layer added `stream_options.include_usage` that the caller had not set. Its response's final
-/// usage chunk is removed by [`StripUsageLayer`] before the caller sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct InjectedStreamUsage;
+use crate::estimate::InjectedStreamUsage;
 
 /// Removes the usage chunk (`"choices": []` with a `usage` object) from the event streams of
 /// requests marked [`InjectedStreamUsage`], so that a caller who did not ask for it does not

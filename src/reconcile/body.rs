@@ -105,7 +105,7 @@ impl<X: ScanUsage> Pending<X> {
         }
         #[cfg(feature = "metrics")]
         if budget.gauges_due() {
-            observe::budget(&budget.snapshot());
+            observe::budget(budget.snapshot().limits());
         }
     }
 }

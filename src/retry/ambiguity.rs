@@ -17,7 +17,7 @@ use std::io;
 
 use http::Request;
 
-use super::failure::{FailureClass, Permanent};
+use super::{FailureClass, Permanent};
 use crate::error::BoxError;
 
 /// How far a failed attempt got, as far as the provider is concerned.

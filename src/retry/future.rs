@@ -27,10 +27,11 @@ use tower::Service;
 use tower::retry::budget::{Budget as _, TpsBudget};
 
 use super::settings::Settings;
-use super::{Classify, Failure, FailureClass, GaveUp, Permanent, RetryBody, RetryReport, hints};
+use super::{Classify, Failure, FailureClass, GaveUp, Permanent, RetryBody, RetryReport};
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};
 use crate::priority::{Deadline, EnqueuedAt, Priority, Timings};
+use crate::provider::hints;
 use crate::provider::{RateLimitError, Scope};
 
 /// Error bodies larger than this are not read: the failure is classified by its status and
@@ -430,7 +431,7 @@ where
     tracing::debug!(?class, ?wait, "transient failure, retrying after a wait");
     crate::observe::retry(
         &crate::observe::Labels::of(this.template.extensions()),
-        class,
+        class.metric_label(),
     );
     Next::Retry(wait)
 }

@@ -99,23 +99,18 @@
 
 mod ambiguity;
 mod body;
-mod classify;
-mod failure;
 mod future;
-mod hints;
 mod layer;
 mod policy;
-mod report;
 mod service;
 mod settings;
 
+pub use crate::error::failure::{FailureClass, Permanent, Transient};
+pub use crate::error::report::{GaveUp, RetryReport};
+pub use crate::provider::classify::{Classify, ClassifyError, ClassifyFn, Failure, ProviderErrors};
 pub use ambiguity::{Ambiguity, Interrupted};
 pub use body::RetryBody;
-pub use classify::{Classify, ClassifyError, ClassifyFn, Failure, ProviderErrors};
-pub use failure::{FailureClass, Permanent, Transient};
 pub use future::ResponseFuture;
-pub(crate) use hints::spent;
 pub use layer::RetryAfterLayer;
 pub use policy::{InvalidRetryPolicy, Jitter, RetryPolicy, SeededJitter, ThreadJitter};
-pub use report::{GaveUp, RetryReport};
 pub use service::RetryAfter;

@@ -157,22 +157,16 @@
 //! their processes ask, not by weight.
 
 mod config;
-mod daily;
+pub(crate) mod daily;
 mod error;
-mod handle;
-#[cfg(feature = "metrics")]
-mod metrics;
-mod node;
-mod path;
+pub(crate) mod path;
 #[cfg(feature = "serde")]
 mod serde;
-pub(crate) mod shared;
 mod snapshot;
-pub(crate) mod tree;
 
+pub use crate::budget::TenantHandle;
 pub use config::{TenantNode, TenantTree};
 pub use daily::{DailyCap, DayWindow, WallClock};
 pub use error::{InvalidTree, Refusal, TenantRefused};
-pub use handle::TenantHandle;
 pub use path::{InvalidTenant, Tenant};
 pub use snapshot::TenantSnapshot;

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use crate::budget::LimitSnapshot;
 use crate::priority::Priority;
 use crate::quota::Dimension;
+use crate::quota::LimitSnapshot;
 
 use super::daily::DailyCap;
 use super::path::Tenant;
@@ -42,12 +42,12 @@ impl TenantSnapshot {
 
     /// The state of the node's limit on `dimension` per `period`, if it has one.
     pub fn limit(&self, dimension: Dimension, period: Duration) -> Option<&LimitSnapshot> {
-        crate::budget::snapshot::find(&self.limits, dimension, period)
+        crate::quota::snapshot::find(&self.limits, dimension, period)
     }
 
     /// The states of every limit of the node on `dimension`, in its configuration's order.
     pub fn limits_of(&self, dimension: Dimension) -> impl Iterator<Item = &LimitSnapshot> + '_ {
-        crate::budget::snapshot::of(&self.limits, dimension)
+        crate::quota::snapshot::of(&self.limits, dimension)
     }
 
     /// The node's weight in the fair share (the product of the weights on its path).

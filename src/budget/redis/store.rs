@@ -8,10 +8,9 @@ use ::redis::Script;
 use super::connection::Connection;
 use super::keys::{Keys, Rate};
 use crate::budget::bucket::Floor;
-use crate::budget::remote::{
-    Decision, PathLimits, RemoteStore, Settle, StoreFuture, StoreUnavailable,
-};
+use crate::budget::remote::{Decision, PathLimits, RemoteStore, Settle, StoreFuture};
 use crate::cost::Cost;
+use crate::error::StoreUnavailable;
 use crate::quota::Limit;
 use crate::tenant::Tenant;
 

@@ -13,14 +13,14 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use super::config::{TenantNode, TenantTree};
-use super::error::TenantRefused;
-use super::path::Tenant;
 use super::tree::{Check, NodeView, TenantState};
 use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::{Dimension, Limit};
 use crate::sched::Flow;
+use crate::tenant::Tenant;
+use crate::tenant::TenantRefused;
+use crate::tenant::{TenantNode, TenantTree};
 
 /// A budget's handle on its tenants' state.
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use super::FailureClass;
+use super::failure::FailureClass;
 
 /// What happened to a request that failed at least once; in the final response's extensions,
 /// or in the [`Error`](crate::Error) when there was no response.

@@ -13,6 +13,20 @@ pub enum FailureClass {
     Permanent(Permanent),
 }
 
+impl FailureClass {
+    /// The `error_type` label of the retry counter.
+    pub(crate) fn metric_label(self) -> &'static str {
+        match self {
+            Self::Transient(Transient::RateLimited) => "rate_limited",
+            Self::Transient(Transient::Overloaded) => "overloaded",
+            Self::Transient(Transient::Server) => "server",
+            Self::Transient(Transient::Timeout) => "timeout",
+            Self::Transient(Transient::Connection) => "connection",
+            Self::Permanent(_) => "other",
+        }
+    }
+}
+
 /// Why a failure is worth retrying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -52,6 +66,6 @@ pub enum Permanent {
     Unknown,
     /// Sent, and failed before the response head (a timeout, a reset) without an idempotency
     /// key: the provider may have processed it, and a retry could bill twice (see
-    /// [`Ambiguity`](super::Ambiguity)).
+    /// [`Ambiguity`](crate::retry::Ambiguity)).
     Ambiguous,
 }

@@ -3,12 +3,12 @@
 use std::fmt;
 use std::num::NonZeroU32;
 
-use super::config::TenantNode;
-use super::error::InvalidTree;
-use super::path::Tenant;
-use super::snapshot::TenantSnapshot;
 use crate::budget::Budget;
 use crate::quota::Limit;
+use crate::tenant::InvalidTree;
+use crate::tenant::Tenant;
+use crate::tenant::TenantNode;
+use crate::tenant::TenantSnapshot;
 
 /// Changes and reads the tenant tree of a [`Budget`] while it runs; from
 /// [`Budget::tenants`]. Clones share the budget.
@@ -22,7 +22,7 @@ pub struct TenantHandle {
 
 impl TenantHandle {
     /// Pauses `scope` (a tenant, a team, a key): its queued requests and every new one at or
-    /// below it fail at once with a [`TenantRefused`](super::TenantRefused) naming it, and
+    /// below it fail at once with a [`TenantRefused`](crate::tenant::TenantRefused) naming it, and
     /// nothing of it is sent until [`resume`](TenantHandle::resume). Calls already sent run
     /// to their end. Other tenants are unaffected.
     pub fn pause(&self, scope: &Tenant) {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use http::{HeaderMap, StatusCode};
 
-use super::failure::{FailureClass, Permanent, Transient};
+use crate::error::failure::{FailureClass, Permanent, Transient};
 
 /// A failed attempt, as a classifier sees it.
 #[derive(Debug, Clone, Copy)]

@@ -1,10 +1,14 @@
 //! Quota configuration: which dimensions are limited, by how much, over which period.
 
+mod adaptive;
+pub(crate) mod snapshot;
+
+pub use adaptive::AdaptiveShare;
+pub use snapshot::LimitSnapshot;
+
 use std::fmt;
 use std::num::{NonZeroU64, NonZeroUsize};
 use std::time::Duration;
-
-use crate::budget::AdaptiveShare;
 
 /// A quantity a provider limits.
 ///

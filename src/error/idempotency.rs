@@ -3,9 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use super::key::InvalidKey;
-
-/// A failure of [`IdempotencyLayer`](super::IdempotencyLayer) rather than of the inner
+/// A failure of [`IdempotencyLayer`](crate::idempotency::IdempotencyLayer) rather than of the inner
 /// service. Opaque: ask with the `is_*` methods; the `Display` text is not stable.
 #[derive(Debug, Clone)]
 pub struct IdempotencyError {
@@ -59,7 +57,7 @@ impl IdempotencyError {
 
     /// The operation completed within the record's time to live, but its body was larger
     /// than the layer keeps: it cannot be replayed, and is not sent again (it would be
-    /// billed twice). Raise [`IdempotencyLayer::max_body`](super::IdempotencyLayer::max_body)
+    /// billed twice). Raise [`IdempotencyLayer::max_body`](crate::idempotency::IdempotencyLayer::max_body)
     /// or send the request with another key.
     pub fn is_not_replayable(&self) -> bool {
         matches!(self.kind, Kind::NotReplayable)
@@ -100,3 +98,15 @@ impl std::error::Error for IdempotencyError {
         }
     }
 }
+
+/// A malformed idempotency key; the message says why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InvalidKey(pub(crate) &'static str);
+
+impl fmt::Display for InvalidKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl std::error::Error for InvalidKey {}

@@ -6,7 +6,7 @@
 //! - `llm_tenant_refusals_total{scope, reason}`: requests refused by a scope (`paused`,
 //!   `daily_cap`, `too_large`, `rate_limited`, `in_flight`), the scope cut to the label depth.
 
-use super::error::{Refusal, TenantRefused};
+use crate::tenant::{Refusal, TenantRefused};
 
 /// Counts a settlement's `amount` of tokens for `tenant` (the label-depth prefix of its
 /// path), as `share` (`guaranteed`, `borrowed` or `none`).

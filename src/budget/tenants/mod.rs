@@ -1,6 +1,15 @@
 //! A budget's tenant tree: installing it, and the handle's operations, under the budget's one
 //! lock (see the [`tenant`](crate::tenant) module).
 
+mod handle;
+#[cfg(feature = "metrics")]
+mod metrics;
+mod node;
+pub(crate) mod shared;
+pub(crate) mod tree;
+
+pub use handle::TenantHandle;
+
 use std::task::Waker;
 
 use tokio::time::Instant;
@@ -9,9 +18,9 @@ use super::handle::State;
 use super::{Budget, LimitSnapshot};
 use crate::budget::waiters::Ask;
 use crate::quota::{Limit, Quota};
-use crate::tenant::shared::Tenants;
-use crate::tenant::tree::NodeView;
-use crate::tenant::{InvalidTree, Tenant, TenantHandle, TenantNode, TenantSnapshot, TenantTree};
+use crate::tenant::{InvalidTree, Tenant, TenantNode, TenantSnapshot, TenantTree};
+use shared::Tenants;
+use tree::NodeView;
 
 impl Budget {
     /// A budget enforcing every limit of `quota` for the account, and `tree` for its tenants:

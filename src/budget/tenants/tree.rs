@@ -10,17 +10,18 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use super::config::{TenantNode, TenantTree};
-use super::daily::DailyCap;
-use super::error::{Refusal, TenantRefused};
 use super::node::{Node, Parked, limits_of};
-use super::path::{Tenant, within};
 use crate::budget::Floor;
 use crate::budget::store::{LimitState, Store};
 use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::{Dimension, Limit};
 use crate::sched::Flow;
+use crate::tenant::DailyCap;
+use crate::tenant::Tenant;
+use crate::tenant::path::within;
+use crate::tenant::{Refusal, TenantRefused};
+use crate::tenant::{TenantNode, TenantTree};
 
 /// A flow's key for a node's path text: a hash, never 0 (the flow of requests without a
 /// tenant tree).

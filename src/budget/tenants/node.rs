@@ -4,14 +4,14 @@
 use std::num::{NonZeroU64, NonZeroUsize};
 use std::task::Waker;
 
-use super::config::TenantNode;
-use super::daily::DayCount;
-use super::path::Tenant;
 use crate::budget::Floor;
 use crate::budget::store::{MemoryStore, ReservationId, Store};
 use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::{Dimension, Limit, Quota};
+use crate::tenant::Tenant;
+use crate::tenant::TenantNode;
+use crate::tenant::daily::DayCount;
 
 const MINUTE: u64 = 60_000_000_000;
 
