@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::engine::{Slots, WaitList};
 use super::observation::Observation;
 use super::remote_state::{Remote, SharedState};
 use super::snapshot::BudgetSnapshot;
 use super::store::{MemoryStore, Origin, ReservationId, Store, nanos};
-use super::waiters::{Slots, WaitList};
 use crate::budget::tenants::shared::Tenants;
 use crate::cost::Cost;
 use crate::error::NotUntil;

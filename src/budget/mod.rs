@@ -66,8 +66,8 @@
 //! [`Reservation`] is refunded or charged by the rule in its documentation, so no capacity
 //! leaks.
 
-mod admission;
 mod bucket;
+mod engine;
 mod handle;
 #[cfg(all(test, loom))]
 mod loom_ordering;
@@ -75,7 +75,6 @@ mod observation;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod remote;
-mod remote_admission;
 mod remote_state;
 mod reservation;
 mod reserve;
@@ -84,20 +83,17 @@ mod shared;
 pub(crate) mod snapshot;
 pub(crate) mod store;
 pub(crate) mod tenants;
-mod waiters;
 
 pub use crate::error::StoreUnavailable;
 pub use crate::quota::AdaptiveShare;
 pub use crate::quota::LimitSnapshot;
-pub(crate) use admission::Step;
 pub(crate) use bucket::Floor;
+pub(crate) use engine::{Answer, Ask, Step, Waiting};
 pub use handle::Budget;
 pub use observation::Observation;
 pub use remote::FailurePolicy;
-pub(crate) use remote_admission::Answer;
 pub use reservation::{Reservation, ReservationSlot, Settlement};
 pub use reserve::Reserve;
 pub use snapshot::BudgetSnapshot;
 pub use store::ReservationId;
 pub use tenants::TenantHandle;
-pub(crate) use waiters::Ask;

@@ -12,12 +12,11 @@ use tokio::time::{Instant, Sleep, sleep_until};
 use super::bucket::Floor;
 use super::remote::{Decision, StoreFuture};
 use super::store::Origin;
-use super::{Answer, Ask, Budget, Reservation, ReservationId, Step};
+use super::{Answer, Ask, Budget, Reservation, ReservationId, Step, Waiting};
 use crate::cost::Cost;
 use crate::error::ReserveError;
 use crate::priority::Priority;
 use crate::sched::Scheduling;
-use crate::sched::order::Place;
 use crate::tenant::Tenant;
 
 impl Budget {
@@ -48,34 +47,26 @@ pin_project! {
     #[must_use = "futures do nothing unless polled"]
     pub struct Reserve {
         budget: Budget,
-        ask: Ask,
-        // The place in the budget's ordering, while waiting.
-        place: Option<Place>,
+        // What it asks, its place in the ordering, and what the store told it.
+        waiting: Waiting,
         // Armed only while at the head of the ordering; reset in place.
         #[pin]
         sleep: Option<Sleep>,
         // A shared budget's question to its store, in flight, with the id it reserves under.
         // (Behind a `SyncWrapper`, which only lends it mutably, so `Reserve` stays `Sync`.)
         asking: Option<(ReservationId, SyncWrapper<StoreFuture<Decision>>)>,
-        // The store's hint: not to be asked again before.
-        retry_at: Option<(Instant, u64)>,
-        // The store failed: admit from the local fallback share.
-        local: bool,
-        // Out of the ordering (keeping its place) until a node of its tenant path can pay:
-        // the depth of that node and the parking's ticket.
-        parked: Option<(usize, u64)>,
     }
 
     impl PinnedDrop for Reserve {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Some((id, _)) = this.asking.take() {
-                this.budget.abandoned(id, this.ask);
+                this.budget.abandoned(id, this.waiting);
             }
-            if let Some(parked) = this.parked.take() {
-                this.budget.unpark(this.ask, parked);
+            if let Some(parked) = this.waiting.parked.take() {
+                this.budget.unpark(&this.waiting.ask, parked);
             }
-            if let Some(place) = this.place.take() {
+            if let Some(place) = this.waiting.place.take() {
                 this.budget.cancel(place);
             }
         }
@@ -101,13 +92,9 @@ impl Reserve {
     pub(crate) fn asking(budget: Budget, ask: Ask) -> Self {
         Self {
             budget,
-            ask,
-            place: None,
+            waiting: Waiting::new(ask),
             sleep: None,
             asking: None,
-            retry_at: None,
-            local: false,
-            parked: None,
         }
     }
 
@@ -115,7 +102,7 @@ impl Reserve {
     /// pay, served in its flow's fair share (see [`tenant`](crate::tenant)). Defaults to the
     /// tree's default tenant; ignored by a budget without tenants.
     pub fn tenant(mut self, tenant: Tenant) -> Self {
-        self.ask.tenant = Some(tenant);
+        self.waiting.ask.tenant = Some(tenant);
         self
     }
 
@@ -128,27 +115,28 @@ impl Reserve {
     /// floor are admitted first.
     pub fn keeping(mut self, fraction: f64) -> Self {
         // Not `..self`: the future implements `Drop`.
-        self.ask.floor = Floor::from_fraction(fraction);
+        self.waiting.ask.floor = Floor::from_fraction(fraction);
         self
     }
 
     /// Waits in `priority`'s class of the budget's ordering. Defaults to
     /// [`Priority::Async`].
     pub fn priority(mut self, priority: Priority) -> Self {
-        self.ask.scheduling.priority = priority;
+        self.waiting.ask.scheduling.priority = priority;
         self
     }
 
     /// Keeps the place of a request that first entered an ordering at `instant` (a retry),
     /// rather than now. Defaults to now.
     pub fn enqueued_at(mut self, instant: Instant) -> Self {
-        self.ask.scheduling.enqueued_at = instant.min(self.ask.scheduling.enqueued_at);
+        self.waiting.ask.scheduling.enqueued_at =
+            instant.min(self.waiting.ask.scheduling.enqueued_at);
         self
     }
 
     /// The cost being reserved.
     pub fn cost(&self) -> Cost {
-        self.ask.cost
+        self.waiting.ask.cost
     }
 }
 
@@ -157,7 +145,6 @@ impl Future for Reserve {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let priority = this.ask.scheduling.priority;
         loop {
             if let Some((id, question)) = this.asking.as_mut() {
                 let Poll::Ready(answer) = question.get_mut().as_mut().poll(cx) else {
@@ -165,97 +152,111 @@ impl Future for Reserve {
                 };
                 let id = *id;
                 *this.asking = None;
-                match this
-                    .budget
-                    .answered(this.place, id, answer, this.ask, cx.waker())
-                {
-                    Answer::Admitted => {
-                        let cost = this.ask.cost;
-                        let reservation =
-                            Reservation::new(this.budget.clone(), id, cost, Origin::Shared)
-                                .with_tenant(this.ask.tenant.clone());
-                        return Poll::Ready(Ok(reservation));
+                let answer = this.budget.answered(this.waiting, id, answer, cx.waker());
+                let at = match answer {
+                    Answer::RetryAt(at, refunds) => {
+                        this.waiting.retry_at = Some((at, refunds));
+                        None
                     }
-                    Answer::Never(e) => return Poll::Ready(Err(ReserveError::TooLarge(e))),
-                    Answer::Refused(e) => return Poll::Ready(Err(ReserveError::Tenant(e))),
-                    Answer::Unavailable(e) => {
-                        return Poll::Ready(Err(ReserveError::Unavailable(e)));
+                    Answer::Fallback => {
+                        this.waiting.local = true;
+                        None
                     }
-                    Answer::Full(depth) => {
-                        return Poll::Ready(Err(ReserveError::QueueFull { priority, depth }));
-                    }
-                    Answer::RetryAt(at, refunds) => *this.retry_at = Some((at, refunds)),
-                    Answer::Fallback => *this.local = true,
                     Answer::Parked(at, parked) => {
-                        *this.parked = Some(parked);
-                        match this.sleep.as_mut().as_pin_mut() {
-                            Some(sleep) => sleep.reset(at),
-                            None => this.sleep.set(Some(sleep_until(at))),
-                        }
-                        let sleep = this.sleep.as_mut().as_pin_mut().expect("armed");
-                        if sleep.poll(cx).is_pending() {
-                            return Poll::Pending;
-                        }
-                        // Its time has come: back to its place (in `poll_admission`).
+                        this.waiting.parked = Some(parked);
+                        Some(at)
+                    }
+                    end => return Poll::Ready(this.waiting.ended_by(end, id, this.budget)),
+                };
+                // Parked: its time must come before it goes back to its place (in the pass).
+                if let Some(at) = at {
+                    if sleep_until_elapsed(this.sleep.as_mut(), at, cx).is_pending() {
+                        return Poll::Pending;
                     }
                 }
             }
-            match this.budget.poll_admission(
-                this.place,
-                this.ask,
-                cx.waker(),
-                *this.local,
-                *this.retry_at,
-                this.parked,
-            ) {
-                Step::Admitted(id, origin) => {
-                    let reservation =
-                        Reservation::new(this.budget.clone(), id, this.ask.cost, origin)
-                            .with_tenant(this.ask.tenant.clone());
-                    return Poll::Ready(Ok(reservation));
-                }
-                Step::Refused(e) => return Poll::Ready(Err(ReserveError::Tenant(e))),
-                Step::Parked(None) => return Poll::Pending,
-                Step::Never(e) => return Poll::Ready(Err(ReserveError::TooLarge(e))),
-                Step::Full(depth) => {
-                    return Poll::Ready(Err(ReserveError::QueueFull { priority, depth }));
-                }
-                Step::Unavailable(e) => return Poll::Ready(Err(ReserveError::Unavailable(e))),
+            match this.budget.poll_admission(this.waiting, cx.waker()) {
                 Step::Ask(id, limits, path) => {
-                    *this.retry_at = None;
-                    let question =
-                        this.budget
-                            .ask(id, this.ask.cost, this.ask.floor, (limits, path));
+                    this.waiting.retry_at = None;
+                    let ask = &this.waiting.ask;
+                    let question = this.budget.ask(id, ask.cost, ask.floor, (limits, path));
                     *this.asking = Some((id, SyncWrapper::new(question)));
                 }
-                Step::Queued => return Poll::Pending,
+                Step::Queued | Step::Parked(None) => return Poll::Pending,
                 Step::WaitUntil(at) | Step::Parked(Some(at)) => {
-                    match this.sleep.as_mut().as_pin_mut() {
-                        Some(sleep) => {
-                            if sleep.deadline() != at || sleep.is_elapsed() {
-                                sleep.reset(at);
-                            }
-                        }
-                        None => this.sleep.set(Some(sleep_until(at))),
-                    }
-                    if let Some(sleep) = this.sleep.as_mut().as_pin_mut() {
-                        if sleep.poll(cx).is_pending() {
-                            return Poll::Pending;
-                        }
+                    if sleep_until_elapsed(this.sleep.as_mut(), at, cx).is_pending() {
+                        return Poll::Pending;
                     }
                     // The cost's time has come: look again.
                 }
+                end => return Poll::Ready(this.waiting.ended(end, this.budget)),
             }
         }
+    }
+}
+
+/// Arms `sleep` for `at` (reset in place) and polls it.
+fn sleep_until_elapsed(
+    mut sleep: Pin<&mut Option<Sleep>>,
+    at: Instant,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    match sleep.as_mut().as_pin_mut() {
+        Some(armed) if armed.deadline() != at || armed.is_elapsed() => armed.reset(at),
+        Some(_) => {}
+        None => sleep.set(Some(sleep_until(at))),
+    }
+    sleep.as_pin_mut().expect("armed above").poll(cx)
+}
+
+impl Waiting {
+    /// The outcome of a pass that ended the wait.
+    fn ended(&self, step: Step, budget: &Budget) -> Result<Reservation, ReserveError> {
+        let priority = self.ask.scheduling.priority;
+        match step {
+            Step::Admitted(id, origin) => Ok(self.reservation(budget, id, origin)),
+            Step::Refused(e) => Err(ReserveError::Tenant(e)),
+            Step::Never(e) => Err(ReserveError::TooLarge(e)),
+            Step::Full(depth) => Err(ReserveError::QueueFull { priority, depth }),
+            Step::Unavailable(e) => Err(ReserveError::Unavailable(e)),
+            Step::Ask(..) | Step::Queued | Step::WaitUntil(_) | Step::Parked(_) => {
+                unreachable!("a step that waits does not end the wait")
+            }
+        }
+    }
+
+    /// The outcome of a store's answer that ended the wait (question `id`).
+    fn ended_by(
+        &self,
+        answer: Answer,
+        id: ReservationId,
+        budget: &Budget,
+    ) -> Result<Reservation, ReserveError> {
+        let priority = self.ask.scheduling.priority;
+        match answer {
+            Answer::Admitted => Ok(self.reservation(budget, id, Origin::Shared)),
+            Answer::Never(e) => Err(ReserveError::TooLarge(e)),
+            Answer::Refused(e) => Err(ReserveError::Tenant(e)),
+            Answer::Unavailable(e) => Err(ReserveError::Unavailable(e)),
+            Answer::Full(depth) => Err(ReserveError::QueueFull { priority, depth }),
+            Answer::RetryAt(..) | Answer::Fallback | Answer::Parked(..) => {
+                unreachable!("an answer that waits does not end the wait")
+            }
+        }
+    }
+
+    fn reservation(&self, budget: &Budget, id: ReservationId, origin: Origin) -> Reservation {
+        Reservation::new(budget.clone(), id, self.ask.cost, origin)
+            .with_tenant(self.ask.tenant.clone())
     }
 }
 
 impl fmt::Debug for Reserve {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Reserve")
-            .field("cost", &self.ask.cost)
-            .field("priority", &self.ask.scheduling.priority)
-            .field("queued", &self.place.is_some())
+            .field("cost", &self.waiting.ask.cost)
+            .field("priority", &self.waiting.ask.scheduling.priority)
+            .field("queued", &self.waiting.place.is_some())
             .finish()
     }
 }

@@ -189,16 +189,7 @@ where
                             // Leaving the state leaves the budget's ordering, or refunds the
                             // reservation.
                             this.state.set(State::Done);
-                            let waited = started.elapsed();
-                            tracing::debug!(
-                                ?waited,
-                                "deadline passed while waiting for the budget"
-                            );
-                            observe::rate_limit_hit("deadline", "local");
-                            return Poll::Ready(Err(Error::deadline_exceeded(
-                                *this.priority,
-                                waited,
-                            )));
+                            return Poll::Ready(Err(deadline_passed(*this.priority, started)));
                         }
                     }
                     // Admitted, and the inner service is ready.
@@ -206,12 +197,7 @@ where
                     let request = wait.request.take().expect("polled after completion");
                     let (future, unclaimed) = send(&mut wait.service, request, reservation);
                     let waited = started.elapsed();
-                    // Into the request's span, if an outer layer opened one.
-                    observe::span_record("budget_wait_ms", waited.as_millis() as u64);
-                    if let Some(priority) = *this.priority {
-                        // The budget's ordering is where requests queue.
-                        observe::queue_wait(priority, waited);
-                    }
+                    record_wait(*this.priority, waited);
                     this.state.set(State::Calling {
                         future,
                         unclaimed,
@@ -225,9 +211,7 @@ where
                     return Poll::Ready(match output {
                         Ok(mut response) => {
                             let call = started.elapsed().saturating_sub(waited);
-                            observe::span_record("call_ms", call.as_millis() as u64);
-                            Timings::record_call(response.extensions_mut(), waited, call);
-                            observe::call(this.labels, call);
+                            record_call(response.extensions_mut(), this.labels, waited, call);
                             Ok(response)
                         }
                         Err(e) => Err(Error::from_inner(e)),
@@ -237,6 +221,36 @@ where
             }
         }
     }
+}
+
+/// The error of a request whose deadline passed while it waited for the budget.
+fn deadline_passed(priority: Option<Priority>, started: Instant) -> Error {
+    let waited = started.elapsed();
+    tracing::debug!(?waited, "deadline passed while waiting for the budget");
+    observe::rate_limit_hit("deadline", "local");
+    Error::deadline_exceeded(priority, waited)
+}
+
+/// Records the wait of a request admitted and sent: into the request's span (if an outer layer
+/// opened one), and as a queue wait when it has a class (the budget's ordering is where
+/// requests queue).
+fn record_wait(priority: Option<Priority>, waited: Duration) {
+    observe::span_record("budget_wait_ms", waited.as_millis() as u64);
+    if let Some(priority) = priority {
+        observe::queue_wait(priority, waited);
+    }
+}
+
+/// Records a call's duration: in the span, the response's [`Timings`] and the metrics.
+fn record_call(
+    extensions: &mut http::Extensions,
+    labels: &Labels,
+    waited: Duration,
+    call: Duration,
+) {
+    observe::span_record("call_ms", call.as_millis() as u64);
+    Timings::record_call(extensions, waited, call);
+    observe::call(labels, call);
 }
 
 /// Waits for the budget, then for the inner service's readiness: ready once both are there.

@@ -91,6 +91,60 @@ impl<S> TokenBudget<S> {
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
+
+    /// The request's cost, or the one charged for a request without one; `None` to reject it.
+    fn cost_of<B>(&self, request: &Request<B>) -> Option<Cost> {
+        match (request.extensions().get::<Cost>(), self.missing_cost) {
+            (Some(cost), _) => Some(*cost),
+            (None, MissingCost::Charge(cost)) => Some(cost),
+            (None, MissingCost::Reject) => None,
+        }
+    }
+
+    /// What the request asks of the budget, and its class if it carries one (a request that
+    /// carries none, and met no queue, keeps no class headroom).
+    fn ask_for<B>(&self, request: &Request<B>, cost: Cost) -> (Ask, Option<Priority>) {
+        let extensions = request.extensions();
+        if let Some(link) = extensions.get::<QueueLink>() {
+            // The queue that placed it counts this budget's waiters in its snapshot.
+            link.0.linked_to(&self.budget);
+        }
+        // Placed as a priority queue outside placed it, or by the request's own class, first
+        // enqueue time and deadline.
+        let scheduling = extensions.get::<Scheduling>().copied().unwrap_or_else(|| {
+            let now = Instant::now();
+            let enqueued_at = extensions
+                .get::<EnqueuedAt>()
+                .map_or(now, |at| at.instant().min(now));
+            let priority = extensions.get::<Priority>().copied();
+            Scheduling {
+                deadline: extensions.get::<Deadline>().map(Deadline::instant),
+                ..Scheduling::new(priority.unwrap_or(Priority::Async), enqueued_at)
+            }
+        });
+        let priority = extensions
+            .get::<Priority>()
+            .copied()
+            .or_else(|| extensions.get::<Scheduling>().map(|s| s.priority));
+        let keep = priority.map_or(0.0, |p| self.class_headroom[p.index()]);
+        let ask = Ask {
+            cost,
+            floor: Floor::from_fraction(keep),
+            scheduling,
+            tenant: extensions.get::<Tenant>().cloned(),
+        };
+        (ask, priority)
+    }
+}
+
+impl<S: Clone> TokenBudget<S> {
+    /// Gives back the readiness taken in `poll_ready` (an inner limit's permit), if any, by
+    /// dropping the ready handle for a fresh clone.
+    fn give_back_readiness(&mut self) {
+        if std::mem::take(&mut self.ready) {
+            self.inner = self.inner.clone();
+        }
+    }
 }
 
 impl<S, B, ResBody> Service<Request<B>> for TokenBudget<S>
@@ -123,51 +177,17 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let cost = match (request.extensions().get::<Cost>(), self.missing_cost) {
-            (Some(cost), _) => *cost,
-            (None, MissingCost::Charge(cost)) => cost,
-            (None, MissingCost::Reject) => {
-                tracing::debug!("request without a cost rejected");
-                if std::mem::take(&mut self.ready) {
-                    // Nothing is sent: the readiness taken in `poll_ready` (an inner limit's
-                    // permit) is given back for the next caller.
-                    self.inner = self.inner.clone();
-                }
-                return ResponseFuture::failed(Error::missing_cost());
-            }
+        let Some(cost) = self.cost_of(&request) else {
+            tracing::debug!("request without a cost rejected");
+            // Nothing is sent: the readiness taken in `poll_ready` (an inner limit's permit)
+            // is given back for the next caller.
+            self.give_back_readiness();
+            return ResponseFuture::failed(Error::missing_cost());
         };
-        let extensions = request.extensions();
-        if let Some(link) = extensions.get::<QueueLink>() {
-            // The queue that placed it counts this budget's waiters in its snapshot.
-            link.0.linked_to(&self.budget);
-        }
-        // Placed as a priority queue outside placed it, or by the request's own class, first
-        // enqueue time and deadline.
-        let scheduling = extensions.get::<Scheduling>().copied().unwrap_or_else(|| {
-            let now = Instant::now();
-            let enqueued_at = extensions
-                .get::<EnqueuedAt>()
-                .map_or(now, |at| at.instant().min(now));
-            let priority = extensions.get::<Priority>().copied();
-            Scheduling {
-                deadline: extensions.get::<Deadline>().map(Deadline::instant),
-                ..Scheduling::new(priority.unwrap_or(Priority::Async), enqueued_at)
-            }
-        });
-        // Requests that carry no class (and met no queue) keep no headroom.
-        let priority = extensions
-            .get::<Priority>()
-            .copied()
-            .or_else(|| extensions.get::<Scheduling>().map(|s| s.priority));
-        let keep = priority.map_or(0.0, |p| self.class_headroom[p.index()]);
-        let labels = Labels::of(extensions);
+        let (ask, priority) = self.ask_for(&request, cost);
+        let scheduling = ask.scheduling;
+        let labels = Labels::of(request.extensions());
         let started = Instant::now();
-        let ask = Ask {
-            cost,
-            floor: Floor::from_fraction(keep),
-            scheduling,
-            tenant: extensions.get::<Tenant>().cloned(),
-        };
         match self.budget.admit_now(&ask, started).ok_or(ask) {
             // Admitted at once, and the inner service is ready: the common case of a quota
             // that keeps up.
@@ -180,12 +200,10 @@ where
                 started,
             ),
             admitted => {
-                if std::mem::take(&mut self.ready) {
-                    // The readiness taken for a request admitted at once is given back (the
-                    // ready handle is dropped for a fresh clone): a request that waits holds
-                    // nothing, and its future asks a clone's readiness once admitted.
-                    self.inner = self.inner.clone();
-                }
+                // The readiness taken for a request admitted at once is given back: a request
+                // that waits holds nothing, and its future asks a clone's readiness once
+                // admitted.
+                self.give_back_readiness();
                 ResponseFuture::waiting(
                     admitted.map_err(|ask| Reserve::asking(self.budget.clone(), ask)),
                     self.inner.clone(),

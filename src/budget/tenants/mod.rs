@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::handle::State;
 use super::{Budget, LimitSnapshot};
-use crate::budget::waiters::Ask;
+use crate::budget::engine::Ask;
 use crate::quota::{Limit, Quota};
 use crate::tenant::{InvalidTree, Tenant, TenantNode, TenantSnapshot, TenantTree};
 use shared::Tenants;

@@ -9,11 +9,21 @@ use crate::budget::store::{MemoryStore, ReservationId, Store};
 use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::{Dimension, Limit, Quota};
-use crate::tenant::Tenant;
 use crate::tenant::TenantNode;
 use crate::tenant::daily::DayCount;
+use crate::tenant::{Refusal, Tenant};
 
 const MINUTE: u64 = 60_000_000_000;
+
+/// How long a request waits for a node that cannot pay it yet.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct NodeWait {
+    /// When its buckets can pay (nanoseconds), with the limit that binds; `None` while it
+    /// waits for one of its calls in flight to end.
+    pub(crate) at: Option<(u64, Limit)>,
+    /// When the node refuses it instead (its `max_wait`), if it has one.
+    pub(crate) give_up: Option<u64>,
+}
 
 /// What a node's requests used in the last minute: a sliding estimate over two fixed minutes
 /// (the previous minute weighted by how much of it the sliding minute still covers).
@@ -164,6 +174,73 @@ impl Node {
     pub(crate) fn slot_free(&self) -> bool {
         self.max_in_flight
             .is_none_or(|max| self.in_flight < max.get())
+    }
+
+    /// Why the node refuses `cost` outright, whatever the wait: paused, a day's cap spent, or
+    /// a cost above a limit's capacity (`unix`: the wall clock's seconds, for the days).
+    pub(crate) fn refusal(&mut self, cost: &Cost, unix: u64) -> Option<Refusal> {
+        if self.paused {
+            return Some(Refusal::Paused);
+        }
+        for day in &mut self.days {
+            let amount = cost.amount(day.cap.dimension);
+            if let Err(used) = day.fits(amount, unix) {
+                return Some(Refusal::DailyCap {
+                    dimension: day.cap.dimension,
+                    window: day.cap.window,
+                    cap: day.cap.amount.get(),
+                    used,
+                });
+            }
+        }
+        if !self.limited {
+            return None;
+        }
+        let e = self.store.check_capacity(cost, Floor::NONE).err()?;
+        Some(Refusal::TooLarge {
+            dimension: e.dimension(),
+            cost: e.cost(),
+            capacity: e.capacity(),
+        })
+    }
+
+    /// Whether the node can pay `cost` now (`Ok(None)`), or must be waited for: until an
+    /// instant (with the limit that binds), or until one of its calls in flight ends, giving
+    /// up at an instant (its `max_wait`, counted from `waited` ago); refused when that wait is
+    /// already longer than its `max_wait`. Times are nanoseconds on the budget's clock.
+    pub(crate) fn wait(
+        &self,
+        cost: &Cost,
+        now: u64,
+        waited: u64,
+    ) -> Result<Option<NodeWait>, Refusal> {
+        let give_up = self.max_wait.map(|max| max.saturating_sub(waited));
+        if !self.slot_free() {
+            if give_up == Some(0) {
+                let max = self.max_in_flight.map_or(0, NonZeroUsize::get);
+                return Err(Refusal::InFlight { max });
+            }
+            let give_up = give_up.map(|g| now.saturating_add(g));
+            return Ok(Some(NodeWait { at: None, give_up }));
+        }
+        if !self.limited {
+            return Ok(None);
+        }
+        let Some((ready, limit)) = self.store.not_before(cost, now).filter(|(r, _)| *r > now)
+        else {
+            return Ok(None);
+        };
+        let limit = self.store.limit(limit);
+        if give_up.is_some_and(|g| ready - now > g) {
+            return Err(Refusal::RateLimited {
+                dimension: limit.dimension(),
+                retry_after: std::time::Duration::from_nanos(ready - now),
+            });
+        }
+        Ok(Some(NodeWait {
+            at: Some((ready, limit)),
+            give_up: None,
+        }))
     }
 
     /// Debits the node (its fit checked before, under the same lock).

@@ -10,8 +10,7 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use super::node::{Node, Parked, limits_of};
-use crate::budget::Floor;
+use super::node::{Node, NodeWait, Parked, limits_of};
 use crate::budget::store::{LimitState, Store};
 use crate::cost::Cost;
 use crate::priority::Priority;
@@ -177,61 +176,23 @@ impl TenantState {
         let unix = self.tree.clock.unix_seconds(at);
         let waited =
             u64::try_from(at.saturating_duration_since(arrived).as_nanos()).unwrap_or(u64::MAX);
+        // The first node that cannot pay yet makes the request wait; every node may refuse.
         let mut blocked = None;
         for (i, prefix) in path.prefixes().enumerate() {
             let node = self.node(prefix);
-            if node.paused {
-                return Check::Refused(refused(prefix, Refusal::Paused));
-            }
-            for day in &mut node.days {
-                let amount = cost.amount(day.cap.dimension);
-                if let Err(used) = day.fits(amount, unix) {
-                    let reason = Refusal::DailyCap {
-                        dimension: day.cap.dimension,
-                        window: day.cap.window,
-                        cap: day.cap.amount.get(),
-                        used,
-                    };
-                    return Check::Refused(refused(prefix, reason));
-                }
-            }
-            if node.limited {
-                if let Err(e) = node.store.check_capacity(cost, Floor::NONE) {
-                    let reason = Refusal::TooLarge {
-                        dimension: e.dimension(),
-                        cost: e.cost(),
-                        capacity: e.capacity(),
-                    };
-                    return Check::Refused(refused(prefix, reason));
-                }
+            if let Some(reason) = node.refusal(cost, unix) {
+                return Check::Refused(refused(prefix, reason));
             }
             if blocked.is_some() {
                 continue;
             }
-            let give_up = node.max_wait.map(|max| max.saturating_sub(waited));
-            if !node.slot_free() {
-                if give_up == Some(0) {
-                    let max = node.max_in_flight.map_or(0, |m| m.get());
-                    return Check::Refused(refused(prefix, Refusal::InFlight { max }));
-                }
-                blocked = Some((i + 1, None, give_up.map(|g| now.saturating_add(g))));
-            } else if node.limited {
-                let ready = node.store.not_before(cost, now).filter(|(r, _)| *r > now);
-                if let Some((ready, limit)) = ready {
-                    let limit = node.store.limit(limit);
-                    if give_up.is_some_and(|g| ready - now > g) {
-                        let reason = Refusal::RateLimited {
-                            dimension: limit.dimension(),
-                            retry_after: std::time::Duration::from_nanos(ready - now),
-                        };
-                        return Check::Refused(refused(prefix, reason));
-                    }
-                    blocked = Some((i + 1, Some((ready, limit)), None));
-                }
+            match node.wait(cost, now, waited) {
+                Err(reason) => return Check::Refused(refused(prefix, reason)),
+                Ok(wait) => blocked = wait.map(|wait| (i + 1, wait)),
             }
         }
         match blocked {
-            Some((depth, at, give_up)) => Check::Blocked { depth, at, give_up },
+            Some((depth, NodeWait { at, give_up })) => Check::Blocked { depth, at, give_up },
             None => Check::Fits,
         }
     }

@@ -7,7 +7,7 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use super::bucket::Floor;
+use crate::budget::bucket::Floor;
 use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::sched::Scheduling;

@@ -1,0 +1,281 @@
+//! The shared store's answer to a head's question (`Step::Ask`), an abandoned question, and
+//! the question itself. The asker left the ordering to ask; refused, it comes back to its
+//! place (or joins, if it asked on arrival).
+
+use std::sync::Arc;
+use std::task::Waker;
+
+use super::{Pass, Waiting};
+use crate::budget::bucket::Floor;
+use crate::budget::handle::Budget;
+use crate::budget::remote::{Decision, FailurePolicy, PathLimits, StoreFuture};
+use crate::budget::remote_state::{Remote, SharedState};
+use crate::budget::store::ReservationId;
+use crate::cost::Cost;
+use crate::error::{InsufficientCapacity, StoreUnavailable};
+use crate::quota::Limit;
+use crate::sched::order::Full;
+use crate::sched::saturating_deadline;
+
+/// What a shared budget makes of its store's answer.
+pub(crate) enum Answer {
+    Admitted,
+    Never(InsufficientCapacity),
+    /// Denied for now: ask again at this instant (unless a refund reaches the store first:
+    /// the second field counts them), keeping the place in the queue.
+    RetryAt(tokio::time::Instant, u64),
+    /// Denied, and the ordering is too deep to wait in.
+    Full(usize),
+    /// Denied by a node of its tenant path: out of the ordering, keeping its place, until this
+    /// instant (or until woken), parked at that node.
+    Parked(tokio::time::Instant, (usize, u64)),
+    /// Refused by a node of its tenant path that could not pay within its `max_wait`.
+    Refused(crate::tenant::TenantRefused),
+    /// The store failed: admit from the local fallback share.
+    Fallback,
+    Unavailable(StoreUnavailable),
+}
+
+impl Budget {
+    /// What the shared store answered to the question `id` of `waiting`.
+    pub(crate) fn answered(
+        &self,
+        waiting: &mut Waiting,
+        id: ReservationId,
+        answer: Result<Decision, StoreUnavailable>,
+        waker: &Waker,
+    ) -> Answer {
+        let mut pass = Pass::new(self, waker);
+        let answer = pass.answered(waiting, id, answer);
+        // A question ended: the head may ask (or be admitted) now. It is woken even when it
+        // is a future of the answering task: that task may have polled it earlier in this
+        // very pass (`join!`, `join_all`, `select!`), and nothing else would poll it again.
+        // An answer happens once, so this cannot spin.
+        let head = pass.state.queue.head_waker(pass.now);
+        pass.wake(head);
+        pass.finish();
+        answer
+    }
+
+    /// A question to the shared store was abandoned (its caller left): give back whatever it
+    /// may have taken, and let another caller probe the store.
+    pub(crate) fn abandoned(&self, id: ReservationId, waiting: &Waiting) {
+        let mut pass = Pass::new(self, Waker::noop());
+        pass.state.slots.fulfil(false);
+        let shared = pass.shared();
+        shared.asking = shared.asking.saturating_sub(1);
+        shared.breaker.abandoned(id.get());
+        pass.give_back(id, waiting);
+        let head = pass.state.queue.head_waker(pass.now);
+        pass.wake(head);
+        pass.finish();
+    }
+
+    /// The question for the shared store, bounded by its timeout.
+    pub(crate) fn ask(
+        &self,
+        id: ReservationId,
+        cost: Cost,
+        floor: Floor,
+        (limits, path): (Arc<[Limit]>, PathLimits),
+    ) -> StoreFuture<Decision> {
+        self.remote().reserve(id, cost, floor, limits, path)
+    }
+
+    fn remote(&self) -> &Remote {
+        match &self.shared.remote {
+            Some(remote) => remote,
+            None => unreachable!("only a shared budget asks a shared store"),
+        }
+    }
+}
+
+impl Pass<'_> {
+    fn answered(
+        &mut self,
+        waiting: &mut Waiting,
+        id: ReservationId,
+        answer: Result<Decision, StoreUnavailable>,
+    ) -> Answer {
+        let shared = self.shared();
+        shared.asking = shared.asking.saturating_sub(1);
+        self.state
+            .slots
+            .fulfil(matches!(answer, Ok(Decision::Admitted)));
+        let decision = match answer {
+            Ok(decision) => decision,
+            Err(error) => return self.store_failed(waiting, id, error),
+        };
+        self.shared().breaker.succeeded();
+        match decision {
+            Decision::Admitted => self.admitted_by_store(waiting),
+            Decision::Denied { wait, limit, .. } if self.is_node_limit(limit, waiting) => {
+                self.denied_by_node(waiting, wait, limit)
+            }
+            Decision::Denied {
+                wait, floor_only, ..
+            } => self.denied(waiting, wait, floor_only),
+            Decision::TooLarge { limit } => self.too_large(waiting, limit),
+        }
+    }
+
+    /// Admitted by the store, which took the path's shared buckets: a request that waited is
+    /// served in its tenant's fair share (one admitted as it arrived, nobody waiting, is not,
+    /// as in memory), and this process's part of the tree (slots, days, meters, local
+    /// buckets) takes its share.
+    fn admitted_by_store(&mut self, waiting: &mut Waiting) -> Answer {
+        self.shared().refused = false;
+        if let Some(mine) = waiting.place.take() {
+            self.state.queue.serve_away(mine);
+        }
+        let ask = &waiting.ask;
+        if let (Some(tenants), Some(tenant)) = (&mut self.state.tenants, &ask.tenant) {
+            tenants.take(tenant, &ask.cost, self.ns, self.now);
+        }
+        Answer::Admitted
+    }
+
+    /// Whether the store's `limit` (an index past the account's) is a node of the path.
+    fn is_node_limit(&mut self, limit: usize, waiting: &Waiting) -> bool {
+        limit >= self.shared().limits().len()
+            && self.state.tenants.is_some()
+            && !self
+                .state
+                .path_limits(waiting.ask.tenant.as_ref())
+                .is_empty()
+    }
+
+    /// A node of its path cannot pay yet (other processes spent it): past the node's
+    /// `max_wait` it is refused; else it steps out of the ordering, keeping its place, until
+    /// then. The account did not refuse, so the others keep asking.
+    fn denied_by_node(
+        &mut self,
+        waiting: &mut Waiting,
+        wait: std::time::Duration,
+        limit: usize,
+    ) -> Answer {
+        let path = self.state.path_limits(waiting.ask.tenant.as_ref());
+        let account = self.shared().limits().len();
+        let (node, node_limit) = &path[(limit - account).min(path.len() - 1)];
+        let ask = &waiting.ask;
+        let tenant = ask.tenant.as_ref().expect("a path was asked for");
+        let tenants = self.state.tenants.as_mut().expect("checked");
+        let (depth, dimension) = (node.depth(), node_limit.dimension());
+        let times = (self.now, ask.scheduling.enqueued_at);
+        if let Some(refused) = tenants.refuses_after(tenant, depth, dimension, wait, times) {
+            #[cfg(feature = "metrics")]
+            crate::budget::tenants::shared::refused_metric(tenants, &refused);
+            self.leave(&mut waiting.place);
+            return Answer::Refused(refused);
+        }
+        let ticket = tenants.park(tenant, depth, ask.scheduling.priority, self.waker);
+        let at = saturating_deadline(self.now, self.budget.remote().jittered(wait));
+        Answer::Parked(at, (depth, ticket))
+    }
+
+    /// Denied for now by the account: back to its place until the store's wait is over.
+    /// Refused only to keep its class floor, it lets a request with a lower floor ask instead.
+    fn denied(
+        &mut self,
+        waiting: &mut Waiting,
+        wait: std::time::Duration,
+        floor_only: bool,
+    ) -> Answer {
+        self.shared().refused = true;
+        if let Err(depth) = self.back(waiting) {
+            return Answer::Full(depth);
+        }
+        if let Some(mine) = waiting.place {
+            let other = self
+                .state
+                .queue
+                .set_floor_blocked(mine, floor_only, self.now);
+            self.wake(other);
+        }
+        let at = saturating_deadline(self.now, self.budget.remote().jittered(wait));
+        Answer::RetryAt(at, self.shared().refunds)
+    }
+
+    /// A limit, as the store knows it (the account's or a node's), is below the cost.
+    fn too_large(&mut self, waiting: &mut Waiting, limit: usize) -> Answer {
+        self.leave(&mut waiting.place);
+        let path = self.state.path_limits(waiting.ask.tenant.as_ref());
+        let shared = self.shared();
+        let cost = &waiting.ask.cost;
+        match limit
+            .checked_sub(shared.limits().len())
+            .filter(|_| !path.is_empty())
+        {
+            None => Answer::Never(shared.too_large(limit, cost)),
+            Some(node) => {
+                let (_, limit) = path[node.min(path.len() - 1)];
+                let dimension = limit.dimension();
+                Answer::Never(InsufficientCapacity {
+                    dimension,
+                    period: limit.period(),
+                    cost: cost.amount(dimension),
+                    capacity: limit.capacity(),
+                })
+            }
+        }
+    }
+
+    /// The store did not answer: the script may have run after all, so whatever it took is
+    /// given back; then the local fallback share, or a refusal, by the policy.
+    fn store_failed(
+        &mut self,
+        waiting: &mut Waiting,
+        id: ReservationId,
+        error: StoreUnavailable,
+    ) -> Answer {
+        let ns = self.ns;
+        self.shared().breaker.failed(ns);
+        self.give_back(id, waiting);
+        tracing::warn!(%error, "the shared quota store did not answer");
+        match self.budget.remote().policy() {
+            FailurePolicy::LocalFallback { .. } => match self.back(waiting) {
+                Ok(()) => Answer::Fallback,
+                Err(depth) => Answer::Full(depth),
+            },
+            FailurePolicy::FailClosed => {
+                self.leave(&mut waiting.place);
+                Answer::Unavailable(error)
+            }
+        }
+    }
+
+    /// Releases in the store whatever question `id` may have taken.
+    fn give_back(&mut self, id: ReservationId, waiting: &Waiting) {
+        let path = self.state.path_limits(waiting.ask.tenant.as_ref());
+        let limits = self.shared().limits().clone();
+        self.budget
+            .remote()
+            .release(id, waiting.ask.cost, limits, path);
+    }
+
+    /// Back to its place in the ordering (or into it, if it asked on arrival); the depth when
+    /// the ordering is full.
+    fn back(&mut self, waiting: &mut Waiting) -> Result<(), usize> {
+        match waiting.place {
+            Some(mine) => {
+                self.state.queue.restore(mine, &waiting.ask, self.waker);
+                Ok(())
+            }
+            None => match self
+                .state
+                .queue
+                .wait(&mut waiting.place, &waiting.ask, self.waker)
+            {
+                Ok(()) => Ok(()),
+                Err(Full(depth)) => Err(depth),
+            },
+        }
+    }
+
+    fn shared(&mut self) -> &mut SharedState {
+        self.state
+            .shared
+            .as_mut()
+            .expect("a shared budget has shared state")
+    }
+}

@@ -1,0 +1,198 @@
+//! Admission without waiting: `try_reserve` (behind everyone waiting), the would-wait probe
+//! (behind whoever a request of a class would wait behind), and the layers' fast path
+//! (`admit_now`, when nobody waits).
+
+use tokio::time::Instant;
+
+use super::Ask;
+use crate::budget::bucket::Floor;
+use crate::budget::handle::{Budget, State};
+use crate::budget::reservation::Reservation;
+use crate::budget::store::{Denial, Origin, ReservationId, Store};
+use crate::budget::tenants::tree::Check;
+use crate::cost::Cost;
+use crate::error::{StoreUnavailable, TryReserveError};
+use crate::priority::Priority;
+use crate::tenant::Tenant;
+
+impl Budget {
+    /// Reserves `cost` now, or tells when to retry, or that it never fits.
+    ///
+    /// It does not overtake waiting requests: while others wait, it fails with a
+    /// [`NotUntil`](crate::error::NotUntil) that counts their costs ahead of this one.
+    ///
+    /// A budget shared through a store in another process (such as Redis) cannot answer
+    /// without a round trip: its `try_reserve` fails with [`TryReserveError::Unavailable`];
+    /// use [`Budget::reserve`].
+    pub fn try_reserve(&self, cost: Cost) -> Result<Reservation, TryReserveError> {
+        self.try_reserve_as(cost, None, None)
+    }
+
+    /// [`Budget::try_reserve`] for `tenant`: the account and every node of its path must pay
+    /// now ([`TryReserveError::Tenant`] when a node refuses it; `NotYet` or `NoSlot` when a
+    /// node cannot pay yet). A budget without tenants ignores `tenant`.
+    pub fn try_reserve_for(
+        &self,
+        cost: Cost,
+        tenant: &Tenant,
+    ) -> Result<Reservation, TryReserveError> {
+        self.try_reserve_as(cost, Some(tenant), None)
+    }
+
+    /// What a request of `class` (and `tenant`) would wait now: zero when it would be
+    /// admitted at once, the time until its cost fits behind the requests that would be
+    /// admitted before it (its class and the classes above, and lower fronts aging has lifted
+    /// to its class; not those of lower classes), `Duration::MAX` while no in-flight slot is
+    /// free; `None` when it cannot tell (a shared store, a cost that never fits, a refused
+    /// tenant). The router's would-wait condition asks it.
+    pub(crate) fn would_wait(
+        &self,
+        cost: Cost,
+        class: Priority,
+        tenant: Option<&Tenant>,
+    ) -> Option<std::time::Duration> {
+        match self.try_reserve_as(cost, tenant, Some(class)) {
+            Ok(reservation) => {
+                // A probe: given back at once.
+                drop(reservation);
+                Some(std::time::Duration::ZERO)
+            }
+            Err(TryReserveError::NotYet(not_until)) => {
+                Some(not_until.wait_time_from(Instant::now()))
+            }
+            Err(TryReserveError::NoSlot) => Some(std::time::Duration::MAX),
+            Err(_) => None,
+        }
+    }
+
+    /// `try_reserve` behind every waiting request (`class` `None`), or behind those a request
+    /// of `class` would wait behind.
+    fn try_reserve_as(
+        &self,
+        cost: Cost,
+        tenant: Option<&Tenant>,
+        class: Option<Priority>,
+    ) -> Result<Reservation, TryReserveError> {
+        if self.shared.remote.is_some() {
+            return Err(TryReserveError::Unavailable(StoreUnavailable::new(
+                "a shared budget admits through `reserve`, which asks the shared store",
+            )));
+        }
+        let now = Instant::now();
+        let ns = self.nanos_since_origin(now);
+        let mut state = self.lock();
+        // A budget with tenants admits it for its tenant, else the default one; a scope that
+        // refuses it (paused, over its daily cap) says so whoever waits.
+        let path = state.tenants.as_ref().map(|t| t.path_of(tenant));
+        let check = match (&mut state.tenants, &path) {
+            (Some(tenants), Some(path)) => Some(tenants.check(path, &cost, ns, now, now)),
+            _ => None,
+        };
+        if let Some(Check::Refused(e)) = check {
+            return Err(TryReserveError::Tenant(e));
+        }
+        self.behind_the_waiters(&state, cost, class, now)?;
+        if !state.slots.free() {
+            return Err(TryReserveError::NoSlot);
+        }
+        // Its scope cannot pay yet (a refusal was answered above).
+        match check {
+            Some(Check::Blocked { at: None, .. }) => return Err(TryReserveError::NoSlot),
+            Some(Check::Blocked {
+                at: Some((at, limit)),
+                ..
+            }) => return Err(TryReserveError::NotYet(self.not_until(at, &limit))),
+            _ => {}
+        }
+        let id = state.next_id();
+        match state.store.reserve(id, &cost, Floor::NONE, ns) {
+            Ok(()) => {
+                state.slots.take();
+                if let (Some(tenants), Some(path)) = (&mut state.tenants, &path) {
+                    tenants.take(path, &cost, ns, now);
+                }
+                drop(state);
+                Ok(Reservation::new(self.clone(), id, cost, Origin::Local).with_tenant(path))
+            }
+            Err(Denial::NotUntil { at, limit }) => {
+                let limit = state.store.limit(limit);
+                Err(TryReserveError::NotYet(self.not_until(at, &limit)))
+            }
+            Err(Denial::Never(e)) => Err(TryReserveError::Never(e)),
+        }
+    }
+
+    /// Fails while requests wait ahead of `cost` (all of them, or those a request of `class`
+    /// would wait behind): never when it can never fit, else not until their costs and its
+    /// own have been paid.
+    fn behind_the_waiters(
+        &self,
+        state: &State,
+        cost: Cost,
+        class: Option<Priority>,
+        now: Instant,
+    ) -> Result<(), TryReserveError> {
+        let ahead = match class {
+            None => state.queue.queued(),
+            Some(class) => state.queue.queued_ahead_of(class, now),
+        };
+        if ahead == Cost::default() {
+            return Ok(());
+        }
+        state
+            .store
+            .check_capacity(&cost, Floor::NONE)
+            .map_err(TryReserveError::Never)?;
+        let behind = ahead.saturating_add(cost);
+        match state
+            .store
+            .not_before(&behind, self.nanos_since_origin(now))
+        {
+            Some((at, limit)) => {
+                let limit = state.store.limit(limit);
+                Err(TryReserveError::NotYet(self.not_until(at, &limit)))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Admits `ask` at once, when nobody waits, a slot is free and the in-memory buckets can
+    /// pay; changes nothing otherwise. A shared budget always answers `None`: it must ask its
+    /// store.
+    pub(crate) fn admit_now(&self, ask: &Ask, now: Instant) -> Option<Reservation> {
+        let (id, tenant) = self.admit_id_now(ask, now)?;
+        Some(Reservation::new(self.clone(), id, ask.cost, Origin::Local).with_tenant(tenant))
+    }
+
+    fn admit_id_now(&self, ask: &Ask, now: Instant) -> Option<(ReservationId, Option<Tenant>)> {
+        if self.shared.remote.is_some() {
+            return None;
+        }
+        let ns = self.nanos_since_origin(now);
+        let mut state = self.lock();
+        if !state.queue.is_empty() || !state.slots.free() {
+            return None;
+        }
+        let path = match &mut state.tenants {
+            Some(tenants) => {
+                let path = tenants.path_of(ask.tenant.as_ref());
+                let arrived = ask.scheduling.enqueued_at;
+                if !matches!(
+                    tenants.check(&path, &ask.cost, ns, now, arrived),
+                    Check::Fits
+                ) {
+                    return None;
+                }
+                Some(path)
+            }
+            None => None,
+        };
+        let id = state.peek_id();
+        state.store.reserve(id, &ask.cost, ask.floor, ns).ok()?;
+        state.slots.take();
+        if let (Some(tenants), Some(path)) = (&mut state.tenants, &path) {
+            tenants.take(path, &ask.cost, ns, now);
+        }
+        Some((state.next_id(), path))
+    }
+}

@@ -1,0 +1,472 @@
+//! The wait engine: how a waiting request is admitted, read top to bottom.
+//!
+//! Every admission of a budget goes through [`Budget::poll_admission`], one *pass* under the
+//! budget's lock. A pass asks, in this order:
+//!
+//! 1. **the tenant path** ([`Pass::check_path`]): a node that refuses the request (paused,
+//!    its day spent, past its `max_wait`) ends it at once, waiting or not;
+//! 2. **the ordering** ([`Pass::join`]): while others wait, a newcomer takes its place in the
+//!    one ordering (`sched::order`: class, aging, fair share, arrival) rather than overtaking;
+//! 3. **its turn** ([`Pass::take_turn`]): only the head may go (or a request behind heads that
+//!    wait only for a higher class floor); the others wait without a timer;
+//! 4. the ways the request is paid for, each answering "now", "at this instant", "when
+//!    woken" or "never": **an in-flight slot** ([`Pass::need_slot`]), **its
+//!    tenant nodes** ([`Pass::park_if_path_blocked`]: a node that cannot pay yet sends the
+//!    request out of the ordering, keeping its place, so that the others go meanwhile),
+//!    **the shared store** ([`Pass::ask_store`]: the head leaves the ordering to ask it, and
+//!    [`answer`] handles the reply), and **the buckets** in memory ([`Pass::pay`]), the local
+//!    fallback share of a shared budget included.
+//!
+//! Wakers are collected during a pass and woken after the lock is released. A head is told to
+//! look once per turn (`WaitList::tell_head`), so futures polled by one task cannot keep waking
+//! each other.
+//!
+//! `immediate.rs` answers without waiting (`try_reserve`, the would-wait probe, the layers'
+//! fast path); `waiters.rs` is the ordering's data (the waiting requests and the in-flight
+//! slots), plain, with no clock and no lock.
+
+mod answer;
+mod immediate;
+pub(crate) mod waiters;
+
+use std::convert::Infallible;
+use std::ops::ControlFlow::{self, Break, Continue};
+use std::sync::Arc;
+use std::task::Waker;
+
+use tokio::time::Instant;
+
+use super::bucket::Floor;
+use super::handle::{Budget, State};
+use super::remote::{FailurePolicy, PathLimits};
+use super::store::{Denial, Origin, ReservationId, Store};
+use crate::budget::tenants::tree::Check;
+use crate::error::{InsufficientCapacity, StoreUnavailable};
+use crate::loom::MutexGuard;
+use crate::quota::Limit;
+use crate::sched::order::{Full, Place};
+use crate::tenant::{Tenant, TenantRefused};
+
+pub(crate) use answer::Answer;
+pub(crate) use waiters::{Ask, Slots, WaitList};
+
+/// What a waiting admission carries from one pass to the next: what it asks, its place, and
+/// what the shared store told it.
+#[derive(Debug)]
+pub(crate) struct Waiting {
+    pub(crate) ask: Ask,
+    /// The place in the budget's ordering, while in it (also while stepped out).
+    pub(crate) place: Option<Place>,
+    /// The store's hint: not to be asked again before this instant, unless a refund (the
+    /// second field counts them) reached it since.
+    pub(crate) retry_at: Option<(Instant, u64)>,
+    /// The store failed: admit from the local fallback share.
+    pub(crate) local: bool,
+    /// Out of the ordering (keeping its place) until a node of its tenant path can pay: the
+    /// depth of that node and the parking's ticket.
+    pub(crate) parked: Option<(usize, u64)>,
+}
+
+impl Waiting {
+    pub(crate) fn new(ask: Ask) -> Self {
+        Self {
+            ask,
+            place: None,
+            retry_at: None,
+            local: false,
+            parked: None,
+        }
+    }
+}
+
+/// One step of a waiting admission.
+pub(crate) enum Step {
+    Admitted(ReservationId, Origin),
+    Never(InsufficientCapacity),
+    /// The ordering holds as many requests as the request's configuration allows.
+    Full(usize),
+    /// The shared store could not be asked, and the policy is to refuse.
+    Unavailable(StoreUnavailable),
+    /// At the head of the queue of a shared budget: ask the shared store, under this id, for
+    /// the account's limits and those of the tenant path's nodes.
+    Ask(ReservationId, Arc<[Limit]>, PathLimits),
+    /// At the head of the queue: the cost fits at this instant.
+    WaitUntil(Instant),
+    /// Behind others, or waiting for an in-flight slot or a question to the store: woken
+    /// when it may go.
+    Queued,
+    /// A node of its tenant path refused it.
+    Refused(TenantRefused),
+    /// Out of the ordering, keeping its place, until a node of its tenant path can pay: at
+    /// this instant, or when woken (one of the node's calls ended).
+    Parked(Option<Instant>),
+}
+
+impl Budget {
+    /// One pass of [`Reserve`](super::Reserve): admit, queue, or say when to look again. See
+    /// the [module documentation](self) for the order of the questions.
+    pub(crate) fn poll_admission(&self, waiting: &mut Waiting, waker: &Waker) -> Step {
+        let mut pass = Pass::new(self, waker);
+        let step = match pass.admit(waiting) {
+            Break(step) => step,
+            Continue(never) => match never {},
+        };
+        pass.finish();
+        step
+    }
+
+    /// Gives up a place in the ordering.
+    pub(crate) fn cancel(&self, place: Place) {
+        let mut pass = Pass::new(self, Waker::noop());
+        pass.leave(&mut Some(place));
+        pass.finish();
+    }
+}
+
+/// One pass under the budget's lock, and the wakers to wake once it is released.
+pub(crate) struct Pass<'a> {
+    budget: &'a Budget,
+    state: MutexGuard<'a, State>,
+    waker: &'a Waker,
+    now: Instant,
+    /// `now` on the budget's clock.
+    ns: u64,
+    wake: [Option<Waker>; 3],
+}
+
+impl<'a> Pass<'a> {
+    pub(crate) fn new(budget: &'a Budget, waker: &'a Waker) -> Self {
+        let now = Instant::now();
+        Self {
+            budget,
+            ns: budget.nanos_since_origin(now),
+            state: budget.lock(),
+            waker,
+            now,
+            wake: [None, None, None],
+        }
+    }
+
+    /// The questions of a pass, in order; each ends the pass (`Break`) or lets the next ask.
+    fn admit(&mut self, waiting: &mut Waiting) -> ControlFlow<Step, Infallible> {
+        let path = self.check_path(waiting)?;
+        self.join(waiting)?;
+        self.take_turn(waiting)?;
+        self.need_slot(waiting)?;
+        self.park_if_path_blocked(waiting, path)?;
+        self.ask_store(waiting)?;
+        Break(self.pay(waiting))
+    }
+
+    /// Releases the lock, then wakes whoever the pass named.
+    pub(crate) fn finish(self) {
+        let Self { state, wake, .. } = self;
+        drop(state);
+        for waker in wake.into_iter().flatten() {
+            waker.wake();
+        }
+    }
+
+    /// Wakes `waker` once the lock is released.
+    fn wake(&mut self, waker: Option<Waker>) {
+        let Some(waker) = waker else { return };
+        match self.wake.iter_mut().find(|slot| slot.is_none()) {
+            Some(slot) => *slot = Some(waker),
+            // A pass names at most three; should that change, waking under the lock is only
+            // slower.
+            None => waker.wake(),
+        }
+    }
+
+    /// 1. The tenant path: resolved (the tree's default when the request named none) and
+    ///    checked; a refusal ends the request here, in the ordering or not.
+    fn check_path(&mut self, waiting: &mut Waiting) -> ControlFlow<Step, Option<Check>> {
+        let State { tenants, queue, .. } = &mut *self.state;
+        let Some(tenants) = tenants.as_mut() else {
+            return Continue(None);
+        };
+        let ask = &mut waiting.ask;
+        let path = ask.tenant.get_or_insert_with(|| tenants.path_of(None));
+        if let Some((depth, ticket)) = waiting.parked.take() {
+            // Back from parking, to its place.
+            tenants.unpark(path, depth, ticket);
+            if let Some(mine) = waiting.place {
+                queue.restore(mine, ask, self.waker);
+            }
+        } else if waiting.place.is_none() {
+            ask.scheduling.flow = tenants.flow(path);
+        }
+        let path = ask.tenant.as_ref().expect("resolved above");
+        let arrived = ask.scheduling.enqueued_at;
+        match tenants.check(path, &ask.cost, self.ns, self.now, arrived) {
+            Check::Refused(refused) => {
+                #[cfg(feature = "metrics")]
+                crate::budget::tenants::shared::refused_metric(tenants, &refused);
+                self.leave(&mut waiting.place);
+                Break(Step::Refused(refused))
+            }
+            check => Continue(Some(check)),
+        }
+    }
+
+    /// 2. The ordering: while others wait, a newcomer takes a place (it may be the head's: a
+    ///    higher class goes first), unless its cost can never fit.
+    fn join(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
+        if waiting.place.is_some() || self.state.queue.is_empty() {
+            return Continue(());
+        }
+        if let Err(e) = self
+            .state
+            .check_capacity(&waiting.ask.cost, waiting.ask.floor)
+        {
+            return Break(Step::Never(e));
+        }
+        match self.wait(waiting) {
+            Step::Full(depth) => Break(Step::Full(depth)),
+            _ => Continue(()),
+        }
+    }
+
+    /// 3. Its turn: only the head goes on (or a request behind heads that wait only for a
+    ///    higher class floor).
+    fn take_turn(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
+        let Some(mine) = waiting.place else {
+            return Continue(());
+        };
+        if self.state.queue.may_go(mine, self.now) {
+            self.state.queue.told(mine);
+            return Continue(());
+        }
+        // Aging may have made another the head since the last event, and nobody else would
+        // tell it: make sure it looks (once per turn, so that waiters polled together cannot
+        // keep waking each other, whatever their wakers compare as).
+        let step = self.wait(waiting);
+        let head = self.state.queue.tell_head(self.now);
+        self.wake(head);
+        Break(step)
+    }
+
+    /// 4a. An in-flight slot: when every slot is taken, the head waits for one to be given
+    ///     back, holding nothing.
+    fn need_slot(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
+        if self.state.slots.free() {
+            Continue(())
+        } else {
+            Break(self.wait(waiting))
+        }
+    }
+
+    /// 4b. Its tenant nodes: when one cannot pay yet, the request steps out of the ordering,
+    ///     keeping its place, so that the others go meanwhile, and comes back when that node
+    ///     can pay (or, waiting for its calls in flight, when its `max_wait` is over).
+    fn park_if_path_blocked(
+        &mut self,
+        waiting: &mut Waiting,
+        check: Option<Check>,
+    ) -> ControlFlow<Step> {
+        let Some(Check::Blocked { depth, at, give_up }) = check else {
+            return Continue(());
+        };
+        if let Step::Full(depth) = self.wait(waiting) {
+            return Break(Step::Full(depth));
+        }
+        let mine = waiting.place.expect("placed above");
+        let next = self.state.queue.step_out(mine, self.now);
+        self.wake(next);
+        let tenants = self.state.tenants.as_mut().expect("a budget with tenants");
+        let path = waiting.ask.tenant.as_ref().expect("resolved");
+        let priority = waiting.ask.scheduling.priority;
+        waiting.parked = Some((depth, tenants.park(path, depth, priority, self.waker)));
+        let wake = match (at.map(|(at, _)| at), give_up) {
+            (Some(at), Some(give_up)) => Some(at.min(give_up)),
+            (at, give_up) => at.or(give_up),
+        };
+        Break(Step::Parked(wake.map(|at| self.budget.instant(at))))
+    }
+
+    /// 4c. The shared store, for a shared budget whose store answers: the head leaves the
+    ///     ordering to ask it (and comes back to its place if refused), so the next may ask
+    ///     too while the store admits; while the store refuses, one asks at a time.
+    fn ask_store(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
+        let (Some(remote), Some(shared)) = (&self.budget.shared.remote, &self.state.shared) else {
+            return Continue(());
+        };
+        if waiting.local {
+            return Continue(());
+        }
+        // The store's wait, unless a refund reached the store since it told it.
+        let refunds = shared.refunds;
+        let now = self.now;
+        if let Some((at, _)) = waiting
+            .retry_at
+            .filter(|(at, told)| *at > now && *told == refunds)
+        {
+            return Break(match self.wait(waiting) {
+                Step::Queued => Step::WaitUntil(self.state.until_reorder(at, now)),
+                other => other,
+            });
+        }
+        let id = self.state.peek_id();
+        let shared = self.state.shared.as_mut().expect("checked above");
+        if !shared.may_ask() {
+            // Another question is on its way while the store refuses.
+            return Break(self.wait(waiting));
+        }
+        if shared.breaker.allow(id.get(), self.ns) {
+            shared.asking += 1;
+            let limits = shared.limits().clone();
+            let path = self.state.path_limits(waiting.ask.tenant.as_ref());
+            self.state.slots.promise();
+            let next = waiting
+                .place
+                .and_then(|mine| self.state.queue.step_out(mine, now));
+            self.wake(next);
+            return Break(Step::Ask(self.state.next_id(), limits, path));
+        }
+        if remote.policy() == FailurePolicy::FailClosed {
+            self.leave(&mut waiting.place);
+            return Break(Step::Unavailable(StoreUnavailable::breaker_open()));
+        }
+        Continue(())
+    }
+
+    /// 4d. The buckets in memory (a shared budget's local fallback share, when its store is
+    ///     out of reach): admitted if they pay, else the head sleeps until they can.
+    fn pay(&mut self, waiting: &mut Waiting) -> Step {
+        let (ask, ns) = (&waiting.ask, self.ns);
+        let fallback = self.state.shared.is_some();
+        if fallback
+            && self
+                .state
+                .store
+                .check_capacity(&ask.cost, ask.floor)
+                .is_err()
+        {
+            self.leave(&mut waiting.place);
+            return Step::Unavailable(StoreUnavailable::new(
+                "the shared store is out of reach and the cost exceeds the local fallback share",
+            ));
+        }
+        let id = self.state.peek_id();
+        match self.state.store.reserve(id, &ask.cost, ask.floor, ns) {
+            Ok(()) => {
+                let id = self.state.next_id();
+                if let (Some(tenants), Some(path)) = (&mut self.state.tenants, &ask.tenant) {
+                    tenants.take(path, &ask.cost, ns, self.now);
+                }
+                if fallback {
+                    let reason = if waiting.local {
+                        "store_unavailable"
+                    } else {
+                        "breaker_open"
+                    };
+                    crate::observe::fallback(reason);
+                }
+                self.state.slots.take();
+                let next = waiting
+                    .place
+                    .take()
+                    .and_then(|mine| self.state.queue.serve(mine, self.now));
+                self.wake(next);
+                Step::Admitted(id, Origin::Local)
+            }
+            Err(Denial::NotUntil { at, .. }) => self.wait_for_buckets(waiting, at),
+            Err(Denial::Never(e)) => {
+                // Too large from the start, or a limit shrank below it while it waited.
+                self.leave(&mut waiting.place);
+                Step::Never(e)
+            }
+        }
+    }
+
+    /// The head's buckets cannot pay before `at`: it sleeps until then (or until aging may
+    /// reorder the fronts). Blocked only by its floor, it lets whoever may go instead look.
+    fn wait_for_buckets(&mut self, waiting: &mut Waiting, at: u64) -> Step {
+        let step = self.wait(waiting);
+        let Some(mine) = waiting.place else {
+            return step;
+        };
+        let ask = &waiting.ask;
+        let fits = self
+            .state
+            .store
+            .not_before(&ask.cost, self.ns)
+            .is_none_or(|(at, _)| at <= self.ns);
+        let floor_only = ask.floor != Floor::NONE && fits;
+        let other = self
+            .state
+            .queue
+            .set_floor_blocked(mine, floor_only, self.now);
+        self.wake(other);
+        match step {
+            Step::Queued => {
+                Step::WaitUntil(self.state.until_reorder(self.budget.instant(at), self.now))
+            }
+            other => other,
+        }
+    }
+
+    /// Joins the ordering, or refreshes the waker of a waiter already in it.
+    fn wait(&mut self, waiting: &mut Waiting) -> Step {
+        self.state
+            .wait(&mut waiting.place, &waiting.ask, self.waker)
+    }
+
+    /// Leaves the ordering unserved, if in it; whoever may go instead is woken.
+    fn leave(&mut self, place: &mut Option<Place>) {
+        let next = place
+            .take()
+            .and_then(|mine| self.state.queue.remove(mine, self.now));
+        self.wake(next);
+    }
+}
+
+impl State {
+    /// Fails when `cost` exceeds a capacity (less `floor`): of the shared limits for a shared
+    /// budget, of the buckets for an in-memory one.
+    pub(super) fn check_capacity(
+        &self,
+        cost: &crate::cost::Cost,
+        floor: Floor,
+    ) -> Result<(), InsufficientCapacity> {
+        match &self.shared {
+            Some(shared) => shared.check_capacity(cost, floor),
+            None => self.store.check_capacity(cost, floor),
+        }
+    }
+
+    /// Joins the ordering, or refreshes the waker of a waiter already in it: `Step::Queued`,
+    /// or `Step::Full` when the ordering is as deep as the request allows.
+    pub(super) fn wait(&mut self, place: &mut Option<Place>, ask: &Ask, waker: &Waker) -> Step {
+        match self.queue.wait(place, ask, waker) {
+            Ok(()) => Step::Queued,
+            Err(Full(depth)) => Step::Full(depth),
+        }
+    }
+
+    /// The limits of the tenant nodes of `path`, for the shared store (none without tenants).
+    pub(super) fn path_limits(&self, path: Option<&Tenant>) -> PathLimits {
+        match (&self.tenants, path) {
+            (Some(tenants), Some(path)) => tenants.shared_path(path),
+            _ => Arc::from([]),
+        }
+    }
+
+    pub(super) fn next_id(&mut self) -> ReservationId {
+        self.next_id += 1;
+        ReservationId(self.next_id)
+    }
+
+    /// The id [`State::next_id`] will give.
+    pub(super) fn peek_id(&self) -> ReservationId {
+        ReservationId(self.next_id + 1)
+    }
+
+    /// `at`, or sooner when aging may change who goes first before then: the head sleeping
+    /// until its cost fits looks again then, and hands over if it is no longer the head.
+    pub(super) fn until_reorder(&self, at: Instant, now: Instant) -> Instant {
+        self.queue
+            .next_reorder(now)
+            .map_or(at, |reorder| reorder.min(at))
+    }
+}
