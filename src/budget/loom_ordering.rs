@@ -4,6 +4,8 @@
 //!
 //! The slot is a limit that does not refill with time, so the models need no clock or timer:
 //! what they check is that a waiter is woken whenever it may go, whoever leaves or gives back.
+//! The shared store's model asks a store that admits at once: what it checks is the hand-over
+//! of the one question allowed in flight, whose answer must wake the next asker.
 
 use std::num::NonZeroUsize;
 
@@ -110,5 +112,94 @@ fn loom_two_futures_of_one_task_are_both_admitted() {
         joined.join().unwrap();
         let snapshot = budget.snapshot();
         assert_eq!((snapshot.in_flight(), snapshot.waiters()), (0, 0));
+    });
+}
+
+/// A shared store that admits every question at once, counting them.
+#[derive(Debug, Default)]
+struct AdmittingStore {
+    asked: std::sync::atomic::AtomicUsize,
+}
+
+impl super::remote::RemoteStore for AdmittingStore {
+    fn reserve(
+        &self,
+        _id: String,
+        _cost: Cost,
+        _floor: super::Floor,
+        _limits: std::sync::Arc<[crate::quota::Limit]>,
+        _path: super::remote::PathLimits,
+    ) -> super::remote::StoreFuture<super::remote::Decision> {
+        self.asked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Box::pin(std::future::ready(Ok(super::remote::Decision::Admitted)))
+    }
+
+    fn settle(&self, _batch: Vec<super::remote::Settle>) -> super::remote::StoreFuture<()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn lower(
+        &self,
+        _limit: crate::quota::Limit,
+        _remaining: Option<u64>,
+        _pause: std::time::Duration,
+    ) -> super::remote::StoreFuture<()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn lift(&self, _limits: Vec<crate::quota::Limit>) -> super::remote::StoreFuture<()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+}
+
+/// Three reservations on a shared budget that lets one question be in flight at a time: two
+/// polled by one task (`join`), one by another thread. Whoever finds a question in flight
+/// waits without a timer, so the answer must wake it, also when it is a future of the
+/// answering task: all three are admitted under every interleaving, each after one question.
+#[test]
+fn loom_the_stores_answer_hands_the_question_over() {
+    use std::sync::atomic::Ordering;
+
+    use super::remote_state::RemoteOptions;
+
+    loom::model(|| {
+        let store = std::sync::Arc::new(AdmittingStore::default());
+        let options = RemoteOptions {
+            policy: super::FailurePolicy::FailClosed,
+            timeout: std::time::Duration::ZERO,
+            breaker_threshold: 3,
+            breaker_open_for: std::time::Duration::from_secs(1),
+            pipeline: 1,
+        };
+        let quota = Quota::new().with_limit(crate::quota::Limit::per_minute(
+            crate::quota::Dimension::Requests,
+            std::num::NonZeroU64::new(1_000).unwrap(),
+        ));
+        let budget = Budget::with_remote(&quota, store.clone(), options, true);
+        let other = {
+            let budget = budget.clone();
+            thread::spawn(move || drop(block_on(budget.reserve(Cost::new(1, 0))).unwrap()))
+        };
+        let joined = {
+            let budget = budget.clone();
+            let thread = thread::Builder::new().stack_size(1 << 20);
+            thread
+                .spawn(move || {
+                    let one = |priority| {
+                        let reserve = budget.reserve(Cost::new(1, 0)).priority(priority);
+                        async move { drop(reserve.await.unwrap()) }
+                    };
+                    block_on(futures_util::future::join(
+                        Box::pin(one(Priority::Batch)),
+                        Box::pin(one(Priority::Interactive)),
+                    ));
+                })
+                .unwrap()
+        };
+        other.join().unwrap();
+        joined.join().unwrap();
+        assert_eq!(store.asked.load(Ordering::Relaxed), 3);
+        assert_eq!(budget.waiters(), 0);
     });
 }
