@@ -796,6 +796,60 @@ async fn a_node_s_max_wait_bounds_the_wait_for_it() {
     assert_eq!(waited.elapsed(), Duration::from_secs(3));
 }
 
+/// A node scoped to one account holds there alone: acme is limited to 4 requests a minute
+/// and 1 call in flight on the `openai` account, free on the `anthropic` one, while its
+/// parent's 10 a minute hold over both. Settlements give back what each account took.
+#[tokio::test(start_paused = true)]
+async fn a_node_scoped_to_one_account_holds_there_alone() {
+    let tree = TenantTree::new()
+        .with_node(
+            tenant("acme"),
+            TenantNode::new().with_limit(requests_per_minute(10)),
+        )
+        .with_node(
+            tenant("acme/chat"),
+            TenantNode::new()
+                .with_limit(requests_per_minute(4))
+                .with_max_in_flight(std::num::NonZeroUsize::MIN)
+                .for_account("openai"),
+        );
+    let account = |name: &str| {
+        Quota::new()
+            .with_limit(requests_per_minute(600))
+            .with_name(name.to_owned())
+    };
+    let openai = Budget::with_tenants(account("openai"), tree).unwrap();
+    let anthropic = Budget::new(account("anthropic")).with_tenants_of(&openai);
+    let chat = tenant("acme/chat");
+    let one = |budget: &Budget| budget.try_reserve_for(Cost::requests_only(1), &chat);
+    // One call in flight on openai; the node does not count anthropic's.
+    let first = one(&openai).expect("the scoped node's first call");
+    assert!(matches!(one(&openai), Err(TryReserveError::NoSlot)));
+    let mut elsewhere: Vec<_> = (0..6)
+        .map(|_| one(&anthropic).expect("the node is passed over on anthropic"))
+        .collect();
+    // 7 of the parent's 10 taken: 3 left in all, and the scoped node has 3 of its 4 left.
+    first.charge_estimate();
+    for _ in 0..3 {
+        elsewhere.push(one(&openai).expect("within both nodes"));
+        elsewhere.pop().unwrap().charge_estimate();
+    }
+    match one(&anthropic) {
+        Err(TryReserveError::NotYet(_)) => {}
+        other => panic!("the parent's 10 a minute hold over both accounts: {other:?}"),
+    }
+    // A minute later, openai admits 4, not 5: the scoped node's minute.
+    tokio::time::advance(MINUTE).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let reservation = one(&openai).expect("within the scoped node's minute");
+        held.push(reservation.charge_estimate());
+    }
+    assert!(matches!(one(&openai), Err(TryReserveError::NotYet(_))));
+    let node = anthropic.tenants().unwrap().node(&chat).unwrap();
+    assert_eq!(node.account(), Some("openai"));
+}
+
 /// A tenant's limits hold over every account it uses: two provider accounts' budgets serving
 /// one tenant state. A tenant of 20 requests a minute gets 20 in all, whichever accounts
 /// its requests go to (before, each account held a copy of the tree: 20 on each, and with

@@ -24,6 +24,7 @@ pub struct TenantNode {
     pub(crate) max_in_flight: Option<NonZeroUsize>,
     pub(crate) daily: Vec<DailyCap>,
     pub(crate) max_wait: Option<Duration>,
+    pub(crate) account: Option<std::sync::Arc<str>>,
 }
 
 impl Default for TenantNode {
@@ -43,6 +44,7 @@ impl TenantNode {
             max_in_flight: None,
             daily: Vec::new(),
             max_wait: None,
+            account: None,
         }
     }
 
@@ -110,6 +112,25 @@ impl TenantNode {
             max_wait: Some(max_wait),
             ..self
         }
+    }
+
+    /// Scopes the node to one provider account: it applies only to requests admitted by the
+    /// budget named `account` ([`Quota::with_name`](crate::Quota::with_name); a profile's
+    /// budget is named after its profile, a Redis budget after its quota key, an unnamed one
+    /// `default`), and the budgets of other accounts that serve the same tenants
+    /// ([`Budget::with_tenants_of`](crate::Budget::with_tenants_of)) pass over it: its
+    /// limits, calls in flight, daily caps and pause hold on that account alone. Defaults to
+    /// every account the tenant uses.
+    pub fn for_account(self, account: impl Into<std::sync::Arc<str>>) -> Self {
+        Self {
+            account: Some(account.into()),
+            ..self
+        }
+    }
+
+    /// The account the node is scoped to, if any ([`TenantNode::for_account`]).
+    pub fn account(&self) -> Option<&str> {
+        self.account.as_deref()
     }
 
     /// Adds a daily cap; one of the same dimension and window is replaced. A request that

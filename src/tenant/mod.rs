@@ -112,6 +112,15 @@
 //! under the budget's lock: of 600 requests sent at once to a tenant of 20 a minute with
 //! `max_wait` zero, 20 are admitted and 580 refused at once, none queued.
 //!
+//! # Several accounts
+//!
+//! The provider account is the bottom of a tenant's path, not the top of a tree: budgets of
+//! several accounts serve one tenant state with
+//! [`Budget::with_tenants_of`](crate::Budget::with_tenants_of), and a node's limits, calls in
+//! flight, daily caps and pause then hold over every account the tenant uses. A node scoped
+//! with [`TenantNode::for_account`] holds on the budget of that name only, and the others pass
+//! over it (a tenant capped on one provider and free on the other).
+//!
 //! # Daily caps
 //!
 //! [`DayWindow::CalendarUtc`] counts the calendar day in UTC (what invoices use; twice the
@@ -138,6 +147,7 @@
 //!              "acme/search": { "limits": [ { "dimension": "total_tokens",
 //!                                "amount": 20000, "period_seconds": 60 } ],
 //!                               "max_in_flight": 8, "max_wait_seconds": 0,
+//!                               "account": "openai",
 //!                               "daily": [ { "dimension": "total_tokens",
 //!                                 "amount": 1000000, "window": "calendar_utc" } ] } },
 //!   "templates": { "3": { "limits": [ { "dimension": "requests", "amount": 60,

@@ -42,6 +42,8 @@ struct Node {
     #[serde(default)]
     max_wait_seconds: Option<f64>,
     #[serde(default)]
+    account: Option<String>,
+    #[serde(default)]
     daily: Vec<DailyConfig>,
 }
 
@@ -119,6 +121,9 @@ fn node<E: serde::de::Error>(config: Node) -> Result<TenantNode, E> {
             .map_err(|_| E::custom("a node's max_wait_seconds must be 0 or more"))?;
         node = node.with_max_wait(max_wait);
     }
+    if let Some(account) = config.account {
+        node = node.for_account(account);
+    }
     Ok(node)
 }
 
@@ -157,7 +162,7 @@ mod tests {
                  "nodes": { "acme": { "weight": 3, "guarantee": 0.75, "max_share": 0.9 },
                             "acme/search": { "limits": [ { "dimension": "total_tokens",
                                 "amount": 20000, "period_seconds": 60, "burst": 5000 } ],
-                              "max_in_flight": 8,
+                              "max_in_flight": 8, "account": "openai",
                               "daily": [ { "dimension": "total_tokens", "amount": 1000000,
                                            "window": "rolling" } ] } },
                  "templates": { "3": { "limits": [ { "dimension": "requests", "amount": 60,
@@ -170,6 +175,7 @@ mod tests {
         let search = tree.node(&"acme/search".parse().unwrap()).unwrap();
         assert_eq!(search.limits()[0].capacity(), 5_000);
         assert_eq!(search.daily_caps()[0].window(), DayWindow::Rolling);
+        assert_eq!((search.account(), acme.account()), (Some("openai"), None));
         let key = tree.node(&"acme/search/k1".parse().unwrap()).unwrap();
         assert_eq!(key.limits()[0].dimension(), Dimension::Requests);
         assert_eq!(tree.default_tenant().as_str(), "anonymous");

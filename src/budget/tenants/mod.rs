@@ -48,7 +48,8 @@ impl Budget {
             Some(shared) => shared.limits().to_vec(),
             None => state.store.limits(),
         };
-        state.tenants = Some(Tenants::new(tree, &account));
+        let name = state.queue.label();
+        state.tenants = Some(Tenants::new(tree, &account, name));
         drop(state);
         Ok(self)
     }
@@ -109,7 +110,10 @@ impl Budget {
                     .as_nanos(),
             )
             .unwrap_or(i128::MAX);
-        self.lock().tenants = theirs.map(|tenants| tenants.shared_with(later));
+        let mut state = self.lock();
+        let name = state.queue.label();
+        state.tenants = theirs.map(|tenants| tenants.shared_with(later, name));
+        drop(state);
         self
     }
 

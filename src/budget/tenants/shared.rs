@@ -28,23 +28,27 @@ pub(crate) struct Tenants {
     state: Arc<Mutex<TenantState>>,
     /// What to add to this budget's nanoseconds to get the state's.
     shift: i128,
+    /// The budget's name: nodes scoped to another account are passed over.
+    account: Arc<str>,
 }
 
 impl Tenants {
     /// Tenants of their own, for a budget whose account limits are `account`.
-    pub(crate) fn new(tree: TenantTree, account: &[Limit]) -> Self {
+    pub(crate) fn new(tree: TenantTree, limits: &[Limit], account: Arc<str>) -> Self {
         Self {
-            state: Arc::new(Mutex::new(TenantState::new(tree, account))),
+            state: Arc::new(Mutex::new(TenantState::new(tree, limits))),
             shift: 0,
+            account,
         }
     }
 
-    /// The same tenants for a budget whose clock starts `later` nanoseconds after the clock
-    /// of the budget holding `self` (negative: before).
-    pub(crate) fn shared_with(&self, later: i128) -> Self {
+    /// The same tenants for a budget named `account` whose clock starts `later` nanoseconds
+    /// after the clock of the budget holding `self` (negative: before).
+    pub(crate) fn shared_with(&self, later: i128, account: Arc<str>) -> Self {
         Self {
             state: Arc::clone(&self.state),
             shift: self.shift + later,
+            account,
         }
     }
 
@@ -97,7 +101,11 @@ impl Tenants {
         at: Instant,
         arrived: Instant,
     ) -> Check {
-        match self.lock().check(path, cost, self.there(now), at, arrived) {
+        let now = self.there(now);
+        match self
+            .lock()
+            .check(&self.account, path, cost, now, at, arrived)
+        {
             Check::Blocked { depth, at, give_up } => Check::Blocked {
                 depth,
                 at: at.map(|(ready, limit)| (self.here(ready), limit)),
@@ -108,7 +116,8 @@ impl Tenants {
     }
 
     pub(crate) fn take(&self, path: &Tenant, cost: &Cost, now: u64, at: Instant) {
-        self.lock().take(path, cost, self.there(now), at);
+        self.lock()
+            .take(&self.account, path, cost, self.there(now), at);
     }
 
     pub(crate) fn settle(
@@ -119,8 +128,9 @@ impl Tenants {
         at: Instant,
         wakers: &mut Vec<Waker>,
     ) {
+        let now = self.there(now);
         self.lock()
-            .settle(path, reserved, actual, self.there(now), at, wakers);
+            .settle(&self.account, path, (reserved, actual), now, at, wakers);
     }
 
     pub(crate) fn flow(&self, path: &Tenant) -> Flow {
@@ -172,7 +182,7 @@ impl Tenants {
     }
 
     pub(crate) fn shared_path(&self, path: &Tenant) -> Arc<[(Tenant, Limit)]> {
-        self.lock().shared_path(path)
+        self.lock().shared_path(&self.account, path)
     }
 
     pub(crate) fn view(&self, path: &Tenant, now: u64, at: Instant) -> NodeView {

@@ -154,6 +154,14 @@ impl TenantState {
             .fold(1u32, |w, c| w.saturating_mul(c.weight.get()))
     }
 
+    /// Whether the node at `prefix` applies to the requests `account` admits: a node scoped
+    /// to another account is passed over.
+    fn applies(&self, prefix: &str, account: &str) -> bool {
+        self.config(prefix)
+            .and_then(|config| config.account.as_deref())
+            .is_none_or(|scope| scope == account)
+    }
+
     fn config(&self, prefix: &str) -> Option<&TenantNode> {
         self.tree.nodes.get(prefix).or_else(|| {
             let depth = prefix.split('/').count();
@@ -167,6 +175,7 @@ impl TenantState {
     /// it instead.
     pub(crate) fn check(
         &mut self,
+        account: &str,
         path: &Tenant,
         cost: &Cost,
         now: u64,
@@ -179,6 +188,9 @@ impl TenantState {
         // The first node that cannot pay yet makes the request wait; every node may refuse.
         let mut blocked = None;
         for (i, prefix) in path.prefixes().enumerate() {
+            if !self.applies(prefix, account) {
+                continue;
+            }
             let node = self.node(prefix);
             if let Some(reason) = node.refusal(cost, unix) {
                 return Check::Refused(refused(prefix, reason));
@@ -199,10 +211,20 @@ impl TenantState {
 
     /// Debits every node of `path` (checked by [`Tenants::check`] under the same lock), and
     /// lets the sweep look at one live node.
-    pub(crate) fn take(&mut self, path: &Tenant, cost: &Cost, now: u64, at: Instant) {
+    pub(crate) fn take(
+        &mut self,
+        account: &str,
+        path: &Tenant,
+        cost: &Cost,
+        now: u64,
+        at: Instant,
+    ) {
         let unix = self.tree.clock.unix_seconds(at);
         let reference = self.reference.0;
         for prefix in path.prefixes() {
+            if !self.applies(prefix, account) {
+                continue;
+            }
             self.node(prefix).take(cost, reference, now, unix);
         }
         self.sweep_one(now, unix);
@@ -212,9 +234,9 @@ impl TenantState {
     /// for a node that freed capacity.
     pub(crate) fn settle(
         &mut self,
+        account: &str,
         path: &Tenant,
-        reserved: &Cost,
-        actual: &Cost,
+        (reserved, actual): (&Cost, &Cost),
         now: u64,
         at: Instant,
         wakers: &mut Vec<Waker>,
@@ -222,6 +244,9 @@ impl TenantState {
         let unix = self.tree.clock.unix_seconds(at);
         let reference = self.reference.0;
         for prefix in path.prefixes() {
+            if !self.applies(prefix, account) {
+                continue;
+            }
             let node = self.node(prefix);
             if node.settle(reserved, actual, reference, now, unix) {
                 wakers.extend(node.unpark_all());
@@ -392,10 +417,13 @@ impl TenantState {
 
     /// The limits of every node of `path`, each with its node, as a shared store keeps them
     /// (empty without any).
-    pub(crate) fn shared_path(&self, path: &Tenant) -> Arc<[(Tenant, Limit)]> {
+    pub(crate) fn shared_path(&self, account: &str, path: &Tenant) -> Arc<[(Tenant, Limit)]> {
         let mut limits = Vec::new();
         for prefix in path.prefixes() {
-            let Some(config) = self.config(prefix) else {
+            let Some(config) = self
+                .config(prefix)
+                .filter(|_| self.applies(prefix, account))
+            else {
                 continue;
             };
             let node = Tenant::parse(prefix).expect("a prefix of a valid path");
