@@ -1,9 +1,8 @@
-//! The [`Budget`] handle and the state its clones share: construction, snapshots, limit and
-//! level changes, pauses, and settlement. Admission lives in `admission` (in memory) and
-//! `remote_admission` (through a shared store).
+//! The [`Budget`] handle and the state its clones share, with what the other parts of the
+//! budget use of it: the lock, the clock, settlement. The public API is in `facade.rs`;
+//! admission in `engine/`.
 
 use std::fmt;
-use std::num::NonZeroUsize;
 use std::sync::{Arc, PoisonError};
 use std::task::Waker;
 use std::time::Duration;
@@ -11,17 +10,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::engine::{Slots, WaitList};
-use super::observation::Observation;
-use super::remote_state::{Remote, SharedState};
-use super::snapshot::BudgetSnapshot;
-use super::store::{MemoryStore, Origin, ReservationId, Store, nanos};
+use crate::budget::memory::store::{MemoryStore, Origin, ReservationId, Store, nanos};
+use crate::budget::remote::state::{Remote, SharedState};
 use crate::budget::tenants::shared::Tenants;
 use crate::cost::Cost;
 use crate::error::NotUntil;
 use crate::loom::{Mutex, MutexGuard};
-use crate::quota::LimitSnapshot;
-use crate::quota::{Dimension, Limit, Quota};
-use crate::sched::QueueSnapshot;
+use crate::quota::{Limit, Quota};
 use crate::tenant::Tenant;
 
 /// A shared quota budget: a cheap handle, and clones share the same buckets and queue.
@@ -57,11 +52,6 @@ pub(super) struct State {
 }
 
 impl Budget {
-    /// A budget enforcing every limit of `quota`, with every bucket full.
-    pub fn new(quota: Quota) -> Self {
-        Self::with_store(&quota, MemoryStore::new(&quota), None, None)
-    }
-
     pub(super) fn with_store(
         quota: &Quota,
         store: MemoryStore,
@@ -98,167 +88,6 @@ impl Budget {
     /// The `queue` label of the depth gauge of the budget's ordering (its quota's name).
     pub(crate) fn queue_label(&self) -> Arc<str> {
         self.lock().queue.label()
-    }
-
-    /// The state of every limit and of the queue, now.
-    ///
-    /// For a budget shared through a store in another process (Redis), the limits are those
-    /// of its local fallback share, with the levels this process spent from it while the
-    /// store was out of reach; the shared levels live in the store.
-    pub fn snapshot(&self) -> BudgetSnapshot {
-        let now = Instant::now();
-        let ns = self.nanos_since_origin(now);
-        let state = self.lock();
-        let limits = state
-            .store
-            .snapshot(ns)
-            .into_iter()
-            .map(|s| LimitSnapshot {
-                limit: s.limit,
-                capacity: s.capacity,
-                level: s.level,
-                available_at: self.instant(s.available_at),
-                full_at: self.instant(s.full_at),
-            })
-            .collect();
-        BudgetSnapshot {
-            taken_at: now,
-            limits,
-            waiters: state.queue.len(),
-            queued: state.queue.queued(),
-            in_flight: state.slots.used(),
-            max_in_flight: state.slots.max(),
-        }
-    }
-
-    /// The requests waiting for admission, by class (the budget's ordering).
-    pub fn queue_snapshot(&self) -> QueueSnapshot {
-        self.lock().queue.order().snapshot(Instant::now())
-    }
-
-    /// Caps the calls in flight at `max` (`None`: no cap), from now on; a slot is held from
-    /// admission until the reservation ends (with [`ReconcileLayer`](crate::ReconcileLayer),
-    /// when the response body ends). Lowering it below the calls in flight admits nobody until
-    /// enough of them end. Defaults to the quota's
-    /// [`max_in_flight`](Quota::with_max_in_flight).
-    pub fn set_max_in_flight(&self, max: Option<NonZeroUsize>) {
-        self.update_state(|state| {
-            state.slots.set_max(max);
-            true
-        });
-    }
-
-    /// Replaces the limit of the same dimension and period (or adds it), keeping the bucket's
-    /// current level, clamped to the new capacity. Waiters are re-examined at once (for a
-    /// shared budget, the head asks the store again when the store's last wait is over).
-    pub fn set_limit(&self, limit: Limit) {
-        let now = self.nanos_since_origin(Instant::now());
-        self.update_state(|state| {
-            let local = match &mut state.shared {
-                Some(shared) => shared.set_limit(limit),
-                None => limit,
-            };
-            state.store.set_limit(local, now);
-            true
-        });
-    }
-
-    /// Applies a provider's report on one of the limits; see [`Observation`].
-    ///
-    /// A shared budget writes it to the shared store too, in the background, so that every
-    /// process sharing the quota sees it.
-    pub fn observe(&self, observation: &Observation) {
-        let now = self.nanos_since_origin(Instant::now());
-        self.update_state(|state| match &mut state.shared {
-            Some(shared) => {
-                let lowered = shared.observe(observation);
-                if let Some(remote) = &self.shared.remote {
-                    lowered.for_each(|(limit, remaining)| {
-                        remote.lower(limit, Some(remaining), Duration::ZERO)
-                    });
-                }
-                // The fallback share does not adapt: other processes spend the shared quota.
-                state
-                    .store
-                    .observe(&shared.local_observation(observation), now, false)
-            }
-            None => state.store.observe(observation, now, true),
-        });
-    }
-
-    /// Admits nothing in any of `dimensions` until `until`, for every holder of this budget:
-    /// the provider said (with a 429) that the quota they share is spent until then. The
-    /// shortest window of each dimension is held until then, keeping its level (lower it to
-    /// what the provider reports with [`Budget::observe`]), so that when the pause ends the
-    /// bucket holds what it refilled meanwhile, not nothing; longer windows, such as a daily
-    /// limit, are not held. A later pause extends an earlier one; an earlier end never
-    /// shortens it, and neither does a refund; [`Budget::lift_pause`] ends it. An adaptive
-    /// share ([`AdaptiveShare`](super::AdaptiveShare)) counts the refusal and plans less.
-    ///
-    /// A shared budget writes the pause to the shared store too, in the background, as a hold
-    /// of the same window measured by the store's clock: one process's 429 holds every process
-    /// sharing the quota until the pause's end (plus the time the write takes), and the shared
-    /// level keeps refilling meanwhile.
-    pub fn pause(&self, dimensions: &[Dimension], until: Instant) {
-        let pause = until.saturating_duration_since(Instant::now());
-        let now = self.nanos_since_origin(Instant::now());
-        let until = self.nanos_since_origin(until);
-        self.update_state(|state| {
-            let adapt = state.shared.is_none();
-            dimensions.iter().for_each(|&d| {
-                state.store.pause(d, until, now, adapt);
-            });
-            if let (Some(shared), Some(remote)) = (&state.shared, &self.shared.remote) {
-                for &dimension in dimensions {
-                    let shortest = shared
-                        .limits()
-                        .iter()
-                        .filter(|limit| limit.dimension() == dimension)
-                        .min_by_key(|limit| limit.period());
-                    if let Some(&limit) = shortest {
-                        remote.lower(limit, None, pause);
-                    }
-                }
-            }
-            false
-        });
-    }
-
-    /// Ends the pauses of `dimensions` now, so that waiting requests are admitted as soon as
-    /// the levels allow: for example once an operator knows that a provider's long wait (a
-    /// daily quota) is over. Waiters are re-examined at once.
-    ///
-    /// A shared budget lifts the holds in the shared store too, in the background and after
-    /// any pause this process sent before, for every process sharing the quota: this
-    /// process's waiters ask the store again as soon as the lift is written; those of other
-    /// processes within a second, as a process waiting for a hold asks the store again at
-    /// least once a second.
-    pub fn lift_pause(&self, dimensions: &[Dimension]) {
-        self.update_state(|state| {
-            dimensions.iter().for_each(|&d| state.store.lift(d));
-            if let (Some(shared), Some(remote)) = (&state.shared, &self.shared.remote) {
-                let lifted: Vec<Limit> = shared
-                    .limits()
-                    .iter()
-                    .filter(|limit| dimensions.contains(&limit.dimension()))
-                    .copied()
-                    .collect();
-                if !lifted.is_empty() {
-                    remote.lift(lifted);
-                }
-            }
-            true
-        });
-    }
-
-    /// How many requests wait for admission.
-    pub fn waiters(&self) -> usize {
-        self.lock().queue.len()
-    }
-
-    /// Whether two handles share the same budget.
-    pub fn ptr_eq(&self, other: &Budget) -> bool {
-        Arc::ptr_eq(&self.shared, &other.shared)
     }
 
     /// Settles a reservation: `actual` replaces `reserved`, and its in-flight slot is given

@@ -121,21 +121,26 @@ struct AdmittingStore {
     asked: std::sync::atomic::AtomicUsize,
 }
 
-impl super::remote::RemoteStore for AdmittingStore {
+impl crate::budget::remote::RemoteStore for AdmittingStore {
     fn reserve(
         &self,
         _id: String,
         _cost: Cost,
         _floor: super::Floor,
         _limits: std::sync::Arc<[crate::quota::Limit]>,
-        _path: super::remote::PathLimits,
-    ) -> super::remote::StoreFuture<super::remote::Decision> {
+        _path: crate::budget::remote::PathLimits,
+    ) -> crate::budget::remote::StoreFuture<crate::budget::remote::Decision> {
         self.asked
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Box::pin(std::future::ready(Ok(super::remote::Decision::Admitted)))
+        Box::pin(std::future::ready(Ok(
+            crate::budget::remote::Decision::Admitted,
+        )))
     }
 
-    fn settle(&self, _batch: Vec<super::remote::Settle>) -> super::remote::StoreFuture<()> {
+    fn settle(
+        &self,
+        _batch: Vec<crate::budget::remote::Settle>,
+    ) -> crate::budget::remote::StoreFuture<()> {
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -144,11 +149,11 @@ impl super::remote::RemoteStore for AdmittingStore {
         _limit: crate::quota::Limit,
         _remaining: Option<u64>,
         _pause: std::time::Duration,
-    ) -> super::remote::StoreFuture<()> {
+    ) -> crate::budget::remote::StoreFuture<()> {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn lift(&self, _limits: Vec<crate::quota::Limit>) -> super::remote::StoreFuture<()> {
+    fn lift(&self, _limits: Vec<crate::quota::Limit>) -> crate::budget::remote::StoreFuture<()> {
         Box::pin(std::future::ready(Ok(())))
     }
 }
@@ -161,7 +166,7 @@ impl super::remote::RemoteStore for AdmittingStore {
 fn loom_the_stores_answer_hands_the_question_over() {
     use std::sync::atomic::Ordering;
 
-    use super::remote_state::RemoteOptions;
+    use crate::budget::remote::state::RemoteOptions;
 
     loom::model(|| {
         let store = std::sync::Arc::new(AdmittingStore::default());

@@ -66,34 +66,31 @@
 //! [`Reservation`] is refunded or charged by the rule in its documentation, so no capacity
 //! leaks.
 
-mod bucket;
 mod engine;
+mod facade;
 mod handle;
 #[cfg(all(test, loom))]
 mod loom_ordering;
+pub(crate) mod memory;
 mod observation;
 #[cfg(feature = "redis")]
 pub mod redis;
-mod remote;
-mod remote_state;
+pub(crate) mod remote;
 mod reservation;
 mod reserve;
-mod share;
-mod shared;
 pub(crate) mod snapshot;
-pub(crate) mod store;
 pub(crate) mod tenants;
 
 pub use crate::error::StoreUnavailable;
 pub use crate::quota::AdaptiveShare;
 pub use crate::quota::LimitSnapshot;
-pub(crate) use bucket::Floor;
 pub(crate) use engine::{Answer, Ask, Step, Waiting};
 pub use handle::Budget;
+pub(crate) use memory::bucket::Floor;
+pub use memory::store::ReservationId;
 pub use observation::Observation;
 pub use remote::FailurePolicy;
 pub use reservation::{Reservation, ReservationSlot, Settlement};
 pub use reserve::Reserve;
 pub use snapshot::BudgetSnapshot;
-pub use store::ReservationId;
 pub use tenants::TenantHandle;

@@ -3,8 +3,8 @@
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::store::Origin;
 use super::{Budget, ReservationId};
+use crate::budget::memory::store::Origin;
 use crate::cost::{Cost, Usage};
 use crate::quota::Dimension;
 use crate::tenant::Tenant;

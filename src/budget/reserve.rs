@@ -9,32 +9,17 @@ use pin_project_lite::pin_project;
 use sync_wrapper::SyncWrapper;
 use tokio::time::{Instant, Sleep, sleep_until};
 
-use super::bucket::Floor;
-use super::remote::{Decision, StoreFuture};
-use super::store::Origin;
 use super::{Answer, Ask, Budget, Reservation, ReservationId, Step, Waiting};
+use crate::budget::memory::bucket::Floor;
+use crate::budget::memory::store::Origin;
+use crate::budget::remote::{Decision, StoreFuture};
 use crate::cost::Cost;
 use crate::error::ReserveError;
 use crate::priority::Priority;
 use crate::sched::Scheduling;
 use crate::tenant::Tenant;
 
-impl Budget {
-    /// Waits until `cost` can be paid in every limit it touches (and an in-flight slot is
-    /// free, when the quota caps them), then reserves it.
-    ///
-    /// Waiters are admitted in the budget's ordering: by the class and place set with
-    /// [`Reserve::priority`] (by default async, in arrival order). Fails at once, without waiting, when `cost`
-    /// exceeds a bucket's capacity (or later, should a limit shrink below it while waiting).
-    ///
-    /// # Cancel safety
-    ///
-    /// Dropping the future before it completes reserves nothing and gives up its place in the
-    /// queue.
-    pub fn reserve(&self, cost: Cost) -> Reserve {
-        Reserve::new(self.clone(), cost)
-    }
-}
+impl Budget {}
 
 pin_project! {
     /// Waits for a [`Budget`] to admit a cost; see [`Budget::reserve`].

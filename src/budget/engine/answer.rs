@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::task::Waker;
 
 use super::{Pass, Waiting};
-use crate::budget::bucket::Floor;
 use crate::budget::handle::Budget;
+use crate::budget::memory::bucket::Floor;
+use crate::budget::memory::store::ReservationId;
+use crate::budget::remote::state::{Remote, SharedState};
 use crate::budget::remote::{Decision, FailurePolicy, PathLimits, StoreFuture};
-use crate::budget::remote_state::{Remote, SharedState};
-use crate::budget::store::ReservationId;
 use crate::cost::Cost;
 use crate::error::{InsufficientCapacity, StoreUnavailable};
 use crate::quota::Limit;

@@ -5,10 +5,10 @@
 use tokio::time::Instant;
 
 use super::Ask;
-use crate::budget::bucket::Floor;
 use crate::budget::handle::{Budget, State};
+use crate::budget::memory::bucket::Floor;
+use crate::budget::memory::store::{Denial, Origin, ReservationId, Store};
 use crate::budget::reservation::Reservation;
-use crate::budget::store::{Denial, Origin, ReservationId, Store};
 use crate::budget::tenants::tree::Check;
 use crate::cost::Cost;
 use crate::error::{StoreUnavailable, TryReserveError};
@@ -16,29 +16,6 @@ use crate::priority::Priority;
 use crate::tenant::Tenant;
 
 impl Budget {
-    /// Reserves `cost` now, or tells when to retry, or that it never fits.
-    ///
-    /// It does not overtake waiting requests: while others wait, it fails with a
-    /// [`NotUntil`](crate::error::NotUntil) that counts their costs ahead of this one.
-    ///
-    /// A budget shared through a store in another process (such as Redis) cannot answer
-    /// without a round trip: its `try_reserve` fails with [`TryReserveError::Unavailable`];
-    /// use [`Budget::reserve`].
-    pub fn try_reserve(&self, cost: Cost) -> Result<Reservation, TryReserveError> {
-        self.try_reserve_as(cost, None, None)
-    }
-
-    /// [`Budget::try_reserve`] for `tenant`: the account and every node of its path must pay
-    /// now ([`TryReserveError::Tenant`] when a node refuses it; `NotYet` or `NoSlot` when a
-    /// node cannot pay yet). A budget without tenants ignores `tenant`.
-    pub fn try_reserve_for(
-        &self,
-        cost: Cost,
-        tenant: &Tenant,
-    ) -> Result<Reservation, TryReserveError> {
-        self.try_reserve_as(cost, Some(tenant), None)
-    }
-
     /// What a request of `class` (and `tenant`) would wait now: zero when it would be
     /// admitted at once, the time until its cost fits behind the requests that would be
     /// admitted before it (its class and the classes above, and lower fronts aging has lifted
@@ -67,7 +44,7 @@ impl Budget {
 
     /// `try_reserve` behind every waiting request (`class` `None`), or behind those a request
     /// of `class` would wait behind.
-    fn try_reserve_as(
+    pub(in crate::budget) fn try_reserve_as(
         &self,
         cost: Cost,
         tenant: Option<&Tenant>,

@@ -36,10 +36,10 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use super::bucket::Floor;
 use super::handle::{Budget, State};
 use super::remote::{FailurePolicy, PathLimits};
-use super::store::{Denial, Origin, ReservationId, Store};
+use crate::budget::memory::bucket::Floor;
+use crate::budget::memory::store::{Denial, Origin, ReservationId, Store};
 use crate::budget::tenants::tree::Check;
 use crate::error::{InsufficientCapacity, StoreUnavailable};
 use crate::loom::MutexGuard;

@@ -7,7 +7,7 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use crate::budget::bucket::Floor;
+use crate::budget::memory::bucket::Floor;
 use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::sched::Scheduling;

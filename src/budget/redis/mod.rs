@@ -98,7 +98,7 @@ use std::time::Duration;
 
 use super::Budget;
 use super::remote::FailurePolicy;
-use super::remote_state::RemoteOptions;
+use crate::budget::remote::state::RemoteOptions;
 use crate::quota::Quota;
 use connection::{Servers, Timeouts};
 use keys::Keys;
@@ -165,7 +165,7 @@ impl RedisBudget {
             lease: Duration::from_secs(600),
             breaker_threshold: 3,
             breaker_open_for: Duration::from_millis(500),
-            pipeline: crate::budget::remote_state::PIPELINE,
+            pipeline: crate::budget::remote::state::PIPELINE,
         }
     }
 

@@ -7,7 +7,7 @@ use ::redis::Script;
 
 use super::connection::Connection;
 use super::keys::{Keys, Rate};
-use crate::budget::bucket::Floor;
+use crate::budget::memory::bucket::Floor;
 use crate::budget::remote::{Decision, PathLimits, RemoteStore, Settle, StoreFuture};
 use crate::cost::Cost;
 use crate::error::StoreUnavailable;

@@ -17,32 +17,14 @@ use tokio::time::Instant;
 use super::handle::State;
 use super::{Budget, LimitSnapshot};
 use crate::budget::engine::Ask;
-use crate::quota::{Limit, Quota};
+use crate::quota::Limit;
 use crate::tenant::{InvalidTree, Tenant, TenantNode, TenantSnapshot, TenantTree};
 use shared::Tenants;
 use tree::NodeView;
 
 impl Budget {
-    /// A budget enforcing every limit of `quota` for the account, and `tree` for its tenants:
-    /// a request is admitted only when the account and every node of its
-    /// [`Tenant`] path can pay, and waiting requests share a class by
-    /// weighted fair queuing over token cost. See the [`tenant`](crate::tenant) module.
-    ///
-    /// Fails when the tree cannot be enforced (guarantees of siblings above the whole, a cap
-    /// below a guarantee).
-    pub fn with_tenants(quota: Quota, tree: TenantTree) -> Result<Self, InvalidTree> {
-        Self::new(quota).with_tenant_tree(tree)
-    }
-
-    /// The same budget (every clone of it) enforcing `tree` for its tenants from now on,
-    /// replacing any tree it had: for a budget built elsewhere, such as one shared through
-    /// Redis ([`RedisBudget`](crate::budget::redis::RedisBudget)), whose store then keeps
-    /// every node's limits beside the account's, checked and taken in the same script call.
-    /// Install it before traffic: requests already waiting keep the place they had.
-    ///
-    /// Fails when the tree cannot be enforced.
-    pub fn with_tenant_tree(self, tree: TenantTree) -> Result<Self, InvalidTree> {
-        tree.validate()?;
+    /// Installs `tree` (validated) as the budget's tenant state, replacing any it had.
+    pub(in crate::budget) fn install_tenants(&self, tree: TenantTree) {
         let mut state = self.lock();
         let account: Vec<Limit> = match &state.shared {
             Some(shared) => shared.limits().to_vec(),
@@ -50,84 +32,28 @@ impl Budget {
         };
         let name = state.queue.label();
         state.tenants = Some(Tenants::new(tree, &account, name));
-        drop(state);
-        Ok(self)
     }
 
-    /// The same budget (every clone of it) serving the tenants of `other`, the budget of
-    /// another provider account: both hold one tenant state, so a tenant's limits, calls in
-    /// flight, daily caps and pauses hold over every account it uses (a tenant of 20 requests
-    /// a minute gets 20 in all, not 20 on each account). Each budget keeps its own ordering
-    /// and fair share; guarantees and borrowing caps are shares of `other`'s account, as
-    /// the state was made for it. Changes through either budget's
-    /// [`tenants`](Budget::tenants) handle reach both; a pause refuses the other budget's
-    /// queued requests of the scope when they next look (their turn or their timer), its
-    /// parked ones at once. Replaces any tree this budget had; when `other` has none, this
-    /// one has none either.
-    ///
-    /// With a shared store (Redis), a node's limits are also kept in each account's store
-    /// and so hold per account across processes; within one process they hold over all.
-    ///
-    /// # Example
-    ///
-    /// ```
-    /// use std::num::NonZeroU64;
-    /// use tower_llm_quota::tenant::{TenantNode, TenantTree};
-    /// use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota};
-    ///
-    /// let nz = |n| NonZeroU64::new(n).unwrap();
-    /// let tree = TenantTree::new().with_node(
-    ///     "acme".parse()?,
-    ///     TenantNode::new().with_limit(Limit::per_minute(Dimension::Requests, nz(20))),
-    /// );
-    /// let account = || Quota::new().with_limit(Limit::per_minute(Dimension::Requests, nz(500)));
-    /// let openai = Budget::with_tenants(account(), tree)?;
-    /// let anthropic = Budget::new(account()).with_tenants_of(&openai);
-    /// let acme = "acme".parse()?;
-    /// let mut held = Vec::new();
-    /// for i in 0..20 {
-    ///     let budget = if i % 2 == 0 { &openai } else { &anthropic };
-    ///     held.push(budget.try_reserve_for(Cost::requests_only(1), &acme)?);
-    /// }
-    /// // The 21st of the minute, on either account, must wait.
-    /// assert!(anthropic.try_reserve_for(Cost::requests_only(1), &acme).is_err());
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn with_tenants_of(self, other: &Budget) -> Self {
+    /// Serves the tenant state of `other` (none, if it has none), its times shifted to this
+    /// budget's clock.
+    pub(in crate::budget) fn serve_tenants_of(&self, other: &Budget) {
         let theirs = other.lock().tenants.clone();
-        let later = i128::try_from(
-            self.shared
-                .origin
-                .saturating_duration_since(other.shared.origin)
-                .as_nanos(),
-        )
-        .unwrap_or(i128::MAX)
-            - i128::try_from(
-                other
-                    .shared
-                    .origin
-                    .saturating_duration_since(self.shared.origin)
-                    .as_nanos(),
-            )
-            .unwrap_or(i128::MAX);
+        let nanos = |d: std::time::Duration| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX);
+        let (mine, their) = (self.shared.origin, other.shared.origin);
+        let later = nanos(mine.saturating_duration_since(their))
+            - nanos(their.saturating_duration_since(mine));
         let mut state = self.lock();
         let name = state.queue.label();
         state.tenants = theirs.map(|tenants| tenants.shared_with(later, name));
-        drop(state);
-        self
     }
 
-    /// Whether this budget and `other` serve one tenant state
-    /// ([`with_tenants_of`](Budget::with_tenants_of)).
-    pub fn shares_tenants_with(&self, other: &Budget) -> bool {
+    pub(in crate::budget) fn same_tenants_as(&self, other: &Budget) -> bool {
         let mine = self.lock().tenants.clone();
         let theirs = other.lock().tenants.clone();
         matches!((mine, theirs), (Some(a), Some(b)) if a.same(&b))
     }
 
-    /// The handle on the budget's tenant tree (pause, resume, limits, snapshots), when it has
-    /// one.
-    pub fn tenants(&self) -> Option<TenantHandle> {
+    pub(in crate::budget) fn tenant_handle(&self) -> Option<TenantHandle> {
         self.lock().tenants.as_ref()?;
         Some(TenantHandle {
             budget: self.clone(),

@@ -5,7 +5,7 @@ use std::num::{NonZeroU64, NonZeroUsize};
 use std::task::Waker;
 
 use crate::budget::Floor;
-use crate::budget::store::{MemoryStore, ReservationId, Store};
+use crate::budget::memory::store::{MemoryStore, ReservationId, Store};
 use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::{Dimension, Limit, Quota};

@@ -11,7 +11,7 @@ use std::task::Waker;
 use tokio::time::Instant;
 
 use super::node::{Node, NodeWait, Parked, limits_of};
-use crate::budget::store::{LimitState, Store};
+use crate::budget::memory::store::{LimitState, Store};
 use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::{Dimension, Limit};

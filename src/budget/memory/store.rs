@@ -8,8 +8,8 @@
 
 use std::time::Duration;
 
-use super::bucket::{Bucket, Fit, Floor};
-use super::observation::Observation;
+use crate::budget::memory::bucket::{Bucket, Fit, Floor};
+use crate::budget::observation::Observation;
 use crate::cost::Cost;
 use crate::error::InsufficientCapacity;
 use crate::quota::{Dimension, Limit, Quota};

@@ -12,7 +12,7 @@
 //! admitted: it holds admissions without touching the level, so when it ends the level is what
 //! the bucket (lowered to what the provider reported) holds by then, and it can be lifted.
 
-use super::share::ShareController;
+use crate::budget::memory::share::ShareController;
 use crate::quota::Limit;
 
 /// A token bucket for one [`Limit`].

@@ -8,13 +8,16 @@
 //! that keeps failing, and lets one probe through from time to time to notice its return.
 #![cfg_attr(not(feature = "redis"), allow(dead_code, unused_imports))]
 
+pub(crate) mod shared;
+pub(crate) mod state;
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::bucket::Floor;
+use crate::budget::memory::bucket::Floor;
 use crate::cost::Cost;
 use crate::error::StoreUnavailable;
 use crate::quota::Limit;
@@ -137,7 +140,7 @@ impl Breaker {
     pub(crate) fn new(threshold: u32, open_for: Duration) -> Self {
         Self {
             threshold: threshold.max(1),
-            open_for: super::store::nanos(open_for),
+            open_for: crate::budget::memory::store::nanos(open_for),
             failures: 0,
             open_until: None,
             probe: None,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::remote::{Breaker, FailurePolicy, RemoteStore, Settle};
+use crate::budget::remote::{Breaker, FailurePolicy, RemoteStore, Settle};
 use crate::quota::Limit;
 
 /// How a budget uses its shared store.

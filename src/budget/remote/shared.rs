@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::bucket::Floor;
-use super::remote::{
+use crate::budget::memory::bucket::Floor;
+use crate::budget::memory::store::MemoryStore;
+use crate::budget::remote::state::{Command, Remote, RemoteOptions, SharedState};
+use crate::budget::remote::{
     Breaker, Decision, FailurePolicy, PathLimits, RemoteStore, Settle, StoreFuture,
 };
-use super::remote_state::{Command, Remote, RemoteOptions, SharedState};
-use super::store::MemoryStore;
-use super::{Budget, Observation, ReservationId};
+use crate::budget::{Budget, Observation, ReservationId};
 use crate::cost::Cost;
 use crate::error::InsufficientCapacity;
 use crate::error::StoreUnavailable;
@@ -24,7 +24,7 @@ use crate::quota::{Limit, Quota};
 
 /// Tells the budget, if it still exists, that a refund reached the store.
 #[derive(Debug, Clone)]
-struct Refunded(std::sync::Weak<super::handle::Shared>);
+struct Refunded(std::sync::Weak<crate::budget::handle::Shared>);
 
 impl Refunded {
     fn notify(&self) {
@@ -93,6 +93,14 @@ impl Budget {
         budget
     }
 
+    /// Whether the circuit breaker lets admissions ask the store.
+    pub(in crate::budget) fn store_reachable(&self) -> bool {
+        self.lock()
+            .shared
+            .as_ref()
+            .is_some_and(|shared| shared.breaker.is_closed())
+    }
+
     /// A refund reached the shared store: the head of the queue asks again now, rather than
     /// when the store's last wait is over.
     fn refunded_remotely(&self) {
@@ -109,20 +117,6 @@ impl Budget {
         if let Some(head) = head {
             head.wake();
         }
-    }
-
-    /// Whether the budget is shared through a store in another process.
-    pub fn is_shared(&self) -> bool {
-        self.shared.remote.is_some()
-    }
-
-    /// Whether a shared budget admits through its store now (its circuit breaker is closed);
-    /// `false` while it falls back or refuses. Always `false` for an in-memory budget.
-    pub fn is_store_reachable(&self) -> bool {
-        self.lock()
-            .shared
-            .as_ref()
-            .is_some_and(|shared| shared.breaker.is_closed())
     }
 }
 
@@ -573,7 +567,7 @@ mod tests {
             timeout: 50 * MS,
             breaker_threshold: 3,
             breaker_open_for: 500 * MS,
-            pipeline: crate::budget::remote_state::PIPELINE,
+            pipeline: crate::budget::remote::state::PIPELINE,
         };
         let store: Arc<dyn RemoteStore> = store.clone();
         Budget::with_remote(&Quota::new().with_limit(limit), store, options, true)
