@@ -17,7 +17,7 @@ use super::reserve::Reserve;
 use super::snapshot::BudgetSnapshot;
 use crate::cost::Cost;
 use crate::error::TryReserveError;
-use crate::quota::{Dimension, Limit, LimitSnapshot, Quota};
+use crate::quota::{Dimension, Limit, Quota};
 use crate::sched::QueueSnapshot;
 use crate::tenant::{InvalidTree, Tenant, TenantHandle, TenantTree};
 
@@ -49,13 +49,7 @@ impl Budget {
             .store
             .snapshot(ns)
             .into_iter()
-            .map(|s| LimitSnapshot {
-                limit: s.limit,
-                capacity: s.capacity,
-                level: s.level,
-                available_at: self.instant(s.available_at),
-                full_at: self.instant(s.full_at),
-            })
+            .map(|s| self.limit_snapshot(s))
             .collect();
         BudgetSnapshot {
             taken_at: now,

@@ -10,13 +10,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::engine::{Slots, WaitList};
-use crate::budget::memory::store::{MemoryStore, Origin, ReservationId, Store, nanos};
+use crate::budget::memory::store::{LimitState, MemoryStore, Origin, ReservationId, Store, nanos};
 use crate::budget::remote::state::{Remote, SharedState};
 use crate::budget::tenants::shared::Tenants;
 use crate::cost::Cost;
 use crate::error::NotUntil;
 use crate::loom::{Mutex, MutexGuard};
-use crate::quota::{Limit, Quota};
+use crate::quota::{Limit, LimitSnapshot, Quota};
 use crate::tenant::Tenant;
 
 /// A shared quota budget: a cheap handle, and clones share the same buckets and queue.
@@ -177,6 +177,17 @@ impl Budget {
 
     pub(super) fn instant(&self, ns: u64) -> Instant {
         self.shared.origin + Duration::from_nanos(ns)
+    }
+
+    /// A limit's state as a snapshot shows it, its instants on tokio's clock.
+    pub(super) fn limit_snapshot(&self, state: LimitState) -> LimitSnapshot {
+        LimitSnapshot {
+            limit: state.limit,
+            capacity: state.capacity,
+            level: state.level,
+            available_at: self.instant(state.available_at),
+            full_at: self.instant(state.full_at),
+        }
     }
 
     pub(super) fn not_until(&self, at: u64, limit: &Limit) -> NotUntil {

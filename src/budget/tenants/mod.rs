@@ -15,7 +15,7 @@ use std::task::Waker;
 use tokio::time::Instant;
 
 use super::handle::State;
-use super::{Budget, LimitSnapshot};
+use super::Budget;
 use crate::budget::engine::Ask;
 use crate::quota::Limit;
 use crate::tenant::{InvalidTree, Tenant, TenantNode, TenantSnapshot, TenantTree};
@@ -152,13 +152,7 @@ impl Budget {
             limits: view
                 .limits
                 .into_iter()
-                .map(|s| LimitSnapshot {
-                    limit: s.limit,
-                    capacity: s.capacity,
-                    level: s.level,
-                    available_at: self.instant(s.available_at),
-                    full_at: self.instant(s.full_at),
-                })
+                .map(|s| self.limit_snapshot(s))
                 .collect(),
             weight: view.weight,
             paused: view.paused,
