@@ -168,6 +168,11 @@ impl Simulator {
 
     /// Serves the provider over HTTP/1.1 on `addr` (port 0 picks a free port), until the
     /// returned server is dropped or shut down. Must be called inside a tokio runtime.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes closes the listener, if it was bound: nothing
+    /// is served until it returns.
     pub async fn serve(&self, addr: SocketAddr) -> io::Result<SimServer> {
         SimServer::bind(Arc::clone(&self.engine), addr).await
     }

@@ -47,6 +47,11 @@ impl SimServer {
     }
 
     /// Stops accepting, closes every connection, and waits until that is done.
+    ///
+    /// # Cancel safety
+    ///
+    /// The server is stopped when the future is first polled; dropping it afterwards only
+    /// stops waiting for the connections to close.
     pub async fn shutdown(mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
