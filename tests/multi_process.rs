@@ -122,7 +122,10 @@ async fn four_processes_share_one_quota_through_redis() {
         tokens.max_in_window
     );
     assert!(requests.max_in_window <= RPM);
-    assert!(utilisation >= 0.93, "utilisation {utilisation}");
+    // The processes take turns at the store: with a burst of 4 % of the quota, each turn's
+    // hand-over leaves a little of it idle (94.8 % before, when one process could take every
+    // refill; 91.8-92.6 % with turns).
+    assert!(utilisation >= 0.91, "utilisation {utilisation}");
 }
 
 /// A fresh directory for the reports.

@@ -678,3 +678,60 @@ async fn reservations_polled_by_one_task_are_all_admitted_when_capacity_returns(
         }
     }
 }
+
+/// Two processes on one saturated quota take turns: each process's head gets the store's
+/// refill in its turn, whoever asks first after a refund. Process `a` settles every call
+/// far below its estimate (its refunds reach the store, and wake its own head at once),
+/// process `b` at its estimate; both keep four callers waiting. Counted over three seconds of
+/// a quota that admits 20 calls a second, each gets about half of the admissions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_a_saturated_quota_take_turns() {
+    let server = RedisServer::start();
+    // 2,000 tokens a second, 200 at once: 20 calls of 100 a second (refunds aside).
+    let quota = Quota::new().with_limit(limit(
+        Dimension::TotalTokens,
+        2_000,
+        Duration::from_secs(1),
+        200,
+    ));
+    let connect = || async {
+        RedisBudget::new(server.url(), "turns")
+            .connect(&quota)
+            .await
+            .expect("connected")
+    };
+    let (a, b) = (connect().await, connect().await);
+    let until = Instant::now() + Duration::from_secs(3);
+    let callers = |budget: &Budget, actual: u64| {
+        (0..4)
+            .map(|_| {
+                let budget = budget.clone();
+                tokio::spawn(async move {
+                    let mut admitted = 0u32;
+                    while let Ok(Ok(mut reservation)) =
+                        tokio::time::timeout_at(until, budget.reserve(Cost::new(100, 0))).await
+                    {
+                        admitted += 1;
+                        reservation.mark_sent();
+                        let _ = reservation.settle_cost(Cost::new(actual, 0));
+                    }
+                    admitted
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let (of_a, of_b) = (callers(&a, 10), callers(&b, 100));
+    let mut counts = [0u32; 2];
+    for (i, tasks) in [of_a, of_b].into_iter().enumerate() {
+        for task in tasks {
+            counts[i] += task.await.unwrap();
+        }
+    }
+    let share_b = f64::from(counts[1]) / f64::from(counts[0] + counts[1]);
+    println!("admissions of a and b over 3 s: {counts:?}");
+    assert!(
+        (0.35..=0.65).contains(&share_b),
+        "admissions of a and b: {counts:?} ({:.0} % to b)",
+        share_b * 100.0
+    );
+}

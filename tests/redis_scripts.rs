@@ -167,8 +167,12 @@ proptest! {
                         .key(BUCKET)
                         .key(HOLD)
                         .key(&id)
+                        .key("t:{q}:line")
+                        .key("t:{q}:line:at")
                         .arg(now)
                         .arg(LEASE_MS)
+                        // No turns: one process.
+                        .arg("").arg(0).arg(1).arg(0)
                         .arg(NUM).arg(DEN).arg(CAP).arg(cost).arg(0)
                         .invoke(&mut connection)
                         .unwrap();
@@ -191,6 +195,8 @@ proptest! {
                         prop_assert_eq!(reply[3], i64::from(held_for >= refill), "step {}: held", step);
                         // No floor in the model: only a cost the bucket lacks, or a hold, keeps it out.
                         prop_assert_eq!(reply[4], 0, "step {}: floor only", step);
+                        // No turns: never first in a line.
+                        prop_assert_eq!(reply[5], 0, "step {}: first", step);
                     }
                 }
                 Op::Settle(settlements) => {
@@ -283,4 +289,116 @@ proptest! {
             prop_assert_eq!(held(&mut connection), hold, "step {}: stored hold", step);
         }
     }
+}
+
+/// One reserve call of `cost` units by process `who` (class `rank`) at `now` ms.
+fn reserve_as(
+    connection: &mut redis::Connection,
+    reserve: &Script,
+    (who, rank): (&str, i64),
+    id: &str,
+    cost: i64,
+    now: i64,
+) -> Vec<i64> {
+    reserve
+        .key(BUCKET)
+        .key(HOLD)
+        .key(format!("t:{{q}}:r:{id}"))
+        .key("t:{q}:line")
+        .key("t:{q}:line:at")
+        .arg(now)
+        .arg(LEASE_MS)
+        .arg(who)
+        .arg(rank)
+        .arg(1)
+        .arg(GRACE_MS)
+        .arg(NUM)
+        .arg(DEN)
+        .arg(CAP)
+        .arg(cost)
+        .arg(0)
+        .invoke(connection)
+        .unwrap()
+}
+
+const GRACE_MS: i64 = 200;
+
+/// Turns between processes, step by step on a bucket of 1,000 units refilling one a
+/// millisecond: the process refused first gets the refill before one that asks earlier, a
+/// request that would leave it short at its turn is refused while one that leaves it its need
+/// goes (backfilling), one of a higher class goes first, and a process that does not come
+/// back loses its turn.
+#[test]
+fn processes_refused_for_capacity_take_turns() {
+    let server = RedisServer::start();
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let reserve = script(include_str!("../src/budget/redis/reserve.lua"));
+    let settle = script(include_str!("../src/budget/redis/settle.lua"));
+    let (a, b, c) = (("a", 2), ("b", 2), ("c", 0));
+    let mut t = 1_000_000;
+    let mut ask =
+        |who, id: &str, cost, now| reserve_as(&mut connection, &reserve, who, id, cost, now);
+    // `a` empties the bucket; `b` is refused for 600 units: first in line, back in 600 ms,
+    // told so exactly (`first` 1).
+    assert_eq!(ask(a, "a1", 1_000, t)[0], 1);
+    assert_eq!(ask(b, "b1", 600, t), [0, 600, 1, 0, 0, 1]);
+    // 500 ms later `a` asks for 500: they are there, but taking them would leave `b` 100 of
+    // its 600 at its turn: refused, told to come back then. Nor may one unit go: 499 + 100.
+    t += 500;
+    assert_eq!(ask(a, "a2", 500, t), [0, 100, 1, 0, 0, 0]);
+    assert_eq!(ask(a, "a3", 1, t)[0], 0);
+    // At its turn `b` finds its 600 and leaves the line; `a` is first now, for 500.
+    t += 100;
+    assert_eq!(ask(b, "b1", 600, t)[0], 1);
+    assert_eq!(ask(a, "a2", 500, t), [0, 500, 1, 0, 0, 1]);
+    // 300 ms before `a`'s turn (level 200), `b`'s 100 would leave 100 + 300 < 500; 100 ms
+    // before (level 400), one unit would leave 399 + 100 < 500: both refused.
+    t += 200;
+    assert_eq!(ask(b, "b2", 100, t)[0], 0);
+    t += 200;
+    assert_eq!(ask(b, "b3", 1, t)[0], 0);
+    t += 100;
+    assert_eq!(ask(a, "a2", 500, t)[0], 1);
+    // `b` waits for 900; `c`, interactive, ranks before it and takes 50 of the 100 there.
+    assert_eq!(ask(b, "b4", 900, t), [0, 900, 1, 0, 0, 1]);
+    t += 100;
+    assert_eq!(ask(c, "c1", 50, t)[0], 1);
+    // `a2` used none of its 500: the refund puts the level at 550. `b` needs 900 in 800 ms:
+    // `a` may take 200, and 200 again (150 + 800 of refill >= 900), not 100 more.
+    let refunded: Vec<i64> = settle
+        .key(BUCKET)
+        .key("t:{q}:r:a2")
+        .arg(t)
+        .arg(TOMBSTONE_MS)
+        .arg(1)
+        .arg(NUM)
+        .arg(DEN)
+        .arg(CAP)
+        .arg(2)
+        .arg(1)
+        .arg(1)
+        .arg(500)
+        .arg(0)
+        .invoke(&mut connection)
+        .unwrap();
+    assert_eq!(refunded, [1]);
+    let mut ask =
+        |who, id: &str, cost, now| reserve_as(&mut connection, &reserve, who, id, cost, now);
+    assert_eq!(ask(a, "a5", 200, t)[0], 1);
+    assert_eq!(ask(a, "a6", 200, t)[0], 1);
+    assert_eq!(ask(a, "a7", 100, t), [0, 800, 1, 0, 0, 0]);
+    // `b` does not come back within its turn and grace (800 + 36 + 200 ms): it loses its
+    // place, and `a` takes what is there and leaves the line, empty now.
+    t += 800 + 36 + GRACE_MS + 1;
+    assert_eq!(ask(a, "a8", 900, t)[0], 1);
+    let line: Vec<String> = redis::cmd("ZRANGE")
+        .arg("t:{q}:line")
+        .arg(0)
+        .arg(-1)
+        .query(&mut connection)
+        .unwrap();
+    assert!(line.is_empty(), "{line:?}");
 }

@@ -127,6 +127,7 @@ impl crate::budget::remote::RemoteStore for AdmittingStore {
         _id: String,
         _cost: Cost,
         _floor: super::Floor,
+        _class: Priority,
         _limits: std::sync::Arc<[crate::quota::Limit]>,
         _path: crate::budget::remote::PathLimits,
     ) -> crate::budget::remote::StoreFuture<crate::budget::remote::Decision> {

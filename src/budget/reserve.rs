@@ -163,8 +163,7 @@ impl Future for Reserve {
             match this.budget.poll_admission(this.waiting, cx.waker()) {
                 Step::Ask(id, limits, path) => {
                     this.waiting.retry_at = None;
-                    let ask = &this.waiting.ask;
-                    let question = this.budget.ask(id, ask.cost, ask.floor, (limits, path));
+                    let question = this.budget.ask(id, &this.waiting.ask, (limits, path));
                     *this.asking = Some((id, SyncWrapper::new(question)));
                 }
                 Step::Queued | Step::Parked(None) => return Poll::Pending,

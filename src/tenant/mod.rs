@@ -162,9 +162,10 @@
 //! all or nothing in one call under the account's hash tag, so **every node's limits (and
 //! borrowing caps) hold across processes**; settlement reaches them the same way. Pauses,
 //! daily caps and caps on calls in flight are kept by each process (pause a scope in every
-//! process). Each process serves its own waiters by the weighted fair share; the store admits
-//! the processes' questions in arrival order, so between processes tenants share by what
-//! their processes ask, not by weight.
+//! process). Each process serves its own waiters by the weighted fair share; between
+//! processes the store gives each refused process its turn (see
+//! [`RedisBudget`](crate::budget::redis::RedisBudget)), so between processes tenants share by
+//! their processes' turns, not by weight.
 
 mod config;
 pub(crate) mod daily;

@@ -7,11 +7,9 @@ use std::task::Waker;
 
 use super::{Pass, Waiting};
 use crate::budget::handle::Budget;
-use crate::budget::memory::bucket::Floor;
 use crate::budget::memory::store::ReservationId;
 use crate::budget::remote::state::{Remote, SharedState};
 use crate::budget::remote::{Decision, FailurePolicy, PathLimits, StoreFuture};
-use crate::cost::Cost;
 use crate::error::{InsufficientCapacity, StoreUnavailable};
 use crate::quota::Limit;
 use crate::sched::order::Full;
@@ -75,11 +73,11 @@ impl Budget {
     pub(crate) fn ask(
         &self,
         id: ReservationId,
-        cost: Cost,
-        floor: Floor,
+        ask: &super::Ask,
         (limits, path): (Arc<[Limit]>, PathLimits),
     ) -> StoreFuture<Decision> {
-        self.remote().reserve(id, cost, floor, limits, path)
+        let what = (ask.cost, ask.floor, ask.scheduling.priority);
+        self.remote().reserve(id, what, limits, path)
     }
 
     fn remote(&self) -> &Remote {
@@ -113,8 +111,11 @@ impl Pass<'_> {
                 self.denied_by_node(waiting, wait, limit)
             }
             Decision::Denied {
-                wait, floor_only, ..
-            } => self.denied(waiting, wait, floor_only),
+                wait,
+                floor_only,
+                first,
+                ..
+            } => self.denied(waiting, wait, floor_only, first),
             Decision::TooLarge { limit } => self.too_large(waiting, limit),
         }
     }
@@ -180,6 +181,7 @@ impl Pass<'_> {
         waiting: &mut Waiting,
         wait: std::time::Duration,
         floor_only: bool,
+        first: bool,
     ) -> Answer {
         self.shared().refused = true;
         if let Err(depth) = self.back(waiting) {
@@ -192,7 +194,13 @@ impl Pass<'_> {
                 .set_floor_blocked(mine, floor_only, self.now);
             self.wake(other);
         }
-        let at = saturating_deadline(self.now, self.budget.remote().jittered(wait));
+        // First in the store's line, it asks exactly when told: the others wait for it.
+        let wait = if first {
+            wait
+        } else {
+            self.budget.remote().jittered(wait)
+        };
+        let at = saturating_deadline(self.now, wait);
         Answer::RetryAt(at, self.shared().refunds)
     }
 

@@ -54,6 +54,17 @@ impl Keys {
         )
     }
 
+    /// The line of processes refused for want of the account's capacity (a sorted set), in
+    /// the order their heads get their turn.
+    pub(super) fn line(&self) -> String {
+        format!("{}:line", self.root)
+    }
+
+    /// When each process in line came, must come back, and loses its turn (a hash).
+    pub(super) fn line_details(&self) -> String {
+        format!("{}:line:at", self.root)
+    }
+
     /// The record of reservation `id`.
     pub(super) fn record(&self, id: &str) -> String {
         format!("{}:r:{id}", self.root)

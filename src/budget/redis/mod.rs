@@ -42,6 +42,18 @@
 //! minutes by default) until it is settled, then as a tombstone for 30 s, long enough to
 //! recognise a duplicate settlement.
 //!
+//! # Turns between processes
+//!
+//! A process refused for want of the account's capacity joins a line kept beside the buckets
+//! (a sorted set and a hash under the quota's hash tag), ranked by its request's class, then
+//! by when it was first refused, with what its request needs of each bucket. Until the instant
+//! the first in line was told to come back (and 5 ms of slack), another process is admitted
+//! only if the first would still find its need then; else it is refused and told to come back
+//! then. The first comes back without jitter, is admitted and leaves the line. So every
+//! process's head gets its turn as the store refills, whoever asks first after a refund; a
+//! process that does not come back within twice the timeout and 100 ms past its wait loses
+//! its place (its requests ended, or it died). The line costs nothing while the store admits.
+//!
 //! # Exactness
 //!
 //! Levels are integers: a unit (a request, a token) is `den` ticks and a millisecond adds `num`
@@ -234,6 +246,11 @@ impl RedisBudget {
     /// [`ErrorKind::InvalidClientConfig`](::redis::ErrorKind::InvalidClientConfig)). When
     /// Redis does not answer, fails only under [`FailurePolicy::FailClosed`]: with a local
     /// fallback the budget starts on it and moves to Redis when Redis answers.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future before it completes leaves nothing behind: the connection made so
+    /// far is closed, and no budget or background task exists until it returns.
     pub async fn connect(self, quota: &Quota) -> Result<Budget, ::redis::RedisError> {
         let keys = Keys::new(&self.prefix, &self.quota_key);
         if self.servers.is_cluster() {
@@ -242,9 +259,11 @@ impl RedisBudget {
             let limits = quota.limits();
             let buckets = limits.iter().map(|l| keys.bucket(l));
             let holds = limits.iter().map(|l| keys.hold(l));
+            let line = [keys.line(), keys.line_details()];
             let all: Vec<String> = std::iter::once(record)
                 .chain(buckets)
                 .chain(holds)
+                .chain(line)
                 .collect();
             connection::same_slot(all.iter().map(String::as_str))?;
         }
@@ -253,7 +272,7 @@ impl RedisBudget {
             response: self.timeout,
             max_delay: Duration::from_millis(100),
         })?;
-        let store = RedisStore::new(connection, keys, self.lease);
+        let store = RedisStore::new(connection, keys, self.lease, self.timeout);
         let mut reachable = false;
         match tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), store.load()).await
         {

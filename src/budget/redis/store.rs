@@ -11,6 +11,7 @@ use crate::budget::memory::bucket::Floor;
 use crate::budget::remote::{Decision, PathLimits, RemoteStore, Settle, StoreFuture};
 use crate::cost::Cost;
 use crate::error::StoreUnavailable;
+use crate::priority::Priority;
 use crate::quota::Limit;
 use crate::tenant::Tenant;
 
@@ -60,17 +61,28 @@ pub(super) struct RedisStore {
     connection: Connection,
     keys: Keys,
     lease_ms: u64,
+    /// How long past the wait it was told a process keeps its turn (ms).
+    grace_ms: u64,
     tombstone_ms: u64,
     scripts: Arc<Scripts>,
 }
 
 impl RedisStore {
-    pub(super) fn new(connection: Connection, keys: Keys, lease: Duration) -> Self {
+    /// A store whose records last `lease`; a process refused in its turn has `timeout` twice
+    /// over (and 100 ms) beyond the wait it was told to come back before it loses its turn.
+    pub(super) fn new(
+        connection: Connection,
+        keys: Keys,
+        lease: Duration,
+        timeout: Duration,
+    ) -> Self {
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1);
+        let grace = timeout.saturating_mul(2) + Duration::from_millis(100);
         Self {
             connection,
             keys,
             lease_ms,
+            grace_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
             tombstone_ms: lease_ms.clamp(
                 TOMBSTONE.0.as_millis() as u64,
                 TOMBSTONE.1.as_millis() as u64,
@@ -144,6 +156,7 @@ impl RemoteStore for RedisStore {
         id: String,
         cost: Cost,
         floor: Floor,
+        class: Priority,
         limits: Arc<[Limit]>,
         path: PathLimits,
     ) -> StoreFuture<Decision> {
@@ -158,7 +171,15 @@ impl RemoteStore for RedisStore {
             .collect();
         let mut call = Call::new();
         // The clock override is for tests of the script alone; the server's clock is used.
-        call.arg("").arg(self.lease_ms);
+        // The account's buckets come first among those touched: they decide the turns.
+        let accounts = touched.iter().filter(|&&i| i < limits.len()).count();
+        let process = id.split('-').next().unwrap_or_default();
+        call.arg("")
+            .arg(self.lease_ms)
+            .arg(process)
+            .arg(class.index())
+            .arg(accounts)
+            .arg(self.grace_ms);
         for &i in &touched {
             let (node, limit) = limit_of(i);
             let rate = Rate::of(limit);
@@ -189,6 +210,8 @@ impl RemoteStore for RedisStore {
             .collect();
         call.keys.extend(holds);
         call.keys.push(self.keys.record(&id));
+        call.keys.push(self.keys.line());
+        call.keys.push(self.keys.line_details());
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
         Box::pin(async move {
             if touched.is_empty() {
@@ -294,7 +317,7 @@ impl RemoteStore for RedisStore {
 }
 
 /// Reads the reserve script's reply: `{1, levels...}`, `{0, wait_ms, bucket, held,
-/// floor_only}` or `{-1, bucket}`, buckets numbered from 1 among the `touched` limits. A wait
+/// floor_only, first}` or `{-1, bucket}`, buckets numbered from 1 among the `touched` limits. A wait
 /// for a hold is told as [`HOLD_RECHECK`] at most.
 fn decision(reply: &[i64], touched: &[usize]) -> Result<Decision, StoreUnavailable> {
     let limit = |bucket: i64| {
@@ -305,7 +328,14 @@ fn decision(reply: &[i64], touched: &[usize]) -> Result<Decision, StoreUnavailab
     };
     match *reply {
         [1, ..] => Ok(Decision::Admitted),
-        [0, wait, bucket, held @ (0 | 1), floor @ (0 | 1)] => {
+        [
+            0,
+            wait,
+            bucket,
+            held @ (0 | 1),
+            floor @ (0 | 1),
+            first @ (0 | 1),
+        ] => {
             let mut wait = Duration::from_millis(u64::try_from(wait).unwrap_or(0));
             if held == 1 {
                 wait = wait.min(HOLD_RECHECK);
@@ -314,6 +344,7 @@ fn decision(reply: &[i64], touched: &[usize]) -> Result<Decision, StoreUnavailab
                 wait,
                 limit: limit(bucket)?,
                 floor_only: floor == 1,
+                first: first == 1,
             })
         }
         [-1, bucket] => Ok(Decision::TooLarge {
@@ -337,45 +368,49 @@ mod tests {
         let touched = [0, 2];
         assert_eq!(decision(&[1, 5, 7], &touched).unwrap(), Decision::Admitted);
         assert_eq!(
-            decision(&[0, 250, 2, 0, 0], &touched).unwrap(),
+            decision(&[0, 250, 2, 0, 0, 0], &touched).unwrap(),
             Decision::Denied {
                 wait: Duration::from_millis(250),
                 limit: 2,
                 floor_only: false,
+                first: false,
             }
         );
         assert_eq!(
-            decision(&[0, 250, 1, 0, 1], &touched).unwrap(),
+            decision(&[0, 250, 1, 0, 1, 0], &touched).unwrap(),
             Decision::Denied {
                 wait: Duration::from_millis(250),
                 limit: 0,
                 floor_only: true,
+                first: false,
             }
         );
         // Held: the wait is told a second at most, so that a lift elsewhere is seen.
         assert_eq!(
-            decision(&[0, 60_000, 1, 1, 0], &touched).unwrap(),
+            decision(&[0, 60_000, 1, 1, 0, 0], &touched).unwrap(),
             Decision::Denied {
                 wait: HOLD_RECHECK,
                 limit: 0,
                 floor_only: false,
+                first: false,
             }
         );
         assert_eq!(
-            decision(&[0, 60_000, 1, 0, 0], &touched).unwrap(),
+            decision(&[0, 60_000, 1, 0, 0, 0], &touched).unwrap(),
             Decision::Denied {
                 wait: Duration::from_secs(60),
                 limit: 0,
                 floor_only: false,
+                first: false,
             }
         );
-        assert!(decision(&[0, 250, 2, 7, 0], &touched).is_err());
-        assert!(decision(&[0, 250, 2, 0, 7], &touched).is_err());
+        assert!(decision(&[0, 250, 2, 7, 0, 0], &touched).is_err());
+        assert!(decision(&[0, 250, 2, 0, 7, 0], &touched).is_err());
         assert_eq!(
             decision(&[-1, 1], &touched).unwrap(),
             Decision::TooLarge { limit: 0 }
         );
-        assert!(decision(&[0, 250, 3, 0, 0], &touched).is_err());
+        assert!(decision(&[0, 250, 3, 0, 0, 0], &touched).is_err());
         assert!(decision(&[0, 250, 2, 0], &touched).is_err());
         assert!(decision(&[], &touched).is_err());
     }

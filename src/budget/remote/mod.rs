@@ -20,6 +20,7 @@ use std::time::Duration;
 use crate::budget::memory::bucket::Floor;
 use crate::cost::Cost;
 use crate::error::StoreUnavailable;
+use crate::priority::Priority;
 use crate::quota::Limit;
 use crate::tenant::Tenant;
 
@@ -38,6 +39,9 @@ pub(crate) enum Decision {
         wait: Duration,
         limit: usize,
         floor_only: bool,
+        /// The process is first in the store's line: nobody else takes what it waits for,
+        /// so it asks again exactly then (no jitter).
+        first: bool,
     },
     /// The cost exceeds the capacity of `limit` (an index into the limits asked about).
     TooLarge { limit: usize },
@@ -66,11 +70,16 @@ pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
     /// Reserves `cost` in every limit of `limits` it touches, leaving `floor` of each, and in
     /// every limit of the tenant nodes of `path` (leaving nothing), or nothing. A denial or a
     /// refusal naming a limit past `limits` names one of `path`'s, in order.
+    ///
+    /// `id` is `<process>-<n>`: a store may keep the processes refused for want of the
+    /// account's capacity in line, by `class` then by arrival, and refuse the others while the
+    /// first is expected back, so that every process's head gets its turn.
     fn reserve(
         &self,
         id: String,
         cost: Cost,
         floor: Floor,
+        class: Priority,
         limits: Arc<[Limit]>,
         path: PathLimits,
     ) -> StoreFuture<Decision>;

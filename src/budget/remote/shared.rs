@@ -20,6 +20,7 @@ use crate::budget::{Budget, Observation, ReservationId};
 use crate::cost::Cost;
 use crate::error::InsufficientCapacity;
 use crate::error::StoreUnavailable;
+use crate::priority::Priority;
 use crate::quota::{Limit, Quota};
 
 /// Tells the budget, if it still exists, that a refund reached the store.
@@ -175,12 +176,13 @@ impl Remote {
     pub(crate) fn reserve(
         &self,
         id: ReservationId,
-        cost: Cost,
-        floor: Floor,
+        (cost, floor, class): (Cost, Floor, Priority),
         limits: Arc<[Limit]>,
         path: PathLimits,
     ) -> StoreFuture<Decision> {
-        let call = self.store.reserve(self.id(id), cost, floor, limits, path);
+        let call = self
+            .store
+            .reserve(self.id(id), cost, floor, class, limits, path);
         bounded(self.options.timeout, call)
     }
 
@@ -514,6 +516,7 @@ mod tests {
             id: String,
             _cost: Cost,
             _floor: Floor,
+            _class: Priority,
             _limits: Arc<[Limit]>,
             _path: PathLimits,
         ) -> StoreFuture<Decision> {
@@ -586,6 +589,7 @@ mod tests {
             wait,
             limit: 0,
             floor_only: false,
+            first: false,
         })]);
         let budget = budget(&store, FailurePolicy::FailClosed);
         let start = Instant::now();
@@ -691,6 +695,7 @@ mod tests {
             wait,
             limit: 0,
             floor_only: false,
+            first: false,
         })]);
         *store.failing_pauses.lock().unwrap() = 1;
         let budget = budget(&store, FailurePolicy::FailClosed);

@@ -14,8 +14,8 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use super::handle::State;
 use super::Budget;
+use super::handle::State;
 use crate::budget::engine::Ask;
 use crate::quota::Limit;
 use crate::tenant::{InvalidTree, Tenant, TenantNode, TenantSnapshot, TenantTree};
