@@ -271,3 +271,58 @@ async fn a_node_that_refuses_holds_across_processes() {
     }
     assert_eq!((admitted.len(), refused), (5, 5));
 }
+
+/// A tenant's limit holds over every account it uses, across processes, when the accounts
+/// share a tenant plane: two accounts' budgets (as two processes would hold them, each with
+/// its own tree) and a tenant of 20 requests a minute: 20 in all, 10 through each account,
+/// then the next waits on either. Accounts of no common plane keep a node's buckets each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_plane_holds_a_node_s_limit_over_every_account() {
+    let server = RedisServer::start();
+    let per_minute = |n| limit(Dimension::Requests, n, Duration::from_secs(60), n);
+    let tree = || {
+        TenantTree::new().with_node(
+            "acme".parse().unwrap(),
+            TenantNode::new().with_limit(per_minute(20)),
+        )
+    };
+    let account = |key: &'static str, plane: Option<&'static str>| {
+        let url = server.url();
+        let tree = tree();
+        async move {
+            let mut budget = RedisBudget::new(url, key).timeout(Duration::from_millis(500));
+            if let Some(plane) = plane {
+                budget = budget.tenant_plane(plane);
+            }
+            budget
+                .connect(&Quota::new().with_limit(per_minute(1_000)))
+                .await
+                .unwrap()
+                .with_tenant_tree(tree)
+                .unwrap()
+        }
+    };
+    let acme: Tenant = "acme".parse().unwrap();
+    let try_one = |budget: &Budget| {
+        let reserve = budget.reserve(Cost::requests_only(1)).tenant(acme.clone());
+        async move { tokio::time::timeout(Duration::from_millis(300), reserve).await }
+    };
+    for (plane, expected) in [(Some("gateway"), 20), (None, 40)] {
+        let openai = account("openai", plane).await;
+        let anthropic = account("anthropic", plane).await;
+        let mut held = Vec::new();
+        for round in 0..expected {
+            let budget = if round % 2 == 0 { &openai } else { &anthropic };
+            let reservation = try_one(budget).await.expect("within the minute").unwrap();
+            held.push(reservation);
+        }
+        for budget in [&openai, &anthropic] {
+            assert!(
+                try_one(budget).await.is_err(),
+                "plane {plane:?}: the tenant's minute is spent after {expected}"
+            );
+        }
+        // The two cases name different keys: each starts from full buckets.
+        drop(held);
+    }
+}

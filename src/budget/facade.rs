@@ -268,8 +268,10 @@ impl Budget {
     /// parked ones at once. Replaces any tree this budget had; when `other` has none, this
     /// one has none either.
     ///
-    /// With a shared store (Redis), a node's limits are also kept in each account's store
-    /// and so hold per account across processes; within one process they hold over all.
+    /// With a shared store (Redis), a node's limits are kept in the store too: per account
+    /// by default, over every account of a
+    /// [tenant plane](crate::budget::redis::RedisBudget::tenant_plane) when the accounts
+    /// share one, so that they hold over all of them across processes as well.
     ///
     /// # Example
     ///

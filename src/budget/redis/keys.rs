@@ -3,26 +3,33 @@
 use crate::quota::Limit;
 use crate::tenant::Tenant;
 
-/// The names of one quota's keys: every key shares the quota's hash tag.
+/// The names of one quota's keys: every key shares one hash tag, the quota key's, or the
+/// tenant plane's when accounts share their tenants' buckets.
 #[derive(Debug, Clone)]
 pub(super) struct Keys {
-    /// `<prefix>:{<quota key>}`
+    /// `<prefix>:{<quota key>}`, or `<prefix>:{<plane>}:<quota key>`.
     root: String,
+    /// Where the tenant nodes' buckets live: the root, or `<prefix>:{<plane>}`.
+    nodes: String,
 }
 
 impl Keys {
+    /// The keys of the quota `quota_key`, its tenant nodes' buckets its own.
     pub(super) fn new(prefix: &str, quota_key: &str) -> Self {
-        // Braces inside the quota key would change the hash tag, and an empty one (`{}`) is no
-        // hash tag at all: keep them out.
-        let mut tag: String = quota_key
-            .chars()
-            .map(|c| if c == '{' || c == '}' { '_' } else { c })
-            .collect();
-        if tag.is_empty() {
-            tag.push('_');
-        }
+        let root = format!("{prefix}:{{{}}}", tag(quota_key));
         Self {
-            root: format!("{prefix}:{{{tag}}}"),
+            nodes: root.clone(),
+            root,
+        }
+    }
+
+    /// The keys of the quota `quota_key` in the tenant plane `plane`: every account of the
+    /// plane shares its hash tag (one slot) and its tenant nodes' buckets.
+    pub(super) fn in_plane(prefix: &str, plane: &str, quota_key: &str) -> Self {
+        let nodes = format!("{prefix}:{{{}}}", tag(plane));
+        Self {
+            root: format!("{nodes}:{}", tag(quota_key)),
+            nodes,
         }
     }
 
@@ -47,7 +54,7 @@ impl Keys {
     pub(super) fn node_bucket(&self, node: &Tenant, limit: &Limit) -> String {
         format!(
             "{}:t:{}:{}:{}",
-            self.root,
+            self.nodes,
             node.as_str(),
             limit.dimension().as_str(),
             limit.period().as_millis()
@@ -69,6 +76,19 @@ impl Keys {
     pub(super) fn record(&self, id: &str) -> String {
         format!("{}:r:{id}", self.root)
     }
+}
+
+/// `name` as a hash tag: braces inside it would change the tag, and an empty tag (`{}`) is no
+/// tag at all, so they are kept out.
+fn tag(name: &str) -> String {
+    let mut tag: String = name
+        .chars()
+        .map(|c| if c == '{' || c == '}' { '_' } else { c })
+        .collect();
+    if tag.is_empty() {
+        tag.push('_');
+    }
+    tag
 }
 
 /// A limit in the scripts' integer arithmetic: a unit is `den` ticks, a millisecond adds `num`
@@ -130,6 +150,31 @@ mod tests {
         assert_eq!(keys.hold(&rpm), "llmq:{org-_1_}:requests:60000:held");
         assert_eq!(keys.record("ab-7"), "llmq:{org-_1_}:r:ab-7");
         assert_eq!(Keys::new("llmq", "").record("1"), "llmq:{_}:r:1");
+        let node: Tenant = "acme/search".parse().unwrap();
+        assert_eq!(
+            keys.node_bucket(&node, &rpm),
+            "llmq:{org-_1_}:t:acme/search:requests:60000"
+        );
+    }
+
+    #[test]
+    fn accounts_of_one_plane_share_its_tag_and_their_nodes_buckets() {
+        let (openai, anthropic) = (
+            Keys::in_plane("llmq", "gw", "openai"),
+            Keys::in_plane("llmq", "gw", "anthropic"),
+        );
+        let rpm = Limit::per_minute(Dimension::Requests, nz(500));
+        assert_eq!(openai.bucket(&rpm), "llmq:{gw}:openai:requests:60000");
+        assert_eq!(anthropic.record("1"), "llmq:{gw}:anthropic:r:1");
+        let node: Tenant = "acme".parse().unwrap();
+        assert_eq!(
+            openai.node_bucket(&node, &rpm),
+            "llmq:{gw}:t:acme:requests:60000"
+        );
+        assert_eq!(
+            openai.node_bucket(&node, &rpm),
+            anthropic.node_bucket(&node, &rpm)
+        );
     }
 
     #[test]

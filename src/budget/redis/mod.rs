@@ -35,8 +35,11 @@
 //! A bucket per limit, `<prefix>:{<quota key>}:<dimension>:<period in ms>` (a string holding its
 //! level and refill time), its hold while a provider's pause lasts, `<bucket>:held` (the server
 //! instant of the pause's end, expiring then), and a record per reservation,
-//! `<prefix>:{<quota key>}:r:<id>`. The quota
-//! key is a Redis Cluster hash tag, so every key of one account lives in one slot and the
+//! `<prefix>:{<quota key>}:r:<id>`; a tenant node's buckets are
+//! `<prefix>:{<quota key>}:t:<node>:<dimension>:<period in ms>`, or, for the accounts of a
+//! [tenant plane](RedisBudget::tenant_plane), `<prefix>:{<plane>}:t:...` beside the accounts'
+//! `<prefix>:{<plane>}:<quota key>:...`. The quota
+//! key (or the plane) is a Redis Cluster hash tag, so every key of one account lives in one slot and the
 //! scripts run on a cluster. A bucket's TTL is its time to refill: an absent key is a full
 //! bucket, so an idle account leaves nothing behind. A record lives for the lease (ten
 //! minutes by default) until it is settled, then as a tombstone for 30 s, long enough to
@@ -122,6 +125,7 @@ pub struct RedisBudget {
     servers: Servers,
     quota_key: String,
     prefix: String,
+    plane: Option<String>,
     timeout: Duration,
     policy: FailurePolicy,
     lease: Duration,
@@ -172,6 +176,7 @@ impl RedisBudget {
             servers,
             quota_key,
             prefix: "llmq".to_owned(),
+            plane: None,
             timeout: Duration::from_millis(50),
             policy: FailurePolicy::default(),
             lease: Duration::from_secs(600),
@@ -186,6 +191,21 @@ impl RedisBudget {
     /// refuses it. A prefix with a tag of its own (`{app}`) puts every account in one slot.
     pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// Puts this account in the tenant plane `plane`: the accounts of one plane keep their
+    /// tenant nodes' buckets together, so a node's limits hold over every account a tenant
+    /// uses, across processes (a tenant of 20 requests a minute gets 20 in all, not 20 on each
+    /// account); nodes scoped to one account ([`TenantNode::for_account`]) still hold on it
+    /// alone. Every key of the plane's accounts shares the hash tag `{<plane>}`: on a Redis
+    /// Cluster they live in one slot, on one primary. By default an account is a plane of
+    /// its own. Pair it with [`Budget::with_tenants_of`] between the budgets of one process,
+    /// so that calls in flight, daily caps and pauses also hold over the accounts there.
+    ///
+    /// [`TenantNode::for_account`]: crate::tenant::TenantNode::for_account
+    pub fn tenant_plane(mut self, plane: impl Into<String>) -> Self {
+        self.plane = Some(plane.into());
         self
     }
 
@@ -252,14 +272,20 @@ impl RedisBudget {
     /// Dropping the future before it completes leaves nothing behind: the connection made so
     /// far is closed, and no budget or background task exists until it returns.
     pub async fn connect(self, quota: &Quota) -> Result<Budget, ::redis::RedisError> {
-        let keys = Keys::new(&self.prefix, &self.quota_key);
+        let keys = match &self.plane {
+            Some(plane) => Keys::in_plane(&self.prefix, plane, &self.quota_key),
+            None => Keys::new(&self.prefix, &self.quota_key),
+        };
         if self.servers.is_cluster() {
-            // Every key a script may touch: each limit's bucket and hold, and a record.
+            // Every key a script may touch: each limit's bucket and hold, a record, the line,
+            // and a tenant node's bucket.
             let record = keys.record("0");
             let limits = quota.limits();
             let buckets = limits.iter().map(|l| keys.bucket(l));
             let holds = limits.iter().map(|l| keys.hold(l));
-            let line = [keys.line(), keys.line_details()];
+            let node = crate::tenant::Tenant::parse("node").expect("a valid path");
+            let nodes = limits.first().map(|l| keys.node_bucket(&node, l));
+            let line = [keys.line(), keys.line_details()].into_iter().chain(nodes);
             let all: Vec<String> = std::iter::once(record)
                 .chain(buckets)
                 .chain(holds)
