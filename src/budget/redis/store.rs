@@ -150,16 +150,19 @@ impl Call {
     }
 }
 
-impl RemoteStore for RedisStore {
-    fn reserve(
+impl RedisStore {
+    /// The reserve script's call for `id`, and the limits it touches (indices into the
+    /// account's limits, then the path's nodes'): the buckets of every limit `cost` touches,
+    /// their holds, the record, the line of processes; the clock override (empty), the lease,
+    /// the asking process, its class, how many buckets are the account's, the grace, then each
+    /// bucket's rate, cost and floor.
+    fn reserve_call(
         &self,
-        id: String,
-        cost: Cost,
-        floor: Floor,
-        class: Priority,
-        limits: Arc<[Limit]>,
-        path: PathLimits,
-    ) -> StoreFuture<Decision> {
+        id: &str,
+        (cost, floor, class): (Cost, Floor, Priority),
+        limits: &[Limit],
+        path: &[(Tenant, Limit)],
+    ) -> (Call, Vec<usize>) {
         // The account's limits, then the path's nodes': one list of buckets, numbered on.
         let all = limits.len() + path.len();
         let limit_of = |i: usize| match i.checked_sub(limits.len()) {
@@ -209,9 +212,24 @@ impl RemoteStore for RedisStore {
             })
             .collect();
         call.keys.extend(holds);
-        call.keys.push(self.keys.record(&id));
+        call.keys.push(self.keys.record(id));
         call.keys.push(self.keys.line());
         call.keys.push(self.keys.line_details());
+        (call, touched)
+    }
+}
+
+impl RemoteStore for RedisStore {
+    fn reserve(
+        &self,
+        id: String,
+        cost: Cost,
+        floor: Floor,
+        class: Priority,
+        limits: Arc<[Limit]>,
+        path: PathLimits,
+    ) -> StoreFuture<Decision> {
+        let (call, touched) = self.reserve_call(&id, (cost, floor, class), &limits, &path);
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
         Box::pin(async move {
             if touched.is_empty() {
