@@ -66,6 +66,9 @@
 //! [`Reservation`] is refunded or charged by the rule in its documentation, so no capacity
 //! leaks.
 
+// No function of the admission path is longer than a screen (clippy.toml).
+#![warn(clippy::too_many_lines)]
+
 mod engine;
 mod facade;
 mod handle;

@@ -20,6 +20,9 @@
 //! smallest weighted-fair-queuing tag over token cost, each flow's requests in the order they
 //! came.
 
+// No function of the admission path is longer than a screen (clippy.toml).
+#![warn(clippy::too_many_lines)]
+
 mod fair;
 pub(crate) mod order;
 mod scheduling;

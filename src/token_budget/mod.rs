@@ -76,6 +76,9 @@
 //! find it at once. The time waited and the time of the call are recorded apart in the
 //! response's [`Timings`](crate::Timings).
 
+// No function of the admission path is longer than a screen (clippy.toml).
+#![warn(clippy::too_many_lines)]
+
 mod future;
 mod layer;
 mod service;

@@ -277,21 +277,7 @@ impl RedisBudget {
             None => Keys::new(&self.prefix, &self.quota_key),
         };
         if self.servers.is_cluster() {
-            // Every key a script may touch: each limit's bucket and hold, a record, the line,
-            // and a tenant node's bucket.
-            let record = keys.record("0");
-            let limits = quota.limits();
-            let buckets = limits.iter().map(|l| keys.bucket(l));
-            let holds = limits.iter().map(|l| keys.hold(l));
-            let node = crate::tenant::Tenant::parse("node").expect("a valid path");
-            let nodes = limits.first().map(|l| keys.node_bucket(&node, l));
-            let line = [keys.line(), keys.line_details()].into_iter().chain(nodes);
-            let all: Vec<String> = std::iter::once(record)
-                .chain(buckets)
-                .chain(holds)
-                .chain(line)
-                .collect();
-            connection::same_slot(all.iter().map(String::as_str))?;
+            connection::same_slot(script_keys(&keys, quota).iter().map(String::as_str))?;
         }
         let connection = self.servers.connect_lazy(Timeouts {
             connect: self.timeout.max(Duration::from_millis(100)),
@@ -299,22 +285,7 @@ impl RedisBudget {
             max_delay: Duration::from_millis(100),
         })?;
         let store = RedisStore::new(connection, keys, self.lease, self.timeout);
-        let mut reachable = false;
-        match tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), store.load()).await
-        {
-            Ok(Ok(())) => reachable = true,
-            Ok(Err(error)) if self.policy == FailurePolicy::FailClosed => return Err(error),
-            Err(_) if self.policy == FailurePolicy::FailClosed => {
-                return Err(::redis::RedisError::from(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "Redis did not answer",
-                )));
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "Redis is out of reach: starting on the local fallback");
-            }
-            Err(_) => tracing::warn!("Redis did not answer: starting on the local fallback"),
-        }
+        let reachable = self.reach(&store).await?;
         let options = RemoteOptions {
             policy: self.policy,
             timeout: self.timeout,
@@ -338,4 +309,40 @@ impl RedisBudget {
             reachable,
         ))
     }
+
+    /// Whether Redis answers (the scripts load) within the timeout, or at least 500 ms: an
+    /// error under [`FailurePolicy::FailClosed`], else `false` and a warning (the budget
+    /// starts on its local fallback).
+    async fn reach(&self, store: &RedisStore) -> Result<bool, ::redis::RedisError> {
+        let answer =
+            tokio::time::timeout(self.timeout.max(Duration::from_millis(500)), store.load());
+        match answer.await {
+            Ok(Ok(())) => Ok(true),
+            Ok(Err(error)) if self.policy == FailurePolicy::FailClosed => Err(error),
+            Err(_) if self.policy == FailurePolicy::FailClosed => Err(::redis::RedisError::from(
+                std::io::Error::new(std::io::ErrorKind::TimedOut, "Redis did not answer"),
+            )),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "Redis is out of reach: starting on the local fallback");
+                Ok(false)
+            }
+            Err(_) => {
+                tracing::warn!("Redis did not answer: starting on the local fallback");
+                Ok(false)
+            }
+        }
+    }
+}
+
+/// Every key a script of `quota` may touch: each limit's bucket and hold, a record, the line
+/// of processes, and a tenant node's bucket (which must all be in one slot on a cluster).
+fn script_keys(keys: &Keys, quota: &Quota) -> Vec<String> {
+    let limits = quota.limits();
+    let node = crate::tenant::Tenant::parse("node").expect("a valid path");
+    std::iter::once(keys.record("0"))
+        .chain(limits.iter().map(|l| keys.bucket(l)))
+        .chain(limits.iter().map(|l| keys.hold(l)))
+        .chain([keys.line(), keys.line_details()])
+        .chain(limits.first().map(|l| keys.node_bucket(&node, l)))
+        .collect()
 }
