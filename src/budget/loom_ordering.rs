@@ -21,6 +21,26 @@ fn one_slot() -> Budget {
     Budget::new(Quota::new().with_max_in_flight(NonZeroUsize::MIN))
 }
 
+/// A thread whose one task polls two reservations of one unit (batch and interactive) with
+/// `join`, as `join!` or `join_all` do: one waker for both. It ends once both were admitted.
+fn two_reservations_of_one_task(budget: &Budget) -> thread::JoinHandle<()> {
+    let budget = budget.clone();
+    // The two futures and `join` outgrow a model thread's default stack.
+    let thread = thread::Builder::new().stack_size(1 << 20);
+    thread
+        .spawn(move || {
+            let one = |priority| {
+                let reserve = budget.reserve(Cost::new(1, 0)).priority(priority);
+                async move { drop(reserve.await.unwrap()) }
+            };
+            block_on(futures_util::future::join(
+                Box::pin(one(Priority::Batch)),
+                Box::pin(one(Priority::Interactive)),
+            ));
+        })
+        .unwrap()
+}
+
 /// Two threads and the main one take the one slot in turn: each is admitted once the slot
 /// is given back, none is left waiting (a lost wake-up is a deadlock loom reports).
 #[test]
@@ -91,23 +111,7 @@ fn loom_two_futures_of_one_task_are_both_admitted() {
     loom::model(|| {
         let budget = one_slot();
         let held = budget.try_reserve(Cost::new(1, 0)).unwrap();
-        let joined = {
-            let budget = budget.clone();
-            // The two futures and `join` outgrow a model thread's default stack.
-            let thread = thread::Builder::new().stack_size(1 << 20);
-            thread
-                .spawn(move || {
-                    let one = |priority| {
-                        let reserve = budget.reserve(Cost::new(1, 0)).priority(priority);
-                        async move { drop(reserve.await.unwrap()) }
-                    };
-                    block_on(futures_util::future::join(
-                        Box::pin(one(Priority::Batch)),
-                        Box::pin(one(Priority::Interactive)),
-                    ));
-                })
-                .unwrap()
-        };
+        let joined = two_reservations_of_one_task(&budget);
         drop(held);
         joined.join().unwrap();
         let snapshot = budget.snapshot();
@@ -187,22 +191,7 @@ fn loom_the_stores_answer_hands_the_question_over() {
             let budget = budget.clone();
             thread::spawn(move || drop(block_on(budget.reserve(Cost::new(1, 0))).unwrap()))
         };
-        let joined = {
-            let budget = budget.clone();
-            let thread = thread::Builder::new().stack_size(1 << 20);
-            thread
-                .spawn(move || {
-                    let one = |priority| {
-                        let reserve = budget.reserve(Cost::new(1, 0)).priority(priority);
-                        async move { drop(reserve.await.unwrap()) }
-                    };
-                    block_on(futures_util::future::join(
-                        Box::pin(one(Priority::Batch)),
-                        Box::pin(one(Priority::Interactive)),
-                    ));
-                })
-                .unwrap()
-        };
+        let joined = two_reservations_of_one_task(&budget);
         other.join().unwrap();
         joined.join().unwrap();
         assert_eq!(store.asked.load(Ordering::Relaxed), 3);
