@@ -185,6 +185,52 @@ async fn a_quota_halved_without_notice_loses_no_item() {
     assert_eq!(tpm, lowered);
 }
 
+/// With `spend_reported_burst`, a job alone on the key spends the provider's initial bucket (a
+/// whole minute of quota) once the headers have agreed with the budget for a sixth of a
+/// minute, instead of spending its own burst and then only the refill.
+#[tokio::test(start_paused = true)]
+async fn the_burst_the_provider_reports_is_spent_when_opted_in() {
+    let items = workload::tickets("t", 500, TicketShape::SUPPORT, Priority::Batch, 1);
+    let run = |spend: bool| {
+        let items = &items;
+        async move {
+            // Answers in 10 ms, so that the wall time is the quota's.
+            let simulator = Simulator::new(
+                SimConfig::openai(RPM, TPM)
+                    .minute(MINUTE)
+                    .latency(Duration::from_millis(10), Duration::ZERO),
+            );
+            let share = tower_llm_quota::budget::AdaptiveShare::new().spend_reported_burst(spend);
+            let quota = quota(RPM, TPM, MINUTE)
+                .limits()
+                .iter()
+                .fold(Quota::new(), |q, limit| {
+                    q.with_limit(limit.with_adaptive_share(share))
+                });
+            let (outcomes, rate_limited, wall) =
+                run_governed(&simulator, governed(quota, MINUTE), "sk-a", items).await;
+            let stats = simulator.stats();
+            assert_eq!(failures(&outcomes), Vec::<String>::new());
+            assert_eq!(rate_limited, 0, "provider 429s");
+            (wall, stats.prompt_tokens + stats.completion_tokens)
+        }
+    };
+    let (own, _) = run(false).await;
+    let (reported, tokens) = run(true).await;
+    // The bound: the tokens beyond the provider's full bucket (one minute), at the rate.
+    let bound = MINUTE.mul_f64((tokens - TPM) as f64 / TPM as f64);
+    eprintln!(
+        "reported burst: wall {:.3} × the bound ({bound:?}); own burst only: {:.3} ×",
+        reported.as_secs_f64() / bound.as_secs_f64(),
+        own.as_secs_f64() / bound.as_secs_f64()
+    );
+    assert!(
+        reported <= bound.mul_f64(1.05),
+        "{reported:?} against {bound:?}"
+    );
+    assert!(own >= bound.mul_f64(1.05), "{own:?} against {bound:?}");
+}
+
 /// What a neighbour spending `share` of the quota meets, alone on the key for `span`.
 async fn neighbour_alone(share: f64, span: Duration) -> SimStats {
     let simulator = Simulator::new(

@@ -36,6 +36,9 @@
 //!   rate: `tokens used / TPM` (or `requests / RPM` when that is longer), for the work of the
 //!   governed run (every item once). No client can finish all the work faster at a sustained
 //!   rate; a run can beat it slightly by spending the provider's initial burst (a full bucket).
+//! - **bound (full bucket)**: the shortest time when the provider's bucket starts full (a
+//!   whole minute of quota, as the simulator's does): for each dimension, what the governed
+//!   run consumed beyond that minute divided by the nominal rate; the longest of them.
 //! - **utilisation**: the binding dimension consumed by a run / (nominal rate × its wall
 //!   time). The same definitions are used by the goodput benchmark
 //!   (`cargo bench --bench goodput`).

@@ -92,6 +92,9 @@ fn wait_stats(outcomes: &[Outcome]) -> Vec<WaitStats> {
 pub(crate) struct Frame {
     pub(crate) quota: QuotaSpec,
     pub(crate) minimum: Duration,
+    /// The shortest wall time with the provider's initial bucket (a minute of quota) spent at
+    /// once.
+    pub(crate) bound: Duration,
     pub(crate) binding: Binding,
 }
 
@@ -102,6 +105,7 @@ impl Frame {
         Self {
             quota,
             minimum,
+            bound: quota.burst_bound(governed.used),
             binding,
         }
     }
@@ -146,6 +150,13 @@ pub(crate) fn print_table(frame: &Frame, naive: Option<&RunFigures>, governed: &
                 minimum => format!("{:.3}", r.wall.as_secs_f64() / minimum),
             }),
         ),
+        (
+            "wall ÷ bound (full bucket)".into(),
+            cell(&|r| match frame.bound.as_secs_f64() {
+                0.0 => "-".to_owned(), // the work fits the provider's first minute
+                bound => format!("{:.3}", r.wall.as_secs_f64() / bound),
+            }),
+        ),
     ];
     for priority in Priority::ALL {
         let wait = |r: &RunFigures| {
@@ -175,6 +186,11 @@ pub(crate) fn print_table(frame: &Frame, naive: Option<&RunFigures>, governed: &
             Binding::Tokens => "TPM",
             Binding::Requests => "RPM",
         }
+    );
+    println!(
+        "bound (full bucket): {:.1} s: for each dimension, what the governed run consumed \
+         beyond the provider's initial bucket (one minute of quota) / nominal rate; the longest",
+        frame.bound.as_secs_f64()
     );
     println!(
         "utilisation: {} consumed / (nominal rate × wall time); above 100 % means the run \

@@ -355,6 +355,19 @@ impl QuotaSpec {
         }
     }
 
+    /// The shortest time the work can take when the provider's bucket starts full (a whole
+    /// minute of quota, spendable at once): for each dimension, what the work consumed beyond
+    /// that bucket at the nominal rate; the longest of them.
+    pub(crate) fn burst_bound(&self, work: Consumption) -> Duration {
+        let beyond = |used: u64, binding| {
+            let bucket = self.rate(binding) * self.minute.as_secs_f64();
+            (used as f64 - bucket).max(0.0) / self.rate(binding)
+        };
+        let requests = beyond(work.requests, Binding::Requests);
+        let tokens = beyond(work.tokens, Binding::Tokens);
+        Duration::from_secs_f64(requests.max(tokens))
+    }
+
     /// The share of the quota a run used: what it consumed of `binding` divided by the
     /// nominal rate × its wall time.
     pub(crate) fn utilisation(&self, used: Consumption, binding: Binding, wall: Duration) -> f64 {

@@ -12,7 +12,10 @@ use crate::quota::Dimension;
 /// period: a different `limit` replaces the nominal amount (keeping the share and burst rule);
 /// a `remaining` count lowers the local level to at most `remaining × share`, because a
 /// provider that has less left than we think is being spent by someone else. An observation
-/// never raises the level: other consumers of the same key are invisible to us. A limit with
+/// never raises the level (other consumers of the same key are invisible to us), except, for a
+/// limit whose adaptive share [spends the reported
+/// burst](crate::budget::AdaptiveShare::spend_reported_burst), once the reports have agreed
+/// with what the budget expects for a while. A limit with
 /// an [`AdaptiveShare`](crate::budget::AdaptiveShare) compares `remaining` with what the provider
 /// would hold if this budget were alone on the key, and plans a smaller share when it is
 /// lower (see its documentation).

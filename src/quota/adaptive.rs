@@ -11,6 +11,7 @@
 /// | [`decrease`](Self::decrease) | 0.8 | `(0, 1)` |
 /// | [`increase`](Self::increase) | 0.1 per period | `(0, 1]` |
 /// | [`tolerance`](Self::tolerance) | 0.02 | `[0, 1)` |
+/// | [`spend_reported_burst`](Self::spend_reported_burst) | off | on or off |
 ///
 /// Setters clamp out-of-range values into the bounds (NaN takes the default).
 ///
@@ -32,6 +33,7 @@ pub struct AdaptiveShare {
     decrease: f64,
     increase: f64,
     tolerance: f64,
+    reported_burst: bool,
 }
 
 const DEFAULT: AdaptiveShare = AdaptiveShare {
@@ -39,6 +41,7 @@ const DEFAULT: AdaptiveShare = AdaptiveShare {
     decrease: 0.8,
     increase: 0.1,
     tolerance: 0.02,
+    reported_burst: false,
 };
 
 fn clamp(value: f64, low: f64, high: f64, default: f64) -> f64 {
@@ -91,6 +94,34 @@ impl AdaptiveShare {
             tolerance: clamp(share, 0.0, 0.5, DEFAULT.tolerance),
             ..self
         }
+    }
+
+    /// Whether the budget may spend, beyond its own burst, what the provider reports as
+    /// remaining once its reports have agreed with what the budget expects for a sixth of the
+    /// period (nobody else spends the key). Off by default.
+    ///
+    /// A provider's bucket usually starts full, a whole period of quota, while the budget's
+    /// burst is a sixth of it: without this, a short job waits for quota the provider holds.
+    /// The budget spends at most the lower of the provider's `remaining` and what it expects
+    /// the provider to hold (its own calls still on their way counted), less the
+    /// [`tolerance`](Self::tolerance), never more; a report below what it expects (by more than
+    /// the tolerance), a 429 or a new nominal limit takes the extra back, and without reports
+    /// the budget keeps to its own burst. The extra never refills.
+    ///
+    /// Why it is off by default: with a neighbour on the key that the confirmation window does
+    /// not reveal, the provider's bucket is then drained, and the share controller, which
+    /// reads the neighbour's spending as a widening gap, lowers the share far below what the
+    /// neighbour leaves (see the README's goodput figures).
+    pub const fn spend_reported_burst(self, on: bool) -> Self {
+        Self {
+            reported_burst: on,
+            ..self
+        }
+    }
+
+    /// Whether the budget spends the burst the provider reports.
+    pub const fn spends_reported_burst(&self) -> bool {
+        self.reported_burst
     }
 
     /// The smallest share.

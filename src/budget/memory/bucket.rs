@@ -11,6 +11,11 @@
 //! A pause (a provider's 429) is a second number, the instant before which nothing is
 //! admitted: it holds admissions without touching the level, so when it ends the level is what
 //! the bucket (lowered to what the provider reported) holds by then, and it can be lifted.
+//!
+//! Above its capacity a bucket may hold an *extra*: what the provider's own report showed it
+//! may spend now beyond the budget's burst (its bucket full, nobody else spending it). The
+//! extra never refills: it is spent after the level, and taken back by a report that
+//! disagrees, a pause or a new nominal amount.
 
 use crate::budget::memory::share::ShareController;
 use crate::quota::Limit;
@@ -35,6 +40,9 @@ pub(crate) struct Bucket {
     /// on the key (the nominal amount, refilled over the period, debited and refunded as this
     /// bucket is). What the provider reports below it, someone else spent.
     shadow: Option<Box<Bucket>>,
+    /// Units beyond the capacity that the provider's last agreeing report allows: spent once
+    /// the level is, never refilled.
+    extra: u64,
 }
 
 /// A share of a bucket's capacity that a request must leave untouched, so that requests of a
@@ -87,7 +95,34 @@ impl Bucket {
                 .adaptive_share()
                 .and_then(|_| shadow_of(&limit))
                 .map(|shadow| Box::new(Bucket::new(shadow))),
+            extra: 0,
         }
+    }
+
+    /// The provider's reports show that `spendable` may be spent now (see
+    /// `ShareController::spendable`): the level and the extra together may reach it (never
+    /// less than the level already is). Only a limit whose adaptive share spends the reported
+    /// burst takes it.
+    pub(crate) fn grant(&mut self, spendable: u64, now: u64) {
+        if self
+            .limit
+            .adaptive_share()
+            .is_some_and(|params| params.spends_reported_burst())
+        {
+            let level = u64::try_from(self.level(now)).unwrap_or(0);
+            self.extra = spendable.saturating_sub(level);
+        }
+    }
+
+    /// Takes the extra back: the provider's report disagrees, or it refused.
+    pub(crate) fn revoke(&mut self) {
+        self.extra = 0;
+    }
+
+    /// What may be spent now: the level and the extra (see [`Bucket::grant`]).
+    pub(crate) fn spendable(&self, now: u64) -> i64 {
+        self.level(now)
+            .saturating_add(i64::try_from(self.extra).unwrap_or(i64::MAX))
     }
 
     /// What the provider should hold at `now` if this budget were alone on the key: `None`
@@ -146,11 +181,18 @@ impl Bucket {
         // The common case needs no division: the level covers the amount now. (Sums of ticks
         // saturate: a limit of u64::MAX per u64::MAX nanoseconds fills a u128 product.)
         if now >= self.held_until
-            && self.deficit(now).saturating_add(self.units(needed)) <= self.units(self.capacity)
+            && self.deficit(now).saturating_add(self.units(needed))
+                <= self.units(self.capacity.saturating_add(self.extra))
         {
             return Fit::Now;
         }
-        Fit::At(self.ready_at(needed).max(now))
+        Fit::At(self.fit_at(needed, now))
+    }
+
+    /// The earliest time (nanoseconds), from `now` on, at which the level and the extra
+    /// together reach `amount`, ignoring the capacity, and not before a pause ends.
+    pub(crate) fn fit_at(&self, amount: u64, now: u64) -> u64 {
+        self.ready_at(amount.saturating_sub(self.extra)).max(now)
     }
 
     /// The earliest time (nanoseconds) at which the level reaches `amount`, ignoring the
@@ -173,13 +215,22 @@ impl Bucket {
         u64::try_from(ns).unwrap_or(u64::MAX).max(self.held_until)
     }
 
-    /// Takes `amount`, which may drive the level below zero (debt), but never below minus one
-    /// capacity: as in the shared store, an overrun beyond that is forgiven, so that a single
-    /// absurd report cannot block the bucket for longer than two refills.
+    /// Takes `amount`, from the level first and then from the extra, which may drive the
+    /// level below zero (debt), but never below minus one capacity: as in the shared store, an
+    /// overrun beyond that is forgiven, so that a single absurd report cannot block the bucket
+    /// for longer than two refills.
     pub(crate) fn debit(&mut self, amount: u64, now: u64) {
         if let Some(shadow) = &mut self.shadow {
             shadow.debit(amount, now);
         }
+        let amount = if self.extra > 0 {
+            let level = u64::try_from(self.level(now)).unwrap_or(0);
+            let from_extra = amount.saturating_sub(level).min(self.extra);
+            self.extra -= from_extra;
+            amount - from_extra
+        } else {
+            amount
+        };
         let start = self.full_at.max(self.ticks(now));
         let floor = self
             .ticks(now)
@@ -212,15 +263,22 @@ impl Bucket {
     }
 
     /// Replaces the limit (a new amount, headroom or burst), keeping the current level, clamped
-    /// to the new capacity, the pause, and the adaptive share's state (unless the new limit
-    /// changes how its share is planned).
+    /// to the new capacity, the pause, the extra (unless the nominal amount changes), and the
+    /// adaptive share's state (unless the new limit changes how its share is planned).
     pub(crate) fn set_limit(&mut self, limit: Limit, now: u64) {
         let owed = self.deficit(now);
         let old_capacity = self.capacity;
         let (held_until, share) = (self.held_until, self.share);
         let mut shadow = self.shadow.take();
         let same_plan = limit.adaptive_share() == self.limit.adaptive_share();
+        // The extra was the provider's word on the nominal amount it had: a new one voids it.
+        let extra = if limit.amount() == self.limit.amount() {
+            self.extra
+        } else {
+            0
+        };
         *self = Bucket::new(limit);
+        self.extra = extra;
         self.held_until = held_until;
         if same_plan && share.is_some() {
             self.share = share;
@@ -242,9 +300,11 @@ impl Bucket {
     }
 
     /// Admits nothing before `until` (nanoseconds); the level is left as it is and keeps
-    /// refilling. A later end extends a pause, an earlier one never shortens it.
+    /// refilling, the extra is taken back. A later end extends a pause, an earlier one never
+    /// shortens it.
     pub(crate) fn hold_until(&mut self, until: u64) {
         self.held_until = self.held_until.max(until);
+        self.extra = 0;
     }
 
     /// Ends a pause now.

@@ -59,6 +59,8 @@ pub(crate) struct ShareController {
     lowered_for: u64,
     /// Up to when the increase has been counted.
     counted_to: u64,
+    /// Since when the provider's reports agree with what the budget expects.
+    agreeing_since: Option<u64>,
 }
 
 /// Changes below this are not applied (they would only churn the bucket).
@@ -74,6 +76,7 @@ impl ShareController {
             decreased_at: None,
             lowered_for: 0,
             counted_to: now,
+            agreeing_since: None,
         }
     }
 
@@ -86,6 +89,39 @@ impl ShareController {
         self.period / 6
     }
 
+    /// Whether a report of `reported` remaining of `nominal` agrees with the `expected`: it is
+    /// below it by no more than the tolerance (nobody else spends the key).
+    fn agrees(&self, expected: u64, reported: u64, nominal: u64) -> bool {
+        expected.saturating_sub(reported) <= self.tolerance(nominal)
+    }
+
+    /// What the budget may spend now, all at once, of what the provider reports: the lower of
+    /// `reported` and `expected` less the tolerance, once the reports have agreed with what
+    /// the budget expects for a cooldown (a neighbour spending a tenth of the quota or more
+    /// shows in that time as a gap); `None` while they have not, or disagree now.
+    pub(crate) fn spendable(
+        &mut self,
+        expected: u64,
+        reported: u64,
+        nominal: u64,
+        now: u64,
+    ) -> Option<u64> {
+        if !self.agrees(expected, reported, nominal) {
+            self.agreeing_since = None;
+            return None;
+        }
+        let since = *self.agreeing_since.get_or_insert(now);
+        (now.saturating_sub(since) >= self.cooldown()).then(|| {
+            reported
+                .min(expected)
+                .saturating_sub(self.tolerance(nominal))
+        })
+    }
+
+    fn tolerance(&self, nominal: u64) -> u64 {
+        (nominal as f64 * self.params.tolerance_share()).ceil() as u64
+    }
+
     /// The provider reported `reported` remaining of `nominal`, while the budget expected at
     /// least `expected`. Returns the new share when it changed.
     pub(crate) fn observe(
@@ -95,9 +131,8 @@ impl ShareController {
         nominal: u64,
         now: u64,
     ) -> Option<f64> {
-        let tolerance = (nominal as f64 * self.params.tolerance_share()).ceil() as u64;
         let gap = expected.saturating_sub(reported);
-        if gap <= tolerance {
+        if self.agrees(expected, reported, nominal) {
             self.lowered_for = 0;
             return self.recover(now);
         }
@@ -121,6 +156,7 @@ impl ShareController {
 
     /// The provider refused with a 429 naming this limit.
     pub(crate) fn rate_limited(&mut self, now: u64) -> Option<f64> {
+        self.agreeing_since = None;
         self.lower(self.params.decrease_factor(), now)
     }
 

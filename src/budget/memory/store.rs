@@ -248,6 +248,16 @@ impl Store for MemoryStore {
             }
             let usable = (remaining as f64 * bucket.limit().headroom()).floor() as u64;
             bucket.cap_level(usable, now);
+            // Beyond the burst: what the provider holds, while its word agrees with ours.
+            if let Some(expected) = expected {
+                let spendable = bucket
+                    .share_mut()
+                    .and_then(|c| c.spendable(expected, remaining, nominal, now));
+                match spendable {
+                    Some(spendable) => bucket.grant(spendable, now),
+                    None => bucket.revoke(),
+                }
+            }
         }
         changed
     }
@@ -306,7 +316,7 @@ impl Store for MemoryStore {
 
     fn not_before(&self, amount: &Cost, now: u64) -> Option<(u64, usize)> {
         self.touched(amount)
-            .map(|(i, bucket, amount)| (bucket.ready_at(amount).max(now), i))
+            .map(|(i, bucket, amount)| (bucket.fit_at(amount, now), i))
             .max_by_key(|(at, _)| *at)
     }
 
@@ -330,8 +340,8 @@ impl Store for MemoryStore {
             .map(|bucket| LimitState {
                 limit: *bucket.limit(),
                 capacity: bucket.capacity(),
-                level: bucket.level(now),
-                available_at: bucket.ready_at(1).max(now),
+                level: bucket.spendable(now),
+                available_at: bucket.fit_at(1, now),
                 full_at: bucket.full_at(now),
             })
             .collect()
@@ -380,6 +390,7 @@ mod tests {
     use std::num::NonZeroU64;
 
     const MS: u64 = 1_000_000;
+    const SEC: u64 = 1_000 * MS;
 
     fn store() -> MemoryStore {
         let nz = |n| NonZeroU64::new(n).unwrap();
@@ -492,6 +503,101 @@ mod tests {
         // A 429 lowers it too.
         assert!(s.pause(Dimension::TotalTokens, 600 * MS, 500 * MS, true));
         assert_eq!(at(&s), 0.8 * 0.8);
+    }
+
+    /// A store of one adaptive limit of 600 tokens a minute (burst a sixth: 100), and a report
+    /// of `remaining` tokens.
+    fn minute_of_600(
+        share: crate::quota::AdaptiveShare,
+    ) -> (MemoryStore, impl Fn(u64) -> Observation) {
+        let tpm = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(600).unwrap())
+            .with_adaptive_share(share);
+        let seen = |remaining| {
+            Observation::new(Dimension::TotalTokens, Duration::from_secs(60))
+                .with_remaining(remaining)
+        };
+        (MemoryStore::new(&Quota::new().with_limit(tpm)), seen)
+    }
+
+    #[test]
+    fn the_burst_the_provider_reports_is_spent_once_its_word_agrees_for_a_while() {
+        let (mut s, seen) =
+            minute_of_600(crate::quota::AdaptiveShare::new().spend_reported_burst(true));
+        let id = ReservationId(0);
+        let tokens = |n| Cost::new(n, 0);
+        let level = |s: &MemoryStore, now| s.snapshot(now)[0].level;
+        // Its own burst first: 100 of the 600 the provider holds.
+        s.reserve(id, &tokens(100), Floor::NONE, 0).unwrap();
+        assert!(s.reserve(id, &tokens(1), Floor::NONE, 0).is_err());
+        // The provider reports the 500 left, as expected, but a neighbour would not show yet.
+        s.observe(&seen(500), 0, true);
+        assert_eq!(level(&s, 0), 0);
+        // Ten seconds (a sixth of the period) of agreement: the provider's 600 may be spent at
+        // once, less the tolerance (12).
+        s.observe(&seen(600), 10 * SEC, true);
+        assert_eq!(level(&s, 10 * SEC), 588);
+        for _ in 0..5 {
+            // (A request above the budget's own burst never fits, extra or not.)
+            s.reserve(id, &tokens(100), Floor::NONE, 10 * SEC).unwrap();
+        }
+        s.reserve(id, &tokens(88), Floor::NONE, 10 * SEC).unwrap();
+        // Spent: the next token comes with the refill, 100 ms later.
+        assert_eq!(
+            s.reserve(id, &tokens(1), Floor::NONE, 10 * SEC),
+            Err(Denial::NotUntil {
+                at: 10 * SEC + 100 * MS,
+                limit: 0
+            })
+        );
+        // The extra never refills: a minute later the level is the burst again.
+        assert_eq!(level(&s, 70 * SEC), 100);
+        // A report above what the budget expects grants no more than it expects (the
+        // provider's bucket full: 600, less the tolerance).
+        s.observe(&seen(10_000), 70 * SEC, true);
+        assert_eq!(level(&s, 70 * SEC), 588);
+        // A report below it (someone else spent 300) takes the extra back at once, and the
+        // next agreeing report grants nothing before another ten seconds.
+        s.observe(&seen(300), 70 * SEC, true);
+        assert_eq!(level(&s, 70 * SEC), 80, "the burst of a share of 0.8");
+        s.observe(&seen(600), 75 * SEC, true);
+        assert_eq!(level(&s, 75 * SEC), 80);
+    }
+
+    #[test]
+    fn a_pause_a_new_limit_or_the_default_take_the_reported_burst_back() {
+        let (mut s, seen) =
+            minute_of_600(crate::quota::AdaptiveShare::new().spend_reported_burst(true));
+        let level = |s: &MemoryStore, now| s.snapshot(now)[0].level;
+        let agreed = |s: &mut MemoryStore| {
+            s.observe(&seen(600), 0, true);
+            s.observe(&seen(600), 10 * SEC, true);
+            assert_eq!(level(s, 10 * SEC), 588);
+        };
+        agreed(&mut s);
+        s.pause(Dimension::TotalTokens, 0, 10 * SEC, true);
+        assert_eq!(
+            level(&s, 10 * SEC),
+            80,
+            "a 429 lowers the share and takes the extra back"
+        );
+
+        let (mut s, _) =
+            minute_of_600(crate::quota::AdaptiveShare::new().spend_reported_burst(true));
+        agreed(&mut s);
+        let lowered = Observation::new(Dimension::TotalTokens, Duration::from_secs(60))
+            .with_limit(NonZeroU64::new(300).unwrap());
+        s.observe(&lowered, 10 * SEC, true);
+        assert_eq!(
+            level(&s, 10 * SEC),
+            50,
+            "a new nominal amount: its own burst only"
+        );
+
+        let off = crate::quota::AdaptiveShare::new();
+        let (mut s, seen) = minute_of_600(off);
+        s.observe(&seen(600), 0, true);
+        s.observe(&seen(600), 10 * SEC, true);
+        assert_eq!(level(&s, 10 * SEC), 100);
     }
 
     /// A provider that lowers its limit without notice charges what it admits from then on
