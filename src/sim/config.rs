@@ -51,6 +51,8 @@ pub(crate) struct NeighbourSpec {
     pub(crate) organization: String,
     pub(crate) share: f64,
     pub(crate) tokens_per_request: u64,
+    /// When it stops spending, if it does.
+    pub(crate) until: Option<Duration>,
 }
 
 /// Faults injected on demand, drawn from the simulator's seeded generator: the same seed and
@@ -395,6 +397,19 @@ impl SimConfig {
                 organization: organization.into(),
                 share: clamp_share(share),
                 tokens_per_request: tokens_per_request.max(1),
+                until: None,
+            }),
+            ..self
+        }
+    }
+
+    /// The [neighbour](Self::neighbour) stops spending `at` from the start (a job of theirs
+    /// ends). Without a neighbour, nothing.
+    pub fn neighbour_until(self, at: Duration) -> Self {
+        Self {
+            neighbour: self.neighbour.map(|spec| NeighbourSpec {
+                until: Some(at),
+                ..spec
             }),
             ..self
         }

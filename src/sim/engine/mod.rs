@@ -61,8 +61,9 @@ pub(crate) struct Engine {
     limits: Vec<Enforced>,
     organizations: Vec<String>,
     keys: HashMap<String, usize>,
-    /// The neighbour's organisation, request cost and pace (nanoseconds between requests).
-    neighbour: Option<(usize, u64, u64)>,
+    /// The neighbour's organisation, request cost, pace (nanoseconds between requests) and
+    /// end (nanoseconds).
+    neighbour: Option<(usize, u64, u64, u64)>,
     state: Mutex<State>,
     /// Admitted calls per idempotency key.
     pub(crate) idempotency_keys: super::keys::KeyCounts,
@@ -218,7 +219,13 @@ impl Engine {
             }
             let every =
                 config.minute.as_nanos() as f64 * spec.tokens_per_request as f64 / per_minute;
-            Some((organization, spec.tokens_per_request, (every as u64).max(1)))
+            let until = spec.until.map_or(u64::MAX, nanos);
+            Some((
+                organization,
+                spec.tokens_per_request,
+                (every as u64).max(1),
+                until,
+            ))
         });
         let state = State {
             buckets,
@@ -268,6 +275,7 @@ impl Engine {
                 .filter(|&at| at <= now);
             let neighbour = self
                 .neighbour
+                .filter(|&(.., until)| state.neighbour_next < until)
                 .map(|_| state.neighbour_next)
                 .filter(|&at| at <= now);
             match (change, neighbour) {
@@ -301,7 +309,7 @@ impl Engine {
     /// The neighbour's request due at `at`: charged to every limit if they can all pay it,
     /// else refused.
     fn neighbour_request(&self, state: &mut State, at: u64) {
-        let Some((organization, tokens, every)) = self.neighbour else {
+        let Some((organization, tokens, every, _)) = self.neighbour else {
             return;
         };
         state.neighbour_next = at.saturating_add(every);
