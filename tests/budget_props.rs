@@ -837,9 +837,10 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     /// Whatever the provider reports, the planned share stays within its bounds, the bucket's
-    /// rate and capacity follow it, the level never exceeds the capacity, and once the
-    /// provider's reports show nobody else spending the quota, the share climbs back to the
-    /// whole quota.
+    /// rate follows it, the level never exceeds the capacity but by what the provider last
+    /// reported (the burst it reports, right after a report: never above the larger of the two),
+    /// and once the provider's reports show nobody else spending the quota, the share climbs
+    /// back to the whole quota.
     #[test]
     fn the_adaptive_share_stays_in_bounds_and_recovers(
         amount in 60..=100_000u64,
@@ -854,7 +855,8 @@ proptest! {
                 tower_llm_quota::budget::Observation::new(Dimension::TotalTokens, period)
                     .with_remaining(amount * thousandths / 1_000)
             };
-            let check = |budget: &Budget| -> Result<(), TestCaseError> {
+            // `reported`: what the provider reported last, and whether that was the last event.
+            let check = |budget: &Budget, reported: u64, just: bool| -> Result<(), TestCaseError> {
                 let snapshot = budget.snapshot();
                 let state = &snapshot.limits()[0];
                 let share = state.limit().headroom();
@@ -862,22 +864,35 @@ proptest! {
                 let planned = ((amount as f64 * share).floor() as u64).clamp(1, amount);
                 prop_assert_eq!(state.limit().effective_amount(), planned);
                 prop_assert_eq!(state.capacity(), state.limit().capacity());
-                prop_assert!(state.level() <= i64::try_from(state.capacity()).unwrap());
+                let (capacity, level) = (state.capacity(), state.level());
+                let most = if just { capacity.max(reported) } else { capacity + reported };
+                prop_assert!(level <= i64::try_from(most).unwrap(), "level {level}, most {most}");
                 Ok(())
             };
+            let mut reported = 0;
             for op in &ops {
-                match *op {
-                    ShareOp::Report(thousandths) => budget.observe(&report(thousandths)),
-                    ShareOp::Pause => budget.pause(&[Dimension::TotalTokens], Instant::now()),
-                    ShareOp::Advance(ns) => tokio::time::advance(Duration::from_nanos(ns)).await,
-                }
-                check(&budget)?;
+                let just = match *op {
+                    ShareOp::Report(thousandths) => {
+                        budget.observe(&report(thousandths));
+                        reported = amount * thousandths / 1_000;
+                        true
+                    }
+                    ShareOp::Pause => {
+                        budget.pause(&[Dimension::TotalTokens], Instant::now());
+                        false
+                    }
+                    ShareOp::Advance(ns) => {
+                        tokio::time::advance(Duration::from_nanos(ns)).await;
+                        false
+                    }
+                };
+                check(&budget, reported, just)?;
             }
             // Nobody else: the provider reports its whole quota, for long enough.
             for _ in 0..200 {
                 tokio::time::advance(period / 10).await;
                 budget.observe(&report(1_000));
-                check(&budget)?;
+                check(&budget, amount, true)?;
             }
             let share = budget.snapshot().limits()[0].limit().headroom();
             prop_assert_eq!(share, 1.0);

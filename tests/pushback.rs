@@ -185,11 +185,11 @@ async fn a_quota_halved_without_notice_loses_no_item() {
     assert_eq!(tpm, lowered);
 }
 
-/// With `spend_reported_burst`, a job alone on the key spends the provider's initial bucket (a
-/// whole minute of quota) once the headers have agreed with the budget for a sixth of a
-/// minute, instead of spending its own burst and then only the refill.
+/// By default (`spend_reported_burst`), a job alone on the key spends the provider's initial
+/// bucket (a whole minute of quota) once the headers have agreed with the budget for a sixth
+/// of a minute, instead of spending its own burst and then only the refill.
 #[tokio::test(start_paused = true)]
-async fn the_burst_the_provider_reports_is_spent_when_opted_in() {
+async fn the_burst_the_provider_reports_is_spent_by_default() {
     let items = workload::tickets("t", 500, TicketShape::SUPPORT, Priority::Batch, 1);
     let run = |spend: bool| {
         let items = &items;
@@ -284,6 +284,74 @@ async fn an_unseen_neighbour_on_the_key_is_left_its_share() {
     );
 }
 
+/// Tokens the governed client spent in `[from, to)`, from the simulator's series.
+fn tokens_between(stats: &SimStats, from: Duration, to: Duration) -> u64 {
+    stats
+        .series
+        .iter()
+        .filter(|p| p.start >= from && p.start < to)
+        .map(|p| p.input_tokens + p.output_tokens)
+        .sum()
+}
+
+/// A real one-minute quota behind a neighbour spending 30 % of it for ten minutes, then
+/// stopping: the budget uses what the neighbour leaves while it spends, and the whole quota
+/// again within two minutes of its end.
+#[tokio::test(start_paused = true)]
+async fn the_share_follows_what_a_neighbour_leaves_and_comes_back_when_it_stops() {
+    let minute = Duration::from_secs(60);
+    let stop = 10 * minute;
+    let config = || {
+        SimConfig::openai(RPM, TPM)
+            .neighbour("default", 0.3, 300)
+            .neighbour_until(stop)
+            .series_interval(SEC)
+    };
+    let simulator = Simulator::new(config());
+    // About fifteen minutes of work: ten behind the neighbour, five alone.
+    let items = workload::tickets("t", 500, TicketShape::SUPPORT, Priority::Batch, 6);
+    let stack = governed(quota(RPM, TPM, minute), minute);
+    let (outcomes, rate_limited, wall) = run_governed(&simulator, stack, "sk-a", &items).await;
+    let stats = simulator.stats();
+    let rate = TPM as f64 / minute.as_secs_f64();
+    let left = rate * stop.as_secs_f64() - stats.neighbour_tokens as f64;
+    let behind = tokens_between(&stats, Duration::ZERO, stop) as f64 / left;
+    let back_from = stop + 2 * minute;
+    let (_, end) = tokens_since(&stats, back_from);
+    let alone =
+        tokens_between(&stats, back_from, end) as f64 / (rate * (end - back_from).as_secs_f64());
+    let neighbour_alone = {
+        let simulator = Simulator::new(config());
+        tokio::time::sleep(stop).await;
+        simulator.stats().neighbour_rate_limited
+    };
+    eprintln!(
+        "neighbour at 0.3 for ten minutes: {:.1} % of what it leaves used; alone again, \
+         from two minutes after its end: {:.1} % of the quota; governed {rate_limited} × 429, \
+         neighbour {} × 429 ({neighbour_alone} alone); wall {wall:?}",
+        100.0 * behind,
+        100.0 * alone,
+        stats.neighbour_rate_limited,
+    );
+    assert_eq!(failures(&outcomes), Vec::<String>::new());
+    assert_eq!(rate_limited, 0, "provider 429s");
+    assert_eq!(stats.neighbour_rate_limited, neighbour_alone);
+    assert!(
+        end > back_from + minute,
+        "the work lasted too short a time: {end:?}"
+    );
+    assert!(
+        behind >= 0.95,
+        "{:.1} % of what the neighbour leaves",
+        100.0 * behind
+    );
+    assert!(
+        alone >= 0.95,
+        "{:.1} % of the quota once alone",
+        100.0 * alone
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn server_errors_and_resets_lose_no_item() {
     let simulator = Simulator::new(
@@ -321,7 +389,13 @@ async fn a_streamed_error_body_over_the_read_limit_is_retried_as_a_server_error(
             .seed(5),
     );
     let items = workload::tickets("t", 200, TicketShape::SUPPORT, Priority::Batch, 4);
-    let stack = governed(quota(RPM, TPM, MINUTE), MINUTE);
+    // A retry budget above the share of failures (the default's 10 % is this test's failure
+    // rate, where a burst of failures may spend it): the test is about how the failures are
+    // classified, not about the budget's edge.
+    let retry = tower_llm_quota::retry::RetryPolicy::new()
+        .retry_budget(0.2, 1)
+        .unwrap();
+    let stack = governed(quota(RPM, TPM, MINUTE), MINUTE).retry(retry);
     let (outcomes, _, _) = run_governed(&simulator, stack, "sk-a", &items).await;
     let stats = simulator.stats();
     eprintln!(

@@ -9,9 +9,9 @@
 /// |---|---|---|
 /// | [`min`](Self::min) | 0.2 | `(0, 1]` |
 /// | [`decrease`](Self::decrease) | 0.8 | `(0, 1)` |
-/// | [`increase`](Self::increase) | 0.1 per period | `(0, 1]` |
+/// | [`increase`](Self::increase) | 0.5 per period | `(0, 1]` |
 /// | [`tolerance`](Self::tolerance) | 0.02 | `[0, 1)` |
-/// | [`spend_reported_burst`](Self::spend_reported_burst) | off | on or off |
+/// | [`spend_reported_burst`](Self::spend_reported_burst) | on | on or off |
 ///
 /// Setters clamp out-of-range values into the bounds (NaN takes the default).
 ///
@@ -39,9 +39,9 @@ pub struct AdaptiveShare {
 const DEFAULT: AdaptiveShare = AdaptiveShare {
     min: 0.2,
     decrease: 0.8,
-    increase: 0.1,
+    increase: 0.5,
     tolerance: 0.02,
-    reported_burst: false,
+    reported_burst: true,
 };
 
 fn clamp(value: f64, low: f64, high: f64, default: f64) -> f64 {
@@ -67,7 +67,8 @@ impl AdaptiveShare {
         }
     }
 
-    /// The factor applied on a decrease. Defaults to 0.8; clamped to `[0.05, 0.99]`.
+    /// The factor a 429 naming the limit multiplies the share by. Defaults to 0.8; clamped to
+    /// `[0.05, 0.99]`.
     pub fn decrease(self, factor: f64) -> Self {
         Self {
             decrease: clamp(factor, 0.05, 0.99, DEFAULT.decrease),
@@ -75,8 +76,10 @@ impl AdaptiveShare {
         }
     }
 
-    /// The share regained per period while nobody else spends the quota. Defaults to 0.1;
-    /// clamped to `[0.001, 1]`.
+    /// The most the share rises per period when the provider's reports show more left than
+    /// it plans for (a neighbour spends less, or stopped): from 0.68 back to the whole quota in
+    /// 39 seconds of a one-minute limit by default. Defaults to 0.5; clamped to
+    /// `[0.001, 1]`.
     pub fn increase(self, per_period: f64) -> Self {
         Self {
             increase: clamp(per_period, 0.001, 1.0, DEFAULT.increase),
@@ -96,22 +99,18 @@ impl AdaptiveShare {
         }
     }
 
-    /// Whether the budget may spend, beyond its own burst, what the provider reports as
-    /// remaining once its reports have agreed with what the budget expects for a sixth of the
-    /// period (nobody else spends the key). Off by default.
+    /// Whether the budget may spend at once, beyond its own burst, what the provider reports
+    /// as remaining. On by default.
     ///
     /// A provider's bucket usually starts full, a whole period of quota, while the budget's
     /// burst is a sixth of it: without this, a short job waits for quota the provider holds.
-    /// The budget spends at most the lower of the provider's `remaining` and what it expects
-    /// the provider to hold (its own calls still on their way counted), less the
-    /// [`tolerance`](Self::tolerance), never more; a report below what it expects (by more than
-    /// the tolerance), a 429 or a new nominal limit takes the extra back, and without reports
-    /// the budget keeps to its own burst. The extra never refills.
-    ///
-    /// Why it is off by default: with a neighbour on the key that the confirmation window does
-    /// not reveal, the provider's bucket is then drained, and the share controller, which
-    /// reads the neighbour's spending as a widening gap, lowers the share far below what the
-    /// neighbour leaves (see the README's goodput figures).
+    /// Once the share's measure of the others' spending is steady (it has run for a sixth of
+    /// the period and lowered nothing for as long), the budget may spend the lower of the
+    /// provider's `remaining` and what it expects the provider to hold (its own calls still on
+    /// their way counted), less a cushion: the [`tolerance`](Self::tolerance), and a sixth of a
+    /// period of the others' spending at the rate the share leaves them. Never more. A lowered
+    /// share, a 429, a full bucket or a new nominal limit takes the extra back; without
+    /// reports the budget keeps to its own burst. The extra never refills.
     pub const fn spend_reported_burst(self, on: bool) -> Self {
         Self {
             reported_burst: on,

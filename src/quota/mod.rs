@@ -259,14 +259,21 @@ impl Limit {
         scale(self.amount.get(), self.headroom, f64::floor)
     }
 
-    /// The most the bucket holds, and so the largest cost it can admit at once.
+    /// The most the bucket holds, and so the largest cost it can admit at once: a fraction of
+    /// the effective amount for a fixed share, of the nominal amount for an adaptive one (the
+    /// share it plans paces the refill; a request that fits the limit keeps fitting however
+    /// low the share goes).
     pub fn capacity(&self) -> u64 {
         let fraction = match self.burst {
             Burst::Exact(burst) => return burst.get(),
             Burst::Default => DEFAULT_BURST_FRACTION,
             Burst::Fraction(fraction) => fraction,
         };
-        scale(self.effective_amount(), fraction, f64::ceil)
+        let base = match self.adaptive {
+            Some(_) => self.amount.get(),
+            None => self.effective_amount(),
+        };
+        scale(base, fraction, f64::ceil)
     }
 
     /// The limit as a tenant node's bucket plans it: a fixed share (an operator's limit does

@@ -43,6 +43,9 @@ pub(crate) struct Bucket {
     /// Units beyond the capacity that the provider's last agreeing report allows: spent once
     /// the level is, never refilled.
     extra: u64,
+    /// Everything debited less everything refunded, since the bucket was made: the adaptive
+    /// share measures the others' spending against it.
+    spent: u64,
 }
 
 /// A share of a bucket's capacity that a request must leave untouched, so that requests of a
@@ -96,7 +99,13 @@ impl Bucket {
                 .and_then(|_| shadow_of(&limit))
                 .map(|shadow| Box::new(Bucket::new(shadow))),
             extra: 0,
+            spent: 0,
         }
+    }
+
+    /// Everything debited less everything refunded.
+    pub(crate) fn spent(&self) -> u64 {
+        self.spent
     }
 
     /// The provider's reports show that `spendable` may be spent now (see
@@ -223,6 +232,7 @@ impl Bucket {
         if let Some(shadow) = &mut self.shadow {
             shadow.debit(amount, now);
         }
+        self.spent = self.spent.saturating_add(amount);
         let amount = if self.extra > 0 {
             let level = u64::try_from(self.level(now)).unwrap_or(0);
             let from_extra = amount.saturating_sub(level).min(self.extra);
@@ -246,6 +256,7 @@ impl Bucket {
         if let Some(shadow) = &mut self.shadow {
             shadow.refund(amount);
         }
+        self.spent = self.spent.saturating_sub(amount);
         self.full_at = self.full_at.saturating_sub(self.units(amount));
     }
 
@@ -277,8 +288,10 @@ impl Bucket {
         } else {
             0
         };
+        let spent = self.spent;
         *self = Bucket::new(limit);
         self.extra = extra;
+        self.spent = spent;
         self.held_until = held_until;
         if same_plan && share.is_some() {
             self.share = share;

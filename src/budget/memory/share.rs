@@ -9,38 +9,46 @@
 //! the budget cannot see, but when the client is alone on its key it leaves that margin idle
 //! for nothing: the modest default burst already keeps a margin in the provider's bucket. The
 //! controller plans for the whole quota while the provider's rate-limit headers show nobody
-//! else spending it, and backs off when they do, as TCP's congestion control does
-//! (additive increase, multiplicative decrease):
+//! else spending it, and for what they show is left when someone does.
 //!
-//! - **Decrease.** When the provider reports less remaining than the budget expects (by more
-//!   than [`AdaptiveShare::tolerance`] of the nominal limit), the share is multiplied by
-//!   `1 - gap / nominal`, but never by less than [`AdaptiveShare::decrease`]: a small gap
-//!   (a neighbour whose share was nearly left) costs a small step, a wide one the whole
-//!   factor. A 429 multiplies it by the decrease factor. At most once per sixth of the limit's period
-//!   (the time the default burst takes to refill), so one burst of responses carrying the
-//!   same news counts once. After a decrease, the provider's backlog takes a while to drain:
-//!   a gap no wider than the one that caused the last decrease lowers nothing more (nor does
-//!   the share grow meanwhile); only a wider one does. It never goes below
-//!   [`AdaptiveShare::min`].
-//! - **Increase.** While the gap stays closed, the share grows by
-//!   [`AdaptiveShare::increase`] of the nominal limit per period, continuously, starting a
-//!   sixth of a period after the last decrease. It never exceeds the nominal limit (a share
-//!   of 1).
+//! # What the budget measures
 //!
-//! # What the budget expects
+//! The budget counts what it spent on each adaptive limit (debits less refunds). Two reports of
+//! the provider, `R0` at `t0` when the budget had spent `S0` and `R` at `t` when it had spent
+//! `S`, tell what everybody else spent in between, provided the provider's bucket was not full
+//! meanwhile (it would have dropped refill):
 //!
-//! Next to each adaptive bucket the budget keeps a *shadow* of the provider's bucket as it
-//! would be if the budget were alone on the key: it holds the nominal amount, refills it over
-//! the period, and is debited and refunded exactly as the budget's own bucket is. Its level is
-//! what the provider should report as remaining; what the provider reports below it (beyond
-//! the tolerance) is someone else's spending. Estimates err high and reservations are debited
-//! before the provider sees the call, so both errors keep the shadow below the provider and
-//! the controller on the safe side. The shadow does not move when the share does, so a
-//! decrease does not look like a wider gap. When the provider reports a new nominal amount
-//! (a limit lowered without notice), the shadow starts again from the remaining of that
-//! report, never higher than it was: the provider has charged under the new amount since it
-//! changed it, before the budget could know, and a shadow merely cut to the new amount would
-//! take that spending for someone else's.
+//! ```text
+//! others = R0 + refill(t - t0) - (S - S0) - R
+//! ```
+//!
+//! - **Measuring.** Once a window (a sixth of the period), the others' rate since the start
+//!   of the measure (a report between one window and one period old) is measured as a share
+//!   `f` of the nominal rate. When what they spent exceeds [`AdaptiveShare::tolerance`] of the
+//!   nominal amount, the share is planned at `1 - f - tolerance`; below it (rounding, timing),
+//!   the share may only rise, to `1 - f`. Within `[min, 1]`. A neighbour spending 30 % is
+//!   planned around at its first window: 0.68 of the quota.
+//! - **A full bucket** (a report within the tolerance of the nominal amount) hides the others'
+//!   spending and shows room: the measure starts again at the next report below it, and the
+//!   share rises meanwhile.
+//! - **Rising** is limited to [`AdaptiveShare::increase`] per period, and waits a window after
+//!   a 429; **lowering** follows a measure at once. **A 429** multiplies the share by
+//!   [`AdaptiveShare::decrease`], at most once per window. The share paces the refill only:
+//!   the burst stays the limit's, so a request that fits the limit keeps fitting.
+//!
+//! # The burst the provider reports
+//!
+//! Next to each adaptive bucket the budget also keeps a *shadow* of the provider's bucket as
+//! it would be if the budget were alone on the key: the nominal amount, refilled over the
+//! period, debited and refunded exactly as the budget's own bucket is (so its calls on their
+//! way count). Once the measure is steady (a window old, nothing lowered for a window), the
+//! budget may spend at once, beyond its own burst, the lower of the provider's report and the
+//! shadow's level, less a cushion: the tolerance, and a window of the others' spending at the
+//! rate the share leaves them ([`ShareController::spendable`]).
+//!
+//! When the provider reports a new nominal amount (a limit lowered without notice), the measure
+//! starts again from that report: the provider has charged under the new amount since it
+//! changed it, before the budget could know, and that is not someone else's spending.
 
 use std::time::Duration;
 
@@ -53,18 +61,39 @@ pub(crate) struct ShareController {
     /// The limit's period in nanoseconds (at least 1).
     period: u64,
     share: f64,
-    /// When the share was last lowered.
-    decreased_at: Option<u64>,
-    /// The gap that lowered it last; 0 once the gap closed.
-    lowered_for: u64,
-    /// Up to when the increase has been counted.
-    counted_to: u64,
-    /// Since when the provider's reports agree with what the budget expects.
-    agreeing_since: Option<u64>,
+    /// When a 429 last lowered the share.
+    rate_limited_at: Option<u64>,
+    /// The reports the others' spending is measured from: the older (at most a period old,
+    /// the measure's start) and the newer (the next start, once the older is a period old).
+    anchors: [Option<Anchor>; 2],
+    /// When the share was last decided on a measure.
+    decided_at: u64,
+    /// When the share last changed on a measure: rises are counted from there.
+    measured_at: u64,
+    /// When the share was last lowered (a measure, a 429).
+    lowered_at: Option<u64>,
 }
 
 /// Changes below this are not applied (they would only churn the bucket).
 const STEP: f64 = 0.005;
+
+/// A report the others' spending is measured from: when, what the provider reported, and
+/// what the budget had spent in all by then.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Anchor {
+    at: u64,
+    reported: u64,
+    spent: u64,
+}
+
+impl Anchor {
+    /// What the provider would hold at `now` had nobody else spent since this report, with no
+    /// cap: the report, plus the refill of `nominal` per `period`, less what the budget spent.
+    fn expected(&self, spent: u64, nominal: u64, period: u64, now: u64) -> f64 {
+        let refill = nominal as f64 * now.saturating_sub(self.at) as f64 / period as f64;
+        self.reported as f64 + refill - spent.saturating_sub(self.spent) as f64
+    }
+}
 
 impl ShareController {
     /// A controller planning for the whole quota.
@@ -73,10 +102,11 @@ impl ShareController {
             params,
             period: u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1),
             share: share.clamp(params.min_share(), 1.0),
-            decreased_at: None,
-            lowered_for: 0,
-            counted_to: now,
-            agreeing_since: None,
+            rate_limited_at: None,
+            anchors: [None, None],
+            decided_at: now,
+            measured_at: now,
+            lowered_at: None,
         }
     }
 
@@ -84,119 +114,154 @@ impl ShareController {
         self.share
     }
 
-    /// The time between two decreases, and from a decrease to the first increase.
-    fn cooldown(&self) -> u64 {
+    /// A window, the time between two 429 decreases, and from a 429 to the first rise.
+    fn window(&self) -> u64 {
         self.period / 6
     }
 
-    /// Whether a report of `reported` remaining of `nominal` agrees with the `expected`: it is
-    /// below it by no more than the tolerance (nobody else spends the key).
-    fn agrees(&self, expected: u64, reported: u64, nominal: u64) -> bool {
-        expected.saturating_sub(reported) <= self.tolerance(nominal)
-    }
-
     /// What the budget may spend now, all at once, of what the provider reports: the lower of
-    /// `reported` and `expected` less the tolerance, once the reports have agreed with what
-    /// the budget expects for a cooldown (a neighbour spending a tenth of the quota or more
-    /// shows in that time as a gap); `None` while they have not, or disagree now.
+    /// `reported` and `expected` (what the provider should hold for this budget alone, its calls
+    /// on their way counted), less a cushion for the others: the tolerance, and what they
+    /// spend in a window at the rate the share leaves them. Only once the measure is steady: it
+    /// has run for a window, and lowered nothing for a window (a 429 included); `None` before.
     pub(crate) fn spendable(
-        &mut self,
+        &self,
         expected: u64,
         reported: u64,
         nominal: u64,
         now: u64,
     ) -> Option<u64> {
-        if !self.agrees(expected, reported, nominal) {
-            self.agreeing_since = None;
+        let window = self.window();
+        let start = self.anchors[0]?;
+        let quiet = self
+            .lowered_at
+            .is_none_or(|at| now.saturating_sub(at) >= window);
+        if now.saturating_sub(start.at) < window || !quiet {
             return None;
         }
-        let since = *self.agreeing_since.get_or_insert(now);
-        (now.saturating_sub(since) >= self.cooldown()).then(|| {
-            reported
-                .min(expected)
-                .saturating_sub(self.tolerance(nominal))
-        })
+        let theirs = (1.0 - self.share) * nominal as f64 * window as f64 / self.period as f64;
+        let cushion = self.tolerance(nominal).saturating_add(theirs.ceil() as u64);
+        Some(reported.min(expected).saturating_sub(cushion))
     }
 
     fn tolerance(&self, nominal: u64) -> u64 {
         (nominal as f64 * self.params.tolerance_share()).ceil() as u64
     }
 
-    /// The provider reported `reported` remaining of `nominal`, while the budget expected at
-    /// least `expected`. Returns the new share when it changed.
+    /// The provider reported `reported` remaining of `nominal` when the budget had spent
+    /// `spent` in all (debits less refunds): once a window, the others' rate since the older
+    /// anchor is measured and the share planned for what they leave (see the module
+    /// documentation). Returns the new share when it changed.
     pub(crate) fn observe(
         &mut self,
-        expected: u64,
         reported: u64,
+        spent: u64,
         nominal: u64,
         now: u64,
     ) -> Option<f64> {
-        let gap = expected.saturating_sub(reported);
-        if self.agrees(expected, reported, nominal) {
-            self.lowered_for = 0;
-            return self.recover(now);
+        let tolerance = self.tolerance(nominal) as f64;
+        let here = Anchor {
+            at: now,
+            reported,
+            spent,
+        };
+        // A full bucket hides the others' spending, and shows room.
+        if reported as f64 + tolerance >= nominal as f64 {
+            self.anchors = [None, None];
+            return self.plan(1.0, now);
         }
-        // The provider's backlog drains only after a decrease: a gap that is not wider than
-        // the one that lowered the share last is the same news, and the last decrease is
-        // still working on it.
-        if gap <= self.lowered_for {
-            self.counted_to = now;
+        let Some(start) = self.anchors[0] else {
+            self.restart(reported, spent, now);
+            return None;
+        };
+        // What the provider would hold had nobody else spent since the start: exact, since
+        // its bucket was never full in between (a full report starts the measure again).
+        let expected = start.expected(spent, nominal, self.period, now);
+        let elapsed = now.saturating_sub(start.at);
+        if now.saturating_sub(self.decided_at) < self.window() || elapsed < self.window() {
             return None;
         }
-        // In proportion to the gap, down to the decrease factor: a small, slowly growing gap
-        // (a neighbour whose share was nearly left) costs a small step.
-        let factor =
-            (1.0 - gap as f64 / nominal.max(1) as f64).clamp(self.params.decrease_factor(), 1.0);
-        let lowered = self.lower(factor, now);
-        if lowered.is_some() {
-            self.lowered_for = gap;
+        self.decided_at = now;
+        let gap = (expected - reported as f64).max(0.0);
+        let others = gap / nominal.max(1) as f64 * self.period as f64 / elapsed as f64;
+        self.slide(here);
+        if gap > tolerance {
+            let target = 1.0 - others - self.params.tolerance_share();
+            self.plan(target.clamp(self.params.min_share(), 1.0), now)
+        } else {
+            // Within the tolerance: evidence enough to rise, not to fall.
+            let target = (1.0 - others).clamp(self.params.min_share(), 1.0);
+            (target > self.share)
+                .then(|| self.plan(target, now))
+                .flatten()
         }
-        lowered
+    }
+
+    /// Keeps `here` as the next start, and moves the start to the previous one once the start
+    /// is a period old.
+    fn slide(&mut self, here: Anchor) {
+        match self.anchors {
+            [Some(start), Some(next)] if here.at.saturating_sub(start.at) >= self.period => {
+                self.anchors = [Some(next), Some(here)];
+            }
+            [start, None] => self.anchors = [start, Some(here)],
+            _ => {}
+        }
+    }
+
+    /// The measure starts again from this report (also when the provider's nominal amount
+    /// changed).
+    pub(crate) fn restart(&mut self, reported: u64, spent: u64, now: u64) {
+        self.anchors = [
+            Some(Anchor {
+                at: now,
+                reported,
+                spent,
+            }),
+            None,
+        ];
+    }
+
+    /// Moves the share towards `target`: down at once, up by at most the increase per period
+    /// since the last change, and not within a window after a 429.
+    fn plan(&mut self, target: f64, now: u64) -> Option<f64> {
+        let planned = if target < self.share {
+            self.lowered_at = Some(now);
+            target
+        } else {
+            if self
+                .rate_limited_at
+                .is_some_and(|at| now.saturating_sub(at) < self.window())
+            {
+                return None;
+            }
+            let since = now.saturating_sub(self.measured_at) as f64 / self.period as f64;
+            target.min(self.share + self.params.increase_per_period() * since)
+        };
+        if (planned - self.share).abs() < STEP && !(planned == 1.0 && self.share < 1.0) {
+            return None;
+        }
+        self.measured_at = now;
+        self.share = planned;
+        Some(planned)
     }
 
     /// The provider refused with a 429 naming this limit.
     pub(crate) fn rate_limited(&mut self, now: u64) -> Option<f64> {
-        self.agreeing_since = None;
-        self.lower(self.params.decrease_factor(), now)
-    }
-
-    fn lower(&mut self, factor: f64, now: u64) -> Option<f64> {
-        self.counted_to = now;
+        self.lowered_at = Some(now);
         if self
-            .decreased_at
-            .is_some_and(|at| now.saturating_sub(at) < self.cooldown())
+            .rate_limited_at
+            .is_some_and(|at| now.saturating_sub(at) < self.window())
         {
             return None;
         }
-        self.decreased_at = Some(now);
-        let lowered = (self.share * factor).max(self.params.min_share());
+        self.rate_limited_at = Some(now);
+        self.measured_at = now;
+        let lowered = (self.share * self.params.decrease_factor()).max(self.params.min_share());
         (lowered < self.share).then(|| {
             self.share = lowered;
             lowered
         })
-    }
-
-    fn recover(&mut self, now: u64) -> Option<f64> {
-        let from = match self.decreased_at {
-            Some(at) => self.counted_to.max(at.saturating_add(self.cooldown())),
-            None => self.counted_to,
-        };
-        if self.share >= 1.0 {
-            self.counted_to = now;
-            return None;
-        }
-        if now <= from {
-            return None;
-        }
-        let gained = self.params.increase_per_period() * (now - from) as f64 / self.period as f64;
-        let raised = (self.share + gained).min(1.0);
-        if raised - self.share < STEP && raised < 1.0 {
-            // Too small to apply yet: keep counting from `from`.
-            return None;
-        }
-        self.counted_to = now;
-        self.share = raised;
-        Some(raised)
     }
 }
 
@@ -206,66 +271,95 @@ mod tests {
 
     const SEC: u64 = 1_000_000_000;
 
+    /// A controller for 1,000 a minute (16.7 a second; tolerance 20; windows of 10 s),
+    /// measuring from a report of 900 at 0, before anything was spent.
     fn controller() -> ShareController {
-        ShareController::new(AdaptiveShare::new(), Duration::from_secs(60), 1.0, 0)
+        let mut c = ShareController::new(AdaptiveShare::new(), Duration::from_secs(60), 1.0, 0);
+        assert_eq!(c.observe(900, 0, 1_000, 0), None);
+        c
     }
 
     #[test]
-    fn stays_at_the_whole_quota_while_the_gap_is_closed() {
+    fn stays_at_the_whole_quota_while_nobody_else_spends() {
         let mut c = controller();
-        for t in 0..100 {
-            assert_eq!(c.observe(900, 900, 1_000, t * SEC), None);
-            assert_eq!(
-                c.observe(900, 885, 1_000, t * SEC),
-                None,
-                "within tolerance"
-            );
+        for t in 1..100u64 {
+            // Spending the refill as it comes; the provider's reports off by up to 15
+            // (rounding, timing): within the tolerance.
+            let spent = t * 1_000 / 6;
+            let reported = if t % 2 == 0 { 900 } else { 885 };
+            assert_eq!(c.observe(reported, spent, 1_000, t * 10 * SEC), None);
         }
         assert_eq!(c.share(), 1.0);
     }
 
+    /// The provider's report at `t` seconds when a neighbour spends 5 a second (30 %) and the
+    /// budget 11.7 (70 %): it stays at 900. What the budget spent by then.
+    fn spent_at_70_percent(t: u64) -> u64 {
+        t * 1_000 * 7 / 600
+    }
+
     #[test]
-    fn lowers_multiplicatively_once_per_cooldown_and_never_below_min() {
+    fn plans_what_a_neighbour_leaves_once_a_window() {
         let mut c = controller();
-        assert_eq!(c.observe(900, 500, 1_000, 0), Some(0.8));
-        // The same news within a sixth of the period counts once.
-        assert_eq!(c.observe(900, 400, 1_000, 9 * SEC), None);
-        assert_eq!(c.rate_limited(9 * SEC), None);
-        // After it, a gap that is not wider is the last decrease still at work.
-        assert_eq!(c.observe(900, 500, 1_000, 11 * SEC), None);
-        assert_eq!(c.observe(900, 400, 1_000, 12 * SEC), Some(0.8 * 0.8));
-        assert_eq!(c.rate_limited(30 * SEC), Some(0.8 * 0.8 * 0.8));
-        for t in 2..100 {
+        // Nothing is decided within the first window.
+        assert_eq!(c.observe(900, spent_at_70_percent(5), 1_000, 5 * SEC), None);
+        // After 10 s the provider holds 50 less than it would alone: 0.3 of the rate; planned
+        // 1 - 0.3 - the tolerance (0.02).
+        let share = c
+            .observe(900, spent_at_70_percent(10), 1_000, 10 * SEC)
+            .unwrap();
+        assert!((share - 0.68).abs() < 0.005, "{share}");
+        // The same neighbour over the next windows, measured from the same start: the same
+        // share, nothing to change.
+        for t in [15, 20, 30, 60, 70, 120] {
+            assert_eq!(
+                c.observe(900, spent_at_70_percent(t), 1_000, t * SEC),
+                None,
+                "{t} s"
+            );
+        }
+        // A wider gap lowers it at the next window, never below the minimum.
+        assert_eq!(
+            c.observe(0, spent_at_70_percent(130), 1_000, 130 * SEC),
+            Some(0.2)
+        );
+    }
+
+    #[test]
+    fn rises_back_by_the_increase_per_period_once_the_provider_shows_room() {
+        let mut c = controller();
+        c.observe(900, spent_at_70_percent(10), 1_000, 10 * SEC);
+        let mut t = 10 * SEC;
+        while c.share() < 1.0 {
+            t += SEC;
+            // The neighbour stopped: the provider's bucket is full.
+            c.observe(1_000, 0, 1_000, t);
+        }
+        // 0.5 a period: from 0.68, 39 s.
+        assert_eq!(
+            t,
+            49 * SEC,
+            "the whole quota again 39 s after the neighbour stopped"
+        );
+    }
+
+    #[test]
+    fn a_429_lowers_by_the_factor_once_per_window_and_holds_the_share_for_a_window() {
+        let mut c = controller();
+        assert_eq!(c.rate_limited(0), Some(0.8));
+        assert_eq!(
+            c.rate_limited(9 * SEC),
+            None,
+            "the same news within a window"
+        );
+        assert_eq!(c.rate_limited(10 * SEC), Some(0.8 * 0.8));
+        // No rise within a window of the last 429, whatever the reports say.
+        assert_eq!(c.observe(1_000, 0, 1_000, 15 * SEC), None);
+        assert!(c.observe(1_000, 0, 1_000, 25 * SEC).is_some());
+        for t in 3..100 {
             c.rate_limited(t * 10 * SEC);
         }
         assert_eq!(c.share(), 0.2);
-    }
-
-    #[test]
-    fn recovers_additively_after_the_cooldown_up_to_the_whole_quota() {
-        let mut c = controller();
-        c.rate_limited(0);
-        assert_eq!(c.share(), 0.8);
-        // Nothing during the cooldown (10 s), then 0.1 per 60 s.
-        assert_eq!(c.observe(10, 10, 1_000, 10 * SEC), None);
-        let raised = c.observe(10, 10, 1_000, 40 * SEC).unwrap();
-        assert!((raised - 0.85).abs() < 1e-9, "{raised}");
-        assert_eq!(c.observe(10, 10, 1_000, 1_000 * SEC), Some(1.0));
-        assert_eq!(c.observe(10, 10, 1_000, 2_000 * SEC), None);
-    }
-
-    #[test]
-    fn tiny_steps_accumulate_instead_of_being_lost() {
-        let mut c = controller();
-        c.rate_limited(0);
-        let mut t = 10 * SEC;
-        let mut changes = 0;
-        while t <= 70 * SEC {
-            changes += usize::from(c.observe(10, 10, 1_000, t).is_some());
-            t += SEC / 10;
-        }
-        assert!((c.share() - 0.9).abs() < 0.006, "{}", c.share());
-        assert!(changes <= 25, "{changes} changes for a 0.1 rise");
     }
 
     #[test]

@@ -224,15 +224,20 @@ impl Store for MemoryStore {
                 // for someone else's spending (a neighbour who keeps spending widens the gap
                 // again from there).
                 bucket.rebase_shadow(remaining, now);
+                let spent = bucket.spent();
+                if let Some(controller) = bucket.share_mut() {
+                    controller.restart(remaining, spent, now);
+                }
             }
             let nominal = bucket.limit().amount().get();
             let expected = bucket.expected_remaining(now).filter(|_| adapt);
             if let Some(expected) = expected {
                 // What the provider holds below what it would hold for us alone, someone
                 // else spent (see the `share` module).
+                let spent = bucket.spent();
                 let share = bucket
                     .share_mut()
-                    .and_then(|c| c.observe(expected, remaining, nominal, now));
+                    .and_then(|c| c.observe(remaining, spent, nominal, now));
                 if let Some(share) = share {
                     tracing::debug!(
                         dimension = %limit.dimension(),
@@ -489,20 +494,22 @@ mod tests {
             Observation::new(Dimension::TotalTokens, Duration::from_secs(1))
                 .with_remaining(remaining)
         };
-        // Full: the provider should hold all 600; 590 is within the tolerance (12).
-        assert!(!s.observe(&seen(590), 0, true));
+        // The first report starts the measure: 400 left.
+        assert!(!s.observe(&seen(400), 0, true));
         assert_eq!(at(&s), 1.0);
-        // Someone else spent 200: lowered to 0.8, and not again within the cooldown.
-        assert!(s.observe(&seen(400), 0, true));
-        assert_eq!(at(&s), 0.8);
-        assert_eq!(s.snapshot(0)[0].capacity, 80);
-        assert!(!s.observe(&seen(400), 100 * MS, true));
+        // 200 ms later (a window is a sixth of the period) the provider should hold 520
+        // (nothing was spent): it reports 472. Someone else spent 48 in 200 ms, 40 % of the
+        // rate: planned 1 - 0.4 - the tolerance. The share paces the refill; the burst stays.
+        assert!(s.observe(&seen(472), 200 * MS, true));
+        assert!((at(&s) - 0.58).abs() < 1e-9, "{}", at(&s));
+        let state = s.snapshot(200 * MS)[0];
+        assert_eq!((state.limit.effective_amount(), state.capacity), (348, 100));
         // A fixed share, or a shared budget's fallback, does not adapt.
         assert!(!s.observe(&seen(0), 500 * MS, false));
-        assert_eq!(at(&s), 0.8);
+        assert!((at(&s) - 0.58).abs() < 1e-9);
         // A 429 lowers it too.
         assert!(s.pause(Dimension::TotalTokens, 600 * MS, 500 * MS, true));
-        assert_eq!(at(&s), 0.8 * 0.8);
+        assert!((at(&s) - 0.58 * 0.8).abs() < 1e-9);
     }
 
     /// A store of one adaptive limit of 600 tokens a minute (burst a sixth: 100), and a report
@@ -519,24 +526,34 @@ mod tests {
         (MemoryStore::new(&Quota::new().with_limit(tpm)), seen)
     }
 
+    /// Spends its own burst at 0, and 50 more at 5 s and at 10 s (the refill): the provider,
+    /// alone with it, holds 500 throughout. Reports 500 at 0 and 5 s, and `at_10` at 10 s.
+    fn spend_200_in_10_s(s: &mut MemoryStore, seen: &impl Fn(u64) -> Observation, at_10: u64) {
+        let id = ReservationId(0);
+        for (at, amount, reported) in [(0, 100, 500), (5, 50, 500), (10, 50, at_10)] {
+            s.reserve(id, &Cost::new(amount, 0), Floor::NONE, at * SEC)
+                .unwrap();
+            s.observe(&seen(reported), at * SEC, true);
+        }
+    }
+
     #[test]
-    fn the_burst_the_provider_reports_is_spent_once_its_word_agrees_for_a_while() {
-        let (mut s, seen) =
-            minute_of_600(crate::quota::AdaptiveShare::new().spend_reported_burst(true));
+    fn the_burst_the_provider_reports_is_spent_once_the_measure_is_steady() {
+        let (mut s, seen) = minute_of_600(crate::quota::AdaptiveShare::new());
         let id = ReservationId(0);
         let tokens = |n| Cost::new(n, 0);
         let level = |s: &MemoryStore, now| s.snapshot(now)[0].level;
-        // Its own burst first: 100 of the 600 the provider holds.
-        s.reserve(id, &tokens(100), Floor::NONE, 0).unwrap();
-        assert!(s.reserve(id, &tokens(1), Floor::NONE, 0).is_err());
-        // The provider reports the 500 left, as expected, but a neighbour would not show yet.
-        s.observe(&seen(500), 0, true);
-        assert_eq!(level(&s, 0), 0);
-        // Ten seconds (a sixth of the period) of agreement: the provider's 600 may be spent at
-        // once, less the tolerance (12).
-        s.observe(&seen(600), 10 * SEC, true);
-        assert_eq!(level(&s, 10 * SEC), 588);
-        for _ in 0..5 {
+        // Within the first window of the measure (from 0), its own burst only.
+        let (mut early, _) = minute_of_600(crate::quota::AdaptiveShare::new());
+        early.reserve(id, &tokens(100), Floor::NONE, 0).unwrap();
+        early.observe(&seen(500), 0, true);
+        assert_eq!(level(&early, 0), 0);
+        // After a window (10 s) showing nobody else, what the provider holds may be spent at
+        // once, less the tolerance (12); no more than the budget expects it to hold (500),
+        // though the provider reports 550.
+        spend_200_in_10_s(&mut s, &seen, 550);
+        assert_eq!(level(&s, 10 * SEC), 488);
+        for _ in 0..4 {
             // (A request above the budget's own burst never fits, extra or not.)
             s.reserve(id, &tokens(100), Floor::NONE, 10 * SEC).unwrap();
         }
@@ -551,53 +568,62 @@ mod tests {
         );
         // The extra never refills: a minute later the level is the burst again.
         assert_eq!(level(&s, 70 * SEC), 100);
-        // A report above what the budget expects grants no more than it expects (the
-        // provider's bucket full: 600, less the tolerance).
-        s.observe(&seen(10_000), 70 * SEC, true);
-        assert_eq!(level(&s, 70 * SEC), 588);
-        // A report below it (someone else spent 300) takes the extra back at once, and the
-        // next agreeing report grants nothing before another ten seconds.
-        s.observe(&seen(300), 70 * SEC, true);
-        assert_eq!(level(&s, 70 * SEC), 80, "the burst of a share of 0.8");
-        s.observe(&seen(600), 75 * SEC, true);
-        assert_eq!(level(&s, 75 * SEC), 80);
+        // A full bucket hides the others: the measure starts again, nothing extra meanwhile.
+        s.observe(&seen(600), 70 * SEC, true);
+        assert_eq!(level(&s, 70 * SEC), 100);
     }
 
     #[test]
-    fn a_pause_a_new_limit_or_the_default_take_the_reported_burst_back() {
-        let (mut s, seen) =
-            minute_of_600(crate::quota::AdaptiveShare::new().spend_reported_burst(true));
+    fn with_a_neighbour_measured_the_cushion_leaves_it_a_window_of_its_share() {
+        let (mut s, seen) = minute_of_600(crate::quota::AdaptiveShare::new());
+        let level = |s: &MemoryStore, now| s.snapshot(now)[0].level;
+        // The provider holds 450 at 10 s where 500 were expected: someone else spent 50 in
+        // 10 s, 0.5 of the rate. The share falls to 0.48, and nothing extra comes before a
+        // quiet window.
+        spend_200_in_10_s(&mut s, &seen, 450);
+        let share = s.snapshot(10 * SEC)[0].limit.headroom();
+        assert!((share - 0.48).abs() < 1e-9, "{share}");
+        assert_eq!(level(&s, 10 * SEC), 0);
+        // A window later, the same neighbour (spending 50 more) and the budget at its share
+        // (48): the provider holds 450 - 50 + 100 - 48 = 452. Spendable: 452, less the
+        // tolerance (12) and the neighbour's window at 0.52 of the rate (52).
+        s.reserve(ReservationId(0), &Cost::new(48, 0), Floor::NONE, 20 * SEC)
+            .unwrap();
+        s.observe(&seen(452), 20 * SEC, true);
+        assert_eq!(level(&s, 20 * SEC), 452 - 12 - 52);
+    }
+
+    #[test]
+    fn a_pause_a_new_limit_or_the_option_off_take_the_reported_burst_back() {
+        let (mut s, seen) = minute_of_600(crate::quota::AdaptiveShare::new());
         let level = |s: &MemoryStore, now| s.snapshot(now)[0].level;
         let agreed = |s: &mut MemoryStore| {
-            s.observe(&seen(600), 0, true);
-            s.observe(&seen(600), 10 * SEC, true);
-            assert_eq!(level(s, 10 * SEC), 588);
+            spend_200_in_10_s(s, &seen, 500);
+            assert_eq!(level(s, 10 * SEC), 488);
         };
         agreed(&mut s);
         s.pause(Dimension::TotalTokens, 0, 10 * SEC, true);
         assert_eq!(
             level(&s, 10 * SEC),
-            80,
-            "a 429 lowers the share and takes the extra back"
+            0,
+            "a 429 takes the extra back: its own level only, spent"
         );
 
-        let (mut s, _) =
-            minute_of_600(crate::quota::AdaptiveShare::new().spend_reported_burst(true));
+        let (mut s, _) = minute_of_600(crate::quota::AdaptiveShare::new());
         agreed(&mut s);
         let lowered = Observation::new(Dimension::TotalTokens, Duration::from_secs(60))
             .with_limit(NonZeroU64::new(300).unwrap());
         s.observe(&lowered, 10 * SEC, true);
         assert_eq!(
             level(&s, 10 * SEC),
-            50,
-            "a new nominal amount: its own burst only"
+            0,
+            "a new nominal amount: its own level only"
         );
 
-        let off = crate::quota::AdaptiveShare::new();
+        let off = crate::quota::AdaptiveShare::new().spend_reported_burst(false);
         let (mut s, seen) = minute_of_600(off);
-        s.observe(&seen(600), 0, true);
-        s.observe(&seen(600), 10 * SEC, true);
-        assert_eq!(level(&s, 10 * SEC), 100);
+        spend_200_in_10_s(&mut s, &seen, 500);
+        assert_eq!(level(&s, 10 * SEC), 0);
     }
 
     /// A provider that lowers its limit without notice charges what it admits from then on
@@ -628,6 +654,7 @@ mod tests {
         // The first response reports the new limit: 13,000, refilled by 10 ms (150). The
         // budget, alone on the key, keeps planning for the whole of it.
         budget.observe(&report(13_150));
+        let reported_at = tokio::time::Instant::now();
         let limit = *budget.snapshot().limits()[0].limit();
         assert_eq!(limit.amount().get(), 15_000);
         assert_eq!(
@@ -641,9 +668,14 @@ mod tests {
         advance(Duration::from_millis(50)).await;
         budget.observe(&report(13_900));
         assert_eq!(effective(), 15_000);
-        // From the new start, a neighbour who spends 3,000 is seen.
-        advance(Duration::from_millis(50)).await;
-        budget.observe(&report(14_650 - 3_000));
-        assert_eq!(effective(), 12_000);
+        // From the new start, a neighbour who spends 30 % of the rate is seen: the provider
+        // refills 70 % of the rate for the budget, which spends 10,000.
+        let spend = budget.reserve(Cost::new(10_000, 0)).await.unwrap();
+        advance(Duration::from_millis(200)).await;
+        let left = 13_150.0 + 15_000.0 * 0.7 * reported_at.elapsed().as_secs_f64() - 10_000.0;
+        budget.observe(&report(left as u64));
+        spend.settle_cost(Cost::new(10_000, 0));
+        let planned = effective();
+        assert!((10_199..=10_200).contains(&planned), "{planned}");
     }
 }
