@@ -7,16 +7,16 @@
 //! Four workloads run against the simulated OpenAI-style provider (feature `sim`, real
 //! latencies: 300 ms to the first token, 10 ms a token; minutes of 60 s) in virtual time: a
 //! tokio runtime with a paused clock, so hours of traffic take seconds of real time. Each
-//! workload is run by five clients, each against a fresh provider:
+//! workload is run by six clients, each against a fresh provider:
 //!
 //! - **governed, defaults**: [`QuotaStack::openai`] over the quota, with every default of the
 //!   crate: the adaptive share (the whole quota while the provider's headers show nobody else
-//!   spending it), a burst of a sixth, aging, 64 calls in flight. The targets are checked on
-//!   this client;
-//! - **governed, reported burst**: the defaults, and spending the burst the provider reports
-//!   ([`AdaptiveShare::spend_reported_burst`] on): once the provider's headers have agreed
-//!   with what the budget expects for a sixth of a minute, the budget spends what they show
-//!   the provider holds, beyond its own burst;
+//!   spending it, what they show is left when someone does), a burst of a sixth and the burst
+//!   the provider reports once its headers agree, aging, 64 calls in flight. The targets are
+//!   checked on this client;
+//! - **governed, own burst**: the defaults without spending the burst the provider reports
+//!   ([`AdaptiveShare::spend_reported_burst`] off): the budget never holds more than its own
+//!   burst, whatever the provider's headers show;
 //! - **governed, tuned**: the same, with a fixed share of 1.0, batch work without aging and
 //!   leaving 10 % of every bucket to interactive work;
 //! - **governed, fixed 85 %**: the defaults with the articles' fixed headroom of 85 % (the
@@ -54,6 +54,17 @@
 //!   takes to refill an interactive request's own estimated cost (its p95 over the interactive
 //!   requests).
 //! - **failed**: items that did not complete.
+//!
+//! Then the defaults again under pushback, each workload against a provider where
+//!
+//! - **neighbour 30 %**: another client unseen by ours spends 30 % of the tokens a minute
+//!   throughout ([`SimConfig::neighbour`], 300-token requests, dropped when refused, counted
+//!   in the requests a minute too). The bound is what the work consumed beyond the
+//!   provider's first minute at the rate the neighbour leaves; `wall/min` divides the total
+//!   by that rate. `theirs` counts the neighbour's 429s.
+//! - **halved**: the provider halves both limits, unannounced, at a third of the workload's
+//!   bound ([`SimConfig::lower_limit_at`]); the bound spends the first minute and the full
+//!   rate until then, half the rate after.
 //!
 //! Targets, for the governed client with the defaults: 0 provider 429s, utilisation ≥ 97 %,
 //! wall ≤ 1.05 × the theoretical minimum and ≤ 1.05 × the bound, interactive p95 queue wait ≤ 1.2 × refill. Each is
@@ -101,7 +112,7 @@ const BATCH_CLASS_HEADROOM: f64 = 0.1;
 
 fn main() {
     let real = std::time::Instant::now();
-    println!("goodput: four workloads, five clients, in virtual time (paused tokio clock)\n");
+    println!("goodput: four workloads, six clients, in virtual time (paused tokio clock)\n");
     let mut misses = Vec::new();
     for workload in workloads() {
         let results: Vec<ClientResult> = Client::ALL
@@ -113,6 +124,7 @@ fn main() {
         misses.extend(check_targets(&workload, &frame, &results[0]));
         println!();
     }
+    misses.extend(pushback(&workloads()));
     if misses.is_empty() {
         println!("targets (governed, defaults): all met");
     } else {
@@ -205,7 +217,7 @@ fn mixed_items(quota: QuotaSpec) -> Vec<Item> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Client {
     GovernedDefaults,
-    GovernedReportedBurst,
+    GovernedOwnBurst,
     GovernedTuned,
     GovernedFixed,
     Naive,
@@ -216,7 +228,7 @@ impl Client {
     /// The first is the one the targets are checked on, and whose work defines the minimum.
     const ALL: [Client; 6] = [
         Client::GovernedDefaults,
-        Client::GovernedReportedBurst,
+        Client::GovernedOwnBurst,
         Client::GovernedTuned,
         Client::GovernedFixed,
         Client::Naive,
@@ -226,7 +238,7 @@ impl Client {
     fn name(self) -> &'static str {
         match self {
             Client::GovernedDefaults => "governed, defaults",
-            Client::GovernedReportedBurst => "governed, reported",
+            Client::GovernedOwnBurst => "governed, own burst",
             Client::GovernedTuned => "governed, tuned",
             Client::GovernedFixed => "governed, fixed 85%",
             Client::Naive => "naive",
@@ -240,22 +252,29 @@ struct ClientResult {
     client: Client,
     wall: Duration,
     provider_429: u64,
+    /// The neighbour's refusals, when there is one.
+    neighbour_429: u64,
     used: Consumption,
     failed: usize,
     interactive_p95: Option<Duration>,
 }
 
 fn run_in_virtual_time(workload: &Workload, client: Client) -> ClientResult {
+    let config = SimConfig::openai(workload.quota.rpm, workload.quota.tpm);
+    in_virtual_time(run_client(workload, client, config))
+}
+
+fn in_virtual_time<T>(future: impl std::future::Future<Output = T>) -> T {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .expect("a current-thread runtime with a paused clock");
-    runtime.block_on(run_client(workload, client))
+    runtime.block_on(future)
 }
 
-async fn run_client(workload: &Workload, client: Client) -> ClientResult {
-    let simulator = Simulator::new(SimConfig::openai(workload.quota.rpm, workload.quota.tpm));
+async fn run_client(workload: &Workload, client: Client, config: SimConfig) -> ClientResult {
+    let simulator = Simulator::new(config);
     let start = Instant::now();
     let meter = Meter::new(start);
     let raw = Metered::new(simulator.service(), meter);
@@ -269,13 +288,13 @@ async fn run_client(workload: &Workload, client: Client) -> ClientResult {
             let stack = QuotaStack::openai(quota(workload.quota, None));
             run::run_all(stack.layer(raw), items, &target, None, start, &|_| {}).await
         }
-        Client::GovernedReportedBurst => {
-            let reported = AdaptiveShare::new().spend_reported_burst(true);
+        Client::GovernedOwnBurst => {
+            let own_burst = AdaptiveShare::new().spend_reported_burst(false);
             let quota = quota(workload.quota, None)
                 .limits()
                 .iter()
                 .fold(Quota::new(), |quota, limit| {
-                    quota.with_limit(limit.with_adaptive_share(reported))
+                    quota.with_limit(limit.with_adaptive_share(own_burst))
                 });
             let stack = QuotaStack::openai(quota);
             run::run_all(stack.layer(raw), items, &target, None, start, &|_| {}).await
@@ -300,6 +319,7 @@ async fn run_client(workload: &Workload, client: Client) -> ClientResult {
         client,
         wall,
         provider_429: stats.rate_limited,
+        neighbour_429: stats.neighbour_rate_limited,
         used: Consumption {
             requests: stats.admitted,
             tokens: stats.prompt_tokens + stats.completion_tokens,
@@ -554,4 +574,132 @@ fn check_targets(workload: &Workload, frame: &Frame, governed: &ClientResult) ->
         }
     }
     misses
+}
+
+/// What the provider does to the governed client in a pushback run.
+#[derive(Debug, Clone, Copy)]
+enum Pushback {
+    Neighbour,
+    Halved,
+}
+
+impl Pushback {
+    fn name(self) -> &'static str {
+        match self {
+            Pushback::Neighbour => "neighbour 30 %",
+            Pushback::Halved => "halved",
+        }
+    }
+}
+
+/// The share of the tokens a minute the neighbour spends, in requests of this many tokens.
+const NEIGHBOUR_SHARE: f64 = 0.3;
+const NEIGHBOUR_REQUEST: u64 = 300;
+
+/// The defaults under pushback, on every workload: printed, and the targets' misses.
+fn pushback(workloads: &[Workload]) -> Vec<String> {
+    println!("the defaults under pushback");
+    println!(
+        "  {:<14} {:<16} {:>7} {:>10} {:>9} {:>11} {:>7} {:>10}",
+        "workload", "provider", "429s", "theirs", "wall/min", "wall/bound", "failed", "wall"
+    );
+    let mut misses = Vec::new();
+    for workload in workloads {
+        // The work, as the defaults did it alone: what the bounds are made of.
+        let alone = run_in_virtual_time(workload, Client::GovernedDefaults);
+        let (_, binding) = workload.quota.theoretical_minimum(alone.used);
+        for pushback in [Pushback::Neighbour, Pushback::Halved] {
+            let q = workload.quota;
+            let halve_at = q.burst_bound(alone.used) / 3;
+            let config = match pushback {
+                Pushback::Neighbour => SimConfig::openai(q.rpm, q.tpm).neighbour(
+                    "default",
+                    NEIGHBOUR_SHARE,
+                    NEIGHBOUR_REQUEST,
+                ),
+                Pushback::Halved => SimConfig::openai(q.rpm, q.tpm)
+                    .lower_limit_at(halve_at, Dimension::Requests, q.rpm / 2)
+                    .lower_limit_at(halve_at, Dimension::TotalTokens, q.tpm / 2),
+            };
+            let result = in_virtual_time(run_client(workload, Client::GovernedDefaults, config));
+            let (minimum, bound) = pushback_bounds(workload, pushback, binding, &alone, halve_at);
+            let (to_minimum, to_bound) = (
+                result.wall.as_secs_f64() / minimum.as_secs_f64(),
+                result.wall.as_secs_f64() / bound.as_secs_f64(),
+            );
+            println!(
+                "  {:<14} {:<16} {:>7} {:>10} {:>9.3} {:>11.3} {:>7} {:>9.1}s",
+                workload.name,
+                pushback.name(),
+                result.provider_429,
+                result.neighbour_429,
+                to_minimum,
+                to_bound,
+                result.failed,
+                result.wall.as_secs_f64()
+            );
+            let name = format!("{} ({})", workload.name, pushback.name());
+            if result.provider_429 > 0 {
+                misses.push(format!("{name}: {} provider 429s", result.provider_429));
+            }
+            if result.failed > 0 {
+                misses.push(format!("{name}: {} items failed", result.failed));
+            }
+            if to_bound > 1.05 {
+                misses.push(format!("{name}: wall {to_bound:.3} × the bound > 1.05"));
+            }
+        }
+    }
+    println!();
+    misses
+}
+
+/// The theoretical minimum (the total at the rate the client can have) and the bound (the
+/// provider's first minute spent at once) of `workload` under `pushback`, for the work the
+/// defaults did alone.
+fn pushback_bounds(
+    workload: &Workload,
+    pushback: Pushback,
+    binding: Binding,
+    alone: &ClientResult,
+    halve_at: Duration,
+) -> (Duration, Duration) {
+    let q = workload.quota;
+    let (total, per_minute) = match binding {
+        Binding::Requests => (alone.used.requests as f64, q.rpm as f64),
+        Binding::Tokens => (alone.used.tokens as f64, q.tpm as f64),
+    };
+    let minute = q.minute.as_secs_f64();
+    let rate = per_minute / minute;
+    let beyond = (total - per_minute).max(0.0);
+    match pushback {
+        Pushback::Neighbour => {
+            // Its requests of 300 tokens count in the requests a minute too.
+            let theirs = match binding {
+                Binding::Requests => {
+                    NEIGHBOUR_SHARE * q.tpm as f64 / NEIGHBOUR_REQUEST as f64 / q.rpm as f64
+                }
+                Binding::Tokens => NEIGHBOUR_SHARE,
+            };
+            let ours = rate * (1.0 - theirs).max(0.01);
+            (
+                Duration::from_secs_f64(total / ours),
+                Duration::from_secs_f64(beyond / ours),
+            )
+        }
+        Pushback::Halved => {
+            let within = |amount: f64| {
+                let before = rate * halve_at.as_secs_f64();
+                if amount <= before {
+                    amount / rate
+                } else {
+                    halve_at.as_secs_f64() + (amount - before) / (rate / 2.0)
+                }
+            };
+            (
+                Duration::from_secs_f64(within(total)),
+                Duration::from_secs_f64(within(beyond)),
+            )
+        }
+    }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use redis_server::RedisServer;
 use tower_llm_quota::Dimension;
-use tower_llm_quota::sim::{SimConfig, Simulator};
+use tower_llm_quota::sim::{SimConfig, SimServer, Simulator};
 
 const PROCESSES: usize = 4;
 /// Tickets per process: about 850 tokens each, 4 x 40 x 850 = 136,000 tokens against 40,000
@@ -29,22 +29,15 @@ const MINUTE: Duration = Duration::from_secs(2);
 const HEADROOM: &str = "0.95";
 const BURST: &str = "0.04";
 
+/// The tests measure real time on two cores: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_share_one_quota_through_redis() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let binary = support::batch_example();
     let redis = RedisServer::start();
-    let simulator = Simulator::new(
-        SimConfig::openai(RPM, TPM)
-            .minute(MINUTE)
-            .latency(Duration::from_millis(40), Duration::from_micros(300))
-            .completion_share(0.9, 1.0)
-            .seed(11),
-    );
-    let server = simulator
-        .serve("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!("{}/v1/chat/completions", server.url());
+    let (simulator, _server, url) = served_simulator(11).await;
     let reports = tempdir();
 
     let children: Vec<_> = (0..PROCESSES)
@@ -76,18 +69,7 @@ async fn four_processes_share_one_quota_through_redis() {
         .collect();
     let mut done = 0;
     for (child, report) in children {
-        let output = tokio::task::spawn_blocking(move || child.wait_with_output())
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "a process failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let report: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
-        let governed = report.get("governed").unwrap_or(&report);
+        let governed = governed_report(child, report).await;
         assert_eq!(governed["failed"], 0, "{governed}");
         done += governed["ok"].as_u64().unwrap();
     }
@@ -126,6 +108,91 @@ async fn four_processes_share_one_quota_through_redis() {
     // hand-over leaves a little of it idle (94.8 % before, when one process could take every
     // refill; 91.8-92.6 % with turns).
     assert!(utilisation >= 0.91, "utilisation {utilisation}");
+}
+
+/// One process of the main example with the crate's defaults against the simulator over
+/// HTTP: it spends the provider's initial bucket (a whole "minute") as soon as the headers
+/// show it, and finishes near the bound that allows (the work beyond that minute at the
+/// rate), with no provider 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_process_spends_the_burst_the_provider_reports() {
+    const ITEMS: usize = 200;
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let binary = support::batch_example();
+    let (simulator, _server, url) = served_simulator(12).await;
+    let report = tempdir().join("report.json");
+    let child = Command::new(&binary)
+        .args(["--url", &url, "--api-key-env", "SIM_API_KEY"])
+        .args(["--rpm", &RPM.to_string(), "--tpm", &TPM.to_string()])
+        .args(["--minute-ms", &MINUTE.as_millis().to_string()])
+        .args(["--items", &ITEMS.to_string(), "--governed-only"])
+        .arg("--report")
+        .arg(&report)
+        .env("SIM_API_KEY", "sk-alone")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the example starts");
+    let governed = governed_report(child, report).await;
+    let (wall, bound, minimum) = (
+        governed["wall_ms"].as_f64().unwrap(),
+        governed["bound_ms"].as_f64().unwrap(),
+        governed["theoretical_min_ms"].as_f64().unwrap(),
+    );
+    println!(
+        "one process over HTTP, defaults: {} items, {} provider 429s, wall {:.0} ms = {:.3} × \
+         the bound with the provider's full bucket ({bound:.0} ms), {:.3} × total / rate",
+        governed["ok"],
+        simulator.stats().rate_limited,
+        wall,
+        wall / bound,
+        wall / minimum
+    );
+    assert_eq!(governed["failed"], 0, "{governed}");
+    assert_eq!(simulator.stats().rate_limited, 0, "no provider 429");
+    // Real time on a shared machine: a margin of a tenth, where the bound is several seconds.
+    assert!(
+        wall <= 1.1 * bound,
+        "wall {wall} ms against a bound of {bound} ms"
+    );
+}
+
+/// The simulated provider of these tests, served on a free loopback port: the simulator, its
+/// server (it stops when dropped) and the URL the processes call.
+async fn served_simulator(seed: u64) -> (Simulator, SimServer, String) {
+    let simulator = Simulator::new(
+        SimConfig::openai(RPM, TPM)
+            .minute(MINUTE)
+            .latency(Duration::from_millis(40), Duration::from_micros(300))
+            .completion_share(0.9, 1.0)
+            .seed(seed),
+    );
+    let server = simulator
+        .serve("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("{}/v1/chat/completions", server.url());
+    (simulator, server, url)
+}
+
+/// Waits for a process of the example, which must succeed, and reads its governed run's
+/// figures from its JSON report.
+async fn governed_report(child: std::process::Child, report: PathBuf) -> serde_json::Value {
+    let output = tokio::task::spawn_blocking(move || child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "a process failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    match report.get_mut("governed") {
+        Some(governed) => governed.take(),
+        None => report,
+    }
 }
 
 /// A fresh directory for the reports.

@@ -251,6 +251,7 @@ fn run_json(frame: &Frame, run: &RunFigures) -> Value {
         "tokens_used": run.used.tokens,
         "requests_admitted": run.used.requests,
         "theoretical_min_ms": ms(frame.minimum),
+        "bound_ms": ms(frame.bound),
         "utilisation": frame.utilisation(run),
         "queue_wait_ms": waits,
         "failures": run.failures,
