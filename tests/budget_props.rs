@@ -837,8 +837,8 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     /// Whatever the provider reports, the planned share stays within its bounds, the bucket's
-    /// rate follows it, the level never exceeds the capacity but by what the provider last
-    /// reported (the burst it reports, right after a report: never above the larger of the two),
+    /// rate follows it, the level never exceeds the capacity, nor the level and the extra what
+    /// the provider last reported (right after a report: never above the larger of the two),
     /// and once the provider's reports show nobody else spending the quota, the share climbs
     /// back to the whole quota.
     #[test]
@@ -865,8 +865,12 @@ proptest! {
                 prop_assert_eq!(state.limit().effective_amount(), planned);
                 prop_assert_eq!(state.capacity(), state.limit().capacity());
                 let (capacity, level) = (state.capacity(), state.level());
+                prop_assert!(level <= i64::try_from(capacity).unwrap());
+                // With the extra the provider's report allows: right after a report, never
+                // more than the larger of the capacity and the report.
+                let spendable = level + i64::try_from(state.extra()).unwrap();
                 let most = if just { capacity.max(reported) } else { capacity + reported };
-                prop_assert!(level <= i64::try_from(most).unwrap(), "level {level}, most {most}");
+                prop_assert!(spendable <= i64::try_from(most).unwrap(), "{spendable}, most {most}");
                 Ok(())
             };
             let mut reported = 0;

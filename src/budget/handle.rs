@@ -185,6 +185,7 @@ impl Budget {
             limit: state.limit,
             capacity: state.capacity,
             level: state.level,
+            extra: state.extra,
             available_at: self.instant(state.available_at),
             full_at: self.instant(state.full_at),
         }

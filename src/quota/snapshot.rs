@@ -13,6 +13,7 @@ pub struct LimitSnapshot {
     pub(crate) limit: Limit,
     pub(crate) capacity: u64,
     pub(crate) level: i64,
+    pub(crate) extra: u64,
     pub(crate) available_at: Instant,
     pub(crate) full_at: Instant,
 }
@@ -33,12 +34,21 @@ impl LimitSnapshot {
         self.level
     }
 
+    /// What the budget may spend beyond the bucket's level and capacity, because the
+    /// provider's rate-limit headers show it holds that much (see
+    /// [`AdaptiveShare::spend_reported_burst`](crate::budget::AdaptiveShare::spend_reported_burst)):
+    /// spent after the level, never refilled. 0 for a limit that does not adapt.
+    pub fn extra(&self) -> u64 {
+        self.extra
+    }
+
     /// What the bucket owes: usage beyond the estimates, still to be paid off by refill.
     pub fn debt(&self) -> u64 {
         self.level.min(0).unsigned_abs()
     }
 
-    /// When the bucket next holds at least one unit (the snapshot's time if it does now).
+    /// When at least one unit may be spent, from the level or the [extra](Self::extra) (the
+    /// snapshot's time if it may now).
     pub fn available_at(&self) -> Instant {
         self.available_at
     }

@@ -128,10 +128,9 @@ impl Bucket {
         self.extra = 0;
     }
 
-    /// What may be spent now: the level and the extra (see [`Bucket::grant`]).
-    pub(crate) fn spendable(&self, now: u64) -> i64 {
-        self.level(now)
-            .saturating_add(i64::try_from(self.extra).unwrap_or(i64::MAX))
+    /// What the provider's report allows beyond the capacity (see [`Bucket::grant`]).
+    pub(crate) fn extra(&self) -> u64 {
+        self.extra
     }
 
     /// What the provider should hold at `now` if this budget were alone on the key: `None`

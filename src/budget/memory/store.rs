@@ -49,21 +49,35 @@ pub(crate) struct LimitState {
     pub(crate) limit: Limit,
     pub(crate) capacity: u64,
     pub(crate) level: i64,
+    /// Beyond the capacity: what the provider reports the bucket may spend too.
+    pub(crate) extra: u64,
     pub(crate) available_at: u64,
     pub(crate) full_at: u64,
 }
 
 /// The atomic operations of a quota store. Times are nanoseconds on the budget's clock.
 pub(crate) trait Store {
+    /// Whether every limit `cost` touches can pay it now, leaving `floor` of each untouched;
+    /// if not, when at the earliest (or never). Changes nothing.
+    fn check(&self, cost: &Cost, floor: Floor, now: u64) -> Result<(), Denial>;
+
+    /// Takes `cost` from every limit it touches (after a [`check`](Store::check) under the
+    /// same lock).
+    fn take(&mut self, cost: &Cost, now: u64);
+
     /// Reserves `cost` in every limit it touches, leaving `floor` of each untouched, or
-    /// reserves nothing.
+    /// reserves nothing: [`check`](Store::check), then [`take`](Store::take).
     fn reserve(
         &mut self,
-        id: ReservationId,
+        _id: ReservationId,
         cost: &Cost,
         floor: Floor,
         now: u64,
-    ) -> Result<(), Denial>;
+    ) -> Result<(), Denial> {
+        self.check(cost, floor, now)?;
+        self.take(cost, now);
+        Ok(())
+    }
 
     /// Replaces the reservation's `reserved` cost by the `actual` one: refunds what was not
     /// used, charges an overrun as debt. Returns whether capacity was freed. `now` is read only
@@ -142,13 +156,7 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    fn reserve(
-        &mut self,
-        _id: ReservationId,
-        cost: &Cost,
-        floor: Floor,
-        now: u64,
-    ) -> Result<(), Denial> {
+    fn check(&self, cost: &Cost, floor: Floor, now: u64) -> Result<(), Denial> {
         let mut latest: Option<(u64, usize)> = None;
         for (i, bucket, amount) in self.touched(cost) {
             match bucket.fit(amount, floor, now) {
@@ -161,16 +169,19 @@ impl Store for MemoryStore {
                 Fit::Never => return Err(Denial::Never(too_large(bucket, amount, floor))),
             }
         }
-        if let Some((at, limit)) = latest {
-            return Err(Denial::NotUntil { at, limit });
+        match latest {
+            Some((at, limit)) => Err(Denial::NotUntil { at, limit }),
+            None => Ok(()),
         }
+    }
+
+    fn take(&mut self, cost: &Cost, now: u64) {
         for bucket in &mut self.buckets {
             let amount = cost.amount(bucket.limit().dimension());
             if amount > 0 {
                 bucket.debit(amount, now);
             }
         }
-        Ok(())
     }
 
     fn settle(
@@ -345,7 +356,8 @@ impl Store for MemoryStore {
             .map(|bucket| LimitState {
                 limit: *bucket.limit(),
                 capacity: bucket.capacity(),
-                level: bucket.spendable(now),
+                level: bucket.level(now),
+                extra: bucket.extra(),
                 available_at: bucket.fit_at(1, now),
                 full_at: bucket.full_at(now),
             })
@@ -542,7 +554,10 @@ mod tests {
         let (mut s, seen) = minute_of_600(crate::quota::AdaptiveShare::new());
         let id = ReservationId(0);
         let tokens = |n| Cost::new(n, 0);
-        let level = |s: &MemoryStore, now| s.snapshot(now)[0].level;
+        let level = |s: &MemoryStore, now| {
+            let state = s.snapshot(now)[0];
+            state.level + state.extra as i64
+        };
         // Within the first window of the measure (from 0), its own burst only.
         let (mut early, _) = minute_of_600(crate::quota::AdaptiveShare::new());
         early.reserve(id, &tokens(100), Floor::NONE, 0).unwrap();
@@ -576,7 +591,10 @@ mod tests {
     #[test]
     fn with_a_neighbour_measured_the_cushion_leaves_it_a_window_of_its_share() {
         let (mut s, seen) = minute_of_600(crate::quota::AdaptiveShare::new());
-        let level = |s: &MemoryStore, now| s.snapshot(now)[0].level;
+        let level = |s: &MemoryStore, now| {
+            let state = s.snapshot(now)[0];
+            state.level + state.extra as i64
+        };
         // The provider holds 450 at 10 s where 500 were expected: someone else spent 50 in
         // 10 s, 0.5 of the rate. The share falls to 0.48, and nothing extra comes before a
         // quiet window.
@@ -596,7 +614,10 @@ mod tests {
     #[test]
     fn a_pause_a_new_limit_or_the_option_off_take_the_reported_burst_back() {
         let (mut s, seen) = minute_of_600(crate::quota::AdaptiveShare::new());
-        let level = |s: &MemoryStore, now| s.snapshot(now)[0].level;
+        let level = |s: &MemoryStore, now| {
+            let state = s.snapshot(now)[0];
+            state.level + state.extra as i64
+        };
         let agreed = |s: &mut MemoryStore| {
             spend_200_in_10_s(s, &seen, 500);
             assert_eq!(level(s, 10 * SEC), 488);
