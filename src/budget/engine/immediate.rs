@@ -1,10 +1,12 @@
 //! Admission without waiting: `try_reserve` (behind everyone waiting), the would-wait probe
 //! (behind whoever a request of a class would wait behind), and the layers' fast path
-//! (`admit_now`, when nobody waits).
+//! (`admit_now`, when nobody waits). Each pays the same ways as the wait engine
+//! ([`State::pay`]).
 
 use tokio::time::Instant;
 
 use super::Ask;
+use super::ways::{Bill, Unpaid};
 use crate::budget::handle::{Budget, State};
 use crate::budget::memory::bucket::Floor;
 use crate::budget::memory::store::{Denial, Origin, ReservationId, Store};
@@ -69,33 +71,27 @@ impl Budget {
             return Err(TryReserveError::Tenant(e));
         }
         self.behind_the_waiters(&state, cost, class, now)?;
-        if !state.slots.free() {
-            return Err(TryReserveError::NoSlot);
-        }
-        // Its scope cannot pay yet (a refusal was answered above).
-        match check {
-            Some(Check::Blocked { at: None, .. }) => return Err(TryReserveError::NoSlot),
-            Some(Check::Blocked {
-                at: Some((at, limit)),
-                ..
-            }) => return Err(TryReserveError::NotYet(self.not_until(at, &limit))),
-            _ => {}
-        }
-        let id = state.next_id();
-        match state.store.reserve(id, &cost, Floor::NONE, ns) {
-            Ok(()) => {
-                state.slots.take();
-                if let (Some(tenants), Some(path)) = (&mut state.tenants, &path) {
-                    tenants.take(path, &cost, ns, now);
-                }
+        let bill = Bill::local(&cost, Floor::NONE, path.as_ref(), check.as_ref(), (ns, now));
+        match state.pay(&bill) {
+            Ok(id) => {
                 drop(state);
                 Ok(Reservation::new(self.clone(), id, cost, Origin::Local).with_tenant(path))
             }
-            Err(Denial::NotUntil { at, limit }) => {
+            Err(Unpaid::NoSlot) => Err(TryReserveError::NoSlot),
+            Err(Unpaid::Node) => match check {
+                Some(Check::Blocked {
+                    at: Some((at, limit)),
+                    ..
+                }) => Err(TryReserveError::NotYet(self.not_until(at, &limit))),
+                // Its scope waits for one of its calls to end, as for a slot.
+                _ => Err(TryReserveError::NoSlot),
+            },
+            Err(Unpaid::Buckets(Denial::NotUntil { at, limit })) => {
                 let limit = state.store.limit(limit);
                 Err(TryReserveError::NotYet(self.not_until(at, &limit)))
             }
-            Err(Denial::Never(e)) => Err(TryReserveError::Never(e)),
+            Err(Unpaid::Buckets(Denial::Never(e))) => Err(TryReserveError::Never(e)),
+            Err(Unpaid::Store | Unpaid::Unavailable(_)) => unreachable!("an in-memory budget"),
         }
     }
 
@@ -147,29 +143,29 @@ impl Budget {
         }
         let ns = self.nanos_since_origin(now);
         let mut state = self.lock();
-        if !state.queue.is_empty() || !state.slots.free() {
+        if !state.queue.is_empty() {
             return None;
         }
-        let path = match &mut state.tenants {
+        let (path, check) = match &mut state.tenants {
             Some(tenants) => {
                 let path = tenants.path_of(ask.tenant.as_ref());
                 let arrived = ask.scheduling.enqueued_at;
-                if !matches!(
-                    tenants.check(&path, &ask.cost, ns, now, arrived),
-                    Check::Fits
-                ) {
-                    return None;
-                }
-                Some(path)
+                let check = tenants.check(&path, &ask.cost, ns, now, arrived);
+                (Some(path), Some(check))
             }
-            None => None,
+            None => (None, None),
         };
-        let id = state.peek_id();
-        state.store.reserve(id, &ask.cost, ask.floor, ns).ok()?;
-        state.slots.take();
-        if let (Some(tenants), Some(path)) = (&mut state.tenants, &path) {
-            tenants.take(path, &ask.cost, ns, now);
+        if let Some(Check::Refused(_)) = check {
+            return None;
         }
-        Some((state.next_id(), path))
+        let bill = Bill::local(
+            &ask.cost,
+            ask.floor,
+            path.as_ref(),
+            check.as_ref(),
+            (ns, now),
+        );
+        let id = state.pay(&bill).ok()?;
+        Some((id, path))
     }
 }

@@ -9,25 +9,26 @@
 //!    one ordering (`sched::order`: class, aging, fair share, arrival) rather than overtaking;
 //! 3. **its turn** ([`Pass::take_turn`]): only the head may go (or a request behind heads that
 //!    wait only for a higher class floor); the others wait without a timer;
-//! 4. the ways the request is paid for, each answering "now", "at this instant", "when
-//!    woken" or "never": **an in-flight slot** ([`Pass::need_slot`]), **its
-//!    tenant nodes** ([`Pass::park_if_path_blocked`]: a node that cannot pay yet sends the
-//!    request out of the ordering, keeping its place, so that the others go meanwhile),
-//!    **the shared store** ([`Pass::ask_store`]: the head leaves the ordering to ask it, and
-//!    [`answer`] handles the reply), and **the buckets** in memory ([`Pass::pay`]), the local
-//!    fallback share of a shared budget included.
+//! 4. **the ways the request is paid for** ([`Pass::pay`], [`ways`]): an in-flight slot, its
+//!    tenant nodes, a question to the shared store, the buckets in memory, all paid or none.
+//!    The first that cannot pay says how the request waits: in its place for a slot, woken
+//!    when a call ends; out of the ordering, keeping its place, for a node of its tenant path
+//!    ([`Pass::park`]), so that the others go meanwhile; out of the ordering to ask the shared
+//!    store ([`Pass::ask_store`], and [`answer`] handles the reply); asleep until the buckets
+//!    can pay ([`Pass::wait_for_buckets`]).
 //!
 //! Wakers are collected during a pass and woken after the lock is released. A head is told to
 //! look once per turn (`WaitList::tell_head`), so futures polled by one task cannot keep waking
 //! each other.
 //!
 //! `immediate.rs` answers without waiting (`try_reserve`, the would-wait probe, the layers'
-//! fast path); `waiters.rs` is the ordering's data (the waiting requests and the in-flight
+//! fast path), paying the same ways; `waiters.rs` is the ordering's data (the waiting requests and the in-flight
 //! slots), plain, with no clock and no lock.
 
 mod answer;
 mod immediate;
 pub(crate) mod waiters;
+pub(crate) mod ways;
 
 use std::convert::Infallible;
 use std::ops::ControlFlow::{self, Break, Continue};
@@ -49,6 +50,7 @@ use crate::tenant::{Tenant, TenantRefused};
 
 pub(crate) use answer::Answer;
 pub(crate) use waiters::{Ask, Slots, WaitList};
+use ways::{Bill, Unpaid};
 
 /// What a waiting admission carries from one pass to the next: what it asks, its place, and
 /// what the shared store told it.
@@ -152,10 +154,7 @@ impl<'a> Pass<'a> {
         let path = self.check_path(waiting)?;
         self.join(waiting)?;
         self.take_turn(waiting)?;
-        self.need_slot(waiting)?;
-        self.park_if_path_blocked(waiting, path)?;
-        self.ask_store(waiting)?;
-        Break(self.pay(waiting))
+        Break(self.pay(waiting, path))
     }
 
     /// Releases the lock, then wakes whoever the pass named.
@@ -246,29 +245,93 @@ impl<'a> Pass<'a> {
         Break(step)
     }
 
-    /// 4a. An in-flight slot: when every slot is taken, the head waits for one to be given
-    ///     back, holding nothing.
-    fn need_slot(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
-        if self.state.slots.free() {
-            Continue(())
-        } else {
-            Break(self.wait(waiting))
+    /// 4. The ways the request is paid for ([`ways`]): every one, or none. A shared budget
+    ///    whose store answers asks it; out of its reach, the local fallback share pays.
+    fn pay(&mut self, waiting: &mut Waiting, path: Option<Check>) -> Step {
+        let ask_store = self.budget.shared.remote.is_some() && !waiting.local;
+        let unpaid = match self.pay_every_way(waiting, path.as_ref(), ask_store) {
+            Err(Unpaid::Store) => match self.ask_store(waiting) {
+                Break(step) => return step,
+                // The breaker is open and the policy fails open: the local share pays.
+                Continue(()) => self.pay_every_way(waiting, path.as_ref(), false),
+            },
+            paid_or_not => paid_or_not,
+        };
+        match unpaid {
+            Ok(id) => {
+                let next = waiting
+                    .place
+                    .take()
+                    .and_then(|mine| self.state.queue.serve(mine, self.now));
+                self.wake(next);
+                Step::Admitted(id, Origin::Local)
+            }
+            Err(unpaid) => self.unpaid(waiting, unpaid, path),
         }
     }
 
-    /// 4b. Its tenant nodes: when one cannot pay yet, the request steps out of the ordering,
-    ///     keeping its place, so that the others go meanwhile, and comes back when that node
-    ///     can pay (or, waiting for its calls in flight, when its `max_wait` is over).
-    fn park_if_path_blocked(
+    /// Pays `waiting` every way, asking the shared store or not.
+    fn pay_every_way(
         &mut self,
-        waiting: &mut Waiting,
-        check: Option<Check>,
-    ) -> ControlFlow<Step> {
-        let Some(Check::Blocked { depth, at, give_up }) = check else {
-            return Continue(());
+        waiting: &Waiting,
+        path: Option<&Check>,
+        ask_store: bool,
+    ) -> Result<ReservationId, Unpaid> {
+        let ask = &waiting.ask;
+        let shared = self.state.shared.is_some();
+        let fallback = match (shared && !ask_store, waiting.local) {
+            (false, _) => None,
+            (true, true) => Some("store_unavailable"),
+            (true, false) => Some("breaker_open"),
         };
+        let bill = Bill {
+            ask_store,
+            fallback,
+            ..Bill::local(
+                &ask.cost,
+                ask.floor,
+                ask.tenant.as_ref(),
+                path,
+                (self.ns, self.now),
+            )
+        };
+        self.state.pay(&bill)
+    }
+
+    /// How the request waits for the first way that could not pay, or gives up.
+    fn unpaid(&mut self, waiting: &mut Waiting, unpaid: Unpaid, path: Option<Check>) -> Step {
+        match unpaid {
+            // The store is asked only on the first try: it did not answer `Continue`.
+            Unpaid::NoSlot | Unpaid::Store => self.wait(waiting),
+            Unpaid::Node => {
+                let Some(Check::Blocked { depth, at, give_up }) = path else {
+                    unreachable!("a node cannot pay only when the path's check says so")
+                };
+                let wake = match (at.map(|(at, _)| at), give_up) {
+                    (Some(at), Some(give_up)) => Some(at.min(give_up)),
+                    (at, give_up) => at.or(give_up),
+                };
+                self.park(waiting, depth, wake)
+            }
+            Unpaid::Buckets(Denial::NotUntil { at, .. }) => self.wait_for_buckets(waiting, at),
+            Unpaid::Buckets(Denial::Never(e)) => {
+                // Too large from the start, or a limit shrank below it while it waited.
+                self.leave(&mut waiting.place);
+                Step::Never(e)
+            }
+            Unpaid::Unavailable(e) => {
+                self.leave(&mut waiting.place);
+                Step::Unavailable(e)
+            }
+        }
+    }
+
+    /// A node of its tenant path cannot pay yet: the request steps out of the ordering,
+    /// keeping its place, so that the others go meanwhile, and comes back when that node can
+    /// pay (at `wake` on the budget's clock, or when one of the node's calls ends).
+    fn park(&mut self, waiting: &mut Waiting, depth: usize, wake: Option<u64>) -> Step {
         if let Step::Full(depth) = self.wait(waiting) {
-            return Break(Step::Full(depth));
+            return Step::Full(depth);
         }
         let mine = waiting.place.expect("placed above");
         let next = self.state.queue.step_out(mine, self.now);
@@ -277,23 +340,17 @@ impl<'a> Pass<'a> {
         let path = waiting.ask.tenant.as_ref().expect("resolved");
         let priority = waiting.ask.scheduling.priority;
         waiting.parked = Some((depth, tenants.park(path, depth, priority, self.waker)));
-        let wake = match (at.map(|(at, _)| at), give_up) {
-            (Some(at), Some(give_up)) => Some(at.min(give_up)),
-            (at, give_up) => at.or(give_up),
-        };
-        Break(Step::Parked(wake.map(|at| self.budget.instant(at))))
+        Step::Parked(wake.map(|at| self.budget.instant(at)))
     }
 
-    /// 4c. The shared store, for a shared budget whose store answers: the head leaves the
-    ///     ordering to ask it (and comes back to its place if refused), so the next may ask
-    ///     too while the store admits; while the store refuses, one asks at a time.
+    /// The shared store, for a shared budget whose store answers: the head leaves the
+    /// ordering to ask it (and comes back to its place if refused), so the next may ask too
+    /// while the store admits; while the store refuses, one asks at a time. `Continue`: the
+    /// breaker is open and the policy fails open, the local fallback share pays.
     fn ask_store(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
         let (Some(remote), Some(shared)) = (&self.budget.shared.remote, &self.state.shared) else {
             return Continue(());
         };
-        if waiting.local {
-            return Continue(());
-        }
         // The store's wait, unless a refund reached the store since it told it.
         let refunds = shared.refunds;
         let now = self.now;
@@ -328,55 +385,6 @@ impl<'a> Pass<'a> {
             return Break(Step::Unavailable(StoreUnavailable::breaker_open()));
         }
         Continue(())
-    }
-
-    /// 4d. The buckets in memory (a shared budget's local fallback share, when its store is
-    ///     out of reach): admitted if they pay, else the head sleeps until they can.
-    fn pay(&mut self, waiting: &mut Waiting) -> Step {
-        let (ask, ns) = (&waiting.ask, self.ns);
-        let fallback = self.state.shared.is_some();
-        if fallback
-            && self
-                .state
-                .store
-                .check_capacity(&ask.cost, ask.floor)
-                .is_err()
-        {
-            self.leave(&mut waiting.place);
-            return Step::Unavailable(StoreUnavailable::new(
-                "the shared store is out of reach and the cost exceeds the local fallback share",
-            ));
-        }
-        let id = self.state.peek_id();
-        match self.state.store.reserve(id, &ask.cost, ask.floor, ns) {
-            Ok(()) => {
-                let id = self.state.next_id();
-                if let (Some(tenants), Some(path)) = (&mut self.state.tenants, &ask.tenant) {
-                    tenants.take(path, &ask.cost, ns, self.now);
-                }
-                if fallback {
-                    let reason = if waiting.local {
-                        "store_unavailable"
-                    } else {
-                        "breaker_open"
-                    };
-                    crate::observe::fallback(reason);
-                }
-                self.state.slots.take();
-                let next = waiting
-                    .place
-                    .take()
-                    .and_then(|mine| self.state.queue.serve(mine, self.now));
-                self.wake(next);
-                Step::Admitted(id, Origin::Local)
-            }
-            Err(Denial::NotUntil { at, .. }) => self.wait_for_buckets(waiting, at),
-            Err(Denial::Never(e)) => {
-                // Too large from the start, or a limit shrank below it while it waited.
-                self.leave(&mut waiting.place);
-                Step::Never(e)
-            }
-        }
     }
 
     /// The head's buckets cannot pay before `at`: it sleeps until then (or until aging may
