@@ -11,6 +11,7 @@ mod admin;
 mod api;
 mod browser;
 mod replicas;
+mod sdk;
 mod shutdown;
 mod support;
 mod tls;

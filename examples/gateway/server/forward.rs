@@ -187,7 +187,11 @@ pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool, Option<St
     if !object.contains_key(field) {
         return Err(Refusal::bad_request(format!("the body has no `{field}`")));
     }
-    if !object.get("model").is_some_and(Value::is_string) {
+    if object
+        .get("model")
+        .and_then(Value::as_str)
+        .is_none_or(|model| model.trim().is_empty())
+    {
         return Err(Refusal::bad_request("the body names no `model`"));
     }
     let streaming = object
