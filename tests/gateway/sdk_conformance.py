@@ -7,6 +7,7 @@ the first failure raises, and the exit status says so.
 
 import json
 import os
+import time
 import urllib.request
 
 import anthropic
@@ -131,6 +132,17 @@ def rate_limits():
             e.code == "rate_limit_exceeded" and retry_after and float(retry_after) > 0,
             f"{e} (retry-after {retry_after!r})",
         )
+    # The SDK's own retry honours that Retry-After, and the call then succeeds.
+    started = time.monotonic()
+    answer = openai_client(GLOBEX, retries=2).chat.completions.create(
+        model="gpt-4o-mini", messages=HELLO, max_tokens=5
+    )
+    waited = time.monotonic() - started
+    check(
+        "openai: the SDK's retry waits the Retry-After and succeeds",
+        answer.choices[0].message.content and waited >= float(retry_after) * 0.5,
+        f"waited {waited:.2f} s for a Retry-After of {retry_after}",
+    )
     # acme paused by the admin API: its Messages calls are refused in Anthropic's schema.
     pause = urllib.request.Request(
         f"{URL}/admin/pause",
