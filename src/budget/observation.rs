@@ -40,6 +40,7 @@ pub struct Observation {
     period: Duration,
     limit: Option<NonZeroU64>,
     remaining: Option<u64>,
+    at_once: bool,
 }
 
 impl Observation {
@@ -50,6 +51,7 @@ impl Observation {
             period,
             limit: None,
             remaining: None,
+            at_once: true,
         }
     }
 
@@ -67,6 +69,20 @@ impl Observation {
             remaining: Some(remaining),
             ..self
         }
+    }
+
+    /// Whether what remains may be spent at once: the provider counts the limit with one
+    /// bucket of the period (OpenAI, Anthropic). Defaults to true; false for a provider that
+    /// also enforces the limit over shorter windows (Azure OpenAI counts requests per minute
+    /// over 1 or 10 seconds), so that the budget keeps to its own burst (see
+    /// [`AdaptiveShare::spend_reported_burst`](crate::budget::AdaptiveShare::spend_reported_burst)).
+    pub const fn spendable_at_once(self, at_once: bool) -> Self {
+        Self { at_once, ..self }
+    }
+
+    /// Whether what remains may be spent at once.
+    pub const fn is_spendable_at_once(&self) -> bool {
+        self.at_once
     }
 
     /// The dimension reported on.

@@ -264,7 +264,10 @@ impl Profile {
 
     /// Feeds a response's rate-limit headers back into `budget`: lowers the level of every
     /// limit the provider says has less left than we hold (someone else spends the same
-    /// quota), never raises it, and adopts changed limits as [`AdoptLimits`] says.
+    /// quota), lets an adaptive limit spend what the provider holds beyond its own burst
+    /// ([`AdaptiveShare::spend_reported_burst`](crate::budget::AdaptiveShare::spend_reported_burst);
+    /// not for Azure OpenAI, which enforces its minute over seconds too), and adopts changed
+    /// limits as [`AdoptLimits`] says.
     ///
     /// Each report is applied to the budget's limit it describes ([`LimitReport::describes`]):
     /// of the same dimension, and the one whose nominal amount is the reported limit, else
@@ -286,7 +289,10 @@ impl Profile {
                 tracing::trace!(?report, "rate-limit report matches no limit of the budget");
                 continue;
             };
-            let mut observation = Observation::new(report.dimension, current.period());
+            // Azure enforces its per-minute limits over seconds too: its remaining is not a
+            // bucket to spend at once.
+            let mut observation = Observation::new(report.dimension, current.period())
+                .spendable_at_once(self.kind != Kind::Azure);
             if let Some(remaining) = report.remaining {
                 observation = observation.with_remaining(remaining);
             }

@@ -43,9 +43,6 @@ pub(crate) struct Bucket {
     /// Units beyond the capacity that the provider's last agreeing report allows: spent once
     /// the level is, never refilled.
     extra: u64,
-    /// Everything debited less everything refunded, since the bucket was made: the adaptive
-    /// share measures the others' spending against it.
-    spent: u64,
 }
 
 /// A share of a bucket's capacity that a request must leave untouched, so that requests of a
@@ -99,13 +96,7 @@ impl Bucket {
                 .and_then(|_| shadow_of(&limit))
                 .map(|shadow| Box::new(Bucket::new(shadow))),
             extra: 0,
-            spent: 0,
         }
-    }
-
-    /// Everything debited less everything refunded.
-    pub(crate) fn spent(&self) -> u64 {
-        self.spent
     }
 
     /// The provider's reports show that `spendable` may be spent now (see
@@ -141,8 +132,9 @@ impl Bucket {
     }
 
     /// Lowers what the provider is expected to hold to at most `remaining` (the shadow's level;
-    /// nothing for a fixed share): the provider's own report, when the budget has no history
-    /// to compare it with (a new nominal amount).
+    /// nothing for a fixed share): the provider's own report, when a measure of the adaptive
+    /// share starts or the provider's nominal amount changed. Never raised: a report can be
+    /// older than the budget's last calls, which the shadow counts already.
     pub(crate) fn rebase_shadow(&mut self, remaining: u64, now: u64) {
         if let Some(shadow) = &mut self.shadow {
             shadow.cap_level(remaining, now);
@@ -231,7 +223,6 @@ impl Bucket {
         if let Some(shadow) = &mut self.shadow {
             shadow.debit(amount, now);
         }
-        self.spent = self.spent.saturating_add(amount);
         let amount = if self.extra > 0 {
             let level = u64::try_from(self.level(now)).unwrap_or(0);
             let from_extra = amount.saturating_sub(level).min(self.extra);
@@ -255,7 +246,6 @@ impl Bucket {
         if let Some(shadow) = &mut self.shadow {
             shadow.refund(amount);
         }
-        self.spent = self.spent.saturating_sub(amount);
         self.full_at = self.full_at.saturating_sub(self.units(amount));
     }
 
@@ -287,10 +277,8 @@ impl Bucket {
         } else {
             0
         };
-        let spent = self.spent;
         *self = Bucket::new(limit);
         self.extra = extra;
-        self.spent = spent;
         self.held_until = held_until;
         if same_plan && share.is_some() {
             self.share = share;

@@ -13,24 +13,22 @@
 //!
 //! # What the budget measures
 //!
-//! The budget counts what it spent on each adaptive limit (debits less refunds). Two reports of
-//! the provider, `R0` at `t0` when the budget had spent `S0` and `R` at `t` when it had spent
-//! `S`, tell what everybody else spent in between, provided the provider's bucket was not full
-//! meanwhile (it would have dropped refill):
-//!
-//! ```text
-//! others = R0 + refill(t - t0) - (S - S0) - R
-//! ```
+//! Next to each adaptive bucket the budget keeps a *shadow* of the provider's bucket: the
+//! nominal amount, refilled over the period, debited and refunded exactly as the budget's own
+//! bucket is (so its calls on their way count). When a measure starts, the shadow is lowered
+//! to the provider's report (never raised: a report can be older than the budget's last
+//! calls); from then on it is what the provider would hold had nobody else spent, and what the
+//! provider reports below it, the others spent since. Both buckets stop at
+//! the same top, so an idle spell that fills the provider's bucket is not taken for spending.
 //!
 //! - **Measuring.** Once a window (a sixth of the period), the others' rate since the start
-//!   of the measure (a report between one window and one period old) is measured as a share
-//!   `f` of the nominal rate. When what they spent exceeds [`AdaptiveShare::tolerance`] of the
+//!   of the measure (between one window and one period ago; then it starts again) is measured
+//!   as a share `f` of the nominal rate. When what they spent exceeds [`AdaptiveShare::tolerance`] of the
 //!   nominal amount, the share is planned at `1 - f - tolerance`; below it (rounding, timing),
 //!   the share may only rise, to `1 - f`. Within `[min, 1]`. A neighbour spending 30 % is
 //!   planned around at its first window: 0.68 of the quota.
 //! - **A full bucket** (a report within the tolerance of the nominal amount) hides the others'
-//!   spending and shows room: the measure starts again at the next report below it, and the
-//!   share rises meanwhile.
+//!   spending and shows room: the measure starts again from it, and the share rises.
 //! - **Rising** is limited to [`AdaptiveShare::increase`] per period, and waits a window after
 //!   a 429; **lowering** follows a measure at once. **A 429** multiplies the share by
 //!   [`AdaptiveShare::decrease`], at most once per window. The share paces the refill only:
@@ -38,13 +36,10 @@
 //!
 //! # The burst the provider reports
 //!
-//! Next to each adaptive bucket the budget also keeps a *shadow* of the provider's bucket as
-//! it would be if the budget were alone on the key: the nominal amount, refilled over the
-//! period, debited and refunded exactly as the budget's own bucket is (so its calls on their
-//! way count). Once the measure is steady (a window old, nothing lowered for a window), the
-//! budget may spend at once, beyond its own burst, the lower of the provider's report and the
-//! shadow's level, less a cushion: the tolerance, and a window of the others' spending at the
-//! rate the share leaves them ([`ShareController::spendable`]).
+//! Once the measure is steady (a window old, nothing lowered for a window), the budget may
+//! spend at once, beyond its own burst, the lower of the provider's report and the shadow's
+//! level, less a cushion: the tolerance, and a window of the others' spending at the rate the
+//! share leaves them ([`ShareController::spendable`]).
 //!
 //! When the provider reports a new nominal amount (a limit lowered without notice), the measure
 //! starts again from that report: the provider has charged under the new amount since it
@@ -63,9 +58,8 @@ pub(crate) struct ShareController {
     share: f64,
     /// When a 429 last lowered the share.
     rate_limited_at: Option<u64>,
-    /// The reports the others' spending is measured from: the older (at most a period old,
-    /// the measure's start) and the newer (the next start, once the older is a period old).
-    anchors: [Option<Anchor>; 2],
+    /// When the measure started: the shadow was lowered to the provider's report then.
+    start: Option<u64>,
     /// When the share was last decided on a measure.
     decided_at: u64,
     /// When the share last changed on a measure: rises are counted from there.
@@ -77,22 +71,21 @@ pub(crate) struct ShareController {
 /// Changes below this are not applied (they would only churn the bucket).
 const STEP: f64 = 0.005;
 
-/// A report the others' spending is measured from: when, what the provider reported, and
-/// what the budget had spent in all by then.
+/// What a report did to the controller.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Anchor {
-    at: u64,
-    reported: u64,
-    spent: u64,
+pub(crate) struct Measure {
+    /// The new share, when it changed.
+    pub(crate) share: Option<f64>,
+    /// A measure starts here: the shadow is to be lowered to the report.
+    pub(crate) anchor: bool,
 }
 
-impl Anchor {
-    /// What the provider would hold at `now` had nobody else spent since this report, with no
-    /// cap: the report, plus the refill of `nominal` per `period`, less what the budget spent.
-    fn expected(&self, spent: u64, nominal: u64, period: u64, now: u64) -> f64 {
-        let refill = nominal as f64 * now.saturating_sub(self.at) as f64 / period as f64;
-        self.reported as f64 + refill - spent.saturating_sub(self.spent) as f64
-    }
+impl Measure {
+    /// Nothing changed, no measure starts.
+    pub(crate) const NOTHING: Measure = Measure {
+        share: None,
+        anchor: false,
+    };
 }
 
 impl ShareController {
@@ -103,7 +96,7 @@ impl ShareController {
             period: u64::try_from(period.as_nanos()).unwrap_or(u64::MAX).max(1),
             share: share.clamp(params.min_share(), 1.0),
             rate_limited_at: None,
-            anchors: [None, None],
+            start: None,
             decided_at: now,
             measured_at: now,
             lowered_at: None,
@@ -132,11 +125,11 @@ impl ShareController {
         now: u64,
     ) -> Option<u64> {
         let window = self.window();
-        let start = self.anchors[0]?;
+        let start = self.start?;
         let quiet = self
             .lowered_at
             .is_none_or(|at| now.saturating_sub(at) >= window);
-        if now.saturating_sub(start.at) < window || !quiet {
+        if now.saturating_sub(start) < window || !quiet {
             return None;
         }
         let theirs = (1.0 - self.share) * nominal as f64 * window as f64 / self.period as f64;
@@ -148,44 +141,47 @@ impl ShareController {
         (nominal as f64 * self.params.tolerance_share()).ceil() as u64
     }
 
-    /// The provider reported `reported` remaining of `nominal` when the budget had spent
-    /// `spent` in all (debits less refunds): once a window, the others' rate since the older
-    /// anchor is measured and the share planned for what they leave (see the module
-    /// documentation). Returns the new share when it changed.
+    /// The provider reported `reported` remaining of `nominal`, while the shadow, lowered to
+    /// the provider's report when the measure started, expects `expected`: once a window, the
+    /// others' rate since that start is measured and the share planned for what they leave
+    /// (see the module documentation).
     pub(crate) fn observe(
         &mut self,
+        expected: u64,
         reported: u64,
-        spent: u64,
         nominal: u64,
         now: u64,
-    ) -> Option<f64> {
-        let tolerance = self.tolerance(nominal) as f64;
-        let here = Anchor {
-            at: now,
-            reported,
-            spent,
-        };
-        // A full bucket hides the others' spending, and shows room.
-        if reported as f64 + tolerance >= nominal as f64 {
-            self.anchors = [None, None];
-            return self.plan(1.0, now);
+    ) -> Measure {
+        let tolerance = self.tolerance(nominal);
+        // A full bucket hides the others' spending, and shows room: the measure starts
+        // again from it.
+        if reported.saturating_add(tolerance) >= nominal {
+            self.start = Some(now);
+            return Measure {
+                share: self.plan(1.0, now),
+                anchor: true,
+            };
         }
-        let Some(start) = self.anchors[0] else {
-            self.restart(reported, spent, now);
-            return None;
+        let Some(start) = self.start else {
+            self.restart(now);
+            return Measure {
+                share: None,
+                anchor: true,
+            };
         };
-        // What the provider would hold had nobody else spent since the start: exact, since
-        // its bucket was never full in between (a full report starts the measure again).
-        let expected = start.expected(spent, nominal, self.period, now);
-        let elapsed = now.saturating_sub(start.at);
+        let elapsed = now.saturating_sub(start);
         if now.saturating_sub(self.decided_at) < self.window() || elapsed < self.window() {
-            return None;
+            return Measure::NOTHING;
         }
         self.decided_at = now;
-        let gap = (expected - reported as f64).max(0.0);
-        let others = gap / nominal.max(1) as f64 * self.period as f64 / elapsed as f64;
-        self.slide(here);
-        if gap > tolerance {
+        let gap = expected.saturating_sub(reported);
+        let others = gap as f64 / nominal.max(1) as f64 * self.period as f64 / elapsed as f64;
+        // A measure a period old starts again here: the next one counts from now.
+        let anchor = elapsed >= self.period;
+        if anchor {
+            self.restart(now);
+        }
+        let share = if gap > tolerance {
             let target = 1.0 - others - self.params.tolerance_share();
             self.plan(target.clamp(self.params.min_share(), 1.0), now)
         } else {
@@ -194,32 +190,14 @@ impl ShareController {
             (target > self.share)
                 .then(|| self.plan(target, now))
                 .flatten()
-        }
+        };
+        Measure { share, anchor }
     }
 
-    /// Keeps `here` as the next start, and moves the start to the previous one once the start
-    /// is a period old.
-    fn slide(&mut self, here: Anchor) {
-        match self.anchors {
-            [Some(start), Some(next)] if here.at.saturating_sub(start.at) >= self.period => {
-                self.anchors = [Some(next), Some(here)];
-            }
-            [start, None] => self.anchors = [start, Some(here)],
-            _ => {}
-        }
-    }
-
-    /// The measure starts again from this report (also when the provider's nominal amount
-    /// changed).
-    pub(crate) fn restart(&mut self, reported: u64, spent: u64, now: u64) {
-        self.anchors = [
-            Some(Anchor {
-                at: now,
-                reported,
-                spent,
-            }),
-            None,
-        ];
+    /// The measure starts again now (the shadow is lowered to the provider's report, or to a
+    /// new nominal amount's).
+    pub(crate) fn restart(&mut self, now: u64) {
+        self.start = Some(now);
     }
 
     /// Moves the share towards `target`: down at once, up by at most the increase per period
@@ -271,11 +249,17 @@ mod tests {
 
     const SEC: u64 = 1_000_000_000;
 
-    /// A controller for 1,000 a minute (16.7 a second; tolerance 20; windows of 10 s),
-    /// measuring from a report of 900 at 0, before anything was spent.
+    /// A controller for 1,000 a minute (16.7 a second; tolerance 20; windows of 10 s), its
+    /// measure started at 0 from a report of 500 (the shadow set to it).
     fn controller() -> ShareController {
         let mut c = ShareController::new(AdaptiveShare::new(), Duration::from_secs(60), 1.0, 0);
-        assert_eq!(c.observe(900, 0, 1_000, 0), None);
+        assert_eq!(
+            c.observe(500, 500, 1_000, 0),
+            Measure {
+                share: None,
+                anchor: true
+            }
+        );
         c
     }
 
@@ -283,57 +267,67 @@ mod tests {
     fn stays_at_the_whole_quota_while_nobody_else_spends() {
         let mut c = controller();
         for t in 1..100u64 {
-            // Spending the refill as it comes; the provider's reports off by up to 15
-            // (rounding, timing): within the tolerance.
-            let spent = t * 1_000 / 6;
-            let reported = if t % 2 == 0 { 900 } else { 885 };
-            assert_eq!(c.observe(reported, spent, 1_000, t * 10 * SEC), None);
+            // The provider's reports off by up to 15 (rounding, timing): within the tolerance.
+            let reported = if t % 2 == 0 { 500 } else { 485 };
+            assert_eq!(c.observe(500, reported, 1_000, t * 10 * SEC).share, None);
         }
         assert_eq!(c.share(), 1.0);
     }
 
-    /// The provider's report at `t` seconds when a neighbour spends 5 a second (30 %) and the
-    /// budget 11.7 (70 %): it stays at 900. What the budget spent by then.
-    fn spent_at_70_percent(t: u64) -> u64 {
-        t * 1_000 * 7 / 600
+    /// The shadow's level at `t` seconds since the start when a neighbour spends 5 a second
+    /// (30 %) and the budget its 70 %: the provider stays at 500, the shadow (nobody else)
+    /// gains 5 a second.
+    fn expected(t: u64) -> u64 {
+        500 + 5 * t
     }
 
     #[test]
     fn plans_what_a_neighbour_leaves_once_a_window() {
         let mut c = controller();
         // Nothing is decided within the first window.
-        assert_eq!(c.observe(900, spent_at_70_percent(5), 1_000, 5 * SEC), None);
-        // After 10 s the provider holds 50 less than it would alone: 0.3 of the rate; planned
+        assert_eq!(
+            c.observe(expected(5), 500, 1_000, 5 * SEC),
+            Measure::NOTHING
+        );
+        // After 10 s the provider holds 50 less than the shadow: 0.3 of the rate; planned
         // 1 - 0.3 - the tolerance (0.02).
-        let share = c
-            .observe(900, spent_at_70_percent(10), 1_000, 10 * SEC)
-            .unwrap();
-        assert!((share - 0.68).abs() < 0.005, "{share}");
-        // The same neighbour over the next windows, measured from the same start: the same
-        // share, nothing to change.
-        for t in [15, 20, 30, 60, 70, 120] {
+        let share = c.observe(expected(10), 500, 1_000, 10 * SEC).share.unwrap();
+        assert!((share - 0.68).abs() < 1e-9, "{share}");
+        // Not again within a window; then the same neighbour over longer spans from the same
+        // start: the same share, nothing to change.
+        assert_eq!(
+            c.observe(expected(15), 500, 1_000, 15 * SEC),
+            Measure::NOTHING
+        );
+        for t in [20, 30, 50] {
             assert_eq!(
-                c.observe(900, spent_at_70_percent(t), 1_000, t * SEC),
-                None,
-                "{t} s"
+                c.observe(expected(t), 500, 1_000, t * SEC),
+                Measure::NOTHING,
+                "{t}"
             );
         }
-        // A wider gap lowers it at the next window, never below the minimum.
+        // A period after the start, the measure starts again from the report.
         assert_eq!(
-            c.observe(0, spent_at_70_percent(130), 1_000, 130 * SEC),
-            Some(0.2)
+            c.observe(expected(60), 500, 1_000, 60 * SEC),
+            Measure {
+                share: None,
+                anchor: true
+            }
         );
+        assert_eq!(c.observe(550, 500, 1_000, 70 * SEC), Measure::NOTHING);
+        // A wider gap lowers it at the next window, never below the minimum.
+        assert_eq!(c.observe(600, 0, 1_000, 80 * SEC).share, Some(0.2));
     }
 
     #[test]
     fn rises_back_by_the_increase_per_period_once_the_provider_shows_room() {
         let mut c = controller();
-        c.observe(900, spent_at_70_percent(10), 1_000, 10 * SEC);
+        c.observe(expected(10), 500, 1_000, 10 * SEC);
         let mut t = 10 * SEC;
         while c.share() < 1.0 {
             t += SEC;
             // The neighbour stopped: the provider's bucket is full.
-            c.observe(1_000, 0, 1_000, t);
+            c.observe(1_000, 1_000, 1_000, t);
         }
         // 0.5 a period: from 0.68, 39 s.
         assert_eq!(
@@ -354,8 +348,8 @@ mod tests {
         );
         assert_eq!(c.rate_limited(10 * SEC), Some(0.8 * 0.8));
         // No rise within a window of the last 429, whatever the reports say.
-        assert_eq!(c.observe(1_000, 0, 1_000, 15 * SEC), None);
-        assert!(c.observe(1_000, 0, 1_000, 25 * SEC).is_some());
+        assert_eq!(c.observe(1_000, 1_000, 1_000, 15 * SEC).share, None);
+        assert!(c.observe(1_000, 1_000, 1_000, 25 * SEC).share.is_some());
         for t in 3..100 {
             c.rate_limited(t * 10 * SEC);
         }

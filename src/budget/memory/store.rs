@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use crate::budget::memory::bucket::{Bucket, Fit, Floor};
+use crate::budget::memory::share::Measure;
 use crate::budget::observation::Observation;
 use crate::cost::Cost;
 use crate::error::InsufficientCapacity;
@@ -235,39 +236,22 @@ impl Store for MemoryStore {
                 // for someone else's spending (a neighbour who keeps spending widens the gap
                 // again from there).
                 bucket.rebase_shadow(remaining, now);
-                let spent = bucket.spent();
                 if let Some(controller) = bucket.share_mut() {
-                    controller.restart(remaining, spent, now);
+                    controller.restart(now);
                 }
             }
-            let nominal = bucket.limit().amount().get();
             let expected = bucket.expected_remaining(now).filter(|_| adapt);
             if let Some(expected) = expected {
-                // What the provider holds below what it would hold for us alone, someone
-                // else spent (see the `share` module).
-                let spent = bucket.spent();
-                let share = bucket
-                    .share_mut()
-                    .and_then(|c| c.observe(remaining, spent, nominal, now));
-                if let Some(share) = share {
-                    tracing::debug!(
-                        dimension = %limit.dimension(),
-                        expected,
-                        remaining,
-                        share,
-                        "adaptive share changed"
-                    );
-                    let planned = bucket.limit().with_planned_share(share);
-                    bucket.set_limit(planned, now);
-                    changed = true;
-                }
+                changed |= measure(bucket, expected, remaining, now);
             }
             let usable = (remaining as f64 * bucket.limit().headroom()).floor() as u64;
             bucket.cap_level(usable, now);
-            // Beyond the burst: what the provider holds, while its word agrees with ours.
+            // Beyond the burst: what the provider holds, once the measure is steady.
             if let Some(expected) = expected {
+                let nominal = bucket.limit().amount().get();
                 let spendable = bucket
                     .share_mut()
+                    .filter(|_| observation.is_spendable_at_once())
                     .and_then(|c| c.spendable(expected, remaining, nominal, now));
                 match spendable {
                     Some(spendable) => bucket.grant(spendable, now),
@@ -363,6 +347,31 @@ impl Store for MemoryStore {
             })
             .collect()
     }
+}
+
+/// The adaptive share of `bucket` measures what the provider holds below what the shadow
+/// expects: someone else spent it (see the `share` module). Returns whether the share changed.
+fn measure(bucket: &mut Bucket, expected: u64, remaining: u64, now: u64) -> bool {
+    let nominal = bucket.limit().amount().get();
+    let measure = bucket.share_mut().map_or(Measure::NOTHING, |c| {
+        c.observe(expected, remaining, nominal, now)
+    });
+    if measure.anchor {
+        bucket.rebase_shadow(remaining, now);
+    }
+    let Some(share) = measure.share else {
+        return false;
+    };
+    tracing::debug!(
+        dimension = %bucket.limit().dimension(),
+        expected,
+        remaining,
+        share,
+        "adaptive share changed"
+    );
+    let planned = bucket.limit().with_planned_share(share);
+    bucket.set_limit(planned, now);
+    true
 }
 
 /// A reported usage, clamped when it is far above both the estimate and the bucket's capacity
@@ -586,6 +595,31 @@ mod tests {
         // A full bucket hides the others: the measure starts again, nothing extra meanwhile.
         s.observe(&seen(600), 70 * SEC, true);
         assert_eq!(level(&s, 70 * SEC), 100);
+    }
+
+    #[test]
+    fn an_idle_spell_is_not_taken_for_someone_elses_spending() {
+        let (mut s, seen) = minute_of_600(crate::quota::AdaptiveShare::new());
+        let id = ReservationId(0);
+        let share = |s: &MemoryStore| s.snapshot(0)[0].limit.headroom();
+        s.reserve(id, &Cost::new(100, 0), Floor::NONE, 0).unwrap();
+        s.observe(&seen(500), 0, true);
+        // Idle for a minute: the provider's bucket and the shadow both fill to the top, the
+        // refill beyond it lost to both. Then 100 more.
+        s.reserve(id, &Cost::new(100, 0), Floor::NONE, 60 * SEC)
+            .unwrap();
+        s.observe(&seen(500), 60 * SEC, true);
+        assert_eq!(share(&s), 1.0);
+    }
+
+    #[test]
+    fn a_report_not_spendable_at_once_grants_nothing() {
+        let (mut s, seen) = minute_of_600(crate::quota::AdaptiveShare::new());
+        // Azure's per-minute limits hold over seconds too: its remaining is not spent at once.
+        let azure = |remaining| seen(remaining).spendable_at_once(false);
+        spend_200_in_10_s(&mut s, &azure, 500);
+        let state = s.snapshot(10 * SEC)[0];
+        assert_eq!((state.level, state.extra), (0, 0));
     }
 
     #[test]
