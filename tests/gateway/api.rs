@@ -607,3 +607,59 @@ async fn a_tenant_s_limit_holds_over_both_accounts() {
     }
     gateway.stop().await;
 }
+
+/// Anthropic's pushback through the gateway, after the stack's retries: a 429
+/// (`rate_limit_error`, with `retry-after` and `anthropic-ratelimit-*` headers) stays a 429
+/// the Anthropic SDK reads, and a 529 (`overloaded_error`) is a 503 with `Retry-After`, never
+/// a 502.
+#[tokio::test]
+async fn anthropic_pushback_maps_to_429_and_503_with_retry_after() {
+    for (status, error_type) in [(429u16, "rate_limit_error"), (529, "overloaded_error")] {
+        let app = axum::Router::new().route(
+            "/v1/messages",
+            post(move || async move {
+                let body = format!(
+                    r#"{{"type":"error","error":{{"type":"{error_type}","message":"slow down"}}}}"#
+                );
+                let mut response = (
+                    StatusCode::from_u16(status).unwrap(),
+                    [("content-type", "application/json"), ("retry-after", "2")],
+                    body,
+                )
+                    .into_response();
+                if status == 429 {
+                    let headers = response.headers_mut();
+                    headers.insert("anthropic-ratelimit-requests-limit", "600".parse().unwrap());
+                    headers.insert(
+                        "anthropic-ratelimit-requests-remaining",
+                        "0".parse().unwrap(),
+                    );
+                }
+                response
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let upstream = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let config = fixed_config(&upstream)
+            .replace("profile = \"openai\"", "profile = \"anthropic\"")
+            .replace("apis = [\"chat\"]", "apis = [\"messages\"]")
+            .replace(
+                "tenant = \"team\"",
+                "tenant = \"team\"\n        default_class = \"interactive\"",
+            );
+        let gateway = Running::start(&config).await;
+        let (answered, retry_after, body) = json(
+            gateway
+                .post("/v1/messages", Some("caller-secret"), &messages(20))
+                .await,
+        )
+        .await;
+        let expected = if status == 429 { 429 } else { 503 };
+        assert_eq!(answered, expected, "{body}");
+        assert_eq!(body["type"], "error", "{body}");
+        assert!(retry_after.is_some(), "{status}: no Retry-After: {body}");
+        assert_eq!(body["error"]["gateway_decision"], "provider", "{body}");
+        gateway.stop().await;
+    }
+}

@@ -92,6 +92,9 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         let head = http::Response::from_parts(head, ());
         return gateway.refuse_in(dialect, tenant, provider_refusal(account, &head, &bytes));
     }
+    if is_overloaded(response.status()) {
+        return gateway.refuse_in(dialect, tenant, overloaded(account, response.headers()));
+    }
     gateway.ledger.answered(
         &caller.tenant,
         api.as_str(),
@@ -279,6 +282,26 @@ fn provider_refusal(account: &Account, head: &http::Response<()>, body: &[u8]) -
             "the provider account {} is rate limited ({limit})",
             account.name
         ))
+}
+
+/// Whether an upstream status says the provider is overloaded (Anthropic's 529, a 503), after
+/// the stack's retries.
+fn is_overloaded(status: StatusCode) -> bool {
+    status == StatusCode::SERVICE_UNAVAILABLE || status.as_u16() == 529
+}
+
+/// The normalized refusal for an overloaded provider: a 503 with `Retry-After` (the
+/// provider's, else a second), in the caller's API's schema (Anthropic's `overloaded_error`).
+fn overloaded(account: &Account, headers: &HeaderMap) -> Refusal {
+    let retry_after = tower_llm_quota::parse::retry_after(headers, std::time::SystemTime::now())
+        .unwrap_or(Duration::from_secs(1));
+    Refusal::unavailable(
+        "overloaded",
+        format!("the provider account {} is overloaded", account.name),
+    )
+    .provider()
+    .scope(format!("account:{}", account.name))
+    .retry_after(Some(retry_after))
 }
 
 /// Removes the provider's rate-limit headers (OpenAI's, Azure's and Anthropic's).
