@@ -53,9 +53,7 @@ impl Budget {
         class: Option<Priority>,
     ) -> Result<Reservation, TryReserveError> {
         if self.shared.remote.is_some() {
-            return Err(TryReserveError::Unavailable(StoreUnavailable::new(
-                "a shared budget admits through `reserve`, which asks the shared store",
-            )));
+            return Err(asks_its_store());
         }
         let now = Instant::now();
         let ns = self.nanos_since_origin(now);
@@ -91,7 +89,9 @@ impl Budget {
                 Err(TryReserveError::NotYet(self.not_until(at, &limit)))
             }
             Err(Unpaid::Buckets(Denial::Never(e))) => Err(TryReserveError::Never(e)),
-            Err(Unpaid::Store | Unpaid::Unavailable(_)) => unreachable!("an in-memory budget"),
+            // Not asked of an in-memory budget (a shared one answered above).
+            Err(Unpaid::Store) => Err(asks_its_store()),
+            Err(Unpaid::Unavailable(e)) => Err(TryReserveError::Unavailable(e)),
         }
     }
 
@@ -168,4 +168,11 @@ impl Budget {
         let id = state.pay(&bill).ok()?;
         Some((id, path))
     }
+}
+
+/// What `try_reserve` answers for a shared budget: it admits through `reserve`.
+fn asks_its_store() -> TryReserveError {
+    TryReserveError::Unavailable(StoreUnavailable::new(
+        "a shared budget admits through `reserve`, which asks the shared store",
+    ))
 }

@@ -101,20 +101,14 @@ impl Bucket {
 
     /// The provider's reports show that `spendable` may be spent now (see
     /// `ShareController::spendable`): the level and the extra together may reach it (never
-    /// less than the level already is). Only a limit whose adaptive share spends the reported
-    /// burst takes it.
+    /// less than the level already is).
     pub(crate) fn grant(&mut self, spendable: u64, now: u64) {
-        if self
-            .limit
-            .adaptive_share()
-            .is_some_and(|params| params.spends_reported_burst())
-        {
-            let level = u64::try_from(self.level(now)).unwrap_or(0);
-            self.extra = spendable.saturating_sub(level);
-        }
+        let level = u64::try_from(self.level(now)).unwrap_or(0);
+        self.extra = spendable.saturating_sub(level);
     }
 
-    /// Takes the extra back: the provider's report disagrees, or it refused.
+    /// Takes the extra back: the measure is not steady (a lowered share, a full report), or a
+    /// report may not be spent at once.
     pub(crate) fn revoke(&mut self) {
         self.extra = 0;
     }

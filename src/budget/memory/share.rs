@@ -116,7 +116,8 @@ impl ShareController {
     /// `reported` and `expected` (what the provider should hold for this budget alone, its calls
     /// on their way counted), less a cushion for the others: the tolerance, and what they
     /// spend in a window at the rate the share leaves them. Only once the measure is steady: it
-    /// has run for a window, and lowered nothing for a window (a 429 included); `None` before.
+    /// has run for a window, and lowered nothing for a window (a 429 included); `None` before,
+    /// and always when the parameters do not spend the reported burst.
     pub(crate) fn spendable(
         &self,
         expected: u64,
@@ -124,6 +125,9 @@ impl ShareController {
         nominal: u64,
         now: u64,
     ) -> Option<u64> {
+        if !self.params.spends_reported_burst() {
+            return None;
+        }
         let window = self.window();
         let start = self.start?;
         let quiet = self
