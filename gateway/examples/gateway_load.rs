@@ -1,8 +1,8 @@
 //! Load on the gateway example, on loopback, with the simulated provider answering at once.
 //!
 //! ```sh
-//! cargo run --release --example gateway_load
-//! cargo run --release --example gateway_load -- --saturated-secs 30 --phase-secs 10
+//! cargo run --release -p tower-llm-quota-gateway --example gateway_load
+//! cargo run --release -p tower-llm-quota-gateway --example gateway_load -- --saturated-secs 30 --phase-secs 10
 //! ```
 //!
 //! One process runs the simulator's HTTP server, the gateway (in front of it, as of a real
@@ -23,7 +23,7 @@
 //!
 //! `GATEWAY_LOAD_TAIL=1` also prints each phase's tail (p90 to the maximum) and every failure.
 
-#[path = "gateway/server/mod.rs"]
+#[path = "../src/server/mod.rs"]
 mod server;
 
 use std::sync::Arc;

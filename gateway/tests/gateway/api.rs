@@ -311,9 +311,9 @@ async fn metrics_carry_per_tenant_series() {
     ] {
         assert!(text.contains(series), "{series} missing from\n{text}");
     }
-    // The crate's own series, with its `metrics` feature.
+    // The crate's own series (the gateway builds it with its `metrics` feature).
     for series in ["llm_requests_total", "llm_tenant_tokens_total"] {
-        assert_eq!(text.contains(series), cfg!(feature = "metrics"), "{series}");
+        assert!(text.contains(series), "{series} missing");
     }
     assert_eq!(gateway.get("/healthz").await, (200, "ok".to_owned()));
     gateway.stop().await;

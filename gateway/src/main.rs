@@ -3,13 +3,15 @@
 //! API, Prometheus metrics and a live status page.
 //!
 //! ```sh
-//! cargo run --release --example gateway                       # the demo: simulated providers
-//! cargo run --release --example gateway -- --config gateway.toml --redis-url redis://127.0.0.1/
-//! cargo run --release --example gateway -- --check-config gateway.toml  # validate, then exit
+//! cargo install --path gateway                  # from the repository's root
+//! llm-quota-gateway                             # the demo: simulated providers
+//! llm-quota-gateway --config gateway.toml --redis-url redis://127.0.0.1/
+//! llm-quota-gateway --check-config gateway.toml # validate, then exit
 //! ```
 //!
-//! Without `--config` it runs `demo.toml` (beside this file) against the crate's simulated
-//! provider in process, and prints the demo keys and two `curl` lines to try.
+//! Without `--config` it runs `demo.toml` (in the crate's folder) against the crate's simulated
+//! provider in process, and prints the demo keys and two `curl` lines to try. The
+//! configuration reference is the crate's README.
 
 mod server;
 
@@ -75,7 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let demo = args.config.is_none();
     let config = match &args.config {
         Some(path) => Config::from_toml(&std::fs::read_to_string(path)?)?,
-        None => Config::from_toml(include_str!("demo.toml"))?,
+        None => Config::from_toml(include_str!("../demo.toml"))?,
     };
     let listen = args.listen.unwrap_or(config.server.listen);
     let gateway = Gateway::new(&config, args.redis_url.as_deref()).await?;

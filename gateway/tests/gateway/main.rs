@@ -1,10 +1,10 @@
 //! The gateway example, run in process on a loopback port: its keys, refusals, admin API,
 //! streaming, metrics, shutdown, HTTPS upstreams and status page (in a real browser when one is installed).
 
-#[path = "../../examples/gateway/server/mod.rs"]
+#[path = "../../src/server/mod.rs"]
 mod server;
 
-#[path = "../redis_server/mod.rs"]
+#[path = "../../../tests/redis_server/mod.rs"]
 mod redis_server;
 
 mod admin;

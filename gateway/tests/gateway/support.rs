@@ -12,7 +12,7 @@ use crate::server::{Gateway, serve};
 
 /// The demo configuration, with a simulator that answers at once.
 pub(crate) fn demo() -> String {
-    include_str!("../../examples/gateway/demo.toml").replace(
+    include_str!("../../demo.toml").replace(
         "sim = { base_ms = 40, per_token_ms = 2 }",
         "sim = { base_ms = 0, per_token_ms = 0 }",
     )
