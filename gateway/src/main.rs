@@ -67,6 +67,16 @@ async fn stop_signal() {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
+    // Warnings and errors on stderr (accept failures, a lowered connection cap); more with
+    // `LLM_QUOTA_GATEWAY_LOG=debug` (or `trace`).
+    let level = std::env::var("LLM_QUOTA_GATEWAY_LOG")
+        .ok()
+        .and_then(|level| level.parse().ok())
+        .unwrap_or(tracing::Level::WARN);
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level)
+        .init();
     if let Some(path) = &args.check_config {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;

@@ -69,6 +69,22 @@ pub(crate) struct ServerConfig {
     /// Refuse (503) rather than admit locally when the shared store is unreachable.
     #[serde(default = "default_true")]
     pub(crate) fail_closed: bool,
+    /// Seconds a connection has to send a request's head: from its accept, or from its first
+    /// byte after an idle spell; the connection is closed after.
+    #[serde(default = "default_header_timeout")]
+    pub(crate) header_timeout_seconds: f64,
+    /// Seconds a request's body has to arrive, from its head (408 after).
+    #[serde(default = "default_body_timeout")]
+    pub(crate) body_timeout_seconds: f64,
+    /// Seconds a kept-alive connection may stay idle between requests.
+    #[serde(default = "default_idle_timeout")]
+    pub(crate) idle_timeout_seconds: f64,
+    /// The most connections held at once; by default, and at most, the process's open-file
+    /// limit less a reserve (an eighth of it, at least 64).
+    pub(crate) max_connections: Option<std::num::NonZeroUsize>,
+    /// The largest request head (request line and headers) accepted (431 above).
+    #[serde(default = "default_max_header")]
+    pub(crate) max_header_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -79,8 +95,49 @@ impl Default for ServerConfig {
             admin_token: None,
             max_body_bytes: default_max_body(),
             fail_closed: true,
+            header_timeout_seconds: default_header_timeout(),
+            body_timeout_seconds: default_body_timeout(),
+            idle_timeout_seconds: default_idle_timeout(),
+            max_connections: None,
+            max_header_bytes: default_max_header(),
         }
     }
+}
+
+impl ServerConfig {
+    /// The connection timeouts, each a positive number of seconds of at most a day.
+    pub(crate) fn timeouts(&self) -> Result<[Duration; 3], ConfigError> {
+        let seconds = |key: &str, value: f64| {
+            if value.is_finite() && value > 0.0 && value <= 86_400.0 {
+                Ok(Duration::from_secs_f64(value))
+            } else {
+                Err(ConfigError(format!(
+                    "server.{key} must be a number of seconds above 0 and at most 86400, not {value}"
+                )))
+            }
+        };
+        Ok([
+            seconds("header_timeout_seconds", self.header_timeout_seconds)?,
+            seconds("body_timeout_seconds", self.body_timeout_seconds)?,
+            seconds("idle_timeout_seconds", self.idle_timeout_seconds)?,
+        ])
+    }
+}
+
+fn default_header_timeout() -> f64 {
+    10.0
+}
+
+fn default_body_timeout() -> f64 {
+    30.0
+}
+
+fn default_idle_timeout() -> f64 {
+    60.0
+}
+
+fn default_max_header() -> usize {
+    32 * 1024
 }
 
 fn default_listen() -> SocketAddr {
@@ -346,6 +403,13 @@ impl Config {
 
     /// Every key's tenant and name are paths, every API is served once, limits are valid.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
+        self.server.timeouts()?;
+        if !(1024..=1 << 20).contains(&self.server.max_header_bytes) {
+            return Err(ConfigError(format!(
+                "server.max_header_bytes must be from 1024 to 1048576, not {}",
+                self.server.max_header_bytes
+            )));
+        }
         for account in &self.accounts {
             account.quota.limits()?;
         }

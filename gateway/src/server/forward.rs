@@ -169,6 +169,9 @@ async fn read_body(body: Body, max: usize) -> Result<Bytes, Refusal> {
         Err(error) if error.downcast_ref::<LengthLimitError>().is_some() => {
             Err(Refusal::too_large(max))
         }
+        Err(error) if super::serve::BodyTimeout::is_in(&*error) => {
+            Err(Refusal::body_timeout(error.to_string()))
+        }
         Err(error) => Err(Refusal::bad_request(format!(
             "the body could not be read: {error}"
         ))),

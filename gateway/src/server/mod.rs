@@ -7,26 +7,26 @@ pub(crate) mod config;
 pub(crate) mod forward;
 pub(crate) mod metered;
 pub(crate) mod refusal;
+pub(crate) mod serve;
 pub(crate) mod status;
 pub(crate) mod tenancy;
 pub(crate) mod upstream;
 pub(crate) mod usage;
 
-use std::future::Future;
 use std::sync::{Arc, OnceLock};
 
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use auth::KeyRing;
 use config::{Api, Config, ConfigError};
 use refusal::Refusal;
+use serve::limits::{ConnectionLimits, open_files_limit};
+pub(crate) use serve::serve;
 use tenancy::Tenancy;
 use upstream::Account;
 use usage::Ledger;
@@ -39,6 +39,8 @@ pub(crate) struct Gateway {
     pub(crate) ledger: Arc<Ledger>,
     pub(crate) accounts: Vec<Account>,
     pub(crate) max_body_bytes: usize,
+    /// Timeouts, head size and the cap on connections, resolved at start.
+    pub(crate) connection_limits: ConnectionLimits,
     admin_token: String,
     /// Cancelled when the gateway stops: queued requests are answered 503.
     pub(crate) shutdown: CancellationToken,
@@ -67,6 +69,11 @@ impl Gateway {
         redis_url: Option<&str>,
     ) -> Result<Arc<Self>, ConfigError> {
         config.check()?;
+        let (connection_limits, lowered) =
+            ConnectionLimits::new(&config.server, open_files_limit())?;
+        if let Some(note) = lowered {
+            tracing::warn!("{note}");
+        }
         let admin_token = match (&config.server.admin_token, &config.server.admin_token_env) {
             (_, Some(var)) => std::env::var(var)
                 .map_err(|_| ConfigError(format!("the admin token variable {var} is not set")))?,
@@ -99,6 +106,7 @@ impl Gateway {
             ledger: Arc::new(Ledger::default()),
             accounts,
             max_body_bytes: config.server.max_body_bytes,
+            connection_limits,
             admin_token,
             shutdown: CancellationToken::new(),
             metrics: metrics_handle(),
@@ -173,29 +181,4 @@ async fn metrics(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         gateway.metrics.render(),
     )
-}
-
-/// Serves `gateway` on `listener` until `stop` completes, then drains: new connections are
-/// refused, requests still queued get a 503, answers already streaming finish.
-///
-/// # Cancel safety
-///
-/// Dropping the future stops serving at once, cutting answers in flight (their
-/// reservations are settled as their bodies drop).
-pub(crate) async fn serve(
-    gateway: Arc<Gateway>,
-    listener: TcpListener,
-    stop: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let token = gateway.shutdown.clone();
-    // Small writes (a head, then an event) go out at once, not after a delayed ACK.
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, gateway.router())
-        .with_graceful_shutdown(async move {
-            stop.await;
-            token.cancel();
-        })
-        .await
 }

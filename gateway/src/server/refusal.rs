@@ -166,6 +166,16 @@ impl Refusal {
         .message(format!("the request body is over {max} bytes"))
     }
 
+    /// 408: the request's body did not arrive within the body timeout.
+    pub(crate) fn body_timeout(message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request",
+            "body_timeout",
+        )
+        .message(message)
+    }
+
     /// 503: the shared store is unreachable and the policy is to refuse, or the gateway stops.
     pub(crate) fn unavailable(limit: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", limit).message(message)

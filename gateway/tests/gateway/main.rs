@@ -10,6 +10,7 @@ mod redis_server;
 mod admin;
 mod api;
 mod browser;
+mod connections;
 mod replicas;
 mod sdk;
 mod shutdown;

@@ -1,0 +1,270 @@
+//! Connections held to their limits: slow heads, slow bodies, idle keep-alive connections,
+//! oversized heads, and the cap on open connections under the open-file limit (a child
+//! process of the gateway binary with `RLIMIT_NOFILE` 1,024).
+
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::support::{Running, SEARCH, demo};
+
+const CHAT: &str =
+    r#"{"model":"gpt-4o-mini","max_tokens":20,"messages":[{"role":"user","content":"Hi"}]}"#;
+
+/// The demo with one `[server]` key set to another value.
+fn demo_with(setting: &str) -> String {
+    let key = setting.split(" = ").next().unwrap();
+    let demo = demo();
+    let line = demo
+        .lines()
+        .find(|line| line.starts_with(&format!("{key} = ")))
+        .expect("the demo sets every connection key");
+    demo.replacen(line, setting, 1)
+}
+
+/// Reads until the peer closes; how long that took, and what came.
+async fn until_closed(stream: &mut TcpStream) -> (Duration, String) {
+    let start = Instant::now();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+    }
+    (start.elapsed(), String::from_utf8_lossy(&seen).into_owned())
+}
+
+/// A chat request from a fresh client: its status and how long it took.
+async fn timed_chat(url: &str) -> (u16, Duration) {
+    let start = Instant::now();
+    let status = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(SEARCH)
+        .header("content-type", "application/json")
+        .body(CHAT)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16();
+    (status, start.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_heads_are_closed_at_the_header_timeout_while_others_are_served() {
+    let gateway = Running::start(&demo_with("header_timeout_seconds = 1")).await;
+    let addr = gateway.url.trim_start_matches("http://").to_owned();
+    let start = Instant::now();
+    let mut slow = Vec::new();
+    for _ in 0..200 {
+        let addr = addr.clone();
+        slow.push(tokio::spawn(async move {
+            let mut stream = TcpStream::connect(&addr).await.unwrap();
+            let opened = Instant::now();
+            // One byte of a head every 100 ms: never a whole head within the timeout.
+            let head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n";
+            for byte in head {
+                if stream.write_all(&[*byte]).await.is_err() {
+                    break;
+                }
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    read = stream.read_u8() => { let _ = read; break; }
+                }
+            }
+            let _ = until_closed(&mut stream).await;
+            opened.elapsed()
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, took) = timed_chat(&gateway.url).await;
+    assert_eq!(status, 200);
+    assert!(
+        took < Duration::from_millis(500),
+        "a normal request took {took:?}"
+    );
+    assert_eq!(gateway.get("/healthz").await, (200, "ok".to_owned()));
+    for client in slow {
+        let held = client.await.unwrap();
+        assert!(
+            held >= Duration::from_millis(950) && held < Duration::from_millis(2_000),
+            "a slow head was held {held:?}"
+        );
+    }
+    assert!(start.elapsed() < Duration::from_secs(3));
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_connection_is_closed_at_the_idle_timeout_not_before() {
+    let gateway = Running::start(&demo_with("idle_timeout_seconds = 1")).await;
+    let addr = gateway.url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    for _ in 0..2 {
+        // Two requests 0.6 s apart on one connection: the idle timer restarts after each.
+        stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = stream.read(&mut buf).await.unwrap();
+        assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        tokio::time::sleep(Duration::from_millis(600)).await;
+    }
+    let (idle, rest) = until_closed(&mut stream).await;
+    assert_eq!(rest, "");
+    // 0.6 s of the second idle spell had passed: the close comes about 0.4 s later.
+    assert!(
+        idle >= Duration::from_millis(300) && idle < Duration::from_millis(900),
+        "closed after {idle:?} more"
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_body_slower_than_the_body_timeout_is_answered_408() {
+    let gateway = Running::start(&demo_with("body_timeout_seconds = 0.5")).await;
+    let addr = gateway.url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {SEARCH}\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        CHAT.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&CHAT.as_bytes()[..10]).await.unwrap();
+    let (took, answer) = until_closed(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains(r#""limit":"body_timeout""#), "{answer}");
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_millis(1_500),
+        "{took:?}"
+    );
+    gateway.stop().await;
+}
+
+#[tokio::test]
+async fn a_head_over_the_limit_is_refused_431() {
+    let gateway = Running::start(&demo_with("max_header_bytes = 4096")).await;
+    let addr = gateway.url.trim_start_matches("http://");
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let big = "a".repeat(8_000);
+    stream
+        .write_all(format!("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: {big}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let (_, answer) = until_closed(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    // A head within the limit is served.
+    assert_eq!(gateway.get("/healthz").await, (200, "ok".to_owned()));
+    gateway.stop().await;
+}
+
+/// The gateway binary in a child process whose open-file limit is 1,024.
+struct Child {
+    process: std::process::Child,
+    url: String,
+    config: std::path::PathBuf,
+}
+
+impl Child {
+    fn start_with_open_files(limit: u32) -> Self {
+        use std::io::BufRead;
+        let config = std::env::temp_dir().join(format!(
+            "llm-quota-gateway-nofile-{}.toml",
+            std::process::id()
+        ));
+        std::fs::write(&config, demo()).unwrap();
+        let mut process = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ulimit -n {limit} && exec \"$0\" --config \"$1\" --listen 127.0.0.1:0"
+            ))
+            .arg(env!("CARGO_BIN_EXE_llm-quota-gateway"))
+            .arg(&config)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("the gateway binary starts");
+        let stdout = process.stdout.take().unwrap();
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("the gateway prints its address")
+                .unwrap();
+            if let Some(rest) = line.strip_prefix("gateway listening on ") {
+                break rest.split_whitespace().next().unwrap().to_owned();
+            }
+        };
+        // Keep reading its output so that it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Self {
+            process,
+            url,
+            config,
+        }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_1024_open_files_1100_half_open_connections_do_not_block_new_clients() {
+    let child = Child::start_with_open_files(1024);
+    let addr = child.url.trim_start_matches("http://").to_owned();
+    // 1,100 connections that each sent one byte of a head, and nothing more.
+    let mut half_open = Vec::with_capacity(1_100);
+    for _ in 0..1_100 {
+        let mut stream = TcpStream::connect(&addr).await.unwrap();
+        stream.write_all(b"G").await.unwrap();
+        half_open.push(stream);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..3 {
+        let start = Instant::now();
+        let health = reqwest::get(format!("{}/healthz", child.url))
+            .await
+            .unwrap();
+        let took = start.elapsed();
+        assert_eq!(health.status(), 200);
+        assert!(took < Duration::from_millis(100), "/healthz took {took:?}");
+        let (status, took) = timed_chat(&child.url).await;
+        assert_eq!(status, 200);
+        assert!(
+            took < Duration::from_millis(100),
+            "a chat request took {took:?}"
+        );
+        slowest = slowest.max(took);
+    }
+    // The gateway made room by closing the oldest half-open connections: it holds at most
+    // 896 (1,024 less an eighth), so at least 204 of ours were closed.
+    let mut closed = 0;
+    for stream in &mut half_open {
+        let mut byte = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(1), stream.read(&mut byte)).await
+        {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= 204,
+        "only {closed} half-open connections were closed"
+    );
+    eprintln!(
+        "1,024 open files, 1,100 half-open connections: {closed} closed to make room, \
+         the slowest chat answer {slowest:?}"
+    );
+    drop(half_open);
+}
