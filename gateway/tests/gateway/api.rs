@@ -581,6 +581,51 @@ fn a_configuration_is_checked_without_starting() {
     assert!(error.contains("a guarantee outside [0, 1]"), "{error}");
 }
 
+/// The binary's `--check-config` on the README's example configuration: valid, with the
+/// variables it names reported unset; exit status 1 and the reason for a bad value.
+#[test]
+fn the_binary_checks_the_reference_example() {
+    let readme = include_str!("../../README.md");
+    let example = readme
+        .split("### An example\n\n```toml\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README has an example configuration");
+    let dir = std::env::temp_dir();
+    let good = dir.join(format!(
+        "llm-quota-gateway-example-{}.toml",
+        std::process::id()
+    ));
+    let bad = dir.join(format!("llm-quota-gateway-bad-{}.toml", std::process::id()));
+    std::fs::write(&good, example).unwrap();
+    std::fs::write(
+        &bad,
+        example.replace("idle_timeout_seconds = 60", "idle_timeout_seconds = -1"),
+    )
+    .unwrap();
+    let run = |path: &std::path::Path| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_llm-quota-gateway"))
+            .arg("--check-config")
+            .arg(path)
+            .env_remove("OPENAI_API_KEY")
+            .output()
+            .unwrap()
+    };
+    let (ok, refused) = (run(&good), run(&bad));
+    let _ = (std::fs::remove_file(&good), std::fs::remove_file(&bad));
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(ok.status.success(), "{stdout}");
+    assert!(
+        stdout.starts_with("configuration OK: 2 account(s) (openai-main, anthropic-main), 1 key(s), 2 tenant node(s)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("not set in this environment: "), "{stdout}");
+    assert!(stdout.contains("OPENAI_API_KEY"), "{stdout}");
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("idle_timeout_seconds"), "{stderr}");
+}
+
 /// A tenant's limits hold over every account it uses: globex's 20 requests a minute are 20
 /// over the OpenAI and the Anthropic accounts together (before, each account held a copy of
 /// the tree, and globex got 20 on each).
