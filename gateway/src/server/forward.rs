@@ -276,15 +276,35 @@ fn provider_refusal(account: &Account, head: &http::Response<()>, body: &[u8]) -
         Some(LimitedBy::Concurrency) => ("max_in_flight", None),
         _ => ("unknown", None),
     };
-    let retry_after = parsed.as_ref().and_then(RateLimitError::retry_after);
+    // Every 429 says when to come back: the provider's wait, else when the account's budget
+    // (which the 429 drained) expects to admit again, at least a second.
+    let retry_after = parsed
+        .as_ref()
+        .and_then(RateLimitError::retry_after)
+        .unwrap_or_else(|| account_wait(account).max(Duration::from_secs(1)));
     Refusal::rate_limited(limit, scope)
         .provider()
         .dimension(dimension)
-        .retry_after(retry_after)
+        .retry_after(Some(retry_after))
         .message(format!(
             "the provider account {} is rate limited ({limit})",
             account.name
         ))
+}
+
+/// How long until every limit of the account's budget can spend again.
+fn account_wait(account: &Account) -> Duration {
+    let snapshot = account.budget().snapshot();
+    snapshot
+        .limits()
+        .iter()
+        .map(|limit| {
+            limit
+                .available_at()
+                .saturating_duration_since(snapshot.taken_at())
+        })
+        .max()
+        .unwrap_or_default()
 }
 
 /// Whether an upstream status says the provider is overloaded (Anthropic's 529, a 503), after

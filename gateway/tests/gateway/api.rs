@@ -4,10 +4,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::response::IntoResponse;
 use axum::routing::post;
 use bytes::Bytes;
-use http::{HeaderMap, StatusCode};
+use http::HeaderMap;
 use tokio::net::TcpListener;
 
 use crate::support::{GLOBEX, REPORTS, Running, SEARCH, chat, demo, json, messages};
@@ -366,56 +365,6 @@ async fn x_priority_chooses_the_class_only_where_the_key_allows_it() {
     gateway.stop().await;
 }
 
-/// A provider's 429 that the stack's retries do not absorb reaches the caller as a 429 with
-/// `Retry-After`, `gateway_decision: "provider"`, never as a 502; the same with rate-limit
-/// headers or without.
-#[tokio::test]
-async fn a_provider_429_the_retries_do_not_absorb_is_a_429_with_retry_after() {
-    for with_headers in [false, true] {
-        let app = axum::Router::new().route(
-            "/v1/chat/completions",
-            post(move || async move {
-                let body = r#"{"error":{"message":"Rate limit reached","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
-                let mut response = (
-                    StatusCode::TOO_MANY_REQUESTS,
-                    [("content-type", "application/json"), ("retry-after", "2")],
-                    body,
-                )
-                    .into_response();
-                if with_headers {
-                    let headers = response.headers_mut();
-                    headers.insert("x-ratelimit-limit-requests", "600".parse().unwrap());
-                    headers.insert("x-ratelimit-remaining-requests", "0".parse().unwrap());
-                    headers.insert("x-ratelimit-reset-requests", "2s".parse().unwrap());
-                }
-                response
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let upstream = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        // An interactive key: the stack gives up within its class's 8 s.
-        let config = fixed_config(&upstream).replace(
-            "tenant = \"team\"",
-            "tenant = \"team\"\n        default_class = \"interactive\"",
-        );
-        let gateway = Running::start(&config).await;
-        let (status, retry_after, body) = json(
-            gateway
-                .post("/v1/chat/completions", Some("caller-secret"), &chat(20))
-                .await,
-        )
-        .await;
-        let error = &body["error"];
-        assert_eq!(status, 429, "{body}");
-        assert_eq!(error["gateway_decision"], "provider", "{body}");
-        let wait = error["retry_after"].as_f64().expect("a wait");
-        assert!(wait > 0.0, "{body}");
-        assert_eq!(retry_after, Some(format!("{}", wait.ceil() as u64)));
-        gateway.stop().await;
-    }
-}
-
 /// Unknown routes and methods answer JSON in OpenAI's schema; a body without a `model` is a
 /// 400 naming it, before anything is reserved.
 #[tokio::test]
@@ -651,60 +600,4 @@ async fn a_tenant_s_limit_holds_over_both_accounts() {
         assert!(response.headers().contains_key("retry-after"));
     }
     gateway.stop().await;
-}
-
-/// Anthropic's pushback through the gateway, after the stack's retries: a 429
-/// (`rate_limit_error`, with `retry-after` and `anthropic-ratelimit-*` headers) stays a 429
-/// the Anthropic SDK reads, and a 529 (`overloaded_error`) is a 503 with `Retry-After`, never
-/// a 502.
-#[tokio::test]
-async fn anthropic_pushback_maps_to_429_and_503_with_retry_after() {
-    for (status, error_type) in [(429u16, "rate_limit_error"), (529, "overloaded_error")] {
-        let app = axum::Router::new().route(
-            "/v1/messages",
-            post(move || async move {
-                let body = format!(
-                    r#"{{"type":"error","error":{{"type":"{error_type}","message":"slow down"}}}}"#
-                );
-                let mut response = (
-                    StatusCode::from_u16(status).unwrap(),
-                    [("content-type", "application/json"), ("retry-after", "2")],
-                    body,
-                )
-                    .into_response();
-                if status == 429 {
-                    let headers = response.headers_mut();
-                    headers.insert("anthropic-ratelimit-requests-limit", "600".parse().unwrap());
-                    headers.insert(
-                        "anthropic-ratelimit-requests-remaining",
-                        "0".parse().unwrap(),
-                    );
-                }
-                response
-            }),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let upstream = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let config = fixed_config(&upstream)
-            .replace("profile = \"openai\"", "profile = \"anthropic\"")
-            .replace("apis = [\"chat\"]", "apis = [\"messages\"]")
-            .replace(
-                "tenant = \"team\"",
-                "tenant = \"team\"\n        default_class = \"interactive\"",
-            );
-        let gateway = Running::start(&config).await;
-        let (answered, retry_after, body) = json(
-            gateway
-                .post("/v1/messages", Some("caller-secret"), &messages(20))
-                .await,
-        )
-        .await;
-        let expected = if status == 429 { 429 } else { 503 };
-        assert_eq!(answered, expected, "{body}");
-        assert_eq!(body["type"], "error", "{body}");
-        assert!(retry_after.is_some(), "{status}: no Retry-After: {body}");
-        assert_eq!(body["error"]["gateway_decision"], "provider", "{body}");
-        gateway.stop().await;
-    }
 }

@@ -1,0 +1,225 @@
+//! Provider pushback through the gateway, once the stack's retries gave up: every shape of
+//! 429 from ../PROVIDERS (OpenAI, Azure, Anthropic; with rate-limit headers and without;
+//! Azure's wait only in its message, its `-1` sentinels) is a 429 with `gateway_decision:
+//! "provider"` and a `Retry-After`, in the caller's schema; an overloaded provider (Anthropic's
+//! 529, a 503) is a 503 with `Retry-After`; none is a 502.
+
+use std::time::{Duration, Instant};
+
+use axum::response::IntoResponse;
+use http::StatusCode;
+use serde_json::Value;
+
+use crate::api::fixed_config;
+use crate::support::{Running, chat, json, messages};
+
+/// One shape of pushback, and what the caller must get.
+struct Case {
+    name: &'static str,
+    profile: &'static str,
+    status: u16,
+    headers: &'static [(&'static str, &'static str)],
+    body: &'static str,
+    answered: u16,
+    /// The error `type` (OpenAI's schema) or `error.type` (Anthropic's).
+    kind: &'static str,
+    /// OpenAI's `code`, on OpenAI routes.
+    code: Option<&'static str>,
+}
+
+const OPENAI_429: &str = r#"{"error":{"message":"Rate limit reached for gpt-4o-mini on requests per min (RPM): Limit 600, Used 600, Requested 1.","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#;
+const AZURE_429: &str = r#"{"error":{"code":"429","message":"Requests to the ChatCompletions_Create Operation under Azure OpenAI API version 2024-10-21 have exceeded token rate limit of your current OpenAI S0 pricing tier. Please retry after 2 seconds. Please go here: https://aka.ms/oai/quotaincrease if you would like to further increase the default rate limit."}}"#;
+const ANTHROPIC_429: &str = r#"{"type":"error","error":{"type":"rate_limit_error","message":"This request would exceed the rate limit for your organization of 50 requests per minute."}}"#;
+const ANTHROPIC_529: &str =
+    r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+const OPENAI_503: &str = r#"{"error":{"message":"The server is overloaded or not ready yet.","type":"server_error","param":null,"code":null}}"#;
+
+const CASES: [Case; 9] = [
+    Case {
+        name: "OpenAI 429, retry-after, no rate-limit headers",
+        profile: "openai",
+        status: 429,
+        headers: &[("retry-after", "2")],
+        body: OPENAI_429,
+        answered: 429,
+        kind: "requests",
+        code: Some("rate_limit_exceeded"),
+    },
+    Case {
+        name: "OpenAI 429 with x-ratelimit headers",
+        profile: "openai",
+        status: 429,
+        headers: &[
+            ("retry-after", "2"),
+            ("x-ratelimit-limit-requests", "600"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-reset-requests", "2s"),
+            ("x-ratelimit-limit-tokens", "200000"),
+            ("x-ratelimit-remaining-tokens", "150000"),
+            ("x-ratelimit-reset-tokens", "15s"),
+        ],
+        body: OPENAI_429,
+        answered: 429,
+        kind: "requests",
+        code: Some("rate_limit_exceeded"),
+    },
+    Case {
+        name: "OpenAI 429 with no header at all",
+        profile: "openai",
+        status: 429,
+        headers: &[],
+        body: OPENAI_429,
+        answered: 429,
+        kind: "requests",
+        code: Some("rate_limit_exceeded"),
+    },
+    Case {
+        name: "Azure 429, retry-after and retry-after-ms, remaining headers",
+        profile: "azure_openai",
+        status: 429,
+        headers: &[
+            ("retry-after", "2"),
+            ("retry-after-ms", "1500"),
+            ("x-ratelimit-remaining-requests", "0"),
+            ("x-ratelimit-remaining-tokens", "0"),
+        ],
+        body: AZURE_429,
+        answered: 429,
+        kind: "tokens",
+        code: Some("rate_limit_exceeded"),
+    },
+    Case {
+        name: "Azure 429, the wait only in its message",
+        profile: "azure_openai",
+        status: 429,
+        headers: &[],
+        body: AZURE_429,
+        answered: 429,
+        kind: "tokens",
+        code: Some("rate_limit_exceeded"),
+    },
+    Case {
+        name: "Azure 429 with -1 sentinels",
+        profile: "azure_openai",
+        status: 429,
+        headers: &[
+            ("x-ratelimit-limit-tokens", "-1"),
+            ("x-ratelimit-remaining-tokens", "-1"),
+            ("x-ratelimit-reset-tokens", "0"),
+        ],
+        body: AZURE_429,
+        answered: 429,
+        kind: "tokens",
+        code: Some("rate_limit_exceeded"),
+    },
+    Case {
+        name: "Anthropic 429 with anthropic-ratelimit headers",
+        profile: "anthropic",
+        status: 429,
+        headers: &[
+            ("retry-after", "2"),
+            ("anthropic-ratelimit-requests-limit", "50"),
+            ("anthropic-ratelimit-requests-remaining", "0"),
+            ("anthropic-ratelimit-requests-reset", "2030-01-01T00:00:02Z"),
+        ],
+        body: ANTHROPIC_429,
+        answered: 429,
+        kind: "rate_limit_error",
+        code: None,
+    },
+    Case {
+        name: "Anthropic 529 overloaded",
+        profile: "anthropic",
+        status: 529,
+        headers: &[("retry-after", "2")],
+        body: ANTHROPIC_529,
+        answered: 503,
+        kind: "overloaded_error",
+        code: None,
+    },
+    Case {
+        name: "OpenAI 503 overloaded",
+        profile: "openai",
+        status: 503,
+        headers: &[],
+        body: OPENAI_503,
+        answered: 503,
+        kind: "server_error",
+        code: None,
+    },
+];
+
+/// Runs `case` against its own upstream and gateway: the caller's status, `Retry-After`,
+/// body, and how long the answer took.
+async fn run(case: &'static Case) -> (u16, Option<String>, Value, Duration) {
+    let app = axum::Router::new().fallback(move || async move {
+        let mut response = (
+            StatusCode::from_u16(case.status).unwrap(),
+            [("content-type", "application/json")],
+            case.body,
+        )
+            .into_response();
+        for (name, value) in case.headers {
+            response.headers_mut().insert(*name, value.parse().unwrap());
+        }
+        response
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let anthropic = case.profile == "anthropic";
+    let mut config = fixed_config(&upstream)
+        .replace(
+            "profile = \"openai\"",
+            &format!("profile = \"{}\"", case.profile),
+        )
+        // An interactive key: the stack gives up within its class's budget of retries.
+        .replace(
+            "tenant = \"team\"",
+            "tenant = \"team\"\n        default_class = \"interactive\"",
+        );
+    if anthropic {
+        config = config.replace("apis = [\"chat\"]", "apis = [\"messages\"]");
+    }
+    let gateway = Running::start(&config).await;
+    let start = Instant::now();
+    let response = if anthropic {
+        gateway
+            .post("/v1/messages", Some("caller-secret"), &messages(20))
+            .await
+    } else {
+        gateway
+            .post("/v1/chat/completions", Some("caller-secret"), &chat(20))
+            .await
+    };
+    let (status, retry_after, body) = json(response).await;
+    let took = start.elapsed();
+    gateway.stop().await;
+    (status, retry_after, body, took)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_provider_pushback_shape_maps_to_429_or_503_with_retry_after() {
+    let answers = futures::future::join_all(CASES.iter().map(run)).await;
+    for (case, (status, retry_after, body, took)) in CASES.iter().zip(answers) {
+        let name = case.name;
+        assert_eq!(status, case.answered, "{name}: {body}");
+        let error = &body["error"];
+        assert_eq!(error["gateway_decision"], "provider", "{name}: {body}");
+        assert_eq!(error["type"], case.kind, "{name}: {body}");
+        if case.profile == "anthropic" {
+            assert_eq!(body["type"], "error", "{name}: {body}");
+        } else {
+            assert_eq!(error["code"].as_str(), case.code, "{name}: {body}");
+        }
+        let wait = error["retry_after"].as_f64();
+        let wait = wait.unwrap_or_else(|| panic!("{name}: no retry_after: {body}"));
+        assert!(wait > 0.0, "{name}: {body}");
+        assert_eq!(
+            retry_after,
+            Some(format!("{}", wait.ceil() as u64)),
+            "{name}: the Retry-After header and the body's retry_after differ"
+        );
+        eprintln!("{name}: {status}, Retry-After {retry_after:?}, answered in {took:.1?}");
+    }
+}
