@@ -24,6 +24,17 @@ pub(crate) struct Caller {
     pub(crate) path: Tenant,
     pub(crate) default_class: Priority,
     pub(crate) allow_priority_header: bool,
+    /// The public models the key may use; all when `None`.
+    pub(crate) models: Option<std::sync::Arc<[String]>>,
+}
+
+impl Caller {
+    /// Whether the key may use the public model `name`.
+    pub(crate) fn may_use(&self, name: &str) -> bool {
+        self.models
+            .as_ref()
+            .is_none_or(|models| models.iter().any(|m| m == name))
+    }
 }
 
 impl Caller {
@@ -83,6 +94,7 @@ impl KeyRing {
                 path,
                 default_class: key.default_class.into(),
                 allow_priority_header: key.allow_priority_header,
+                models: key.models.as_deref().map(Into::into),
             });
         }
         Ok(ring)
@@ -146,6 +158,7 @@ mod tests {
             tenant: format!("t-{name}"),
             default_class: Class::Batch,
             allow_priority_header: false,
+            models: None,
         }
     }
 

@@ -50,6 +50,23 @@ pub(crate) struct Config {
     #[serde(default)]
     pub(crate) tenants: toml::Table,
     pub(crate) keys: Vec<KeyConfig>,
+    /// The public model names callers may send, each served by an account; when none is
+    /// configured, any model passes to the account serving the API.
+    #[serde(default)]
+    pub(crate) models: Vec<ModelConfig>,
+}
+
+/// One public model name and the account that serves it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ModelConfig {
+    /// The name callers send, and `GET /v1/models` lists.
+    pub(crate) name: String,
+    /// The account serving it (by name).
+    pub(crate) account: String,
+    /// The model's name upstream; the request's `model` is rewritten to it. Defaults to
+    /// `name`.
+    pub(crate) model: Option<String>,
 }
 
 /// Where the gateway listens and what it accepts.
@@ -323,6 +340,8 @@ pub(crate) struct KeyConfig {
     /// Whether `x-priority` may choose another class.
     #[serde(default)]
     pub(crate) allow_priority_header: bool,
+    /// The models (of `[[models]]`) the key may use; all of them when absent.
+    pub(crate) models: Option<Vec<String>>,
 }
 
 fn default_class() -> Class {
@@ -347,6 +366,40 @@ impl Config {
         let config: Config = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
         config.check()?;
         Ok(config)
+    }
+
+    /// Every model name is unique and served by a configured account; every key's models
+    /// are configured ones.
+    fn check_models(&self) -> Result<(), ConfigError> {
+        let mut names = BTreeSet::new();
+        for model in &self.models {
+            if model.name.trim().is_empty() || model.model.as_deref() == Some("") {
+                return Err(ConfigError("a model's name is empty".into()));
+            }
+            if !names.insert(model.name.as_str()) {
+                return Err(ConfigError(format!(
+                    "model `{}` is configured twice",
+                    model.name
+                )));
+            }
+            if !self.accounts.iter().any(|a| a.name == model.account) {
+                return Err(ConfigError(format!(
+                    "model `{}`: no account is named `{}`",
+                    model.name, model.account
+                )));
+            }
+        }
+        for key in &self.keys {
+            for name in key.models.iter().flatten() {
+                if !names.contains(name.as_str()) {
+                    return Err(ConfigError(format!(
+                        "key `{}`: model `{name}` is not in [[models]]",
+                        key.name
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The tenant tree, and the paths the status page lists: every configured node, every
@@ -401,7 +454,8 @@ impl Config {
         text
     }
 
-    /// Every key's tenant and name are paths, every API is served once, limits are valid.
+    /// Every key's tenant and name are paths, models name configured accounts, every API is
+    /// served once unless models choose the account, limits are valid.
     pub(crate) fn check(&self) -> Result<(), ConfigError> {
         self.server.timeouts()?;
         if !(1024..=1 << 20).contains(&self.server.max_header_bytes) {
@@ -431,7 +485,9 @@ impl Config {
                 )));
             }
         }
-        for api in Api::ALL {
+        self.check_models()?;
+        // Without models, the API alone picks the account: one account per API.
+        for api in Api::ALL.into_iter().filter(|_| self.models.is_empty()) {
             if self
                 .accounts
                 .iter()
@@ -440,7 +496,7 @@ impl Config {
                 > 1
             {
                 return Err(ConfigError(format!(
-                    "{} is served by two accounts",
+                    "{} is served by two accounts: name the models each serves in [[models]]",
                     api.path()
                 )));
             }

@@ -41,9 +41,9 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     if gateway.shutdown.is_cancelled() {
         return gateway.refuse_in(dialect, tenant, stopping());
     }
-    let Some(account) = gateway.account(api) else {
+    if gateway.account(api).is_none() {
         return gateway.refuse_in(dialect, tenant, Refusal::not_served(api.path()));
-    };
+    }
     let body = match read_body(body, gateway.max_body_bytes).await {
         Ok(body) => body,
         Err(refusal) => return gateway.refuse_in(dialect, tenant, refusal),
@@ -51,6 +51,14 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let (cost, streaming, model) = match check_body(api, &body) {
         Ok(checked) => checked,
         Err(refusal) => return gateway.refuse_in(dialect, tenant, refusal),
+    };
+    let (account, upstream_model) = match gateway.models.resolve(&gateway, &caller, api, &model) {
+        Ok(resolved) => resolved,
+        Err(refusal) => return gateway.refuse_in(dialect, tenant, refusal),
+    };
+    let body = match upstream_model {
+        Some(upstream) => super::models::rewrite_model(&body, upstream),
+        None => body,
     };
     if let Err(refusal) = gateway.tenants.check(&account.name, &caller.path, cost) {
         return gateway.refuse_in(dialect, tenant, refusal);
@@ -64,7 +72,7 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     upstream.extensions_mut().insert(caller.path.clone());
     upstream.extensions_mut().insert(Scope {
         provider: Some(account.name.clone()),
-        model,
+        model: Some(model),
         key: Some(caller.name.clone()),
     });
 
@@ -180,7 +188,7 @@ async fn read_body(body: Body, max: usize) -> Result<Bytes, Refusal> {
 
 /// The request's estimated cost, whether it streams and its model, or why its body is
 /// refused.
-pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool, Option<String>), Refusal> {
+pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool, String), Refusal> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| Refusal::bad_request(format!("the body is not JSON: {e}")))?;
     let object = value
@@ -193,23 +201,16 @@ pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool, Option<St
     if !object.contains_key(field) {
         return Err(Refusal::bad_request(format!("the body has no `{field}`")));
     }
-    if object
-        .get("model")
-        .and_then(Value::as_str)
-        .is_none_or(|model| model.trim().is_empty())
-    {
-        return Err(Refusal::bad_request("the body names no `model`"));
-    }
+    let model = match object.get("model").and_then(Value::as_str) {
+        Some(model) if !model.trim().is_empty() => model.to_owned(),
+        _ => return Err(Refusal::bad_request("the body names no `model`")),
+    };
     let streaming = object
         .get("stream")
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let cost = estimate(body, &CharEstimator::new(), &Defaults::new())
         .ok_or_else(|| Refusal::bad_request(format!("the `{field}` cannot be read")))?;
-    let model = object
-        .get("model")
-        .and_then(Value::as_str)
-        .map(str::to_owned);
     Ok((cost, streaming, model))
 }
 

@@ -6,6 +6,7 @@ pub(crate) mod auth;
 pub(crate) mod config;
 pub(crate) mod forward;
 pub(crate) mod metered;
+pub(crate) mod models;
 pub(crate) mod refusal;
 pub(crate) mod serve;
 pub(crate) mod status;
@@ -38,6 +39,8 @@ pub(crate) struct Gateway {
     pub(crate) tenants: Tenancy,
     pub(crate) ledger: Arc<Ledger>,
     pub(crate) accounts: Vec<Account>,
+    /// The public model names, and the account serving each.
+    pub(crate) models: models::Models,
     pub(crate) max_body_bytes: usize,
     /// Timeouts, head size and the cap on connections, resolved at start.
     pub(crate) connection_limits: ConnectionLimits,
@@ -104,6 +107,7 @@ impl Gateway {
             keys: KeyRing::new(&config.keys)?,
             tenants,
             ledger: Arc::new(Ledger::default()),
+            models: models::Models::new(&config.models, &accounts),
             accounts,
             max_body_bytes: config.server.max_body_bytes,
             connection_limits,
@@ -154,6 +158,8 @@ impl Gateway {
             .route(Api::Chat.path(), post(api(Api::Chat)))
             .route(Api::Responses.path(), post(api(Api::Responses)))
             .route(Api::Messages.path(), post(api(Api::Messages)))
+            .route("/v1/models", get(models::list))
+            .route("/v1/models/{id}", get(models::retrieve))
             .route("/", get(status::page))
             .route("/status.json", get(status::json))
             .route("/healthz", get(status::healthz))

@@ -187,6 +187,13 @@ impl Refusal {
             .message(format!("no upstream account serves {path}"))
     }
 
+    /// 404: no such model, or not for this key (OpenAI's `model_not_found`).
+    pub(crate) fn model_not_found(model: &str) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "invalid_request", "model").message(format!(
+            "The model `{model}` does not exist or you do not have access to it."
+        ))
+    }
+
     /// 404: no such route.
     pub(crate) fn not_found(path: &str) -> Self {
         Self::new(StatusCode::NOT_FOUND, "invalid_request", "route")

@@ -601,3 +601,108 @@ async fn a_tenant_s_limit_holds_over_both_accounts() {
     }
     gateway.stop().await;
 }
+
+/// `GET /v1/models` lists the models the caller's key may use, in OpenAI's format or, with
+/// `anthropic-version`, Anthropic's; a model not configured, or not for this key, or not on
+/// this API, is a 404 naming it (`model_not_found`), and nothing is reserved; an alias is
+/// renamed upstream.
+#[tokio::test]
+async fn models_are_listed_per_key_and_an_unknown_one_is_a_404() {
+    let gateway = Running::start(&demo()).await;
+    let list = |key: &'static str, anthropic: bool| {
+        let url = format!("{}/v1/models", gateway.url);
+        async move {
+            let mut request = reqwest::Client::new().get(url).bearer_auth(key);
+            if anthropic {
+                request = request.header("anthropic-version", "2023-06-01");
+            }
+            json(request.send().await.unwrap()).await
+        }
+    };
+    let ids = |body: &serde_json::Value| -> Vec<String> {
+        body["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (status, _, body) = list(SEARCH, false).await;
+    assert_eq!((status, body["object"].as_str()), (200, Some("list")));
+    assert_eq!(ids(&body), ["gpt-4o-mini", "gpt-4o", "claude-sonnet"]);
+    assert_eq!(body["data"][0]["owned_by"], "openai-sim");
+    let (_, _, body) = list(GLOBEX, true).await;
+    assert_eq!(ids(&body), ["gpt-4o-mini", "claude-sonnet"]);
+    assert_eq!(body["data"][0]["type"], "model");
+    assert_eq!(
+        (body["first_id"].as_str(), body["has_more"].as_bool()),
+        (Some("gpt-4o-mini"), Some(false))
+    );
+    let (status, _, _) = list("not-a-key", false).await;
+    assert_eq!(status, 401);
+
+    let with_model = |model: &str| chat(20).replace("gpt-4o-mini", model);
+    let before = gateway.gateway.accounts[0]
+        .simulator
+        .as_ref()
+        .unwrap()
+        .stats()
+        .admitted;
+    for (key, model, why) in [
+        (SEARCH, "gpt-5-unknown", "not configured"),
+        (GLOBEX, "gpt-4o", "not for this key"),
+        (SEARCH, "claude-sonnet", "not on this API"),
+    ] {
+        let (status, _, body) = json(
+            gateway
+                .post("/v1/chat/completions", Some(key), &with_model(model))
+                .await,
+        )
+        .await;
+        assert_eq!(status, 404, "{why}: {body}");
+        assert_eq!(body["error"]["code"], "model_not_found", "{why}: {body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(model),
+            "{why}: {body}"
+        );
+    }
+    let (status, _, body) = json(
+        gateway
+            .post(
+                "/v1/messages",
+                Some(SEARCH),
+                &messages(20).replace("claude-sonnet", "nope"),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["type"].as_str()),
+        (404, Some("not_found_error"))
+    );
+    let after = gateway.gateway.accounts[0]
+        .simulator
+        .as_ref()
+        .unwrap()
+        .stats()
+        .admitted;
+    assert_eq!(after, before, "nothing reached the provider");
+    // `claude-sonnet` is `claude-sonnet-4-5` upstream: the simulator answers with that name.
+    let (status, _, body) = json(
+        gateway
+            .post("/v1/messages", Some(SEARCH), &messages(20))
+            .await,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["model"], "claude-sonnet-4-5", "{body}");
+    // One model by its id.
+    let one = reqwest::Client::new()
+        .get(format!("{}/v1/models/gpt-4o", gateway.url))
+        .bearer_auth(GLOBEX)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(one.status(), 404);
+    gateway.stop().await;
+}

@@ -1,13 +1,13 @@
 //! Connections held to their limits: slow heads, slow bodies, idle keep-alive connections,
-//! oversized heads, and the cap on open connections under the open-file limit (a child
-//! process of the gateway binary with `RLIMIT_NOFILE` 1,024).
+//! oversized heads, and the cap on open connections under the open-file limit (the gateway
+//! binary in a child process with `RLIMIT_NOFILE` 1,024).
 
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::{Running, SEARCH, demo};
+use crate::support::{Binary, Running, SEARCH, demo};
 
 const CHAT: &str =
     r#"{"model":"gpt-4o-mini","max_tokens":20,"messages":[{"role":"user","content":"Hi"}]}"#;
@@ -163,64 +163,9 @@ async fn a_head_over_the_limit_is_refused_431() {
     gateway.stop().await;
 }
 
-/// The gateway binary in a child process whose open-file limit is 1,024.
-struct Child {
-    process: std::process::Child,
-    url: String,
-    config: std::path::PathBuf,
-}
-
-impl Child {
-    fn start_with_open_files(limit: u32) -> Self {
-        use std::io::BufRead;
-        let config = std::env::temp_dir().join(format!(
-            "llm-quota-gateway-nofile-{}.toml",
-            std::process::id()
-        ));
-        std::fs::write(&config, demo()).unwrap();
-        let mut process = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "ulimit -n {limit} && exec \"$0\" --config \"$1\" --listen 127.0.0.1:0"
-            ))
-            .arg(env!("CARGO_BIN_EXE_llm-quota-gateway"))
-            .arg(&config)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .expect("the gateway binary starts");
-        let stdout = process.stdout.take().unwrap();
-        let mut lines = std::io::BufReader::new(stdout).lines();
-        let url = loop {
-            let line = lines
-                .next()
-                .expect("the gateway prints its address")
-                .unwrap();
-            if let Some(rest) = line.strip_prefix("gateway listening on ") {
-                break rest.split_whitespace().next().unwrap().to_owned();
-            }
-        };
-        // Keep reading its output so that it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Self {
-            process,
-            url,
-            config,
-        }
-    }
-}
-
-impl Drop for Child {
-    fn drop(&mut self) {
-        let _ = self.process.kill();
-        let _ = self.process.wait();
-        let _ = std::fs::remove_file(&self.config);
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_1024_open_files_1100_half_open_connections_do_not_block_new_clients() {
-    let child = Child::start_with_open_files(1024);
+    let child = Binary::start(&demo(), Some(1024));
     let addr = child.url.trim_start_matches("http://").to_owned();
     // 1,100 connections that each sent one byte of a head, and nothing more.
     let mut half_open = Vec::with_capacity(1_100);

@@ -1,6 +1,6 @@
 """The official `openai` and `anthropic` Python SDKs against the gateway.
 
-Run by `tests/gateway/sdk.rs` with the gateway's URL and the demo's keys in the environment
+Run by `tests/gateway/sdk.rs` with the URL of the gateway binary's URL and the demo's keys in the environment
 (GATEWAY_URL, SEARCH_KEY, REPORTS_KEY, GLOBEX_KEY, ADMIN_TOKEN). Each check prints one line;
 the first failure raises, and the exit status says so.
 """
@@ -165,12 +165,76 @@ def rate_limits():
         )
 
 
+def models():
+    ids = [m.id for m in openai_client(SEARCH).models.list()]
+    check(
+        "openai: models.list() gives the key's models",
+        "gpt-4o-mini" in ids and "claude-sonnet" in ids,
+        ids,
+    )
+    ids = [m.id for m in anthropic_client(GLOBEX).models.list()]
+    check(
+        "anthropic: models.list() gives the key's models, not the others",
+        "claude-sonnet" in ids and "gpt-4o" not in ids,
+        ids,
+    )
+    try:
+        openai_client(SEARCH).chat.completions.create(
+            model="gpt-9-nonexistent", messages=HELLO, max_tokens=20
+        )
+        raise AssertionError("openai: an unknown model was served")
+    except openai.NotFoundError as e:
+        check(
+            "openai: an unknown model is a NotFoundError, code model_not_found",
+            e.code == "model_not_found" and "gpt-9-nonexistent" in str(e),
+            e,
+        )
+
+
+def provider_pushback():
+    # The provider answers 429 every time: once the gateway's retries give up, the SDK raises
+    # its RateLimitError, marked as the provider's, with a Retry-After.
+    try:
+        openai_client(SEARCH).chat.completions.create(
+            model="always-limited", messages=HELLO, max_tokens=20
+        )
+        raise AssertionError("openai: a provider that always refuses served a request")
+    except openai.RateLimitError as e:
+        error = e.response.json()["error"]
+        check(
+            "openai: a provider's 429 is a RateLimitError from the provider, with Retry-After",
+            error["gateway_decision"] == "provider"
+            and float(e.response.headers.get("retry-after", "0")) > 0,
+            error,
+        )
+    # The provider cuts a stream after two events: the SDK gets them, then an error, never a
+    # silently short answer.
+    stream = openai_client(SEARCH).chat.completions.create(
+        model="cut-stream", messages=HELLO, max_tokens=20, stream=True
+    )
+    received = []
+    try:
+        for chunk in stream:
+            received.append(chunk.choices[0].delta.content or "")
+        raise AssertionError(f"openai: a cut stream ended cleanly after {received}")
+    except (openai.APIError, Exception) as e:  # httpx's RemoteProtocolError, or the SDK's
+        if isinstance(e, AssertionError):
+            raise
+        check(
+            "openai: a stream cut by the provider raises after the events sent",
+            "".join(received) == "Hello",
+            f"{type(e).__name__}: {e}; received {received}",
+        )
+
+
 def main():
     print(f"openai {openai.__version__}, anthropic {anthropic.__version__} against {URL}")
     chat_completions()
     messages()
     authentication_errors()
     missing_model()
+    models()
+    provider_pushback()
     rate_limits()
 
 

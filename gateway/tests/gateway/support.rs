@@ -144,3 +144,64 @@ pub(crate) async fn json(response: reqwest::Response) -> (u16, Option<String>, V
         serde_json::from_slice(&body).unwrap_or(Value::Null),
     )
 }
+
+/// The gateway binary (`llm-quota-gateway`) in a child process, on a free loopback port,
+/// killed on drop.
+pub(crate) struct Binary {
+    process: std::process::Child,
+    pub(crate) url: String,
+    config: std::path::PathBuf,
+}
+
+impl Binary {
+    /// Runs the binary with `config`, under an open-file limit of `open_files` when given.
+    pub(crate) fn start(config: &str, open_files: Option<u32>) -> Self {
+        use std::io::BufRead;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static RUNS: AtomicU32 = AtomicU32::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "llm-quota-gateway-{}-{}.toml",
+            std::process::id(),
+            RUNS.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::write(&path, config).unwrap();
+        let limit = open_files.map_or_else(String::new, |n| format!("ulimit -n {n} && "));
+        let mut process = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "{limit}exec \"$0\" --config \"$1\" --listen 127.0.0.1:0"
+            ))
+            .arg(env!("CARGO_BIN_EXE_llm-quota-gateway"))
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("the gateway binary starts");
+        let stdout = process.stdout.take().unwrap();
+        let mut lines = std::io::BufReader::new(stdout).lines();
+        let url = loop {
+            let line = lines
+                .next()
+                .expect("the gateway prints its address")
+                .unwrap();
+            if let Some(rest) = line.strip_prefix("gateway listening on ") {
+                break rest.split_whitespace().next().unwrap().to_owned();
+            }
+        };
+        // Keep reading its output so that it never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Self {
+            process,
+            url,
+            config: path,
+        }
+    }
+}
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.process.kill();
+        let _ = self.process.wait();
+        let _ = std::fs::remove_file(&self.config);
+    }
+}
