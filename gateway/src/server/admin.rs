@@ -7,6 +7,7 @@
 //! | `POST /admin/pause` | `{"tenant": "globex"}` or `{"key": "globex-app"}`: refused at once, queued ones too |
 //! | `POST /admin/resume` | the same, lifted |
 //! | `GET /admin/usage` | today's requests, tokens and refusals per tenant |
+//! | `GET /admin/routes` | each public model's routes (the primary first, then fallbacks, then a ramp: name and account), and its ramp's share, ceiling and why it is paused |
 
 use std::sync::Arc;
 
@@ -34,6 +35,7 @@ pub(crate) fn routes(gateway: Arc<Gateway>) -> Router<Arc<Gateway>> {
         .route("/pause", post(pause))
         .route("/resume", post(resume))
         .route("/usage", get(usage))
+        .route("/routes", get(routes_of_models))
         .route_layer(from_fn_with_state(gateway, require_token))
 }
 
@@ -50,6 +52,43 @@ async fn require_token(
         })))
             .into_response()
     }
+}
+
+/// One public model's routes, for `GET /admin/routes`.
+#[derive(Debug, Serialize)]
+struct ModelRoutes {
+    model: String,
+    /// `{"route", "account"}`, the primary first.
+    routes: Vec<serde_json::Value>,
+    ramp: Option<serde_json::Value>,
+}
+
+async fn routes_of_models(State(gateway): State<Arc<Gateway>>) -> Json<Vec<ModelRoutes>> {
+    let models = gateway
+        .models
+        .routed()
+        .map(|(model, routed)| {
+            ModelRoutes {
+            model: model.to_owned(),
+            routes: routed
+                .routes
+                .iter()
+                .map(|(route, account)| {
+                    serde_json::json!({"route": route, "account": gateway.accounts[*account].name})
+                })
+                .collect(),
+            ramp: routed.ramp.as_ref().map(|ramp| {
+                let status = ramp.status();
+                serde_json::json!({
+                    "share_percent": status.share,
+                    "ceiling_percent": status.ceiling,
+                    "paused": status.paused.map(|reason| reason.as_str()),
+                })
+            }),
+        }
+        })
+        .collect();
+    Json(models)
 }
 
 async fn tenants(State(gateway): State<Arc<Gateway>>) -> Json<Vec<status::TenantStatus>> {

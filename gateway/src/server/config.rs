@@ -56,17 +56,79 @@ pub(crate) struct Config {
     pub(crate) models: Vec<ModelConfig>,
 }
 
-/// One public model name and the account that serves it.
+/// One public model name: the account that serves it, its fallbacks, a ramp.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ModelConfig {
     /// The name callers send, and `GET /v1/models` lists.
     pub(crate) name: String,
-    /// The account serving it (by name).
+    /// The account serving it (by name): the primary route.
     pub(crate) account: String,
     /// The model's name upstream; the request's `model` is rewritten to it. Defaults to
     /// `name`.
     pub(crate) model: Option<String>,
+    /// The primary's context window in tokens, for `context_length` fallbacks.
+    pub(crate) context_window: Option<u64>,
+    /// Routes tried after the primary, in order, each under its conditions.
+    #[serde(default)]
+    pub(crate) fallbacks: Vec<FallbackConfig>,
+    /// A route taking a growing share of the primary's traffic (a migration).
+    pub(crate) ramp: Option<RampConfig>,
+}
+
+/// A fallback route of a model.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FallbackConfig {
+    pub(crate) account: String,
+    /// Its model upstream; defaults to the primary's.
+    pub(crate) model: Option<String>,
+    /// When it serves: any of these.
+    pub(crate) on: Vec<FallbackOn>,
+    /// With `would_wait`: the longest the primary may make a request wait (0: not at all).
+    #[serde(default)]
+    pub(crate) would_wait_seconds: f64,
+    /// The classes it serves; all when absent.
+    pub(crate) classes: Option<Vec<Class>>,
+    /// Its context window in tokens.
+    pub(crate) context_window: Option<u64>,
+}
+
+/// A condition under which a fallback serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum FallbackOn {
+    /// The primary answered 5xx (or overloaded) after its retries.
+    ServerError,
+    /// The primary answered 429 after its retries.
+    RateLimited,
+    /// The primary could not take the request (its store down, its provider unreachable).
+    Unavailable,
+    /// The primary's budget cannot admit the request within `would_wait_seconds`.
+    WouldWait,
+    /// The request does not fit the primary's context window, and fits this one's.
+    ContextLength,
+    /// Always, for its classes: a degraded route.
+    Degrade,
+}
+
+/// A ramp of a model: a route taking a growing share of its traffic.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RampConfig {
+    pub(crate) account: String,
+    pub(crate) model: Option<String>,
+    /// The share it starts with, in percent.
+    pub(crate) start_percent: f64,
+    /// Percentage points added each minute while it is healthy.
+    pub(crate) percent_per_minute: f64,
+    /// The share it stops at.
+    #[serde(default = "default_ramp_ceiling")]
+    pub(crate) max_percent: f64,
+}
+
+fn default_ramp_ceiling() -> f64 {
+    100.0
 }
 
 /// Where the gateway listens and what it accepts.
@@ -222,19 +284,22 @@ pub(crate) struct AccountConfig {
     pub(crate) quota: Limits,
     /// The simulator's latency, when `base_url` is `sim`.
     #[serde(default)]
-    pub(crate) sim: SimLatency,
+    pub(crate) sim: SimBehaviour,
 }
 
-/// How fast the in-process simulator answers.
+/// How the in-process simulator answers: how fast, and how often it fails.
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct SimLatency {
+pub(crate) struct SimBehaviour {
     /// Before the first token.
     #[serde(default)]
     pub(crate) base_ms: u64,
     /// For each output token.
     #[serde(default)]
     pub(crate) per_token_ms: u64,
+    /// The share of calls answered 500 (0 to 1), to try fallbacks.
+    #[serde(default)]
+    pub(crate) server_error_share: f64,
 }
 
 /// The provider profiles a configuration may name.
@@ -382,11 +447,39 @@ impl Config {
                     model.name
                 )));
             }
-            if !self.accounts.iter().any(|a| a.name == model.account) {
-                return Err(ConfigError(format!(
-                    "model `{}`: no account is named `{}`",
-                    model.name, model.account
-                )));
+            let accounts = std::iter::once(&model.account)
+                .chain(model.fallbacks.iter().map(|f| &f.account))
+                .chain(model.ramp.iter().map(|r| &r.account));
+            for account in accounts {
+                if !self.accounts.iter().any(|a| a.name == *account) {
+                    return Err(ConfigError(format!(
+                        "model `{}`: no account is named `{account}`",
+                        model.name
+                    )));
+                }
+            }
+            for fallback in &model.fallbacks {
+                if fallback.on.is_empty() {
+                    return Err(ConfigError(format!(
+                        "model `{}`: a fallback to `{}` has no condition (`on`)",
+                        model.name, fallback.account
+                    )));
+                }
+                let wait = fallback.would_wait_seconds;
+                if !(wait.is_finite() && (0.0..=86_400.0).contains(&wait)) {
+                    return Err(ConfigError(format!(
+                        "model `{}`: would_wait_seconds must be from 0 to 86400, not {wait}",
+                        model.name
+                    )));
+                }
+            }
+            if let Some(ramp) = &model.ramp {
+                tower_llm_quota::routing::Ramp::new(
+                    ramp.start_percent,
+                    ramp.percent_per_minute,
+                    ramp.max_percent,
+                )
+                .map_err(|e| ConfigError(format!("model `{}`: ramp: {e}", model.name)))?;
             }
         }
         for key in &self.keys {

@@ -23,9 +23,11 @@ use super::Gateway;
 use super::config::Api;
 use super::metered::{Meter, Metered};
 use super::refusal::{Dialect, Refusal};
+use super::routes::Target;
 use super::tenancy;
-use super::upstream::{Account, Dispatched, Governed, UpBody};
-use tower_llm_quota::stack::QuotaBody;
+use super::upstream::{Account, Dispatched};
+use tower_llm_quota::idempotency::{IdempotentBody, Operation};
+use tower_llm_quota::routing::ServedBy;
 
 /// The largest provider error body read to normalize a 429.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -52,31 +54,30 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         Ok(checked) => checked,
         Err(refusal) => return gateway.refuse_in(dialect, tenant, refusal),
     };
-    let (account, upstream_model) = match gateway.models.resolve(&gateway, &caller, api, &model) {
+    let (primary, routed) = match gateway.models.resolve(&gateway, &caller, api, &model) {
         Ok(resolved) => resolved,
         Err(refusal) => return gateway.refuse_in(dialect, tenant, refusal),
     };
-    let body = match upstream_model {
-        Some(upstream) => super::models::rewrite_model(&body, upstream),
-        None => body,
-    };
-    if let Err(refusal) = gateway.tenants.check(&account.name, &caller.path, cost) {
+    if let Err(refusal) = gateway.tenants.check(&primary.name, &caller.path, cost) {
         return gateway.refuse_in(dialect, tenant, refusal);
     }
-    let (profile, stack) = account.stack(api).expect("the account serves the API");
     let dispatched = Dispatched::default();
-    let mut upstream = account.request(api, &parts.headers, body.clone());
+    let mut upstream = primary.request(api, &parts.headers, body);
     let class = caller.class(&parts.headers);
-    upstream.extensions_mut().insert(class);
-    upstream.extensions_mut().insert(dispatched.clone());
-    upstream.extensions_mut().insert(caller.path.clone());
-    upstream.extensions_mut().insert(Scope {
-        provider: Some(account.name.clone()),
+    let extensions = upstream.extensions_mut();
+    extensions.insert(class);
+    extensions.insert(api);
+    extensions.insert(dispatched.clone());
+    extensions.insert(caller.path.clone());
+    // Idempotency keys are the tenant's own: another tenant's same key is another operation.
+    extensions.insert(Operation::new(caller.tenant.clone(), api.as_str()));
+    extensions.insert(Scope {
+        provider: Some(primary.name.clone()),
         model: Some(model),
         key: Some(caller.name.clone()),
     });
 
-    let mut call = send(stack, upstream);
+    let mut call = send(routed.target.clone(), upstream);
     let result = tokio::select! {
         biased;
         result = &mut call => result,
@@ -92,8 +93,14 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     };
     let response = match result {
         Ok(response) => response,
-        Err(error) => return gateway.refuse_in(dialect, tenant, stack_error(account, &error)),
+        Err(error) => return gateway.refuse_in(dialect, tenant, stack_error(primary, &error)),
     };
+    // The account of the route that answered (a fallback's, a ramp's, or the primary's).
+    let served = response.extensions().get::<ServedBy>().cloned();
+    let account = &gateway.accounts[routed.account_of(served.as_ref().map(ServedBy::route))];
+    let profile = account
+        .stack(api)
+        .map_or(account.profile, |(profile, _)| profile);
     if response.status() == StatusCode::TOO_MANY_REQUESTS {
         let (head, body) = response.into_parts();
         let bytes = collect(body, MAX_ERROR_BODY).await.unwrap_or_default();
@@ -125,6 +132,9 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
             head.headers.insert(name, value);
         }
     }
+    if let Some(served) = &served {
+        insert_route_headers(&mut head.headers, served);
+    }
     let meter = Meter {
         ledger: gateway.ledger.clone(),
         tenant: caller.tenant.clone(),
@@ -132,6 +142,23 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         estimate: cost,
     };
     Response::from_parts(head, Body::new(Metered::new(body, meter)))
+}
+
+/// `x-llm-quota-route`: the route that served the request; `x-llm-quota-fallback`: why a
+/// fallback did; `x-llm-quota-ramped: true` for the ramp's share.
+fn insert_route_headers(headers: &mut HeaderMap, served: &ServedBy) {
+    if let Ok(route) = http::HeaderValue::from_str(served.route()) {
+        headers.insert("x-llm-quota-route", route);
+    }
+    if let Some(reason) = served.fallback_reason() {
+        headers.insert(
+            "x-llm-quota-fallback",
+            http::HeaderValue::from_static(reason.as_str()),
+        );
+    }
+    if served.ramped() {
+        headers.insert("x-llm-quota-ramped", http::HeaderValue::from_static("true"));
+    }
 }
 
 /// Whose error schema the callers of `api` read: the Anthropic SDK's on `/v1/messages`,
@@ -143,15 +170,15 @@ pub(crate) fn dialect_of(api: Api) -> Dialect {
     }
 }
 
-/// The answer of a governed stack.
-type Answer = Result<http::Response<QuotaBody<UpBody>>, Error>;
+/// The answer of a request's target.
+type Answer = Result<http::Response<IdempotentBody>, Error>;
 
-/// The stack's answer, as a boxed `Send` future (its type names the whole stack).
+/// The target's answer, as a boxed `Send` future (its type names the whole stack).
 fn send(
-    stack: Governed,
+    target: Target,
     request: http::Request<http_body_util::Full<Bytes>>,
 ) -> Pin<Box<dyn Future<Output = Answer> + Send>> {
-    Box::pin(stack.oneshot(request))
+    Box::pin(target.oneshot(request))
 }
 
 fn stopping() -> Refusal {

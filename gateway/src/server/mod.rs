@@ -8,6 +8,7 @@ pub(crate) mod forward;
 pub(crate) mod metered;
 pub(crate) mod models;
 pub(crate) mod refusal;
+pub(crate) mod routes;
 pub(crate) mod serve;
 pub(crate) mod status;
 pub(crate) mod tenancy;
@@ -107,7 +108,11 @@ impl Gateway {
             keys: KeyRing::new(&config.keys)?,
             tenants,
             ledger: Arc::new(Ledger::default()),
-            models: models::Models::new(&config.models, &accounts),
+            models: models::Models::new(
+                &config.models,
+                &accounts,
+                &routes::idempotency(redis_url)?,
+            ),
             accounts,
             max_body_bytes: config.server.max_body_bytes,
             connection_limits,

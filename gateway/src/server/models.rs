@@ -9,7 +9,6 @@ use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
 use http::HeaderMap;
 use serde_json::{Value, json};
 
@@ -17,41 +16,60 @@ use super::Gateway;
 use super::auth::Caller;
 use super::config::{Api, ModelConfig};
 use super::refusal::{Dialect, Refusal};
+use super::routes::{self, Routed};
 use super::upstream::Account;
+use tower_llm_quota::idempotency::IdempotencyLayer;
 
 /// One public model.
 #[derive(Debug, Clone)]
 pub(crate) struct Model {
     pub(crate) name: String,
-    /// The index of its account in the gateway's accounts.
+    /// The index of its primary account in the gateway's accounts.
     pub(crate) account: usize,
-    /// Its name upstream, when not its public name.
-    pub(crate) upstream: Option<String>,
+    /// Its router.
+    pub(crate) routed: Routed,
 }
 
-/// The configured public models.
+/// The configured public models, or, with none, a router per API.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Models {
     models: Vec<Model>,
+    /// Without models: the router of each API served.
+    open: Vec<(Api, Routed)>,
 }
 
 impl Models {
     /// The models of `config`, whose accounts are among `accounts` (checked with the
-    /// configuration).
-    pub(crate) fn new(config: &[ModelConfig], accounts: &[Account]) -> Self {
+    /// configuration), their requests deduplicated by `idempotency`.
+    pub(crate) fn new(
+        config: &[ModelConfig],
+        accounts: &[Account],
+        idempotency: &IdempotencyLayer,
+    ) -> Self {
         let models = config
             .iter()
             .filter_map(|model| {
                 let account = accounts.iter().position(|a| a.name == model.account)?;
-                let upstream = model.model.clone().filter(|m| *m != model.name);
                 Some(Model {
                     name: model.name.clone(),
                     account,
-                    upstream,
+                    routed: routes::model_target(model, accounts, idempotency),
                 })
             })
             .collect();
-        Self { models }
+        let open = Api::ALL
+            .into_iter()
+            .filter_map(|api| {
+                let index = accounts.iter().position(|a| a.stack(api).is_some())?;
+                Some((api, routes::api_target(index, accounts, idempotency)))
+            })
+            .collect();
+        Self { models, open }
+    }
+
+    /// Every model's router, for the admin API.
+    pub(crate) fn routed(&self) -> impl Iterator<Item = (&str, &Routed)> {
+        self.models.iter().map(|m| (m.name.as_str(), &m.routed))
     }
 
     /// The models `caller` may use.
@@ -59,19 +77,21 @@ impl Models {
         self.models.iter().filter(|m| caller.may_use(&m.name))
     }
 
-    /// The account a request of `api` for `model` goes to, and the model's name upstream
-    /// when it is another; or the 404 naming the model.
+    /// The primary account of a request of `api` for `model`, and its router; or the 404
+    /// naming the model.
     pub(crate) fn resolve<'a>(
         &'a self,
         gateway: &'a Gateway,
         caller: &Caller,
         api: Api,
         model: &str,
-    ) -> Result<(&'a Account, Option<&'a str>), Refusal> {
+    ) -> Result<(&'a Account, &'a Routed), Refusal> {
         if self.models.is_empty() {
-            return gateway
-                .account(api)
-                .map(|account| (account, None))
+            return self
+                .open
+                .iter()
+                .find(|(served, _)| *served == api)
+                .map(|(_, routed)| (&gateway.accounts[routed.routes[0].1], routed))
                 .ok_or_else(|| Refusal::not_served(api.path()));
         }
         let found = self
@@ -86,18 +106,7 @@ impl Models {
                 api.path()
             )));
         }
-        Ok((account, found.upstream.as_deref()))
-    }
-}
-
-/// The body with its `model` replaced by `upstream`.
-pub(crate) fn rewrite_model(body: &Bytes, upstream: &str) -> Bytes {
-    match serde_json::from_slice::<Value>(body) {
-        Ok(mut value) => {
-            value["model"] = Value::String(upstream.to_owned());
-            serde_json::to_vec(&value).map_or_else(|_| body.clone(), Bytes::from)
-        }
-        Err(_) => body.clone(),
+        Ok((account, &found.routed))
     }
 }
 

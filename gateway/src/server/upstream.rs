@@ -21,7 +21,7 @@ use tower_llm_quota::budget::FailurePolicy;
 use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::provider::Profile;
 use tower_llm_quota::queue::QueueHandle;
-use tower_llm_quota::sim::{SimConfig, Simulator};
+use tower_llm_quota::sim::{Faults, SimConfig, Simulator};
 use tower_llm_quota::stack::{QuotaService, QuotaStack};
 use tower_llm_quota::tenant::{TenantHandle, TenantTree};
 use tower_llm_quota::{BoxError, Budget};
@@ -57,7 +57,9 @@ pub(crate) struct Account {
     queue: QueueHandle,
     stacks: Vec<(Api, Profile, Governed)>,
     base: Uri,
-    key: Option<HeaderValue>,
+    /// The provider key's header: `authorization: Bearer`, Anthropic's `x-api-key`, Azure's
+    /// `api-key`.
+    key: Option<(http::HeaderName, HeaderValue)>,
     /// The in-process simulator, when the account has no real upstream.
     pub(crate) simulator: Option<Simulator>,
 }
@@ -92,6 +94,7 @@ fn simulator(config: &AccountConfig) -> Simulator {
                 Duration::from_millis(config.sim.base_ms),
                 Duration::from_millis(config.sim.per_token_ms),
             )
+            .faults(Faults::none().server_errors(config.sim.server_error_share))
             .key(SIM_KEY, config.name.clone()),
     )
 }
@@ -281,14 +284,17 @@ impl Account {
         );
         let key = key
             .map(|key| {
-                let value = match config.profile {
-                    ProfileName::Anthropic => key,
-                    _ => format!("Bearer {key}"),
+                let (name, value) = match config.profile {
+                    ProfileName::Anthropic => ("x-api-key", key),
+                    ProfileName::AzureOpenai => ("api-key", key),
+                    ProfileName::Openai | ProfileName::Groq => {
+                        ("authorization", format!("Bearer {key}"))
+                    }
                 };
                 let mut value = HeaderValue::from_str(&value)
                     .map_err(|_| error("the key is not a header value".into()))?;
                 value.set_sensitive(true);
-                Ok(value)
+                Ok((http::HeaderName::from_static(name), value))
             })
             .transpose()?;
         Ok(Self {
@@ -319,14 +325,7 @@ impl Account {
         headers: &http::HeaderMap,
         body: Bytes,
     ) -> Request<Full<Bytes>> {
-        let uri = format!(
-            "{}://{}{}{}",
-            self.base.scheme_str().unwrap_or("http"),
-            self.base.authority().map_or("localhost", |a| a.as_str()),
-            self.base.path().trim_end_matches('/'),
-            api.path()
-        );
-        let mut request = Request::post(uri)
+        let mut request = Request::post(api.path())
             .body(Full::new(body))
             .expect("a valid request");
         let out = request.headers_mut();
@@ -340,23 +339,36 @@ impl Account {
             "openai-organization",
             "openai-project",
             "accept",
+            "idempotency-key",
         ] {
             if let Some(value) = headers.get(name) {
                 out.insert(name, value.clone());
             }
         }
+        self.retarget(api, &mut request);
+        request
+    }
+
+    /// Points `request` at this account: its URL for `api`, its key (and only its key).
+    pub(crate) fn retarget(&self, api: Api, request: &mut Request<Full<Bytes>>) {
+        let uri = format!(
+            "{}://{}{}{}",
+            self.base.scheme_str().unwrap_or("http"),
+            self.base.authority().map_or("localhost", |a| a.as_str()),
+            self.base.path().trim_end_matches('/'),
+            api.path()
+        );
+        *request.uri_mut() = uri.parse().expect("a valid upstream URL");
+        let out = request.headers_mut();
+        for name in ["authorization", "x-api-key", "api-key"] {
+            out.remove(name);
+        }
         if self.profile == Profile::anthropic() && !out.contains_key("anthropic-version") {
             out.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
         }
-        if let Some(key) = &self.key {
-            let name = if self.profile == Profile::anthropic() {
-                "x-api-key"
-            } else {
-                "authorization"
-            };
-            out.insert(name, key.clone());
+        if let Some((name, value)) = &self.key {
+            out.insert(name.clone(), value.clone());
         }
-        request
     }
 
     /// The account's shared budget.

@@ -565,7 +565,7 @@ fn the_binary_checks_the_reference_example() {
     let stdout = String::from_utf8_lossy(&ok.stdout);
     assert!(ok.status.success(), "{stdout}");
     assert!(
-        stdout.starts_with("configuration OK: 2 account(s) (openai-main, anthropic-main), 1 key(s), 2 tenant node(s)"),
+        stdout.starts_with("configuration OK: 3 account(s) (openai-main, azure-east, anthropic-main), 1 key(s), 2 tenant node(s)"),
         "{stdout}"
     );
     assert!(stdout.contains("not set in this environment: "), "{stdout}");
@@ -705,4 +705,31 @@ async fn models_are_listed_per_key_and_an_unknown_one_is_a_404() {
         .unwrap();
     assert_eq!(one.status(), 404);
     gateway.stop().await;
+}
+
+/// Each provider's own key header upstream: `authorization: Bearer` for OpenAI, `api-key`
+/// for Azure, `x-api-key` for Anthropic; never the caller's key.
+#[tokio::test]
+async fn the_provider_key_goes_in_the_provider_s_header() {
+    for (profile, header, value) in [
+        ("openai", "authorization", "Bearer sk-upstream-secret"),
+        ("azure_openai", "api-key", "sk-upstream-secret"),
+        ("anthropic", "x-api-key", "sk-upstream-secret"),
+    ] {
+        let (upstream, seen) = fixed_upstream(Duration::ZERO).await;
+        let config = fixed_config(&upstream)
+            .replace("profile = \"openai\"", &format!("profile = \"{profile}\""));
+        let gateway = Running::start(&config).await;
+        gateway
+            .post("/v1/chat/completions", Some("caller-secret"), &chat(20))
+            .await;
+        let headers = seen.lock().unwrap().clone();
+        assert_eq!(headers.len(), 1, "{profile}");
+        assert_eq!(headers[0][header], value, "{profile}");
+        let others = ["authorization", "api-key", "x-api-key"];
+        for other in others.iter().filter(|name| **name != header) {
+            assert!(!headers[0].contains_key(*other), "{profile}: {other} sent");
+        }
+        gateway.stop().await;
+    }
 }

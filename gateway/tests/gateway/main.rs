@@ -13,6 +13,7 @@ mod browser;
 mod connections;
 mod pushback;
 mod replicas;
+mod routing;
 mod sdk;
 mod shutdown;
 mod support;

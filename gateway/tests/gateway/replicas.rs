@@ -90,3 +90,31 @@ async fn an_unreachable_store_fails_closed_with_503() {
     assert_eq!(seen.lock().unwrap().len(), 1);
     gateway.stop().await;
 }
+
+/// With `--redis-url`, idempotency records are shared: a request completed on one replica is
+/// replayed by the other for the same key and tenant, without a second upstream call.
+#[tokio::test]
+async fn an_idempotency_key_holds_across_replicas() {
+    let redis = RedisServer::start();
+    let (upstream, seen) = fixed_upstream(Duration::ZERO).await;
+    let config = fixed_config(&upstream);
+    let first = Running::start_shared(&config, &redis.url()).await;
+    let second = Running::start_shared(&config, &redis.url()).await;
+    let send = |replica: &Running| {
+        reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", replica.url))
+            .bearer_auth("caller-secret")
+            .header("idempotency-key", "job-7")
+            .body(BODY)
+            .send()
+    };
+    let answer = send(&first).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    let body = answer.bytes().await.unwrap();
+    let again = send(&second).await.unwrap();
+    assert_eq!(again.status(), 200);
+    assert_eq!(again.bytes().await.unwrap(), body);
+    assert_eq!(seen.lock().unwrap().len(), 1, "one upstream call for both");
+    first.stop().await;
+    second.stop().await;
+}

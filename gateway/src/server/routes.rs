@@ -1,0 +1,222 @@
+//! Where a request goes: for each public model (or, with none configured, for each API) one
+//! of the crate's [`Router`]s over the accounts (the primary, fallbacks by condition and
+//! class, a ramp), behind the crate's [`IdempotencyLayer`], so that requests carrying the same
+//! `Idempotency-Key` (for one tenant) share one upstream call, in flight or within the
+//! record's time to live.
+//!
+//! A route is an account's governed stack for the request's API, the request pointed at that
+//! account (its URL, its key) and its `model` renamed for it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{BodyExt, Full};
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, ServiceExt};
+use tower_llm_quota::idempotency::{Idempotency, IdempotencyLayer};
+use tower_llm_quota::provider::Scope;
+use tower_llm_quota::routing::{
+    BoxRouteBody, Condition, Fallback, Ramp, RampHandle, Route, Router,
+};
+use tower_llm_quota::{BoxError, Priority};
+
+use super::config::{Api, ConfigError, FallbackConfig, FallbackOn, ModelConfig, RampConfig};
+use super::upstream::{Account, Governed, UpBody};
+use tower_llm_quota::stack::QuotaBody;
+
+/// One route's service: an account's stack for the request's API.
+pub(crate) type RouteService =
+    BoxCloneSyncService<Request<Full<Bytes>>, Response<BoxRouteBody>, BoxError>;
+
+/// What a request is sent to: a router, behind the idempotency layer.
+pub(crate) type Target = Idempotency<Router<RouteService>>;
+
+/// A router's routes, by name, and the account each spends.
+#[derive(Debug, Clone)]
+pub(crate) struct Routed {
+    pub(crate) target: Target,
+    /// `(route name, account index)`, the primary first.
+    pub(crate) routes: Vec<(String, usize)>,
+    /// The ramp's handle, when the model has one.
+    pub(crate) ramp: Option<RampHandle>,
+}
+
+impl Routed {
+    /// The account the route `name` spends (the primary's when unknown).
+    pub(crate) fn account_of(&self, name: Option<&str>) -> usize {
+        name.and_then(|name| self.routes.iter().find(|(n, _)| n == name))
+            .unwrap_or(&self.routes[0])
+            .1
+    }
+}
+
+/// The idempotency layer every target shares.
+pub(crate) fn idempotency(redis_url: Option<&str>) -> Result<IdempotencyLayer, ConfigError> {
+    // Only requests that carry a key are deduplicated: two callers sending the same body
+    // both want an answer.
+    let layer = match redis_url {
+        None => IdempotencyLayer::in_memory(),
+        Some(url) => {
+            let store = tower_llm_quota::idempotency::RedisIdempotencyStore::open(url, "gateway")
+                .map_err(|e| ConfigError(format!("redis (idempotency): {e}")))?;
+            IdempotencyLayer::new(store)
+        }
+    };
+    Ok(layer.derive_keys(false).ttl(Duration::from_secs(24 * 3600)))
+}
+
+/// The route of `account` for `model` (its name upstream, when not the public one).
+fn route(accounts: &[Account], account: &str, model: Option<&str>) -> (Route<RouteService>, usize) {
+    let index = accounts
+        .iter()
+        .position(|a| a.name == account)
+        .expect("models name configured accounts (checked with the configuration)");
+    let account = Arc::new(accounts[index].clone());
+    let name = match model {
+        Some(model) => format!("{}:{model}", account.name),
+        None => account.name.clone(),
+    };
+    let mut route = Route::new(name, service(account.clone()))
+        .provider(account.profile.name())
+        .budget(account.budget().clone());
+    if let Some(model) = model {
+        route = route.model(model);
+    }
+    (route, index)
+}
+
+/// An account's stack for the API the request names (its `Api` extension), the request
+/// pointed at the account.
+fn service(account: Arc<Account>) -> RouteService {
+    BoxCloneSyncService::new(tower::service_fn(move |request: Request<Full<Bytes>>| {
+        // The stack's future, boxed before the `async` block holds it: its type names the
+        // whole stack, which the compiler cannot prove `Send` through an `async` block.
+        let call = prepare(&account, request)
+            .map(|(stack, request)| -> StackCall { Box::pin(stack.oneshot(request)) });
+        async move {
+            match call?.await {
+                Ok(response) => Ok(response.map(|body| body.boxed_unsync())),
+                Err(error) => Err(BoxError::from(error)),
+            }
+        }
+    }))
+}
+
+/// A governed stack's answer, boxed.
+type StackCall = std::pin::Pin<
+    Box<
+        dyn std::future::Future<
+                Output = Result<Response<QuotaBody<UpBody>>, tower_llm_quota::Error>,
+            > + Send,
+    >,
+>;
+
+/// The account's stack for the request's API, and the request pointed at the account.
+fn prepare(
+    account: &Account,
+    mut request: Request<Full<Bytes>>,
+) -> Result<(Governed, Request<Full<Bytes>>), BoxError> {
+    let Some(&api) = request.extensions().get::<Api>() else {
+        return Err("a gateway request names its API".into());
+    };
+    let Some((_, stack)) = account.stack(api) else {
+        let message = format!("the account {} does not serve {}", account.name, api.path());
+        return Err(message.into());
+    };
+    account.retarget(api, &mut request);
+    if let Some(scope) = request.extensions_mut().get_mut::<Scope>() {
+        scope.provider = Some(account.name.clone());
+    }
+    Ok((stack, request))
+}
+
+/// The router of one public model.
+pub(crate) fn model_target(
+    model: &ModelConfig,
+    accounts: &[Account],
+    idempotency: &IdempotencyLayer,
+) -> Routed {
+    let upstream = |name| upstream_name(model, name);
+    let primary_model = upstream(model.model.as_ref());
+    let (mut primary, index) = route(accounts, &model.account, primary_model);
+    if let Some(tokens) = model.context_window {
+        primary = primary.context_window(tokens);
+    }
+    let mut routes = vec![(primary.info().name().to_owned(), index)];
+    let mut builder = Router::builder(primary);
+    for fallback in &model.fallbacks {
+        let name = fallback.model.as_ref().or(model.model.as_ref());
+        let (mut route, index) = route(accounts, &fallback.account, upstream(name));
+        if let Some(tokens) = fallback.context_window {
+            route = route.context_window(tokens);
+        }
+        routes.push((route.info().name().to_owned(), index));
+        builder = builder.fallback(route, fallback_of(fallback));
+    }
+    if let Some(ramp) = &model.ramp {
+        let name = ramp.model.as_ref().or(model.model.as_ref());
+        let (route, index) = route(accounts, &ramp.account, upstream(name));
+        routes.push((route.info().name().to_owned(), index));
+        builder = builder.ramp(route, ramp_of(ramp));
+    }
+    let router = builder.build();
+    Routed {
+        ramp: router.ramp().cloned(),
+        target: idempotency.layer(router),
+        routes,
+    }
+}
+
+/// A route's model upstream (`name`, else the public name), when not the public name.
+fn upstream_name<'a>(model: &'a ModelConfig, name: Option<&'a String>) -> Option<&'a str> {
+    let name = name.unwrap_or(&model.name);
+    (*name != model.name).then_some(name.as_str())
+}
+
+/// The router of an API when no model is configured: its one account.
+pub(crate) fn api_target(
+    index: usize,
+    accounts: &[Account],
+    idempotency: &IdempotencyLayer,
+) -> Routed {
+    let (primary, index) = route(accounts, &accounts[index].name, None);
+    Routed {
+        routes: vec![(primary.info().name().to_owned(), index)],
+        target: idempotency.layer(Router::builder(primary).build()),
+        ramp: None,
+    }
+}
+
+fn fallback_of(config: &FallbackConfig) -> Fallback {
+    let condition = |on: FallbackOn| match on {
+        FallbackOn::ServerError => Condition::provider_5xx(),
+        FallbackOn::RateLimited => Condition::rate_limited(),
+        FallbackOn::Unavailable => Condition::primary_unavailable(),
+        FallbackOn::WouldWait => {
+            Condition::would_wait_longer_than(Duration::from_secs_f64(config.would_wait_seconds))
+        }
+        FallbackOn::ContextLength => Condition::context_length_needed(),
+        FallbackOn::Degrade => Condition::degrade(),
+    };
+    let mut conditions = config.on.iter().copied().map(condition);
+    let first = conditions
+        .next()
+        .expect("a fallback has a condition (checked)");
+    let mut fallback = conditions.fold(Fallback::when(first), Fallback::or);
+    if let Some(classes) = &config.classes {
+        let classes: Vec<Priority> = classes.iter().copied().map(Priority::from).collect();
+        fallback = fallback.classes(&classes);
+    }
+    fallback
+}
+
+fn ramp_of(config: &RampConfig) -> Ramp {
+    Ramp::new(
+        config.start_percent,
+        config.percent_per_minute,
+        config.max_percent,
+    )
+    .expect("a valid ramp (checked with the configuration)")
+}
