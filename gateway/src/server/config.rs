@@ -92,6 +92,32 @@ pub(crate) struct FallbackConfig {
     pub(crate) classes: Option<Vec<Class>>,
     /// Its context window in tokens.
     pub(crate) context_window: Option<u64>,
+    /// What it supports of what a request may need; everything when absent.
+    pub(crate) features: Option<Vec<Feature>>,
+}
+
+/// What a request may need of a route, read from its body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Feature {
+    /// Tool or function calls: the body has `tools` or `functions`.
+    Tools,
+    /// Structured output: the body has `response_format`.
+    ResponseFormat,
+    /// Image input: a message part of type `image_url` or `image`.
+    Images,
+}
+
+impl Feature {
+    pub(crate) const ALL: [Feature; 3] = [Feature::Tools, Feature::ResponseFormat, Feature::Images];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Feature::Tools => "tools",
+            Feature::ResponseFormat => "response_format",
+            Feature::Images => "images",
+        }
+    }
 }
 
 /// A condition under which a fallback serves.
@@ -125,6 +151,8 @@ pub(crate) struct RampConfig {
     /// The share it stops at.
     #[serde(default = "default_ramp_ceiling")]
     pub(crate) max_percent: f64,
+    /// What it supports of what a request may need; everything when absent.
+    pub(crate) features: Option<Vec<Feature>>,
 }
 
 fn default_ramp_ceiling() -> f64 {

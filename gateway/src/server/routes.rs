@@ -18,11 +18,13 @@ use tower::{Layer, ServiceExt};
 use tower_llm_quota::idempotency::{Idempotency, IdempotencyLayer};
 use tower_llm_quota::provider::Scope;
 use tower_llm_quota::routing::{
-    BoxRouteBody, Condition, Fallback, Ramp, RampHandle, Route, Router,
+    BoxRouteBody, Condition, Fallback, Ramp, RampHandle, RequestView, Route, RouteInfo, Router,
 };
 use tower_llm_quota::{BoxError, Priority};
 
-use super::config::{Api, ConfigError, FallbackConfig, FallbackOn, ModelConfig, RampConfig};
+use super::config::{
+    Api, ConfigError, FallbackConfig, FallbackOn, Feature, ModelConfig, RampConfig,
+};
 use super::upstream::{Account, Governed, UpBody};
 use tower_llm_quota::stack::QuotaBody;
 
@@ -145,19 +147,21 @@ pub(crate) fn model_target(
         primary = primary.context_window(tokens);
     }
     let mut routes = vec![(primary.info().name().to_owned(), index)];
-    let mut builder = Router::builder(primary);
+    let mut builder = Router::builder(primary).compatible(supports_request);
     for fallback in &model.fallbacks {
         let name = fallback.model.as_ref().or(model.model.as_ref());
         let (mut route, index) = route(accounts, &fallback.account, upstream(name));
         if let Some(tokens) = fallback.context_window {
             route = route.context_window(tokens);
         }
+        route = with_features(route, fallback.features.as_deref());
         routes.push((route.info().name().to_owned(), index));
         builder = builder.fallback(route, fallback_of(fallback));
     }
     if let Some(ramp) = &model.ramp {
         let name = ramp.model.as_ref().or(model.model.as_ref());
         let (route, index) = route(accounts, &ramp.account, upstream(name));
+        let route = with_features(route, ramp.features.as_deref());
         routes.push((route.info().name().to_owned(), index));
         builder = builder.ramp(route, ramp_of(ramp));
     }
@@ -167,6 +171,65 @@ pub(crate) fn model_target(
         target: idempotency.layer(router),
         routes,
     }
+}
+
+/// The route, with the features it supports as its `features` attribute (a comma-separated
+/// list) when they are limited.
+fn with_features(route: Route<RouteService>, features: Option<&[Feature]>) -> Route<RouteService> {
+    match features {
+        None => route,
+        Some(features) => {
+            let list: Vec<&str> = features.iter().map(|f| f.as_str()).collect();
+            route.attribute("features", list.join(","))
+        }
+    }
+}
+
+/// The compatibility check before a fallback or the ramp: the route supports every feature
+/// the request needs (a route without a `features` attribute supports all).
+fn supports_request(request: &RequestView<'_>, route: &RouteInfo) -> bool {
+    let Some(supported) = route.attribute("features") else {
+        return true;
+    };
+    let needed = needs(request.body());
+    Feature::ALL
+        .into_iter()
+        .filter(|feature| needed.contains(feature))
+        .all(|feature| supported.split(',').any(|s| s == feature.as_str()))
+}
+
+/// The features a request body needs.
+fn needs(body: &[u8]) -> Vec<Feature> {
+    let Ok(object) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body)
+    else {
+        return Vec::new();
+    };
+    let has = |name: &str| object.get(name).is_some_and(|v| !v.is_null());
+    let mut needed = Vec::new();
+    if has("tools") || has("functions") {
+        needed.push(Feature::Tools);
+    }
+    if has("response_format") {
+        needed.push(Feature::ResponseFormat);
+    }
+    let image_part = |part: &serde_json::Value| {
+        matches!(
+            part.get("type").and_then(|t| t.as_str()),
+            Some("image_url" | "image")
+        )
+    };
+    let images = object
+        .get("messages")
+        .and_then(|m| m.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|message| message.get("content").and_then(|c| c.as_array()))
+        .flatten()
+        .any(image_part);
+    if images {
+        needed.push(Feature::Images);
+    }
+    needed
 }
 
 /// A route's model upstream (`name`, else the public name), when not the public name.
@@ -219,4 +282,32 @@ fn ramp_of(config: &RampConfig) -> Ramp {
         config.max_percent,
     )
     .expect("a valid ramp (checked with the configuration)")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_needs_what_its_body_asks_for() {
+        let needs = |body: &str| needs(body.as_bytes());
+        assert_eq!(needs(r#"{"model":"m","messages":[]}"#), []);
+        assert_eq!(
+            needs(r#"{"tools":[{"type":"function"}]}"#),
+            [Feature::Tools]
+        );
+        assert_eq!(
+            needs(r#"{"tools":null,"functions":[{}]}"#),
+            [Feature::Tools]
+        );
+        assert_eq!(
+            needs(r#"{"response_format":{"type":"json_schema"}}"#),
+            [Feature::ResponseFormat]
+        );
+        let image = r#"{"messages":[{"role":"user","content":[{"type":"text","text":"?"},
+            {"type":"image_url","image_url":{"url":"data:"}}]}]}"#;
+        assert_eq!(needs(image), [Feature::Images]);
+        // Not JSON: nothing known is needed.
+        assert_eq!(needs("not json"), []);
+    }
 }

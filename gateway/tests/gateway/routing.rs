@@ -1,5 +1,6 @@
 //! The crate's `Router` and `IdempotencyLayer` in the gateway, with simulated accounts: a
-//! model's fallback takes what its primary would make wait or fails with 5xx, a ramp shows in
+//! model's fallback takes what its primary would make wait or fails with 5xx, unless it lacks
+//! a feature the request needs (the compatibility check), a ramp shows in
 //! `/admin/routes`, the answer names its route; duplicates of one `Idempotency-Key` share one
 //! upstream call in flight and after, per tenant.
 
@@ -39,7 +40,7 @@ sim = { server_error_share = 1.0 }
 name = "fast"
 account = "sim-a"
 model = "gpt-4o-mini"
-fallbacks = [{ account = "sim-b", model = "gpt-4o-mini-b", on = ["would_wait"], classes = ["interactive"] }]
+fallbacks = [{ account = "sim-b", model = "gpt-4o-mini-b", on = ["would_wait"], classes = ["interactive"], features = ["response_format"] }]
 
 [[models]]
 name = "flaky"
@@ -131,6 +132,42 @@ async fn a_fallback_takes_what_the_primary_would_make_wait() {
     assert_eq!(
         (billed(&gateway, "sim-a"), billed(&gateway, "sim-b")),
         (1, 2)
+    );
+    // A request with tools: the fallback does not support them, so it stays on the primary
+    // and waits in its queue (its burst is spent), sent nowhere.
+    let tools = chat("fast").replace(
+        r#""max_tokens""#,
+        r#""tools":[{"type":"function","function":{"name":"f"}}],"max_tokens""#,
+    );
+    let waiting = {
+        let url = gateway.url.clone();
+        tokio::spawn(async move {
+            reqwest::Client::new()
+                .post(format!("{url}/v1/chat/completions"))
+                .bearer_auth("key-2")
+                .body(tools)
+                .send()
+                .await
+        })
+    };
+    let primary = gateway.gateway.accounts[0].clone();
+    while primary.queue().snapshot().depth() == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    waiting.abort();
+    // Structured output, which the fallback supports, goes there.
+    let structured = chat("fast").replace(
+        r#""max_tokens""#,
+        r#""response_format":{"type":"json_object"},"max_tokens""#,
+    );
+    let answer = gateway
+        .post("/v1/chat/completions", Some("key-2"), &structured)
+        .await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.headers()["x-llm-quota-route"], "sim-b:gpt-4o-mini-b");
+    assert_eq!(
+        (billed(&gateway, "sim-a"), billed(&gateway, "sim-b")),
+        (1, 3)
     );
     // Nothing is left reserved on the primary by the requests it did not serve.
     let primary = &gateway.gateway.accounts[0];
