@@ -39,12 +39,12 @@ fn tempdir() -> PathBuf {
     dir
 }
 
-/// The jobs: short tickets, and a few asking for more output than any quota holds.
-fn input(dir: &Path) -> PathBuf {
+/// `jobs` short tickets, of which `poisoned` ask for more output than any quota holds.
+fn input(dir: &Path, jobs: usize, poisoned: usize) -> PathBuf {
     let path = dir.join("tickets.jsonl");
     let mut file = std::fs::File::create(&path).unwrap();
-    for i in 0..JOBS {
-        let poisoned = i % (JOBS / POISONED) == JOBS / POISONED - 1;
+    for i in 0..jobs {
+        let poisoned = poisoned > 0 && i % (jobs / poisoned) == jobs / poisoned - 1;
         let max_tokens = if poisoned { 5_000_000 } else { 40 };
         let prompt = format!(
             "Ticket {i}: the invoice for order {} was charged twice; please classify this \
@@ -124,7 +124,7 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
         .unwrap();
     let url = format!("{}/v1/chat/completions", server.url());
     let dir = tempdir();
-    let input = input(&dir);
+    let input = input(&dir, JOBS, POISONED);
 
     let start = |role: &str, name: &str| {
         let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
@@ -261,6 +261,89 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
     assert!(twice.is_empty(), "billed twice: {twice:?}");
     assert_eq!(keys.len(), JOBS - POISONED);
     assert_eq!(stats.rate_limited, 0, "no provider 429");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The issue's crash: 300 jobs, two workers on one queue and one quota, one SIGKILLed after
+/// 4 s and not restarted. With the default lease (two heartbeats, renewed while a call is
+/// alive) the other finishes within the work left at the quota's rate plus three heartbeats
+/// (with a fixed 60 s lease it took 60 s); nothing lost, no key billed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_costs_heartbeats_not_a_lease() {
+    const CRASH_JOBS: usize = 300;
+    /// Requests a second, for both workers together: the rate that binds.
+    const RATE: u64 = 20;
+    const HEARTBEAT: Duration = Duration::from_secs(1);
+    let binary = support::batch_example();
+    let redis = RedisServer::start();
+    let simulator = Simulator::new(
+        SimConfig::openai(10_000, 1_000_000)
+            .minute(MINUTE)
+            .latency(Duration::from_millis(20), Duration::from_micros(500))
+            .honour_idempotency_keys(Duration::from_secs(600))
+            .seed(7),
+    );
+    let server = simulator
+        .serve("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("{}/v1/chat/completions", server.url());
+    let dir = tempdir();
+    let input = input(&dir, CRASH_JOBS, 0);
+    let start = |role: &str, name: &str| {
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        let child = Command::new(&binary)
+            .args(["--durable", "--role", role, "--worker-name", name])
+            .args(["--queue", "crash", "--heartbeat-secs", "1"])
+            .args(["--url", &url, "--api-key-env", "SIM_API_KEY"])
+            .args(["--redis-url", &redis.url(), "--quota-key", "crash"])
+            .args(["--concurrency", "16"])
+            .args(["--rpm", &RATE.to_string(), "--tpm", "1000000"])
+            .args(["--minute-ms", "1000"])
+            .arg("--input")
+            .arg(&input)
+            .env("SIM_API_KEY", "sk-durable")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("the example starts");
+        Worker(Some(child))
+    };
+    let log =
+        |name: &str| std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    assert!(
+        start("enqueue", "enqueuer").wait(deadline).await,
+        "{}",
+        log("enqueuer")
+    );
+    let began = Instant::now();
+    let mut first = start("work", "c1");
+    let mut second = start("work", "c2");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    first.kill();
+    let killed = Instant::now();
+    let left = CRASH_JOBS as u64 - count(&redis, "SCARD crash:done");
+    assert!(second.wait(deadline).await, "c2 failed: {}", log("c2"));
+    let took = killed.elapsed();
+    let bound = Duration::from_secs_f64(left as f64 / RATE as f64) + HEARTBEAT * 3;
+    println!(
+        "{CRASH_JOBS} jobs, one worker killed after 4 s with {left} left: the other finished \
+         {took:.1?} later, against (work left / rate) + three heartbeats = {bound:.1?} \
+         ({:.2}x); {:.1?} in all",
+        took.as_secs_f64() / bound.as_secs_f64(),
+        began.elapsed()
+    );
+    assert_eq!(count(&redis, "SCARD crash:done"), CRASH_JOBS as u64);
+    let keys = simulator.calls_by_idempotency_key();
+    assert_eq!(keys.len(), CRASH_JOBS);
+    assert!(keys.values().all(|&n| n == 1), "a key billed twice");
+    assert!(
+        took <= bound,
+        "took {took:?}, bound {bound:?}: {}",
+        log("c2")
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

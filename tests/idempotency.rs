@@ -634,3 +634,62 @@ async fn the_layer_fails_with_the_crate_s_error() {
         "connection refused"
     );
 }
+
+/// A claim is renewed while its call is alive: a call lasting ten leases keeps its key, so a
+/// duplicate in "another process" (a second layer on the same store) waits for it and gets
+/// its record rather than making a second call. Without renewal the claim would lapse after
+/// one lease and the duplicate would call again.
+#[tokio::test(start_paused = true)]
+async fn a_claim_outlasts_its_lease_while_its_call_is_alive() {
+    let store = MemoryStore::new();
+    let lease = Duration::from_secs(3);
+    let client = Scripted::new(Duration::from_secs(30), |_| ok("{\"ok\":1}"));
+    let first = IdempotencyLayer::new(store.clone())
+        .lease(lease)
+        .layer(client.service());
+    let second = IdempotencyLayer::new(store.clone())
+        .lease(lease)
+        .recheck(Duration::from_secs(1))
+        .layer(client.service());
+    let started = Instant::now();
+    let leader = tokio::spawn(receive(first, chat(false)));
+    tokio::time::sleep(lease * 4).await;
+    let duplicate = receive(second, chat(false)).await.unwrap();
+    let leader = leader.await.unwrap().unwrap();
+    assert_eq!(client.calls(), 1, "the claim lapsed: a second call");
+    assert_eq!(leader.body, "{\"ok\":1}");
+    assert_eq!(duplicate.body, leader.body);
+    assert_eq!(duplicate.suppressed, Some(Suppressed::Replayed));
+    // The duplicate got the record within a recheck of the call's end.
+    assert!(
+        started.elapsed() <= Duration::from_secs(31),
+        "{:?}",
+        started.elapsed()
+    );
+    // Once finished, the renewals stop: the record is there, no claim is held.
+    tokio::time::sleep(lease * 10).await;
+    use tower_llm_quota::idempotency::Claim;
+    let key = store.claim("probe", "x", lease).await.unwrap();
+    assert_eq!(key, Claim::Claimed);
+}
+
+/// Renewal in Redis: only the owner extends its claim; a renewed claim outlives its first
+/// lease, and one not renewed lapses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_claims_are_renewed_by_their_owner_only() {
+    use tower_llm_quota::idempotency::Claim;
+    let redis = RedisServer::start();
+    let store = RedisIdempotencyStore::open(&redis.url(), "renew").unwrap();
+    let lease = Duration::from_millis(400);
+    assert_eq!(store.claim("k", "a", lease).await.unwrap(), Claim::Claimed);
+    assert!(!store.renew("k", "b", lease).await.unwrap());
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(store.renew("k", "a", lease).await.unwrap());
+    }
+    // 800 ms after the claim, twice its lease: still held.
+    assert_eq!(store.claim("k", "b", lease).await.unwrap(), Claim::InFlight);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(store.claim("k", "b", lease).await.unwrap(), Claim::Claimed);
+    assert!(!store.renew("k", "a", lease).await.unwrap());
+}

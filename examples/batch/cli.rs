@@ -85,10 +85,11 @@ pub(crate) struct Args {
     /// With --durable: this worker's name (unique among live workers).
     #[arg(long, value_name = "NAME", default_value = "worker-1")]
     pub(crate) worker_name: String,
-    /// With --durable: how long a job's claim on its idempotency key holds while its call is
-    /// queued or in flight; a job re-run after its worker died waits at most this long.
-    #[arg(long, value_name = "MS", default_value_t = 60_000)]
-    pub(crate) lease_ms: u64,
+    /// With --durable: how long a job's claim on its idempotency key holds without renewal.
+    /// A live worker renews it every third of it while the job's call is queued or in flight;
+    /// a job re-run after its worker died waits at most this long [default: two heartbeats].
+    #[arg(long, value_name = "MS")]
+    pub(crate) lease_ms: Option<u64>,
     /// Group N items per call, and compare with one item per call: the same tickets, shared
     /// instructions (`--instructions`) sent once per call, each answer checked per item, bad
     /// items sent again alone.

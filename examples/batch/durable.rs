@@ -7,7 +7,8 @@
 //! the shared `RedisBudget` of `--quota-key`, so any number of workers spend one quota:
 //!
 //! - the **job id is the idempotency key**: a job run again after its worker died is answered
-//!   from the record, or waits for the dead claim's lease (`--lease-ms`) and is sent with the
+//!   from the record, or waits for the dead claim's lease to lapse (a live worker renews its
+//!   claims; a dead one's lapse within two heartbeats, or `--lease-ms`) and is sent with the
 //!   same key, which a provider honouring keys answers without billing again;
 //! - a **permanent failure** (a 4xx, a cost that can never fit, an answer too large to replay)
 //!   fails the job with apalis's `AbortError`: it goes to the dead-letter set, its error in
@@ -192,8 +193,17 @@ async fn work(
     let meter = Meter::new(start);
     let stack = crate::governed_stack(args, settings).await?;
     let store = RedisIdempotencyStore::open(redis_url, &args.queue)?;
-    let idempotency =
-        IdempotencyLayer::new(store).lease(Duration::from_millis(args.lease_ms.max(1)));
+    // Claims live as long as their worker: renewed while a call is alive, lapsing within two
+    // heartbeats of the worker dying; a job waiting on a dead claim looks again every half
+    // heartbeat.
+    let heartbeat = Duration::from_secs(args.heartbeat_secs.max(1));
+    let lease = args
+        .lease_ms
+        .map_or(heartbeat * 2, Duration::from_millis)
+        .max(Duration::from_millis(1));
+    let idempotency = IdempotencyLayer::new(store)
+        .lease(lease)
+        .recheck(heartbeat / 2);
     let mut simulator = None;
     let llm: Llm = match provider {
         Provider::Embedded(config) => {

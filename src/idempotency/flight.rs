@@ -132,6 +132,17 @@ struct State {
     wakers: Vec<Waker>,
     /// Handles alive: the leader's, each duplicate's, each body's.
     interested: usize,
+    /// The task renewing the claim while the call is alive; stopped when the flight ends.
+    renewal: Option<Renewal>,
+}
+
+/// A claim's renewal task, aborted when dropped.
+struct Renewal(tokio::task::AbortHandle);
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// What to tell the store after the flight's lock is released.
@@ -153,6 +164,7 @@ impl Flight {
                 recording: None,
                 wakers: Vec::new(),
                 interested: 0,
+                renewal: None,
             }),
         }
     }
@@ -174,9 +186,35 @@ impl Flight {
             && !matches!(state.end, Some(Err(_)))
     }
 
+    /// Renews the claim every third of `lease` while the flight lives, so that the claim
+    /// outlasts a long call and lapses within `lease` of this process dying. Stops when the
+    /// flight finishes, or when the store says the claim is no longer this owner's.
+    fn keep_claimed(&self, lease: Duration) {
+        let Some(keyed) = &self.keyed else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = Arc::clone(&keyed.store);
+        let (key, owner) = (keyed.key.clone(), keyed.owner.clone());
+        let every = (lease / 3).max(Duration::from_millis(1));
+        let task = runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                match store.renew(&key, &owner, lease).await {
+                    Ok(true) => {}
+                    Ok(false) => return,
+                    // Unreachable for now: the next turn tries again, within the lease.
+                    Err(error) => tracing::debug!(%error, "idempotency claim not renewed"),
+                }
+            }
+        });
+        self.lock().renewal = Some(Renewal(task.abort_handle()));
+    }
+
     /// Reports `outcome` to the store and leaves the map. Called without the lock.
     fn finish(&self, outcome: Outcome) {
         let Some(keyed) = &self.keyed else { return };
+        drop(self.lock().renewal.take());
         match outcome {
             Outcome::Complete(record) => {
                 let ttl = self
@@ -216,6 +254,12 @@ impl Handle {
     fn new(flight: Arc<Flight>) -> Self {
         flight.lock().interested += 1;
         Self { flight }
+    }
+
+    /// The leader holds the store's claim: renew it while the call is alive (see
+    /// [`Flight::keep_claimed`]).
+    pub(crate) fn keep_claimed(&self, lease: Duration) {
+        self.flight.keep_claimed(lease);
     }
 
     /// The leader's response head and body: every reader receives them.

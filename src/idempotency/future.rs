@@ -286,7 +286,14 @@ where
                 StateProj::Claiming { claim } => {
                     let key = this.key.as_ref().expect("a keyed request has its key");
                     match ready!(claim.as_mut().poll(cx)) {
-                        Ok(Claim::Claimed) => this.state.set(State::Readying),
+                        Ok(Claim::Claimed) => {
+                            if let Some(handle) =
+                                this.leader.as_ref().and_then(|l| l.handle.as_ref())
+                            {
+                                handle.keep_claimed(this.layer.config.lease);
+                            }
+                            this.state.set(State::Readying);
+                        }
                         Err(error) => {
                             // The store is out of reach: the call goes, coordinated in this
                             // process only (and upstream, when the provider honours the key).

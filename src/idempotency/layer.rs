@@ -31,7 +31,7 @@ impl IdempotencyLayer {
                 flights: Arc::default(),
                 config: Arc::new(Config {
                     ttl: Duration::from_secs(24 * 3600),
-                    lease: Duration::from_secs(600),
+                    lease: Duration::from_secs(30),
                     recheck: Duration::from_secs(5),
                     max_body: 1024 * 1024,
                     max_request_body: 4 * 1024 * 1024,
@@ -60,8 +60,11 @@ impl IdempotencyLayer {
         self.with(|c| c.ttl = ttl)
     }
 
-    /// How long a claim in flight holds the key: longer than the longest call. A process that
-    /// dies mid-call blocks its duplicates at most this long. Defaults to 10 minutes.
+    /// How long a claim in flight holds the key without renewal. The claim is renewed every
+    /// third of it while the call is alive (waiting for its answer, or its body streaming),
+    /// so a call may last longer; a process that dies mid-call blocks its duplicates at most
+    /// this long (plus [`recheck`](Self::recheck) for those in other processes). Defaults to
+    /// 30 s.
     pub fn lease(self, lease: Duration) -> Self {
         self.with(|c| c.lease = lease)
     }

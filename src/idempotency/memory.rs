@@ -284,6 +284,23 @@ impl IdempotencyStore for MemoryStore {
         self.finish(key, owner, None);
     }
 
+    fn renew(&self, key: &str, owner: &str, lease: Duration) -> StoreFuture<bool> {
+        let now = Instant::now();
+        let mut records = self.lock();
+        let held = match records.entries.get_mut(key) {
+            Some(Entry::InFlight {
+                owner: holder,
+                until,
+                ..
+            }) if holder == owner && *until > now => {
+                *until = crate::sched::saturating_deadline(now, lease);
+                true
+            }
+            _ => false,
+        };
+        Box::pin(async move { Ok(held) })
+    }
+
     fn changed(&self, key: &str, within: Duration) -> StoreFuture<()> {
         let records = self.lock();
         let (notified, until) = match records.entries.get(key) {
@@ -339,6 +356,12 @@ mod tests {
         assert_eq!(store.claim("k", "b", lease).await.unwrap(), Claim::Claimed);
         store.release("k", "b");
         assert_eq!(store.claim("k", "c", lease).await.unwrap(), Claim::Claimed);
+        // A renewed claim holds past its first lease; a renewal by another owner does not.
+        assert!(!store.renew("k", "x", lease).await.unwrap());
+        tokio::time::advance(lease / 2).await;
+        assert!(store.renew("k", "c", lease).await.unwrap());
+        tokio::time::advance(lease * 3 / 4).await;
+        assert_eq!(store.claim("k", "d", lease).await.unwrap(), Claim::InFlight);
         // A lapsed lease lets another caller in; the first can no longer release it.
         tokio::time::advance(lease).await;
         assert_eq!(store.claim("k", "d", lease).await.unwrap(), Claim::Claimed);

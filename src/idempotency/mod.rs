@@ -81,9 +81,11 @@
 //! duplicate in another process sleeps until that message arrives (each store keeps one
 //! subscribed connection, and dispatches messages to its local waiters), then claims again to
 //! read the record: no polling. A message lost to a reconnection costs at most
-//! [`IdempotencyLayer::recheck`]; a process dying mid-call blocks its duplicates at most
-//! [`IdempotencyLayer::lease`]. Duplicates in other processes receive the stored response once
-//! the first has completed, not a live stream.
+//! [`IdempotencyLayer::recheck`]. A claim is renewed (one more script) every third of
+//! [`IdempotencyLayer::lease`] while its call is alive, so a long call keeps it and a process
+//! dying mid-call blocks its duplicates at most one lease (30 s by default; a worker sets it
+//! from its heartbeat) plus a recheck. Duplicates in other processes receive the stored
+//! response once the first has completed, not a live stream.
 //!
 //! # Why
 //!

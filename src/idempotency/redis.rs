@@ -2,7 +2,7 @@
 //!
 //! # Length
 //!
-//! The store's four operations are each one script call with its arguments and its reply's
+//! The store's operations are each one script call with its arguments and its reply's
 //! decoding; the scripts and their replies read best side by side.
 
 use std::collections::HashMap;
@@ -35,6 +35,16 @@ redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 's', 'f', 'o', ARGV[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return {'c'}
+";
+
+/// Extends the owner's claim to a new lease from now; 1 when it still held it.
+/// KEYS[1] the record; ARGV owner, lease (ms).
+const RENEW: &str = r"
+if redis.call('HGET', KEYS[1], 's') == 'f' and redis.call('HGET', KEYS[1], 'o') == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
 ";
 
 /// Completes (with a record) or releases (without) the owner's claim, and publishes the key.
@@ -88,6 +98,7 @@ struct Inner {
     prefix: String,
     channel: String,
     claim: Script,
+    renew: Script,
     finish: Script,
     waiters: Mutex<Waiters>,
     /// Whether the listener is subscribed now; `None` until it is started.
@@ -150,6 +161,7 @@ impl RedisIdempotencyStore {
                 prefix: prefix.to_owned(),
                 channel: format!("{prefix}:idem:done"),
                 claim: Script::new(CLAIM),
+                renew: Script::new(RENEW),
                 finish: Script::new(FINISH),
                 waiters: Mutex::default(),
                 subscribed: Mutex::default(),
@@ -364,6 +376,24 @@ impl IdempotencyStore for RedisIdempotencyStore {
                 .invoke_async(&mut connection)
                 .await?;
             parse_claim(reply)
+        })
+    }
+
+    fn renew(&self, key: &str, owner: &str, lease: Duration) -> StoreFuture<bool> {
+        let record_key = self.record_key(key);
+        let owner = owner.to_owned();
+        let lease = lease.as_millis().max(1) as u64;
+        let store = Arc::clone(&self.inner);
+        Box::pin(async move {
+            let mut connection = store.connection.clone();
+            let held: i64 = store
+                .renew
+                .key(record_key)
+                .arg(owner)
+                .arg(lease)
+                .invoke_async(&mut connection)
+                .await?;
+            Ok(held == 1)
         })
     }
 

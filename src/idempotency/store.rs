@@ -50,6 +50,22 @@ pub trait IdempotencyStore: fmt::Debug + Send + Sync + 'static {
     /// tried again.
     fn release(&self, key: &str, owner: &str);
 
+    /// Extends `owner`'s claim on `key` to `lease` from now: the layer renews a claim while
+    /// its call is alive, so that a short lease frees the claims of a process that died
+    /// without making a long call lose its own. Answers whether `owner` still held the claim
+    /// (false when its lease lapsed and another took the key, or the operation finished).
+    ///
+    /// The default renews nothing and answers false: a store without it keeps each claim for
+    /// the lease it was made with.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future may leave the claim extended.
+    fn renew(&self, key: &str, owner: &str, lease: Duration) -> StoreFuture<bool> {
+        let _ = (key, owner, lease);
+        Box::pin(async { Ok(false) })
+    }
+
     /// Resolves when `key` may have changed (completed, released, or its lease ended), at the
     /// latest after `within`; the caller then claims again to learn what happened.
     ///
