@@ -98,6 +98,23 @@ impl Drop for Worker {
     }
 }
 
+/// The batch example in durable mode: `role` (`enqueue` or `work`) as worker `name`, with
+/// `args` (separated by spaces) after it, the simulator's key in its environment, its output
+/// in `<dir>/<name>.log`.
+fn durable(binary: &Path, dir: &Path, role: &str, name: &str, args: &str) -> Worker {
+    let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+    let child = Command::new(binary)
+        .args(["--durable", "--role", role, "--worker-name", name])
+        .args(args.split_whitespace())
+        .env("SIM_API_KEY", "sk-durable")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("the example starts");
+    Worker(Some(child))
+}
+
 fn count(redis: &RedisServer, command: &str) -> u64 {
     redis
         .command(command)
@@ -125,41 +142,15 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
     let url = format!("{}/v1/chat/completions", server.url());
     let dir = tempdir();
     let input = input(&dir, JOBS, POISONED);
-
-    let start = |role: &str, name: &str| {
-        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-        let child = Command::new(&binary)
-            .args(["--durable", "--role", role, "--worker-name", name])
-            .args([
-                "--queue",
-                QUEUE,
-                "--lease-ms",
-                "2000",
-                "--heartbeat-secs",
-                "1",
-            ])
-            .args(["--url", &url, "--api-key-env", "SIM_API_KEY"])
-            .args(["--redis-url", &redis.url(), "--quota-key", "shared"])
-            .args([
-                "--instances",
-                "2",
-                "--concurrency",
-                "16",
-                "--retry-attempts",
-                "1",
-            ])
-            .args(["--rpm", &RPM.to_string(), "--tpm", &TPM.to_string()])
-            .args(["--minute-ms", &MINUTE.as_millis().to_string()])
-            .arg("--input")
-            .arg(&input)
-            .env("SIM_API_KEY", "sk-durable")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("the example starts");
-        Worker(Some(child))
-    };
+    let args = format!(
+        "--queue {QUEUE} --lease-ms 2000 --heartbeat-secs 1 --instances 2 --concurrency 16 \
+         --retry-attempts 1 --rpm {RPM} --tpm {TPM} --minute-ms {} --quota-key shared \
+         --url {url} --api-key-env SIM_API_KEY --redis-url {} --input {}",
+        MINUTE.as_millis(),
+        redis.url(),
+        input.display()
+    );
+    let start = |role: &str, name: &str| durable(&binary, &dir, role, name, &args);
     let log =
         |name: &str| std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
 
@@ -290,26 +281,14 @@ async fn a_killed_worker_costs_heartbeats_not_a_lease() {
     let url = format!("{}/v1/chat/completions", server.url());
     let dir = tempdir();
     let input = input(&dir, CRASH_JOBS, 0);
-    let start = |role: &str, name: &str| {
-        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
-        let child = Command::new(&binary)
-            .args(["--durable", "--role", role, "--worker-name", name])
-            .args(["--queue", "crash", "--heartbeat-secs", "1"])
-            .args(["--url", &url, "--api-key-env", "SIM_API_KEY"])
-            .args(["--redis-url", &redis.url(), "--quota-key", "crash"])
-            .args(["--concurrency", "16"])
-            .args(["--rpm", &RATE.to_string(), "--tpm", "1000000"])
-            .args(["--minute-ms", "1000"])
-            .arg("--input")
-            .arg(&input)
-            .env("SIM_API_KEY", "sk-durable")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("the example starts");
-        Worker(Some(child))
-    };
+    let args = format!(
+        "--queue crash --heartbeat-secs 1 --concurrency 16 --rpm {RATE} --tpm 1000000 \
+         --minute-ms 1000 --quota-key crash \
+         --url {url} --api-key-env SIM_API_KEY --redis-url {} --input {}",
+        redis.url(),
+        input.display()
+    );
+    let start = |role: &str, name: &str| durable(&binary, &dir, role, name, &args);
     let log =
         |name: &str| std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -379,31 +358,15 @@ async fn a_worker_groups_the_jobs_it_holds_and_each_job_ends_on_its_own() {
         writeln!(file, "{line}").unwrap();
     }
     drop(file);
-    let log = std::fs::File::create(dir.join("grouped.log")).unwrap();
-    let child = Command::new(&binary)
-        .args([
-            "--durable",
-            "--role",
-            "both",
-            "--queue",
-            "grouped",
-            "--group",
-            "10",
-        ])
-        .args(["--heartbeat-secs", "1"])
-        .args(["--url", &url, "--api-key-env", "SIM_API_KEY"])
-        .args(["--redis-url", &redis.url(), "--quota-key", "grouped"])
-        .args(["--rpm", &RPM.to_string(), "--tpm", "200000"])
-        .args(["--minute-ms", &MINUTE.as_millis().to_string()])
-        .arg("--input")
-        .arg(&path)
-        .env("SIM_API_KEY", "sk-durable")
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("the example starts");
-    let mut worker = Worker(Some(child));
+    let args = format!(
+        "--queue grouped --group 10 --heartbeat-secs 1 --rpm {RPM} --tpm 200000 \
+         --minute-ms {} --quota-key grouped \
+         --url {url} --api-key-env SIM_API_KEY --redis-url {} --input {}",
+        MINUTE.as_millis(),
+        redis.url(),
+        path.display()
+    );
+    let mut worker = durable(&binary, &dir, "both", "grouped", &args);
     let finished = worker.wait(Instant::now() + DEADLINE).await;
     let log = std::fs::read_to_string(dir.join("grouped.log")).unwrap_or_default();
     assert!(finished, "the grouped worker failed: {log}");

@@ -174,6 +174,30 @@ impl RedisIdempotencyStore {
         format!("{}:idem:{{{key}}}", self.inner.prefix)
     }
 
+    /// Runs `script` (the claim's or the renewal's) on `key`'s record for `owner` and `lease`.
+    fn on_claim<T: ::redis::FromRedisValue + Send + 'static>(
+        &self,
+        script: fn(&Inner) -> &Script,
+        key: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> StoreFuture<T> {
+        let record_key = self.record_key(key);
+        let owner = owner.to_owned();
+        let lease = lease.as_millis().max(1) as u64;
+        let store = Arc::clone(&self.inner);
+        Box::pin(async move {
+            let mut connection = store.connection.clone();
+            let reply = script(&store)
+                .key(record_key)
+                .arg(owner)
+                .arg(lease)
+                .invoke_async(&mut connection)
+                .await?;
+            Ok(reply)
+        })
+    }
+
     /// Runs the finishing script in the background (complete with `record`, or release).
     fn finish(&self, key: &str, owner: &str, record: Option<(Record, Duration)>) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -362,39 +386,13 @@ fn parse_claim(value: Value) -> Result<Claim, crate::BoxError> {
 
 impl IdempotencyStore for RedisIdempotencyStore {
     fn claim(&self, key: &str, owner: &str, lease: Duration) -> StoreFuture<Claim> {
-        let record_key = self.record_key(key);
-        let owner = owner.to_owned();
-        let lease = lease.as_millis().max(1) as u64;
-        let store = Arc::clone(&self.inner);
-        Box::pin(async move {
-            let mut connection = store.connection.clone();
-            let reply: Value = store
-                .claim
-                .key(record_key)
-                .arg(owner)
-                .arg(lease)
-                .invoke_async(&mut connection)
-                .await?;
-            parse_claim(reply)
-        })
+        let reply = self.on_claim::<Value>(|store| &store.claim, key, owner, lease);
+        Box::pin(async move { parse_claim(reply.await?) })
     }
 
     fn renew(&self, key: &str, owner: &str, lease: Duration) -> StoreFuture<bool> {
-        let record_key = self.record_key(key);
-        let owner = owner.to_owned();
-        let lease = lease.as_millis().max(1) as u64;
-        let store = Arc::clone(&self.inner);
-        Box::pin(async move {
-            let mut connection = store.connection.clone();
-            let held: i64 = store
-                .renew
-                .key(record_key)
-                .arg(owner)
-                .arg(lease)
-                .invoke_async(&mut connection)
-                .await?;
-            Ok(held == 1)
-        })
+        let held = self.on_claim::<i64>(|store| &store.renew, key, owner, lease);
+        Box::pin(async move { Ok(held.await? == 1) })
     }
 
     fn complete(&self, key: &str, owner: &str, record: Record, ttl: Duration) {
