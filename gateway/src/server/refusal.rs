@@ -140,9 +140,12 @@ impl Refusal {
         }
     }
 
-    /// 429: a rate or quota limit.
+    /// 429: a rate or quota limit. Every 429 says when to come back: a second unless the
+    /// refusal knows better ([`retry_after`](Self::retry_after)).
     pub(crate) fn rate_limited(limit: impl Into<String>, scope: impl Into<String>) -> Self {
-        Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit", limit).scope(scope)
+        Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit", limit)
+            .scope(scope)
+            .retry_after(Some(Duration::from_secs(1)))
     }
 
     /// 401: no key, or an unknown one.

@@ -15,7 +15,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tower_llm_quota::budget::LimitSnapshot;
-use tower_llm_quota::tenant::{Refusal as Why, Tenant, TenantHandle, TenantNode, TenantRefused};
+use tower_llm_quota::tenant::{
+    DayWindow, Refusal as Why, Tenant, TenantHandle, TenantNode, TenantRefused,
+};
 use tower_llm_quota::{Cost, Dimension, Limit, Priority};
 
 use super::config::ConfigError;
@@ -298,9 +300,28 @@ fn rebuilt(node: &TenantNode) -> TenantNode {
         .fold(fresh, |n, cap| n.with_daily_cap(*cap))
 }
 
+/// How long a caller of a paused tenant is told to wait: a pause has no known end.
+const PAUSED_RETRY_AFTER: Duration = Duration::from_secs(60);
+
 fn paused(node: &Tenant) -> Refusal {
     Refusal::rate_limited("paused", format!("tenant:{node}"))
+        .retry_after(Some(PAUSED_RETRY_AFTER))
         .message(format!("the tenant {node} is paused by an operator"))
+}
+
+/// When a spent daily cap admits again: the next midnight UTC for a calendar day; for a
+/// rolling day, the next quarter hour (when its oldest slot leaves the window, a guess: that
+/// slot may not hold enough).
+fn daily_cap_retry_after(window: DayWindow, now: std::time::SystemTime) -> Duration {
+    let since_epoch = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    let period = match window {
+        DayWindow::CalendarUtc => 86_400,
+        _ => 900,
+    };
+    Duration::from_secs(period - since_epoch % period)
 }
 
 fn over_limit(node: &Tenant, limit: &Limit, wait: Duration) -> Refusal {
@@ -321,9 +342,10 @@ pub(crate) fn refused(refusal: &TenantRefused) -> Refusal {
     let scope = refusal.scope();
     match refusal.reason() {
         Why::Paused => paused(scope),
-        Why::DailyCap { dimension, cap, used, .. } => {
+        Why::DailyCap { dimension, cap, used, window } => {
             Refusal::rate_limited(limit_name(dimension.as_str(), Duration::from_secs(86_400)), format!("tenant:{scope}"))
                 .dimension(Some(dimension.as_str()))
+                .retry_after(Some(daily_cap_retry_after(window, std::time::SystemTime::now())))
                 .message(format!("tenant {scope} spent its daily {dimension} ({used} of {cap})"))
         }
         Why::TooLarge { dimension, cost, capacity } => Refusal::bad_request(format!(
@@ -340,7 +362,6 @@ pub(crate) fn refused(refusal: &TenantRefused) -> Refusal {
         }
         // Its calls in flight are taken: when one ends is not known; a second is a guess.
         Why::InFlight { .. } => Refusal::rate_limited("in_flight", format!("tenant:{scope}"))
-            .retry_after(Some(Duration::from_secs(1)))
             .message(refusal.to_string()),
         _ => Refusal::rate_limited("tenant", format!("tenant:{scope}")).message(refusal.to_string()),
     }
@@ -358,6 +379,27 @@ fn duration_text(wait: Duration) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_spent_daily_cap_says_when_its_day_turns() {
+        use std::time::{Duration, UNIX_EPOCH};
+        use tower_llm_quota::tenant::DayWindow;
+        // 2026-12-02 23:59:30 UTC.
+        let now = UNIX_EPOCH + Duration::from_secs(1_796_255_970);
+        let calendar = super::daily_cap_retry_after(DayWindow::CalendarUtc, now);
+        assert_eq!(calendar, Duration::from_secs(30));
+        let rolling = super::daily_cap_retry_after(DayWindow::Rolling, now);
+        assert_eq!(rolling, Duration::from_secs(30));
+        let later = now + Duration::from_secs(60);
+        assert_eq!(
+            super::daily_cap_retry_after(DayWindow::CalendarUtc, later),
+            Duration::from_secs(86_370)
+        );
+        assert_eq!(
+            super::daily_cap_retry_after(DayWindow::Rolling, later),
+            Duration::from_secs(870)
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -35,14 +35,15 @@ async fn pause_refuses_a_tenant_at_once_and_resume_restores_it() {
         .admin(Method::POST, "/pause", ADMIN, json!({"tenant": "acme"}))
         .await;
     assert_eq!(paused.status(), 204);
-    // A child of a paused node is refused, naming the paused node; others go on.
-    let (status, _, body) = json(
+    // A child of a paused node is refused, naming the paused node; others go on. A pause
+    // has no known end: the caller is told to look again in a minute.
+    let (status, retry_after, body) = json(
         gateway
             .post("/v1/chat/completions", Some(SEARCH), &chat(20))
             .await,
     )
     .await;
-    assert_eq!(status, 429);
+    assert_eq!((status, retry_after.as_deref()), (429, Some("60")));
     assert_eq!(body["error"]["limit"], "paused");
     assert_eq!(body["error"]["scope"], "tenant:acme");
     assert_eq!(body["error"]["gateway_decision"], "local");

@@ -733,3 +733,39 @@ async fn the_provider_key_goes_in_the_provider_s_header() {
         gateway.stop().await;
     }
 }
+
+/// A spent daily cap is a 429 that says when the day turns (midnight UTC), as every 429 the
+/// gateway sends says when to come back.
+#[tokio::test]
+async fn a_spent_daily_cap_says_when_the_day_turns() {
+    let (upstream, _) = fixed_upstream(Duration::ZERO).await;
+    let config = fixed_config(&upstream).replace(
+        "[[keys]]",
+        "[tenants.nodes.team]\n        daily = [{ dimension = \"requests\", amount = 1, window = \"calendar_utc\" }]\n        [[keys]]",
+    );
+    let gateway = Running::start(&config).await;
+    let first = gateway
+        .post("/v1/chat/completions", Some("caller-secret"), &chat(20))
+        .await;
+    assert_eq!(first.status(), 200);
+    first.bytes().await.unwrap();
+    let (status, retry_after, body) = json(
+        gateway
+            .post("/v1/chat/completions", Some("caller-secret"), &chat(20))
+            .await,
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["limit"], "requests_per_day");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let to_midnight = 86_400 - now % 86_400;
+    let told: u64 = retry_after.expect("a Retry-After").parse().unwrap();
+    assert!(
+        told.abs_diff(to_midnight) <= 2,
+        "told {told}, midnight in {to_midnight}"
+    );
+    gateway.stop().await;
+}

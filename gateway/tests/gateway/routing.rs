@@ -36,6 +36,13 @@ apis = ["chat"]
 quota = { requests_per_minute = 60000, tokens_per_minute = 100000000 }
 sim = { server_error_share = 1.0 }
 
+[[accounts]]
+name = "sim-c"
+base_url = "sim"
+profile = "openai"
+apis = ["chat"]
+quota = { requests_per_minute = 60000, tokens_per_minute = 100000000 }
+
 [[models]]
 name = "fast"
 account = "sim-a"
@@ -55,6 +62,21 @@ account = "sim-b"
 name = "migrating"
 account = "sim-b"
 ramp = { account = "sim-a", model = "gpt-5", start_percent = 5, percent_per_minute = 10 }
+
+[[models]]
+name = "tiered"
+account = "sim-b"
+context_window = 60
+fallbacks = [
+  { account = "sim-c", model = "cheap", on = ["degrade"], classes = ["batch"] },
+  { account = "sim-c", model = "long", on = ["context_length"], context_window = 100000 },
+]
+
+[[keys]]
+name = "k3"
+key = "key-3"
+tenant = "t3"
+default_class = "batch"
 
 [[keys]]
 name = "k1"
@@ -186,6 +208,30 @@ async fn a_fallback_serves_when_the_primary_fails_with_5xx() {
     gateway.stop().await;
 }
 
+/// Batch work goes to the degraded route at once; a request longer than the primary's
+/// context window goes to the fallback whose window fits it.
+#[tokio::test]
+async fn degraded_and_long_context_routes() {
+    let gateway = Running::start(CONFIG).await;
+    let (status, route, fallback, body) = call(&gateway, "key-3", "tiered", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        (route.as_deref(), fallback.as_deref()),
+        (Some("sim-c:cheap"), Some("degraded"))
+    );
+    let (status, route, fallback, _) = call(&gateway, "key-1", "tiered", None).await;
+    assert_eq!(status, 200);
+    assert_eq!((route.as_deref(), fallback), (Some("sim-b"), None));
+    let long = chat("tiered").replace("Hello there", &"a long question ".repeat(100));
+    let answer = gateway
+        .post("/v1/chat/completions", Some("key-1"), &long)
+        .await;
+    assert_eq!(answer.status(), 200);
+    assert_eq!(answer.headers()["x-llm-quota-route"], "sim-c:long");
+    assert_eq!(answer.headers()["x-llm-quota-fallback"], "context_length");
+    gateway.stop().await;
+}
+
 #[tokio::test]
 async fn routes_and_the_ramp_are_visible_in_the_admin_api() {
     let gateway = Running::start(CONFIG).await;
@@ -200,7 +246,7 @@ async fn routes_and_the_ramp_are_visible_in_the_admin_api() {
         .iter()
         .map(|m| m["model"].as_str().unwrap())
         .collect();
-    assert_eq!(models, ["fast", "flaky", "steady", "migrating"]);
+    assert_eq!(models, ["fast", "flaky", "steady", "migrating", "tiered"]);
     assert_eq!(routes[0]["routes"][1]["route"], "sim-b:gpt-4o-mini-b");
     assert_eq!(routes[0]["routes"][1]["account"], "sim-b");
     let ramp = &routes[3]["ramp"];
