@@ -15,6 +15,14 @@
 
 mod server;
 
+/// Prints a line on stdout; a closed stdout (`| head`) is not an error worth a panic.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -81,7 +89,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
         let config = Config::from_toml(&text)?;
-        println!("{}", config.summary());
+        say!("{}", config.summary());
         return Ok(());
     }
     let demo = args.config.is_none();
@@ -94,25 +102,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = TcpListener::bind(listen).await?;
     let url = format!("http://{}", listener.local_addr()?);
     if args.redis_url.is_some() {
-        println!("quotas and tenant limits shared through Redis; pause a tenant on every replica");
+        say!("quotas and tenant limits shared through Redis; pause a tenant on every replica");
     }
-    println!("gateway listening on {url} (status page at {url}/, metrics at {url}/metrics)");
+    say!("gateway listening on {url} (status page at {url}/, metrics at {url}/metrics)");
     if demo {
-        println!("demo keys (tenant, default class):");
+        say!("demo keys (tenant, default class):");
         for key in &config.keys {
             let secret = key.key.as_deref().unwrap_or("(from the environment)");
-            println!("  {secret:<24} {} ({:?})", key.tenant, key.default_class);
+            say!("  {secret:<24} {} ({:?})", key.tenant, key.default_class);
         }
         let admin = config.server.admin_token.as_deref().unwrap_or("");
-        println!("try:");
-        println!(
+        say!("try:");
+        say!(
             "  curl -s {url}/v1/chat/completions -H 'authorization: Bearer demo-key-acme-search' \
              -H 'content-type: application/json' \
              -d '{{\"model\":\"gpt-4o-mini\",\"max_tokens\":50,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'"
         );
-        println!("  curl -s {url}/admin/tenants -H 'authorization: Bearer {admin}'");
+        say!("  curl -s {url}/admin/tenants -H 'authorization: Bearer {admin}'");
     }
     serve(gateway, listener, stop_signal()).await?;
-    println!("gateway stopped");
+    say!("gateway stopped");
     Ok(())
 }
