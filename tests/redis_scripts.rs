@@ -169,6 +169,7 @@ proptest! {
                         .key(&id)
                         .key("t:{q}:line")
                         .key("t:{q}:line:at")
+                        .key("t:{q}:paused")
                         .arg(now)
                         .arg(LEASE_MS)
                         // No turns: one process.
@@ -306,6 +307,7 @@ fn reserve_as(
         .key(format!("t:{{q}}:r:{id}"))
         .key("t:{q}:line")
         .key("t:{q}:line:at")
+        .key("t:{q}:paused")
         .arg(now)
         .arg(LEASE_MS)
         .arg(who)

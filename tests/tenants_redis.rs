@@ -272,6 +272,85 @@ async fn a_node_that_refuses_holds_across_processes() {
     assert_eq!((admitted.len(), refused), (5, 5));
 }
 
+/// A pause holds on every process sharing the store: three budgets (as three processes would
+/// hold them); `acme` paused on the first refuses `acme/search` on the others at their next
+/// admission, naming `acme`, while `globex` goes on; resumed on the third, all admit again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_holds_on_every_process() {
+    let server = RedisServer::start();
+    let per_minute = |n| limit(Dimension::Requests, n, Duration::from_secs(60), n);
+    let mut budgets = Vec::new();
+    for _ in 0..3 {
+        let budget = RedisBudget::new(server.url(), "pausing")
+            .timeout(Duration::from_millis(500))
+            .connect(&Quota::new().with_limit(per_minute(1_000)))
+            .await
+            .unwrap()
+            .with_tenant_tree(TenantTree::new())
+            .unwrap();
+        budgets.push(budget);
+    }
+    let reserve = |budget: &Budget, tenant: &str| {
+        budget
+            .reserve(Cost::requests_only(1))
+            .tenant(tenant.parse().unwrap())
+    };
+    for budget in &budgets {
+        reserve(budget, "acme/search").await.unwrap().refund();
+    }
+    let acme: Tenant = "acme".parse().unwrap();
+    budgets[0].tenants().unwrap().pause(&acme);
+    // The pause reaches the store in the background, within its timeout.
+    let mut refused_elsewhere = false;
+    for _ in 0..100 {
+        if reserve(&budgets[1], "acme/search").await.is_err() {
+            refused_elsewhere = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        refused_elsewhere,
+        "the pause never reached the other process"
+    );
+    for budget in &budgets {
+        let error = reserve(budget, "acme/search").await.unwrap_err();
+        let refusal = error.tenant_refused().expect("refused by the tenant tree");
+        assert!(refusal.is_paused(), "{refusal}");
+        assert_eq!(refusal.scope().as_str(), "acme");
+        assert_eq!(budget.waiters(), 0);
+        reserve(budget, "globex").await.unwrap().refund();
+    }
+    // Every process's own view follows the store within a reading (a second): the pause
+    // shows in their snapshots.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for budget in &budgets {
+        assert!(budget.tenants().unwrap().snapshot(&acme).is_paused());
+    }
+    // Resumed on the third: every process admits again, the one that paused included,
+    // within a reading.
+    budgets[2].tenants().unwrap().resume(&acme);
+    let started = Instant::now();
+    for budget in &budgets {
+        loop {
+            match reserve(budget, "acme/search").await {
+                Ok(reservation) => {
+                    reservation.refund();
+                    break;
+                }
+                Err(error) => {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(3),
+                        "still refused after the resume: {error}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+    println!("resumed everywhere within {:?}", started.elapsed());
+}
+
 /// A tenant's limit holds over every account it uses, across processes, when the accounts
 /// share a tenant plane: two accounts' budgets (as two processes would hold them, each with
 /// its own tree) and a tenant of 20 requests a minute: 20 in all, 10 through each account,

@@ -102,7 +102,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = TcpListener::bind(listen).await?;
     let url = format!("http://{}", listener.local_addr()?);
     if args.redis_url.is_some() {
-        say!("quotas and tenant limits shared through Redis; pause a tenant on every replica");
+        say!("quotas, tenant limits and pauses shared through Redis with the other replicas");
     }
     say!("gateway listening on {url} (status page at {url}/, metrics at {url}/metrics)");
     if demo {

@@ -134,6 +134,7 @@ impl crate::budget::remote::RemoteStore for AdmittingStore {
         _class: Priority,
         _limits: std::sync::Arc<[crate::quota::Limit]>,
         _path: crate::budget::remote::PathLimits,
+        _tenant: Option<crate::tenant::Tenant>,
     ) -> crate::budget::remote::StoreFuture<crate::budget::remote::Decision> {
         self.asked
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -147,6 +148,18 @@ impl crate::budget::remote::RemoteStore for AdmittingStore {
         _batch: Vec<crate::budget::remote::Settle>,
     ) -> crate::budget::remote::StoreFuture<()> {
         Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn set_paused(
+        &self,
+        _scope: crate::tenant::Tenant,
+        _paused: bool,
+    ) -> crate::budget::remote::StoreFuture<()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn paused(&self) -> crate::budget::remote::StoreFuture<Option<Vec<crate::tenant::Tenant>>> {
+        Box::pin(std::future::ready(Ok(None)))
     }
 
     fn lower(

@@ -118,3 +118,87 @@ async fn an_idempotency_key_holds_across_replicas() {
     first.stop().await;
     second.stop().await;
 }
+
+/// With `--redis-url`, a pause from one replica's admin API holds on the others at their next
+/// admission, shows in their own views within a second, and a resume from another replica
+/// lifts it everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_from_one_replica_holds_on_every_replica() {
+    use reqwest::Method;
+    let redis = RedisServer::start();
+    let (upstream, _) = fixed_upstream(Duration::ZERO).await;
+    let config = fixed_config(&upstream);
+    let replicas = [
+        Running::start_shared(&config, &redis.url()).await,
+        Running::start_shared(&config, &redis.url()).await,
+        Running::start_shared(&config, &redis.url()).await,
+    ];
+    async fn status(replica: &Running) -> u16 {
+        let response = replica
+            .post("/v1/chat/completions", Some("caller-secret"), BODY)
+            .await;
+        let status = response.status().as_u16();
+        response.bytes().await.unwrap();
+        status
+    }
+    for replica in &replicas {
+        assert_eq!(status(replica).await, 200);
+    }
+    let paused = replicas[0]
+        .admin(
+            Method::POST,
+            "/pause",
+            "admin",
+            serde_json::json!({"tenant": "team"}),
+        )
+        .await;
+    assert_eq!(paused.status(), 204);
+    // The store has it once the pause is written (in the background, within its timeout).
+    let started = std::time::Instant::now();
+    for replica in &replicas {
+        while status(replica).await != 429 {
+            assert!(started.elapsed() < Duration::from_secs(2), "not paused");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    let refused_everywhere = started.elapsed();
+    // Each replica's own view shows the pause within a reading of the store.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    for replica in &replicas {
+        let tenants = replica
+            .admin(Method::GET, "/tenants", "admin", serde_json::Value::Null)
+            .await;
+        let tenants: serde_json::Value =
+            serde_json::from_slice(&tenants.bytes().await.unwrap()).unwrap();
+        let team = tenants
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["path"] == "team")
+            .unwrap();
+        assert_eq!(team["paused"], true, "{team}");
+    }
+    let resumed = replicas[2]
+        .admin(
+            Method::POST,
+            "/resume",
+            "admin",
+            serde_json::json!({"tenant": "team"}),
+        )
+        .await;
+    assert_eq!(resumed.status(), 204);
+    let started = std::time::Instant::now();
+    for replica in &replicas {
+        while status(replica).await != 200 {
+            assert!(started.elapsed() < Duration::from_secs(3), "not resumed");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    println!(
+        "paused on every replica within {refused_everywhere:?}, resumed within {:?}",
+        started.elapsed()
+    );
+    for replica in replicas {
+        replica.stop().await;
+    }
+}

@@ -77,7 +77,8 @@ impl Budget {
         (limits, path): (Arc<[Limit]>, PathLimits),
     ) -> StoreFuture<Decision> {
         let what = (ask.cost, ask.floor, ask.scheduling.priority);
-        self.remote().reserve(id, what, limits, path)
+        self.remote()
+            .reserve(id, what, (limits, path, ask.tenant.clone()))
     }
 
     fn remote(&self) -> &Remote {
@@ -117,7 +118,21 @@ impl Pass<'_> {
                 ..
             } => self.denied(waiting, wait, floor_only, first),
             Decision::TooLarge { limit } => self.too_large(waiting, limit),
+            Decision::Paused { depth } => self.paused_by_store(waiting, depth),
         }
+    }
+
+    /// A node of its path is paused in the store (by this process or another): refused, as
+    /// a local pause refuses. Not remembered here: a resume in any process lifts it.
+    fn paused_by_store(&mut self, waiting: &mut Waiting, depth: usize) -> Answer {
+        let tenant = waiting
+            .ask
+            .tenant
+            .as_ref()
+            .expect("only a tenant's request is paused");
+        let refused = crate::budget::tenants::tree::paused(tenant, depth);
+        self.leave(&mut waiting.place);
+        Answer::Refused(refused)
     }
 
     /// Admitted by the store, which took the path's shared buckets: a request that waited is

@@ -72,6 +72,12 @@ impl Keys {
         format!("{}:line:at", self.root)
     }
 
+    /// The tenant nodes paused for every process (a set of paths), beside the nodes'
+    /// buckets.
+    pub(super) fn paused(&self) -> String {
+        format!("{}:paused", self.nodes)
+    }
+
     /// The record of reservation `id`.
     pub(super) fn record(&self, id: &str) -> String {
         format!("{}:r:{id}", self.root)

@@ -38,7 +38,8 @@
 //! `<prefix>:{<quota key>}:r:<id>`; a tenant node's buckets are
 //! `<prefix>:{<quota key>}:t:<node>:<dimension>:<period in ms>`, or, for the accounts of a
 //! [tenant plane](RedisBudget::tenant_plane), `<prefix>:{<plane>}:t:...` beside the accounts'
-//! `<prefix>:{<plane>}:<quota key>:...`. The quota
+//! `<prefix>:{<plane>}:<quota key>:...`; the paused tenant nodes are a set beside the nodes'
+//! buckets, `<prefix>:{<quota key or plane>}:paused`. The quota
 //! key (or the plane) is a Redis Cluster hash tag, so every key of one account lives in one slot and the
 //! scripts run on a cluster. A bucket's TTL is its time to refill: an absent key is a full
 //! bucket, so an idle account leaves nothing behind. A record lives for the lease (ten

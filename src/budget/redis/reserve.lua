@@ -2,16 +2,19 @@
 -- does while a limit is held (a provider's pause, see lower.lua), nor when it would delay the
 -- process whose turn it is (see below).
 -- KEYS: the buckets, then their holds (in the same order), then the reservation record, the
---       line of processes waiting for the account (a sorted set) and its details (a hash).
+--       line of processes waiting for the account (a sorted set), its details (a hash), and
+--       the paused tenant nodes (a set).
 -- ARGV: clock override ('' in production), lease in ms, the asking process ('' to take no
 --       turns), its request's class rank (0 first), how many of the buckets (the first ones)
 --       are the account's, the grace in ms a process has to come back when told, then per
---       bucket: num, den, capacity, cost, floor (units).
+--       bucket: num, den, capacity, cost, floor (units), then the nodes of the request's
+--       tenant path, from the top.
 -- Returns {1, level...} when admitted, {0, wait_ms, bucket, held, floor_only, first} when not
 -- yet (`held` is 1 when the bucket's hold is what the wait is for, `floor_only` 1 when no
 -- bucket is held and every bucket holds the cost, so that only the floors keep it out,
 -- `first` 1 when the process is first in line), {-1, bucket} when the cost can never fit,
--- {-2} when the id was already settled.
+-- {-2} when the id was already settled, {-3, depth} when the node at `depth` of the path is
+-- paused.
 --
 -- Turns. A process refused for want of the account's capacity joins a line, ranked by its
 -- request's class, then by when it was first refused, with what its request needs of each
@@ -24,8 +27,8 @@
 -- How late (ms) the first in line may come back and still find its need kept for it.
 local SLACK = 5
 local now = clock(ARGV[1])
-local n = (#KEYS - 3) / 2
-local line, details = KEYS[2 * n + 2], KEYS[2 * n + 3]
+local n = (#KEYS - 4) / 2
+local line, details, paused = KEYS[2 * n + 2], KEYS[2 * n + 3], KEYS[2 * n + 4]
 local me, rank, accounts, grace = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local takes_turns = me ~= '' and accounts > 0
 local values = redis.call('MGET', unpack(KEYS, 1, 2 * n + 1))
@@ -36,6 +39,16 @@ if existing == 'd' then
 elseif existing then
   -- A retried call whose first attempt was admitted: the decision stands.
   return {1}
+end
+
+-- A paused node of the path refuses, whatever the buckets hold.
+local nodes = 7 + 5 * n
+if #ARGV >= nodes and redis.call('EXISTS', paused) == 1 then
+  for depth = 1, #ARGV - nodes + 1 do
+    if redis.call('SISMEMBER', paused, ARGV[nodes + depth - 1]) == 1 then
+      return {-3, depth}
+    end
+  end
 end
 
 -- Every bucket's rate, cost and level now.

@@ -161,7 +161,7 @@ impl RedisStore {
         id: &str,
         (cost, floor, class): (Cost, Floor, Priority),
         limits: &[Limit],
-        path: &[(Tenant, Limit)],
+        (path, tenant): (&[(Tenant, Limit)], Option<&Tenant>),
     ) -> (Call, Vec<usize>) {
         // The account's limits, then the path's nodes': one list of buckets, numbered on.
         let all = limits.len() + path.len();
@@ -215,6 +215,13 @@ impl RedisStore {
         call.keys.push(self.keys.record(id));
         call.keys.push(self.keys.line());
         call.keys.push(self.keys.line_details());
+        // Every node of the request's path, from the top: any of them may be paused.
+        call.keys.push(self.keys.paused());
+        if let Some(tenant) = tenant {
+            for depth in 1..=tenant.depth() {
+                call.arg(tenant.prefix(depth));
+            }
+        }
         (call, touched)
     }
 }
@@ -228,11 +235,14 @@ impl RemoteStore for RedisStore {
         class: Priority,
         limits: Arc<[Limit]>,
         path: PathLimits,
+        tenant: Option<Tenant>,
     ) -> StoreFuture<Decision> {
-        let (call, touched) = self.reserve_call(&id, (cost, floor, class), &limits, &path);
+        let (call, touched) =
+            self.reserve_call(&id, (cost, floor, class), &limits, (&path, tenant.as_ref()));
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
         Box::pin(async move {
-            if touched.is_empty() {
+            // Nothing to take and nobody who may be paused: nothing to ask.
+            if touched.is_empty() && tenant.is_none() {
                 return Ok(Decision::Admitted);
             }
             let reply: Vec<i64> = call.run(&scripts.reserve, &mut connection).await?;
@@ -315,6 +325,34 @@ impl RemoteStore for RedisStore {
         })
     }
 
+    fn set_paused(&self, scope: Tenant, paused: bool) -> StoreFuture<()> {
+        let mut command = ::redis::cmd(if paused { "SADD" } else { "SREM" });
+        command.arg(self.keys.paused()).arg(scope.as_str());
+        let mut connection = self.connection.clone();
+        Box::pin(async move {
+            let _: i64 = command
+                .query_async(&mut connection)
+                .await
+                .map_err(StoreUnavailable::new)?;
+            Ok(())
+        })
+    }
+
+    fn paused(&self) -> StoreFuture<Option<Vec<Tenant>>> {
+        let mut members = ::redis::cmd("SMEMBERS");
+        members.arg(self.keys.paused());
+        let mut connection = self.connection.clone();
+        Box::pin(async move {
+            let paths: Vec<String> = members
+                .query_async(&mut connection)
+                .await
+                .map_err(StoreUnavailable::new)?;
+            Ok(Some(
+                paths.iter().filter_map(|p| Tenant::parse(p).ok()).collect(),
+            ))
+        })
+    }
+
     fn lift(&self, limits: Vec<Limit>) -> StoreFuture<()> {
         let mut delete = ::redis::cmd("DEL");
         for limit in &limits {
@@ -367,6 +405,9 @@ fn decision(reply: &[i64], touched: &[usize]) -> Result<Decision, StoreUnavailab
         }
         [-1, bucket] => Ok(Decision::TooLarge {
             limit: limit(bucket)?,
+        }),
+        [-3, depth] => Ok(Decision::Paused {
+            depth: usize::try_from(depth).unwrap_or(1),
         }),
         [-2] => Err(StoreUnavailable::new(
             "the reservation id was already settled: ids must not be reused",

@@ -45,6 +45,9 @@ pub(crate) enum Decision {
     },
     /// The cost exceeds the capacity of `limit` (an index into the limits asked about).
     TooLarge { limit: usize },
+    /// The node at `depth` of the request's tenant path is paused in the store (by any
+    /// process): refused, nothing taken.
+    Paused { depth: usize },
 }
 
 /// One reservation to settle: `actual` replaces `reserved` in every limit of `limits`.
@@ -74,6 +77,13 @@ pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
     /// `id` is `<process>-<n>`: a store may keep the processes refused for want of the
     /// account's capacity in line, by `class` then by arrival, and refuse the others while the
     /// first is expected back, so that every process's head gets its turn.
+    ///
+    /// A request of `tenant` is refused ([`Decision::Paused`]) when a node of its path is
+    /// paused in the store.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one atomic call: everything it checks"
+    )]
     fn reserve(
         &self,
         id: String,
@@ -82,7 +92,14 @@ pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
         class: Priority,
         limits: Arc<[Limit]>,
         path: PathLimits,
+        tenant: Option<Tenant>,
     ) -> StoreFuture<Decision>;
+
+    /// Pauses (or resumes) the tenant node `scope` for every process sharing the store.
+    fn set_paused(&self, scope: Tenant, paused: bool) -> StoreFuture<()>;
+
+    /// The tenant nodes paused in the store, or `None` for a store that keeps no pauses.
+    fn paused(&self) -> StoreFuture<Option<Vec<Tenant>>>;
 
     /// Settles every reservation of `batch`, in one call.
     fn settle(&self, batch: Vec<Settle>) -> StoreFuture<()>;

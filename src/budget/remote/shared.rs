@@ -22,6 +22,7 @@ use crate::error::InsufficientCapacity;
 use crate::error::StoreUnavailable;
 use crate::priority::Priority;
 use crate::quota::{Limit, Quota};
+use crate::tenant::Tenant;
 
 /// Tells the budget, if it still exists, that a refund reached the store.
 #[derive(Debug, Clone)]
@@ -31,6 +32,29 @@ impl Refunded {
     fn notify(&self) {
         if let Some(shared) = self.0.upgrade() {
             Budget { shared }.refunded_remotely();
+        }
+    }
+
+    fn budget(&self) -> Option<Budget> {
+        self.0.upgrade().map(|shared| Budget { shared })
+    }
+}
+
+/// How often a budget with a tenant tree reads the pauses the store keeps, to follow the
+/// other processes' pauses and resumes in its own view (its snapshots, its local refusals).
+const PAUSE_SYNC: Duration = Duration::from_secs(1);
+
+#[cfg(any(feature = "redis", all(test, loom)))]
+/// Reads the store's pauses into the budget's tree, unless this process paused or resumed a
+/// node since the reading began (the next reading, after that change reached the store,
+/// will tell).
+async fn sync_pauses(store: &Arc<dyn RemoteStore>, budget: &Refunded, timeout: Duration) {
+    let Some(changes) = budget.budget().and_then(|b| b.pause_changes()) else {
+        return;
+    };
+    if let Ok(Some(paused)) = bounded(timeout, store.paused()).await {
+        if let Some(budget) = budget.budget() {
+            budget.sync_paused(&paused, changes);
         }
     }
 }
@@ -64,6 +88,8 @@ impl Budget {
             options,
             instance: instance_id(),
             commands,
+            pause_changes: std::sync::atomic::AtomicU64::new(0),
+            pauses_seen: std::sync::Mutex::default(),
         };
         let mut breaker = Breaker::new(options.breaker_threshold, options.breaker_open_for);
         if !reachable {
@@ -177,13 +203,19 @@ impl Remote {
         &self,
         id: ReservationId,
         (cost, floor, class): (Cost, Floor, Priority),
-        limits: Arc<[Limit]>,
-        path: PathLimits,
+        (limits, path, tenant): (Arc<[Limit]>, PathLimits, Option<Tenant>),
     ) -> StoreFuture<Decision> {
         let call = self
             .store
-            .reserve(self.id(id), cost, floor, class, limits, path);
+            .reserve(self.id(id), cost, floor, class, limits, path, tenant);
         bounded(self.options.timeout, call)
+    }
+
+    /// Pauses or resumes `scope` in the store, after every pause or lift sent before.
+    pub(crate) fn set_paused(&self, scope: Tenant, paused: bool) {
+        self.pause_changes
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.send(Command::Paused { scope, paused });
     }
 
     pub(crate) fn settle(
@@ -426,7 +458,25 @@ async fn in_order(
     timeout: Duration,
     refunded: Refunded,
 ) {
-    while let Some(command) = commands.recv().await {
+    let mut sync = tokio::time::interval(PAUSE_SYNC);
+    sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        // A command first; else, when it is time, a reading of the store's pauses.
+        let next = std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(command) = commands.poll_recv(cx) {
+                return std::task::Poll::Ready(Some(command));
+            }
+            sync.poll_tick(cx).map(|_| None)
+        })
+        .await;
+        let command = match next {
+            Some(Some(command)) => command,
+            Some(None) => return,
+            None => {
+                sync_pauses(&store, &refunded, timeout).await;
+                continue;
+            }
+        };
         match command {
             Command::Lower {
                 limit,
@@ -439,6 +489,10 @@ async fn in_order(
             Command::Lift(limits) => {
                 let call = || store.lift(limits.clone());
                 with_retries(call, timeout, Some(refunded.clone())).await;
+            }
+            Command::Paused { scope, paused } => {
+                let call = || store.set_paused(scope.clone(), paused);
+                with_retries(call, timeout, None).await;
             }
             Command::Settle(settle) => {
                 // Not sent here (settlements are batched), but settled all the same.
@@ -519,6 +573,7 @@ mod tests {
             _class: Priority,
             _limits: Arc<[Limit]>,
             _path: PathLimits,
+            _tenant: Option<Tenant>,
         ) -> StoreFuture<Decision> {
             self.asked.lock().unwrap().push((id, Instant::now()));
             let next = self.script.lock().unwrap().pop_front();
@@ -550,6 +605,14 @@ mod tests {
                 self.holds.lock().unwrap().push("pause");
             }
             Box::pin(async { Ok(()) })
+        }
+
+        fn set_paused(&self, _scope: Tenant, _paused: bool) -> StoreFuture<()> {
+            Box::pin(async { Ok(()) })
+        }
+
+        fn paused(&self) -> StoreFuture<Option<Vec<Tenant>>> {
+            Box::pin(async { Ok(None) })
         }
 
         fn lift(&self, _limits: Vec<Limit>) -> StoreFuture<()> {

@@ -34,6 +34,11 @@ pub(crate) struct Remote {
     /// Makes this process's reservation ids unique among every process sharing the store.
     pub(crate) instance: u64,
     pub(crate) commands: mpsc::UnboundedSender<Command>,
+    /// Counts this process's pauses and resumes (under the budget's lock): a reading of the
+    /// store's pauses started before the last one is stale.
+    pub(crate) pause_changes: std::sync::atomic::AtomicU64,
+    /// The store's pauses at its last reading.
+    pub(crate) pauses_seen: std::sync::Mutex<Vec<crate::tenant::Tenant>>,
 }
 
 /// The limits and breaker of a shared budget, under the budget's lock.
@@ -69,4 +74,9 @@ pub(crate) enum Command {
     },
     /// Ends the holds of these limits.
     Lift(Vec<Limit>),
+    /// Pauses or resumes a tenant node for every process.
+    Paused {
+        scope: crate::tenant::Tenant,
+        paused: bool,
+    },
 }

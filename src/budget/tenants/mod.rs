@@ -69,17 +69,77 @@ impl Budget {
     }
 
     /// Pauses or resumes a scope of the tenant tree: a pause wakes its queued and parked
-    /// requests, which are refused at once; a resume wakes the head.
+    /// requests, which are refused at once; a resume wakes the head. A budget shared through
+    /// a store pauses the scope there too, for every process at its next admission.
     pub(crate) fn set_tenant_paused(&self, scope: &Tenant, paused: bool) {
         let now = Instant::now();
         let mut wakers = Vec::new();
         let mut state = self.lock();
+        // Told to the store under the lock: a reading of the store's pauses under way does
+        // not undo it.
+        if let Some(remote) = &self.shared.remote {
+            remote.set_paused(scope.clone(), paused);
+        }
         let State { tenants, queue, .. } = &mut *state;
         let Some(tenants) = tenants else { return };
         tenants.set_paused(scope, paused, &mut wakers);
         if paused {
             wakers.extend(queue.wakers_of_tenants(|path| path.is_within(scope)));
         }
+        wakers.extend(queue.head_waker(now));
+        drop(state);
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
+    /// This process's pauses and resumes so far, for a budget shared through a store with a
+    /// tenant tree.
+    #[cfg(any(feature = "redis", all(test, loom)))]
+    pub(crate) fn pause_changes(&self) -> Option<u64> {
+        let state = self.lock();
+        state.tenants.as_ref()?;
+        let remote = self.shared.remote.as_ref()?;
+        Some(
+            remote
+                .pause_changes
+                .load(std::sync::atomic::Ordering::Acquire),
+        )
+    }
+
+    /// Follows the store's `paused` nodes, unless this process paused or resumed one since
+    /// `changes` (the reading is then stale): a node paused in the store since the last
+    /// reading is paused here (its requests refused at once), one resumed there since is
+    /// resumed here. A pause made here and not in this store (a tree shared with another
+    /// account's budget) stays.
+    #[cfg(any(feature = "redis", all(test, loom)))]
+    pub(crate) fn sync_paused(&self, paused: &[Tenant], changes: u64) {
+        let Some(remote) = &self.shared.remote else {
+            return;
+        };
+        let now = Instant::now();
+        let mut wakers = Vec::new();
+        let mut state = self.lock();
+        if remote
+            .pause_changes
+            .load(std::sync::atomic::Ordering::Acquire)
+            != changes
+        {
+            return;
+        }
+        let State { tenants, queue, .. } = &mut *state;
+        let Some(tenants) = tenants else { return };
+        let mut seen = remote
+            .pauses_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for path in seen.iter().filter(|path| !paused.contains(path)) {
+            tenants.set_paused(path, false, &mut wakers);
+        }
+        for path in paused.iter().filter(|path| !seen.contains(path)) {
+            tenants.set_paused(path, true, &mut wakers);
+            wakers.extend(queue.wakers_of_tenants(|p| p.is_within(path)));
+        }
+        *seen = paused.to_vec();
+        drop(seen);
         wakers.extend(queue.head_waker(now));
         drop(state);
         wakers.into_iter().for_each(Waker::wake);

@@ -511,6 +511,11 @@ impl NodeView {
     }
 }
 
+/// The refusal of `path` because its node at `depth` is paused.
+pub(crate) fn paused(path: &Tenant, depth: usize) -> TenantRefused {
+    refused(path.prefix(depth.clamp(1, path.depth())), Refusal::Paused)
+}
+
 fn refused(prefix: &str, reason: Refusal) -> TenantRefused {
     TenantRefused {
         scope: Tenant::parse(prefix).expect("a prefix of a valid path"),
