@@ -278,24 +278,55 @@ async fn a_node_that_refuses_holds_across_processes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pause_holds_on_every_process() {
     let server = RedisServer::start();
-    let per_minute = |n| limit(Dimension::Requests, n, Duration::from_secs(60), n);
     let mut budgets = Vec::new();
     for _ in 0..3 {
         let budget = RedisBudget::new(server.url(), "pausing")
             .timeout(Duration::from_millis(500))
-            .connect(&Quota::new().with_limit(per_minute(1_000)))
+            .connect(&pause_quota())
             .await
             .unwrap()
             .with_tenant_tree(TenantTree::new())
             .unwrap();
         budgets.push(budget);
     }
+    pause_and_resume_everywhere(&budgets).await;
+}
+
+/// The same over a three-node Redis Cluster: the paused set shares the account's slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_holds_on_every_process_of_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let mut budgets = Vec::new();
+    for first in 0..3 {
+        let mut seeds = cluster.urls();
+        seeds.rotate_left(first);
+        let budget = RedisBudget::cluster(seeds, "pausing")
+            .timeout(Duration::from_secs(1))
+            .connect(&pause_quota())
+            .await
+            .unwrap()
+            .with_tenant_tree(TenantTree::new())
+            .unwrap();
+        budgets.push(budget);
+    }
+    pause_and_resume_everywhere(&budgets).await;
+}
+
+fn pause_quota() -> Quota {
+    let per_minute = limit(Dimension::Requests, 1_000, Duration::from_secs(60), 1_000);
+    Quota::new().with_limit(per_minute)
+}
+
+/// `acme` paused on the first budget: refused on every one (naming `acme`), `globex` not;
+/// every budget's snapshot shows it within a reading; resumed on the last, admitted again on
+/// every one within a reading.
+async fn pause_and_resume_everywhere(budgets: &[Budget]) {
     let reserve = |budget: &Budget, tenant: &str| {
         budget
             .reserve(Cost::requests_only(1))
             .tenant(tenant.parse().unwrap())
     };
-    for budget in &budgets {
+    for budget in budgets {
         reserve(budget, "acme/search").await.unwrap().refund();
     }
     let acme: Tenant = "acme".parse().unwrap();
@@ -313,7 +344,7 @@ async fn a_pause_holds_on_every_process() {
         refused_elsewhere,
         "the pause never reached the other process"
     );
-    for budget in &budgets {
+    for budget in budgets {
         let error = reserve(budget, "acme/search").await.unwrap_err();
         let refusal = error.tenant_refused().expect("refused by the tenant tree");
         assert!(refusal.is_paused(), "{refusal}");
@@ -324,14 +355,14 @@ async fn a_pause_holds_on_every_process() {
     // Every process's own view follows the store within a reading (a second): the pause
     // shows in their snapshots.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    for budget in &budgets {
+    for budget in budgets {
         assert!(budget.tenants().unwrap().snapshot(&acme).is_paused());
     }
-    // Resumed on the third: every process admits again, the one that paused included,
+    // Resumed on the last: every process admits again, the one that paused included,
     // within a reading.
-    budgets[2].tenants().unwrap().resume(&acme);
+    budgets[budgets.len() - 1].tenants().unwrap().resume(&acme);
     let started = Instant::now();
-    for budget in &budgets {
+    for budget in budgets {
         loop {
             match reserve(budget, "acme/search").await {
                 Ok(reservation) => {
