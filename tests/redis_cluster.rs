@@ -269,6 +269,9 @@ async fn idempotency_records_and_completions_cross_nodes(cluster: &RedisCluster)
             second.claim(key, "b", lease).await.unwrap(),
             Claim::InFlight
         );
+        // Renewed on the node of its slot, by its owner only.
+        assert!(first.renew(key, "a", lease).await.unwrap());
+        assert!(!second.renew(key, "b", lease).await.unwrap());
     }
     for (i, key) in keys.iter().enumerate() {
         let started = std::time::Instant::now();
