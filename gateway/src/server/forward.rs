@@ -98,9 +98,7 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     // The account of the route that answered (a fallback's, a ramp's, or the primary's).
     let served = response.extensions().get::<ServedBy>().cloned();
     let account = &gateway.accounts[routed.account_of(served.as_ref().map(ServedBy::route))];
-    let profile = account
-        .stack(api)
-        .map_or(account.profile, |(profile, _)| profile);
+    let profile = account.profile_of(api).unwrap_or(account.profile);
     if response.status() == StatusCode::TOO_MANY_REQUESTS {
         let (head, body) = response.into_parts();
         let bytes = collect(body, MAX_ERROR_BODY).await.unwrap_or_default();

@@ -124,7 +124,7 @@ impl Gateway {
 
     /// The account serving `api`.
     pub(crate) fn account(&self, api: Api) -> Option<&Account> {
-        self.accounts.iter().find(|a| a.stack(api).is_some())
+        self.accounts.iter().find(|a| a.profile_of(api).is_some())
     }
 
     /// Answers a refusal, recording it for the status page and the metrics.

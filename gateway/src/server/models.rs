@@ -60,7 +60,7 @@ impl Models {
         let open = Api::ALL
             .into_iter()
             .filter_map(|api| {
-                let index = accounts.iter().position(|a| a.stack(api).is_some())?;
+                let index = accounts.iter().position(|a| a.profile_of(api).is_some())?;
                 Some((api, routes::api_target(index, accounts, idempotency)))
             })
             .collect();
@@ -100,7 +100,7 @@ impl Models {
             .find(|m| m.name == model && caller.may_use(model))
             .ok_or_else(|| Refusal::model_not_found(model))?;
         let account = &gateway.accounts[found.account];
-        if account.stack(api).is_none() {
+        if account.profile_of(api).is_none() {
             return Err(Refusal::model_not_found(model).message(format!(
                 "the model `{model}` is not served on {}",
                 api.path()

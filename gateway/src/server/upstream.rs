@@ -309,6 +309,14 @@ impl Account {
         })
     }
 
+    /// The profile serving `api`, if this account serves it (the stack is not cloned).
+    pub(crate) fn profile_of(&self, api: Api) -> Option<Profile> {
+        self.stacks
+            .iter()
+            .find(|(a, ..)| *a == api)
+            .map(|(_, profile, _)| *profile)
+    }
+
     /// The stack and the profile serving `api`, if this account serves it.
     pub(crate) fn stack(&self, api: Api) -> Option<(Profile, Governed)> {
         self.stacks
