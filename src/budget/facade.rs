@@ -110,7 +110,8 @@ impl Budget {
         self.update_state(|state| match &mut state.shared {
             Some(shared) => {
                 let lowered = shared.observe(observation);
-                if let Some(remote) = &self.shared.remote {
+                // A leasing process lowers its own share only: the store keeps no levels for it.
+                if let Some(remote) = self.shared.remote.as_ref().filter(|r| !r.leases()) {
                     lowered.for_each(|(limit, remaining)| {
                         remote.lower(limit, Some(remaining), Duration::ZERO)
                     });

@@ -194,6 +194,7 @@ fn loom_the_stores_answer_hands_the_question_over() {
             breaker_threshold: 3,
             breaker_open_for: std::time::Duration::from_secs(1),
             pipeline: 1,
+            leases: None,
         };
         let quota = Quota::new().with_limit(crate::quota::Limit::per_minute(
             crate::quota::Dimension::Requests,

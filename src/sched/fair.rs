@@ -323,6 +323,21 @@ impl FairQueue {
         }
     }
 
+    /// Adds to `out` every flow with requests waiting or away, with its weight (the larger,
+    /// for a flow already there).
+    pub(crate) fn waiting_flows(&self, out: &mut Vec<(u64, u32)>) {
+        let waiting = self
+            .flows
+            .iter()
+            .filter(|(_, state)| !state.waiting.is_empty() || state.away > 0);
+        for (&key, state) in waiting {
+            match out.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, weight)) => *weight = (*weight).max(state.weight),
+                None => out.push((key, state.weight)),
+            }
+        }
+    }
+
     /// How many flows hold state.
     #[cfg(test)]
     pub(crate) fn flows(&self) -> usize {

@@ -483,6 +483,13 @@ impl<T> Order<T> {
             .min()
     }
 
+    /// Adds to `out` every flow with requests waiting (or away), with its weight.
+    pub(crate) fn waiting_flows(&self, out: &mut Vec<(u64, u32)>) {
+        for class in &self.classes {
+            class.fair.waiting_flows(out);
+        }
+    }
+
     /// How many requests wait.
     pub(crate) fn len(&self) -> usize {
         self.len

@@ -52,7 +52,7 @@ impl Budget {
         tenant: Option<&Tenant>,
         class: Option<Priority>,
     ) -> Result<Reservation, TryReserveError> {
-        if self.shared.remote.is_some() {
+        if self.asks_per_admission() {
             return Err(asks_its_store());
         }
         let now = Instant::now();
@@ -138,7 +138,7 @@ impl Budget {
     }
 
     fn admit_id_now(&self, ask: &Ask, now: Instant) -> Option<(ReservationId, Option<Tenant>)> {
-        if self.shared.remote.is_some() {
+        if self.asks_per_admission() {
             return None;
         }
         let ns = self.nanos_since_origin(now);

@@ -248,7 +248,7 @@ impl<'a> Pass<'a> {
     /// 4. The ways the request is paid for ([`ways`]): every one, or none. A shared budget
     ///    whose store answers asks it; out of its reach, the local fallback share pays.
     fn pay(&mut self, waiting: &mut Waiting, path: Option<Check>) -> Step {
-        let ask_store = self.budget.shared.remote.is_some() && !waiting.local;
+        let ask_store = self.budget.asks_per_admission() && !waiting.local;
         let unpaid = match self.pay_every_way(waiting, path.as_ref(), ask_store) {
             Err(Unpaid::Store) => match self.ask_store(waiting) {
                 Break(step) => return step,
@@ -278,7 +278,12 @@ impl<'a> Pass<'a> {
         ask_store: bool,
     ) -> Result<ReservationId, Unpaid> {
         let ask = &waiting.ask;
-        let shared = self.state.shared.is_some();
+        // A leased share is no fallback.
+        let shared = self
+            .state
+            .shared
+            .as_ref()
+            .is_some_and(|s| s.lease.is_none());
         let fallback = match (shared && !ask_store, waiting.local) {
             (false, _) => None,
             (true, true) => Some("store_unavailable"),
@@ -391,6 +396,18 @@ impl<'a> Pass<'a> {
     /// reorder the fronts). Blocked only by its floor, it lets whoever may go instead look.
     fn wait_for_buckets(&mut self, waiting: &mut Waiting, at: u64) -> Step {
         let step = self.wait(waiting);
+        if let Some(remote) = self.budget.shared.remote.as_ref().filter(|r| r.leases()) {
+            let ask = &waiting.ask;
+            if self
+                .state
+                .store
+                .check_capacity(&ask.cost, ask.floor)
+                .is_err()
+            {
+                // A leased share too small to ever hold it: renewed sooner.
+                remote.wants_more.notify_one();
+            }
+        }
         let Some(mine) = waiting.place else {
             return step;
         };

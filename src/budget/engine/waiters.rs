@@ -245,6 +245,11 @@ impl WaitList {
         self.order.is_empty()
     }
 
+    /// Adds to `out` every flow with requests waiting, with its weight.
+    pub(crate) fn waiting_flows(&self, out: &mut Vec<(u64, u32)>) {
+        self.order.waiting_flows(out);
+    }
+
     /// Names the ordering: the `queue` label of its depth gauge.
     pub(crate) fn set_label(&mut self, label: std::sync::Arc<str>) {
         self.order.set_label(label);

@@ -142,7 +142,15 @@ struct Buckets;
 
 impl Way for Buckets {
     fn can_pay(&self, state: &State, bill: &Bill<'_>) -> Result<(), Unpaid> {
-        if state.shared.is_some() && state.store.check_capacity(bill.cost, bill.floor).is_err() {
+        let too_large = |state: &State| state.store.check_capacity(bill.cost, bill.floor).is_err();
+        if let Some(lease) = state.shared.as_ref().and_then(|s| s.lease.as_ref()) {
+            if too_large(state) {
+                // Larger than this process's share of a burst (never larger than the account's,
+                // checked before): it waits for a larger share.
+                let at = bill.ns.saturating_add(lease.refresh);
+                return Err(Unpaid::Buckets(Denial::NotUntil { at, limit: 0 }));
+            }
+        } else if state.shared.is_some() && too_large(state) {
             return Err(Unpaid::Unavailable(StoreUnavailable::new(
                 "the shared store is out of reach and the cost exceeds the local fallback share",
             )));
@@ -155,6 +163,9 @@ impl Way for Buckets {
 
     fn take(&self, state: &mut State, bill: &Bill<'_>) {
         state.store.take(bill.cost, bill.ns);
+        if let Some(lease) = state.shared.as_mut().and_then(|s| s.lease.as_mut()) {
+            lease.spent = lease.spent.saturating_add(*bill.cost);
+        }
     }
 }
 

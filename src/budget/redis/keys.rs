@@ -72,6 +72,11 @@ impl Keys {
         format!("{}:line:at", self.root)
     }
 
+    /// The shares of the account leased to processes (a hash).
+    pub(super) fn shares(&self) -> String {
+        format!("{}:shares", self.root)
+    }
+
     /// The tenant nodes paused for every process (a set of paths), beside the nodes'
     /// buckets.
     pub(super) fn paused(&self) -> String {

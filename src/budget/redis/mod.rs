@@ -114,7 +114,7 @@ use std::time::Duration;
 
 use super::Budget;
 use super::remote::FailurePolicy;
-use crate::budget::remote::state::RemoteOptions;
+use crate::budget::remote::state::{LeaseOptions, RemoteOptions};
 use crate::quota::Quota;
 use connection::{Servers, Timeouts};
 use keys::Keys;
@@ -133,6 +133,7 @@ pub struct RedisBudget {
     breaker_threshold: u32,
     breaker_open_for: Duration,
     pipeline: usize,
+    leases: Option<LeaseOptions>,
 }
 
 impl RedisBudget {
@@ -184,6 +185,7 @@ impl RedisBudget {
             breaker_threshold: 3,
             breaker_open_for: Duration::from_millis(500),
             pipeline: crate::budget::remote::state::PIPELINE,
+            leases: None,
         }
     }
 
@@ -248,6 +250,51 @@ impl RedisBudget {
         self
     }
 
+    /// Admits from a leased share of the account, renewed every `refresh`, instead of asking
+    /// Redis per admission: one script call per process per refresh (and sooner when requests
+    /// wait for more), whatever the rate of admissions, which then run at in-memory speed.
+    ///
+    /// Redis divides the account between the processes that lease it, by what each spent of
+    /// late (all of it while requests wait) and by the weights of the tenants waiting in
+    /// each, and the shares held never add up to more than the whole: the processes together
+    /// admit within the account's rates and bursts, give or take one unit per limit for each
+    /// process whose share is below one. A share lasts three refreshes: a process that dies
+    /// gives its share back then; one whose renewals fail keeps it until then, and then falls
+    /// back on the [failure policy](RedisBudget::failure_policy)'s local share.
+    ///
+    /// What it costs: a process whose demand grows waits up to a refresh (and a round trip)
+    /// for a larger share, and a request larger than its share of a burst waits for a larger
+    /// one, so keep the largest cost below the burst divided by the number of busy
+    /// processes. A provider's pause reaches the other processes at their next renewal.
+    /// Tenant nodes' own limits are not leased: they hold per process in this mode, so a
+    /// fleet where they must hold as a whole keeps one call per admission (the default).
+    /// Every process of one account must use the same mode. A `refresh` of zero counts as
+    /// one millisecond.
+    ///
+    /// ```no_run
+    /// # use std::num::NonZeroU64;
+    /// # use std::time::Duration;
+    /// # use tower_llm_quota::budget::redis::RedisBudget;
+    /// # use tower_llm_quota::{Dimension, Limit, Quota};
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let quota = Quota::new()
+    /// #     .with_limit(Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(30_000).unwrap()));
+    /// let budget = RedisBudget::new("redis://127.0.0.1/", "openai-org-1")
+    ///     .leased_shares(Duration::from_millis(100))
+    ///     .connect(&quota)
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn leased_shares(mut self, refresh: Duration) -> Self {
+        let refresh = refresh.max(Duration::from_millis(1));
+        self.leases = Some(LeaseOptions {
+            refresh,
+            lease: refresh.saturating_mul(3),
+        });
+        self
+    }
+
     /// The circuit breaker: it opens after `failures` failures in a row, and lets one probe
     /// through every `open_for` (defaults 3 and 500 ms).
     pub fn breaker(mut self, failures: u32, open_for: Duration) -> Self {
@@ -293,6 +340,7 @@ impl RedisBudget {
             breaker_threshold: self.breaker_threshold,
             breaker_open_for: self.breaker_open_for,
             pipeline: self.pipeline,
+            leases: self.leases,
         };
         // Named after its quota key unless the quota has a name (the depth gauge's label).
         let named;
@@ -343,7 +391,7 @@ fn script_keys(keys: &Keys, quota: &Quota) -> Vec<String> {
     std::iter::once(keys.record("0"))
         .chain(limits.iter().map(|l| keys.bucket(l)))
         .chain(limits.iter().map(|l| keys.hold(l)))
-        .chain([keys.line(), keys.line_details()])
+        .chain([keys.line(), keys.line_details(), keys.shares()])
         .chain(limits.first().map(|l| keys.node_bucket(&node, l)))
         .collect()
 }

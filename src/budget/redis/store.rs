@@ -8,6 +8,7 @@ use ::redis::Script;
 use super::connection::Connection;
 use super::keys::{Keys, Rate};
 use crate::budget::memory::bucket::Floor;
+use crate::budget::remote::lease::{Demand, Grant};
 use crate::budget::remote::{Decision, PathLimits, RemoteStore, Settle, StoreFuture};
 use crate::cost::Cost;
 use crate::error::StoreUnavailable;
@@ -33,6 +34,7 @@ struct Scripts {
     reserve: Script,
     settle: Script,
     lower: Script,
+    lease: Script,
 }
 
 impl Scripts {
@@ -49,6 +51,10 @@ impl Scripts {
             lower: Script::new(concat!(
                 include_str!("bucket.lua"),
                 include_str!("lower.lua")
+            )),
+            lease: Script::new(concat!(
+                include_str!("bucket.lua"),
+                include_str!("lease.lua")
             )),
         }
     }
@@ -99,6 +105,7 @@ impl RedisStore {
             &self.scripts.reserve,
             &self.scripts.settle,
             &self.scripts.lower,
+            &self.scripts.lease,
         ] {
             script.prepare_invoke().load_async(&mut connection).await?;
         }
@@ -325,6 +332,33 @@ impl RemoteStore for RedisStore {
         })
     }
 
+    fn lease(
+        &self,
+        process: u64,
+        lease: Duration,
+        limits: Arc<[Limit]>,
+        demand: Demand,
+    ) -> StoreFuture<Grant> {
+        let mut call = Call::new();
+        call.keys.push(self.keys.shares());
+        call.keys
+            .extend(limits.iter().map(|limit| self.keys.hold(limit)));
+        let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1);
+        call.arg("")
+            .arg(format!("{process:016x}"))
+            .arg(lease_ms)
+            .arg(format!("{:.6}", demand.want));
+        for (key, weight) in &demand.flows {
+            call.arg(format!("{key:x}")).arg(weight);
+        }
+        let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
+        let (holds, flows) = (limits.len(), demand.flows.len());
+        Box::pin(async move {
+            let reply: Vec<i64> = call.run(&scripts.lease, &mut connection).await?;
+            grant(&reply, holds, flows)
+        })
+    }
+
     fn set_paused(&self, scope: Tenant, paused: bool) -> StoreFuture<()> {
         let mut command = ::redis::cmd(if paused { "SADD" } else { "SREM" });
         command.arg(self.keys.paused()).arg(scope.as_str());
@@ -370,6 +404,29 @@ impl RemoteStore for RedisStore {
             Ok(())
         })
     }
+}
+
+/// Reads the lease script's reply: `{share in millionths, lease ms, hold ms per limit...,
+/// spread per flow...}`. A leave answers `{0, 0}`.
+fn grant(reply: &[i64], holds: usize, flows: usize) -> Result<Grant, StoreUnavailable> {
+    let unexpected = || StoreUnavailable::new(format_args!("unexpected reply {reply:?}"));
+    let [share, lease, rest @ ..] = reply else {
+        return Err(unexpected());
+    };
+    if rest.len() != holds + flows && !(rest.is_empty() && *lease == 0) {
+        return Err(unexpected());
+    }
+    let ms = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    let (hold, spread) = rest.split_at(rest.len().min(holds));
+    Ok(Grant {
+        share: (*share as f64 / 1e6).clamp(0.0, 1.0),
+        lease: ms(*lease),
+        holds: hold.iter().map(|&h| ms(h)).collect(),
+        spread: spread
+            .iter()
+            .map(|&n| u32::try_from(n).unwrap_or(1).max(1))
+            .collect(),
+    })
 }
 
 /// Reads the reserve script's reply: `{1, levels...}`, `{0, wait_ms, bucket, held,

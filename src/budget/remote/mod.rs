@@ -8,6 +8,7 @@
 //! that keeps failing, and lets one probe through from time to time to notice its return.
 #![cfg_attr(not(feature = "redis"), allow(dead_code, unused_imports))]
 
+pub(crate) mod lease;
 pub(crate) mod shared;
 pub(crate) mod state;
 
@@ -111,6 +112,20 @@ pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
 
     /// Ends the holds of `limits` now, for every process.
     fn lift(&self, limits: Vec<Limit>) -> StoreFuture<()>;
+
+    /// Leases `process` a share of the account's `limits` for `lease`, by what it wants
+    /// (`demand`) and what every other live lease wants; see [`lease`](self::lease). A
+    /// `demand` that leaves gives the share back.
+    fn lease(
+        &self,
+        process: u64,
+        lease: Duration,
+        limits: Arc<[Limit]>,
+        demand: lease::Demand,
+    ) -> StoreFuture<lease::Grant> {
+        let _ = (process, lease, limits, demand);
+        Box::pin(async { Err(StoreUnavailable::new("this store does not lease shares")) })
+    }
 }
 
 /// What a shared budget does when its store does not answer within its timeout.

@@ -11,8 +11,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::budget::memory::bucket::Floor;
-use crate::budget::memory::store::MemoryStore;
-use crate::budget::remote::state::{Command, Remote, RemoteOptions, SharedState};
+use crate::budget::memory::store::{MemoryStore, Store};
+use crate::budget::remote::state::{Command, LeaseState, Remote, RemoteOptions, SharedState};
 use crate::budget::remote::{
     Breaker, Decision, FailurePolicy, PathLimits, RemoteStore, Settle, StoreFuture,
 };
@@ -73,9 +73,11 @@ impl Budget {
         options: RemoteOptions,
         reachable: bool,
     ) -> Self {
-        let share = match options.policy {
-            FailurePolicy::LocalFallback { share } => valid_share(share),
-            FailurePolicy::FailClosed => 1.0,
+        let share = match (options.leases, options.policy) {
+            // Nothing until the first grant (one round trip).
+            (Some(_), _) => valid_share(0.0),
+            (None, FailurePolicy::LocalFallback { share }) => valid_share(share),
+            (None, FailurePolicy::FailClosed) => 1.0,
         };
         let fallback = quota
             .limits()
@@ -90,6 +92,7 @@ impl Budget {
             commands,
             pause_changes: std::sync::atomic::AtomicU64::new(0),
             pauses_seen: std::sync::Mutex::default(),
+            wants_more: Arc::default(),
         };
         let mut breaker = Breaker::new(options.breaker_threshold, options.breaker_open_for);
         if !reachable {
@@ -103,6 +106,10 @@ impl Budget {
             asking: 0,
             pipeline: options.pipeline.max(1),
             refused: false,
+            lease: options.leases.map(|lease| LeaseState {
+                refresh: crate::budget::memory::store::nanos(lease.refresh),
+                ..LeaseState::default()
+            }),
         };
         let budget = Self::with_store(
             quota,
@@ -114,6 +121,8 @@ impl Budget {
         let sending = send_in_background(worker, receiver, options.timeout, refunded);
         #[cfg(not(all(test, loom)))]
         tokio::spawn(sending);
+        #[cfg(feature = "redis")]
+        budget.start_leasing();
         // Made but never run: the models send nothing.
         #[cfg(all(test, loom))]
         drop(sending);
@@ -275,6 +284,21 @@ impl SharedState {
     /// Whether one more question may go to the store now.
     pub(crate) fn may_ask(&self) -> bool {
         self.asking == 0 || (!self.refused && self.asking < self.pipeline)
+    }
+
+    /// Admits `share` of every limit locally from now on (a leased share, or the fallback's
+    /// when a lease ends unrenewed); whether it changed. Each bucket keeps its level, clamped
+    /// to its new capacity: a share that shrinks gives back what it held beyond.
+    pub(crate) fn set_share(&mut self, share: f64, store: &mut MemoryStore, now: u64) -> bool {
+        let share = valid_share(share);
+        if share == self.share {
+            return false;
+        }
+        self.share = share;
+        for limit in self.limits.iter() {
+            store.set_limit(scaled(*limit, share), now);
+        }
+        true
     }
 
     /// Replaces (or adds) a shared limit; returns the local fallback's share of it.
@@ -634,6 +658,7 @@ mod tests {
             breaker_threshold: 3,
             breaker_open_for: 500 * MS,
             pipeline: crate::budget::remote::state::PIPELINE,
+            leases: None,
         };
         let store: Arc<dyn RemoteStore> = store.clone();
         Budget::with_remote(&Quota::new().with_limit(limit), store, options, true)

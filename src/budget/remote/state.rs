@@ -24,6 +24,17 @@ pub(crate) struct RemoteOptions {
     pub(crate) breaker_open_for: Duration,
     /// The most questions on their way to the store at once while it admits.
     pub(crate) pipeline: usize,
+    /// Admit from a leased share of the account rather than asking per admission.
+    pub(crate) leases: Option<LeaseOptions>,
+}
+
+/// How a budget leases its share of the account (see [`lease`](super::lease)).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LeaseOptions {
+    /// How often the share is renewed (and sooner when requests wait for more).
+    pub(crate) refresh: Duration,
+    /// How long a grant lasts without renewal.
+    pub(crate) lease: Duration,
 }
 
 /// The handle on the shared store.
@@ -39,6 +50,15 @@ pub(crate) struct Remote {
     pub(crate) pause_changes: std::sync::atomic::AtomicU64,
     /// The store's pauses at its last reading.
     pub(crate) pauses_seen: std::sync::Mutex<Vec<crate::tenant::Tenant>>,
+    /// Woken when requests wait for a larger leased share: it is renewed sooner.
+    pub(crate) wants_more: Arc<tokio::sync::Notify>,
+}
+
+impl Remote {
+    /// Whether admissions come from a leased share rather than a question each.
+    pub(crate) fn leases(&self) -> bool {
+        self.options.leases.is_some()
+    }
 }
 
 /// The limits and breaker of a shared budget, under the budget's lock.
@@ -56,6 +76,19 @@ pub(crate) struct SharedState {
     pub(crate) refused: bool,
     /// The most questions on their way at once while the store admits.
     pub(crate) pipeline: usize,
+    /// Leasing: what was spent since the last renewal, and when the lease ends (nanoseconds
+    /// on the budget's clock; `None` before the first grant).
+    pub(crate) lease: Option<LeaseState>,
+}
+
+/// A leasing budget's account of its share.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LeaseState {
+    pub(crate) spent: crate::cost::Cost,
+    pub(crate) ends: Option<u64>,
+    /// The renewal period (nanoseconds): how long a request too large for the share waits
+    /// before it looks again.
+    pub(crate) refresh: u64,
 }
 
 /// Questions a budget may have on their way to its shared store at once while the store

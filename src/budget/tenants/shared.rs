@@ -72,6 +72,16 @@ impl Tenants {
         clamp(i128::from(ns) - self.shift)
     }
 
+    /// Records in how many processes each flow waits (a leased share's renewal).
+    pub(crate) fn spread(&self, spread: impl Iterator<Item = (u64, u32)>) {
+        self.lock().spread(spread);
+    }
+
+    /// Turns the fleet weights of `flows` back into their configured weights.
+    pub(crate) fn unspread(&self, flows: &mut [(u64, u32)]) {
+        self.lock().unspread(flows);
+    }
+
     pub(crate) fn path_of(&self, tenant: Option<&Tenant>) -> Tenant {
         self.lock().path_of(tenant)
     }

@@ -61,7 +61,15 @@ pub(crate) struct TenantState {
     /// The dimension guarantees and meters count, and the account's rate of it per minute.
     pub(crate) reference: (Dimension, u64),
     next_ticket: u64,
+    /// For a budget leasing its share of a fleet's account: in how many processes each flow
+    /// waits (by key). A flow weighs its weight divided by that number, scaled by
+    /// [`FLEET_SCALE`] (`None`: not leasing, weights as configured).
+    fleet: Option<HashMap<u64, u32>>,
 }
+
+/// The scale of fleet weights: divisible by every spread up to 8 (and most beyond), so that
+/// a weight divided by its spread stays exact enough as an integer.
+pub(crate) const FLEET_SCALE: u32 = 840;
 
 impl TenantState {
     pub(crate) fn new(tree: TenantTree, account: &[Limit]) -> Self {
@@ -72,6 +80,25 @@ impl TenantState {
             account: account.to_vec(),
             reference: reference(account),
             next_ticket: 0,
+            fleet: None,
+        }
+    }
+
+    /// Records in how many processes each flow waits (a leased share's renewal).
+    pub(crate) fn spread(&mut self, spread: impl Iterator<Item = (u64, u32)>) {
+        let fleet = self.fleet.get_or_insert_with(HashMap::new);
+        fleet.clear();
+        fleet.extend(spread.map(|(key, n)| (key, n.max(1))));
+    }
+
+    /// Turns the fleet weights of `flows` back into their configured weights.
+    pub(crate) fn unspread(&self, flows: &mut [(u64, u32)]) {
+        let Some(fleet) = &self.fleet else { return };
+        for (key, weight) in flows {
+            let n = u64::from(fleet.get(key).copied().unwrap_or(1));
+            let configured =
+                (u64::from(*weight) * n + u64::from(FLEET_SCALE) / 2) / u64::from(FLEET_SCALE);
+            *weight = u32::try_from(configured.max(1)).unwrap_or(u32::MAX);
         }
     }
 
@@ -297,11 +324,16 @@ impl TenantState {
                 guarantor = Some(prefix);
             }
         }
-        let weight = self.live.get(path.as_str()).map_or(1, |n| n.weight);
+        let mut weight = self.live.get(path.as_str()).map_or(1, |n| n.weight).max(1);
+        let key = flow_key(key);
+        if let Some(fleet) = &self.fleet {
+            let n = fleet.get(&key).copied().unwrap_or(1);
+            weight = weight.saturating_mul(FLEET_SCALE) / n;
+        }
         let share = if guarantor.is_some() { share } else { 0.0 };
         Flow {
             // Never 0: the key of requests without a tenant tree, served first come.
-            key: flow_key(key),
+            key,
             weight: weight.max(1),
             guarantor: guarantor.map_or(0, flow_key),
             share_ppm: (share * 1e6).round() as u32,

@@ -1,0 +1,282 @@
+//! Leased shares ([`RedisBudget::leased_shares`]): several budgets (as several processes would)
+//! admit from shares of one account that Redis divides between them. Real time against a
+//! private `redis-server`: the account's bucket holds over them all in every window, the
+//! shares follow demand and tenants' weights over the fleet, a dead process's share comes
+//! back when its lease ends, and Redis is called a few times a second per process rather
+//! than once per admission.
+
+mod redis_server;
+mod support;
+
+use std::collections::HashMap;
+use std::num::NonZeroU32;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use redis_server::RedisServer;
+use support::limit;
+use tokio::time::Instant;
+use tower_llm_quota::budget::redis::RedisBudget;
+use tower_llm_quota::tenant::{Tenant, TenantNode, TenantTree};
+use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota};
+
+const SECOND: Duration = Duration::from_secs(1);
+const REFRESH: Duration = Duration::from_millis(50);
+/// The account: tokens a second, and at once.
+const ACCOUNT: u64 = 30_000;
+const COST: u64 = 20;
+/// How late an admission may be recorded after it was made.
+const SLACK: Duration = Duration::from_millis(10);
+
+/// Every admission: when, by which budget, for which tenant, how much.
+type Log = Arc<Mutex<Vec<(Instant, usize, &'static str, u64)>>>;
+
+fn account() -> Limit {
+    limit(Dimension::TotalTokens, ACCOUNT, SECOND, ACCOUNT)
+}
+
+async fn leased(server: &RedisServer, key: &str) -> Budget {
+    RedisBudget::new(server.url(), key)
+        .timeout(Duration::from_millis(500))
+        .leased_shares(REFRESH)
+        .connect(&Quota::new().with_limit(account()))
+        .await
+        .unwrap()
+}
+
+/// `callers` tasks per (budget, tenant) pair, each reserving `COST` until `end` and logging
+/// what it was admitted (after `from`).
+async fn drive(
+    budgets: &[(usize, Budget, &'static str)],
+    callers: usize,
+    (from, end): (Instant, Instant),
+) -> Log {
+    let log: Log = Arc::default();
+    let mut tasks = Vec::new();
+    for (index, budget, tenant) in budgets {
+        for _ in 0..callers {
+            let (budget, log, index, tenant) = (budget.clone(), log.clone(), *index, *tenant);
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < end {
+                    let mut reservation = match tenant {
+                        "" => budget.reserve(Cost::new(COST, 0)).await,
+                        _ => {
+                            let path: Tenant = tenant.parse().unwrap();
+                            budget.reserve(Cost::new(COST, 0)).tenant(path).await
+                        }
+                    }
+                    .expect("admitted");
+                    let now = Instant::now();
+                    if now >= from && now < end {
+                        log.lock().unwrap().push((now, index, tenant, COST));
+                    }
+                    reservation.mark_sent();
+                    reservation.charge_estimate();
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    log
+}
+
+/// The most that `admissions` take in any window beyond what the account's bucket allows
+/// (its burst, and its rate over the window): positive is an excess.
+fn worst_excess(mut admissions: Vec<(Instant, u64)>) -> i64 {
+    admissions.sort_by_key(|(at, _)| *at);
+    let mut worst = i64::MIN;
+    for i in 0..admissions.len() {
+        let mut sum = 0;
+        for admission in &admissions[i..] {
+            sum += admission.1;
+            let span = admission.0 - admissions[i].0 + SLACK;
+            let allowed = ACCOUNT as f64 * (1.0 + span.as_secs_f64());
+            worst = worst.max(sum as i64 - allowed.floor() as i64);
+        }
+    }
+    worst
+}
+
+/// Script calls Redis has run since its statistics were reset.
+async fn script_calls(server: &RedisServer) -> u64 {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+async fn reset_stats(server: &RedisServer) {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+}
+
+/// The tokens each key of `log` was admitted, as a share of all.
+fn shares<K: std::hash::Hash + Eq>(
+    log: &Log,
+    key: impl Fn(usize, &'static str) -> K,
+) -> HashMap<K, f64> {
+    let log = log.lock().unwrap();
+    let total: u64 = log.iter().map(|e| e.3).sum();
+    let mut by = HashMap::new();
+    for &(_, index, tenant, amount) in log.iter() {
+        *by.entry(key(index, tenant)).or_insert(0.0) += amount as f64 / total as f64;
+    }
+    by
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_leasing_processes_keep_the_account_and_share_it_evenly() {
+    let server = RedisServer::start();
+    let budgets = [
+        leased(&server, "even").await,
+        leased(&server, "even").await,
+        leased(&server, "even").await,
+    ];
+    reset_stats(&server).await;
+    let start = Instant::now();
+    let (from, end) = (start + SECOND, start + Duration::from_secs(4));
+    let pairs: Vec<_> = budgets
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (i, b.clone(), ""))
+        .collect();
+    let log = drive(&pairs, 8, (start, end)).await;
+    let calls = script_calls(&server).await;
+    let admissions: Vec<(Instant, u64)> = log.lock().unwrap().iter().map(|e| (e.0, e.3)).collect();
+    let count = admissions.len() as u64;
+    let excess = worst_excess(admissions.clone());
+    // Over the whole run: the burst and four seconds of refill at most.
+    let spent: u64 = admissions.iter().map(|a| a.1).sum();
+    let most = ACCOUNT * 5;
+    let measured: u64 = admissions.iter().filter(|a| a.0 >= from).map(|a| a.1).sum();
+    let used = measured as f64 / (ACCOUNT as f64 * 3.0);
+    let by_process = {
+        let log = log.lock().unwrap();
+        let mut by = [0u64; 3];
+        for e in log.iter().filter(|e| e.0 >= from) {
+            by[e.1] += e.3;
+        }
+        by.map(|b| b as f64 / measured as f64)
+    };
+    println!(
+        "{count} admissions, {calls} script calls ({:.4} a call), worst excess {excess} \
+         tokens, {used:.3} of the rate used, shares {by_process:.3?}",
+        calls as f64 / count as f64
+    );
+    assert!(spent <= most, "{spent} > {most}");
+    // One unit per process whose share is below one, in any window.
+    assert!(excess <= 3, "an excess of {excess} tokens");
+    assert!(used >= 0.9, "only {used:.3} of the rate used");
+    assert!(
+        (calls as f64) / (count as f64) <= 0.1,
+        "{calls} calls for {count} admissions"
+    );
+    for share in by_process {
+        assert!((share - 1.0 / 3.0).abs() <= 0.05, "{by_process:?}");
+    }
+}
+
+fn weighted(a: u32, b: u32) -> TenantTree {
+    TenantTree::new()
+        .with_node(
+            "a".parse().unwrap(),
+            TenantNode::new().with_weight(NonZeroU32::new(a).unwrap()),
+        )
+        .with_node(
+            "b".parse().unwrap(),
+            TenantNode::new().with_weight(NonZeroU32::new(b).unwrap()),
+        )
+}
+
+/// Tenant a on the first process only, tenant b on both, both saturating: their token shares
+/// over the fleet.
+async fn fleet_shares(weights: (u32, u32), key: &str) -> (f64, f64) {
+    let server = RedisServer::start();
+    let first = leased(&server, key)
+        .await
+        .with_tenant_tree(weighted(weights.0, weights.1))
+        .unwrap();
+    let second = leased(&server, key)
+        .await
+        .with_tenant_tree(weighted(weights.0, weights.1))
+        .unwrap();
+    let start = Instant::now();
+    let pairs = [(0, first.clone(), "a"), (0, first, "b"), (1, second, "b")];
+    let log = drive(&pairs, 6, (start + SECOND, start + Duration::from_secs(5))).await;
+    let by = shares(&log, |_, tenant| tenant);
+    let by_process = shares(&log, |index, _| index);
+    println!("weights {weights:?}: tenants {by:.3?}, processes {by_process:.3?}");
+    (by["a"], by["b"])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_on_one_process_and_one_on_two_share_the_fleet_evenly() {
+    let (a, b) = fleet_shares((1, 1), "spread-1-1").await;
+    assert!(
+        (a - 0.5).abs() <= 0.05 && (b - 0.5).abs() <= 0.05,
+        "{a:.3} / {b:.3}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_three_to_one_hold_over_the_fleet() {
+    let (a, b) = fleet_shares((3, 1), "spread-3-1").await;
+    assert!(
+        (a - 0.75).abs() <= 0.05 && (b - 0.25).abs() <= 0.05,
+        "{a:.3} / {b:.3}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_process_s_share_comes_back_when_its_lease_ends() {
+    let server = RedisServer::start();
+    // A process that died holding the whole account, its lease ending in 600 ms.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let time: Vec<String> = redis::cmd("TIME")
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let now_ms = time[0].parse::<u64>().unwrap() * 1000 + time[1].parse::<u64>().unwrap() / 1000;
+    let _: () = redis::cmd("HSET")
+        .arg("llmq:{dead}:shares")
+        .arg("dead")
+        .arg(format!("1.000000|1.000000|{}|0=1", now_ms + 600))
+        .query_async(&mut connection)
+        .await
+        .unwrap();
+    let budget = leased(&server, "dead").await;
+    let start = Instant::now();
+    let mut reservation = budget.reserve(Cost::new(COST, 0)).await.unwrap();
+    let waited = start.elapsed();
+    reservation.mark_sent();
+    reservation.charge_estimate();
+    println!("first admission after {waited:?}");
+    // Nothing while the dead lease holds the account; then at the next renewal.
+    assert!(waited >= Duration::from_millis(500), "{waited:?}");
+    assert!(
+        waited <= Duration::from_millis(600) + REFRESH * 2,
+        "{waited:?}"
+    );
+}
