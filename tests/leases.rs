@@ -262,7 +262,7 @@ async fn a_dead_process_s_share_comes_back_when_its_lease_ends() {
     let _: () = redis::cmd("HSET")
         .arg("llmq:{dead}:shares")
         .arg("dead")
-        .arg(format!("1.000000|1.000000|{}|0=1", now_ms + 600))
+        .arg(format!("1000000|1.000000|{}|1.0|0=1", now_ms + 600))
         .query_async(&mut connection)
         .await
         .unwrap();
@@ -279,4 +279,113 @@ async fn a_dead_process_s_share_comes_back_when_its_lease_ends() {
         waited <= Duration::from_millis(600) + REFRESH * 2,
         "{waited:?}"
     );
+}
+
+/// The lease script alone, with the clock argument only tests pass, against the crate's book
+/// of leases ([`tower_llm_quota::budget::fleet::Ledger`]) over generated sequences of
+/// renewals, departures and time: the same grants and spreads, and the shares held never
+/// above one.
+mod script_against_the_model {
+    use proptest::prelude::*;
+    use redis::Script;
+    use tower_llm_quota::budget::fleet::{Claim, Ledger};
+
+    use super::redis_server::RedisServer;
+
+    const SHARES: &str = "t:{q}:shares";
+    const HOLD: &str = "t:{q}:total_tokens:60000:held";
+    const LEASE_MS: i64 = 300;
+    /// How often the account is divided anew (ms).
+    const EVERY: i64 = 50;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A process renews: what it wants (twentieths), its waiting flows and weights.
+        Lease(u8, u8, Vec<(u64, u32)>),
+        Leave(u8),
+        Advance(i64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let flows = proptest::collection::btree_map(1u64..5, 1u32..5, 0..3)
+            .prop_map(|flows| flows.into_iter().collect::<Vec<_>>());
+        prop_oneof![
+            6 => (0u8..5, 0u8..=20, flows).prop_map(|(p, w, f)| Op::Lease(p, w, f)),
+            1 => (0u8..5).prop_map(Op::Leave),
+            2 => (0i64..200).prop_map(Op::Advance),
+        ]
+    }
+
+    fn script() -> Script {
+        Script::new(&format!(
+            "{}{}",
+            include_str!("../src/budget/redis/bucket.lua"),
+            include_str!("../src/budget/redis/lease.lua")
+        ))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn the_script_grants_what_the_model_divides(ops in proptest::collection::vec(op(), 1..80)) {
+            thread_local! {
+                static SERVER: RedisServer = RedisServer::start();
+            }
+            let url = SERVER.with(RedisServer::url);
+            let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
+            let _: () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+            let lease = script();
+            let mut now: i64 = 1_000_000;
+            let mut model = Ledger::new(LEASE_MS as u64, EVERY as u64);
+            for op in ops {
+                match op {
+                    Op::Advance(ms) => now += ms,
+                    Op::Leave(process) => {
+                        let reply: Vec<i64> = lease
+                            .key(SHARES)
+                            .arg(now)
+                            .arg(format!("p{process}"))
+                            .arg(LEASE_MS)
+                            .arg("-1.000000")
+                            .arg(EVERY)
+                            .invoke(&mut connection)
+                            .unwrap();
+                        prop_assert_eq!(reply, vec![0, 0]);
+                        model.leave(u64::from(process));
+                    }
+                    Op::Lease(process, twentieths, flows) => {
+                        let want = f64::from(twentieths) / 20.0;
+                        let mut invocation = lease.key(SHARES);
+                        invocation.key(HOLD);
+                        invocation
+                            .arg(now)
+                            .arg(format!("p{process}"))
+                            .arg(LEASE_MS)
+                            .arg(format!("{want:.6}"))
+                            .arg(EVERY);
+                        for (key, weight) in &flows {
+                            invocation.arg(format!("{key:x}")).arg(weight);
+                        }
+                        let reply: Vec<i64> = invocation.invoke(&mut connection).unwrap();
+                        let claim = flows
+                            .iter()
+                            .fold(Claim::new(want), |c, &(key, weight)| c.with_flow(key, weight));
+                        let granted = model.lease(u64::from(process), claim, now as u64);
+                        let (granted, spread) = (granted.share, granted.spread);
+                        // Parts are sums of floating-point fractions, added in another order.
+                        prop_assert!(
+                            reply[0].abs_diff(granted as i64) <= 1,
+                            "granted {} by the script, {} by the model", reply[0], granted
+                        );
+                        prop_assert_eq!(reply[1], LEASE_MS);
+                        prop_assert_eq!(reply[2], 0, "no hold");
+                        let told: Vec<i64> = spread.into_iter().map(i64::from).collect();
+                        prop_assert_eq!(&reply[3..], &told[..]);
+                        prop_assert!(model.held() <= 1_000_000, "the shares held add up to {}", model.held());
+                    }
+                }
+            }
+        }
+    }
 }

@@ -71,6 +71,7 @@
 
 mod engine;
 mod facade;
+pub mod fleet;
 mod handle;
 #[cfg(all(test, loom))]
 mod loom_ordering;

@@ -347,7 +347,9 @@ impl RemoteStore for RedisStore {
         call.arg("")
             .arg(format!("{process:016x}"))
             .arg(lease_ms)
-            .arg(format!("{:.6}", demand.want));
+            .arg(format!("{:.6}", demand.want))
+            // The account is divided anew every half refresh (a lease is three).
+            .arg((lease_ms / 6).max(1));
         for (key, weight) in &demand.flows {
             call.arg(format!("{key:x}")).arg(weight);
         }
