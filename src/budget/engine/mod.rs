@@ -398,13 +398,17 @@ impl<'a> Pass<'a> {
         let step = self.wait(waiting);
         if let Some(remote) = self.budget.shared.remote.as_ref().filter(|r| r.leases()) {
             let ask = &waiting.ask;
-            if self
-                .state
-                .store
-                .check_capacity(&ask.cost, ask.floor)
-                .is_err()
+            let expired = (self.state.shared.as_ref())
+                .and_then(|s| s.lease.as_ref())
+                .is_some_and(|lease| lease.expired(self.ns));
+            if expired
+                || self
+                    .state
+                    .store
+                    .check_capacity(&ask.cost, ask.floor)
+                    .is_err()
             {
-                // A leased share too small to ever hold it: renewed sooner.
+                // A leased share too small to ever hold it, or ended: renewed sooner.
                 remote.wants_more.notify_one();
             }
         }

@@ -144,6 +144,11 @@ impl Way for Buckets {
     fn can_pay(&self, state: &State, bill: &Bill<'_>) -> Result<(), Unpaid> {
         let too_large = |state: &State| state.store.check_capacity(bill.cost, bill.floor).is_err();
         if let Some(lease) = state.shared.as_ref().and_then(|s| s.lease.as_ref()) {
+            if lease.expired(bill.ns) {
+                // The grant ended and its renewal is late: nothing until it comes.
+                let at = bill.ns.saturating_add(lease.refresh / 8);
+                return Err(Unpaid::Buckets(Denial::NotUntil { at, limit: 0 }));
+            }
             if too_large(state) {
                 // Larger than this process's share of a burst (never larger than the account's,
                 // checked before): it waits for a larger share.

@@ -149,7 +149,8 @@ impl Budget {
         });
     }
 
-    /// The lease ended unrenewed: the failure policy's local share applies until a renewal.
+    /// The lease ended and its renewals failed: the failure policy's local share applies until
+    /// a renewal.
     pub(crate) fn lease_lost(&self, policy: FailurePolicy) {
         let share = match policy {
             FailurePolicy::LocalFallback { share } => share,
@@ -157,7 +158,14 @@ impl Budget {
         };
         let ns = self.nanos_since_origin(Instant::now());
         self.update_state(|state| match state.shared.as_mut() {
-            Some(shared) => shared.set_share(share, &mut state.store, ns),
+            Some(shared) => {
+                // The fallback's share has no end: it lasts until a renewal.
+                if let Some(lease) = &mut shared.lease {
+                    lease.ends = None;
+                }
+                shared.set_share(share, &mut state.store, ns);
+                true
+            }
             None => false,
         });
     }
@@ -183,7 +191,9 @@ impl Budget {
 #[cfg(feature = "redis")]
 /// Renews the budget's leased share every refresh (sooner when requests wait for more) until
 /// the budget is dropped, then gives it back. A renewal that fails leaves the share as it is
-/// until its lease ends; then the failure policy's local share applies.
+/// until its lease ends; then the failure policy's local share applies. A lease that ends
+/// before it is renewed (this task ran late) admits nothing meanwhile: the admissions check
+/// its end.
 async fn keep_leasing(
     store: Arc<dyn RemoteStore>,
     (budget, wants_more): (Weak<Shared>, Arc<tokio::sync::Notify>),
@@ -208,7 +218,9 @@ async fn keep_leasing(
         last = asked;
         let flows = demand.flows.clone();
         let call = store.lease(process, options.lease, limits.clone(), demand);
-        match tokio::time::timeout(timeout, call).await {
+        let answer = tokio::time::timeout(timeout, call).await;
+        let failed = !matches!(answer, Ok(Ok(_)));
+        match answer {
             Ok(Ok(grant)) => {
                 let end = local_end(asked, grant.lease);
                 ends = Some(end);
@@ -217,7 +229,8 @@ async fn keep_leasing(
             Ok(Err(error)) => tracing::debug!(%error, "a leased share was not renewed"),
             Err(_) => tracing::debug!("a leased share was not renewed in time"),
         }
-        if ends.is_none_or(|end| Instant::now() >= end) {
+        let renewed = ends.is_some_and(|end| Instant::now() < end);
+        if !renewed && failed {
             budget_now.lease_lost(policy);
         }
         drop(budget_now);

@@ -54,6 +54,13 @@ pub(crate) struct Remote {
     pub(crate) wants_more: Arc<tokio::sync::Notify>,
 }
 
+impl LeaseState {
+    /// Whether the grant ended unrenewed at `now` (this process's renewal is late).
+    pub(crate) fn expired(&self, now: u64) -> bool {
+        self.ends.is_some_and(|end| now >= end)
+    }
+}
+
 impl Remote {
     /// Whether admissions come from a leased share rather than a question each.
     pub(crate) fn leases(&self) -> bool {
@@ -77,7 +84,7 @@ pub(crate) struct SharedState {
     /// The most questions on their way at once while the store admits.
     pub(crate) pipeline: usize,
     /// Leasing: what was spent since the last renewal, and when the lease ends (nanoseconds
-    /// on the budget's clock; `None` before the first grant).
+    /// on the budget's clock).
     pub(crate) lease: Option<LeaseState>,
 }
 
@@ -85,6 +92,8 @@ pub(crate) struct SharedState {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LeaseState {
     pub(crate) spent: crate::cost::Cost,
+    /// `Some` while a grant holds (admissions stop at its end), `None` before the first
+    /// grant and on the failure policy's share.
     pub(crate) ends: Option<u64>,
     /// The renewal period (nanoseconds): how long a request too large for the share waits
     /// before it looks again.
