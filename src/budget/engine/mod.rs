@@ -398,17 +398,17 @@ impl<'a> Pass<'a> {
         let step = self.wait(waiting);
         if let Some(remote) = self.budget.shared.remote.as_ref().filter(|r| r.leases()) {
             let ask = &waiting.ask;
-            let expired = (self.state.shared.as_ref())
+            let closed = (self.state.shared.as_ref())
                 .and_then(|s| s.lease.as_ref())
-                .is_some_and(|lease| lease.expired(self.ns));
-            if expired
+                .is_some_and(|lease| lease.closed(self.ns));
+            if closed
                 || self
                     .state
                     .store
                     .check_capacity(&ask.cost, ask.floor)
                     .is_err()
             {
-                // A leased share too small to ever hold it, or ended: renewed sooner.
+                // A leased share too small to ever hold it, empty or ended: renewed sooner.
                 remote.wants_more.notify_one();
             }
         }

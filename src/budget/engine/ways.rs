@@ -144,8 +144,8 @@ impl Way for Buckets {
     fn can_pay(&self, state: &State, bill: &Bill<'_>) -> Result<(), Unpaid> {
         let too_large = |state: &State| state.store.check_capacity(bill.cost, bill.floor).is_err();
         if let Some(lease) = state.shared.as_ref().and_then(|s| s.lease.as_ref()) {
-            if lease.expired(bill.ns) {
-                // The grant ended and its renewal is late: nothing until it comes.
+            if lease.closed(bill.ns) {
+                // No share, or the grant ended and its renewal is late: nothing until one.
                 let at = bill.ns.saturating_add(lease.refresh / 8);
                 return Err(Unpaid::Buckets(Denial::NotUntil { at, limit: 0 }));
             }

@@ -257,10 +257,12 @@ impl RedisBudget {
     /// Redis divides the account between the processes that lease it, by what each spent of
     /// late (all of it while requests wait) and by the weights of the tenants waiting in
     /// each, and the shares held never add up to more than the whole: the processes together
-    /// admit within the account's rates and bursts, give or take one unit per limit for each
-    /// process whose share is below one. A share lasts three refreshes: a process that dies
-    /// gives its share back then; one whose renewals fail keeps it until then, and then falls
-    /// back on the [failure policy](RedisBudget::failure_policy)'s local share.
+    /// admit within the account's rates and bursts. A share lasts three refreshes: a process
+    /// that dies gives its share back then; one whose renewals fail keeps it until then, and
+    /// then falls back on the [failure policy](RedisBudget::failure_policy)'s local share
+    /// (with [`FailurePolicy::FailClosed`], nothing); one whose renewal is merely late admits
+    /// nothing past its share's end. A process that starts holds nothing until the account is
+    /// next divided (every half refresh).
     ///
     /// What it costs: a process whose demand grows waits up to a refresh (and a round trip)
     /// for a larger share, and a request larger than its share of a burst waits for a larger

@@ -108,6 +108,8 @@ impl Budget {
             refused: false,
             lease: options.leases.map(|lease| LeaseState {
                 refresh: crate::budget::memory::store::nanos(lease.refresh),
+                // Nothing before the first grant.
+                empty: true,
                 ..LeaseState::default()
             }),
         };
@@ -290,6 +292,11 @@ impl SharedState {
     /// when a lease ends unrenewed); whether it changed. Each bucket keeps its level, clamped
     /// to its new capacity: a share that shrinks gives back what it held beyond.
     pub(crate) fn set_share(&mut self, share: f64, store: &mut MemoryStore, now: u64) -> bool {
+        if let Some(lease) = &mut self.lease {
+            // A leased share below one unit of a limit admits nothing (rather than a unit).
+            let below_a_unit = |l: &Limit| (l.capacity() as f64 * share) < 1.0;
+            lease.empty = self.limits.iter().any(below_a_unit);
+        }
         let share = valid_share(share);
         if share == self.share {
             return false;
@@ -586,6 +593,10 @@ mod tests {
         /// Pauses and lifts as the store saw them; the first `failing_pauses` fail.
         holds: Mutex<Vec<&'static str>>,
         failing_pauses: Mutex<u32>,
+        /// Leases: the share granted at each renewal (after the last, the last again), or
+        /// `None`: the renewal hangs. When asked, and what was wanted.
+        grants: Mutex<VecDeque<Option<f64>>>,
+        renewals: Mutex<Vec<(Instant, f64)>>,
     }
 
     impl RemoteStore for ScriptedStore {
@@ -643,6 +654,37 @@ mod tests {
             self.holds.lock().unwrap().push("lift");
             Box::pin(async { Ok(()) })
         }
+
+        fn lease(
+            &self,
+            _process: u64,
+            lease: Duration,
+            limits: Arc<[Limit]>,
+            demand: super::super::lease::Demand,
+        ) -> StoreFuture<super::super::lease::Grant> {
+            self.renewals
+                .lock()
+                .unwrap()
+                .push((Instant::now(), demand.want));
+            let mut grants = self.grants.lock().unwrap();
+            let next = if grants.len() > 1 {
+                grants.pop_front().flatten()
+            } else {
+                grants.front().copied().flatten()
+            };
+            match next {
+                Some(share) => {
+                    let grant = super::super::lease::Grant {
+                        share,
+                        lease,
+                        holds: vec![Duration::ZERO; limits.len()],
+                        spread: vec![1; demand.flows.len()],
+                    };
+                    Box::pin(async move { Ok(grant) })
+                }
+                None => Box::pin(std::future::pending()),
+            }
+        }
     }
 
     const MS: Duration = Duration::from_millis(1);
@@ -662,6 +704,124 @@ mod tests {
         };
         let store: Arc<dyn RemoteStore> = store.clone();
         Budget::with_remote(&Quota::new().with_limit(limit), store, options, true)
+    }
+
+    /// A budget leasing its share from `store`, renewed every 100 ms (a grant lasts 300).
+    fn leasing(
+        store: &Arc<ScriptedStore>,
+        policy: FailurePolicy,
+        grants: &[Option<f64>],
+    ) -> Budget {
+        store.grants.lock().unwrap().extend(grants.iter().copied());
+        let limit = Limit::per_second(Dimension::TotalTokens, NonZeroU64::new(1_000).unwrap())
+            .with_headroom(1.0)
+            .unwrap()
+            .with_burst(NonZeroU64::new(1_000).unwrap());
+        let options = RemoteOptions {
+            policy,
+            timeout: 50 * MS,
+            breaker_threshold: 3,
+            breaker_open_for: 500 * MS,
+            pipeline: crate::budget::remote::state::PIPELINE,
+            leases: Some(crate::budget::remote::state::LeaseOptions {
+                refresh: 100 * MS,
+                lease: 300 * MS,
+            }),
+        };
+        let store: Arc<dyn RemoteStore> = store.clone();
+        Budget::with_remote(&Quota::new().with_limit(limit), store, options, true)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leased_share_admits_in_memory_and_is_renewed_every_refresh() {
+        let store = Arc::new(ScriptedStore::default());
+        let budget = leasing(&store, FailurePolicy::FailClosed, &[Some(0.5)]);
+        let start = Instant::now();
+        // The first grant comes at once; its bucket refills from there: half the account's
+        // rate (500 a second), and half its burst at most.
+        budget
+            .reserve(Cost::new(10, 0))
+            .await
+            .unwrap()
+            .charge_estimate();
+        let first = start.elapsed();
+        assert!(first <= 100 * MS, "{first:?}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let waited = Instant::now();
+        budget
+            .reserve(Cost::new(500, 0))
+            .await
+            .unwrap()
+            .charge_estimate();
+        assert_eq!(waited.elapsed(), Duration::ZERO, "a full half burst");
+        budget
+            .reserve(Cost::new(100, 0))
+            .await
+            .unwrap()
+            .charge_estimate();
+        assert_eq!(waited.elapsed(), 200 * MS, "100 at 500 a second");
+        assert_eq!(
+            store.asked.lock().unwrap().len(),
+            0,
+            "no question per admission"
+        );
+        let renewals = store.renewals.lock().unwrap();
+        // Every 100 ms over 2.2 s (the first at once).
+        assert!((22..=24).contains(&renewals.len()), "{}", renewals.len());
+        assert_eq!(renewals.last().unwrap().1, 1.0, "waiting: it wants all");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_grant_renewed_late_admits_nothing_past_its_end() {
+        let store = Arc::new(ScriptedStore::default());
+        let budget = leasing(&store, FailurePolicy::FailClosed, &[Some(1.0)]);
+        tokio::time::sleep(10 * MS).await;
+        budget
+            .reserve(Cost::new(1, 0))
+            .await
+            .unwrap()
+            .charge_estimate();
+        // The renewals hang from now: the grant ends 270 ms after it was asked, and the
+        // failure policy (closed) then admits nothing.
+        store.grants.lock().unwrap().clear();
+        store.grants.lock().unwrap().push_back(None);
+        tokio::time::sleep(300 * MS).await;
+        let late = tokio::time::timeout(Duration::from_secs(2), budget.reserve(Cost::new(1, 0)));
+        assert!(late.await.is_err(), "nothing admitted past the grant's end");
+        // Renewals answer again: admitted at the next.
+        store.grants.lock().unwrap().clear();
+        store.grants.lock().unwrap().push_back(Some(1.0));
+        let start = Instant::now();
+        budget
+            .reserve(Cost::new(1, 0))
+            .await
+            .unwrap()
+            .charge_estimate();
+        assert!(start.elapsed() <= 150 * MS, "{:?}", start.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_failing_past_the_grant_fall_back_on_the_policy_s_share() {
+        let store = Arc::new(ScriptedStore::default());
+        let budget = leasing(&store, FailurePolicy::local_share_of(4), &[Some(1.0)]);
+        tokio::time::sleep(10 * MS).await;
+        store.grants.lock().unwrap().clear();
+        store.grants.lock().unwrap().push_back(None);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // A quarter of the burst at once, the rest at a quarter of the rate.
+        let start = Instant::now();
+        budget
+            .reserve(Cost::new(250, 0))
+            .await
+            .unwrap()
+            .charge_estimate();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        budget
+            .reserve(Cost::new(25, 0))
+            .await
+            .unwrap()
+            .charge_estimate();
+        assert_eq!(start.elapsed(), 100 * MS);
     }
 
     fn scripted(script: &[Script]) -> Arc<ScriptedStore> {

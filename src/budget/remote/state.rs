@@ -55,9 +55,10 @@ pub(crate) struct Remote {
 }
 
 impl LeaseState {
-    /// Whether the grant ended unrenewed at `now` (this process's renewal is late).
-    pub(crate) fn expired(&self, now: u64) -> bool {
-        self.ends.is_some_and(|end| now >= end)
+    /// Whether nothing may be admitted at `now`: the share is empty, or the grant ended
+    /// unrenewed (this process's renewal is late).
+    pub(crate) fn closed(&self, now: u64) -> bool {
+        self.empty || self.ends.is_some_and(|end| now >= end)
     }
 }
 
@@ -95,6 +96,8 @@ pub(crate) struct LeaseState {
     /// `Some` while a grant holds (admissions stop at its end), `None` before the first
     /// grant and on the failure policy's share.
     pub(crate) ends: Option<u64>,
+    /// The share is below one unit of a limit: nothing is admitted.
+    pub(crate) empty: bool,
     /// The renewal period (nanoseconds): how long a request too large for the share waits
     /// before it looks again.
     pub(crate) refresh: u64,
