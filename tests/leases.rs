@@ -389,3 +389,73 @@ mod script_against_the_model {
         }
     }
 }
+
+/// Requests larger than each process's share of the burst (750 tokens, where four processes
+/// hold 200 each of a burst of 800), settled below their estimate: each is admitted once its
+/// process's share is full, into debt that its refill repays, none of it forgiven. The excess
+/// in any window stays within one request beyond its share per process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_larger_than_a_share_of_the_burst_go_into_debt() {
+    const RATE: u64 = 20_000;
+    const BURST: u64 = 800;
+    const PROCESSES: u64 = 4;
+    let (estimate, actual) = (750, 500);
+    let server = RedisServer::start();
+    let limit = limit(Dimension::TotalTokens, RATE, SECOND, BURST);
+    let mut budgets = Vec::new();
+    for _ in 0..PROCESSES {
+        let budget = RedisBudget::new(server.url(), "debt")
+            .timeout(Duration::from_millis(500))
+            .leased_shares(REFRESH)
+            .connect(&Quota::new().with_limit(limit))
+            .await
+            .unwrap();
+        budgets.push(budget);
+    }
+    let log: Arc<Mutex<Vec<(Instant, u64)>>> = Arc::default();
+    let start = Instant::now();
+    let end = start + Duration::from_secs(4);
+    let mut tasks = Vec::new();
+    for budget in &budgets {
+        for _ in 0..8 {
+            let (budget, log) = (budget.clone(), log.clone());
+            tasks.push(tokio::spawn(async move {
+                while Instant::now() < end {
+                    let mut reservation = budget.reserve(Cost::new(estimate, 0)).await.unwrap();
+                    let at = Instant::now();
+                    reservation.mark_sent();
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                    reservation.settle_cost(Cost::new(actual, 0));
+                    log.lock().unwrap().push((at, actual));
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let mut admissions = log.lock().unwrap().clone();
+    admissions.sort_by_key(|(at, _)| *at);
+    let mut worst = i64::MIN;
+    for i in 0..admissions.len() {
+        let mut sum = 0;
+        for admission in &admissions[i..] {
+            sum += admission.1;
+            let span = admission.0 - admissions[i].0 + SLACK;
+            let allowed = BURST as f64 + RATE as f64 * span.as_secs_f64();
+            worst = worst.max(sum as i64 - allowed.floor() as i64);
+        }
+    }
+    let used: u64 = admissions.iter().map(|a| a.1).sum();
+    let bound = (PROCESSES * (estimate - BURST / PROCESSES)) as i64;
+    println!(
+        "{} admissions, {used} tokens used, worst excess {worst} tokens (bound {bound})",
+        admissions.len()
+    );
+    assert!(worst <= bound, "an excess of {worst} tokens");
+    // Four seconds at the rate (less the startup's first division) at least two thirds used.
+    assert!(
+        used as f64 >= RATE as f64 * 4.0 * 0.66,
+        "{used} tokens used"
+    );
+}

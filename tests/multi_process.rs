@@ -34,8 +34,53 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_share_one_quota_through_redis() {
+    // The processes take turns at the store: with a burst of 4 % of the quota, each turn's
+    // hand-over leaves a little of it idle (94.8 % before, when one process could take every
+    // refill; 91.8-92.6 % with turns).
+    four_processes(None, 0.91).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_share_one_quota_through_leased_shares() {
+    four_processes(Some(LEASE_REFRESH_MS), 0.91).await;
+}
+
+/// How often the processes with leased shares renew them (ms).
+const LEASE_REFRESH_MS: u64 = 50;
+
+/// One process of the example on the simulator at `url`, sharing `redis`'s quota, leasing
+/// its share when `leased` (the refresh in ms); `items` tickets from `seed`.
+fn spawn_process(
+    (url, redis): (&str, &RedisServer),
+    leased: Option<u64>,
+    (items, seed): (usize, usize),
+    report: &std::path::Path,
+) -> std::process::Child {
+    let mut command = Command::new(support::batch_example());
+    command
+        .args(["--url", url, "--api-key-env", "SIM_API_KEY"])
+        .args(["--redis-url", &redis.url(), "--quota-key", "shared-account"])
+        .args(["--instances", &PROCESSES.to_string()])
+        .args(["--rpm", &RPM.to_string(), "--tpm", &TPM.to_string()])
+        .args(["--minute-ms", &MINUTE.as_millis().to_string()])
+        .args(["--headroom", HEADROOM, "--burst", BURST])
+        .args(["--items", &items.to_string(), "--seed", &seed.to_string()])
+        .args(["--concurrency", "16", "--governed-only"])
+        .arg("--report")
+        .arg(report)
+        .env("SIM_API_KEY", "sk-shared")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(refresh) = leased {
+        command.args(["--leased-shares", &refresh.to_string()]);
+    }
+    command.spawn().expect("the example starts")
+}
+
+/// Four processes sharing one quota (by a call per admission, or `leased`): every item done,
+/// no provider 429, no window above the quota, and at least `floor` of it used.
+async fn four_processes(leased: Option<u64>, floor: f64) {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let binary = support::batch_example();
     let redis = RedisServer::start();
     let (simulator, _server, url) = served_simulator(11).await;
     let reports = tempdir();
@@ -43,27 +88,7 @@ async fn four_processes_share_one_quota_through_redis() {
     let children: Vec<_> = (0..PROCESSES)
         .map(|i| {
             let report = reports.join(format!("report-{i}.json"));
-            let child = Command::new(&binary)
-                .args(["--url", &url, "--api-key-env", "SIM_API_KEY"])
-                .args(["--redis-url", &redis.url(), "--quota-key", "shared-account"])
-                .args(["--instances", &PROCESSES.to_string()])
-                .args(["--rpm", &RPM.to_string(), "--tpm", &TPM.to_string()])
-                .args(["--minute-ms", &MINUTE.as_millis().to_string()])
-                .args(["--headroom", HEADROOM, "--burst", BURST])
-                .args([
-                    "--items",
-                    &ITEMS.to_string(),
-                    "--seed",
-                    &(100 + i).to_string(),
-                ])
-                .args(["--concurrency", "16", "--governed-only"])
-                .arg("--report")
-                .arg(&report)
-                .env("SIM_API_KEY", "sk-shared")
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("the example starts");
+            let child = spawn_process((&url, &redis), leased, (ITEMS, 100 + i), &report);
             (child, report)
         })
         .collect();
@@ -77,18 +102,14 @@ async fn four_processes_share_one_quota_through_redis() {
     let stats = simulator.stats();
     let tokens = stats.limit(Dimension::TotalTokens).unwrap();
     let requests = stats.limit(Dimension::Requests).unwrap();
-    let used = stats.prompt_tokens + stats.completion_tokens;
-    // Utilisation over the busy period: from the first admission to the last.
-    let active: Vec<_> = stats
-        .series
-        .iter()
-        .filter(|point| point.requests > 0)
-        .collect();
-    let busy = active.last().unwrap().start - active[0].start + stats.series_interval;
-    let utilisation = used as f64 / (TPM as f64 * busy.as_secs_f64() / MINUTE.as_secs_f64());
+    let utilisation = busy_utilisation(&stats);
     println!(
-        "{PROCESSES} processes: {done} items, {} provider 429s, busiest window {} tokens of {} \
-         and {} requests of {}, utilisation {:.1} % over {busy:?}",
+        "{PROCESSES} processes ({}): {done} items, {} provider 429s, busiest window {} tokens \
+         of {} and {} requests of {}, utilisation {:.1} %",
+        match leased {
+            Some(_) => "leased shares",
+            None => "a call per admission",
+        },
         stats.rate_limited,
         tokens.max_in_window,
         tokens.amount,
@@ -104,10 +125,86 @@ async fn four_processes_share_one_quota_through_redis() {
         tokens.max_in_window
     );
     assert!(requests.max_in_window <= RPM);
-    // The processes take turns at the store: with a burst of 4 % of the quota, each turn's
-    // hand-over leaves a little of it idle (94.8 % before, when one process could take every
-    // refill; 91.8-92.6 % with turns).
-    assert!(utilisation >= 0.91, "utilisation {utilisation}");
+    assert!(utilisation >= floor, "utilisation {utilisation}");
+}
+
+/// The tokens the provider served over its busy period (from the first admission to the
+/// last), as a share of its quota over that time.
+fn busy_utilisation(stats: &tower_llm_quota::sim::SimStats) -> f64 {
+    let active: Vec<_> = stats
+        .series
+        .iter()
+        .filter(|point| point.requests > 0)
+        .collect();
+    let busy = active.last().unwrap().start - active[0].start + stats.series_interval;
+    let used = stats.prompt_tokens + stats.completion_tokens;
+    used as f64 / (TPM as f64 * busy.as_secs_f64() / MINUTE.as_secs_f64())
+}
+
+/// Three processes leasing shares of the quota; one is killed (SIGKILL) while it holds its
+/// share: its share comes back to the others within its lease (three refreshes), so they
+/// go on using the whole quota, still without a provider 429.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_killed_holding_its_share_gives_it_back_within_its_lease() {
+    const LIVING: usize = 2;
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let (simulator, _server, url) = served_simulator(13).await;
+    let reports = tempdir();
+    let leased = Some(LEASE_REFRESH_MS);
+    let mut doomed = spawn_process((&url, &redis), leased, (400, 300), &reports.join("doomed"));
+    let living: Vec<_> = (0..LIVING)
+        .map(|i| {
+            let report = reports.join(format!("report-{i}.json"));
+            let child = spawn_process((&url, &redis), leased, (ITEMS * 2, 200 + i), &report);
+            (child, report)
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The simulator's clock at the kill: its latest interval with an admission (they come
+    // every few milliseconds).
+    let killed_at = simulator.stats().series.last().map(|p| p.start).unwrap();
+    doomed.kill().unwrap();
+    doomed.wait().unwrap();
+    let mut done = 0;
+    for (child, report) in living {
+        let governed = governed_report(child, report).await;
+        assert_eq!(governed["failed"], 0, "{governed}");
+        done += governed["ok"].as_u64().unwrap();
+    }
+    let stats = simulator.stats();
+    // From one lease after the kill (and a whole interval) to the last admission: the quota's
+    // use by the living.
+    let interval = stats.series_interval;
+    let from = killed_at + Duration::from_millis(3 * LEASE_REFRESH_MS) + interval;
+    let after: Vec<_> = stats
+        .series
+        .iter()
+        .filter(|point| point.start >= from && point.requests > 0)
+        .collect();
+    let span = after.last().unwrap().start - after[0].start + interval;
+    let tokens: u64 = after.iter().map(|p| p.input_tokens + p.output_tokens).sum();
+    let utilisation = tokens as f64 / (TPM as f64 * span.as_secs_f64() / MINUTE.as_secs_f64());
+    println!(
+        "killed after 2 s; the {LIVING} left: {done} items, {} provider 429s, utilisation \
+         {:.1} % over the {span:?} from one lease after the kill",
+        stats.rate_limited,
+        utilisation * 100.0
+    );
+    assert_eq!(
+        done,
+        (LIVING * ITEMS * 2) as u64,
+        "every item of the living done"
+    );
+    assert_eq!(stats.rate_limited, 0, "no provider 429");
+    assert!(
+        stats.limit(Dimension::TotalTokens).unwrap().max_in_window <= TPM,
+        "no window above the quota"
+    );
+    assert!(
+        utilisation >= 0.85,
+        "the living used {utilisation:.3} of the quota"
+    );
 }
 
 /// One process of the main example with the crate's defaults against the simulator over

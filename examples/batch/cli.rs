@@ -67,6 +67,10 @@ pub(crate) struct Args {
     /// this share of it.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub(crate) instances: u32,
+    /// With --redis-url: admit from a leased share of the quota renewed every MS
+    /// milliseconds, instead of one Redis call per admission.
+    #[arg(long, value_name = "MS", requires = "redis_url")]
+    pub(crate) leased_shares: Option<u64>,
     /// Attempts per call in the governed stack, the first included, for every class
     /// [default: the crate's, 8 for batch work]; with --durable, a job whose call fails
     /// transiently that often is rescheduled.

@@ -58,7 +58,8 @@
 //! - `--redis-url redis://127.0.0.1/ --quota-key NAME --instances N`: the governed budget lives
 //!   in Redis, so processes started side by side with the same key share one quota (with
 //!   `--url`, all of them against one provider); `--instances` is each process's fallback share
-//!   while Redis is out of reach.
+//!   while Redis is out of reach; `--leased-shares MS` admits from a share of the quota leased
+//!   from Redis and renewed every MS milliseconds instead of calling Redis per admission.
 //! - `--report FILE.json`, `--plot FILE.svg`: the figures as JSON; tokens admitted per
 //!   simulated second against the quota, with the 429s marked.
 //! - `--group N [--instructions FILE.txt] [--template FILE.toml] [--answer-errors SHARE]`:
@@ -336,8 +337,12 @@ async fn governed_stack(args: &Args, settings: &Settings) -> Result<QuotaStack, 
     }
     Ok(match &args.redis_url {
         Some(url) => {
-            let budget = RedisBudget::new(url.as_str(), args.quota_key.as_str())
-                .expected_instances(args.instances.max(1))
+            let mut budget = RedisBudget::new(url.as_str(), args.quota_key.as_str())
+                .expected_instances(args.instances.max(1));
+            if let Some(refresh) = args.leased_shares {
+                budget = budget.leased_shares(std::time::Duration::from_millis(refresh));
+            }
+            let budget = budget
                 .connect(&quota)
                 .await
                 .map_err(|error| format!("cannot use Redis at {url}: {error}"))?;

@@ -151,9 +151,13 @@ impl Way for Buckets {
             }
             if too_large(state) {
                 // Larger than this process's share of a burst (never larger than the account's,
-                // checked before): it waits for a larger share.
-                let at = bill.ns.saturating_add(lease.refresh);
-                return Err(Unpaid::Buckets(Denial::NotUntil { at, limit: 0 }));
+                // checked before): admitted once the share's buckets are full, into debt,
+                // which their refill repays. Each process so spends at most one request
+                // beyond its share of the burst.
+                return state
+                    .store
+                    .check_into_debt(bill.cost, bill.floor, bill.ns)
+                    .map_err(Unpaid::Buckets);
             }
         } else if state.shared.is_some() && too_large(state) {
             return Err(Unpaid::Unavailable(StoreUnavailable::new(
@@ -167,9 +171,16 @@ impl Way for Buckets {
     }
 
     fn take(&self, state: &mut State, bill: &Bill<'_>) {
-        state.store.take(bill.cost, bill.ns);
-        if let Some(lease) = state.shared.as_mut().and_then(|s| s.lease.as_mut()) {
-            lease.spent = lease.spent.saturating_add(*bill.cost);
+        match state.shared.as_mut().and_then(|s| s.lease.as_mut()) {
+            Some(lease) => {
+                lease.spent = lease.spent.saturating_add(*bill.cost);
+                // Larger than the share's burst: into debt, all of it.
+                match state.store.check_capacity(bill.cost, bill.floor) {
+                    Ok(()) => state.store.take(bill.cost, bill.ns),
+                    Err(_) => state.store.take_into_debt(bill.cost, bill.ns),
+                }
+            }
+            None => state.store.take(bill.cost, bill.ns),
         }
     }
 }

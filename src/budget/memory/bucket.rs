@@ -214,6 +214,12 @@ impl Bucket {
     /// overrun beyond that is forgiven, so that a single absurd report cannot block the bucket
     /// for longer than two refills.
     pub(crate) fn debit(&mut self, amount: u64, now: u64) {
+        self.debit_down_to(amount, self.capacity, now);
+    }
+
+    /// Takes `amount` as [`debit`](Self::debit) does, the level never below minus `debt`
+    /// units (for a cost larger than the capacity, admitted into debt: none of it forgiven).
+    pub(crate) fn debit_down_to(&mut self, amount: u64, debt: u64, now: u64) {
         if let Some(shadow) = &mut self.shadow {
             shadow.debit(amount, now);
         }
@@ -228,7 +234,7 @@ impl Bucket {
         let start = self.full_at.max(self.ticks(now));
         let floor = self
             .ticks(now)
-            .saturating_add(self.units(self.capacity).saturating_mul(2));
+            .saturating_add(self.units(self.capacity.saturating_add(debt.max(self.capacity))));
         self.full_at = start
             .saturating_add(self.units(amount))
             .min(floor.max(start));

@@ -156,10 +156,39 @@ impl MemoryStore {
     }
 }
 
-impl Store for MemoryStore {
-    fn check(&self, cost: &Cost, floor: Floor, now: u64) -> Result<(), Denial> {
+impl MemoryStore {
+    /// Whether the buckets can take `cost` into debt now: each holds what it can of it (the
+    /// cost, or all it may hold above `floor` when the cost is more). A leased share smaller
+    /// than a request admits it so, once full, and repays the rest from its refill.
+    pub(crate) fn check_into_debt(
+        &self,
+        cost: &Cost,
+        floor: Floor,
+        now: u64,
+    ) -> Result<(), Denial> {
+        self.check_each(cost, floor, now, true)
+    }
+
+    /// Takes `cost` from every bucket, into debt as deep as it takes (see
+    /// [`check_into_debt`](Self::check_into_debt)): none of it is forgiven.
+    pub(crate) fn take_into_debt(&mut self, cost: &Cost, now: u64) {
+        for bucket in &mut self.buckets {
+            let amount = cost.amount(bucket.limit().dimension());
+            if amount > 0 {
+                bucket.debit_down_to(amount, amount, now);
+            }
+        }
+    }
+
+    /// Every touched bucket's fit, each asked for its amount (or, `capped`, at most what it
+    /// may hold above `floor`).
+    fn check_each(&self, cost: &Cost, floor: Floor, now: u64, capped: bool) -> Result<(), Denial> {
         let mut latest: Option<(u64, usize)> = None;
         for (i, bucket, amount) in self.touched(cost) {
+            let amount = match capped {
+                true => amount.min(bucket.usable(floor)).max(1),
+                false => amount,
+            };
             match bucket.fit(amount, floor, now) {
                 Fit::Now => {}
                 Fit::At(at) => {
@@ -174,6 +203,12 @@ impl Store for MemoryStore {
             Some((at, limit)) => Err(Denial::NotUntil { at, limit }),
             None => Ok(()),
         }
+    }
+}
+
+impl Store for MemoryStore {
+    fn check(&self, cost: &Cost, floor: Floor, now: u64) -> Result<(), Denial> {
+        self.check_each(cost, floor, now, false)
     }
 
     fn take(&mut self, cost: &Cost, now: u64) {

@@ -265,9 +265,11 @@ impl RedisBudget {
     /// next divided (every half refresh).
     ///
     /// What it costs: a process whose demand grows waits up to a refresh (and a round trip)
-    /// for a larger share, and a request larger than its share of a burst waits for a larger
-    /// one, so keep the largest cost below the burst divided by the number of busy
-    /// processes. A provider's pause reaches the other processes at their next renewal.
+    /// for a larger share; a request larger than its process's share of a burst is admitted
+    /// once that share is full, into debt that its refill repays (none forgiven), so each
+    /// process may spend one request beyond its share of the burst: the fleet's bound is the
+    /// account's, plus at most the largest cost less a share of the burst per process. A
+    /// provider's pause reaches the other processes at their next renewal.
     /// Tenant nodes' own limits are not leased: they hold per process in this mode, so a
     /// fleet where they must hold as a whole keeps one call per admission (the default).
     /// Every process of one account must use the same mode. A `refresh` of zero counts as

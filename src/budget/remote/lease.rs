@@ -13,7 +13,8 @@
 //!
 //! The cost: a store call per process per refresh instead of one per admission; a process
 //! whose demand grows waits up to a refresh (and a round trip) for a larger share; a request
-//! larger than this process's share of a burst waits for a larger one.
+//! larger than this process's share of a burst is admitted once the share is full, into debt
+//! (one request beyond its share of the burst per process, at most).
 #![cfg_attr(not(feature = "redis"), allow(dead_code, unused_imports))]
 
 use std::sync::{Arc, Weak};
