@@ -82,9 +82,9 @@ async fn drive(
     log
 }
 
-/// The most that `admissions` take in any window beyond what the account's bucket allows
-/// (its burst, and its rate over the window): positive is an excess.
-fn worst_excess(mut admissions: Vec<(Instant, u64)>) -> i64 {
+/// The most that `admissions` take in any window beyond what a bucket of `rate` a second
+/// holding `burst` allows (its burst, and its rate over the window): positive is an excess.
+fn worst_excess(mut admissions: Vec<(Instant, u64)>, rate: u64, burst: u64) -> i64 {
     admissions.sort_by_key(|(at, _)| *at);
     let mut worst = i64::MIN;
     for i in 0..admissions.len() {
@@ -92,7 +92,7 @@ fn worst_excess(mut admissions: Vec<(Instant, u64)>) -> i64 {
         for admission in &admissions[i..] {
             sum += admission.1;
             let span = admission.0 - admissions[i].0 + SLACK;
-            let allowed = ACCOUNT as f64 * (1.0 + span.as_secs_f64());
+            let allowed = burst as f64 + rate as f64 * span.as_secs_f64();
             worst = worst.max(sum as i64 - allowed.floor() as i64);
         }
     }
@@ -165,7 +165,7 @@ async fn three_leasing_processes_keep_the_account_and_share_it_evenly() {
     let calls = script_calls(&server).await;
     let admissions: Vec<(Instant, u64)> = log.lock().unwrap().iter().map(|e| (e.0, e.3)).collect();
     let count = admissions.len() as u64;
-    let excess = worst_excess(admissions.clone());
+    let excess = worst_excess(admissions.clone(), ACCOUNT, ACCOUNT);
     // Over the whole run: the burst and four seconds of refill at most.
     let spent: u64 = admissions.iter().map(|a| a.1).sum();
     let most = ACCOUNT * 5;
@@ -434,18 +434,8 @@ async fn requests_larger_than_a_share_of_the_burst_go_into_debt() {
     for task in tasks {
         task.await.unwrap();
     }
-    let mut admissions = log.lock().unwrap().clone();
-    admissions.sort_by_key(|(at, _)| *at);
-    let mut worst = i64::MIN;
-    for i in 0..admissions.len() {
-        let mut sum = 0;
-        for admission in &admissions[i..] {
-            sum += admission.1;
-            let span = admission.0 - admissions[i].0 + SLACK;
-            let allowed = BURST as f64 + RATE as f64 * span.as_secs_f64();
-            worst = worst.max(sum as i64 - allowed.floor() as i64);
-        }
-    }
+    let admissions = log.lock().unwrap().clone();
+    let worst = worst_excess(admissions.clone(), RATE, BURST);
     let used: u64 = admissions.iter().map(|a| a.1).sum();
     let bound = (PROCESSES * (estimate - BURST / PROCESSES)) as i64;
     println!(
