@@ -9,7 +9,7 @@ mod redis_server;
 mod support;
 
 use std::collections::HashMap;
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -324,6 +324,8 @@ mod script_against_the_model {
 
     const SHARES: &str = "t:{q}:shares";
     const HOLD: &str = "t:{q}:total_tokens:60000:held";
+    const PLAN: &str = "t:{q}:total_tokens:60000:plan";
+    const BUCKET: &str = "t:{q}:total_tokens:60000";
     const LEASE_MS: i64 = 300;
     /// How often the account is divided anew (ms).
     const EVERY: i64 = 50;
@@ -387,13 +389,21 @@ mod script_against_the_model {
                     Op::Lease(process, twentieths, flows) => {
                         let want = f64::from(twentieths) / 20.0;
                         let mut invocation = lease.key(SHARES);
-                        invocation.key(HOLD);
+                        invocation.key(HOLD).key(PLAN).key(BUCKET);
                         invocation
                             .arg(now)
                             .arg(format!("p{process}"))
                             .arg(LEASE_MS)
                             .arg(format!("{want:.6}"))
-                            .arg(EVERY);
+                            .arg(EVERY)
+                            // A fixed share: its plan never climbs.
+                            .arg(0)
+                            .arg(60_000)
+                            // Its bucket: a unit a millisecond, 60,000 at most; nothing spent.
+                            .arg(1)
+                            .arg(1)
+                            .arg(60_000)
+                            .arg(0);
                         for (key, weight) in &flows {
                             invocation.arg(format!("{key:x}")).arg(weight);
                         }
@@ -410,8 +420,10 @@ mod script_against_the_model {
                         );
                         prop_assert_eq!(reply[1], LEASE_MS);
                         prop_assert_eq!(reply[2], 0, "no hold");
+                        prop_assert_eq!(reply[3], 1_000_000, "the whole amount planned");
+                        prop_assert_eq!(reply[4], 60_000, "the bucket full");
                         let told: Vec<i64> = spread.into_iter().map(i64::from).collect();
-                        prop_assert_eq!(&reply[3..], &told[..]);
+                        prop_assert_eq!(&reply[5..], &told[..]);
                         prop_assert!(model.held() <= 1_000_000, "the shares held add up to {}", model.held());
                     }
                 }
@@ -478,4 +490,63 @@ async fn requests_larger_than_a_share_of_the_burst_go_into_debt() {
         used as f64 >= RATE as f64 * 4.0 * 0.66,
         "{used} tokens used"
     );
+}
+
+/// The adaptive share of a fleet on leased shares: a 429 seen by one process (its pause)
+/// lowers the plan once for every process, which climbs back by its increase per period; a
+/// second 429 while the first holds lowers nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_seen_by_one_process_lowers_the_fleet_s_plan_once() {
+    let server = RedisServer::start();
+    // Adaptive (the default share): decrease 0.8, back up by half the amount per second.
+    let adaptive = Limit::per_second(Dimension::TotalTokens, NonZeroU64::new(10_000).unwrap());
+    let quota = Quota::new().with_limit(adaptive);
+    let mut budgets = Vec::new();
+    for _ in 0..2 {
+        let budget = RedisBudget::new(server.url(), "plan")
+            .timeout(Duration::from_millis(500))
+            .leased_shares(REFRESH)
+            .connect(&quota)
+            .await
+            .unwrap();
+        budgets.push(budget);
+    }
+    let planned = |budget: &Budget| {
+        budget
+            .snapshot()
+            .limit(Dimension::TotalTokens, SECOND)
+            .map(|l| l.limit().headroom())
+            .unwrap()
+    };
+    tokio::time::sleep(REFRESH * 3).await;
+    assert_eq!(
+        planned(&budgets[1]),
+        1.0,
+        "the whole amount, alone on the key"
+    );
+    let paused = Instant::now();
+    budgets[0].pause(
+        &[Dimension::TotalTokens],
+        paused + Duration::from_millis(200),
+    );
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    budgets[0].pause(
+        &[Dimension::TotalTokens],
+        paused + Duration::from_millis(200),
+    );
+    tokio::time::sleep(REFRESH * 2).await;
+    let lowered = planned(&budgets[1]);
+    let climbed = paused.elapsed().as_secs_f64() * 0.5;
+    println!(
+        "planned {lowered:.3} by the other process {:?} after the 429",
+        paused.elapsed()
+    );
+    // 0.8, climbing half the amount a second since: once, not twice (0.64).
+    assert!(
+        lowered >= 0.8 && lowered <= 0.8 + climbed + 0.01,
+        "{lowered}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(planned(&budgets[1]), 1.0, "back to the whole amount");
+    assert_eq!(planned(&budgets[0]), 1.0);
 }

@@ -32,7 +32,7 @@ pub(crate) struct Args {
     #[arg(long, value_name = "N", default_value = "64")]
     pub(crate) concurrency: std::num::NonZeroUsize,
     /// A fixed share of the quota for the governed run, in (0, 1] [default: the crate's
-    /// adaptive share; a fixed 0.85 with --redis-url].
+    /// adaptive share, the fleet's with --redis-url; a fixed 0.85 with --call-per-admission].
     #[arg(long, value_name = "SHARE")]
     pub(crate) headroom: Option<f64>,
     /// The share of a limit that may be spent at once, in (0, 1] [default: the crate's 1/6].
@@ -67,10 +67,19 @@ pub(crate) struct Args {
     /// this share of it.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub(crate) instances: u32,
-    /// With --redis-url: admit from a leased share of the quota renewed every MS
-    /// milliseconds, instead of one Redis call per admission.
-    #[arg(long, value_name = "MS", requires = "redis_url")]
+    /// With --redis-url: renew the process's leased share of the quota every MS milliseconds
+    /// [default: 100].
+    #[arg(
+        long,
+        value_name = "MS",
+        requires = "redis_url",
+        conflicts_with = "call_per_admission"
+    )]
     pub(crate) leased_shares: Option<u64>,
+    /// With --redis-url: one Redis call per admission instead of a leased share (planning a
+    /// fixed 85 % of the quota unless --headroom says otherwise).
+    #[arg(long, requires = "redis_url")]
+    pub(crate) call_per_admission: bool,
     /// Attempts per call in the governed stack, the first included, for every class
     /// [default: the crate's, 8 for batch work]; with --durable, a job whose call fails
     /// transiently that often is rescheduled.

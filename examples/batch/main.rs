@@ -22,8 +22,10 @@
 //!
 //! The governed budget keeps the crate's default, an adaptive share: the whole quota while the
 //! provider's rate-limit headers show nobody else spending it, less when they do. With
-//! `--redis-url` (a budget shared through Redis, whose buckets do not adapt) it plans a fixed
-//! 85 %; `--headroom SHARE` fixes the share in every mode (`--headroom 0.85` also runs
+//! `--redis-url`, each process leases its share of the quota from Redis and the fleet's plan
+//! adapts once for all of them (a 429 seen by any lowers it for every process); with
+//! `--call-per-admission` (a budget whose buckets live in Redis and do not adapt) it plans a
+//! fixed 85 %. `--headroom SHARE` fixes the share in every mode (`--headroom 0.85` also runs
 //! without 429s here, only slower).
 //!
 //! # The figures
@@ -58,8 +60,9 @@
 //! - `--redis-url redis://127.0.0.1/ --quota-key NAME --instances N`: the governed budget lives
 //!   in Redis, so processes started side by side with the same key share one quota (with
 //!   `--url`, all of them against one provider); `--instances` is each process's fallback share
-//!   while Redis is out of reach; `--leased-shares MS` admits from a share of the quota leased
-//!   from Redis and renewed every MS milliseconds instead of calling Redis per admission.
+//!   while Redis is out of reach. Each process admits from a share of the quota leased from
+//!   Redis and renewed every 100 ms (`--leased-shares MS`), or with `--call-per-admission`
+//!   asks Redis for every admission.
 //! - `--report FILE.json`, `--plot FILE.svg`: the figures as JSON; tokens admitted per
 //!   simulated second against the quota, with the 429s marked.
 //! - `--group N [--instructions FILE.txt] [--template FILE.toml] [--answer-errors SHARE]`:
@@ -209,9 +212,9 @@ impl Settings {
         if minute.is_zero() || args.rpm == 0 || tpm == 0 {
             return Err("--rpm, --tpm and --minute-ms must be positive".into());
         }
-        let headroom = args
-            .headroom
-            .or(args.redis_url.as_ref().map(|_| DEFAULT_HEADROOM));
+        // One call per admission plans a fixed share: its buckets in Redis do not adapt.
+        let per_admission = args.redis_url.is_some() && args.call_per_admission;
+        let headroom = args.headroom.or(per_admission.then_some(DEFAULT_HEADROOM));
         if headroom.is_some_and(|h| !(h > 0.0 && h <= 1.0)) {
             return Err("--headroom must be in (0, 1]".into());
         }
@@ -301,6 +304,9 @@ fn simulator_config(quota: QuotaSpec, seed: u64) -> SimConfig {
         .seed(seed)
 }
 
+/// How often a process renews its leased share of a quota shared through Redis (ms).
+const DEFAULT_REFRESH_MS: u64 = 100;
+
 /// The governed stack for the quota, its budget in memory or in Redis.
 async fn governed_stack(args: &Args, settings: &Settings) -> Result<QuotaStack, Failure> {
     let spec = settings.quota;
@@ -339,7 +345,8 @@ async fn governed_stack(args: &Args, settings: &Settings) -> Result<QuotaStack, 
         Some(url) => {
             let mut budget = RedisBudget::new(url.as_str(), args.quota_key.as_str())
                 .expected_instances(args.instances.max(1));
-            if let Some(refresh) = args.leased_shares {
+            if !args.call_per_admission {
+                let refresh = args.leased_shares.unwrap_or(DEFAULT_REFRESH_MS);
                 budget = budget.leased_shares(std::time::Duration::from_millis(refresh));
             }
             let budget = budget

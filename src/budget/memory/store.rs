@@ -169,6 +169,21 @@ impl MemoryStore {
         self.check_each(cost, floor, now, true)
     }
 
+    /// Raises the level of `limit`'s bucket to `level` (never above its capacity; a higher
+    /// level stays).
+    pub(crate) fn fill_to(&mut self, limit: &Limit, level: u64, now: u64) {
+        if let Some(bucket) = self
+            .buckets
+            .iter_mut()
+            .find(|b| b.limit().same_bucket(limit))
+        {
+            let below = i128::from(level) - i128::from(bucket.level(now));
+            if let Ok(missing) = u64::try_from(below) {
+                bucket.refund(missing);
+            }
+        }
+    }
+
     /// Takes `cost` from every bucket, into debt as deep as it takes (see
     /// [`check_into_debt`](Self::check_into_debt)): none of it is forgiven.
     pub(crate) fn take_into_debt(&mut self, cost: &Cost, now: u64) {

@@ -65,3 +65,19 @@ local function store(key, tok, ts, now, num, den, full)
   redis.call('SET', key, string.format('%.0f:%.0f:%.0f:%.0f', units, ticks, den, ts),
     'PX', string.format('%.0f', ttl))
 end
+
+-- The fleet's adaptive plan for a limit: the share of its amount the processes plan for,
+-- stored as "<share>|<ms>" (the share set at that instant, after a 429). It climbs back by
+-- `increase` per period of `period_ms` from then, to the whole amount at most; an absent key
+-- is the whole amount.
+local function plan(value, now, increase, period_ms)
+  if not value then
+    return 1
+  end
+  local share, at = string.match(value, '^([^|]+)|(.+)$')
+  share, at = tonumber(share), tonumber(at)
+  if share == nil or at == nil then
+    return 1
+  end
+  return math.min(1, share + increase * math.max(now - at, 0) / period_ms)
+end

@@ -49,6 +49,12 @@ impl Keys {
         format!("{}:held", self.bucket(limit))
     }
 
+    /// The fleet's adaptive plan for `limit` (see `bucket.lua`'s `plan`): the share of its
+    /// amount the leasing processes plan for, lowered by the provider's 429s.
+    pub(super) fn plan(&self, limit: &Limit) -> String {
+        format!("{}:plan", self.bucket(limit))
+    }
+
     /// The bucket of `limit` of the tenant node `node`, under the quota's hash tag: every
     /// bucket of a path lives in the account's slot, so one script reaches them all.
     pub(super) fn node_bucket(&self, node: &Tenant, limit: &Limit) -> String {

@@ -3,12 +3,19 @@
 -- granted a fraction of every account limit (of its rate and of its burst) until the lease
 -- ends. The shares granted and not yet expired never add up to more than the whole account,
 -- so the processes together never admit more than it (see "Granting" below).
--- KEYS: the shares (a hash, see below), then the account buckets' holds.
+-- Each account bucket follows the fleet's spending, as each process reports it at its
+-- renewal (so a refresh late): a process that joins starts with its share of what the
+-- bucket holds, not with nothing.
+-- KEYS: the shares (a hash, see below), then the account buckets' holds, their plans, and
+--       the buckets.
 -- ARGV: clock override, the process, the lease in ms, the fraction of the account it wants
 --       (0 to 1; negative: it leaves, giving its share back), how often (ms) the account is
---       divided again, then its waiting flows: pairs of a flow's key and its weight.
--- Returns {share in millionths, the lease in ms, per hold its remaining ms, then per flow
--- asked about the number of processes where it waits}.
+--       divided again, then per limit its plan's increase per period, its period in ms, its
+--       bucket's num, den and capacity, and the units the process spent since its last
+--       renewal; then its waiting flows: pairs of a flow's key and its weight.
+-- Returns {share in millionths, the lease in ms, per hold its remaining ms, per limit the
+-- fleet's plan in millionths (see `plan` in bucket.lua), per bucket its level (units), then
+-- per flow asked about the number of processes where it waits}.
 --
 -- The shares hash: per process "held|want|ends|part|flows" (`held` in millionths, `flows` as
 -- "key=weight,..."), "~at" the last division (ms), "~held" the sum of the shares held (in
@@ -31,6 +38,8 @@
 local now = clock(ARGV[1])
 local shares, me, lease, want = KEYS[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local every = tonumber(ARGV[5])
+local limits = (#KEYS - 1) / 3
+local first_flow = 6 + 6 * limits
 local mine = redis.call('HMGET', shares, me, '~at', '~held')
 local function parse(value)
   local held, wanted, ends, part, flows =
@@ -54,7 +63,7 @@ if want < 0 then
 end
 want = math.min(want, 1)
 local flows = {}
-for i = 6, #ARGV - 1, 2 do
+for i = first_flow, #ARGV - 1, 2 do
   flows[#flows + 1] = ARGV[i] .. '=' .. ARGV[i + 1]
 end
 local entry = me_now or {held = 0, part = 0}
@@ -153,11 +162,26 @@ redis.call('HSET', shares, '~held', string.format('%.0f', others + granted))
 redis.call('PEXPIRE', shares, string.format('%.0f', lease * 4))
 
 local reply = {granted, lease}
-for i = 2, #KEYS do
+for i = 2, 1 + limits do
   local held = tonumber(redis.call('GET', KEYS[i]) or '')
   reply[#reply + 1] = (held ~= nil and held > now) and math.min(held - now, 86400000) or 0
 end
-for i = 6, #ARGV - 1, 2 do
+for i = 1, limits do
+  local increase, period = tonumber(ARGV[6 * i]), tonumber(ARGV[6 * i + 1])
+  local share = plan(redis.call('GET', KEYS[1 + limits + i]), now, increase, period)
+  reply[#reply + 1] = math.floor(share * 1e6 + 0.5)
+end
+for i = 1, limits do
+  local a = 6 * i + 2
+  local num, den, cap = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local key, full = KEYS[1 + 2 * limits + i], cap * den
+  local tok, ts = load(redis.call('GET', key), now, num, den, full)
+  -- What the process spent: a debt of one capacity at most, as anywhere else.
+  tok = math.max(tok - tonumber(ARGV[a + 3]) * den, math.min(tok, -full))
+  store(key, tok, ts, now, num, den, full)
+  reply[#reply + 1] = math.max(math.floor(tok / den), 0)
+end
+for i = first_flow, #ARGV - 1, 2 do
   reply[#reply + 1] = tonumber(redis.call('HGET', shares, '~f:' .. ARGV[i]) or '') or 1
 end
 return reply

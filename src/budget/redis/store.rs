@@ -8,8 +8,9 @@ use ::redis::Script;
 use super::connection::Connection;
 use super::keys::{Keys, Rate};
 use crate::budget::memory::bucket::Floor;
-use crate::budget::remote::lease::{Demand, Grant};
-use crate::budget::remote::{Decision, PathLimits, RemoteStore, Settle, StoreFuture};
+use crate::budget::remote::{
+    Decision, Demand, Grant, PathLimits, RemoteStore, Settle, StoreFuture,
+};
 use crate::cost::Cost;
 use crate::error::StoreUnavailable;
 use crate::priority::Priority;
@@ -318,6 +319,7 @@ impl RemoteStore for RedisStore {
         let mut call = Call::new();
         call.keys.push(self.keys.bucket(&limit));
         call.keys.push(self.keys.hold(&limit));
+        call.keys.push(self.keys.plan(&limit));
         call.arg("").arg(rate.num).arg(rate.den).arg(rate.capacity);
         match remaining {
             Some(remaining) => call.arg(remaining.min(rate.capacity)),
@@ -325,6 +327,12 @@ impl RemoteStore for RedisStore {
         };
         // A day at most: a provider's longest wait.
         call.arg(pause.min(MAX_PAUSE).as_millis());
+        if let (increase, Some((decrease, min))) = adaptive_args(&limit) {
+            call.arg(decrease)
+                .arg(min)
+                .arg(increase)
+                .arg(limit.period().as_millis().max(1));
+        }
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
         Box::pin(async move {
             let _: i64 = call.run(&scripts.lower, &mut connection).await?;
@@ -343,6 +351,10 @@ impl RemoteStore for RedisStore {
         call.keys.push(self.keys.shares());
         call.keys
             .extend(limits.iter().map(|limit| self.keys.hold(limit)));
+        call.keys
+            .extend(limits.iter().map(|limit| self.keys.plan(limit)));
+        call.keys
+            .extend(limits.iter().map(|limit| self.keys.bucket(limit)));
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1);
         call.arg("")
             .arg(format!("{process:016x}"))
@@ -350,14 +362,25 @@ impl RemoteStore for RedisStore {
             .arg(format!("{:.6}", demand.want))
             // The account is divided anew every half refresh (a lease is three).
             .arg((lease_ms / 6).max(1));
+        for (i, limit) in limits.iter().enumerate() {
+            let (increase, _) = adaptive_args(limit);
+            let rate = Rate::of(limit);
+            let spent = demand.spent.get(i).copied().unwrap_or(0);
+            call.arg(increase)
+                .arg(limit.period().as_millis().max(1))
+                .arg(rate.num)
+                .arg(rate.den)
+                .arg(rate.capacity)
+                .arg(spent.min(rate.capacity.saturating_mul(2)));
+        }
         for (key, weight) in &demand.flows {
             call.arg(format!("{key:x}")).arg(weight);
         }
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
-        let (holds, flows) = (limits.len(), demand.flows.len());
+        let (count, flows) = (limits.len(), demand.flows.len());
         Box::pin(async move {
             let reply: Vec<i64> = call.run(&scripts.lease, &mut connection).await?;
-            grant(&reply, holds, flows)
+            grant(&reply, count, flows)
         })
     }
 
@@ -408,22 +431,43 @@ impl RemoteStore for RedisStore {
     }
 }
 
+/// The fleet plan's arguments of `limit`: its increase per period (0 for a fixed share: it
+/// never climbs), and for an adaptive share its decrease and its least share.
+fn adaptive_args(limit: &Limit) -> (f64, Option<(f64, f64)>) {
+    match limit.adaptive_share() {
+        Some(share) => (
+            share.increase_per_period(),
+            Some((share.decrease_factor(), share.min_share())),
+        ),
+        None => (0.0, None),
+    }
+}
+
 /// Reads the lease script's reply: `{share in millionths, lease ms, hold ms per limit...,
-/// spread per flow...}`. A leave answers `{0, 0}`.
-fn grant(reply: &[i64], holds: usize, flows: usize) -> Result<Grant, StoreUnavailable> {
+/// plan in millionths per limit..., level per limit..., spread per flow...}`. A leave answers
+/// `{0, 0}`.
+fn grant(reply: &[i64], limits: usize, flows: usize) -> Result<Grant, StoreUnavailable> {
     let unexpected = || StoreUnavailable::new(format_args!("unexpected reply {reply:?}"));
     let [share, lease, rest @ ..] = reply else {
         return Err(unexpected());
     };
-    if rest.len() != holds + flows && !(rest.is_empty() && *lease == 0) {
+    if rest.len() != 3 * limits + flows && !(rest.is_empty() && *lease == 0) {
         return Err(unexpected());
     }
     let ms = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
-    let (hold, spread) = rest.split_at(rest.len().min(holds));
+    let millionths = |n: i64| (n as f64 / 1e6).clamp(0.0, 1.0);
+    let (hold, rest) = rest.split_at(rest.len().min(limits));
+    let (plans, rest) = rest.split_at(rest.len().min(limits));
+    let (levels, spread) = rest.split_at(rest.len().min(limits));
     Ok(Grant {
-        share: (*share as f64 / 1e6).clamp(0.0, 1.0),
+        share: millionths(*share),
         lease: ms(*lease),
         holds: hold.iter().map(|&h| ms(h)).collect(),
+        plans: plans.iter().map(|&p| millionths(p)).collect(),
+        levels: levels
+            .iter()
+            .map(|&l| u64::try_from(l).unwrap_or(0))
+            .collect(),
         spread: spread
             .iter()
             .map(|&n| u32::try_from(n).unwrap_or(1).max(1))

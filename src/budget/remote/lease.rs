@@ -26,41 +26,9 @@ use crate::budget::Budget;
 use crate::budget::handle::Shared;
 use crate::budget::memory::store::Store;
 use crate::budget::remote::state::LeaseOptions;
-use crate::budget::remote::{FailurePolicy, RemoteStore};
+use crate::budget::remote::{Demand, FailurePolicy, Grant, RemoteStore};
 use crate::cost::Cost;
 use crate::quota::Limit;
-
-/// What a leasing process tells the store.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Demand {
-    /// The fraction of the account it wants, in `[0, 1]`; negative: it leaves.
-    pub(crate) want: f64,
-    /// Its flows with requests waiting: each flow's key and weight.
-    pub(crate) flows: Vec<(u64, u32)>,
-}
-
-impl Demand {
-    /// The process stops leasing: its share goes back to the others at once.
-    pub(crate) fn leave() -> Self {
-        Self {
-            want: -1.0,
-            flows: Vec::new(),
-        }
-    }
-}
-
-/// What the store granted.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Grant {
-    /// The fraction of every account limit this process may admit, in `[0, 1]`.
-    pub(crate) share: f64,
-    /// How long the grant lasts, counted from when it was asked.
-    pub(crate) lease: Duration,
-    /// Per account limit asked about, how long a provider's pause still holds it.
-    pub(crate) holds: Vec<Duration>,
-    /// Per flow told, in how many processes it waits (at least 1).
-    pub(crate) spread: Vec<u32>,
-}
 
 /// The fraction of the account a process wants, from what it spent over `elapsed`: all of it
 /// while requests wait; else what it spent, as a fraction of each limit's rate, with half
@@ -110,10 +78,13 @@ impl Budget {
         let Some(shared) = state.shared.as_mut() else {
             return (Arc::from([]), Demand::leave());
         };
-        let spent = shared.lease.as_mut().map(|l| std::mem::take(&mut l.spent));
+        let spent = (shared.lease.as_mut())
+            .map(|l| std::mem::take(&mut l.spent))
+            .unwrap_or_default();
         let limits = shared.limits().clone();
-        let want = wanted(waiting, &spent.unwrap_or_default(), &limits, elapsed);
-        (limits, Demand { want, flows })
+        let want = wanted(waiting, &spent, &limits, elapsed);
+        let spent = limits.iter().map(|l| spent.amount(l.dimension())).collect();
+        (limits, Demand { want, flows, spent })
     }
 
     /// Admits from `grant`'s share of every limit until `end`, holds what the provider
@@ -136,10 +107,24 @@ impl Budget {
             let Some(shared) = state.shared.as_mut() else {
                 return false;
             };
+            let joining = shared.lease.as_ref().is_some_and(|l| !l.joined);
             if let Some(lease) = &mut shared.lease {
                 lease.ends = Some(end);
+                lease.joined |= grant.share > 0.0;
             }
-            let mut changed = shared.set_share(grant.share, &mut state.store, ns);
+            let mut changed = shared.set_plans(&grant.plans, &mut state.store, ns);
+            changed |= shared.set_share(grant.share, &mut state.store, ns);
+            if joining && grant.share > 0.0 {
+                // What the fleet's buckets hold beyond what the others may hold (their shares
+                // of the burst, at most), rather than nothing: the fleet never holds more
+                // than its buckets.
+                for (limit, &level) in limits.iter().zip(&grant.levels) {
+                    let others = (1.0 - grant.share) * limit.capacity() as f64;
+                    let part = (level as f64 - others).max(0.0).floor() as u64;
+                    state.store.fill_to(limit, part, ns);
+                    changed = true;
+                }
+            }
             for (limit, hold) in limits.iter().zip(&grant.holds) {
                 if !hold.is_zero() {
                     let until = ns.saturating_add(crate::budget::memory::store::nanos(*hold));
@@ -169,6 +154,16 @@ impl Budget {
             }
             None => false,
         });
+    }
+}
+
+impl Drop for Shared {
+    /// The last handle on a leasing budget is gone: its renewal task wakes to give the share
+    /// back now, rather than letting it lapse at its lease's end.
+    fn drop(&mut self) {
+        if let Some(remote) = self.remote.as_ref().filter(|r| r.leases()) {
+            remote.wants_more.notify_one();
+        }
     }
 }
 

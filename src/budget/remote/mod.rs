@@ -66,6 +66,47 @@ pub(crate) struct Settle {
 /// beside the account's, checked and taken in the same atomic call.
 pub(crate) type PathLimits = Arc<[(Tenant, Limit)]>;
 
+/// What a leasing process tells the store.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Demand {
+    /// The fraction of the account it wants, in `[0, 1]`; negative: it leaves.
+    pub(crate) want: f64,
+    /// Its flows with requests waiting: each flow's key and weight.
+    pub(crate) flows: Vec<(u64, u32)>,
+    /// Per account limit, the units it admitted since its last renewal.
+    pub(crate) spent: Vec<u64>,
+}
+
+impl Demand {
+    /// The process stops leasing: its share goes back to the others at once.
+    pub(crate) fn leave() -> Self {
+        Self {
+            want: -1.0,
+            flows: Vec::new(),
+            spent: Vec::new(),
+        }
+    }
+}
+
+/// What the store granted.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Grant {
+    /// The fraction of every account limit this process may admit, in `[0, 1]`.
+    pub(crate) share: f64,
+    /// How long the grant lasts, counted from when it was asked.
+    pub(crate) lease: Duration,
+    /// Per account limit asked about, how long a provider's pause still holds it.
+    pub(crate) holds: Vec<Duration>,
+    /// Per account limit asked about, the share of its amount the fleet plans for (its
+    /// adaptive share, lowered by the provider's 429s; 1 for a fixed share).
+    pub(crate) plans: Vec<f64>,
+    /// Per account limit asked about, what the fleet's bucket holds (units), as the processes
+    /// reported their spending.
+    pub(crate) levels: Vec<u64>,
+    /// Per flow told, in how many processes it waits (at least 1).
+    pub(crate) spread: Vec<u32>,
+}
+
 /// The operations a shared quota store performs, each as one atomic call.
 ///
 /// Reservation ids are unique across every process sharing the store. Settlements are
@@ -121,8 +162,8 @@ pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
         process: u64,
         lease: Duration,
         limits: Arc<[Limit]>,
-        demand: lease::Demand,
-    ) -> StoreFuture<lease::Grant> {
+        demand: Demand,
+    ) -> StoreFuture<Grant> {
         let _ = (process, lease, limits, demand);
         Box::pin(async { Err(StoreUnavailable::new("this store does not lease shares")) })
     }

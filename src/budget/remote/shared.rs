@@ -303,9 +303,41 @@ impl SharedState {
         }
         self.share = share;
         for limit in self.limits.iter() {
-            store.set_limit(scaled(*limit, share), now);
+            store.set_limit(self.local(*limit), now);
         }
         true
+    }
+
+    /// This process's part of `limit`: its share, and for a leasing process a fixed one (the
+    /// fleet's plan is the limit's adaptive share, kept in the store, not a controller of
+    /// each process's own).
+    fn local(&self, limit: Limit) -> Limit {
+        let local = scaled(limit, self.share);
+        match self.lease {
+            Some(_) => local.with_headroom(local.headroom()).unwrap_or(local),
+            None => local,
+        }
+    }
+
+    /// Plans each adaptive limit for the fleet's `plans` (in order, a share of its amount);
+    /// whether one changed. Its local bucket, this process's share of it, follows.
+    pub(crate) fn set_plans(&mut self, plans: &[f64], store: &mut MemoryStore, now: u64) -> bool {
+        let mut changed = false;
+        let mut limits = self.limits.to_vec();
+        for (limit, &plan) in limits.iter_mut().zip(plans) {
+            let planned = limit.with_planned_share(plan);
+            if limit.adaptive_share().is_some() && planned.headroom() != limit.headroom() {
+                *limit = planned;
+                changed = true;
+            }
+        }
+        if changed {
+            self.limits = limits.into();
+            for limit in self.limits.iter() {
+                store.set_limit(self.local(*limit), now);
+            }
+        }
+        changed
     }
 
     /// Replaces (or adds) a shared limit; returns the local fallback's share of it.
@@ -316,7 +348,7 @@ impl SharedState {
             None => limits.push(limit),
         }
         self.limits = limits.into();
-        scaled(limit, self.share)
+        self.local(limit)
     }
 
     /// Applies a provider's report to the shared limits; returns the levels to lower in the
@@ -660,8 +692,8 @@ mod tests {
             _process: u64,
             lease: Duration,
             limits: Arc<[Limit]>,
-            demand: super::super::lease::Demand,
-        ) -> StoreFuture<super::super::lease::Grant> {
+            demand: super::super::Demand,
+        ) -> StoreFuture<super::super::Grant> {
             self.renewals
                 .lock()
                 .unwrap()
@@ -674,10 +706,12 @@ mod tests {
             };
             match next {
                 Some(share) => {
-                    let grant = super::super::lease::Grant {
+                    let grant = super::super::Grant {
                         share,
                         lease,
                         holds: vec![Duration::ZERO; limits.len()],
+                        plans: vec![1.0; limits.len()],
+                        levels: vec![0; limits.len()],
                         spread: vec![1; demand.flows.len()],
                     };
                     Box::pin(async move { Ok(grant) })

@@ -98,6 +98,8 @@ pub(crate) struct LeaseState {
     pub(crate) ends: Option<u64>,
     /// The share is below one unit of a limit: nothing is admitted.
     pub(crate) empty: bool,
+    /// A share was granted once: the buckets were filled from the fleet's then.
+    pub(crate) joined: bool,
     /// The renewal period (nanoseconds): how long a request too large for the share waits
     /// before it looks again.
     pub(crate) refresh: u64,
