@@ -143,15 +143,20 @@ struct Buckets;
 impl Way for Buckets {
     fn can_pay(&self, state: &State, bill: &Bill<'_>) -> Result<(), Unpaid> {
         let too_large = |state: &State| state.store.check_capacity(bill.cost, bill.floor).is_err();
-        if let Some(lease) = state.shared.as_ref().and_then(|s| s.lease.as_ref()) {
+        let leasing = state.shared.as_ref().filter(|s| s.lease.is_some());
+        if let Some((shared, lease)) = leasing.and_then(|s| Some((s, s.lease.as_ref()?))) {
+            // Larger than the account: never (a store asked per admission says so itself).
+            shared
+                .check_capacity(bill.cost, bill.floor)
+                .map_err(|e| Unpaid::Buckets(Denial::Never(e)))?;
             if lease.closed(bill.ns) {
                 // No share, or the grant ended and its renewal is late: nothing until one.
                 let at = bill.ns.saturating_add(lease.refresh / 8);
                 return Err(Unpaid::Buckets(Denial::NotUntil { at, limit: 0 }));
             }
             if too_large(state) {
-                // Larger than this process's share of a burst (never larger than the account's,
-                // checked before): admitted once the share's buckets are full, into debt,
+                // Larger than this process's share of a burst (not than the account's, checked
+                // above): admitted once the share's buckets are full, into debt,
                 // which their refill repays. Each process so spends at most one request
                 // beyond its share of the burst.
                 return state

@@ -835,6 +835,33 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_leased_share_refuses_a_cost_above_the_account_and_takes_one_above_its_burst() {
+        let store = Arc::new(ScriptedStore::default());
+        let budget = leasing(&store, FailurePolicy::FailClosed, &[Some(0.25)]);
+        let error = budget.reserve(Cost::new(1_001, 0)).await.unwrap_err();
+        assert!(
+            matches!(error, crate::error::ReserveError::TooLarge(_)),
+            "{error}"
+        );
+        // 600 of a quarter share (250 at once): admitted once the share is full, into debt
+        // (-350), which a quarter of the rate repays: the next 250 after 2.4 s.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let start = Instant::now();
+        budget
+            .reserve(Cost::new(600, 0))
+            .await
+            .unwrap()
+            .charge_estimate();
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        budget
+            .reserve(Cost::new(250, 0))
+            .await
+            .unwrap()
+            .charge_estimate();
+        assert_eq!(start.elapsed(), 2_400 * MS);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn renewals_failing_past_the_grant_fall_back_on_the_policy_s_share() {
         let store = Arc::new(ScriptedStore::default());
         let budget = leasing(&store, FailurePolicy::local_share_of(4), &[Some(1.0)]);
