@@ -192,6 +192,9 @@ pub(crate) struct ServerConfig {
     /// The largest request head (request line and headers) accepted (431 above).
     #[serde(default = "default_max_header")]
     pub(crate) max_header_bytes: usize,
+    /// With a shared store: each replica admits from a share of every account leased from
+    /// it and renewed every this many milliseconds, rather than asking it per admission.
+    pub(crate) lease_refresh_ms: Option<u64>,
 }
 
 impl Default for ServerConfig {
@@ -207,6 +210,7 @@ impl Default for ServerConfig {
             idle_timeout_seconds: default_idle_timeout(),
             max_connections: None,
             max_header_bytes: default_max_header(),
+            lease_refresh_ms: None,
         }
     }
 }
@@ -583,6 +587,15 @@ impl Config {
             return Err(ConfigError(format!(
                 "server.max_header_bytes must be from 1024 to 1048576, not {}",
                 self.server.max_header_bytes
+            )));
+        }
+        if let Some(ms) = self
+            .server
+            .lease_refresh_ms
+            .filter(|ms| !(1..=60_000).contains(ms))
+        {
+            return Err(ConfigError(format!(
+                "server.lease_refresh_ms must be from 1 to 60000, not {ms}"
             )));
         }
         for account in &self.accounts {

@@ -16,6 +16,7 @@ pub(crate) mod upstream;
 pub(crate) mod usage;
 
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -92,13 +93,9 @@ impl Gateway {
         for account in &config.accounts {
             // Every account serves one tenant state: a tenant's limits hold over all of them.
             let before = accounts.first().map(Account::budget);
-            let account = Account::new(
-                account,
-                (&tree, before),
-                redis_url,
-                config.server.fail_closed,
-            )
-            .await?;
+            let lease = config.server.lease_refresh_ms.map(Duration::from_millis);
+            let shared = (redis_url, config.server.fail_closed, lease);
+            let account = Account::new(account, (&tree, before), shared).await?;
             if let Some(handle) = account.tenants() {
                 tenants.attach(&account.name, handle);
             }

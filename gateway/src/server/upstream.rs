@@ -199,13 +199,13 @@ impl Account {
     /// Builds an account, its budget serving the tenant `tree`, or the tenants of the budget
     /// of the account built `before` it: a tenant's limits, calls in flight, daily caps and
     /// pauses hold over every account it uses. With `redis_url` the account's quota and
-    /// every node's limits are also kept in Redis for the other replicas; pauses, daily caps
-    /// and caps on calls in flight stay in each replica.
+    /// every node's limits are also kept in Redis for the other replicas (failing closed or
+    /// not, and admitting from a share leased every `lease` rather than asking per
+    /// admission); daily caps and caps on calls in flight stay in each replica.
     pub(crate) async fn new(
         config: &AccountConfig,
         (tree, before): (&TenantTree, Option<&Budget>),
-        redis_url: Option<&str>,
-        fail_closed: bool,
+        (redis_url, fail_closed, lease): (Option<&str>, bool, Option<Duration>),
     ) -> Result<Self, ConfigError> {
         let error = |message: String| ConfigError(format!("account `{}`: {message}", config.name));
         let simulator = (config.base_url == "sim").then(|| simulator(config));
@@ -246,9 +246,13 @@ impl Account {
                 } else {
                     FailurePolicy::local_share_of(2)
                 };
-                RedisBudget::new(url, config.name.clone())
+                let mut budget = RedisBudget::new(url, config.name.clone())
                     .prefix("gateway")
-                    .failure_policy(policy)
+                    .failure_policy(policy);
+                if let Some(refresh) = lease {
+                    budget = budget.leased_shares(refresh);
+                }
+                budget
                     .connect(&quota)
                     .await
                     .map_err(|e| error(format!("redis: {e}")))?
