@@ -127,7 +127,7 @@ struct Figures {
 
 /// The fleet: `PROCESSES` children on `server`, started together.
 fn fleet(server: &RedisServer, leased: bool, binding: bool, key: &str) -> Figures {
-    reset_stats(server);
+    server.command("CONFIG RESETSTAT");
     let start = micros_since_epoch() + 1_500_000;
     let children: Vec<_> = (0..PROCESSES)
         .map(|_| {
@@ -162,45 +162,13 @@ fn fleet(server: &RedisServer, leased: bool, binding: bool, key: &str) -> Figure
             }
         }
     }
-    let calls = script_calls(server);
+    let (calls, _) = server.script_stats();
     Figures {
         admissions,
         per_second: admissions as f64 / RUN.as_secs_f64(),
         calls_per_admission: calls as f64 / admissions.max(1) as f64,
         bins,
     }
-}
-
-fn connection(server: &RedisServer) -> redis::Connection {
-    redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap()
-}
-
-fn reset_stats(server: &RedisServer) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query(&mut connection(server))
-        .unwrap();
-}
-
-fn script_calls(server: &RedisServer) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query(&mut connection(server))
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
 }
 
 /// The most tokens any window of whole bins holds beyond the account's burst and its rate

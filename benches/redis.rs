@@ -79,29 +79,6 @@ async fn measure(budget: &Budget, tasks: usize) -> Figures {
     }
 }
 
-/// The server's own count of `EVALSHA` calls and the microseconds they took in all.
-fn evalsha_stats(server: &RedisServer) -> (u64, u64) {
-    let stats = redis::Client::open(server.url())
-        .and_then(|c| c.get_connection())
-        .and_then(|mut c| {
-            redis::cmd("INFO")
-                .arg("commandstats")
-                .query::<String>(&mut c)
-        })
-        .unwrap_or_default();
-    let field = |line: &str, name: &str| -> u64 {
-        line.split(&format!("{name}="))
-            .nth(1)
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|value| value.parse().ok())
-            .unwrap_or(0)
-    };
-    stats
-        .lines()
-        .find(|line| line.starts_with("cmdstat_evalsha:"))
-        .map_or((0, 0), |line| (field(line, "calls"), field(line, "usec")))
-}
-
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let server = RedisServer::start();
@@ -131,10 +108,10 @@ async fn main() {
             ("redis", &redis_budget, &server),
             ("cluster", &cluster_budget, slot_owner),
         ] {
-            let before = evalsha_stats(server);
+            let before = server.script_stats();
             let figures = measure(budget, tasks).await;
             tokio::time::sleep(Duration::from_millis(200)).await; // settlements drain
-            let after = evalsha_stats(server);
+            let after = server.script_stats();
             let (calls, usec) = (after.0 - before.0, after.1 - before.1);
             println!(
                 "{store}, {tasks} tasks: the server spent {:.1} µs per script call, {:.1} µs per reservation",

@@ -100,38 +100,6 @@ fn worst_excess(mut admissions: Vec<(Instant, u64)>, rate: u64, burst: u64) -> i
     worst
 }
 
-/// Script calls Redis has run since its statistics were reset.
-async fn script_calls(server: &RedisServer) -> u64 {
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
-async fn reset_stats(server: &RedisServer) {
-    let client = redis::Client::open(server.url()).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-}
-
 /// The tokens each key of `log` was admitted, as a share of all.
 fn shares<K: std::hash::Hash + Eq>(
     log: &Log,
@@ -154,9 +122,9 @@ async fn three_leasing_processes_keep_the_account_and_share_it_evenly() {
         leased(&server, "even").await,
         leased(&server, "even").await,
     ];
-    reset_stats(&server).await;
+    server.command("CONFIG RESETSTAT");
     let count = keep_the_account_and_share_it_evenly(&budgets).await;
-    let calls = script_calls(&server).await;
+    let (calls, _) = server.script_stats();
     println!(
         "{calls} script calls for {count} admissions ({:.4} a call)",
         calls as f64 / count as f64
@@ -243,14 +211,9 @@ fn weighted(a: u32, b: u32) -> TenantTree {
 /// over the fleet.
 async fn fleet_shares(weights: (u32, u32), key: &str) -> (f64, f64) {
     let server = RedisServer::start();
-    let first = leased(&server, key)
-        .await
-        .with_tenant_tree(weighted(weights.0, weights.1))
-        .unwrap();
-    let second = leased(&server, key)
-        .await
-        .with_tenant_tree(weighted(weights.0, weights.1))
-        .unwrap();
+    let tree = || weighted(weights.0, weights.1);
+    let first = leased(&server, key).await.with_tenant_tree(tree()).unwrap();
+    let second = leased(&server, key).await.with_tenant_tree(tree()).unwrap();
     let start = Instant::now();
     let pairs = [(0, first.clone(), "a"), (0, first, "b"), (1, second, "b")];
     let log = drive(&pairs, 6, (start + SECOND, start + Duration::from_secs(5))).await;

@@ -123,6 +123,26 @@ impl RedisServer {
         self.reply(command).lines().next().unwrap_or("").to_owned()
     }
 
+    /// The scripts it ran since its statistics were last reset (`EVALSHA` and `EVAL`): calls,
+    /// and the microseconds it spent in them.
+    #[allow(dead_code)] // Only the benchmarks and some tests count.
+    pub(crate) fn script_stats(&self) -> (u64, u64) {
+        let stats = self.reply("INFO commandstats");
+        let field = |line: &str, name: &str| -> u64 {
+            line.split(&format!("{name}="))
+                .nth(1)
+                .and_then(|rest| rest.split(',').next())
+                .and_then(|value| value.parse().ok())
+                .unwrap_or(0)
+        };
+        stats
+            .lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .fold((0, 0), |(calls, usec), line| {
+                (calls + field(line, "calls"), usec + field(line, "usec"))
+            })
+    }
+
     /// Sends one inline command and returns its reply as read at once (up to 4 kB; "" if
     /// none).
     pub(crate) fn reply(&self, command: &str) -> String {

@@ -631,6 +631,15 @@ mod tests {
         renewals: Mutex<Vec<(Instant, f64)>>,
     }
 
+    impl ScriptedStore {
+        /// Every renewal from now on grants `share` (`None`: hangs).
+        fn renew_with(&self, share: Option<f64>) {
+            let mut grants = self.grants.lock().unwrap();
+            grants.clear();
+            grants.push_back(share);
+        }
+    }
+
     impl RemoteStore for ScriptedStore {
         fn reserve(
             &self,
@@ -817,14 +826,12 @@ mod tests {
             .charge_estimate();
         // The renewals hang from now: the grant ends 270 ms after it was asked, and the
         // failure policy (closed) then admits nothing.
-        store.grants.lock().unwrap().clear();
-        store.grants.lock().unwrap().push_back(None);
+        store.renew_with(None);
         tokio::time::sleep(300 * MS).await;
         let late = tokio::time::timeout(Duration::from_secs(2), budget.reserve(Cost::new(1, 0)));
         assert!(late.await.is_err(), "nothing admitted past the grant's end");
         // Renewals answer again: admitted at the next.
-        store.grants.lock().unwrap().clear();
-        store.grants.lock().unwrap().push_back(Some(1.0));
+        store.renew_with(Some(1.0));
         let start = Instant::now();
         budget
             .reserve(Cost::new(1, 0))
@@ -866,8 +873,7 @@ mod tests {
         let store = Arc::new(ScriptedStore::default());
         let budget = leasing(&store, FailurePolicy::local_share_of(4), &[Some(1.0)]);
         tokio::time::sleep(10 * MS).await;
-        store.grants.lock().unwrap().clear();
-        store.grants.lock().unwrap().push_back(None);
+        store.renew_with(None);
         tokio::time::sleep(Duration::from_secs(1)).await;
         // A quarter of the burst at once, the rest at a quarter of the rate.
         let start = Instant::now();
