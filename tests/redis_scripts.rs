@@ -2,7 +2,8 @@
 //! only tests pass: settlements duplicated, reordered and late conserve tokens, a clock
 //! stepping back never adds any, a hold (a provider's pause) admits nothing before its end and
 //! keeps the level, and a bucket in the debt an earlier version wrote for a pause refills. An
-//! exact model of one bucket and its hold is checked after every step.
+//! exact model of one bucket and its hold is checked after every step; a plain list of every
+//! use checks a tenant node's daily counts.
 
 mod redis_server;
 
@@ -22,8 +23,9 @@ const TOMBSTONE_MS: i64 = 30_000;
 
 fn script(body: &str) -> Script {
     Script::new(&format!(
-        "{}{}",
+        "{}{}{}",
         include_str!("../src/budget/redis/bucket.lua"),
+        include_str!("../src/budget/redis/controls.lua"),
         body
     ))
 }
@@ -170,10 +172,11 @@ proptest! {
                         .key("t:{q}:line")
                         .key("t:{q}:line:at")
                         .key("t:{q}:paused")
+                        .key("t:{q}:alive")
                         .arg(now)
                         .arg(LEASE_MS)
-                        // No turns: one process.
-                        .arg("").arg(0).arg(1).arg(0)
+                        // No turns: one process; one bucket, no tenant path.
+                        .arg("").arg(0).arg(1).arg(0).arg(1).arg(0)
                         .arg(NUM).arg(DEN).arg(CAP).arg(cost).arg(0)
                         .invoke(&mut connection)
                         .unwrap();
@@ -210,7 +213,7 @@ proptest! {
                     invocation.arg(now).arg(TOMBSTONE_MS).arg(1).arg(NUM).arg(DEN).arg(CAP);
                     for (k, (i, actual)) in settlements.iter().enumerate() {
                         let r = &reservations[i % n];
-                        invocation.key(&r.id).arg(k + 2).arg(1).arg(1).arg(r.cost).arg(*actual);
+                        invocation.key(&r.id).arg(k + 2).arg(1).arg(0).arg(1).arg(r.cost).arg(*actual);
                     }
                     let answers: Vec<i64> = invocation.invoke(&mut connection).unwrap();
                     for ((i, actual), answer) in settlements.iter().zip(answers) {
@@ -308,12 +311,16 @@ fn reserve_as(
         .key("t:{q}:line")
         .key("t:{q}:line:at")
         .key("t:{q}:paused")
+        .key("t:{q}:alive")
         .arg(now)
         .arg(LEASE_MS)
         .arg(who)
         .arg(rank)
         .arg(1)
         .arg(GRACE_MS)
+        // One bucket, no tenant path.
+        .arg(1)
+        .arg(0)
         .arg(NUM)
         .arg(DEN)
         .arg(CAP)
@@ -381,6 +388,7 @@ fn processes_refused_for_capacity_take_turns() {
         .arg(CAP)
         .arg(2)
         .arg(1)
+        .arg(0)
         .arg(1)
         .arg(500)
         .arg(0)
@@ -403,4 +411,90 @@ fn processes_refused_for_capacity_take_turns() {
         .query(&mut connection)
         .unwrap();
     assert!(line.is_empty(), "{line:?}");
+}
+
+/// A daily count as `controls.lua` keeps it, step by step: what a tenant node used in the
+/// current calendar day (UTC) or in the last 24 hours, in quarter hours; a refund comes off
+/// the current day, or off the latest quarter hours, never below zero. Deliberately plain: a
+/// list of every use.
+#[derive(Debug, Default)]
+struct DayModel {
+    /// (quarter hour since the epoch, units), in order.
+    uses: Vec<(i64, i64)>,
+}
+
+const DAY_MS: i64 = 86_400_000;
+const QUARTER_MS: i64 = 900_000;
+
+impl DayModel {
+    fn in_window(&self, rolling: bool, now: i64) -> impl Iterator<Item = usize> + '_ {
+        let q = now / QUARTER_MS;
+        let day = now / DAY_MS;
+        (0..self.uses.len()).filter(move |&i| {
+            let used_at = self.uses[i].0;
+            if rolling {
+                used_at > q - 96
+            } else {
+                used_at * QUARTER_MS / DAY_MS == day
+            }
+        })
+    }
+
+    fn used(&self, rolling: bool, now: i64) -> i64 {
+        self.in_window(rolling, now).map(|i| self.uses[i].1).sum()
+    }
+
+    fn add(&mut self, rolling: bool, delta: i64, now: i64) {
+        if delta > 0 {
+            self.uses.push((now / QUARTER_MS, delta));
+            return;
+        }
+        let mut left = -delta;
+        let window: Vec<usize> = self.in_window(rolling, now).collect();
+        for i in window.into_iter().rev() {
+            let taken = left.min(self.uses[i].1);
+            self.uses[i].1 -= taken;
+            left -= taken;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// `day_add` and `day_used` of `controls.lua` against the plain model, over uses,
+    /// refunds and time passing by minutes to days, for both kinds of day.
+    #[test]
+    fn daily_counts_match_a_list_of_every_use(
+        rolling in any::<bool>(),
+        ops in proptest::collection::vec((-300i64..500, 0i64..6 * 3_600_000), 1..60)
+    ) {
+        thread_local! {
+            static SERVER: RedisServer = RedisServer::start();
+        }
+        let url = SERVER.with(RedisServer::url);
+        let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+        let count = script(
+            "local now = tonumber(ARGV[1])
+             day_add(KEYS[1], ARGV[2], tonumber(ARGV[3]), now)
+             return day_used(KEYS[1], ARGV[2], now)",
+        );
+        let field = if rolling { "r:total_tokens" } else { "c:total_tokens" };
+        let mut model = DayModel::default();
+        // Some day, late in it.
+        let mut now = 20_000 * DAY_MS + 20 * 3_600_000;
+        for (step, (delta, wait)) in ops.into_iter().enumerate() {
+            now += wait;
+            let used: i64 = count
+                .key("t:{q}:t:acme:days")
+                .arg(now)
+                .arg(field)
+                .arg(delta)
+                .invoke(&mut connection)
+                .unwrap();
+            model.add(rolling, delta, now);
+            prop_assert_eq!(used, model.used(rolling, now), "step {}", step);
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! Tenants over a budget shared through Redis: three budgets (as three processes would) with
 //! the same tenant tree, three tenants each: no node's limit is exceeded in any window, across
-//! the budgets, and the account's never. Real time against a private `redis-server`, and
-//! against a private three-node Redis Cluster (every key of a path in the account's slot).
+//! the budgets, and the account's never; a pause, a daily cap and a cap on calls in flight
+//! hold over the three as over one. Real time against a private `redis-server`, and against a
+//! private three-node Redis Cluster (every key of a path in the account's slot).
 
 mod redis_server;
 mod support;
@@ -435,4 +436,214 @@ async fn a_tenant_plane_holds_a_node_s_limit_over_every_account() {
         // The two cases name different keys: each starts from full buckets.
         drop(held);
     }
+}
+
+/// The account of the control tests: far above what they spend, so only the tenants'
+/// controls bind.
+fn roomy_quota() -> Quota {
+    let per_minute = limit(
+        Dimension::TotalTokens,
+        1_000_000,
+        Duration::from_secs(60),
+        1_000_000,
+    );
+    Quota::new().with_limit(per_minute)
+}
+
+/// `acme` may spend 2,000 tokens a calendar day (UTC), `globex` 1,000 in any 24 hours.
+fn capped_tree() -> TenantTree {
+    use tower_llm_quota::tenant::{DailyCap, DayWindow};
+    let cap = |amount, window| {
+        DailyCap::new(
+            Dimension::TotalTokens,
+            std::num::NonZeroU64::new(amount).unwrap(),
+            window,
+        )
+    };
+    TenantTree::new()
+        .with_node(
+            "acme".parse().unwrap(),
+            TenantNode::new().with_daily_cap(cap(2_000, DayWindow::CalendarUtc)),
+        )
+        .with_node(
+            "globex".parse().unwrap(),
+            TenantNode::new().with_daily_cap(cap(1_000, DayWindow::Rolling)),
+        )
+}
+
+/// Three budgets each spend 100 tokens at a time for both tenants until refused: together
+/// exactly each tenant's cap, whatever each budget's own count (a third of it); every refusal
+/// names the cap and what the store counted. A reservation of 300 settled at 100 first: the
+/// refund gives 200 back to the day, for every budget.
+async fn daily_caps_hold_over_every_budget(budgets: &[Budget]) {
+    use tower_llm_quota::tenant::Refusal;
+    for (tenant, cap) in [("acme", 2_000), ("globex", 1_000)] {
+        let mut first = budgets[0]
+            .reserve(Cost::new(300, 0))
+            .tenant(tenant.parse().unwrap())
+            .await
+            .unwrap();
+        first.mark_sent();
+        first.settle_cost(Cost::new(100, 0));
+        // The settlement is written in the background.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut tasks = Vec::new();
+        for budget in budgets {
+            for _ in 0..4 {
+                let budget = budget.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut spent = 0;
+                    loop {
+                        let reserved = budget
+                            .reserve(Cost::new(100, 0))
+                            .tenant(tenant.parse().unwrap())
+                            .await;
+                        match reserved {
+                            Ok(mut reservation) => {
+                                reservation.mark_sent();
+                                reservation.charge_estimate();
+                                spent += 100;
+                            }
+                            Err(error) => {
+                                let refused = error.tenant_refused().expect("a tenant refusal");
+                                assert_eq!(refused.scope().as_str(), tenant);
+                                let Refusal::DailyCap {
+                                    cap: told, used, ..
+                                } = refused.reason()
+                                else {
+                                    panic!("refused for {:?}", refused.reason());
+                                };
+                                assert_eq!(told, cap);
+                                assert!(used + 100 > cap, "refused at {used} of {cap}");
+                                return spent;
+                            }
+                        }
+                    }
+                }));
+            }
+        }
+        let mut total = 100;
+        for task in tasks {
+            total += task.await.unwrap();
+        }
+        assert_eq!(total, cap, "{tenant}: spent over every budget");
+    }
+}
+
+/// Three budgets (as three processes would) of the account `name` with `tree`, on `server`.
+async fn three_on_server(
+    server: &RedisServer,
+    name: &str,
+    tree: fn() -> TenantTree,
+) -> Vec<Budget> {
+    let mut budgets = Vec::new();
+    for _ in 0..3 {
+        budgets.push(with_tree(RedisBudget::new(server.url(), name), tree()).await);
+    }
+    budgets
+}
+
+/// The same on a three-node cluster, each budget first asking a different node.
+async fn three_on_cluster(
+    cluster: &RedisCluster,
+    name: &str,
+    tree: fn() -> TenantTree,
+) -> Vec<Budget> {
+    let mut budgets = Vec::new();
+    for first in 0..3 {
+        let mut seeds = cluster.urls();
+        seeds.rotate_left(first);
+        budgets.push(with_tree(RedisBudget::cluster(seeds, name), tree()).await);
+    }
+    budgets
+}
+
+async fn with_tree(builder: RedisBudget, tree: TenantTree) -> Budget {
+    builder
+        .timeout(Duration::from_secs(1))
+        .connect(&roomy_quota())
+        .await
+        .unwrap()
+        .with_tenant_tree(tree)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_cap_holds_over_every_process() {
+    let server = RedisServer::start();
+    let budgets = three_on_server(&server, "capped", capped_tree).await;
+    daily_caps_hold_over_every_budget(&budgets).await;
+}
+
+/// The same over a three-node Redis Cluster: a node's days share the account's slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_cap_holds_over_every_process_of_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let budgets = three_on_cluster(&cluster, "capped", capped_tree).await;
+    daily_caps_hold_over_every_budget(&budgets).await;
+}
+
+/// `acme` may have three calls in flight over every process; a call that cannot have a slot
+/// within two seconds is refused.
+fn slotted_tree() -> TenantTree {
+    TenantTree::new().with_node(
+        "acme".parse().unwrap(),
+        TenantNode::new()
+            .with_max_in_flight(std::num::NonZeroUsize::new(3).unwrap())
+            .with_max_wait(Duration::from_secs(2)),
+    )
+}
+
+/// Three budgets, four callers each, every call 20 ms in flight: never more than three in
+/// flight over the budgets (each budget alone would allow three), and every call served.
+async fn in_flight_caps_hold_over_every_budget(budgets: &[Budget]) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for budget in budgets {
+        for _ in 0..4 {
+            let (budget, in_flight, most) = (budget.clone(), in_flight.clone(), most.clone());
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..8 {
+                    let mut reservation = budget
+                        .reserve(Cost::new(10, 0))
+                        .tenant("acme".parse().unwrap())
+                        .await
+                        .expect("a slot within the node's max_wait");
+                    reservation.mark_sent();
+                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    reservation.charge_estimate();
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 3, "{most} calls in flight over the budgets");
+    assert!(most >= 2, "the cap is used: {most} at most");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_flight_cap_holds_over_every_process() {
+    let server = RedisServer::start();
+    let budgets = three_on_server(&server, "slotted", slotted_tree).await;
+    in_flight_caps_hold_over_every_budget(&budgets).await;
+    // Every slot was given back (the settlements are written in the background).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.command("HLEN llmq:{slotted}:t:acme:slots"), ":0");
+}
+
+/// The same over a three-node Redis Cluster: a node's slots and the processes' leases share
+/// the account's slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_flight_cap_holds_over_every_process_of_a_cluster() {
+    let cluster = RedisCluster::start(3);
+    let budgets = three_on_cluster(&cluster, "slotted", slotted_tree).await;
+    in_flight_caps_hold_over_every_budget(&budgets).await;
 }

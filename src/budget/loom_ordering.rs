@@ -195,6 +195,7 @@ fn loom_the_stores_answer_hands_the_question_over() {
             breaker_open_for: std::time::Duration::from_secs(1),
             pipeline: 1,
             leases: None,
+            heartbeat: std::time::Duration::from_secs(1),
         };
         let quota = Quota::new().with_limit(crate::quota::Limit::per_minute(
             crate::quota::Dimension::Requests,

@@ -9,11 +9,17 @@ use super::{Pass, Waiting};
 use crate::budget::handle::Budget;
 use crate::budget::memory::store::ReservationId;
 use crate::budget::remote::state::{Remote, SharedState};
-use crate::budget::remote::{Decision, FailurePolicy, PathLimits, StoreFuture};
+use crate::budget::remote::{Control, Decision, FailurePolicy, PathLimits, StoreFuture};
 use crate::error::{InsufficientCapacity, StoreUnavailable};
 use crate::quota::Limit;
 use crate::sched::order::Full;
 use crate::sched::saturating_deadline;
+use crate::tenant::{Refusal, Tenant, TenantRefused};
+
+/// About how long a request waits before asking again for a slot that every process's calls
+/// hold (another process's call ending tells nobody here): between half and one and a half
+/// of it, at random, so that the waiting processes do not ask together.
+const SLOT_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What a shared budget makes of its store's answer.
 pub(crate) enum Answer {
@@ -119,7 +125,67 @@ impl Pass<'_> {
             } => self.denied(waiting, wait, floor_only, first),
             Decision::TooLarge { limit } => self.too_large(waiting, limit),
             Decision::Paused { depth } => self.paused_by_store(waiting, depth),
+            Decision::DayCapped { control, used } => self.capped_by_store(waiting, control, used),
+            Decision::NoSlot { control } => self.no_slot_in_store(waiting, control),
         }
+    }
+
+    /// The store's control `control` of the request's path, as this process sent it.
+    fn control(&self, waiting: &Waiting, control: usize) -> Option<(Tenant, Control)> {
+        let path = self.state.path_limits(waiting.ask.tenant.as_ref());
+        path.controls.get(control).cloned()
+    }
+
+    /// A daily cap of its path is spent over every process: refused, as a local cap refuses.
+    fn capped_by_store(&mut self, waiting: &mut Waiting, control: usize, used: u64) -> Answer {
+        let (scope, reason) = match self.control(waiting, control) {
+            Some((node, Control::Daily(cap))) => (
+                node,
+                Refusal::DailyCap {
+                    dimension: cap.dimension(),
+                    window: cap.window(),
+                    cap: cap.amount().get(),
+                    used,
+                },
+            ),
+            // The tree changed since the question left: the store's word stands, as the
+            // request's own node's pause.
+            _ => (self.tenant(waiting).clone(), Refusal::Paused),
+        };
+        self.leave(&mut waiting.place);
+        Answer::Refused(TenantRefused { scope, reason })
+    }
+
+    /// Every slot of an in-flight cap of its path is held by a live process: past the node's
+    /// `max_wait` it is refused; else it steps out of the ordering, keeping its place, and
+    /// asks again a little later (another process's call ending tells nobody here).
+    fn no_slot_in_store(&mut self, waiting: &mut Waiting, control: usize) -> Answer {
+        let (node, max) = match self.control(waiting, control) {
+            Some((node, Control::InFlight(max))) => (node, max.get()),
+            _ => (self.tenant(waiting).clone(), 0),
+        };
+        let wait = SLOT_RECHECK.mul_f64(0.5 + fastrand::f64());
+        let ask = &waiting.ask;
+        let tenant = ask.tenant.as_ref().expect("a path was asked for");
+        let tenants = self.state.tenants.as_mut().expect("a path was asked for");
+        let times = (self.now, ask.scheduling.enqueued_at);
+        let refusal = Refusal::InFlight { max };
+        if let Some(refused) = tenants.refuses_after(tenant, node.depth(), refusal, wait, times) {
+            #[cfg(feature = "metrics")]
+            crate::budget::tenants::shared::refused_metric(tenants, &refused);
+            self.leave(&mut waiting.place);
+            return Answer::Refused(refused);
+        }
+        let ticket = tenants.park(tenant, node.depth(), ask.scheduling.priority, self.waker);
+        Answer::Parked(saturating_deadline(self.now, wait), (node.depth(), ticket))
+    }
+
+    fn tenant<'w>(&self, waiting: &'w Waiting) -> &'w Tenant {
+        waiting
+            .ask
+            .tenant
+            .as_ref()
+            .expect("only a tenant's request meets a node's control")
     }
 
     /// A node of its path is paused in the store (by this process or another): refused, as
@@ -158,6 +224,7 @@ impl Pass<'_> {
             && !self
                 .state
                 .path_limits(waiting.ask.tenant.as_ref())
+                .limits
                 .is_empty()
     }
 
@@ -172,13 +239,18 @@ impl Pass<'_> {
     ) -> Answer {
         let path = self.state.path_limits(waiting.ask.tenant.as_ref());
         let account = self.shared().limits().len();
-        let (node, node_limit) = &path[(limit - account).min(path.len() - 1)];
+        let nodes = &path.limits;
+        let (node, node_limit) = &nodes[(limit - account).min(nodes.len() - 1)];
         let ask = &waiting.ask;
         let tenant = ask.tenant.as_ref().expect("a path was asked for");
         let tenants = self.state.tenants.as_mut().expect("checked");
         let (depth, dimension) = (node.depth(), node_limit.dimension());
         let times = (self.now, ask.scheduling.enqueued_at);
-        if let Some(refused) = tenants.refuses_after(tenant, depth, dimension, wait, times) {
+        let refusal = Refusal::RateLimited {
+            dimension,
+            retry_after: wait,
+        };
+        if let Some(refused) = tenants.refuses_after(tenant, depth, refusal, wait, times) {
             #[cfg(feature = "metrics")]
             crate::budget::tenants::shared::refused_metric(tenants, &refused);
             self.leave(&mut waiting.place);
@@ -225,13 +297,14 @@ impl Pass<'_> {
         let path = self.state.path_limits(waiting.ask.tenant.as_ref());
         let shared = self.shared();
         let cost = &waiting.ask.cost;
+        let nodes = &path.limits;
         match limit
             .checked_sub(shared.limits().len())
-            .filter(|_| !path.is_empty())
+            .filter(|_| !nodes.is_empty())
         {
             None => Answer::Never(shared.too_large(limit, cost)),
             Some(node) => {
-                let (_, limit) = path[node.min(path.len() - 1)];
+                let (_, limit) = nodes[node.min(nodes.len() - 1)];
                 let dimension = limit.dimension();
                 Answer::Never(InsufficientCapacity {
                     dimension,

@@ -477,7 +477,7 @@ impl State {
     pub(super) fn path_limits(&self, path: Option<&Tenant>) -> PathLimits {
         match (&self.tenants, path) {
             (Some(tenants), Some(path)) => tenants.shared_path(path),
-            _ => Arc::from([]),
+            _ => PathLimits::default(),
         }
     }
 

@@ -67,6 +67,24 @@ impl Keys {
         )
     }
 
+    /// The daily counts of the tenant node `node`, for every process (a hash; see
+    /// `controls.lua`).
+    pub(super) fn node_days(&self, node: &Tenant) -> String {
+        format!("{}:t:{}:days", self.nodes, node.as_str())
+    }
+
+    /// The slots of the tenant node `node`'s calls in flight, for every process (a hash of
+    /// reservation ids; see `controls.lua`).
+    pub(super) fn node_slots(&self, node: &Tenant) -> String {
+        format!("{}:t:{}:slots", self.nodes, node.as_str())
+    }
+
+    /// The processes' leases on their slots (a hash: process, server instant its lease
+    /// ends), beside the nodes' slots.
+    pub(super) fn alive(&self) -> String {
+        format!("{}:alive", self.nodes)
+    }
+
     /// The line of processes refused for want of the account's capacity (a sorted set), in
     /// the order their heads get their turn.
     pub(super) fn line(&self) -> String {

@@ -39,7 +39,9 @@
 //! `<prefix>:{<quota key>}:t:<node>:<dimension>:<period in ms>`, or, for the accounts of a
 //! [tenant plane](RedisBudget::tenant_plane), `<prefix>:{<plane>}:t:...` beside the accounts'
 //! `<prefix>:{<plane>}:<quota key>:...`; the paused tenant nodes are a set beside the nodes'
-//! buckets, `<prefix>:{<quota key or plane>}:paused`. The quota
+//! buckets, `<prefix>:{<quota key or plane>}:paused`, and so are a node's daily counts,
+//! `...:t:<node>:days`, the slots of its calls in flight, `...:t:<node>:slots`, and the
+//! processes' leases on their slots, `...:alive`. The quota
 //! key (or the plane) is a Redis Cluster hash tag, so every key of one account lives in one slot and the
 //! scripts run on a cluster. A bucket's TTL is its time to refill: an absent key is a full
 //! bucket, so an idle account leaves nothing behind. A record lives for the lease (ten
@@ -73,6 +75,22 @@
 //! pause's end, by the server's clock: nothing is admitted in them before, the level is kept
 //! and keeps refilling, and a refund never shortens the hold. [`Budget::lift_pause`] lifts it
 //! for every process; the others notice within a second.
+//!
+//! # A tenant's controls over every process
+//!
+//! With a [tenant tree](crate::Budget::with_tenant_tree), each admission's script also checks
+//! the request's path against what the tree sets for every process: a paused node refuses;
+//! a node's [daily cap](crate::tenant::DailyCap) is one count per node and day in Redis
+//! (calendar UTC by the server's clock, or rolling in quarter hours, as in memory), taken at
+//! admission and corrected at settlement, so the fleet together spends the cap, not each
+//! process; a node's [cap on calls in flight](crate::tenant::TenantNode::with_max_in_flight)
+//! is a set of slots in Redis, one per call, given back when the call settles. A slot counts
+//! only while its process renews its lease on its slots (a heartbeat every second), so the
+//! slots of a process that dies come back within the [slot lease](RedisBudget::slot_lease)
+//! (5 s by default); a request that finds every slot held by live processes waits out of its
+//! process's ordering, asking again about every 100 ms, within the node's `max_wait`. With
+//! [leased shares](RedisBudget::leased_shares) admissions do not ask Redis, and these controls
+//! hold per process (pauses still reach every process within a second).
 //!
 //! # When Redis fails
 //!
@@ -120,6 +138,9 @@ use connection::{Servers, Timeouts};
 use keys::Keys;
 use store::RedisStore;
 
+/// How long a process's slots outlive its last heartbeat, by default.
+const DEFAULT_SLOT_LEASE: Duration = Duration::from_secs(5);
+
 /// Builds a [`Budget`] kept in Redis; see the [module documentation](self).
 #[derive(Debug, Clone)]
 pub struct RedisBudget {
@@ -134,6 +155,7 @@ pub struct RedisBudget {
     breaker_open_for: Duration,
     pipeline: usize,
     leases: Option<LeaseOptions>,
+    slot_lease: Duration,
 }
 
 impl RedisBudget {
@@ -186,6 +208,7 @@ impl RedisBudget {
             breaker_open_for: Duration::from_millis(500),
             pipeline: crate::budget::remote::state::PIPELINE,
             leases: None,
+            slot_lease: DEFAULT_SLOT_LEASE,
         }
     }
 
@@ -270,8 +293,9 @@ impl RedisBudget {
     /// process may spend one request beyond its share of the burst: the fleet's bound is the
     /// account's, plus at most the largest cost less a share of the burst per process. A
     /// provider's pause reaches the other processes at their next renewal.
-    /// Tenant nodes' own limits are not leased: they hold per process in this mode, so a
-    /// fleet where they must hold as a whole keeps one call per admission (the default).
+    /// Tenant nodes' own limits, daily caps and caps on calls in flight are not leased: they
+    /// hold per process in this mode, so a fleet where they must hold as a whole keeps one
+    /// call per admission (the default); pauses reach every process in both modes.
     /// Every process of one account must use the same mode. A `refresh` of zero counts as
     /// one millisecond.
     ///
@@ -296,6 +320,18 @@ impl RedisBudget {
             refresh,
             lease: refresh.saturating_mul(3),
         });
+        self
+    }
+
+    /// How long a process's slots on tenant nodes' caps on calls in flight outlive its last
+    /// heartbeat (default 5 s). Such a cap holds for every process: each call in flight
+    /// holds a slot in Redis, given back when it settles, and counted only while its process
+    /// renews its lease on its slots (every second, or every third of `lease` if shorter):
+    /// the slots of a process that dies come back within `lease`. A process cut off from
+    /// Redis for longer loses its slots too, so its calls then in flight stop counting. A
+    /// `lease` of zero counts as 3 ms.
+    pub fn slot_lease(mut self, lease: Duration) -> Self {
+        self.slot_lease = lease.max(Duration::from_millis(3));
         self
     }
 
@@ -336,7 +372,8 @@ impl RedisBudget {
             response: self.timeout,
             max_delay: Duration::from_millis(100),
         })?;
-        let store = RedisStore::new(connection, keys, self.lease, self.timeout);
+        let leases = (self.lease, self.slot_lease);
+        let store = RedisStore::new(connection, keys, leases, self.timeout);
         let reachable = self.reach(&store).await?;
         let options = RemoteOptions {
             policy: self.policy,
@@ -345,6 +382,7 @@ impl RedisBudget {
             breaker_open_for: self.breaker_open_for,
             pipeline: self.pipeline,
             leases: self.leases,
+            heartbeat: (self.slot_lease / 3).min(Duration::from_secs(1)),
         };
         // Named after its quota key unless the quota has a name (the depth gauge's label).
         let named;

@@ -1,20 +1,28 @@
 -- RESERVE: every touched limit pays `cost` (leaving `floor` untouched), or none does; none
 -- does while a limit is held (a provider's pause, see lower.lua), nor when it would delay the
--- process whose turn it is (see below).
+-- process whose turn it is (see below), nor while a node of the request's tenant path is
+-- paused, has spent its daily cap, or has every slot of its in-flight cap taken (see
+-- controls.lua).
 -- KEYS: the buckets, then their holds (in the same order), then the reservation record, the
---       line of processes waiting for the account (a sorted set), its details (a hash), and
---       the paused tenant nodes (a set).
+--       line of processes waiting for the account (a sorted set), its details (a hash), the
+--       paused tenant nodes (a set), the processes' leases on their slots (a hash), then the
+--       days and slots of the path's nodes that have controls.
 -- ARGV: clock override ('' in production), lease in ms, the asking process ('' to take no
 --       turns), its request's class rank (0 first), how many of the buckets (the first ones)
---       are the account's, the grace in ms a process has to come back when told, then per
---       bucket: num, den, capacity, cost, floor (units), then the nodes of the request's
---       tenant path, from the top.
+--       are the account's, the grace in ms a process has to come back when told, the number
+--       of buckets, the number of nodes of the request's tenant path, then per bucket: num,
+--       den, capacity, cost, floor (units), then the nodes of the path, from the top, then
+--       per control: its kind ('s' slots, 'c' a calendar day, 'r' a rolling day), its key's
+--       index in KEYS, its field (the cap's; for slots, the reservation
+--       id), its cap, and the amount it counts (the cost in the cap's dimension; for slots,
+--       the lease on them in ms).
 -- Returns {1, level...} when admitted, {0, wait_ms, bucket, held, floor_only, first} when not
 -- yet (`held` is 1 when the bucket's hold is what the wait is for, `floor_only` 1 when no
 -- bucket is held and every bucket holds the cost, so that only the floors keep it out,
 -- `first` 1 when the process is first in line), {-1, bucket} when the cost can never fit,
 -- {-2} when the id was already settled, {-3, depth} when the node at `depth` of the path is
--- paused.
+-- paused, {-4, control, used} when a daily cap is spent, {-5, control} when every slot of a
+-- cap on calls in flight is held.
 --
 -- Turns. A process refused for want of the account's capacity joins a line, ranked by its
 -- request's class, then by when it was first refused, with what its request needs of each
@@ -27,9 +35,13 @@
 -- How late (ms) the first in line may come back and still find its need kept for it.
 local SLACK = 5
 local now = clock(ARGV[1])
-local n = (#KEYS - 4) / 2
+local n, depths = tonumber(ARGV[7]), tonumber(ARGV[8])
 local line, details, paused = KEYS[2 * n + 2], KEYS[2 * n + 3], KEYS[2 * n + 4]
+local alive = KEYS[2 * n + 5]
 local me, rank, accounts, grace = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+-- Where the path's nodes and the controls start in ARGV.
+local nodes = 9 + 5 * n
+local controls = nodes + depths
 local takes_turns = me ~= '' and accounts > 0
 local values = redis.call('MGET', unpack(KEYS, 1, 2 * n + 1))
 local existing = values[2 * n + 1]
@@ -42,19 +54,38 @@ elseif existing then
 end
 
 -- A paused node of the path refuses, whatever the buckets hold.
-local nodes = 7 + 5 * n
-if #ARGV >= nodes and redis.call('EXISTS', paused) == 1 then
-  for depth = 1, #ARGV - nodes + 1 do
+if depths > 0 and redis.call('EXISTS', paused) == 1 then
+  for depth = 1, depths do
     if redis.call('SISMEMBER', paused, ARGV[nodes + depth - 1]) == 1 then
       return {-3, depth}
     end
   end
 end
 
+-- A spent daily cap refuses; a cap on calls in flight whose every slot is held waits.
+local counted = {}
+for c = 1, (#ARGV - controls + 1) / 5 do
+  local a = controls + (c - 1) * 5
+  local kind, key, field = ARGV[a], KEYS[tonumber(ARGV[a + 1])], ARGV[a + 2]
+  local cap, amount = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  if kind == 's' then
+    if slots_held(key, alive, now, cap) >= cap then
+      return {-5, c}
+    end
+    counted[#counted + 1] = {kind, key, field, amount}
+  elseif amount > 0 then
+    local used = day_used(key, field, now)
+    if used + amount > cap then
+      return {-4, c, used}
+    end
+    counted[#counted + 1] = {kind, key, field, amount}
+  end
+end
+
 -- Every bucket's rate, cost and level now.
 local num, den, cap, cost, floor, toks, tss = {}, {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  local a = 7 + (i - 1) * 5
+  local a = 9 + (i - 1) * 5
   num[i], den[i], cap[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   cost[i], floor[i] = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   if cost[i] + floor[i] > cap[i] then
@@ -168,10 +199,23 @@ local reply, record = {1}, {'r'}
 for i = 1, n do
   local tok = toks[i] - cost[i] * den[i]
   store(KEYS[i], tok, tss[i], now, num[i], den[i], cap[i] * den[i])
-  record[#record + 1] = '|' .. KEYS[i] .. '=' .. ARGV[7 + (i - 1) * 5 + 3]
+  record[#record + 1] = '|' .. KEYS[i] .. '=' .. ARGV[9 + (i - 1) * 5 + 3]
   reply[i + 1] = math.floor(tok / den[i])
 end
 redis.call('SET', KEYS[2 * n + 1], table.concat(record), 'PX', ARGV[2])
+-- The path's controls count the call: its day's use, its slot under its process's lease.
+for _, c in ipairs(counted) do
+  local kind, key, field, amount = c[1], c[2], c[3], c[4]
+  if kind == 's' then
+    -- The field is the reservation id, `<process>-<n>`.
+    redis.call('HSET', key, field, 1)
+    redis.call('PEXPIRE', key, ARGV[2])
+    redis.call('HSET', alive, string.match(field, '^([^-]*)'), now + amount)
+    redis.call('PEXPIRE', alive, amount + 60000)
+  else
+    day_add(key, field, amount, now)
+  end
+end
 if takes_turns then
   redis.call('ZREM', line, me)
   redis.call('HDEL', details, me .. ':since', me .. ':ready', me .. ':until', me .. ':needs')

@@ -3,10 +3,15 @@
 -- most; a deeper debt, which an earlier version of these scripts wrote for a pause, is kept
 -- and refills).
 -- Many reservations are settled in one call; each bucket is read and written once.
--- KEYS: the buckets, then the reservation records.
+-- The controls of its tenant path's nodes follow (see controls.lua): its slots are given back
+-- (also when its record expired, or was settled: a slot is the reservation id, so giving it
+-- back twice is nothing), its daily counts take the difference as the buckets do.
+-- KEYS: the buckets, then the reservation records, then the controls' days and slots.
 -- ARGV: clock override, how long a tombstone lives (ms), the number of buckets, then per
 --       bucket: num, den, capacity; then per reservation: its record's index in KEYS, the
---       number k of its buckets, then k times: bucket index, reserved, actual.
+--       number k of its buckets, the number c of its controls, then k times: bucket index,
+--       reserved, actual; then c times: kind ('s', 'c' or 'r'), key index, field (for slots,
+--       the reservation id), actual less reserved.
 -- Returns per reservation: 1 settled, 0 already settled, 2 late (its record had expired:
 -- only overruns are charged, nothing is refunded blind).
 local now = clock(ARGV[1])
@@ -20,8 +25,8 @@ for b = 1, buckets do
 end
 local answers = {}
 while a <= #ARGV do
-  local r, k = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-  a = a + 2
+  local r, k, c = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  a = a + 3
   -- A record named twice in one call is settled once: look it up by name.
   local record = settled[KEYS[r]] or values[r]
   if record == 'd' then
@@ -65,6 +70,16 @@ while a <= #ARGV do
   end
   if record == 'd' then
     a = a + 3 * k
+  end
+  for _ = 1, c do
+    local kind, key, field, delta = ARGV[a], KEYS[tonumber(ARGV[a + 1])], ARGV[a + 2],
+      tonumber(ARGV[a + 3])
+    a = a + 4
+    if kind == 's' then
+      redis.call('HDEL', key, field)
+    elseif record ~= 'd' and (delta > 0 or (delta < 0 and record)) then
+      day_add(key, field, delta, now)
+    end
   end
 end
 for b, level in pairs(levels) do

@@ -9,13 +9,13 @@ use super::connection::Connection;
 use super::keys::{Keys, Rate};
 use crate::budget::memory::bucket::Floor;
 use crate::budget::remote::{
-    Decision, Demand, Grant, PathLimits, RemoteStore, Settle, StoreFuture,
+    Control, Decision, Demand, Grant, PathLimits, RemoteStore, Settle, StoreFuture, StorePath,
 };
 use crate::cost::Cost;
 use crate::error::StoreUnavailable;
 use crate::priority::Priority;
 use crate::quota::Limit;
-use crate::tenant::Tenant;
+use crate::tenant::{DayWindow, Tenant};
 
 /// How long a settled reservation's tombstone lives, at least and at most: settlements are
 /// retried within a few seconds, so a duplicate arrives well within it.
@@ -36,6 +36,7 @@ struct Scripts {
     settle: Script,
     lower: Script,
     lease: Script,
+    heartbeat: Script,
 }
 
 impl Scripts {
@@ -43,10 +44,12 @@ impl Scripts {
         Self {
             reserve: Script::new(concat!(
                 include_str!("bucket.lua"),
+                include_str!("controls.lua"),
                 include_str!("reserve.lua")
             )),
             settle: Script::new(concat!(
                 include_str!("bucket.lua"),
+                include_str!("controls.lua"),
                 include_str!("settle.lua")
             )),
             lower: Script::new(concat!(
@@ -56,6 +59,10 @@ impl Scripts {
             lease: Script::new(concat!(
                 include_str!("bucket.lua"),
                 include_str!("lease.lua")
+            )),
+            heartbeat: Script::new(concat!(
+                include_str!("bucket.lua"),
+                include_str!("heartbeat.lua")
             )),
         }
     }
@@ -68,6 +75,8 @@ pub(super) struct RedisStore {
     connection: Connection,
     keys: Keys,
     lease_ms: u64,
+    /// How long a process's slots outlive its last heartbeat (ms).
+    slot_lease_ms: u64,
     /// How long past the wait it was told a process keeps its turn (ms).
     grace_ms: u64,
     tombstone_ms: u64,
@@ -80,7 +89,7 @@ impl RedisStore {
     pub(super) fn new(
         connection: Connection,
         keys: Keys,
-        lease: Duration,
+        (lease, slot_lease): (Duration, Duration),
         timeout: Duration,
     ) -> Self {
         let lease_ms = u64::try_from(lease.as_millis()).unwrap_or(u64::MAX).max(1);
@@ -89,6 +98,9 @@ impl RedisStore {
             connection,
             keys,
             lease_ms,
+            slot_lease_ms: u64::try_from(slot_lease.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
             grace_ms: u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
             tombstone_ms: lease_ms.clamp(
                 TOMBSTONE.0.as_millis() as u64,
@@ -107,6 +119,7 @@ impl RedisStore {
             &self.scripts.settle,
             &self.scripts.lower,
             &self.scripts.lease,
+            &self.scripts.heartbeat,
         ] {
             script.prepare_invoke().load_async(&mut connection).await?;
         }
@@ -161,21 +174,23 @@ impl Call {
 impl RedisStore {
     /// The reserve script's call for `id`, and the limits it touches (indices into the
     /// account's limits, then the path's nodes'): the buckets of every limit `cost` touches,
-    /// their holds, the record, the line of processes; the clock override (empty), the lease,
-    /// the asking process, its class, how many buckets are the account's, the grace, then each
-    /// bucket's rate, cost and floor.
+    /// their holds, the record, the line of processes, the paused nodes, the processes'
+    /// leases, the controls' keys; the clock override (empty), the lease, the asking process,
+    /// its class, how many buckets are the account's, the grace, how many buckets and path
+    /// nodes, then each bucket's rate, cost and floor, the path's nodes and its controls.
     fn reserve_call(
         &self,
         id: &str,
         (cost, floor, class): (Cost, Floor, Priority),
         limits: &[Limit],
-        (path, tenant): (&[(Tenant, Limit)], Option<&Tenant>),
+        (path, tenant): (&StorePath, Option<&Tenant>),
     ) -> (Call, Vec<usize>) {
         // The account's limits, then the path's nodes': one list of buckets, numbered on.
-        let all = limits.len() + path.len();
+        let nodes = &path.limits;
+        let all = limits.len() + nodes.len();
         let limit_of = |i: usize| match i.checked_sub(limits.len()) {
             None => (None, &limits[i]),
-            Some(j) => (Some(&path[j].0), &path[j].1),
+            Some(j) => (Some(&nodes[j].0), &nodes[j].1),
         };
         let touched: Vec<usize> = (0..all)
             .filter(|&i| cost.amount(limit_of(i).1.dimension()) > 0)
@@ -190,7 +205,9 @@ impl RedisStore {
             .arg(process)
             .arg(class.index())
             .arg(accounts)
-            .arg(self.grace_ms);
+            .arg(self.grace_ms)
+            .arg(touched.len())
+            .arg(tenant.map_or(0, Tenant::depth));
         for &i in &touched {
             let (node, limit) = limit_of(i);
             let rate = Rate::of(limit);
@@ -225,41 +242,62 @@ impl RedisStore {
         call.keys.push(self.keys.line_details());
         // Every node of the request's path, from the top: any of them may be paused.
         call.keys.push(self.keys.paused());
+        call.keys.push(self.keys.alive());
         if let Some(tenant) = tenant {
             for depth in 1..=tenant.depth() {
                 call.arg(tenant.prefix(depth));
             }
         }
+        self.push_controls(&mut call, id, cost, &path.controls);
         (call, touched)
     }
-}
 
-impl RemoteStore for RedisStore {
-    fn reserve(
-        &self,
-        id: String,
-        cost: Cost,
-        floor: Floor,
-        class: Priority,
-        limits: Arc<[Limit]>,
-        path: PathLimits,
-        tenant: Option<Tenant>,
-    ) -> StoreFuture<Decision> {
-        let (call, touched) =
-            self.reserve_call(&id, (cost, floor, class), &limits, (&path, tenant.as_ref()));
-        let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
-        Box::pin(async move {
-            // Nothing to take and nobody who may be paused: nothing to ask.
-            if touched.is_empty() && tenant.is_none() {
-                return Ok(Decision::Admitted);
-            }
-            let reply: Vec<i64> = call.run(&scripts.reserve, &mut connection).await?;
-            decision(&reply, &touched)
-        })
+    /// The controls of the path in the reserve call: each one's key, then its kind, key index,
+    /// field, cap and the amount it counts.
+    fn push_controls(&self, call: &mut Call, id: &str, cost: Cost, controls: &[(Tenant, Control)]) {
+        for (node, control) in controls {
+            let (key, kind, field) = self.control(node, control, id);
+            let (cap, amount) = match control {
+                Control::InFlight(max) => (max.get() as u64, self.slot_lease_ms),
+                Control::Daily(daily) => (daily.amount().get(), cost.amount(daily.dimension())),
+            };
+            call.keys.push(key);
+            let index = call.keys.len();
+            call.arg(kind).arg(index).arg(field).arg(cap).arg(amount);
+        }
     }
 
-    fn settle(&self, batch: Vec<Settle>) -> StoreFuture<()> {
-        // Every bucket once, then every record.
+    /// The key, kind and field of `node`'s `control` for the reservation `id` (see
+    /// `controls.lua`): its slots and the id, or its days and the cap's field.
+    fn control(
+        &self,
+        node: &Tenant,
+        control: &Control,
+        id: &str,
+    ) -> (String, &'static str, String) {
+        match control {
+            Control::InFlight(_) => (self.keys.node_slots(node), "s", id.to_owned()),
+            Control::Daily(daily) => {
+                let kind = match daily.window() {
+                    DayWindow::CalendarUtc => "c",
+                    DayWindow::Rolling => "r",
+                };
+                let field = format!("{kind}:{}", daily.dimension().as_str());
+                (self.keys.node_days(node), kind, field)
+            }
+        }
+    }
+
+    /// The buckets a batch of settlements touches, each once (key and rate), and per
+    /// settlement the buckets it touches (numbered from 1), what it reserved and used.
+    #[allow(
+        clippy::type_complexity,
+        reason = "the script's arguments, in their order"
+    )]
+    fn settled_buckets(
+        &self,
+        batch: &[Settle],
+    ) -> (Vec<(String, Rate)>, Vec<Vec<(usize, u64, u64)>>) {
         let mut buckets: Vec<(String, Rate)> = Vec::new();
         let mut index = |node: Option<&Tenant>, limit: &Limit| {
             let key = match node {
@@ -275,8 +313,8 @@ impl RemoteStore for RedisStore {
             }
         };
         let mut settlements = Vec::with_capacity(batch.len());
-        for settle in &batch {
-            let nodes = settle.path.iter().map(|(node, limit)| (Some(node), limit));
+        for settle in batch {
+            let nodes = (settle.path.limits.iter()).map(|(node, limit)| (Some(node), limit));
             let touched: Vec<(usize, u64, u64)> = settle
                 .limits
                 .iter()
@@ -293,23 +331,100 @@ impl RemoteStore for RedisStore {
                 .collect();
             settlements.push(touched);
         }
+        (buckets, settlements)
+    }
+
+    /// What settling `settle` does to its path's controls: per control, its key, kind, field
+    /// and the actual use less the reserved (nothing for a slot: it is given back).
+    fn settled_controls(&self, settle: &Settle) -> Vec<(String, &'static str, String, i128)> {
+        (settle.path.controls.iter())
+            .map(|(node, control)| {
+                let (key, kind, field) = self.control(node, control, &settle.id);
+                let delta = match control {
+                    Control::InFlight(_) => 0,
+                    Control::Daily(daily) => {
+                        let dimension = daily.dimension();
+                        i128::from(settle.actual.amount(dimension))
+                            - i128::from(settle.reserved.amount(dimension))
+                    }
+                };
+                (key, kind, field, delta)
+            })
+            .collect()
+    }
+}
+
+impl RemoteStore for RedisStore {
+    fn reserve(
+        &self,
+        id: String,
+        cost: Cost,
+        floor: Floor,
+        class: Priority,
+        limits: Arc<[Limit]>,
+        path: PathLimits,
+        tenant: Option<Tenant>,
+    ) -> StoreFuture<Decision> {
+        let (call, touched) =
+            self.reserve_call(&id, (cost, floor, class), &limits, (&path, tenant.as_ref()));
+        let controls = path.controls.len();
+        let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
+        Box::pin(async move {
+            // Nothing to take and nobody who may be paused: nothing to ask.
+            if touched.is_empty() && tenant.is_none() {
+                return Ok(Decision::Admitted);
+            }
+            let reply: Vec<i64> = call.run(&scripts.reserve, &mut connection).await?;
+            decision(&reply, &touched, controls)
+        })
+    }
+
+    fn settle(&self, batch: Vec<Settle>) -> StoreFuture<()> {
+        // Every bucket once, then every record, then the controls' keys.
+        let (buckets, settlements) = self.settled_buckets(&batch);
+        let controls: Vec<_> = batch.iter().map(|s| self.settled_controls(s)).collect();
         let mut call = Call::new();
         call.arg("").arg(self.tombstone_ms).arg(buckets.len());
         for (_, rate) in &buckets {
             call.arg(rate.num).arg(rate.den).arg(rate.capacity);
         }
-        for (i, touched) in settlements.iter().enumerate() {
-            call.arg(buckets.len() + i + 1).arg(touched.len());
+        let records = buckets.len();
+        let mut control_keys = Vec::new();
+        for (i, (touched, controls)) in settlements.iter().zip(&controls).enumerate() {
+            call.arg(records + i + 1)
+                .arg(touched.len())
+                .arg(controls.len());
             for (bucket, reserved, actual) in touched {
                 call.arg(bucket).arg(reserved).arg(actual);
+            }
+            for (key, kind, field, delta) in controls {
+                control_keys.push(key.clone());
+                call.arg(kind)
+                    .arg(records + batch.len() + control_keys.len())
+                    .arg(field)
+                    .arg(delta);
             }
         }
         call.keys.extend(buckets.into_iter().map(|(key, _)| key));
         call.keys
             .extend(batch.iter().map(|settle| self.keys.record(&settle.id)));
+        call.keys.extend(control_keys);
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
         Box::pin(async move {
             let _: Vec<i64> = call.run(&scripts.settle, &mut connection).await?;
+            Ok(())
+        })
+    }
+
+    fn heartbeat(&self, process: u64) -> StoreFuture<()> {
+        let mut call = Call::new();
+        call.keys.push(self.keys.alive());
+        call.arg("")
+            .arg(format!("{process:016x}"))
+            .arg(self.slot_lease_ms);
+        let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
+        Box::pin(async move {
+            let _: i64 = call.run(&scripts.heartbeat, &mut connection).await?;
             Ok(())
         })
     }
@@ -476,9 +591,20 @@ fn grant(reply: &[i64], limits: usize, flows: usize) -> Result<Grant, StoreUnava
 }
 
 /// Reads the reserve script's reply: `{1, levels...}`, `{0, wait_ms, bucket, held,
-/// floor_only, first}` or `{-1, bucket}`, buckets numbered from 1 among the `touched` limits. A wait
-/// for a hold is told as [`HOLD_RECHECK`] at most.
-fn decision(reply: &[i64], touched: &[usize]) -> Result<Decision, StoreUnavailable> {
+/// floor_only, first}` or `{-1, bucket}`, buckets numbered from 1 among the `touched` limits;
+/// `{-3, depth}`, `{-4, control, used}` or `{-5, control}`, controls numbered from 1 among the
+/// path's `controls`. A wait for a hold is told as [`HOLD_RECHECK`] at most.
+fn decision(
+    reply: &[i64],
+    touched: &[usize],
+    controls: usize,
+) -> Result<Decision, StoreUnavailable> {
+    let control = |c: i64| {
+        usize::try_from(c - 1)
+            .ok()
+            .filter(|&c| c < controls)
+            .ok_or_else(|| StoreUnavailable::new(format_args!("unexpected reply {reply:?}")))
+    };
     let limit = |bucket: i64| {
         usize::try_from(bucket - 1)
             .ok()
@@ -512,6 +638,13 @@ fn decision(reply: &[i64], touched: &[usize]) -> Result<Decision, StoreUnavailab
         [-3, depth] => Ok(Decision::Paused {
             depth: usize::try_from(depth).unwrap_or(1),
         }),
+        [-4, c, used] => Ok(Decision::DayCapped {
+            control: control(c)?,
+            used: u64::try_from(used).unwrap_or(0),
+        }),
+        [-5, c] => Ok(Decision::NoSlot {
+            control: control(c)?,
+        }),
         [-2] => Err(StoreUnavailable::new(
             "the reservation id was already settled: ids must not be reused",
         )),
@@ -528,9 +661,12 @@ mod tests {
     #[test]
     fn replies_map_back_to_the_limits_asked_about() {
         let touched = [0, 2];
-        assert_eq!(decision(&[1, 5, 7], &touched).unwrap(), Decision::Admitted);
         assert_eq!(
-            decision(&[0, 250, 2, 0, 0, 0], &touched).unwrap(),
+            decision(&[1, 5, 7], &touched, 2).unwrap(),
+            Decision::Admitted
+        );
+        assert_eq!(
+            decision(&[0, 250, 2, 0, 0, 0], &touched, 2).unwrap(),
             Decision::Denied {
                 wait: Duration::from_millis(250),
                 limit: 2,
@@ -539,7 +675,7 @@ mod tests {
             }
         );
         assert_eq!(
-            decision(&[0, 250, 1, 0, 1, 0], &touched).unwrap(),
+            decision(&[0, 250, 1, 0, 1, 0], &touched, 2).unwrap(),
             Decision::Denied {
                 wait: Duration::from_millis(250),
                 limit: 0,
@@ -549,7 +685,7 @@ mod tests {
         );
         // Held: the wait is told a second at most, so that a lift elsewhere is seen.
         assert_eq!(
-            decision(&[0, 60_000, 1, 1, 0, 0], &touched).unwrap(),
+            decision(&[0, 60_000, 1, 1, 0, 0], &touched, 2).unwrap(),
             Decision::Denied {
                 wait: HOLD_RECHECK,
                 limit: 0,
@@ -558,7 +694,7 @@ mod tests {
             }
         );
         assert_eq!(
-            decision(&[0, 60_000, 1, 0, 0, 0], &touched).unwrap(),
+            decision(&[0, 60_000, 1, 0, 0, 0], &touched, 2).unwrap(),
             Decision::Denied {
                 wait: Duration::from_secs(60),
                 limit: 0,
@@ -566,14 +702,33 @@ mod tests {
                 first: false,
             }
         );
-        assert!(decision(&[0, 250, 2, 7, 0, 0], &touched).is_err());
-        assert!(decision(&[0, 250, 2, 0, 7, 0], &touched).is_err());
+        assert!(decision(&[0, 250, 2, 7, 0, 0], &touched, 2).is_err());
+        assert!(decision(&[0, 250, 2, 0, 7, 0], &touched, 2).is_err());
         assert_eq!(
-            decision(&[-1, 1], &touched).unwrap(),
+            decision(&[-1, 1], &touched, 2).unwrap(),
             Decision::TooLarge { limit: 0 }
         );
-        assert!(decision(&[0, 250, 3, 0, 0, 0], &touched).is_err());
-        assert!(decision(&[0, 250, 2, 0], &touched).is_err());
-        assert!(decision(&[], &touched).is_err());
+        assert!(decision(&[0, 250, 3, 0, 0, 0], &touched, 2).is_err());
+        assert!(decision(&[0, 250, 2, 0], &touched, 2).is_err());
+        assert!(decision(&[], &touched, 2).is_err());
+    }
+
+    #[test]
+    fn control_replies_map_back_to_the_path_s_controls() {
+        let touched = [0, 2];
+        // Controls are numbered from 1 among the path's.
+        assert_eq!(
+            decision(&[-4, 2, 900], &touched, 2).unwrap(),
+            Decision::DayCapped {
+                control: 1,
+                used: 900
+            }
+        );
+        assert_eq!(
+            decision(&[-5, 1], &touched, 2).unwrap(),
+            Decision::NoSlot { control: 0 }
+        );
+        assert!(decision(&[-5, 3], &touched, 2).is_err());
+        assert!(decision(&[-4, 0, 5], &touched, 2).is_err());
     }
 }

@@ -23,7 +23,7 @@ use crate::cost::Cost;
 use crate::error::StoreUnavailable;
 use crate::priority::Priority;
 use crate::quota::Limit;
-use crate::tenant::Tenant;
+use crate::tenant::{DailyCap, Tenant};
 
 /// A boxed, sendable future: the shape of the shared store's answers.
 pub(crate) type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreUnavailable>> + Send>>;
@@ -49,6 +49,13 @@ pub(crate) enum Decision {
     /// The node at `depth` of the request's tenant path is paused in the store (by any
     /// process): refused, nothing taken.
     Paused { depth: usize },
+    /// The daily cap `control` (an index into the path's controls) is spent: `used` of it
+    /// in the current day, as the store counts it for every process. Refused, nothing taken.
+    DayCapped { control: usize, used: u64 },
+    /// Every slot of the in-flight cap `control` (an index into the path's controls) is held
+    /// by a live process: nothing taken; a slot comes back when a call ends or its process's
+    /// lease on it expires.
+    NoSlot { control: usize },
 }
 
 /// One reservation to settle: `actual` replaces `reserved` in every limit of `limits`.
@@ -62,9 +69,29 @@ pub(crate) struct Settle {
     pub(crate) path: PathLimits,
 }
 
-/// The limits of the nodes of a tenant path, each with its node: buckets a shared store keeps
-/// beside the account's, checked and taken in the same atomic call.
-pub(crate) type PathLimits = Arc<[(Tenant, Limit)]>;
+/// What a shared store keeps of a tenant path, checked and taken in the same atomic call as
+/// the account's buckets.
+pub(crate) type PathLimits = Arc<StorePath>;
+
+/// The nodes of a tenant path as a shared store keeps them, from the top.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct StorePath {
+    /// The limits of the nodes, each with its node: buckets beside the account's.
+    pub(crate) limits: Vec<(Tenant, Limit)>,
+    /// The controls of the nodes that hold for every process: their daily caps and their
+    /// caps on calls in flight.
+    pub(crate) controls: Vec<(Tenant, Control)>,
+}
+
+/// A control of a tenant node kept in a shared store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// At most this many calls in flight over every process: a slot per call, held under
+    /// its process's lease (see [`RemoteStore::heartbeat`]).
+    InFlight(std::num::NonZeroUsize),
+    /// At most this much of a dimension per day, counted for every process.
+    Daily(DailyCap),
+}
 
 /// What a leasing process tells the store.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,7 +148,10 @@ pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
     /// first is expected back, so that every process's head gets its turn.
     ///
     /// A request of `tenant` is refused ([`Decision::Paused`]) when a node of its path is
-    /// paused in the store.
+    /// paused in the store, or ([`Decision::DayCapped`]) when a daily cap of `path` is spent;
+    /// it waits ([`Decision::NoSlot`]) when every slot of a cap on calls in flight is held.
+    /// Admitted, it counts in the path's daily caps and holds a slot of each cap on calls in
+    /// flight until it is settled.
     #[allow(
         clippy::too_many_arguments,
         reason = "one atomic call: everything it checks"
@@ -153,6 +183,14 @@ pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
 
     /// Ends the holds of `limits` now, for every process.
     fn lift(&self, limits: Vec<Limit>) -> StoreFuture<()>;
+
+    /// Renews `process`'s lease on the in-flight slots it holds ([`Control::InFlight`]):
+    /// a process that stops renewing (it died) loses them when its lease ends. A store that
+    /// keeps no slots does nothing.
+    fn heartbeat(&self, process: u64) -> StoreFuture<()> {
+        let _ = process;
+        Box::pin(async { Ok(()) })
+    }
 
     /// Leases `process` a share of the account's `limits` for `lease`, by what it wants
     /// (`demand`) and what every other live lease wants; see [`lease`](self::lease). A

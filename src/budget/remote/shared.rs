@@ -40,10 +40,6 @@ impl Refunded {
     }
 }
 
-/// How often a budget with a tenant tree reads the pauses the store keeps, to follow the
-/// other processes' pauses and resumes in its own view (its snapshots, its local refusals).
-const PAUSE_SYNC: Duration = Duration::from_secs(1);
-
 #[cfg(any(feature = "redis", all(test, loom)))]
 /// Reads the store's pauses into the budget's tree, unless this process paused or resumed a
 /// node since the reading began (the next reading, after that change reached the store,
@@ -52,6 +48,13 @@ async fn sync_pauses(store: &Arc<dyn RemoteStore>, budget: &Refunded, timeout: D
     let Some(changes) = budget.budget().and_then(|b| b.pause_changes()) else {
         return;
     };
+    // The slots this process holds on its nodes' caps stay its own while it lives.
+    let instance = budget
+        .budget()
+        .and_then(|b| b.shared.remote.as_ref().map(|r| r.instance));
+    if let Some(instance) = instance {
+        let _ = bounded(timeout, store.heartbeat(instance)).await;
+    }
     if let Ok(Some(paused)) = bounded(timeout, store.paused()).await {
         if let Some(budget) = budget.budget() {
             budget.sync_paused(&paused, changes);
@@ -120,7 +123,7 @@ impl Budget {
             Some(remote),
         );
         let refunded = Refunded(Arc::downgrade(&budget.shared));
-        let sending = send_in_background(worker, receiver, options.timeout, refunded);
+        let sending = send_in_background(worker, receiver, options, refunded);
         #[cfg(not(all(test, loom)))]
         tokio::spawn(sending);
         #[cfg(feature = "redis")]
@@ -461,11 +464,17 @@ const BATCH: usize = 64;
 async fn send_in_background(
     store: Arc<dyn RemoteStore>,
     mut commands: mpsc::UnboundedReceiver<Command>,
-    timeout: Duration,
+    options: RemoteOptions,
     refunded: Refunded,
 ) {
     let (holds, ordered) = mpsc::unbounded_channel();
-    tokio::spawn(in_order(store.clone(), ordered, timeout, refunded.clone()));
+    let (timeout, every) = (options.timeout, options.heartbeat);
+    tokio::spawn(in_order(
+        store.clone(),
+        ordered,
+        (timeout, every),
+        refunded.clone(),
+    ));
     while let Some(first) = commands.recv().await {
         let mut batch = Vec::new();
         let mut next = Some(first);
@@ -515,13 +524,16 @@ async fn send_in_background(
 /// Sends pauses and lifts one after the other, each retried before the next, so that the
 /// store sees them in the order they were made. A lift that reaches the store tells the
 /// budget, whose head then asks again at once rather than when the hold's wait is over.
+/// Between them, every `every`, a budget with a tenant tree renews its lease on its slots and
+/// reads the pauses the store keeps, to follow the other processes' pauses and resumes in its
+/// own view (its snapshots, its local refusals).
 async fn in_order(
     store: Arc<dyn RemoteStore>,
     mut commands: mpsc::UnboundedReceiver<Command>,
-    timeout: Duration,
+    (timeout, every): (Duration, Duration),
     refunded: Refunded,
 ) {
-    let mut sync = tokio::time::interval(PAUSE_SYNC);
+    let mut sync = tokio::time::interval(every.max(Duration::from_millis(1)));
     sync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         // A command first; else, when it is time, a reading of the store's pauses.
@@ -744,6 +756,7 @@ mod tests {
             breaker_open_for: 500 * MS,
             pipeline: crate::budget::remote::state::PIPELINE,
             leases: None,
+            heartbeat: 1_000 * MS,
         };
         let store: Arc<dyn RemoteStore> = store.clone();
         Budget::with_remote(&Quota::new().with_limit(limit), store, options, true)
@@ -770,6 +783,7 @@ mod tests {
                 refresh: 100 * MS,
                 lease: 300 * MS,
             }),
+            heartbeat: 1_000 * MS,
         };
         let store: Arc<dyn RemoteStore> = store.clone();
         Budget::with_remote(&Quota::new().with_limit(limit), store, options, true)

@@ -26,6 +26,9 @@ pub(crate) struct RemoteOptions {
     pub(crate) pipeline: usize,
     /// Admit from a leased share of the account rather than asking per admission.
     pub(crate) leases: Option<LeaseOptions>,
+    /// How often the process renews its lease on its tenant nodes' slots and reads the
+    /// store's pauses (a second at most).
+    pub(crate) heartbeat: Duration,
 }
 
 /// How a budget leases its share of the account (see [`lease`](super::lease)).

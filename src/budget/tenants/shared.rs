@@ -14,12 +14,13 @@ use std::task::Waker;
 use tokio::time::Instant;
 
 use super::tree::{Check, NodeView, TenantState};
+use crate::budget::remote::PathLimits;
 use crate::cost::Cost;
 use crate::priority::Priority;
-use crate::quota::{Dimension, Limit};
+use crate::quota::Limit;
 use crate::sched::Flow;
 use crate::tenant::Tenant;
-use crate::tenant::TenantRefused;
+use crate::tenant::{Refusal, TenantRefused};
 use crate::tenant::{TenantNode, TenantTree};
 
 /// A budget's handle on its tenants' state.
@@ -165,12 +166,11 @@ impl Tenants {
         &self,
         path: &Tenant,
         depth: usize,
-        dimension: Dimension,
+        refusal: Refusal,
         wait: std::time::Duration,
         times: (Instant, Instant),
     ) -> Option<TenantRefused> {
-        self.lock()
-            .refuses_after(path, depth, dimension, wait, times)
+        self.lock().refuses_after(path, depth, refusal, wait, times)
     }
 
     pub(crate) fn unpark(&self, path: &Tenant, depth: usize, ticket: u64) {
@@ -191,7 +191,7 @@ impl Tenants {
         self.lock().set_node(path, config, self.there(now), wakers);
     }
 
-    pub(crate) fn shared_path(&self, path: &Tenant) -> Arc<[(Tenant, Limit)]> {
+    pub(crate) fn shared_path(&self, path: &Tenant) -> PathLimits {
         self.lock().shared_path(&self.account, path)
     }
 

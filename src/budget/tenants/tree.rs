@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::node::{Node, NodeWait, Parked, limits_of};
 use crate::budget::memory::store::{LimitState, Store};
+use crate::budget::remote::{Control, PathLimits, StorePath};
 use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::{Dimension, Limit};
@@ -379,7 +380,7 @@ impl TenantState {
         &mut self,
         path: &Tenant,
         depth: usize,
-        dimension: Dimension,
+        refusal: Refusal,
         wait: std::time::Duration,
         (at, arrived): (Instant, Instant),
     ) -> Option<TenantRefused> {
@@ -387,15 +388,7 @@ impl TenantState {
         let max = self.node(prefix).max_wait?;
         let waited = at.saturating_duration_since(arrived);
         let total = u64::try_from((waited + wait).as_nanos()).unwrap_or(u64::MAX);
-        (total > max).then(|| {
-            refused(
-                prefix,
-                Refusal::RateLimited {
-                    dimension,
-                    retry_after: wait,
-                },
-            )
-        })
+        (total > max).then(|| refused(prefix, refusal))
     }
 
     /// Ends a parking.
@@ -447,10 +440,10 @@ impl TenantState {
         }
     }
 
-    /// The limits of every node of `path`, each with its node, as a shared store keeps them
-    /// (empty without any).
-    pub(crate) fn shared_path(&self, account: &str, path: &Tenant) -> Arc<[(Tenant, Limit)]> {
-        let mut limits = Vec::new();
+    /// What a shared store keeps of every node of `path`: its limits and its controls, each
+    /// with its node (empty without any).
+    pub(crate) fn shared_path(&self, account: &str, path: &Tenant) -> PathLimits {
+        let mut shared = StorePath::default();
         for prefix in path.prefixes() {
             let Some(config) = self
                 .config(prefix)
@@ -460,9 +453,16 @@ impl TenantState {
             };
             let node = Tenant::parse(prefix).expect("a prefix of a valid path");
             let own = limits_of(config, &self.parent_limits(&node));
-            limits.extend(own.into_iter().map(|limit| (node.clone(), limit)));
+            shared
+                .limits
+                .extend(own.into_iter().map(|limit| (node.clone(), limit)));
+            let controls = (config.max_in_flight.map(Control::InFlight).into_iter())
+                .chain(config.daily.iter().copied().map(Control::Daily));
+            shared
+                .controls
+                .extend(controls.map(|control| (node.clone(), control)));
         }
-        limits.into()
+        Arc::new(shared)
     }
 
     /// What a snapshot of `path` shows; a node without state reads as fresh.
