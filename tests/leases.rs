@@ -210,8 +210,13 @@ fn weighted(a: u32, b: u32) -> TenantTree {
 /// Tenant a on the first process only, tenant b on both, both saturating: their token shares
 /// over the fleet.
 async fn fleet_shares(weights: (u32, u32), key: &str) -> (f64, f64) {
+    shares_of(|| weighted(weights.0, weights.1), key).await
+}
+
+/// Tenant a on the first process only, tenant b on both, both saturating, under `tree`: their
+/// token shares over the fleet.
+async fn shares_of(tree: impl Fn() -> TenantTree, key: &str) -> (f64, f64) {
     let server = RedisServer::start();
-    let tree = || weighted(weights.0, weights.1);
     let first = leased(&server, key).await.with_tenant_tree(tree()).unwrap();
     let second = leased(&server, key).await.with_tenant_tree(tree()).unwrap();
     let start = Instant::now();
@@ -219,7 +224,7 @@ async fn fleet_shares(weights: (u32, u32), key: &str) -> (f64, f64) {
     let log = drive(&pairs, 6, (start + SECOND, start + Duration::from_secs(5))).await;
     let by = shares(&log, |_, tenant| tenant);
     let by_process = shares(&log, |index, _| index);
-    println!("weights {weights:?}: tenants {by:.3?}, processes {by_process:.3?}");
+    println!("{key}: tenants {by:.3?}, processes {by_process:.3?}");
     (by["a"], by["b"])
 }
 
@@ -239,6 +244,37 @@ async fn weights_three_to_one_hold_over_the_fleet() {
         (a - 0.75).abs() <= 0.05 && (b - 0.25).abs() <= 0.05,
         "{a:.3} / {b:.3}"
     );
+}
+
+/// Tenant a (weight 1) guaranteed `guarantee` of the account, on the first process only; b
+/// (weight 3) on both: their token shares over the fleet.
+async fn guaranteed_shares(guarantee: f64, key: &str) -> (f64, f64) {
+    let tree = || {
+        TenantTree::new()
+            .with_node(
+                "a".parse().unwrap(),
+                TenantNode::new().with_guarantee(guarantee),
+            )
+            .with_node(
+                "b".parse().unwrap(),
+                TenantNode::new().with_weight(NonZeroU32::new(3).unwrap()),
+            )
+    };
+    shares_of(tree, key).await
+}
+
+/// A guarantee holds over the fleet as in memory (a's weighted share alone is 25 %): at 60 %
+/// the first process's weighted part (62.5 %) covers it, and its own fair share serves a
+/// its guarantee as a share of that part; at 80 % the store lifts the first process to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarantee_holds_over_the_fleet() {
+    for (guarantee, key) in [(0.6, "guaranteed-60"), (0.8, "guaranteed-80")] {
+        let (a, b) = guaranteed_shares(guarantee, key).await;
+        assert!(
+            (a - guarantee).abs() <= 0.05 && (b - (1.0 - guarantee)).abs() <= 0.05,
+            "guaranteed {guarantee}: {a:.3} / {b:.3}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -295,8 +331,9 @@ mod script_against_the_model {
 
     #[derive(Debug, Clone)]
     enum Op {
-        /// A process renews: what it wants (twentieths), its waiting flows and weights.
-        Lease(u8, u8, Vec<(u64, u32)>),
+        /// A process renews: what it wants (twentieths), its waiting flows and weights, its
+        /// waiting guarantees and their shares (millionths).
+        Lease(u8, u8, Vec<(u64, u32)>, Vec<(u64, u32)>),
         Leave(u8),
         Advance(i64),
     }
@@ -304,8 +341,11 @@ mod script_against_the_model {
     fn op() -> impl Strategy<Value = Op> {
         let flows = proptest::collection::btree_map(1u64..5, 1u32..5, 0..3)
             .prop_map(|flows| flows.into_iter().collect::<Vec<_>>());
+        let guarantees = proptest::collection::btree_map(1u64..4, 0u32..=700_000, 0..2)
+            .prop_map(|guarantees| guarantees.into_iter().collect::<Vec<_>>());
         prop_oneof![
-            6 => (0u8..5, 0u8..=20, flows).prop_map(|(p, w, f)| Op::Lease(p, w, f)),
+            6 => (0u8..5, 0u8..=20, flows, guarantees)
+                .prop_map(|(p, w, f, g)| Op::Lease(p, w, f, g)),
             1 => (0u8..5).prop_map(Op::Leave),
             2 => (0i64..200).prop_map(Op::Advance),
         ]
@@ -349,7 +389,7 @@ mod script_against_the_model {
                         prop_assert_eq!(reply, vec![0, 0]);
                         model.leave(u64::from(process));
                     }
-                    Op::Lease(process, twentieths, flows) => {
+                    Op::Lease(process, twentieths, flows, guarantees) => {
                         let want = f64::from(twentieths) / 20.0;
                         let mut invocation = lease.key(SHARES);
                         invocation.key(HOLD).key(PLAN).key(BUCKET);
@@ -370,10 +410,16 @@ mod script_against_the_model {
                         for (key, weight) in &flows {
                             invocation.arg(format!("{key:x}")).arg(weight);
                         }
+                        for (key, share) in &guarantees {
+                            invocation.arg(format!("g{key:x}")).arg(share);
+                        }
                         let reply: Vec<i64> = invocation.invoke(&mut connection).unwrap();
                         let claim = flows
                             .iter()
                             .fold(Claim::new(want), |c, &(key, weight)| c.with_flow(key, weight));
+                        let claim = guarantees
+                            .iter()
+                            .fold(claim, |c, &(key, share)| c.with_guarantee(key, share));
                         let granted = model.lease(u64::from(process), claim, now as u64);
                         let (granted, spread) = (granted.share, granted.spread);
                         // Parts are sums of floating-point fractions, added in another order.

@@ -10,8 +10,12 @@
 //! processes spreads its weight evenly over them; a process weighs the sum of its flows' parts
 //! (1 when none waits). The account goes by weighted max-min fairness: nobody gets more than
 //! it claims, those claiming more share the rest by weight, and what nobody claims is spread
-//! over everyone by weight. A process is then granted its part less what the others hold
-//! beyond theirs, so that the shares held never add up to more than one.
+//! over everyone by weight. A tenant's guarantee (its share of the account, as in memory)
+//! lifts the processes where it waits: a process is owed, of what it claims, the guarantees
+//! waiting in it, each spread evenly over the processes where it waits; one whose weighted
+//! part falls below what it is owed gets that instead, and the others share the rest by
+//! weight. A process is then granted its part less what the others hold beyond theirs, so
+//! that the shares held never add up to more than one.
 //!
 //! ```
 //! use tower_llm_quota::budget::fleet::{Claim, divide};
@@ -22,6 +26,11 @@
 //! let parts = divide(&[first, second]);
 //! // Tenant 1 gets half in the first process; tenant 2 a quarter in each.
 //! assert!((parts[0] - 0.75).abs() < 1e-9 && (parts[1] - 0.25).abs() < 1e-9);
+//!
+//! // Tenant 1 is guaranteed 90 % of the account: the first process gets it.
+//! let first = Claim::new(1.0).with_flow(1, 1).with_guarantee(1, 900_000).with_flow(2, 1);
+//! let parts = divide(&[first, Claim::new(1.0).with_flow(2, 1)]);
+//! assert!((parts[0] - 0.9).abs() < 1e-9 && (parts[1] - 0.1).abs() < 1e-9);
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
@@ -31,6 +40,7 @@ use std::collections::{BTreeMap, HashMap};
 pub struct Claim {
     want: f64,
     flows: Vec<(u64, u32)>,
+    guarantees: Vec<(u64, u32)>,
 }
 
 impl Claim {
@@ -44,6 +54,7 @@ impl Claim {
         Self {
             want,
             flows: Vec::new(),
+            guarantees: Vec::new(),
         }
     }
 
@@ -51,6 +62,18 @@ impl Claim {
     pub fn with_flow(mut self, key: u64, weight: u32) -> Self {
         self.flows.push((key, weight.max(1)));
         self
+    }
+
+    /// With a guarantee `key` (a tenant node with a guarantee) of `share_ppm` millionths of
+    /// the account (at most a million), with requests waiting in this process.
+    pub fn with_guarantee(mut self, key: u64, share_ppm: u32) -> Self {
+        self.guarantees.push((key, share_ppm.min(1_000_000)));
+        self
+    }
+
+    /// The guarantees waiting, with their shares in millionths.
+    pub fn guarantees(&self) -> &[(u64, u32)] {
+        &self.guarantees
     }
 
     /// The fraction of the account claimed.
@@ -66,13 +89,41 @@ impl Claim {
 
 /// In how many of `claims` each flow waits.
 pub fn spread(claims: &[Claim]) -> HashMap<u64, u32> {
+    count(claims.iter().flat_map(|claim| &claim.flows))
+}
+
+/// In how many of `claims` each guarantee waits.
+pub fn guarantee_spread(claims: &[Claim]) -> HashMap<u64, u32> {
+    count(claims.iter().flat_map(|claim| &claim.guarantees))
+}
+
+fn count<'a>(keys: impl Iterator<Item = &'a (u64, u32)>) -> HashMap<u64, u32> {
     let mut spread = HashMap::new();
-    for claim in claims {
-        for &(key, _) in &claim.flows {
-            *spread.entry(key).or_insert(0) += 1;
-        }
+    for &(key, _) in keys {
+        *spread.entry(key).or_insert(0) += 1;
     }
     spread
+}
+
+/// What each of `claims` is owed: of what it claims, the guarantees waiting in it, each
+/// divided by the number of claims it waits in; scaled down together should they add up to
+/// more than the account.
+pub fn owed(claims: &[Claim]) -> Vec<f64> {
+    let spread = guarantee_spread(claims);
+    let mut owed: Vec<f64> = claims
+        .iter()
+        .map(|claim| {
+            let guaranteed: f64 = (claim.guarantees.iter())
+                .map(|(key, ppm)| f64::from(*ppm) / 1e6 / f64::from(spread[key]))
+                .sum();
+            guaranteed.min(claim.want)
+        })
+        .collect();
+    let total: f64 = owed.iter().sum();
+    if total > 1.0 {
+        owed.iter_mut().for_each(|o| *o /= total);
+    }
+    owed
 }
 
 /// What each of `claims` weighs: the sum of its flows' weights, each divided by the number of
@@ -92,13 +143,50 @@ pub fn weights(claims: &[Claim]) -> Vec<f64> {
         .collect()
 }
 
-/// Each claim's part of the account: weighted max-min fairness on the claims, then what
-/// nobody claimed spread by weight. The parts add up to one (for any claim at all).
+/// Each claim's part of the account: weighted max-min fairness on the claims, each lifted to
+/// what it is owed ([`owed`]) when its weighted part is less (the others sharing the rest),
+/// then what nobody claimed spread by weight. The parts add up to one (for any claim at all).
 pub fn divide(claims: &[Claim]) -> Vec<f64> {
     let weights = weights(claims);
+    let owed = owed(claims);
+    let mut lifted = vec![false; claims.len()];
+    loop {
+        let left = 1.0
+            - (0..claims.len())
+                .filter(|&i| lifted[i])
+                .map(|i| owed[i])
+                .sum::<f64>();
+        let others: Vec<usize> = (0..claims.len()).filter(|&i| !lifted[i]).collect();
+        let (mut parts, left) = max_min(claims, &weights, &others, left);
+        for i in (0..claims.len()).filter(|&i| lifted[i]) {
+            parts[i] = owed[i];
+        }
+        // Those whose part falls short of what they are owed are lifted to it, and the rest
+        // shared again.
+        let short: Vec<usize> = others
+            .into_iter()
+            .filter(|&i| parts[i] + 1e-12 < owed[i])
+            .collect();
+        if short.is_empty() {
+            if left > 1e-9 {
+                let total: f64 = weights.iter().sum();
+                for (part, weight) in parts.iter_mut().zip(&weights) {
+                    *part += left * weight / total;
+                }
+            }
+            return parts;
+        }
+        short.into_iter().for_each(|i| lifted[i] = true);
+    }
+}
+
+/// Weighted max-min fairness of `left` over the `members` of `claims` that claim something:
+/// their parts (0 for the others), and what is left once every claim is met.
+fn max_min(claims: &[Claim], weights: &[f64], members: &[usize], mut left: f64) -> (Vec<f64>, f64) {
     let mut parts = vec![0.0; claims.len()];
-    let mut left = 1.0;
-    let mut wanting: Vec<usize> = (0..claims.len())
+    let mut wanting: Vec<usize> = members
+        .iter()
+        .copied()
         .filter(|&i| claims[i].want > 0.0)
         .collect();
     while !wanting.is_empty() && left > 1e-9 {
@@ -124,13 +212,7 @@ pub fn divide(claims: &[Claim]) -> Vec<f64> {
         }
         wanting = still;
     }
-    if left > 1e-9 {
-        let total: f64 = weights.iter().sum();
-        for (part, weight) in parts.iter_mut().zip(&weights) {
-            *part += left * weight / total;
-        }
-    }
-    parts
+    (parts, left.max(0.0))
 }
 
 /// What a process whose part is `part` is granted while the others hold `others` in all, in
@@ -153,6 +235,7 @@ pub struct Ledger {
     divided: Option<u64>,
     held: u64,
     spread: HashMap<u64, u32>,
+    guarantee_spread: HashMap<u64, u32>,
     lease: u64,
     every: u64,
     divisions: u64,
@@ -167,12 +250,13 @@ struct Entry {
 }
 
 /// A renewal's answer: the share granted, in millionths of the account, and the spread of
-/// each flow of the claim (1 for a flow unknown at the last division).
+/// each flow, then of each guarantee, of the claim (1 for one unknown at the last division).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Granted {
     /// The share, in millionths.
     pub share: u64,
-    /// Per flow of the claim, in how many processes it waited at the last division.
+    /// Per flow of the claim, then per guarantee, in how many processes it waited at the
+    /// last division.
     pub spread: Vec<u32>,
 }
 
@@ -184,6 +268,7 @@ impl Ledger {
             divided: None,
             held: 0,
             spread: HashMap::new(),
+            guarantee_spread: HashMap::new(),
             lease,
             every,
             divisions: 0,
@@ -212,11 +297,12 @@ impl Ledger {
         let others = self.held.saturating_sub(entry.held);
         entry.held = grant(entry.part, others);
         self.held = others + entry.held;
-        let spread = entry
-            .claim
-            .flows()
-            .iter()
-            .map(|(key, _)| self.spread.get(key).copied().unwrap_or(1))
+        let flows = (entry.claim.flows.iter()).map(|(key, _)| self.spread.get(key));
+        let guarantees =
+            (entry.claim.guarantees.iter()).map(|(key, _)| self.guarantee_spread.get(key));
+        let spread = flows
+            .chain(guarantees)
+            .map(|n| n.copied().unwrap_or(1))
             .collect();
         Granted {
             share: entry.held,
@@ -249,6 +335,7 @@ impl Ledger {
             entry.part = part;
         }
         self.spread = spread(&claims);
+        self.guarantee_spread = guarantee_spread(&claims);
         self.held = self.entries.values().map(|e| e.held).sum();
         self.divided = Some(now);
         self.divisions += 1;
@@ -308,6 +395,44 @@ mod tests {
         assert_eq!(weights(&claims), [3.5, 0.5]);
         let parts = divide(&claims);
         assert!(close(parts[0], 0.875) && close(parts[1], 0.125));
+    }
+
+    #[test]
+    fn a_guarantee_lifts_the_processes_where_it_waits() {
+        // Tenant 1 (weight 1, guaranteed 60 %) in the first process; tenant 2 (weight 3) in
+        // both: by weight the first would get 1 + 1.5 of 4 = 62.5 %, above what it is owed.
+        let claims = |g| {
+            [
+                Claim::new(1.0)
+                    .with_flow(1, 1)
+                    .with_guarantee(1, g)
+                    .with_flow(2, 3),
+                Claim::new(1.0).with_flow(2, 3),
+            ]
+        };
+        assert!(close(divide(&claims(600_000))[0], 0.625));
+        // Guaranteed 80 %: lifted to it, the second gets the rest.
+        let parts = divide(&claims(800_000));
+        assert!(close(parts[0], 0.8) && close(parts[1], 0.2), "{parts:?}");
+        // A guarantee waiting in both processes is owed half in each.
+        let both = [
+            Claim::new(1.0).with_flow(1, 1).with_guarantee(1, 800_000),
+            Claim::new(1.0)
+                .with_flow(1, 1)
+                .with_guarantee(1, 800_000)
+                .with_flow(2, 8),
+        ];
+        assert_eq!(owed(&both), [0.4, 0.4]);
+        let parts = divide(&both);
+        assert!(close(parts[0], 0.4) && close(parts[1], 0.6), "{parts:?}");
+        // Never more than claimed; guarantees over the whole are scaled down together.
+        assert_eq!(owed(&[Claim::new(0.1).with_guarantee(1, 900_000)]), [0.1]);
+        let over = [
+            Claim::new(1.0).with_guarantee(1, 900_000),
+            Claim::new(1.0).with_guarantee(2, 900_000),
+        ];
+        assert_eq!(owed(&over), [0.5, 0.5]);
+        assert!(close(divide(&over).iter().sum(), 1.0));
     }
 
     #[test]

@@ -324,8 +324,8 @@ impl FairQueue {
     }
 
     /// Adds to `out` every flow with requests waiting or away, with its weight (the larger,
-    /// for a flow already there).
-    pub(crate) fn waiting_flows(&self, out: &mut Vec<(u64, u32)>) {
+    /// for a flow already there), and to `guarantors` their guarantors (once each).
+    pub(crate) fn waiting_flows(&self, out: &mut Vec<(u64, u32)>, guarantors: &mut Vec<u64>) {
         let waiting = self
             .flows
             .iter()
@@ -334,6 +334,9 @@ impl FairQueue {
             match out.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, weight)) => *weight = (*weight).max(state.weight),
                 None => out.push((key, state.weight)),
+            }
+            if state.guarantor != 0 && !guarantors.contains(&state.guarantor) {
+                guarantors.push(state.guarantor);
             }
         }
     }

@@ -483,10 +483,11 @@ impl<T> Order<T> {
             .min()
     }
 
-    /// Adds to `out` every flow with requests waiting (or away), with its weight.
-    pub(crate) fn waiting_flows(&self, out: &mut Vec<(u64, u32)>) {
+    /// Adds to `out` every flow with requests waiting (or away), with its weight, and to
+    /// `guarantors` their guarantors.
+    pub(crate) fn waiting_flows(&self, out: &mut Vec<(u64, u32)>, guarantors: &mut Vec<u64>) {
         for class in &self.classes {
-            class.fair.waiting_flows(out);
+            class.fair.waiting_flows(out, guarantors);
         }
     }
 

@@ -245,9 +245,10 @@ impl WaitList {
         self.order.is_empty()
     }
 
-    /// Adds to `out` every flow with requests waiting, with its weight.
-    pub(crate) fn waiting_flows(&self, out: &mut Vec<(u64, u32)>) {
-        self.order.waiting_flows(out);
+    /// Adds to `out` every flow with requests waiting, with its weight, and to `guarantors`
+    /// their guarantors.
+    pub(crate) fn waiting_flows(&self, out: &mut Vec<(u64, u32)>, guarantors: &mut Vec<u64>) {
+        self.order.waiting_flows(out, guarantors);
     }
 
     /// Names the ordering: the `queue` label of its depth gauge.

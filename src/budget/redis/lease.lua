@@ -12,10 +12,11 @@
 --       (0 to 1; negative: it leaves, giving its share back), how often (ms) the account is
 --       divided again, then per limit its plan's increase per period, its period in ms, its
 --       bucket's num, den and capacity, and the units the process spent since its last
---       renewal; then its waiting flows: pairs of a flow's key and its weight.
+--       renewal; then its waiting flows: pairs of a flow's key and its weight, and its
+--       waiting guarantees: pairs of 'g' and a guarantee's key, and its share in millionths.
 -- Returns {share in millionths, the lease in ms, per hold its remaining ms, per limit the
 -- fleet's plan in millionths (see `plan` in bucket.lua), per bucket its level (units), then
--- per flow asked about the number of processes where it waits}.
+-- per flow and guarantee asked about the number of processes where it waits}.
 --
 -- The shares hash: per process "held|want|ends|part|flows" (`held` in millionths, `flows` as
 -- "key=weight,..."), "~at" the last division (ms), "~held" the sum of the shares held (in
@@ -29,8 +30,11 @@
 -- evenly over the processes where it waits; a process weighs the sum of its flows' parts (1
 -- when none waits). The account goes to the processes by weighted max-min fairness on what
 -- each wants: none gets more than it wants, and those wanting more share the rest by weight.
--- What nobody wants is spread by weight over every process, so that a process's next burst
--- starts at once. Expired leases are dropped then.
+-- A process is owed, of what it wants, the guarantees waiting in it, each spread evenly over
+-- the processes where it waits (scaled down together should they add up to more than the
+-- account); one whose weighted part falls short of that is lifted to it, and the others
+-- share the rest again. What nobody wants is spread by weight over every process, so that
+-- a process's next burst starts at once. Expired leases are dropped then.
 --
 -- Granting. A process is granted its part, less what the others hold beyond their own parts
 -- (they give it back at their next call, within one refresh), rounded down to millionths, so
@@ -83,9 +87,13 @@ local function divide()
       if e.ends <= now then
         redis.call('HDEL', shares, who)
       else
-        e.who, e.weights = who, {}
+        e.who, e.weights, e.guarantees = who, {}, {}
         for key, weight in string.gmatch(e.flows, '([^,=]+)=([^,]+)') do
-          e.weights[#e.weights + 1] = {key, math.max(tonumber(weight) or 1, 1)}
+          if string.sub(key, 1, 1) == 'g' then
+            e.guarantees[#e.guarantees + 1] = {key, math.max(tonumber(weight) or 0, 0) / 1e6}
+          else
+            e.weights[#e.weights + 1] = {key, math.max(tonumber(weight) or 1, 1)}
+          end
           spread[key] = (spread[key] or 0) + 1
         end
         processes[#processes + 1] = e
@@ -93,41 +101,81 @@ local function divide()
       end
     end
   end
-  local wanting, left = {}, 1
+  local owed_total = 0
   for _, p in ipairs(processes) do
-    local weight = 0
+    local weight, owed = 0, 0
     for _, flow in ipairs(p.weights) do
       weight = weight + flow[2] / spread[flow[1]]
     end
+    for _, g in ipairs(p.guarantees) do
+      owed = owed + g[2] / spread[g[1]]
+    end
     p.weight = (#p.weights > 0) and weight or 1
-    p.part = 0
-    if p.want > 0 then
-      wanting[#wanting + 1] = p
+    p.owed = math.min(owed, p.want)
+    owed_total = owed_total + p.owed
+  end
+  if owed_total > 1 then
+    for _, p in ipairs(processes) do
+      p.owed = p.owed / owed_total
     end
   end
-  -- Weighted max-min fairness: whoever wants less than its weighted part of what is left
-  -- gets what it wants; the others share the rest by weight.
-  while #wanting > 0 and left > 1e-9 do
-    local weights = 0
-    for _, p in ipairs(wanting) do
-      weights = weights + p.weight
-    end
-    local per_weight, still, satisfied = left / weights, {}, false
-    for _, p in ipairs(wanting) do
-      local need = p.want - p.part
-      if need <= per_weight * p.weight then
-        p.part, left, satisfied = p.want, left - need, true
-      else
-        still[#still + 1] = p
+  -- Weighted max-min fairness of `left` over the processes not lifted: whoever wants less
+  -- than its weighted part of what is left gets what it wants; the others share the rest by
+  -- weight. Returns what is left once every want is met.
+  local function max_min(left)
+    local wanting = {}
+    for _, p in ipairs(processes) do
+      if not p.lifted then
+        p.part = 0
+        if p.want > 0 then
+          wanting[#wanting + 1] = p
+        end
       end
     end
-    if not satisfied then
-      for _, p in ipairs(still) do
-        p.part = p.part + per_weight * p.weight
+    while #wanting > 0 and left > 1e-9 do
+      local weights = 0
+      for _, p in ipairs(wanting) do
+        weights = weights + p.weight
       end
-      left, still = 0, {}
+      local per_weight, still, satisfied = left / weights, {}, false
+      for _, p in ipairs(wanting) do
+        local need = p.want - p.part
+        if need <= per_weight * p.weight then
+          p.part, left, satisfied = p.want, left - need, true
+        else
+          still[#still + 1] = p
+        end
+      end
+      if not satisfied then
+        for _, p in ipairs(still) do
+          p.part = p.part + per_weight * p.weight
+        end
+        left, still = 0, {}
+      end
+      wanting = still
     end
-    wanting = still
+    return math.max(left, 0)
+  end
+  local left
+  while true do
+    left = 1
+    for _, p in ipairs(processes) do
+      if p.lifted then
+        p.part = p.owed
+        left = left - p.owed
+      end
+    end
+    left = max_min(left)
+    -- Those whose part falls short of what they are owed are lifted to it.
+    local short = false
+    for _, p in ipairs(processes) do
+      if not p.lifted and p.part + 1e-12 < p.owed then
+        p.lifted, short = true, true
+      end
+    end
+    if not short then
+      break
+    end
   end
   local weights = 0
   for _, p in ipairs(processes) do

@@ -278,8 +278,8 @@ impl RedisBudget {
     /// wait for more), whatever the rate of admissions, which then run at in-memory speed.
     ///
     /// Redis divides the account between the processes that lease it, by what each spent of
-    /// late (all of it while requests wait) and by the weights of the tenants waiting in
-    /// each, and the shares held never add up to more than the whole: the processes together
+    /// late (all of it while requests wait) and by the weights and guarantees of the tenants
+    /// waiting in each, and the shares held never add up to more than the whole: the processes together
     /// admit within the account's rates and bursts. A share lasts three refreshes: a process
     /// that dies gives its share back then; one whose renewals fail keeps it until then, and
     /// then falls back on the [failure policy](RedisBudget::failure_policy)'s local share

@@ -491,8 +491,11 @@ impl RemoteStore for RedisStore {
         for (key, weight) in &demand.flows {
             call.arg(format!("{key:x}")).arg(weight);
         }
+        for (key, share_ppm) in &demand.guarantees {
+            call.arg(format!("g{key:x}")).arg(share_ppm);
+        }
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
-        let (count, flows) = (limits.len(), demand.flows.len());
+        let (count, flows) = (limits.len(), demand.flows.len() + demand.guarantees.len());
         Box::pin(async move {
             let reply: Vec<i64> = call.run(&scripts.lease, &mut connection).await?;
             grant(&reply, count, flows)

@@ -70,10 +70,12 @@ impl Budget {
     pub(crate) fn lease_demand(&self, elapsed: Duration) -> (Arc<[Limit]>, Demand) {
         let mut state = self.lock();
         let waiting = !state.queue.is_empty();
-        let mut flows = Vec::new();
-        state.queue.waiting_flows(&mut flows);
+        let (mut flows, mut guarantors) = (Vec::new(), Vec::new());
+        state.queue.waiting_flows(&mut flows, &mut guarantors);
+        let mut guarantees = Vec::new();
         if let Some(tenants) = &state.tenants {
             tenants.unspread(&mut flows);
+            guarantees = tenants.guarantees_of(&guarantors);
         }
         let Some(shared) = state.shared.as_mut() else {
             return (Arc::from([]), Demand::leave());
@@ -84,16 +86,23 @@ impl Budget {
         let limits = shared.limits().clone();
         let want = wanted(waiting, &spent, &limits, elapsed);
         let spent = limits.iter().map(|l| spent.amount(l.dimension())).collect();
-        (limits, Demand { want, flows, spent })
+        let demand = Demand {
+            want,
+            flows,
+            guarantees,
+            spent,
+        };
+        (limits, demand)
     }
 
     /// Admits from `grant`'s share of every limit until `end`, holds what the provider
-    /// holds, and weighs each of `flows` by its spread over the processes.
+    /// holds, and weighs each flow and guarantee of `demand` by its spread over the
+    /// processes.
     pub(crate) fn apply_lease(
         &self,
         grant: &Grant,
         limits: &[Limit],
-        flows: &[(u64, u32)],
+        demand: &Demand,
         end: Instant,
     ) {
         let now = Instant::now();
@@ -101,8 +110,12 @@ impl Budget {
         let end = self.nanos_since_origin(end);
         self.update_state(|state| {
             if let Some(tenants) = &state.tenants {
-                let keys = flows.iter().map(|(key, _)| *key);
-                tenants.spread(keys.zip(grant.spread.iter().copied()));
+                let keys = (demand.flows.iter())
+                    .chain(&demand.guarantees)
+                    .map(|(key, _)| *key);
+                let mut spread = keys.zip(grant.spread.iter().copied());
+                let flows = spread.by_ref().take(demand.flows.len()).collect::<Vec<_>>();
+                tenants.spread(flows.into_iter(), spread, grant.share);
             }
             let Some(shared) = state.shared.as_mut() else {
                 return false;
@@ -212,15 +225,14 @@ async fn keep_leasing(
         let asked = Instant::now();
         let (limits, demand) = budget_now.lease_demand(asked.saturating_duration_since(last));
         last = asked;
-        let flows = demand.flows.clone();
-        let call = store.lease(process, options.lease, limits.clone(), demand);
+        let call = store.lease(process, options.lease, limits.clone(), demand.clone());
         let answer = tokio::time::timeout(timeout, call).await;
         let failed = !matches!(answer, Ok(Ok(_)));
         match answer {
             Ok(Ok(grant)) => {
                 let end = local_end(asked, grant.lease);
                 ends = Some(end);
-                budget_now.apply_lease(&grant, &limits, &flows, end);
+                budget_now.apply_lease(&grant, &limits, &demand, end);
             }
             Ok(Err(error)) => tracing::debug!(%error, "a leased share was not renewed"),
             Err(_) => tracing::debug!("a leased share was not renewed in time"),

@@ -100,6 +100,9 @@ pub(crate) struct Demand {
     pub(crate) want: f64,
     /// Its flows with requests waiting: each flow's key and weight.
     pub(crate) flows: Vec<(u64, u32)>,
+    /// Its tenants' guarantees with requests waiting: each guarantee's key and its share of
+    /// the account in millionths.
+    pub(crate) guarantees: Vec<(u64, u32)>,
     /// Per account limit, the units it admitted since its last renewal.
     pub(crate) spent: Vec<u64>,
 }
@@ -110,6 +113,7 @@ impl Demand {
         Self {
             want: -1.0,
             flows: Vec::new(),
+            guarantees: Vec::new(),
             spent: Vec::new(),
         }
     }
@@ -130,7 +134,7 @@ pub(crate) struct Grant {
     /// Per account limit asked about, what the fleet's bucket holds (units), as the processes
     /// reported their spending.
     pub(crate) levels: Vec<u64>,
-    /// Per flow told, in how many processes it waits (at least 1).
+    /// Per flow told, then per guarantee told, in how many processes it waits (at least 1).
     pub(crate) spread: Vec<u32>,
 }
 

@@ -733,7 +733,7 @@ mod tests {
                         holds: vec![Duration::ZERO; limits.len()],
                         plans: vec![1.0; limits.len()],
                         levels: vec![0; limits.len()],
-                        spread: vec![1; demand.flows.len()],
+                        spread: vec![1; demand.flows.len() + demand.guarantees.len()],
                     };
                     Box::pin(async move { Ok(grant) })
                 }

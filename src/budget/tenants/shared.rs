@@ -74,8 +74,17 @@ impl Tenants {
     }
 
     /// Records in how many processes each flow waits (a leased share's renewal).
-    pub(crate) fn spread(&self, spread: impl Iterator<Item = (u64, u32)>) {
-        self.lock().spread(spread);
+    pub(crate) fn spread(
+        &self,
+        flows: impl Iterator<Item = (u64, u32)>,
+        guarantees: impl Iterator<Item = (u64, u32)>,
+        share: f64,
+    ) {
+        self.lock().spread(flows, guarantees, share);
+    }
+
+    pub(crate) fn guarantees_of(&self, keys: &[u64]) -> Vec<(u64, u32)> {
+        self.lock().guarantees_of(keys)
     }
 
     /// Turns the fleet weights of `flows` back into their configured weights.

@@ -62,10 +62,25 @@ pub(crate) struct TenantState {
     /// The dimension guarantees and meters count, and the account's rate of it per minute.
     pub(crate) reference: (Dimension, u64),
     next_ticket: u64,
-    /// For a budget leasing its share of a fleet's account: in how many processes each flow
-    /// waits (by key). A flow weighs its weight divided by that number, scaled by
-    /// [`FLEET_SCALE`] (`None`: not leasing, weights as configured).
-    fleet: Option<HashMap<u64, u32>>,
+    /// For a budget leasing its share of a fleet's account, the fleet as its last renewal
+    /// told it (`None`: not leasing, weights and guarantees as configured).
+    fleet: Option<Fleet>,
+    /// Each guarantee's share of the account (millionths), by its key, as flows named it.
+    guarantees: HashMap<u64, u32>,
+}
+
+/// A leasing budget's fleet, as its last renewal told it. A flow weighs its weight divided by
+/// the number of processes where it waits, scaled by [`FLEET_SCALE`]; a guarantee here is its
+/// share of the account divided by the number of processes where it waits, as a share of
+/// this process's part of the account.
+#[derive(Debug, Default)]
+struct Fleet {
+    /// In how many processes each flow waits, by key.
+    flows: HashMap<u64, u32>,
+    /// In how many processes each guarantee waits, by key.
+    guarantees: HashMap<u64, u32>,
+    /// This process's share of the account.
+    share: f64,
 }
 
 /// The scale of fleet weights: divisible by every spread up to 8 (and most beyond), so that
@@ -82,21 +97,41 @@ impl TenantState {
             reference: reference(account),
             next_ticket: 0,
             fleet: None,
+            guarantees: HashMap::new(),
         }
     }
 
-    /// Records in how many processes each flow waits (a leased share's renewal).
-    pub(crate) fn spread(&mut self, spread: impl Iterator<Item = (u64, u32)>) {
-        let fleet = self.fleet.get_or_insert_with(HashMap::new);
-        fleet.clear();
-        fleet.extend(spread.map(|(key, n)| (key, n.max(1))));
+    /// Records in how many processes each flow and each guarantee waits, and this process's
+    /// share of the account (a leased share's renewal).
+    pub(crate) fn spread(
+        &mut self,
+        flows: impl Iterator<Item = (u64, u32)>,
+        guarantees: impl Iterator<Item = (u64, u32)>,
+        share: f64,
+    ) {
+        let fleet = self.fleet.get_or_insert_with(Fleet::default);
+        fleet.flows.clear();
+        fleet.flows.extend(flows.map(|(key, n)| (key, n.max(1))));
+        fleet.guarantees.clear();
+        fleet
+            .guarantees
+            .extend(guarantees.map(|(key, n)| (key, n.max(1))));
+        fleet.share = share;
+    }
+
+    /// The guarantees of `keys` as shares of the account (millionths): what this process
+    /// tells the fleet of its waiting guarantees.
+    pub(crate) fn guarantees_of(&self, keys: &[u64]) -> Vec<(u64, u32)> {
+        (keys.iter())
+            .filter_map(|key| self.guarantees.get(key).map(|&ppm| (*key, ppm)))
+            .collect()
     }
 
     /// Turns the fleet weights of `flows` back into their configured weights.
     pub(crate) fn unspread(&self, flows: &mut [(u64, u32)]) {
         let Some(fleet) = &self.fleet else { return };
         for (key, weight) in flows {
-            let n = u64::from(fleet.get(key).copied().unwrap_or(1));
+            let n = u64::from(fleet.flows.get(key).copied().unwrap_or(1));
             let configured =
                 (u64::from(*weight) * n + u64::from(FLEET_SCALE) / 2) / u64::from(FLEET_SCALE);
             *weight = u32::try_from(configured.max(1)).unwrap_or(u32::MAX);
@@ -327,11 +362,24 @@ impl TenantState {
         }
         let mut weight = self.live.get(path.as_str()).map_or(1, |n| n.weight).max(1);
         let key = flow_key(key);
-        if let Some(fleet) = &self.fleet {
-            let n = fleet.get(&key).copied().unwrap_or(1);
-            weight = weight.saturating_mul(FLEET_SCALE) / n;
+        let mut share = if guarantor.is_some() { share } else { 0.0 };
+        if let Some(guarantor) = guarantor {
+            let ppm = (share * 1e6).round() as u32;
+            self.guarantees.insert(flow_key(guarantor), ppm);
         }
-        let share = if guarantor.is_some() { share } else { 0.0 };
+        if let Some(fleet) = &self.fleet {
+            let n = fleet.flows.get(&key).copied().unwrap_or(1);
+            weight = weight.saturating_mul(FLEET_SCALE) / n;
+            // Its part of the guarantee, of what this process serves.
+            if let Some(guarantor) = guarantor.filter(|_| fleet.share > 0.0) {
+                let n = fleet
+                    .guarantees
+                    .get(&flow_key(guarantor))
+                    .copied()
+                    .unwrap_or(1);
+                share = (share / f64::from(n) / fleet.share).min(1.0);
+            }
+        }
         Flow {
             // Never 0: the key of requests without a tenant tree, served first come.
             key,
