@@ -498,3 +498,113 @@ proptest! {
         }
     }
 }
+
+/// One step of a fleet's slots on one node: a process takes a slot for a call, a call ends,
+/// a process renews its lease, time passes, or someone asks whether a slot is free.
+#[derive(Debug, Clone)]
+enum SlotOp {
+    Take(u8),
+    End(usize),
+    Renew(u8),
+    Advance(i64),
+    Full(i64),
+}
+
+fn slot_op() -> impl Strategy<Value = SlotOp> {
+    prop_oneof![
+        3 => (0u8..3).prop_map(SlotOp::Take),
+        2 => (0usize..16).prop_map(SlotOp::End),
+        2 => (0u8..3).prop_map(SlotOp::Renew),
+        2 => (0i64..1_500).prop_map(SlotOp::Advance),
+        3 => (1i64..6).prop_map(SlotOp::Full),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// `slots_held` of `controls.lua` against a plain list of the calls in flight and each
+    /// process's lease: every slot free exactly when fewer than the cap are held under leases
+    /// that still last (a lease that ended and was renewed is a new one: the slots taken
+    /// under the old one stay given back), whatever the slots it dropped before.
+    #[test]
+    fn slots_are_full_exactly_when_live_processes_hold_the_cap(
+        ops in proptest::collection::vec(slot_op(), 1..80)
+    ) {
+        const LEASE: i64 = 1_000;
+        thread_local! {
+            static SERVER: RedisServer = RedisServer::start();
+        }
+        let url = SERVER.with(RedisServer::url);
+        let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+        let full = script(
+            "local max = tonumber(ARGV[2])
+             return slots_held(KEYS[1], KEYS[2], tonumber(ARGV[1]), max) >= max and 1 or 0",
+        );
+        // As the reserve script takes a slot (`id` given) and the heartbeat renews a lease.
+        let take = script(
+            "local start = renew(KEYS[2], ARGV[2], tonumber(ARGV[1]), tonumber(ARGV[3]))
+             if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], ARGV[4], start) end
+             return start",
+        );
+        let (slots, alive) = ("t:{q}:t:acme:slots", "t:{q}:alive");
+        // The calls in flight (id, process, the start of the lease taken under), and each
+        // process's lease (end, start).
+        let mut calls: Vec<(String, u8, i64)> = Vec::new();
+        let mut leases = [None::<(i64, i64)>; 3];
+        let mut now: i64 = 1_000_000;
+        let mut next = 0;
+        let renew = |leases: &mut [Option<(i64, i64)>; 3], process: u8, now: i64| {
+            let lease = &mut leases[usize::from(process)];
+            let start = match *lease {
+                Some((end, start)) if end > now => start,
+                _ => now,
+            };
+            *lease = Some((now + LEASE, start));
+            start
+        };
+        for (step, op) in ops.into_iter().enumerate() {
+            match op {
+                SlotOp::Take(process) => {
+                    next += 1;
+                    let id = format!("p{process}-{next}");
+                    let start: i64 = take.key(slots).key(alive)
+                        .arg(now).arg(format!("p{process}")).arg(LEASE).arg(&id)
+                        .invoke(&mut connection)
+                        .unwrap();
+                    prop_assert_eq!(start, renew(&mut leases, process, now), "step {}", step);
+                    calls.push((id, process, start));
+                }
+                SlotOp::End(i) => {
+                    if calls.is_empty() {
+                        continue;
+                    }
+                    let (id, _, _) = calls.remove(i % calls.len());
+                    let _: () = redis::cmd("HDEL").arg(slots).arg(&id).query(&mut connection).unwrap();
+                }
+                SlotOp::Renew(process) => {
+                    let start: i64 = take.key(slots).key(alive)
+                        .arg(now).arg(format!("p{process}")).arg(LEASE).arg("")
+                        .invoke(&mut connection)
+                        .unwrap();
+                    prop_assert_eq!(start, renew(&mut leases, process, now), "step {}", step);
+                }
+                SlotOp::Advance(ms) => now += ms,
+                SlotOp::Full(max) => {
+                    let answer: i64 = full.key(slots).key(alive).arg(now).arg(max)
+                        .invoke(&mut connection)
+                        .unwrap();
+                    let live = calls
+                        .iter()
+                        .filter(|(_, p, taken)| {
+                            leases[usize::from(*p)]
+                                .is_some_and(|(end, start)| end > now && start == *taken)
+                        })
+                        .count() as i64;
+                    prop_assert_eq!(answer, i64::from(live >= max), "step {}: {} live", step, live);
+                }
+            }
+        }
+    }
+}

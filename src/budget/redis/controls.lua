@@ -8,9 +8,11 @@
 -- hash expires two days after its last write.
 --
 -- A node's slots are a hash, `<node>:slots`, a field per call in flight: its reservation id,
--- `<process>-<n>`. A slot counts while its process is alive: the hash `alive` holds each
--- process's lease end (server ms), renewed by its heartbeat and by each slot it takes, so
--- the slots of a process that died come back when its lease ends.
+-- `<process>-<n>`, holding the start of its process's lease when it was taken. The hash
+-- `alive` holds each process's lease, "<end>/<start>" (server ms): renewed by its heartbeat
+-- and by each slot it takes, it starts again when it had ended. A slot counts while the lease
+-- it was taken under lasts: the slots of a process that died come back when its lease ends,
+-- and those of a process cut off past its lease stay given back when it returns.
 
 local DAY, QUARTER, QUARTERS = 86400000, 900000, 96
 
@@ -82,21 +84,40 @@ local function day_add(key, field, delta, now)
   redis.call('PEXPIRE', key, 2 * DAY)
 end
 
--- How many slots of `key` live processes hold, at most `max` counted exactly: below it, the
--- count of fields is enough; at it, the slots of processes whose lease ended are dropped.
+-- Renews `process`'s lease in `alive` until `now + lease`; returns the start of that lease
+-- (`now` when it had ended, or was never taken).
+local function renew(alive, process, now, lease)
+  local value = redis.call('HGET', alive, process) or ''
+  local ends, start = string.match(value, '^(%d+)/(%d+)$')
+  ends, start = tonumber(ends), tonumber(start)
+  if ends == nil or start == nil or ends <= now then
+    start = now
+  end
+  redis.call('HSET', alive, process, string.format('%.0f/%.0f', now + lease, start))
+  if redis.call('PTTL', alive) < lease + 60000 then
+    redis.call('PEXPIRE', alive, lease + 60000)
+  end
+  return start
+end
+
+-- How many slots of `key` are held under leases that last, at most `max` counted exactly:
+-- below it, the count of fields is enough; at it, the slots whose lease ended are dropped.
 local function slots_held(key, alive, now, max)
   local held = redis.call('HLEN', key)
   if held < max then
     return held
   end
-  local live, count = {}, 0
-  for _, id in ipairs(redis.call('HKEYS', key)) do
+  local leases, count = {}, 0
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    local id, taken = all[i], tonumber(all[i + 1])
     local process = string.match(id, '^([^-]*)')
-    if live[process] == nil then
-      local ends = tonumber(redis.call('HGET', alive, process) or '')
-      live[process] = ends ~= nil and ends > now
+    if leases[process] == nil then
+      local ends, start = string.match(redis.call('HGET', alive, process) or '', '^(%d+)/(%d+)$')
+      leases[process] = {tonumber(ends) or 0, tonumber(start) or -1}
     end
-    if live[process] then
+    local lease = leases[process]
+    if lease[1] > now and lease[2] == taken then
       count = count + 1
     else
       redis.call('HDEL', key, id)

@@ -85,9 +85,10 @@
 //! admission and corrected at settlement, so the fleet together spends the cap, not each
 //! process; a node's [cap on calls in flight](crate::tenant::TenantNode::with_max_in_flight)
 //! is a set of slots in Redis, one per call, given back when the call settles. A slot counts
-//! only while its process renews its lease on its slots (a heartbeat every second), so the
-//! slots of a process that dies come back within the [slot lease](RedisBudget::slot_lease)
-//! (5 s by default); a request that finds every slot held by live processes waits out of its
+//! only while the lease its process held when taking it lasts (renewed by a heartbeat every
+//! second), so the slots of a process that dies come back within the
+//! [slot lease](RedisBudget::slot_lease) (5 s by default), and those of a process cut off
+//! for longer stay given back when it returns; a request that finds every slot held by live processes waits out of its
 //! process's ordering, asking again about every 100 ms, within the node's `max_wait`. With
 //! [leased shares](RedisBudget::leased_shares) admissions do not ask Redis, and these controls
 //! hold per process (pauses still reach every process within a second).

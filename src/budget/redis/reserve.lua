@@ -207,11 +207,10 @@ redis.call('SET', KEYS[2 * n + 1], table.concat(record), 'PX', ARGV[2])
 for _, c in ipairs(counted) do
   local kind, key, field, amount = c[1], c[2], c[3], c[4]
   if kind == 's' then
-    -- The field is the reservation id, `<process>-<n>`.
-    redis.call('HSET', key, field, 1)
+    -- The field is the reservation id, `<process>-<n>`; the value, its process's lease.
+    local start = renew(alive, string.match(field, '^([^-]*)'), now, amount)
+    redis.call('HSET', key, field, string.format('%.0f', start))
     redis.call('PEXPIRE', key, ARGV[2])
-    redis.call('HSET', alive, string.match(field, '^([^-]*)'), now + amount)
-    redis.call('PEXPIRE', alive, amount + 60000)
   else
     day_add(key, field, amount, now)
   end

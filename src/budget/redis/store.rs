@@ -62,6 +62,7 @@ impl Scripts {
             )),
             heartbeat: Script::new(concat!(
                 include_str!("bucket.lua"),
+                include_str!("controls.lua"),
                 include_str!("heartbeat.lua")
             )),
         }
