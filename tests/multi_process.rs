@@ -54,6 +54,50 @@ async fn four_processes_with_the_defaults_use_the_whole_quota() {
     four_processes(None, 0.97).await;
 }
 
+/// The defaults again, with another client spending 30 % of the quota on the same key, unseen
+/// but in the provider's headers: the fleet lowers its levels to what the provider reports
+/// left and its plan on a 429 seen by any process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_processes_with_the_defaults_leave_a_neighbour_its_share() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let (simulator, _server, url) = simulator_with(11, Some(0.3)).await;
+    let reports = tempdir();
+    let children: Vec<_> = (0..PROCESSES)
+        .map(|i| {
+            let report = reports.join(format!("report-{i}.json"));
+            let child = spawn_process((&url, &redis), None, (ITEMS, 100 + i), &report);
+            (child, report)
+        })
+        .collect();
+    let mut done = 0;
+    for (child, report) in children {
+        let governed = governed_report(child, report).await;
+        assert_eq!(governed["failed"], 0, "{governed}");
+        done += governed["ok"].as_u64().unwrap();
+    }
+    let stats = simulator.stats();
+    let tokens = stats.limit(Dimension::TotalTokens).unwrap();
+    println!(
+        "{PROCESSES} processes (the defaults) beside a neighbour spending 30 %: {done} items, \
+         {} provider 429s, the neighbour {} admitted and {} refused, busiest window {} tokens \
+         of {}, utilisation {:.1} % (ours)",
+        stats.rate_limited,
+        stats.neighbour_admitted,
+        stats.neighbour_rate_limited,
+        tokens.max_in_window,
+        tokens.amount,
+        busy_utilisation(&stats) * 100.0
+    );
+    assert_eq!(done, (PROCESSES * ITEMS) as u64, "every item done");
+    // A 429 seen by one process lowers the fleet's plan for all (0-1 over three runs).
+    assert!(
+        stats.rate_limited <= 2,
+        "{} provider 429s",
+        stats.rate_limited
+    );
+}
+
 /// How often the processes with leased shares renew them (ms).
 const LEASE_REFRESH_MS: u64 = 50;
 
@@ -286,13 +330,20 @@ async fn one_process_spends_the_burst_the_provider_reports() {
 /// The simulated provider of these tests, served on a free loopback port: the simulator, its
 /// server (it stops when dropped) and the URL the processes call.
 async fn served_simulator(seed: u64) -> (Simulator, SimServer, String) {
-    let simulator = Simulator::new(
-        SimConfig::openai(RPM, TPM)
-            .minute(MINUTE)
-            .latency(Duration::from_millis(40), Duration::from_micros(300))
-            .completion_share(0.9, 1.0)
-            .seed(seed),
-    );
+    simulator_with(seed, None).await
+}
+
+/// The simulator of these tests, with a neighbour spending `neighbour` of its tokens.
+async fn simulator_with(seed: u64, neighbour: Option<f64>) -> (Simulator, SimServer, String) {
+    let mut config = SimConfig::openai(RPM, TPM)
+        .minute(MINUTE)
+        .latency(Duration::from_millis(40), Duration::from_micros(300))
+        .completion_share(0.9, 1.0)
+        .seed(seed);
+    if let Some(share) = neighbour {
+        config = config.neighbour("default", share, 400);
+    }
+    let simulator = Simulator::new(config);
     let server = simulator
         .serve("127.0.0.1:0".parse().unwrap())
         .await
