@@ -376,7 +376,14 @@ async fn a_worker_groups_the_jobs_it_holds_and_each_job_ends_on_its_own() {
 
     let done = count(&redis, "SCARD grouped:done");
     let dead = count(&redis, "SCARD grouped:dead");
-    assert_eq!((done, dead), (GROUPED_JOBS as u64, 0), "{log}");
+    // Nothing lost: every job done, or dead-lettered with its reason. An item that three
+    // answers in a row left out (5 % each, resent alone after the first: about one run in a
+    // hundred has one) fails its job, as the planner's `max_attempts` says.
+    assert_eq!(done + dead, GROUPED_JOBS as u64, "{log}");
+    assert!(
+        dead <= 2 && (dead == 0 || log.contains("the answer left the item out")),
+        "{dead} dead: {log}"
+    );
     let stats = simulator.stats();
     // Groups of up to ten, and the items an answer left out sent again alone.
     assert!(stats.grouped_answers >= 10, "{stats:?}");
