@@ -91,34 +91,29 @@ async fn slot(budget: &Budget) -> tower_llm_quota::Reservation {
     reservation
 }
 
-/// A child of the fleet: spends `globex`'s day with its parent and siblings, prints what it
-/// spent, takes two of `acme`'s slots, prints `held`, and holds them until its stdin closes
-/// (or it is killed).
-#[test]
-#[ignore = "a process of the fleet test, which starts it"]
-fn child_process() {
-    let Ok(url) = std::env::var(CHILD) else {
-        // Not a child: nothing to do.
-        return;
-    };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let budget = budget(&url).await;
-        println!("spent {}", spend_the_day(&budget).await);
-        let held = [slot(&budget).await, slot(&budget).await];
-        println!("held");
-        tokio::task::spawn_blocking(|| std::io::stdin().read_to_end(&mut Vec::new()))
-            .await
-            .unwrap()
-            .unwrap();
-        drop(held);
-    });
+/// A child of the fleet (this test, started again with [`CHILD`] set): spends `globex`'s day
+/// with its parent and siblings, prints what it spent, takes two of `acme`'s slots, prints
+/// `held`, and holds them until its stdin closes (or it is killed).
+async fn child(url: &str) {
+    let budget = budget(url).await;
+    println!("spent {}", spend_the_day(&budget).await);
+    let held = [slot(&budget).await, slot(&budget).await];
+    println!("held");
+    tokio::task::spawn_blocking(|| std::io::stdin().read_to_end(&mut Vec::new()))
+        .await
+        .unwrap()
+        .unwrap();
+    drop(held);
 }
 
 /// This test binary again, as a child of the fleet sharing `url`; its stdout as lines.
 fn spawn_child(url: &str) -> (Child, std::io::Lines<BufReader<ChildStdout>>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["child_process", "--exact", "--ignored", "--nocapture"])
+        .args([
+            "three_processes_share_a_day_and_a_killed_one_s_slots_come_back_within_its_lease",
+            "--exact",
+            "--nocapture",
+        ])
         .env(CHILD, url)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -139,8 +134,8 @@ fn next_line(lines: &mut std::io::Lines<BufReader<ChildStdout>>, word: &str) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_share_a_day_and_a_killed_one_s_slots_come_back_within_its_lease() {
-    if std::env::var(CHILD).is_ok() {
-        return;
+    if let Ok(url) = std::env::var(CHILD) {
+        return child(&url).await;
     }
     let server = RedisServer::start();
     let url = server.url();

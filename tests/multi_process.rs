@@ -62,20 +62,7 @@ async fn four_processes_with_the_defaults_leave_a_neighbour_its_share() {
     let _alone = ONE_AT_A_TIME.lock().await;
     let redis = RedisServer::start();
     let (simulator, _server, url) = simulator_with(11, Some(0.3)).await;
-    let reports = tempdir();
-    let children: Vec<_> = (0..PROCESSES)
-        .map(|i| {
-            let report = reports.join(format!("report-{i}.json"));
-            let child = spawn_process((&url, &redis), None, (ITEMS, 100 + i), &report);
-            (child, report)
-        })
-        .collect();
-    let mut done = 0;
-    for (child, report) in children {
-        let governed = governed_report(child, report).await;
-        assert_eq!(governed["failed"], 0, "{governed}");
-        done += governed["ok"].as_u64().unwrap();
-    }
+    let done = run_four((&url, &redis), None).await;
     let stats = simulator.stats();
     let tokens = stats.limit(Dimension::TotalTokens).unwrap();
     println!(
@@ -135,18 +122,14 @@ fn spawn_process(
     command.spawn().expect("the example starts")
 }
 
-/// Four processes sharing one quota (see [`spawn_process`] for `leased`): every item done, no
-/// provider 429, no window above the quota, and at least `floor` of it used.
-async fn four_processes(leased: Option<u64>, floor: f64) {
-    let _alone = ONE_AT_A_TIME.lock().await;
-    let redis = RedisServer::start();
-    let (simulator, _server, url) = served_simulator(11).await;
+/// Runs the four processes on the simulator at `url` and `redis`'s quota (see
+/// [`spawn_process`] for `leased`), each to success with no item failed: the items done.
+async fn run_four((url, redis): (&str, &RedisServer), leased: Option<u64>) -> u64 {
     let reports = tempdir();
-
     let children: Vec<_> = (0..PROCESSES)
         .map(|i| {
             let report = reports.join(format!("report-{i}.json"));
-            let child = spawn_process((&url, &redis), leased, (ITEMS, 100 + i), &report);
+            let child = spawn_process((url, redis), leased, (ITEMS, 100 + i), &report);
             (child, report)
         })
         .collect();
@@ -156,6 +139,16 @@ async fn four_processes(leased: Option<u64>, floor: f64) {
         assert_eq!(governed["failed"], 0, "{governed}");
         done += governed["ok"].as_u64().unwrap();
     }
+    done
+}
+
+/// Four processes sharing one quota (see [`spawn_process`] for `leased`): every item done, no
+/// provider 429, no window above the quota, and at least `floor` of it used.
+async fn four_processes(leased: Option<u64>, floor: f64) {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let (simulator, _server, url) = served_simulator(11).await;
+    let done = run_four((&url, &redis), leased).await;
 
     let stats = simulator.stats();
     let tokens = stats.limit(Dimension::TotalTokens).unwrap();

@@ -65,7 +65,8 @@ pub(crate) struct TenantState {
     /// For a budget leasing its share of a fleet's account, the fleet as its last renewal
     /// told it (`None`: not leasing, weights and guarantees as configured).
     fleet: Option<Fleet>,
-    /// Each guarantee's share of the account (millionths), by its key, as flows named it.
+    /// For a leasing budget, each guarantee's share of the account (millionths), by its key,
+    /// as flows named it.
     guarantees: HashMap<u64, u32>,
 }
 
@@ -363,11 +364,12 @@ impl TenantState {
         let mut weight = self.live.get(path.as_str()).map_or(1, |n| n.weight).max(1);
         let key = flow_key(key);
         let mut share = if guarantor.is_some() { share } else { 0.0 };
-        if let Some(guarantor) = guarantor {
-            let ppm = (share * 1e6).round() as u32;
-            self.guarantees.insert(flow_key(guarantor), ppm);
-        }
         if let Some(fleet) = &self.fleet {
+            // What this process tells the fleet of the guarantee at its next renewal.
+            if let Some(guarantor) = guarantor {
+                let ppm = (share * 1e6).round() as u32;
+                self.guarantees.insert(flow_key(guarantor), ppm);
+            }
             let n = fleet.flows.get(&key).copied().unwrap_or(1);
             weight = weight.saturating_mul(FLEET_SCALE) / n;
             // Its part of the guarantee, of what this process serves.
