@@ -215,25 +215,126 @@ fn max_min(claims: &[Claim], weights: &[f64], members: &[usize], mut left: f64) 
     (parts, left.max(0.0))
 }
 
-/// What a process whose part is `part` is granted while the others hold `others` in all, in
-/// millionths of the account (whole numbers, so that sums never drift): its part rounded
-/// down, less what they hold beyond theirs.
-pub fn grant(part: f64, others: u64) -> u64 {
-    // After a thousandth of a millionth, for a fraction's last binary digit (0.4 is a hair
-    // below 0.4 in binary).
-    let part = (part.clamp(0.0, 1.0) * 1e6 + 0.001).floor() as u64;
-    part.min(1_000_000u64.saturating_sub(others))
+/// One limit of the account as the store keeps it: a bucket refilled by `num` units every
+/// `den` milliseconds up to `capacity` units, less what leases hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Account {
+    /// Units added per `den` milliseconds.
+    pub num: u64,
+    /// Milliseconds per `num` units (ticks of a unit).
+    pub den: u64,
+    /// The burst: the most the bucket and the leases together hold.
+    pub capacity: u64,
 }
 
-/// The store's book of leases, as the lease script keeps it: every process's entry (an
-/// expired one stays until the next division), when the account was last divided, the sum of
-/// the shares held (in millionths), and each flow's spread at that division. Times are
-/// milliseconds on the store's clock.
+/// A leasing process's report on one limit at a renewal: what it keeps, gives back and asks
+/// for (see [`Report::of`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The units it keeps of what it held; negative: a debt (real usage beyond the estimates)
+    /// that the store charges to the account.
+    pub keep: i64,
+    /// The units it gives back (it holds them no more).
+    pub back: u64,
+    /// The units its first waiting request lacks: granted whole, or not at all.
+    pub need: u64,
+    /// The units it would like beyond its need.
+    pub ask: u64,
+}
+
+impl Report {
+    /// What a process reports on a limit of `capacity` units, its wallet holding `level`
+    /// (negative: in debt), having spent `spent` over the last `elapsed` refreshes (a
+    /// fraction, or more than one): it keeps what it expects to spend before the next renewal
+    /// (twice that pace; the whole capacity while requests wait and what it holds covers the
+    /// first), gives back the rest, and asks for what it keeps to be topped up to that. With
+    /// its first waiting request lacking units (`blocked`, that request's cost here) or its
+    /// lease ended (`closed`), it keeps nothing but a debt, and asks for the cost whole.
+    ///
+    /// ```
+    /// use tower_llm_quota::budget::fleet::Report;
+    ///
+    /// // 40 spent over the last refresh, 100 held: it keeps 80 and gives 20 back.
+    /// let steady = Report::of(100, 1_000, 40, 1.0, (false, None, false));
+    /// assert_eq!((steady.keep, steady.back, steady.need, steady.ask), (80, 20, 0, 0));
+    /// // Its first request (300) is not covered: it gives back all and asks for 300 whole.
+    /// let blocked = Report::of(100, 1_000, 40, 1.0, (true, Some(300), false));
+    /// assert_eq!((blocked.keep, blocked.back, blocked.need, blocked.ask), (0, 100, 300, 80));
+    /// ```
+    pub fn of(
+        level: i64,
+        capacity: u64,
+        spent: u64,
+        elapsed: f64,
+        (waiting, blocked, closed): (bool, Option<u64>, bool),
+    ) -> Self {
+        let expected = match elapsed > 0.0 {
+            true => 2.0 * spent as f64 / elapsed,
+            false => 0.0,
+        };
+        let target = match waiting && blocked.is_none() {
+            true => capacity,
+            false => (expected.ceil() as u64).min(capacity),
+        };
+        let keep = match blocked.is_some() || closed {
+            true => level.min(0),
+            false => level.min(i64::try_from(target).unwrap_or(i64::MAX)),
+        };
+        let kept = u64::try_from(keep).unwrap_or(0);
+        Self {
+            keep,
+            back: u64::try_from(level).unwrap_or(0) - kept,
+            need: blocked.map_or(0, |cost| cost.min(capacity)),
+            ask: target.saturating_sub(kept),
+        }
+    }
+}
+
+/// How the store answered a renewal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// A later renewal of the process was seen first: nothing changed.
+    Stale,
+    /// The process left.
+    Left,
+    /// Renewed (`known`: the store knew the process): its part in millionths, the units
+    /// granted (taken from the bucket), and the spread of each flow, then of each guarantee,
+    /// of the claim (1 for one unknown at the last division).
+    Granted {
+        /// The store knew the process.
+        known: bool,
+        /// Its part of the account at the last division, in millionths.
+        part: u64,
+        /// The units granted.
+        granted: u64,
+        /// Per flow, then per guarantee, in how many processes it waited.
+        spread: Vec<u32>,
+    },
+}
+
+/// The store's book of leases on one limit, as the lease script keeps it (the same
+/// arithmetic, in the same order, so that the script can be checked against it): the bucket,
+/// what each process holds of it and its credit, every process's entry (an expired one stays
+/// until the next division), when the account was last divided, and each flow's spread then.
+/// Times are milliseconds on the store's clock.
+///
+/// Granting is a debit: units leave the bucket when granted and are held by the process until
+/// it reports them spent or gives them back, or its lease ends (then they are lost, never
+/// granted twice). The bucket refills to its capacity less what is held, so the bucket and the
+/// leases together never hold more than the capacity ([`Ledger::holds_at_most_the_burst`]).
 #[derive(Debug, Clone)]
 pub struct Ledger {
+    account: Account,
+    /// The bucket's level in ticks (`den` a unit) and the instant it was refilled to.
+    tok: f64,
+    ts: u64,
+    /// What the leases hold, in units.
+    held: f64,
     entries: BTreeMap<u64, Entry>,
+    /// Per process, what it holds and its credit (thousandths of a unit).
+    holdings: BTreeMap<u64, (f64, f64)>,
+    credits: f64,
     divided: Option<u64>,
-    held: u64,
     spread: HashMap<u64, u32>,
     guarantee_spread: HashMap<u64, u32>,
     lease: u64,
@@ -243,30 +344,26 @@ pub struct Ledger {
 
 #[derive(Debug, Clone)]
 struct Entry {
-    held: u64,
     part: f64,
     claim: Claim,
     ends: u64,
-}
-
-/// A renewal's answer: the share granted, in millionths of the account, and the spread of
-/// each flow, then of each guarantee, of the claim (1 for one unknown at the last division).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Granted {
-    /// The share, in millionths.
-    pub share: u64,
-    /// Per flow of the claim, then per guarantee, in how many processes it waited at the
-    /// last division.
-    pub spread: Vec<u32>,
+    seq: u64,
+    at: u64,
 }
 
 impl Ledger {
-    /// A book whose leases last `lease` ms, dividing the account anew every `every` ms.
-    pub fn new(lease: u64, every: u64) -> Self {
+    /// A book of `account` whose leases last `lease` ms, dividing the account anew every
+    /// `every` ms. The bucket starts full.
+    pub fn new(account: Account, lease: u64, every: u64) -> Self {
         Self {
+            tok: (account.capacity * account.den) as f64,
+            ts: 0,
+            held: 0.0,
+            account,
             entries: BTreeMap::new(),
+            holdings: BTreeMap::new(),
+            credits: 0.0,
             divided: None,
-            held: 0,
             spread: HashMap::new(),
             guarantee_spread: HashMap::new(),
             lease,
@@ -275,51 +372,164 @@ impl Ledger {
         }
     }
 
-    /// `process` renews with `claim` at `now`: the account is divided anew when the last
-    /// division is `every` old (a process that just came has no part before the next); then
-    /// it is granted its part, less what the others hold.
-    pub fn lease(&mut self, process: u64, claim: Claim, now: u64) -> Granted {
+    fn full(&self) -> f64 {
+        (self.account.capacity * self.account.den) as f64
+    }
+
+    /// Refills the bucket to `now` (as `load` in the store): never above the capacity less
+    /// what is held; time going back adds nothing.
+    fn refill(&mut self, now: u64) {
+        let (num, den) = (self.account.num as f64, self.account.den as f64);
+        let top = self.full() - self.held * den;
+        self.tok = self.tok.min(top);
+        if now > self.ts {
+            let deficit = top - self.tok;
+            if deficit > 0.0 {
+                let dt = (now - self.ts) as f64;
+                self.tok = match dt > deficit / num {
+                    true => top,
+                    false => top.min(self.tok + dt * num),
+                };
+            }
+            self.ts = now;
+        }
+    }
+
+    /// Applies `process`'s report: a debt charged to the bucket, what it keeps held, what it
+    /// gives back returned (never above what the leases leave).
+    fn report(&mut self, process: u64, renew: &Report, known: bool) {
+        let (full, den) = (self.full(), self.account.den as f64);
+        let (mine, _) = match known {
+            true => self.holdings.get(&process).copied().unwrap_or((0.0, 0.0)),
+            false => (0.0, 0.0),
+        };
+        if renew.keep < 0 {
+            self.tok = (self.tok + renew.keep as f64 * den).max(self.tok.min(-full));
+        }
+        let kept = renew.keep.max(0) as f64;
+        self.held = (self.held - mine + kept).max(0.0);
+        let entry = self.holdings.entry(process).or_insert((0.0, 0.0));
+        if !known {
+            *entry = (0.0, 0.0);
+        }
+        entry.0 = kept;
+        self.tok = (self.tok + renew.back as f64 * den).min(full - self.held * den);
+    }
+
+    /// `process` renews with `claim` and its renewal numbered `seq` reporting `renew` at
+    /// `now`. The account is divided anew when
+    /// the last division is `every` old; the process's part in millionths is then
+    /// `part(its part as divided here)` (a checker may hand in the store's own, which sums
+    /// the same fractions in another order); its credit grows, and it is granted.
+    pub fn lease(
+        &mut self,
+        process: u64,
+        claim: Claim,
+        (seq, renew): (u64, Report),
+        now: u64,
+        part: impl FnOnce(u64) -> u64,
+    ) -> Answer {
+        if self.entries.get(&process).is_some_and(|e| seq <= e.seq) {
+            return Answer::Stale;
+        }
+        self.refill(now);
+        let known = self.entries.contains_key(&process);
+        self.report(process, &renew, known);
         let lease = self.lease;
         let entry = self.entries.entry(process).or_insert(Entry {
-            held: 0,
             part: 0.0,
             claim: claim.clone(),
             ends: 0,
+            seq: 0,
+            at: now,
         });
-        (entry.claim, entry.ends) = (claim, now.saturating_add(lease));
+        (entry.claim, entry.ends, entry.seq) = (claim, now.saturating_add(lease), seq);
         if self
             .divided
             .is_none_or(|at| now.saturating_sub(at) >= self.every || now < at)
         {
-            self.divide(now);
+            self.divide(now, process);
         }
         let entry = self.entries.get_mut(&process).expect("entered above");
-        let others = self.held.saturating_sub(entry.held);
-        entry.held = grant(entry.part, others);
-        self.held = others + entry.held;
-        let flows = (entry.claim.flows.iter()).map(|(key, _)| self.spread.get(key));
-        let guarantees =
-            (entry.claim.guarantees.iter()).map(|(key, _)| self.guarantee_spread.get(key));
-        let spread = flows
-            .chain(guarantees)
-            .map(|n| n.copied().unwrap_or(1))
-            .collect();
-        Granted {
-            share: entry.held,
+        let ppm = part((entry.part * 1e6 + 0.5).floor() as u64);
+        let share = ppm as f64 / 1e6;
+        let since = now.saturating_sub(entry.at) as f64;
+        entry.at = now;
+        let spread = (entry
+            .claim
+            .flows
+            .iter()
+            .map(|(key, _)| self.spread.get(key)))
+        .chain((entry.claim.guarantees.iter()).map(|(key, _)| self.guarantee_spread.get(key)))
+        .map(|n| n.copied().unwrap_or(1))
+        .collect();
+        let Account { num, den, capacity } = self.account;
+        let (num, den, cap) = (num as f64, den as f64, capacity as f64);
+        let holding = self.holdings.entry(process).or_insert((0.0, 0.0));
+        let before = holding.1;
+        let grown =
+            holding.1 + renew.back as f64 * 1000.0 + (share * num / den * since * 1000.0).floor();
+        holding.1 = grown.min(
+            (share * cap * 1000.0)
+                .floor()
+                .max(renew.need as f64 * 1000.0),
+        );
+        self.credits = (self.credits - before + holding.1).max(0.0);
+        let pool = (self.tok / den).floor().max(0.0);
+        let unclaimed = (pool - ((self.credits - holding.1) / 1000.0).floor()).max(0.0);
+        let may = pool.min((holding.1 / 1000.0).floor() + unclaimed);
+        let need = renew.need as f64;
+        // The need whole, then up to the ask from what is left of what it may take.
+        let granted = match need <= may {
+            true => need + (renew.ask as f64).min(may - need).max(0.0),
+            false => 0.0,
+        };
+        let before = holding.1;
+        holding.1 = (holding.1 - granted * 1000.0).max(0.0);
+        self.credits = (self.credits - before + holding.1).max(0.0);
+        holding.0 += granted;
+        self.tok -= granted * den;
+        self.held += granted;
+        Answer::Granted {
+            known,
+            part: ppm,
+            granted: granted as u64,
             spread,
         }
     }
 
-    /// `process` leaves, giving its share back.
-    pub fn leave(&mut self, process: u64) {
-        if let Some(entry) = self.entries.remove(&process) {
-            self.held = self.held.saturating_sub(entry.held);
+    /// `process` leaves at `now` with its last report (a debt charged, what it holds given
+    /// back), numbered `seq`.
+    pub fn leave(&mut self, process: u64, (seq, renew): (u64, Report), now: u64) -> Answer {
+        if self.entries.get(&process).is_some_and(|e| seq <= e.seq) {
+            return Answer::Stale;
         }
+        self.refill(now);
+        let known = self.entries.contains_key(&process);
+        let renew = Report {
+            keep: renew.keep.min(0),
+            ..renew
+        };
+        self.report(process, &renew, known);
+        if let Some((_, credit)) = self.holdings.remove(&process) {
+            self.credits = (self.credits - credit).max(0.0);
+        }
+        self.entries.remove(&process);
+        Answer::Left
     }
 
-    /// The sum of the shares held, in millionths: never above a million.
-    pub fn held(&self) -> u64 {
-        self.held
+    /// The bucket's level (whole units, negative in debt) and what the leases hold, at `now`.
+    pub fn level(&mut self, now: u64) -> (i64, u64) {
+        self.refill(now);
+        let level = (self.tok / self.account.den as f64).floor() as i64;
+        (level, self.held as u64)
+    }
+
+    /// Whether the bucket and the leases together hold at most the burst at `now`: what makes
+    /// every window's admissions at most the burst plus the rate over it.
+    pub fn holds_at_most_the_burst(&mut self, now: u64) -> bool {
+        self.refill(now);
+        self.tok + self.held * self.account.den as f64 <= self.full()
     }
 
     /// How many times the account was divided: each division reads and rewrites every
@@ -328,15 +538,26 @@ impl Ledger {
         self.divisions
     }
 
-    fn divide(&mut self, now: u64) {
-        self.entries.retain(|_, entry| entry.ends > now);
+    fn divide(&mut self, now: u64, caller: u64) {
+        let gone: Vec<u64> = (self.entries.iter())
+            .filter(|(_, e)| e.ends <= now)
+            .map(|(&p, _)| p)
+            .collect();
+        for process in gone {
+            self.entries.remove(&process);
+            if let Some((held, _)) = self.holdings.remove(&process) {
+                if process != caller {
+                    self.held = (self.held - held).max(0.0);
+                }
+            }
+        }
+        self.credits = self.holdings.values().map(|h| h.1).sum();
         let claims: Vec<Claim> = self.entries.values().map(|e| e.claim.clone()).collect();
         for (entry, part) in self.entries.values_mut().zip(divide(&claims)) {
             entry.part = part;
         }
         self.spread = spread(&claims);
         self.guarantee_spread = guarantee_spread(&claims);
-        self.held = self.entries.values().map(|e| e.held).sum();
         self.divided = Some(now);
         self.divisions += 1;
     }
@@ -435,11 +656,111 @@ mod tests {
         assert!(close(divide(&over).iter().sum(), 1.0));
     }
 
+    /// A process spends the burst and dies (or leaves, or loses its renewal's reply); a
+    /// newcomer starts 50 ms later: the fleet gets the burst once, plus the refill.
     #[test]
-    fn a_grant_never_takes_what_others_hold() {
-        assert_eq!(grant(0.5, 750_000), 250_000);
-        assert_eq!(grant(0.5, 1_200_000), 0);
-        assert_eq!(grant(0.3333333333, 0), 333_333);
+    fn a_grant_is_a_debit_spent_once_whatever_becomes_of_its_holder() {
+        // The issue's account: a burst of 1,000 tokens, 0.03 tokens a second.
+        let account = Account {
+            num: 3,
+            den: 100_000,
+            capacity: 1_000,
+        };
+        let blocked = |need| Report {
+            need,
+            ..Report::default()
+        };
+        for fate in ["dies", "leaves", "loses its reply"] {
+            let mut ledger = Ledger::new(account, 300, 50);
+            let first = ledger.lease(1, Claim::new(1.0), (1, blocked(1_000)), 0, |p| p);
+            assert!(
+                matches!(first, Answer::Granted { granted: 1_000, .. }),
+                "{first:?}"
+            );
+            // It spent the 1,000.
+            match fate {
+                "leaves" => {
+                    ledger.leave(1, (2, Report::default()), 40);
+                }
+                "loses its reply" => {
+                    // Its renewal ran; its reply was lost: what it was granted is gone.
+                    ledger.lease(1, Claim::new(1.0), (2, blocked(1_000)), 40, |p| p);
+                }
+                _ => {}
+            }
+            let mut admitted = 1_000;
+            for ms in (50..10_000).step_by(100) {
+                if let Answer::Granted { granted, .. } =
+                    ledger.lease(2, Claim::new(1.0), (ms, blocked(1)), ms, |p| p)
+                {
+                    admitted += granted;
+                }
+                assert!(ledger.holds_at_most_the_burst(ms), "{fate} at {ms} ms");
+            }
+            assert_eq!(admitted, 1_000, "{fate}: nothing refills in 10 s");
+        }
+    }
+
+    /// Twenty requests a minute (a burst of 4), five processes each with a request waiting:
+    /// four go at once, whole units, and the fifth when the bucket has refilled one.
+    #[test]
+    fn whole_units_reach_every_process_in_turn() {
+        let account = Account {
+            num: 1,
+            den: 3_000,
+            capacity: 4,
+        };
+        let mut ledger = Ledger::new(account, 300, 50);
+        let mut first = [None; 5];
+        let mut total = 0;
+        for ms in (0..12_000u64).step_by(100) {
+            for p in 0..5u64 {
+                let need = u64::from(first[p as usize].is_none());
+                let report = Report {
+                    need,
+                    ..Report::default()
+                };
+                let claim = Claim::new(f64::from(need as u32));
+                let seq = ms / 100 + 1;
+                if let Answer::Granted { granted, .. } =
+                    ledger.lease(p, claim, (seq, report), ms + p, |x| x)
+                {
+                    total += granted;
+                    if granted > 0 {
+                        first[p as usize] = Some(ms);
+                    }
+                }
+            }
+        }
+        assert!(first.iter().all(Option::is_some), "{first:?}");
+        assert_eq!(
+            first.iter().filter(|f| **f == Some(0)).count(),
+            4,
+            "{first:?}"
+        );
+        // The fifth within a refill (3 s) and a division's turn.
+        assert!(first.iter().all(|f| f.unwrap() <= 3_500), "{first:?}");
+        assert_eq!(total, 5);
+    }
+
+    #[test]
+    fn a_report_keeps_what_it_expects_to_spend_and_gives_back_the_rest() {
+        let idle = Report::of(500, 1_000, 0, 1.0, (false, None, false));
+        assert_eq!((idle.keep, idle.back, idle.ask), (0, 500, 0));
+        let closed = Report::of(500, 1_000, 400, 1.0, (false, None, true));
+        assert_eq!(
+            (closed.keep, closed.back),
+            (0, 500),
+            "nothing kept past the lease"
+        );
+        let debt = Report::of(-300, 1_000, 400, 1.0, (true, Some(50), false));
+        assert_eq!((debt.keep, debt.back, debt.need), (-300, 0, 50));
+        let waiting = Report::of(100, 1_000, 0, 1.0, (true, None, false));
+        assert_eq!(
+            (waiting.keep, waiting.ask),
+            (100, 900),
+            "the whole capacity"
+        );
     }
 
     #[test]

@@ -397,20 +397,12 @@ impl<'a> Pass<'a> {
     fn wait_for_buckets(&mut self, waiting: &mut Waiting, at: u64) -> Step {
         let step = self.wait(waiting);
         if let Some(remote) = self.budget.shared.remote.as_ref().filter(|r| r.leases()) {
-            let ask = &waiting.ask;
-            let closed = (self.state.shared.as_ref())
-                .and_then(|s| s.lease.as_ref())
-                .is_some_and(|lease| lease.closed(self.ns));
-            if closed
-                || self
-                    .state
-                    .store
-                    .check_capacity(&ask.cost, ask.floor)
-                    .is_err()
-            {
-                // A leased share too small to ever hold it, empty or ended: renewed sooner.
-                remote.wants_more.notify_one();
+            // Its wallets do not cover it (or the lease ended): the next renewal, sooner, asks
+            // for its cost whole.
+            if let Some(lease) = self.state.shared.as_mut().and_then(|s| s.lease.as_mut()) {
+                lease.blocked = Some(waiting.ask.cost);
             }
+            remote.wants_more.notify_one();
         }
         let Some(mine) = waiting.place else {
             return step;

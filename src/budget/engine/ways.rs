@@ -150,21 +150,30 @@ impl Way for Buckets {
                 .check_capacity(bill.cost, bill.floor)
                 .map_err(|e| Unpaid::Buckets(Denial::Never(e)))?;
             if lease.closed(bill.ns) {
-                // No share, or the grant ended and its renewal is late: nothing until one.
+                // No grant yet, or it ended and its renewal is late: nothing until one.
                 let at = bill.ns.saturating_add(lease.refresh / 8);
                 return Err(Unpaid::Buckets(Denial::NotUntil { at, limit: 0 }));
             }
-            if too_large(state) {
-                // Larger than this process's share of a burst (not than the account's, checked
-                // above): admitted once the share's buckets are full, into debt,
-                // which their refill repays. Each process so spends at most one request
-                // beyond its share of the burst.
+            if !lease.fallback {
+                // The wallets hold it, or it waits for a grant that covers it (which wakes it;
+                // it looks again after a refresh at the latest). A wallet holds what was
+                // granted for the requests waiting in order: no floor is kept in it.
+                let next = bill.ns.saturating_add(lease.refresh);
                 return state
                     .store
-                    .check_into_debt(bill.cost, bill.floor, bill.ns)
-                    .map_err(Unpaid::Buckets);
+                    .check(bill.cost, Floor::NONE, bill.ns)
+                    .map_err(|d| {
+                        Unpaid::Buckets(match d {
+                            Denial::NotUntil { at, limit } => Denial::NotUntil {
+                                at: at.min(next),
+                                limit,
+                            },
+                            never => never,
+                        })
+                    });
             }
-        } else if state.shared.is_some() && too_large(state) {
+        }
+        if state.shared.is_some() && too_large(state) {
             return Err(Unpaid::Unavailable(StoreUnavailable::new(
                 "the shared store is out of reach and the cost exceeds the local fallback share",
             )));
@@ -176,17 +185,11 @@ impl Way for Buckets {
     }
 
     fn take(&self, state: &mut State, bill: &Bill<'_>) {
-        match state.shared.as_mut().and_then(|s| s.lease.as_mut()) {
-            Some(lease) => {
-                lease.spent = lease.spent.saturating_add(*bill.cost);
-                // Larger than the share's burst: into debt, all of it.
-                match state.store.check_capacity(bill.cost, bill.floor) {
-                    Ok(()) => state.store.take(bill.cost, bill.ns),
-                    Err(_) => state.store.take_into_debt(bill.cost, bill.ns),
-                }
-            }
-            None => state.store.take(bill.cost, bill.ns),
+        if let Some(lease) = state.shared.as_mut().and_then(|s| s.lease.as_mut()) {
+            lease.spent = lease.spent.saturating_add(*bill.cost);
+            lease.blocked = None;
         }
+        state.store.take(bill.cost, bill.ns);
     }
 }
 

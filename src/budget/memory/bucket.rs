@@ -43,6 +43,9 @@ pub(crate) struct Bucket {
     /// Units beyond the capacity that the provider's last agreeing report allows: spent once
     /// the level is, never refilled.
     extra: u64,
+    /// A wallet (a leased grant): it never refills by itself, only by deposits; `full_at` is
+    /// then the deficit itself, in ticks, whatever the time.
+    wallet: bool,
 }
 
 /// A share of a bucket's capacity that a request must leave untouched, so that requests of a
@@ -96,13 +99,35 @@ impl Bucket {
                 .and_then(|_| shadow_of(&limit))
                 .map(|shadow| Box::new(Bucket::new(shadow))),
             extra: 0,
+            wallet: false,
         }
+    }
+
+    /// An empty wallet for `limit`: it holds at most the limit's capacity, never refills by
+    /// itself, and is filled by [`Bucket::refund`] (a grant deposited).
+    pub(crate) fn wallet(limit: Limit) -> Self {
+        let limit = limit.with_headroom(limit.headroom()).unwrap_or(limit);
+        let mut bucket = Self::new(limit);
+        bucket.share = None;
+        bucket.shadow = None;
+        bucket.wallet = true;
+        bucket.full_at = bucket.units(bucket.capacity);
+        bucket
+    }
+
+    /// Whether the bucket is a wallet (see [`Bucket::wallet`]).
+    pub(crate) fn is_wallet(&self) -> bool {
+        self.wallet
     }
 
     /// The provider's reports show that `spendable` may be spent now (see
     /// `ShareController::spendable`): the level and the extra together may reach it (never
     /// less than the level already is).
     pub(crate) fn grant(&mut self, spendable: u64, now: u64) {
+        if self.wallet {
+            // A wallet holds what was granted to it, nothing a report says beyond.
+            return;
+        }
         let level = u64::try_from(self.level(now)).unwrap_or(0);
         self.extra = spendable.saturating_sub(level);
     }
@@ -148,7 +173,11 @@ impl Bucket {
         self.capacity
     }
 
+    /// The ticks of refill up to `now`: none for a wallet.
     fn ticks(&self, now: u64) -> u128 {
+        if self.wallet {
+            return 0;
+        }
         u128::from(now) * u128::from(self.rate)
     }
 
@@ -204,6 +233,10 @@ impl Bucket {
         if target <= 0 {
             return self.held_until;
         }
+        if self.wallet {
+            // Only a deposit fills a wallet.
+            return u64::MAX;
+        }
         let rate = u128::from(self.rate);
         let ns = (target as u128).div_ceil(rate);
         u64::try_from(ns).unwrap_or(u64::MAX).max(self.held_until)
@@ -258,6 +291,9 @@ impl Bucket {
 
     /// When the bucket is full again (nanoseconds).
     pub(crate) fn full_at(&self, now: u64) -> u64 {
+        if self.wallet && self.full_at > 0 {
+            return u64::MAX;
+        }
         let ns = self.full_at.div_ceil(u128::from(self.rate));
         u64::try_from(ns).unwrap_or(u64::MAX).max(now)
     }
@@ -277,7 +313,11 @@ impl Bucket {
         } else {
             0
         };
-        *self = Bucket::new(limit);
+        let wallet = self.wallet;
+        *self = match wallet {
+            true => Bucket::wallet(limit),
+            false => Bucket::new(limit),
+        };
         self.extra = extra;
         self.held_until = held_until;
         if same_plan && share.is_some() {

@@ -157,53 +157,48 @@ impl MemoryStore {
 }
 
 impl MemoryStore {
-    /// Whether the buckets can take `cost` into debt now: each holds what it can of it (the
-    /// cost, or all it may hold above `floor` when the cost is more). A leased share smaller
-    /// than a request admits it so, once full, and repays the rest from its refill.
-    pub(crate) fn check_into_debt(
-        &self,
-        cost: &Cost,
-        floor: Floor,
-        now: u64,
-    ) -> Result<(), Denial> {
-        self.check_each(cost, floor, now, true)
+    /// Wallets for `quota`'s limits (see [`Bucket::wallet`]): empty, filled only by
+    /// [`deposit`](Self::deposit), as a leased grant is.
+    pub(crate) fn wallets(quota: &Quota) -> Self {
+        Self {
+            buckets: quota.limits().iter().copied().map(Bucket::wallet).collect(),
+        }
     }
 
-    /// Raises the level of `limit`'s bucket to `level` (never above its capacity; a higher
-    /// level stays).
-    pub(crate) fn fill_to(&mut self, limit: &Limit, level: u64, now: u64) {
-        if let Some(bucket) = self
-            .buckets
-            .iter_mut()
+    /// Whether the buckets are wallets.
+    pub(crate) fn holds_wallets(&self) -> bool {
+        self.buckets.first().is_some_and(Bucket::is_wallet)
+    }
+
+    fn bucket_mut(&mut self, limit: &Limit) -> Option<&mut Bucket> {
+        (self.buckets.iter_mut()).find(|b| b.limit().same_bucket(limit))
+    }
+
+    /// The level of `limit`'s bucket at `now` (negative in debt; 0 for an unknown limit).
+    pub(crate) fn level_of(&self, limit: &Limit, now: u64) -> i64 {
+        (self.buckets.iter())
             .find(|b| b.limit().same_bucket(limit))
-        {
-            let below = i128::from(level) - i128::from(bucket.level(now));
-            if let Ok(missing) = u64::try_from(below) {
-                bucket.refund(missing);
-            }
+            .map_or(0, |b| b.level(now))
+    }
+
+    /// Puts `units` into `limit`'s bucket (never above its capacity).
+    pub(crate) fn deposit(&mut self, limit: &Limit, units: u64) {
+        if let Some(bucket) = self.bucket_mut(limit) {
+            bucket.refund(units);
         }
     }
 
-    /// Takes `cost` from every bucket, into debt as deep as it takes (see
-    /// [`check_into_debt`](Self::check_into_debt)): none of it is forgiven.
-    pub(crate) fn take_into_debt(&mut self, cost: &Cost, now: u64) {
-        for bucket in &mut self.buckets {
-            let amount = cost.amount(bucket.limit().dimension());
-            if amount > 0 {
-                bucket.debit_down_to(amount, amount, now);
-            }
+    /// Takes `units` out of `limit`'s bucket (it holds them: a wallet giving them back).
+    pub(crate) fn withdraw(&mut self, limit: &Limit, units: u64, now: u64) {
+        if let Some(bucket) = self.bucket_mut(limit) {
+            bucket.debit(units, now);
         }
     }
 
-    /// Every touched bucket's fit, each asked for its amount (or, `capped`, at most what it
-    /// may hold above `floor`).
-    fn check_each(&self, cost: &Cost, floor: Floor, now: u64, capped: bool) -> Result<(), Denial> {
+    /// Every touched bucket's fit, each asked for its amount.
+    fn check_each(&self, cost: &Cost, floor: Floor, now: u64) -> Result<(), Denial> {
         let mut latest: Option<(u64, usize)> = None;
         for (i, bucket, amount) in self.touched(cost) {
-            let amount = match capped {
-                true => amount.min(bucket.usable(floor)).max(1),
-                false => amount,
-            };
             match bucket.fit(amount, floor, now) {
                 Fit::Now => {}
                 Fit::At(at) => {
@@ -223,7 +218,7 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     fn check(&self, cost: &Cost, floor: Floor, now: u64) -> Result<(), Denial> {
-        self.check_each(cost, floor, now, false)
+        self.check_each(cost, floor, now)
     }
 
     fn take(&mut self, cost: &Cost, now: u64) {

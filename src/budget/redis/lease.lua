@@ -1,91 +1,154 @@
--- LEASE: a process's share of the account, for a while. Every process admitting from a share
--- (instead of asking per admission) calls this every refresh: it tells what it wants, and is
--- granted a fraction of every account limit (of its rate and of its burst) until the lease
--- ends. The shares granted and not yet expired never add up to more than the whole account,
--- so the processes together never admit more than it (see "Granting" below).
--- Each account bucket follows the fleet's spending, as each process reports it at its
--- renewal (so a refresh late): a process that joins starts with its share of what the
--- bucket holds, not with nothing.
--- KEYS: the shares (a hash, see below), then the account buckets' holds, their plans, and
---       the buckets.
--- ARGV: clock override, the process, the lease in ms, the fraction of the account it wants
---       (0 to 1; negative: it leaves, giving its share back), how often (ms) the account is
---       divided again, then per limit its plan's increase per period, its period in ms, its
---       bucket's num, den and capacity, and the units the process spent since its last
---       renewal; then its waiting flows: pairs of a flow's key and its weight, and its
---       waiting guarantees: pairs of 'g' and a guarantee's key, and its share in millionths.
--- Returns {share in millionths, the lease in ms, per hold its remaining ms, per limit the
--- fleet's plan in millionths (see `plan` in bucket.lua), per bucket its level (units), then
--- per flow and guarantee asked about the number of processes where it waits}.
+-- LEASE: a process's grant of the account, for a while. Every process admitting from a lease
+-- (instead of asking per admission) calls this every refresh. A grant is a debit: the units
+-- granted leave the account's bucket at once, and the process admits only units it holds.
+-- What it holds is counted in the bucket (its `held`, see bucket.lua) until the process says
+-- it spent or gave them back, or its lease ends: the bucket refills to its capacity less what
+-- leases hold, so the bucket and the leases together never hold more than the capacity, and
+-- the fleet never admits more than the account's burst plus its rate over any window (plus
+-- the debts its processes report). Every failure errs toward less: a process that dies, stalls
+-- past its lease or loses a reply takes what it held with it (lost to the fleet until the
+-- bucket refills it), and a renewal that arrives after a later one (a delayed request) changes
+-- nothing.
+-- KEYS: the shares (a hash, see below), then the account limits' holds, their plans, and their
+--       buckets.
+-- ARGV: clock override, the process, the lease in ms, the fraction of the account it wants (0
+--       to 1; negative: it leaves), how often (ms) the account is divided again, the renewal's
+--       number (rising with every renewal of the process), then per limit: its plan's
+--       increase per period, its period in ms, its bucket's num, den and capacity, and what the
+--       process reports: `keep` (the units it keeps of what it held; negative, a debt it owes,
+--       charged to the bucket), `back` (the units it gives back), `need` (the units its first
+--       waiting request lacks: granted in every limit at once, or in none), `ask` (units it
+--       would like beyond the need); then its waiting flows: pairs of a flow's key and its
+--       weight, and its waiting guarantees: pairs of 'g' and a guarantee's key, and its share
+--       in millionths.
+-- Returns {status, the lease in ms, its part in millionths, per hold its remaining ms, per
+-- limit the fleet's plan in millionths (see `plan` in bucket.lua), per limit the units
+-- granted, then per flow and guarantee asked about the number of processes where it waits}.
+-- `status` is 1 for a renewal, 2 for a process the store did not know (its first renewal, or
+-- its lease ended), 0 when it left, -1 for a renewal older than one already seen: nothing is
+-- changed, and the reply is {-1}.
 --
--- The shares hash: per process "held|want|ends|part|flows" (`held` in millionths, `flows` as
--- "key=weight,..."), "~at" the last division (ms), "~held" the sum of the shares held (in
--- millionths: whole numbers, so that no rounding drifts), "~f:<flow>" in how many processes
--- a flow waited at the last division.
+-- The shares hash: per process "want|ends|part|seq|at|flows" (`flows` as "key=weight,...",
+-- `at` when its credit last grew), per process and limit "h:<process>\n<bucket>" the units it
+-- holds and its credit in thousandths of a unit ("held|credit"), "~c\n<bucket>" the sum of
+-- the credits (whole numbers, so that sums never drift), "~at" the last
+-- division (ms), "~f:<flow>" in how many processes a flow waited at the last division.
 --
 -- Dividing (every so often: it reads and rewrites every process, so its cost grows with the
 -- fleet; in between a call reads and writes its own entry only, and a process that just came
--- holds nothing until the next division). Each
--- flow (a tenant, or every request of a process without tenants) weighs its weight, spread
--- evenly over the processes where it waits; a process weighs the sum of its flows' parts (1
--- when none waits). The account goes to the processes by weighted max-min fairness on what
--- each wants: none gets more than it wants, and those wanting more share the rest by weight.
--- A process is owed, of what it wants, the guarantees waiting in it, each spread evenly over
--- the processes where it waits (scaled down together should they add up to more than the
--- account); one whose weighted part falls short of that is lifted to it, and the others
--- share the rest again. What nobody wants is spread by weight over every process, so that
--- a process's next burst starts at once. Expired leases are dropped then.
+-- has no part until the next division). Each flow (a tenant, or every request of a process
+-- without tenants) weighs its weight, spread evenly over the processes where it waits; a
+-- process weighs the sum of its flows' parts (1 when none waits). The account goes to the
+-- processes by weighted max-min fairness on what each wants: none gets more than it wants, and
+-- those wanting more share the rest by weight. A process is owed, of what it wants, the
+-- guarantees waiting in it, each spread evenly over the processes where it waits (scaled down
+-- together should they add up to more than the account); one whose weighted part falls short
+-- of that is lifted to it, and the others share the rest again. What nobody wants is spread by
+-- weight over every process. Expired leases are dropped then: what they held leaves the
+-- buckets' `held` without coming back to their levels (lost until refilled).
 --
--- Granting. A process is granted its part, less what the others hold beyond their own parts
--- (they give it back at their next call, within one refresh), rounded down to millionths, so
--- the shares held never add up to more than one.
+-- Granting, per limit. A process's credit grows by its part of the limit's rate while it
+-- renews, and by what it gives back (its own to take again), up to its part of the capacity
+-- (or its need, if larger): in turn by deficit, so that
+-- whole units reach every process even when the parts are below one unit. It may take its
+-- credit, and whatever of the bucket the others' credits do not claim; its need whole (in
+-- every limit, or nothing), then up to its ask; only whole units, only what the bucket holds.
 local now = clock(ARGV[1])
 local shares, me, lease, want = KEYS[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local every = tonumber(ARGV[5])
+local every, seq = tonumber(ARGV[5]), tonumber(ARGV[6])
 local limits = (#KEYS - 1) / 3
-local first_flow = 6 + 6 * limits
-local mine = redis.call('HMGET', shares, me, '~at', '~held')
+local first_flow = 7 + 9 * limits
+local keep_ms = lease * 4
+local mine = redis.call('HMGET', shares, me, '~at')
 local function parse(value)
-  local held, wanted, ends, part, flows =
-    string.match(value, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
-  return {held = tonumber(held) or 1000000, want = tonumber(wanted) or 1, ends = tonumber(ends) or 0,
-    part = tonumber(part) or 0, flows = flows or ''}
+  local wanted, ends, part, seen, at, flows =
+    string.match(value, '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|(.*)$')
+  return {want = tonumber(wanted) or 1, ends = tonumber(ends) or 0, part = tonumber(part) or 0,
+    seq = tonumber(seen) or 0, at = tonumber(at) or now, flows = flows or ''}
 end
 local function write(who, e)
   redis.call('HSET', shares, who,
-    string.format('%.0f|%.6f|%.0f|%.9f|%s', e.held, e.want, e.ends, e.part, e.flows))
+    string.format('%.6f|%.0f|%.17g|%.0f|%.0f|%s', e.want, e.ends, e.part, e.seq, e.at, e.flows))
 end
-local held_total = tonumber(mine[3]) or 0
 local me_now = mine[1] and parse(mine[1]) or nil
+if me_now and seq <= me_now.seq then
+  return {-1}
+end
+
+-- Every limit's bucket, and what this process held of it.
+local L = {}
+for i = 1, limits do
+  local a = 1 + 9 * i
+  local l = {inc = tonumber(ARGV[a - 3]), period = tonumber(ARGV[a - 2]), num = tonumber(ARGV[a - 1]),
+    den = tonumber(ARGV[a]), cap = tonumber(ARGV[a + 1]), keep = tonumber(ARGV[a + 2]),
+    back = tonumber(ARGV[a + 3]), need = tonumber(ARGV[a + 4]), ask = tonumber(ARGV[a + 5]),
+    key = KEYS[1 + 2 * limits + i]}
+  if want < 0 then
+    -- Leaving, it keeps nothing (but a debt).
+    l.keep = math.min(l.keep, 0)
+  end
+  l.full = l.cap * l.den
+  l.field, l.sum = 'h:' .. me .. '\n' .. l.key, '~c\n' .. l.key
+  l.tok, l.ts, l.held = load(redis.call('GET', l.key), now, l.num, l.den, l.full)
+  local record = redis.call('HMGET', shares, l.field, l.sum)
+  local h, c = string.match(record[1] or '', '^([^|]*)|(.*)$')
+  l.mine, l.credit, l.credits = tonumber(h) or 0, tonumber(c) or 0, tonumber(record[2]) or 0
+  if not me_now then
+    -- A process the store does not know holds nothing it can tell (what a record left behind
+    -- still holds stays counted, the safe side).
+    l.mine, l.credit = 0, 0
+  end
+  -- Its report: a debt is charged to the bucket (one capacity at most, as anywhere), what it
+  -- keeps stays held, what it gives back comes back, never above what the leases leave.
+  if l.keep < 0 then
+    l.tok = math.max(l.tok + l.keep * l.den, math.min(l.tok, -l.full))
+  end
+  local kept = math.max(l.keep, 0)
+  l.held = math.max(l.held - l.mine + kept, 0)
+  l.mine = kept
+  l.tok = math.min(l.tok + l.back * l.den, l.full - l.held * l.den)
+  L[i] = l
+end
+
+local function save(l)
+  store(l.key, l.tok, l.ts, now, l.num, l.den, l.full, l.held, keep_ms)
+end
 
 if want < 0 then
-  if me_now then
-    redis.call('HDEL', shares, me)
-    redis.call('HSET', shares, '~held', string.format('%.0f', math.max(held_total - me_now.held, 0)))
+  for _, l in ipairs(L) do
+    l.credits = math.max(l.credits - l.credit, 0)
+    redis.call('HDEL', shares, l.field)
+    redis.call('HSET', shares, l.sum, string.format('%.0f', l.credits))
+    save(l)
   end
-  return {0, 0}
+  redis.call('HDEL', shares, me)
+  redis.call('PEXPIRE', shares, string.format('%.0f', keep_ms))
+  return {0, 0, 0}
 end
 want = math.min(want, 1)
 local flows = {}
 for i = first_flow, #ARGV - 1, 2 do
   flows[#flows + 1] = ARGV[i] .. '=' .. ARGV[i + 1]
 end
-local entry = me_now or {held = 0, part = 0}
-entry.want, entry.ends, entry.flows = want, now + lease, table.concat(flows, ',')
+local entry = me_now or {part = 0, at = now}
+local status = me_now and 1 or 2
+entry.want, entry.ends, entry.seq, entry.flows = want, now + lease, seq, table.concat(flows, ',')
 write(me, entry)
 
--- Divides the account anew between every live process (see above).
+-- Divides the account anew between every live process (see above), drops the expired ones
+-- (what they held leaves the buckets' `held`), and counts the credits again.
 local function divide()
-  local processes, spread, total = {}, {}, 0
+  local processes, spread, gone = {}, {}, {}
   local raw = redis.call('HGETALL', shares)
   for i = 1, #raw, 2 do
     local who, value = raw[i], raw[i + 1]
     if string.sub(who, 1, 3) == '~f:' then
       redis.call('HDEL', shares, who)
-    elseif string.sub(who, 1, 1) ~= '~' then
+    elseif string.sub(who, 1, 1) ~= '~' and string.sub(who, 1, 2) ~= 'h:' then
       local e = parse(value)
       if e.ends <= now then
         redis.call('HDEL', shares, who)
+        gone[who] = true
       else
         e.who, e.weights, e.guarantees = who, {}, {}
         for key, weight in string.gmatch(e.flows, '([^,=]+)=([^,]+)') do
@@ -97,9 +160,30 @@ local function divide()
           spread[key] = (spread[key] or 0) + 1
         end
         processes[#processes + 1] = e
-        total = total + e.held
       end
     end
+  end
+  local by_key = {}
+  for _, l in ipairs(L) do
+    by_key[l.key], l.credits = l, 0
+  end
+  for i = 1, #raw, 2 do
+    local who, key = string.match(raw[i], '^h:([^\n]*)\n(.*)$')
+    if who then
+      local h, c = string.match(raw[i + 1], '^([^|]*)|(.*)$')
+      local l = by_key[key]
+      if gone[who] or redis.call('HEXISTS', shares, who) == 0 then
+        redis.call('HDEL', shares, raw[i])
+        if l and who ~= me then
+          l.held = math.max(l.held - (tonumber(h) or 0), 0)
+        end
+      elseif l and who ~= me then
+        l.credits = l.credits + (tonumber(c) or 0)
+      end
+    end
+  end
+  for _, l in ipairs(L) do
+    l.credits = l.credits + l.credit
   end
   local owed_total = 0
   for _, p in ipairs(processes) do
@@ -191,43 +275,58 @@ local function divide()
     redis.call('HSET', shares, '~f:' .. key, n)
   end
   redis.call('HSET', shares, '~at', string.format('%.0f', now))
-  return total
 end
 
 local at = tonumber(mine[2])
 if at == nil or now - at >= every or now < at then
-  held_total = divide()
+  divide()
   entry = parse(redis.call('HGET', shares, me))
 end
 
--- Granted (in millionths): its part, less what the others hold beyond theirs. A part is
--- rounded down, after a thousandth of a millionth for a fraction's last binary digit.
-local others = math.max(held_total - entry.held, 0)
-local granted = math.max(0, math.min(math.floor(entry.part * 1e6 + 0.001), 1000000 - others))
-entry.held = granted
+-- Granting (see above): the credits grow (in thousandths of a unit), then what each limit may
+-- give this process.
+local part, since = math.floor(entry.part * 1e6 + 0.5) / 1e6, math.max(now - entry.at, 0)
+local whole = true
+for _, l in ipairs(L) do
+  local before = l.credit
+  local grown = l.credit + l.back * 1000 + math.floor(part * l.num / l.den * since * 1000)
+  l.credit = math.min(grown, math.max(math.floor(part * l.cap * 1000), l.need * 1000))
+  l.credits = math.max(l.credits - before + l.credit, 0)
+  local pool = math.max(math.floor(l.tok / l.den), 0)
+  local unclaimed = math.max(pool - math.floor((l.credits - l.credit) / 1000), 0)
+  l.may = math.min(pool, math.floor(l.credit / 1000) + unclaimed)
+  if l.need > l.may then
+    whole = false
+  end
+end
+entry.at = now
 write(me, entry)
-redis.call('HSET', shares, '~held', string.format('%.0f', others + granted))
-redis.call('PEXPIRE', shares, string.format('%.0f', lease * 4))
+redis.call('PEXPIRE', shares, string.format('%.0f', keep_ms))
 
-local reply = {granted, lease}
-for i = 2, 1 + limits do
-  local held = tonumber(redis.call('GET', KEYS[i]) or '')
+local reply = {status, lease, math.floor(part * 1e6 + 0.5)}
+for i = 1, limits do
+  local held = tonumber(redis.call('GET', KEYS[1 + i]) or '')
   reply[#reply + 1] = (held ~= nil and held > now) and math.min(held - now, 86400000) or 0
 end
 for i = 1, limits do
-  local increase, period = tonumber(ARGV[6 * i]), tonumber(ARGV[6 * i + 1])
-  local share = plan(redis.call('GET', KEYS[1 + limits + i]), now, increase, period)
-  reply[#reply + 1] = math.floor(share * 1e6 + 0.5)
+  local l = L[i]
+  reply[#reply + 1] = math.floor(plan(redis.call('GET', KEYS[1 + limits + i]), now, l.inc, l.period) * 1e6 + 0.5)
 end
-for i = 1, limits do
-  local a = 6 * i + 2
-  local num, den, cap = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local key, full = KEYS[1 + 2 * limits + i], cap * den
-  local tok, ts = load(redis.call('GET', key), now, num, den, full)
-  -- What the process spent: a debt of one capacity at most, as anywhere else.
-  tok = math.max(tok - tonumber(ARGV[a + 3]) * den, math.min(tok, -full))
-  store(key, tok, ts, now, num, den, full)
-  reply[#reply + 1] = math.max(math.floor(tok / den), 0)
+for _, l in ipairs(L) do
+  local granted = 0
+  if whole then
+    granted = l.need + math.max(math.min(l.ask, l.may - l.need), 0)
+  end
+  local before = l.credit
+  l.credit = math.max(l.credit - granted * 1000, 0)
+  l.credits = math.max(l.credits - before + l.credit, 0)
+  l.tok = l.tok - granted * l.den
+  l.held = l.held + granted
+  l.mine = l.mine + granted
+  redis.call('HSET', shares, l.field, string.format('%.0f|%.0f', l.mine, l.credit),
+    l.sum, string.format('%.0f', l.credits))
+  save(l)
+  reply[#reply + 1] = granted
 end
 for i = first_flow, #ARGV - 1, 2 do
   reply[#reply + 1] = tonumber(redis.call('HGET', shares, '~f:' .. ARGV[i]) or '') or 1

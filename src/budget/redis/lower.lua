@@ -14,9 +14,9 @@ local now = clock(ARGV[1])
 if ARGV[5] ~= '' then
   local num, den, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
   local full = cap * den
-  local tok, ts = load(redis.call('GET', KEYS[1]), now, num, den, full)
+  local tok, ts, held = load(redis.call('GET', KEYS[1]), now, num, den, full)
   tok = math.min(tok, tonumber(ARGV[5]) * den)
-  store(KEYS[1], tok, ts, now, num, den, full)
+  store(KEYS[1], tok, ts, now, num, den, full, held)
 end
 local pause = tonumber(ARGV[6])
 if pause > 0 then

@@ -83,7 +83,7 @@ for c = 1, (#ARGV - controls + 1) / 5 do
 end
 
 -- Every bucket's rate, cost and level now.
-local num, den, cap, cost, floor, toks, tss = {}, {}, {}, {}, {}, {}, {}
+local num, den, cap, cost, floor, toks, tss, helds = {}, {}, {}, {}, {}, {}, {}, {}
 for i = 1, n do
   local a = 9 + (i - 1) * 5
   num[i], den[i], cap[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
@@ -91,7 +91,7 @@ for i = 1, n do
   if cost[i] + floor[i] > cap[i] then
     return {-1, i}
   end
-  toks[i], tss[i] = load(values[i], now, num[i], den[i], cap[i] * den[i])
+  toks[i], tss[i], helds[i] = load(values[i], now, num[i], den[i], cap[i] * den[i])
 end
 
 -- Joins the line (or moves within it, by its request's class), to come back in `wait` ms
@@ -120,7 +120,7 @@ local function leaves_enough(who, ready)
     local need = tonumber(string.match(needs, KEYS[i]:gsub('%p', '%%%0') .. '=(%d+)'))
     if need ~= nil then
       local later = toks[i] - cost[i] * den[i] + math.max(ready - now, 0) * num[i]
-      if math.min(later, cap[i] * den[i]) < need * den[i] then
+      if math.min(later, (cap[i] - helds[i]) * den[i]) < need * den[i] then
         return false
       end
     end
@@ -198,7 +198,7 @@ end
 local reply, record = {1}, {'r'}
 for i = 1, n do
   local tok = toks[i] - cost[i] * den[i]
-  store(KEYS[i], tok, tss[i], now, num[i], den[i], cap[i] * den[i])
+  store(KEYS[i], tok, tss[i], now, num[i], den[i], cap[i] * den[i], helds[i])
   record[#record + 1] = '|' .. KEYS[i] .. '=' .. ARGV[9 + (i - 1) * 5 + 3]
   reply[i + 1] = math.floor(tok / den[i])
 end

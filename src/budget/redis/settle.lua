@@ -50,8 +50,8 @@ while a <= #ARGV do
         local full = cap * den
         local level = levels[b]
         if not level then
-          local tok, ts = load(values[b], now, num, den, full)
-          level = {tok, ts}
+          local tok, ts, held = load(values[b], now, num, den, full)
+          level = {tok, ts, held}
           levels[b] = level
         end
         local tok = level[1] - delta * den
@@ -60,7 +60,7 @@ while a <= #ARGV do
           -- is kept.
           tok = math.max(tok, math.min(level[1], -full))
         end
-        level[1] = math.min(full, tok)
+        level[1] = math.min(full - level[3] * den, tok)
       end
     end
     -- A tombstone, so that a duplicate is recognised.
@@ -84,6 +84,6 @@ while a <= #ARGV do
 end
 for b, level in pairs(levels) do
   local num, den, cap = rates[b][1], rates[b][2], rates[b][3]
-  store(KEYS[b], level[1], level[2], now, num, den, cap * den)
+  store(KEYS[b], level[1], level[2], now, num, den, cap * den, level[3])
 end
 return answers

@@ -9,7 +9,8 @@ use super::connection::Connection;
 use super::keys::{Keys, Rate};
 use crate::budget::memory::bucket::Floor;
 use crate::budget::remote::{
-    Control, Decision, Demand, Grant, PathLimits, RemoteStore, Settle, StoreFuture, StorePath,
+    Control, Decision, Demand, Grant, PathLimits, RemoteStore, Renewal, Settle, StoreFuture,
+    StorePath,
 };
 use crate::cost::Cost;
 use crate::error::StoreUnavailable;
@@ -477,17 +478,23 @@ impl RemoteStore for RedisStore {
             .arg(lease_ms)
             .arg(format!("{:.6}", demand.want))
             // The account is divided anew every half refresh (a lease is three).
-            .arg((lease_ms / 6).max(1));
+            .arg((lease_ms / 6).max(1))
+            .arg(demand.seq);
         for (i, limit) in limits.iter().enumerate() {
             let (increase, _) = adaptive_args(limit);
             let rate = Rate::of(limit);
-            let spent = demand.spent.get(i).copied().unwrap_or(0);
+            let report = demand.reports.get(i).copied().unwrap_or_default();
+            // A debt of one capacity at most, as the store charges anywhere.
+            let cap = i64::try_from(rate.capacity).unwrap_or(i64::MAX);
             call.arg(increase)
                 .arg(limit.period().as_millis().max(1))
                 .arg(rate.num)
                 .arg(rate.den)
                 .arg(rate.capacity)
-                .arg(spent.min(rate.capacity.saturating_mul(2)));
+                .arg(report.keep.clamp(-cap, cap))
+                .arg(report.back.min(rate.capacity))
+                .arg(report.need.min(rate.capacity))
+                .arg(report.ask.min(rate.capacity));
         }
         for (key, weight) in &demand.flows {
             call.arg(format!("{key:x}")).arg(weight);
@@ -562,30 +569,45 @@ fn adaptive_args(limit: &Limit) -> (f64, Option<(f64, f64)>) {
     }
 }
 
-/// Reads the lease script's reply: `{share in millionths, lease ms, hold ms per limit...,
-/// plan in millionths per limit..., level per limit..., spread per flow...}`. A leave answers
-/// `{0, 0}`.
+/// Reads the lease script's reply: `{status, lease ms, part in millionths, hold ms per
+/// limit..., plan in millionths per limit..., granted units per limit..., spread per flow...}`;
+/// `{0, 0, 0}` for a leave, `{-1}` for a stale renewal.
 fn grant(reply: &[i64], limits: usize, flows: usize) -> Result<Grant, StoreUnavailable> {
     let unexpected = || StoreUnavailable::new(format_args!("unexpected reply {reply:?}"));
-    let [share, lease, rest @ ..] = reply else {
-        return Err(unexpected());
-    };
-    if rest.len() != 3 * limits + flows && !(rest.is_empty() && *lease == 0) {
-        return Err(unexpected());
-    }
     let ms = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap_or(0));
     let millionths = |n: i64| (n as f64 / 1e6).clamp(0.0, 1.0);
-    let (hold, rest) = rest.split_at(rest.len().min(limits));
-    let (plans, rest) = rest.split_at(rest.len().min(limits));
-    let (levels, spread) = rest.split_at(rest.len().min(limits));
+    let empty = |renewal| Grant {
+        renewal,
+        part: 0.0,
+        lease: Duration::ZERO,
+        holds: Vec::new(),
+        plans: Vec::new(),
+        granted: Vec::new(),
+        spread: Vec::new(),
+    };
+    let (status, lease, part, rest) = match reply {
+        [-1] => return Ok(empty(Renewal::Stale)),
+        [0, 0, 0] => return Ok(empty(Renewal::Left)),
+        [status @ (1 | 2), lease, part, rest @ ..] if rest.len() == 3 * limits + flows => {
+            (*status, *lease, *part, rest)
+        }
+        _ => return Err(unexpected()),
+    };
+    let (hold, rest) = rest.split_at(limits);
+    let (plans, rest) = rest.split_at(limits);
+    let (granted, spread) = rest.split_at(limits);
     Ok(Grant {
-        share: millionths(*share),
-        lease: ms(*lease),
+        renewal: match status {
+            1 => Renewal::Renewed,
+            _ => Renewal::New,
+        },
+        part: millionths(part),
+        lease: ms(lease),
         holds: hold.iter().map(|&h| ms(h)).collect(),
         plans: plans.iter().map(|&p| millionths(p)).collect(),
-        levels: levels
+        granted: granted
             .iter()
-            .map(|&l| u64::try_from(l).unwrap_or(0))
+            .map(|&g| u64::try_from(g).unwrap_or(0))
             .collect(),
         spread: spread
             .iter()

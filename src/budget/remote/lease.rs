@@ -1,20 +1,26 @@
-//! Leased shares: a process admits from its share of the account, in memory, and renews the
-//! share from the shared store every refresh instead of asking it per admission.
+//! Leases: a process admits from units it was granted, held in memory, and renews its grant
+//! from the shared store every refresh instead of asking it per admission.
 //!
-//! The store divides the account between the processes that lease it, by what each wants and
-//! by the weights of the tenants waiting in each (a tenant waiting in several processes
-//! spreads its weight over them), and never grants more than what the others do not hold:
-//! the shares held add up to one at most, so the processes together admit within the account.
-//! A process holds its share (of every limit's rate and burst) until its lease ends; one that
-//! dies loses it then. Locally the share is the budget's buckets, scaled: priority, fair share
-//! and settlement work in memory as for an in-memory budget; a tenant waiting in several
-//! processes weighs, in each, its weight divided by their number, so that its fleet-wide share
-//! follows its weight.
+//! A grant is a debit: the units leave the account's bucket in the store when they are
+//! granted, and the store counts them as held by the process until it reports them spent or
+//! gives them back, or its lease ends. The bucket refills to its capacity less what leases
+//! hold, so that the fleet never admits more than the account's burst plus its rate over any
+//! window (plus the debts its processes report, real usage beyond estimates). Locally the
+//! grant is the budget's buckets as wallets, which never refill by themselves: priority, fair
+//! share and settlement work in memory as for an in-memory budget.
 //!
-//! The cost: a store call per process per refresh instead of one per admission; a process
-//! whose demand grows waits up to a refresh (and a round trip) for a larger share; a request
-//! larger than this process's share of a burst is admitted once the share is full, into debt
-//! (one request beyond its share of the burst per process, at most).
+//! At each renewal a process tells the store what it keeps (a debt it owes, charged to the
+//! account), gives back what it holds beyond what it expects to spend before the next renewal,
+//! and asks for the cost of its first waiting request whole (in every limit, or nothing) and
+//! for more to spend until the next renewal. The store divides the account's rate between the
+//! processes by demand, tenants' weights and guarantees (a credit per process, in turn by
+//! deficit, so whole units reach every process even when the parts are below a unit).
+//!
+//! Every failure errs toward less: a process that dies, stalls past its lease, or loses a
+//! renewal's reply loses what it held (it stops admitting at its lease's end, measured from
+//! before the renewal was sent, a tenth early); a renewal that reaches the store after a later
+//! one changes nothing (each carries a number). What was lost comes back as the bucket
+//! refills.
 #![cfg_attr(not(feature = "redis"), allow(dead_code, unused_imports))]
 
 use std::sync::{Arc, Weak};
@@ -26,7 +32,7 @@ use crate::budget::Budget;
 use crate::budget::handle::Shared;
 use crate::budget::memory::store::Store;
 use crate::budget::remote::state::LeaseOptions;
-use crate::budget::remote::{Demand, FailurePolicy, Grant, RemoteStore};
+use crate::budget::remote::{Demand, FailurePolicy, Grant, RemoteStore, Renewal, Report};
 use crate::cost::Cost;
 use crate::quota::Limit;
 
@@ -53,8 +59,8 @@ pub(crate) fn wanted(waiting: bool, spent: &Cost, limits: &[Limit], elapsed: Dur
     (fraction * MARGIN).clamp(0.0, 1.0)
 }
 
-/// A grant ends a tenth before the store's record of it, so that a process never uses a share
-/// the store already gave away (the call's own time is counted from before it was sent).
+/// A grant ends a tenth before the store's record of it, so that a process never spends units
+/// the store counts as lost already (the call's own time is counted from before it was sent).
 pub(crate) fn local_end(asked: Instant, lease: Duration) -> Instant {
     asked + lease.mul_f64(0.9)
 }
@@ -65,10 +71,13 @@ impl Budget {
         self.shared.remote.as_ref().is_some_and(|r| !r.leases())
     }
 
-    /// The account's limits, and what this process wants of them now, from what it spent in
-    /// the `elapsed` since the last renewal and the flows waiting.
+    /// The account's limits, and this process's renewal: what it wants of the account now
+    /// (from what it spent in the `elapsed` since the last renewal and the flows waiting), and
+    /// per limit what it keeps, gives back (taken out of its wallets now) and asks for.
     pub(crate) fn lease_demand(&self, elapsed: Duration) -> (Arc<[Limit]>, Demand) {
+        let ns = self.nanos_since_origin(Instant::now());
         let mut state = self.lock();
+        let state = &mut *state;
         let waiting = !state.queue.is_empty();
         let (mut flows, mut guarantors) = (Vec::new(), Vec::new());
         state.queue.waiting_flows(&mut flows, &mut guarantors);
@@ -78,26 +87,47 @@ impl Budget {
             guarantees = tenants.guarantees_of(&guarantors);
         }
         let Some(shared) = state.shared.as_mut() else {
-            return (Arc::from([]), Demand::leave());
+            return (Arc::from([]), Demand::leave(0, Vec::new()));
         };
-        let spent = (shared.lease.as_mut())
-            .map(|l| std::mem::take(&mut l.spent))
-            .unwrap_or_default();
         let limits = shared.limits().clone();
-        let want = wanted(waiting, &spent, &limits, elapsed);
-        let spent = limits.iter().map(|l| spent.amount(l.dimension())).collect();
+        let Some(lease) = shared.lease.as_mut() else {
+            return (limits, Demand::leave(0, Vec::new()));
+        };
+        let spent = std::mem::take(&mut lease.spent);
+        lease.seq += 1;
+        let closed = lease.closed(ns);
+        let refresh = Duration::from_nanos(lease.refresh);
+        let blocked = lease.blocked.filter(|_| waiting);
+        let wallets = state.store.holds_wallets();
+        let reports = (limits.iter())
+            .map(|limit| {
+                let level = match wallets {
+                    true => state.store.level_of(limit, ns),
+                    false => 0,
+                };
+                let spent = spent.amount(limit.dimension());
+                let need = blocked.map(|cost| cost.amount(limit.dimension()));
+                let refreshes = elapsed.as_secs_f64() / refresh.as_secs_f64().max(1e-9);
+                let flags = (waiting, need, closed);
+                let report = Report::of(level, limit.capacity(), spent, refreshes, flags);
+                state.store.withdraw(limit, report.back, ns);
+                report
+            })
+            .collect();
         let demand = Demand {
-            want,
+            seq: lease.seq,
+            want: wanted(waiting, &spent, &limits, elapsed),
             flows,
             guarantees,
-            spent,
+            reports,
         };
         (limits, demand)
     }
 
-    /// Admits from `grant`'s share of every limit until `end`, holds what the provider
-    /// holds, and weighs each flow and guarantee of `demand` by its spread over the
-    /// processes.
+    /// Puts `grant` (answering `demand`) in the wallets, admitting from them until `end`;
+    /// takes over the debts the store charged, holds what the provider holds, and weighs each
+    /// flow and guarantee of `demand` by its spread over the processes. A stale renewal
+    /// changes nothing.
     pub(crate) fn apply_lease(
         &self,
         grant: &Grant,
@@ -105,6 +135,9 @@ impl Budget {
         demand: &Demand,
         end: Instant,
     ) {
+        if matches!(grant.renewal, Renewal::Stale | Renewal::Left) {
+            return;
+        }
         let now = Instant::now();
         let ns = self.nanos_since_origin(now);
         let end = self.nanos_since_origin(end);
@@ -115,66 +148,88 @@ impl Budget {
                     .map(|(key, _)| *key);
                 let mut spread = keys.zip(grant.spread.iter().copied());
                 let flows = spread.by_ref().take(demand.flows.len()).collect::<Vec<_>>();
-                tenants.spread(flows.into_iter(), spread, grant.share);
+                tenants.spread(flows.into_iter(), spread, grant.part);
             }
             let Some(shared) = state.shared.as_mut() else {
                 return false;
             };
-            let joining = shared.lease.as_ref().is_some_and(|l| !l.joined);
             if let Some(lease) = &mut shared.lease {
                 lease.ends = Some(end);
-                lease.joined |= grant.share > 0.0;
+                lease.fallback = false;
             }
-            let mut changed = shared.set_plans(&grant.plans, &mut state.store, ns);
-            changed |= shared.set_share(grant.share, &mut state.store, ns);
-            if joining && grant.share > 0.0 {
-                // What the fleet's buckets hold beyond what the others may hold (their shares
-                // of the burst, at most), rather than nothing: the fleet never holds more
-                // than its buckets.
-                for (limit, &level) in limits.iter().zip(&grant.levels) {
-                    let others = (1.0 - grant.share) * limit.capacity() as f64;
-                    let part = (level as f64 - others).max(0.0).floor() as u64;
-                    state.store.fill_to(limit, part, ns);
-                    changed = true;
-                }
+            shared.to_wallets(&mut state.store);
+            shared.set_plans(&grant.plans, &mut state.store, ns);
+            let granted = grant.granted.iter().copied();
+            for ((limit, report), granted) in limits.iter().zip(&demand.reports).zip(granted) {
+                // The debt it reported is the account's now.
+                let debt = report.keep.min(0).unsigned_abs();
+                state.store.deposit(limit, granted.saturating_add(debt));
             }
             for (limit, hold) in limits.iter().zip(&grant.holds) {
                 if !hold.is_zero() {
                     let until = ns.saturating_add(crate::budget::memory::store::nanos(*hold));
-                    changed |= state.store.pause(limit.dimension(), until, ns, false);
+                    state.store.pause(limit.dimension(), until, ns, false);
                 }
             }
-            changed
+            true
         });
     }
 
     /// The lease ended and its renewals failed: the failure policy's local share applies until
-    /// a renewal.
+    /// a renewal (with [`FailurePolicy::FailClosed`], nothing).
     pub(crate) fn lease_lost(&self, policy: FailurePolicy) {
-        let share = match policy {
-            FailurePolicy::LocalFallback { share } => share,
-            FailurePolicy::FailClosed => 0.0,
+        let FailurePolicy::LocalFallback { share } = policy else {
+            return;
         };
         let ns = self.nanos_since_origin(Instant::now());
         self.update_state(|state| match state.shared.as_mut() {
-            Some(shared) => {
-                // The fallback's share has no end: it lasts until a renewal.
+            Some(shared) if shared.lease.as_ref().is_some_and(|l| !l.fallback) => {
                 if let Some(lease) = &mut shared.lease {
-                    lease.ends = None;
+                    lease.fallback = true;
                 }
                 shared.set_share(share, &mut state.store, ns);
                 true
             }
-            None => false,
+            _ => false,
         });
+    }
+
+    /// What a leasing process reports when it leaves: it keeps nothing (but its debts) and
+    /// gives back what its wallets hold.
+    fn parting(state: &mut crate::budget::handle::State, now: u64) -> Option<Demand> {
+        let shared = state.shared.as_mut()?;
+        let lease = shared.lease.as_mut()?;
+        lease.seq += 1;
+        let wallets = state.store.holds_wallets();
+        let reports = (shared.limits.iter())
+            .map(|limit| {
+                let level = if wallets {
+                    state.store.level_of(limit, now)
+                } else {
+                    0
+                };
+                Report {
+                    keep: level.min(0),
+                    back: u64::try_from(level).unwrap_or(0),
+                    ..Report::default()
+                }
+            })
+            .collect();
+        Some(Demand::leave(lease.seq, reports))
     }
 }
 
 impl Drop for Shared {
-    /// The last handle on a leasing budget is gone: its renewal task wakes to give the share
-    /// back now, rather than letting it lapse at its lease's end.
+    /// The last handle on a leasing budget is gone: its renewal task wakes to give back what
+    /// it holds now, rather than letting it lapse at its lease's end.
     fn drop(&mut self) {
         if let Some(remote) = self.remote.as_ref().filter(|r| r.leases()) {
+            let now = crate::budget::memory::store::nanos(
+                Instant::now().saturating_duration_since(self.origin),
+            );
+            let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+            let parting = Budget::parting(state, now);
+            *remote.parting.lock().unwrap_or_else(|e| e.into_inner()) = parting;
             remote.wants_more.notify_one();
         }
     }
@@ -182,7 +237,7 @@ impl Drop for Shared {
 
 #[cfg(feature = "redis")]
 impl Budget {
-    /// Starts renewing the leased share of a budget that leases one.
+    /// Starts renewing the lease of a budget that leases.
     pub(in crate::budget) fn start_leasing(&self) {
         let Some(remote) = self.shared.remote.as_ref() else {
             return;
@@ -190,22 +245,35 @@ impl Budget {
         let Some(lease) = remote.options.leases else {
             return;
         };
-        let budget = (Arc::downgrade(&self.shared), remote.wants_more.clone());
+        let budget = Leasing {
+            budget: Arc::downgrade(&self.shared),
+            wants_more: remote.wants_more.clone(),
+            parting: remote.parting.clone(),
+        };
         let failing = (remote.options.policy, remote.options.timeout);
         let store = remote.store.clone();
         tokio::spawn(keep_leasing(store, budget, remote.instance, lease, failing));
     }
 }
 
+/// What the renewal task holds of its budget: a weak handle (the task ends with the budget),
+/// its signal for more, and what it gives back when it leaves.
 #[cfg(feature = "redis")]
-/// Renews the budget's leased share every refresh (sooner when requests wait for more) until
-/// the budget is dropped, then gives it back. A renewal that fails leaves the share as it is
-/// until its lease ends; then the failure policy's local share applies. A lease that ends
-/// before it is renewed (this task ran late) admits nothing meanwhile: the admissions check
-/// its end.
+struct Leasing {
+    budget: Weak<Shared>,
+    wants_more: Arc<tokio::sync::Notify>,
+    parting: Arc<std::sync::Mutex<Option<Demand>>>,
+}
+
+#[cfg(feature = "redis")]
+/// Renews the budget's lease every refresh (sooner when requests wait for more) until the
+/// budget is dropped, then gives back what it held. A renewal that fails (or whose reply comes
+/// after `timeout`) grants nothing, and what it gave back is gone; the grant held lasts until
+/// its lease ends, then the failure policy's local share applies. A lease that ends before it
+/// is renewed (this task ran late) admits nothing meanwhile: the admissions check its end.
 async fn keep_leasing(
     store: Arc<dyn RemoteStore>,
-    (budget, wants_more): (Weak<Shared>, Arc<tokio::sync::Notify>),
+    leasing: Leasing,
     process: u64,
     options: LeaseOptions,
     (policy, timeout): (FailurePolicy, Duration),
@@ -215,10 +283,20 @@ async fn keep_leasing(
 
     let mut last = Instant::now();
     let mut ends: Option<Instant> = None;
+    // The last grant fell short of what was asked (the account binds): the next renewal waits
+    // a whole refresh, by which the process's credit has grown, rather than asking sooner.
+    let mut short = false;
     loop {
-        let Some(shared) = budget.upgrade() else {
-            let leave = store.lease(process, options.lease, Arc::from([]), Demand::leave());
-            let _ = tokio::time::timeout(timeout, leave).await;
+        let Some(shared) = leasing.budget.upgrade() else {
+            let parting = leasing
+                .parting
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take();
+            if let Some(parting) = parting {
+                let leave = store.lease(process, options.lease, Arc::from([]), parting);
+                let _ = tokio::time::timeout(timeout, leave).await;
+            }
             return;
         };
         let budget_now = Budget { shared };
@@ -227,25 +305,40 @@ async fn keep_leasing(
         last = asked;
         let call = store.lease(process, options.lease, limits.clone(), demand.clone());
         let answer = tokio::time::timeout(timeout, call).await;
-        let failed = !matches!(answer, Ok(Ok(_)));
-        match answer {
-            Ok(Ok(grant)) => {
+        let failed = match answer {
+            Ok(Ok(grant)) if grant.renewal != Renewal::Stale => {
+                short = (demand.reports.iter().zip(&grant.granted))
+                    .any(|(report, &granted)| granted < report.need + report.ask);
                 let end = local_end(asked, grant.lease);
                 ends = Some(end);
                 budget_now.apply_lease(&grant, &limits, &demand, end);
+                false
             }
-            Ok(Err(error)) => tracing::debug!(%error, "a leased share was not renewed"),
-            Err(_) => tracing::debug!("a leased share was not renewed in time"),
-        }
+            Ok(Ok(_)) => {
+                tracing::debug!("a lease renewal arrived after a later one");
+                true
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "a lease was not renewed");
+                true
+            }
+            Err(_) => {
+                tracing::debug!("a lease was not renewed in time");
+                true
+            }
+        };
         let renewed = ends.is_some_and(|end| Instant::now() < end);
         if !renewed && failed {
             budget_now.lease_lost(policy);
         }
         drop(budget_now);
         // Every refresh; sooner (an eighth of it at least after the last call) when requests
-        // wait for more.
+        // wait for more and the last grant gave all that was asked.
         tokio::time::sleep_until(asked + options.refresh / 8).await;
-        let mut more = std::pin::pin!(wants_more.notified());
+        if short && ends.is_some_and(|end| Instant::now() < end) {
+            tokio::time::sleep_until(asked + options.refresh).await;
+        }
+        let mut more = std::pin::pin!(leasing.wants_more.notified());
         let mut due = std::pin::pin!(tokio::time::sleep_until(asked + options.refresh));
         std::future::poll_fn(|cx| {
             if more.as_mut().poll(cx).is_ready() || due.as_mut().poll(cx).is_ready() {

@@ -93,9 +93,12 @@ pub(crate) enum Control {
     Daily(DailyCap),
 }
 
-/// What a leasing process tells the store.
+/// What a leasing process tells the store at a renewal.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Demand {
+    /// The renewal's number: higher than every earlier renewal of the process, so that the
+    /// store ignores one that arrives after a later one.
+    pub(crate) seq: u64,
     /// The fraction of the account it wants, in `[0, 1]`; negative: it leaves.
     pub(crate) want: f64,
     /// Its flows with requests waiting: each flow's key and weight.
@@ -103,27 +106,44 @@ pub(crate) struct Demand {
     /// Its tenants' guarantees with requests waiting: each guarantee's key and its share of
     /// the account in millionths.
     pub(crate) guarantees: Vec<(u64, u32)>,
-    /// Per account limit, the units it admitted since its last renewal.
-    pub(crate) spent: Vec<u64>,
+    /// Per account limit, its report of what it holds and what it asks for.
+    pub(crate) reports: Vec<Report>,
 }
 
+pub(crate) use crate::budget::fleet::Report;
+
 impl Demand {
-    /// The process stops leasing: its share goes back to the others at once.
-    pub(crate) fn leave() -> Self {
+    /// The process stops leasing, giving back what it holds (`reports`).
+    pub(crate) fn leave(seq: u64, reports: Vec<Report>) -> Self {
         Self {
+            seq,
             want: -1.0,
             flows: Vec::new(),
             guarantees: Vec::new(),
-            spent: Vec::new(),
+            reports,
         }
     }
+}
+
+/// How the store took a renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Renewed.
+    Renewed,
+    /// The store did not know the process (its first renewal, or its lease had ended).
+    New,
+    /// The process left.
+    Left,
+    /// A later renewal of the process was seen first: nothing changed, nothing granted.
+    Stale,
 }
 
 /// What the store granted.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Grant {
-    /// The fraction of every account limit this process may admit, in `[0, 1]`.
-    pub(crate) share: f64,
+    pub(crate) renewal: Renewal,
+    /// This process's part of the account at the last division, in `[0, 1]`.
+    pub(crate) part: f64,
     /// How long the grant lasts, counted from when it was asked.
     pub(crate) lease: Duration,
     /// Per account limit asked about, how long a provider's pause still holds it.
@@ -131,9 +151,8 @@ pub(crate) struct Grant {
     /// Per account limit asked about, the share of its amount the fleet plans for (its
     /// adaptive share, lowered by the provider's 429s; 1 for a fixed share).
     pub(crate) plans: Vec<f64>,
-    /// Per account limit asked about, what the fleet's bucket holds (units), as the processes
-    /// reported their spending.
-    pub(crate) levels: Vec<u64>,
+    /// Per account limit asked about, the units granted: taken from the account's bucket.
+    pub(crate) granted: Vec<u64>,
     /// Per flow told, then per guarantee told, in how many processes it waits (at least 1).
     pub(crate) spread: Vec<u32>,
 }

@@ -96,6 +96,7 @@ impl Budget {
             pause_changes: std::sync::atomic::AtomicU64::new(0),
             pauses_seen: std::sync::Mutex::default(),
             wants_more: Arc::default(),
+            parting: Arc::default(),
         };
         let mut breaker = Breaker::new(options.breaker_threshold, options.breaker_open_for);
         if !reachable {
@@ -111,17 +112,15 @@ impl Budget {
             refused: false,
             lease: options.leases.map(|lease| LeaseState {
                 refresh: crate::budget::memory::store::nanos(lease.refresh),
-                // Nothing before the first grant.
-                empty: true,
                 ..LeaseState::default()
             }),
         };
-        let budget = Self::with_store(
-            quota,
-            MemoryStore::new(&fallback),
-            Some(shared),
-            Some(remote),
-        );
+        // A leasing budget admits from wallets that only grants fill.
+        let store = match options.leases {
+            Some(_) => MemoryStore::wallets(quota),
+            None => MemoryStore::new(&fallback),
+        };
+        let budget = Self::with_store(quota, store, Some(shared), Some(remote));
         let refunded = Refunded(Arc::downgrade(&budget.shared));
         let sending = send_in_background(worker, receiver, options, refunded);
         #[cfg(not(all(test, loom)))]
@@ -291,16 +290,21 @@ impl SharedState {
         self.asking == 0 || (!self.refused && self.asking < self.pipeline)
     }
 
-    /// Admits `share` of every limit locally from now on (a leased share, or the fallback's
-    /// when a lease ends unrenewed); whether it changed. Each bucket keeps its level, clamped
-    /// to its new capacity: a share that shrinks gives back what it held beyond.
+    /// Admits `share` of every limit locally from now on (the fallback's); whether it
+    /// changed. Each bucket keeps its level, clamped to its new capacity. A leasing budget's
+    /// wallets become refilling buckets, empty.
     pub(crate) fn set_share(&mut self, share: f64, store: &mut MemoryStore, now: u64) -> bool {
-        if let Some(lease) = &mut self.lease {
-            // A leased share below one unit of a limit admits nothing (rather than a unit).
-            let below_a_unit = |l: &Limit| (l.capacity() as f64 * share) < 1.0;
-            lease.empty = self.limits.iter().any(below_a_unit);
-        }
         let share = valid_share(share);
+        if store.holds_wallets() {
+            let quota =
+                (self.limits.iter()).fold(Quota::new(), |q, l| q.with_limit(scaled(*l, share)));
+            *store = MemoryStore::new(&quota);
+            for limit in quota.limits() {
+                store.withdraw(limit, limit.capacity(), now);
+            }
+            self.share = share;
+            return true;
+        }
         if share == self.share {
             return false;
         }
@@ -309,6 +313,15 @@ impl SharedState {
             store.set_limit(self.local(*limit), now);
         }
         true
+    }
+
+    /// A leasing budget's wallets again (after the fallback's share): empty, to be filled by
+    /// grants.
+    pub(crate) fn to_wallets(&mut self, store: &mut MemoryStore) {
+        if !store.holds_wallets() {
+            let quota = (self.limits.iter()).fold(Quota::new(), |q, l| q.with_limit(*l));
+            *store = MemoryStore::wallets(&quota);
+        }
     }
 
     /// This process's part of `limit`: its share, and for a leasing process a fixed one (the
@@ -637,18 +650,19 @@ mod tests {
         /// Pauses and lifts as the store saw them; the first `failing_pauses` fail.
         holds: Mutex<Vec<&'static str>>,
         failing_pauses: Mutex<u32>,
-        /// Leases: the share granted at each renewal (after the last, the last again), or
-        /// `None`: the renewal hangs. When asked, and what was wanted.
-        grants: Mutex<VecDeque<Option<f64>>>,
-        renewals: Mutex<Vec<(Instant, f64)>>,
+        /// Leases: the most units granted at each renewal (after the last, the last again;
+        /// a need above it gets nothing), or `None`: the renewal hangs. When asked, and what
+        /// was told.
+        grants: Mutex<VecDeque<Option<u64>>>,
+        renewals: Mutex<Vec<(Instant, super::super::Demand)>>,
     }
 
     impl ScriptedStore {
-        /// Every renewal from now on grants `share` (`None`: hangs).
-        fn renew_with(&self, share: Option<f64>) {
+        /// Every renewal from now on grants `units` at most (`None`: hangs).
+        fn renew_with(&self, units: Option<u64>) {
             let mut grants = self.grants.lock().unwrap();
             grants.clear();
-            grants.push_back(share);
+            grants.push_back(units);
         }
     }
 
@@ -718,7 +732,7 @@ mod tests {
             self.renewals
                 .lock()
                 .unwrap()
-                .push((Instant::now(), demand.want));
+                .push((Instant::now(), demand.clone()));
             let mut grants = self.grants.lock().unwrap();
             let next = if grants.len() > 1 {
                 grants.pop_front().flatten()
@@ -726,13 +740,20 @@ mod tests {
                 grants.front().copied().flatten()
             };
             match next {
-                Some(share) => {
+                Some(most) => {
+                    let granted = (demand.reports.iter())
+                        .map(|r| match r.need <= most {
+                            true => (r.need + r.ask).min(most),
+                            false => 0,
+                        })
+                        .collect();
                     let grant = super::super::Grant {
-                        share,
+                        renewal: super::super::Renewal::Renewed,
+                        part: 1.0,
                         lease,
                         holds: vec![Duration::ZERO; limits.len()],
                         plans: vec![1.0; limits.len()],
-                        levels: vec![0; limits.len()],
+                        granted,
                         spread: vec![1; demand.flows.len() + demand.guarantees.len()],
                     };
                     Box::pin(async move { Ok(grant) })
@@ -766,7 +787,7 @@ mod tests {
     fn leasing(
         store: &Arc<ScriptedStore>,
         policy: FailurePolicy,
-        grants: &[Option<f64>],
+        grants: &[Option<u64>],
     ) -> Budget {
         store.grants.lock().unwrap().extend(grants.iter().copied());
         let limit = Limit::per_second(Dimension::TotalTokens, NonZeroU64::new(1_000).unwrap())
@@ -790,48 +811,56 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_leased_share_admits_in_memory_and_is_renewed_every_refresh() {
+    async fn a_grant_admits_in_memory_and_what_is_not_spent_goes_back() {
         let store = Arc::new(ScriptedStore::default());
-        let budget = leasing(&store, FailurePolicy::FailClosed, &[Some(0.5)]);
+        let budget = leasing(&store, FailurePolicy::FailClosed, &[Some(1_000)]);
         let start = Instant::now();
-        // The first grant comes at once; its bucket refills from there: half the account's
-        // rate (500 a second), and half its burst at most.
+        // The first grant comes at once: the request's cost, and the whole burst while
+        // requests wait.
         budget
             .reserve(Cost::new(10, 0))
             .await
             .unwrap()
             .charge_estimate();
-        let first = start.elapsed();
-        assert!(first <= 100 * MS, "{first:?}");
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let waited = Instant::now();
-        budget
-            .reserve(Cost::new(500, 0))
-            .await
-            .unwrap()
-            .charge_estimate();
-        assert_eq!(waited.elapsed(), Duration::ZERO, "a full half burst");
-        budget
-            .reserve(Cost::new(100, 0))
-            .await
-            .unwrap()
-            .charge_estimate();
-        assert_eq!(waited.elapsed(), 200 * MS, "100 at 500 a second");
+        assert!(start.elapsed() <= 100 * MS, "{:?}", start.elapsed());
+        for _ in 0..20 {
+            budget
+                .reserve(Cost::new(10, 0))
+                .await
+                .unwrap()
+                .charge_estimate();
+        }
         assert_eq!(
             store.asked.lock().unwrap().len(),
             0,
             "no question per admission"
         );
+        tokio::time::sleep(Duration::from_secs(2)).await;
         let renewals = store.renewals.lock().unwrap();
-        // Every 100 ms over 2.2 s (the first at once).
-        assert!((22..=24).contains(&renewals.len()), "{}", renewals.len());
-        assert_eq!(renewals.last().unwrap().1, 1.0, "waiting: it wants all");
+        // Every 100 ms over 2 s (the first at once, and one sooner for the first request).
+        assert!((20..=23).contains(&renewals.len()), "{}", renewals.len());
+        assert!(
+            renewals.windows(2).all(|w| w[1].1.seq > w[0].1.seq),
+            "numbered"
+        );
+        let first = &renewals[0].1.reports[0];
+        assert_eq!(
+            (first.need, first.keep),
+            (10, 0),
+            "the request's cost whole"
+        );
+        // Idle, it gives back what it holds and asks for nothing.
+        let idle = renewals.iter().map(|(_, d)| d.reports[0]).skip(3);
+        assert!(idle.clone().any(|r| r.back > 0), "gives back");
+        let last = renewals.last().unwrap().1.reports[0];
+        assert_eq!((last.keep, last.need, last.ask), (0, 0, 0), "{last:?}");
+        assert_eq!(renewals.last().unwrap().1.want, 0.0);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_grant_renewed_late_admits_nothing_past_its_end() {
         let store = Arc::new(ScriptedStore::default());
-        let budget = leasing(&store, FailurePolicy::FailClosed, &[Some(1.0)]);
+        let budget = leasing(&store, FailurePolicy::FailClosed, &[Some(1_000)]);
         tokio::time::sleep(10 * MS).await;
         budget
             .reserve(Cost::new(1, 0))
@@ -839,13 +868,13 @@ mod tests {
             .unwrap()
             .charge_estimate();
         // The renewals hang from now: the grant ends 270 ms after it was asked, and the
-        // failure policy (closed) then admits nothing.
+        // failure policy (closed) then admits nothing, whatever the wallets hold.
         store.renew_with(None);
         tokio::time::sleep(300 * MS).await;
         let late = tokio::time::timeout(Duration::from_secs(2), budget.reserve(Cost::new(1, 0)));
         assert!(late.await.is_err(), "nothing admitted past the grant's end");
-        // Renewals answer again: admitted at the next.
-        store.renew_with(Some(1.0));
+        // Renewals answer again: admitted at the next, which reported nothing kept.
+        store.renew_with(Some(1_000));
         let start = Instant::now();
         budget
             .reserve(Cost::new(1, 0))
@@ -853,43 +882,68 @@ mod tests {
             .unwrap()
             .charge_estimate();
         assert!(start.elapsed() <= 150 * MS, "{:?}", start.elapsed());
+        let renewals = store.renewals.lock().unwrap();
+        let resumed = renewals.iter().rev().find(|(_, d)| d.reports[0].need == 1);
+        assert_eq!(
+            resumed.unwrap().1.reports[0].keep,
+            0,
+            "a closed lease keeps nothing"
+        );
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_leased_share_refuses_a_cost_above_the_account_and_takes_one_above_its_burst() {
+    async fn a_request_waits_for_a_grant_that_covers_it_whole() {
         let store = Arc::new(ScriptedStore::default());
-        let budget = leasing(&store, FailurePolicy::FailClosed, &[Some(0.25)]);
+        let budget = leasing(&store, FailurePolicy::FailClosed, &[Some(250)]);
         let error = budget.reserve(Cost::new(1_001, 0)).await.unwrap_err();
         assert!(
             matches!(error, crate::error::ReserveError::TooLarge(_)),
             "{error}"
         );
-        // 600 of a quarter share (250 at once): admitted once the share is full, into debt
-        // (-350), which a quarter of the rate repays: the next 250 after 2.4 s.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // 600 where the store grants 250 at most: nothing into debt, nothing granted in part.
+        let large = tokio::time::timeout(Duration::from_secs(2), budget.reserve(Cost::new(600, 0)));
+        assert!(large.await.is_err(), "never admitted beyond its grant");
+        let needs = store.renewals.lock().unwrap().last().unwrap().1.reports[0];
+        assert_eq!(needs.need, 600, "asks for its cost whole");
+        store.renew_with(Some(1_000));
         let start = Instant::now();
         budget
             .reserve(Cost::new(600, 0))
             .await
             .unwrap()
             .charge_estimate();
-        assert_eq!(start.elapsed(), Duration::ZERO);
-        budget
-            .reserve(Cost::new(250, 0))
-            .await
-            .unwrap()
-            .charge_estimate();
-        assert_eq!(start.elapsed(), 2_400 * MS);
+        assert!(start.elapsed() <= 150 * MS, "{:?}", start.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_overrun_is_reported_as_a_debt_and_handed_to_the_store() {
+        let store = Arc::new(ScriptedStore::default());
+        let budget = leasing(&store, FailurePolicy::FailClosed, &[Some(100)]);
+        let mut reservation = budget.reserve(Cost::new(100, 0)).await.unwrap();
+        reservation.mark_sent();
+        reservation.settle_cost(Cost::new(400, 0));
+        // The wallet owes 300 (it held 100 and spent 400): the next renewal reports it, and
+        // the wallet is clear of it once the store took it.
+        tokio::time::sleep(250 * MS).await;
+        let renewals = store.renewals.lock().unwrap();
+        let debts: Vec<i64> = renewals.iter().map(|(_, d)| d.reports[0].keep).collect();
+        assert!(debts.contains(&-300), "{debts:?}");
+        assert_eq!(
+            debts.iter().filter(|&&k| k < 0).count(),
+            1,
+            "once: {debts:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn renewals_failing_past_the_grant_fall_back_on_the_policy_s_share() {
         let store = Arc::new(ScriptedStore::default());
-        let budget = leasing(&store, FailurePolicy::local_share_of(4), &[Some(1.0)]);
+        let budget = leasing(&store, FailurePolicy::local_share_of(4), &[Some(1_000)]);
         tokio::time::sleep(10 * MS).await;
         store.renew_with(None);
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        // A quarter of the burst at once, the rest at a quarter of the rate.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // A quarter of the burst at once (the fallback starts empty and fills), the rest at a
+        // quarter of the rate.
         let start = Instant::now();
         budget
             .reserve(Cost::new(250, 0))

@@ -53,15 +53,17 @@ pub(crate) struct Remote {
     pub(crate) pause_changes: std::sync::atomic::AtomicU64,
     /// The store's pauses at its last reading.
     pub(crate) pauses_seen: std::sync::Mutex<Vec<crate::tenant::Tenant>>,
-    /// Woken when requests wait for a larger leased share: it is renewed sooner.
+    /// Woken when requests wait for a grant: the lease is renewed sooner.
     pub(crate) wants_more: Arc<tokio::sync::Notify>,
+    /// A leasing budget's last report, made as its last handle goes: what it gives back.
+    pub(crate) parting: Arc<std::sync::Mutex<Option<super::Demand>>>,
 }
 
 impl LeaseState {
-    /// Whether nothing may be admitted at `now`: the share is empty, or the grant ended
-    /// unrenewed (this process's renewal is late).
+    /// Whether nothing may be admitted at `now`: no grant yet, or the grant ended unrenewed
+    /// (this process's renewal is late). The failure policy's local share is never closed.
     pub(crate) fn closed(&self, now: u64) -> bool {
-        self.empty || self.ends.is_some_and(|end| now >= end)
+        !self.fallback && self.ends.is_none_or(|end| now >= end)
     }
 }
 
@@ -92,19 +94,25 @@ pub(crate) struct SharedState {
     pub(crate) lease: Option<LeaseState>,
 }
 
-/// A leasing budget's account of its share.
+/// A leasing budget's account of its lease. What it holds is its buckets, as wallets (see
+/// [`lease`](super::lease)).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct LeaseState {
+    /// What was admitted since the last renewal.
     pub(crate) spent: crate::cost::Cost,
-    /// `Some` while a grant holds (admissions stop at its end), `None` before the first
-    /// grant and on the failure policy's share.
+    /// When the grant ends (nanoseconds on the budget's clock): admissions stop then. `None`
+    /// before the first grant.
     pub(crate) ends: Option<u64>,
-    /// The share is below one unit of a limit: nothing is admitted.
-    pub(crate) empty: bool,
-    /// A share was granted once: the buckets were filled from the fleet's then.
-    pub(crate) joined: bool,
-    /// The renewal period (nanoseconds): how long a request too large for the share waits
-    /// before it looks again.
+    /// The lease ended with its renewals failing: the failure policy's local share admits
+    /// (refilling buckets, not wallets) until a renewal.
+    pub(crate) fallback: bool,
+    /// The cost of the first waiting request, while what the wallets hold does not cover it:
+    /// the next renewal asks for it whole.
+    pub(crate) blocked: Option<crate::cost::Cost>,
+    /// The number of the last renewal.
+    pub(crate) seq: u64,
+    /// The renewal period (nanoseconds): how long a request waiting for a grant waits before
+    /// it looks again (a grant wakes it sooner).
     pub(crate) refresh: u64,
 }
 
