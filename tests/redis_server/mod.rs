@@ -33,6 +33,23 @@ impl RedisServer {
         Self::start_with(free_port(), Vec::new())
     }
 
+    /// Starts a server that writes every change to an append-only file before it answers
+    /// (`appendfsync always`, in a directory of its own): a restart finds everything it
+    /// acknowledged, as a quota store in production keeps it.
+    #[allow(dead_code)] // Only the churn test restarts a persistent server.
+    pub(crate) fn start_persistent() -> Self {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("tower-llm-quota-redis-{port}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a directory for the append-only file");
+        let options = ["--appendonly", "yes", "--appendfsync", "always", "--dir"]
+            .into_iter()
+            .map(String::from)
+            .chain([dir.display().to_string()])
+            .collect();
+        Self::start_with(port, options)
+    }
+
     /// Starts a server on `port` with more `options` (`--name value` pairs), kept for its
     /// restarts.
     pub(crate) fn start_with(port: u16, options: Vec<String>) -> Self {
@@ -87,13 +104,13 @@ impl RedisServer {
         }
     }
 
-    /// Starts the server again on the same port (empty: nothing was saved).
+    /// Starts the server again on the same port (empty unless it keeps an append-only file).
     pub(crate) fn restart(&mut self) {
         self.kill();
         let mut child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(&self.options)
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args(&self.options)
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

@@ -97,7 +97,11 @@ impl Budget {
         lease.seq += 1;
         let closed = lease.closed(ns);
         let refresh = Duration::from_nanos(lease.refresh);
-        let blocked = lease.blocked.filter(|_| waiting);
+        // A request waiting keeps asking; one that only tried (`try_reserve`) asks once.
+        let blocked = match waiting {
+            true => lease.blocked,
+            false => lease.blocked.take(),
+        };
         let wallets = state.store.holds_wallets();
         let reports = (limits.iter())
             .map(|limit| {
