@@ -383,6 +383,76 @@ async fn pause_and_resume_everywhere(budgets: &[Budget]) {
     println!("resumed everywhere within {:?}", started.elapsed());
 }
 
+/// A pause made through one process and lifted through another before the first read the
+/// store again: the process that paused admits again within a reading (half a second), in
+/// both modes, and its snapshot no longer shows the pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_through_another_process_reaches_the_one_that_paused() {
+    for leased in [false, true] {
+        let server = RedisServer::start();
+        let mut budgets = Vec::new();
+        for _ in 0..2 {
+            let mut builder =
+                RedisBudget::new(server.url(), "resumed").timeout(Duration::from_millis(500));
+            if leased {
+                builder = builder.leased_shares(Duration::from_millis(50));
+            }
+            let budget = builder
+                .connect(&pause_quota())
+                .await
+                .unwrap()
+                .with_tenant_tree(TenantTree::new())
+                .unwrap();
+            budgets.push(budget);
+        }
+        let acme: Tenant = "acme".parse().unwrap();
+        budgets[0].tenants().unwrap().pause(&acme);
+        // The pause reached the store: the other process refuses too (per admission at once;
+        // leased, at its next reading).
+        let refused = || async {
+            let reserve = budgets[1]
+                .reserve(Cost::requests_only(1))
+                .tenant(acme.clone());
+            reserve.await.is_err()
+        };
+        let started = Instant::now();
+        while !refused().await {
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "the pause never arrived"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        budgets[1].tenants().unwrap().resume(&acme);
+        let resumed = Instant::now();
+        loop {
+            match budgets[0]
+                .reserve(Cost::requests_only(1))
+                .tenant(acme.clone())
+                .await
+            {
+                Ok(reservation) => {
+                    reservation.refund();
+                    break;
+                }
+                Err(error) => {
+                    // Half a second between readings, and a round trip.
+                    assert!(
+                        resumed.elapsed() < Duration::from_millis(1_000),
+                        "leased {leased}: still refused after the resume: {error}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }
+        assert!(!budgets[0].tenants().unwrap().snapshot(&acme).is_paused());
+        println!(
+            "leased {leased}: resumed on the first within {:?}",
+            resumed.elapsed()
+        );
+    }
+}
+
 /// A tenant's limit holds over every account it uses, across processes, when the accounts
 /// share a tenant plane: two accounts' budgets (as two processes would hold them, each with
 /// its own tree) and a tenant of 20 requests a minute: 20 in all, 10 through each account,

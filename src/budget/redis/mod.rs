@@ -86,7 +86,7 @@
 //! process; a node's [cap on calls in flight](crate::tenant::TenantNode::with_max_in_flight)
 //! is a set of slots in Redis, one per call, given back when the call settles. A slot counts
 //! only while the lease its process held when taking it lasts (renewed by a heartbeat every
-//! second), so the slots of a process that dies come back within the
+//! half second), so the slots of a process that dies come back within the
 //! [slot lease](RedisBudget::slot_lease) (5 s by default), and those of a process cut off
 //! for longer stay given back when it returns; a request that finds every slot held by live processes waits out of its
 //! process's ordering, asking again about every 100 ms, within the node's `max_wait`. With
@@ -141,6 +141,10 @@ use store::RedisStore;
 
 /// How long a process's slots outlive its last heartbeat, by default.
 const DEFAULT_SLOT_LEASE: Duration = Duration::from_secs(5);
+/// How often a process reads the pauses the store keeps (and renews its slots), at most: a
+/// pause or a resume made through any process holds on every process within it (and a round
+/// trip).
+const PAUSE_READING: Duration = Duration::from_millis(500);
 
 /// Builds a [`Budget`] kept in Redis; see the [module documentation](self).
 #[derive(Debug, Clone)]
@@ -327,7 +331,8 @@ impl RedisBudget {
     /// How long a process's slots on tenant nodes' caps on calls in flight outlive its last
     /// heartbeat (default 5 s). Such a cap holds for every process: each call in flight
     /// holds a slot in Redis, given back when it settles, and counted only while its process
-    /// renews its lease on its slots (every second, or every third of `lease` if shorter):
+    /// renews its lease on its slots (every half second, or every third of `lease` if
+    /// shorter):
     /// the slots of a process that dies come back within `lease`. A process cut off from
     /// Redis for longer loses its slots too, so its calls then in flight stop counting. A
     /// `lease` of zero counts as 3 ms.
@@ -383,7 +388,7 @@ impl RedisBudget {
             breaker_open_for: self.breaker_open_for,
             pipeline: self.pipeline,
             leases: self.leases,
-            heartbeat: (self.slot_lease / 3).min(Duration::from_secs(1)),
+            heartbeat: (self.slot_lease / 3).min(PAUSE_READING),
         };
         // Named after its quota key unless the quota has a name (the depth gauge's label).
         let named;

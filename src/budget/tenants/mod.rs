@@ -79,6 +79,14 @@ impl Budget {
         // not undo it.
         if let Some(remote) = &self.shared.remote {
             remote.set_paused(scope.clone(), paused);
+            // What the store will hold once the change lands: a later reading that finds the
+            // pause gone (resumed by another process) resumes it here too.
+            let mut seen =
+                (remote.pauses_seen.lock()).unwrap_or_else(std::sync::PoisonError::into_inner);
+            seen.retain(|path| path != scope);
+            if paused {
+                seen.push(scope.clone());
+            }
         }
         let State { tenants, queue, .. } = &mut *state;
         let Some(tenants) = tenants else { return };
