@@ -453,6 +453,75 @@ async fn a_resume_through_another_process_reaches_the_one_that_paused() {
     }
 }
 
+/// A tenant's day is counted over every process, and every process's snapshot shows the
+/// fleet's day (not what it spent itself) within a reading, in both modes (a leasing budget
+/// asks the store for a tenant with a daily cap).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_process_shows_the_fleet_s_day() {
+    use std::num::NonZeroU64;
+    use tower_llm_quota::tenant::{DailyCap, DayWindow};
+    for leased in [false, true] {
+        let server = RedisServer::start();
+        let tree = || {
+            TenantTree::new().with_node(
+                "globex".parse().unwrap(),
+                TenantNode::new().with_daily_cap(DailyCap::new(
+                    Dimension::TotalTokens,
+                    NonZeroU64::new(5_000).unwrap(),
+                    DayWindow::CalendarUtc,
+                )),
+            )
+        };
+        let quota = Quota::new().with_limit(limit(
+            Dimension::TotalTokens,
+            1_000_000,
+            Duration::from_secs(60),
+            1_000_000,
+        ));
+        let mut budgets = Vec::new();
+        for _ in 0..2 {
+            let mut builder =
+                RedisBudget::new(server.url(), "days").timeout(Duration::from_millis(500));
+            if leased {
+                builder = builder.leased_shares(Duration::from_millis(50));
+            }
+            budgets.push(
+                builder
+                    .connect(&quota)
+                    .await
+                    .unwrap()
+                    .with_tenant_tree(tree())
+                    .unwrap(),
+            );
+        }
+        let globex: Tenant = "globex".parse().unwrap();
+        for (budget, tokens) in budgets.iter().zip([1_000, 100]) {
+            let mut reservation = budget
+                .reserve(Cost::new(tokens, 0))
+                .tenant(globex.clone())
+                .await
+                .unwrap();
+            reservation.mark_sent();
+            reservation.charge_estimate();
+        }
+        let used = |budget: &Budget| budget.tenants().unwrap().snapshot(&globex).used_today()[0].1;
+        let started = Instant::now();
+        while budgets.iter().any(|b| used(b) != 1_100) {
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "leased {leased}: {} and {} of 1,100",
+                used(&budgets[0]),
+                used(&budgets[1])
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        println!(
+            "leased {leased}: both show 1,100 within {:?}",
+            started.elapsed()
+        );
+    }
+}
+
 /// A tenant's limit holds over every account it uses, across processes, when the accounts
 /// share a tenant plane: two accounts' budgets (as two processes would hold them, each with
 /// its own tree) and a tenant of 20 requests a minute: 20 in all, 10 through each account,

@@ -192,9 +192,10 @@ pub(crate) struct ServerConfig {
     /// The largest request head (request line and headers) accepted (431 above).
     #[serde(default = "default_max_header")]
     pub(crate) max_header_bytes: usize,
-    /// With a shared store: each replica admits from a share of every account leased from
-    /// it and renewed every this many milliseconds, rather than asking it per admission.
-    pub(crate) lease_refresh_ms: Option<u64>,
+    /// With a shared store: each replica admits from what it leased of every account,
+    /// renewed every this many milliseconds (100 by default); 0 asks the store per admission.
+    #[serde(default = "default_lease_refresh")]
+    pub(crate) lease_refresh_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -210,7 +211,7 @@ impl Default for ServerConfig {
             idle_timeout_seconds: default_idle_timeout(),
             max_connections: None,
             max_header_bytes: default_max_header(),
-            lease_refresh_ms: None,
+            lease_refresh_ms: default_lease_refresh(),
         }
     }
 }
@@ -245,6 +246,11 @@ fn default_body_timeout() -> f64 {
 
 fn default_idle_timeout() -> f64 {
     60.0
+}
+
+/// Leases renewed every 100 ms: a store call per replica and account ten times a second.
+fn default_lease_refresh() -> u64 {
+    100
 }
 
 fn default_max_header() -> usize {
@@ -589,13 +595,11 @@ impl Config {
                 self.server.max_header_bytes
             )));
         }
-        if let Some(ms) = self
-            .server
-            .lease_refresh_ms
-            .filter(|ms| !(1..=60_000).contains(ms))
-        {
+        let ms = self.server.lease_refresh_ms;
+        if ms > 60_000 {
             return Err(ConfigError(format!(
-                "server.lease_refresh_ms must be from 1 to 60000, not {ms}"
+                "server.lease_refresh_ms must be from 0 (a store call per admission) to 60000, \
+                 not {ms}"
             )));
         }
         for account in &self.accounts {

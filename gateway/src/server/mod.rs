@@ -93,7 +93,9 @@ impl Gateway {
         for account in &config.accounts {
             // Every account serves one tenant state: a tenant's limits hold over all of them.
             let before = accounts.first().map(Account::budget);
-            let lease = config.server.lease_refresh_ms.map(Duration::from_millis);
+            let lease = Some(config.server.lease_refresh_ms)
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis);
             let shared = (redis_url, config.server.fail_closed, lease);
             let account = Account::new(account, (&tree, before), shared).await?;
             if let Some(handle) = account.tenants() {

@@ -58,6 +58,9 @@ impl Budget {
         let now = Instant::now();
         let ns = self.nanos_since_origin(now);
         let mut state = self.lock();
+        if self.kept_in_store(&state, tenant) {
+            return Err(asks_its_store());
+        }
         // A budget with tenants admits it for its tenant, else the default one; a scope that
         // refuses it (paused, over its daily cap) says so whoever waits.
         let path = state.tenants.as_ref().map(|t| t.path_of(tenant));
@@ -150,7 +153,7 @@ impl Budget {
         }
         let ns = self.nanos_since_origin(now);
         let mut state = self.lock();
-        if !state.queue.is_empty() {
+        if !state.queue.is_empty() || self.kept_in_store(&state, ask.tenant.as_ref()) {
             return None;
         }
         let (path, check) = match &mut state.tenants {
@@ -178,6 +181,18 @@ impl Budget {
 }
 
 /// What `try_reserve` answers for a shared budget: it admits through `reserve`.
+impl Budget {
+    /// Whether a leasing budget asks its store for a request of `tenant`: its path has
+    /// limits or controls kept there (see `Pass::kept_in_store`).
+    pub(super) fn kept_in_store(&self, state: &State, tenant: Option<&Tenant>) -> bool {
+        if state.tenants.is_none() || !self.leases() {
+            return false;
+        }
+        let path = state.path_limits(tenant);
+        !path.limits.is_empty() || !path.controls.is_empty()
+    }
+}
+
 fn asks_its_store() -> TryReserveError {
     TryReserveError::Unavailable(StoreUnavailable::new(
         "a shared budget admits through `reserve`, which asks the shared store",

@@ -248,7 +248,8 @@ impl<'a> Pass<'a> {
     /// 4. The ways the request is paid for ([`ways`]): every one, or none. A shared budget
     ///    whose store answers asks it; out of its reach, the local fallback share pays.
     fn pay(&mut self, waiting: &mut Waiting, path: Option<Check>) -> Step {
-        let ask_store = self.budget.asks_per_admission() && !waiting.local;
+        let ask_store =
+            !waiting.local && (self.budget.asks_per_admission() || self.kept_in_store(waiting));
         let unpaid = match self.pay_every_way(waiting, path.as_ref(), ask_store) {
             Err(Unpaid::Store) => match self.ask_store(waiting) {
                 Break(step) => return step,
@@ -268,6 +269,14 @@ impl<'a> Pass<'a> {
             }
             Err(unpaid) => self.unpaid(waiting, unpaid, path),
         }
+    }
+
+    /// A leasing budget asks the store per admission for a request whose tenant path has
+    /// limits or controls (daily caps, caps on calls in flight) kept there: so they hold over
+    /// every process. The account's bucket pays it, beside what the leases hold of it.
+    fn kept_in_store(&self, waiting: &Waiting) -> bool {
+        self.budget
+            .kept_in_store(&self.state, waiting.ask.tenant.as_ref())
     }
 
     /// Pays `waiting` every way, asking the shared store or not.

@@ -16,7 +16,7 @@ use crate::cost::Cost;
 use crate::error::StoreUnavailable;
 use crate::priority::Priority;
 use crate::quota::Limit;
-use crate::tenant::{DayWindow, Tenant};
+use crate::tenant::{DailyCap, DayWindow, Tenant};
 
 /// How long a settled reservation's tombstone lives, at least and at most: settlements are
 /// retried within a few seconds, so a duplicate arrives well within it.
@@ -38,6 +38,7 @@ struct Scripts {
     lower: Script,
     lease: Script,
     heartbeat: Script,
+    days: Script,
 }
 
 impl Scripts {
@@ -65,6 +66,11 @@ impl Scripts {
                 include_str!("bucket.lua"),
                 include_str!("controls.lua"),
                 include_str!("heartbeat.lua")
+            )),
+            days: Script::new(concat!(
+                include_str!("bucket.lua"),
+                include_str!("controls.lua"),
+                include_str!("days.lua")
             )),
         }
     }
@@ -507,6 +513,28 @@ impl RemoteStore for RedisStore {
         Box::pin(async move {
             let reply: Vec<i64> = call.run(&scripts.lease, &mut connection).await?;
             grant(&reply, count, flows)
+        })
+    }
+
+    fn days(&self, caps: Vec<(Tenant, DailyCap)>) -> StoreFuture<Option<Vec<u64>>> {
+        let mut call = Call::new();
+        call.arg("");
+        for (node, cap) in &caps {
+            let (key, _, field) = self.control(node, &Control::Daily(*cap), "");
+            call.keys.push(key);
+            call.arg(field);
+        }
+        let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
+        Box::pin(async move {
+            if caps.is_empty() {
+                return Ok(Some(Vec::new()));
+            }
+            let used: Vec<i64> = call.run(&scripts.days, &mut connection).await?;
+            Ok(Some(
+                used.into_iter()
+                    .map(|u| u64::try_from(u).unwrap_or(0))
+                    .collect(),
+            ))
         })
     }
 

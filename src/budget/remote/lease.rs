@@ -66,6 +66,11 @@ pub(crate) fn local_end(asked: Instant, lease: Duration) -> Instant {
 }
 
 impl Budget {
+    /// Whether the budget leases from a shared store.
+    pub(in crate::budget) fn leases(&self) -> bool {
+        self.shared.remote.as_ref().is_some_and(|r| r.leases())
+    }
+
     /// Whether an admission asks the shared store (a shared budget that does not lease).
     pub(in crate::budget) fn asks_per_admission(&self) -> bool {
         self.shared.remote.as_ref().is_some_and(|r| !r.leases())

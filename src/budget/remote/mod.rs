@@ -207,6 +207,13 @@ pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
     /// Ends the holds of `limits` now, for every process.
     fn lift(&self, limits: Vec<Limit>) -> StoreFuture<()>;
 
+    /// What each of `caps` (a tenant node's daily cap) has used in its current day, as the
+    /// store counts it for every process; `None` for a store that keeps no days.
+    fn days(&self, caps: Vec<(Tenant, DailyCap)>) -> StoreFuture<Option<Vec<u64>>> {
+        let _ = caps;
+        Box::pin(async { Ok(None) })
+    }
+
     /// Renews `process`'s lease on the in-flight slots it holds ([`Control::InFlight`]):
     /// a process that stops renewing (it died) loses them when its lease ends. A store that
     /// keeps no slots does nothing.

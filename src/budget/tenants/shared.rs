@@ -19,7 +19,7 @@ use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::Limit;
 use crate::sched::Flow;
-use crate::tenant::Tenant;
+use crate::tenant::{DailyCap, Tenant};
 use crate::tenant::{Refusal, TenantRefused};
 use crate::tenant::{TenantNode, TenantTree};
 
@@ -198,6 +198,16 @@ impl Tenants {
         wakers: &mut Vec<Waker>,
     ) {
         self.lock().set_node(path, config, self.there(now), wakers);
+    }
+
+    /// The daily caps a store may count for every process (see `TenantState::daily_caps`).
+    pub(crate) fn daily_caps(&self) -> Vec<(Tenant, DailyCap)> {
+        self.lock().daily_caps(&self.account)
+    }
+
+    /// What the store counts of `caps` for every process.
+    pub(crate) fn set_fleet_days(&self, caps: Vec<(Tenant, DailyCap)>, used: &[u64]) {
+        self.lock().set_fleet_days(caps, used);
     }
 
     pub(crate) fn shared_path(&self, path: &Tenant) -> PathLimits {

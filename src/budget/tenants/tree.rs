@@ -68,6 +68,9 @@ pub(crate) struct TenantState {
     /// For a leasing budget, each guarantee's share of the account (millionths), by its key,
     /// as flows named it.
     guarantees: HashMap<u64, u32>,
+    /// For a budget shared through a store, what each node's daily caps have used over every
+    /// process, as the store last told (a node's view shows the larger of it and its own).
+    fleet_days: HashMap<Tenant, Vec<(DailyCap, u64)>>,
 }
 
 /// A leasing budget's fleet, as its last renewal told it. A flow weighs its weight divided by
@@ -99,6 +102,28 @@ impl TenantState {
             next_ticket: 0,
             fleet: None,
             guarantees: HashMap::new(),
+            fleet_days: HashMap::new(),
+        }
+    }
+
+    /// The daily caps a store may count for every process: those of the nodes configured by
+    /// path and of the live nodes, for `account`.
+    pub(crate) fn daily_caps(&self, account: &str) -> Vec<(Tenant, DailyCap)> {
+        let configured = (self.tree.nodes.iter())
+            .filter(|(path, _)| self.applies(path.as_str(), account))
+            .flat_map(|(path, node)| node.daily.iter().map(|cap| (path.clone(), *cap)));
+        let live = (self.live.iter())
+            .filter(|(path, _)| !self.tree.nodes.contains_key(*path))
+            .filter(|(path, _)| self.applies(path.as_str(), account))
+            .flat_map(|(path, node)| node.days.iter().map(|day| (path.clone(), day.cap)));
+        configured.chain(live).collect()
+    }
+
+    /// What the store counts of `caps` for every process (`used`, in the same order).
+    pub(crate) fn set_fleet_days(&mut self, caps: Vec<(Tenant, DailyCap)>, used: &[u64]) {
+        self.fleet_days.clear();
+        for ((path, cap), &used) in caps.into_iter().zip(used) {
+            self.fleet_days.entry(path).or_default().push((cap, used));
         }
     }
 
@@ -536,7 +561,12 @@ impl TenantState {
             today: node
                 .days
                 .iter_mut()
-                .map(|day| (day.cap, day.used(unix)))
+                .map(|day| {
+                    let fleet = (self.fleet_days.get(path).into_iter().flatten())
+                        .find(|(cap, _)| *cap == day.cap)
+                        .map_or(0, |(_, used)| *used);
+                    (day.cap, day.used(unix).max(fleet))
+                })
                 .collect(),
         }
     }
