@@ -512,7 +512,7 @@ mod script_against_the_model {
                         match answer {
                             Answer::Stale => prop_assert_eq!(reply, vec![-1], "step {}", step),
                             Answer::Left => prop_assert!(false, "a renewal answered as a leave"),
-                            Answer::Granted { known, part, granted, spread } => {
+                            Answer::Granted { known, part, granted, ready, spread } => {
                                 wrote = true;
                                 // Parts are sums of floating-point fractions, added in another
                                 // order: a millionth apart at most.
@@ -523,7 +523,7 @@ mod script_against_the_model {
                                 );
                                 let mut expected = vec![if known { 1 } else { 2 }, LEASE_MS, part as i64];
                                 // No hold, the whole amount planned, the units granted.
-                                expected.extend([0, 1_000_000, granted as i64]);
+                                expected.extend([0, 1_000_000, granted as i64, ready as i64]);
                                 expected.extend(spread.into_iter().map(i64::from));
                                 prop_assert_eq!(reply, expected, "step {}", step);
                             }

@@ -307,6 +307,9 @@ pub enum Answer {
         part: u64,
         /// The units granted.
         granted: u64,
+        /// A need not granted: how soon (ms) the bucket, or the process's credit, should
+        /// cover it (0 when granted).
+        ready: u64,
         /// Per flow, then per guarantee, in how many processes it waited.
         spread: Vec<u32>,
     },
@@ -476,13 +479,29 @@ impl Ledger {
         );
         self.credits = (self.credits - before + holding.1).max(0.0);
         let pool = (self.tok / den).floor().max(0.0);
-        let unclaimed = (pool - ((self.credits - holding.1) / 1000.0).floor()).max(0.0);
+        let mut unclaimed = (pool - ((self.credits - holding.1) / 1000.0).floor()).max(0.0);
+        if self.tok + den > cap * den - self.held * den {
+            // The bucket is full: whoever asks may take it.
+            unclaimed = pool;
+        }
         let may = pool.min((holding.1 / 1000.0).floor() + unclaimed);
         let need = renew.need as f64;
         // The need whole, then up to the ask from what is left of what it may take.
         let granted = match need <= may {
             true => need + (renew.ask as f64).min(may - need).max(0.0),
             false => 0.0,
+        };
+        let ready = match need <= may {
+            true => 0.0,
+            false => {
+                let filled = ((need * den - self.tok).max(0.0) / num).ceil();
+                let per_ms = share * num / den * 1000.0;
+                let owed = match per_ms > 0.0 {
+                    true => ((need * 1000.0 - holding.1).max(0.0) / per_ms).ceil(),
+                    false => filled,
+                };
+                filled.min(owed)
+            }
         };
         let before = holding.1;
         holding.1 = (holding.1 - granted * 1000.0).max(0.0);
@@ -494,6 +513,7 @@ impl Ledger {
             known,
             part: ppm,
             granted: granted as u64,
+            ready: ready as u64,
             spread,
         }
     }

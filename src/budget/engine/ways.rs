@@ -185,9 +185,19 @@ impl Way for Buckets {
     }
 
     fn take(&self, state: &mut State, bill: &Bill<'_>) {
-        if let Some(lease) = state.shared.as_mut().and_then(|s| s.lease.as_mut()) {
-            lease.spent = lease.spent.saturating_add(*bill.cost);
-            lease.blocked = None;
+        if let Some(shared) = state.shared.as_mut() {
+            if let Some(lease) = shared.lease.as_mut() {
+                lease.spent = lease.spent.saturating_add(*bill.cost);
+                lease.blocked = None;
+                // A large part of the account spent at once: the store learns of it sooner
+                // (until then it counts it as held, and refills the account less).
+                let large = (shared.limits.iter())
+                    .any(|l| bill.cost.amount(l.dimension()).saturating_mul(8) >= l.capacity());
+                if large {
+                    (lease.spent_much).store(true, std::sync::atomic::Ordering::Relaxed);
+                    lease.renew_soon.notify_one();
+                }
+            }
         }
         state.store.take(bill.cost, bill.ns);
     }

@@ -23,7 +23,8 @@
 --       in millionths.
 -- Returns {status, the lease in ms, its part in millionths, per hold its remaining ms, per
 -- limit the fleet's plan in millionths (see `plan` in bucket.lua), per limit the units
--- granted, then per flow and guarantee asked about the number of processes where it waits}.
+-- granted, how soon (ms) a need not granted should be covered (0 when granted), then per
+-- flow and guarantee asked about the number of processes where it waits}.
 -- `status` is 1 for a renewal, 2 for a process the store did not know (its first renewal, or
 -- its lease ended), 0 when it left, -1 for a renewal older than one already seen: nothing is
 -- changed, and the reply is {-1}.
@@ -51,7 +52,8 @@
 -- renews, and by what it gives back (its own to take again), up to its part of the capacity
 -- (or its need, if larger): in turn by deficit, so that
 -- whole units reach every process even when the parts are below one unit. It may take its
--- credit, and whatever of the bucket the others' credits do not claim; its need whole (in
+-- credit, and whatever of the bucket the others' credits do not claim (all of it when the
+-- bucket is full: its refill would be lost waiting for them); its need whole (in
 -- every limit, or nothing), then up to its ask; only whole units, only what the bucket holds.
 local now = clock(ARGV[1])
 local shares, me, lease, want = KEYS[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -294,6 +296,11 @@ for _, l in ipairs(L) do
   l.credits = math.max(l.credits - before + l.credit, 0)
   local pool = math.max(math.floor(l.tok / l.den), 0)
   local unclaimed = math.max(pool - math.floor((l.credits - l.credit) / 1000), 0)
+  if l.tok + l.den > l.full - l.held * l.den then
+    -- The bucket is full: its refill is lost while the credits wait for it, so whoever asks
+    -- may take it.
+    unclaimed = pool
+  end
   l.may = math.min(pool, math.floor(l.credit / 1000) + unclaimed)
   if l.need > l.may then
     whole = false
@@ -328,6 +335,23 @@ for _, l in ipairs(L) do
   save(l)
   reply[#reply + 1] = granted
 end
+-- When the need was not granted: how soon (ms) the bucket, or this process's credit, should
+-- cover it, for every limit that lacked it (the process renews then, within its refresh).
+local ready = 0
+if not whole then
+  for _, l in ipairs(L) do
+    if l.need > l.may then
+      local filled = math.ceil(math.max(l.need * l.den - l.tok, 0) / l.num)
+      local per_ms = part * l.num / l.den * 1000
+      local owed = filled
+      if per_ms > 0 then
+        owed = math.ceil(math.max(l.need * 1000 - l.credit, 0) / per_ms)
+      end
+      ready = math.max(ready, math.min(filled, owed))
+    end
+  end
+end
+reply[#reply + 1] = ready
 for i = first_flow, #ARGV - 1, 2 do
   reply[#reply + 1] = tonumber(redis.call('HGET', shares, '~f:' .. ARGV[i]) or '') or 1
 end

@@ -598,7 +598,8 @@ fn adaptive_args(limit: &Limit) -> (f64, Option<(f64, f64)>) {
 }
 
 /// Reads the lease script's reply: `{status, lease ms, part in millionths, hold ms per
-/// limit..., plan in millionths per limit..., granted units per limit..., spread per flow...}`;
+/// limit..., plan in millionths per limit..., granted units per limit..., ready ms, spread per
+/// flow...}`;
 /// `{0, 0, 0}` for a leave, `{-1}` for a stale renewal.
 fn grant(reply: &[i64], limits: usize, flows: usize) -> Result<Grant, StoreUnavailable> {
     let unexpected = || StoreUnavailable::new(format_args!("unexpected reply {reply:?}"));
@@ -611,19 +612,21 @@ fn grant(reply: &[i64], limits: usize, flows: usize) -> Result<Grant, StoreUnava
         holds: Vec::new(),
         plans: Vec::new(),
         granted: Vec::new(),
+        ready: Duration::ZERO,
         spread: Vec::new(),
     };
     let (status, lease, part, rest) = match reply {
         [-1] => return Ok(empty(Renewal::Stale)),
         [0, 0, 0] => return Ok(empty(Renewal::Left)),
-        [status @ (1 | 2), lease, part, rest @ ..] if rest.len() == 3 * limits + flows => {
+        [status @ (1 | 2), lease, part, rest @ ..] if rest.len() == 3 * limits + 1 + flows => {
             (*status, *lease, *part, rest)
         }
         _ => return Err(unexpected()),
     };
     let (hold, rest) = rest.split_at(limits);
     let (plans, rest) = rest.split_at(limits);
-    let (granted, spread) = rest.split_at(limits);
+    let (granted, rest) = rest.split_at(limits);
+    let (ready, spread) = rest.split_at(1);
     Ok(Grant {
         renewal: match status {
             1 => Renewal::Renewed,
@@ -637,6 +640,7 @@ fn grant(reply: &[i64], limits: usize, flows: usize) -> Result<Grant, StoreUnava
             .iter()
             .map(|&g| u64::try_from(g).unwrap_or(0))
             .collect(),
+        ready: ms(ready[0]),
         spread: spread
             .iter()
             .map(|&n| u32::try_from(n).unwrap_or(1).max(1))

@@ -258,6 +258,7 @@ impl Budget {
             budget: Arc::downgrade(&self.shared),
             wants_more: remote.wants_more.clone(),
             parting: remote.parting.clone(),
+            spent_much: remote.spent_much.clone(),
         };
         let failing = (remote.options.policy, remote.options.timeout);
         let store = remote.store.clone();
@@ -272,6 +273,7 @@ struct Leasing {
     budget: Weak<Shared>,
     wants_more: Arc<tokio::sync::Notify>,
     parting: Arc<std::sync::Mutex<Option<Demand>>>,
+    spent_much: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[cfg(feature = "redis")]
@@ -293,8 +295,9 @@ async fn keep_leasing(
     let mut last = Instant::now();
     let mut ends: Option<Instant> = None;
     // The last grant fell short of what was asked (the account binds): the next renewal waits
-    // a whole refresh, by which the process's credit has grown, rather than asking sooner.
-    let mut short = false;
+    // until the store expects its need covered (a whole refresh at most), rather than asking
+    // sooner.
+    let mut short: Option<Duration> = None;
     loop {
         let Some(shared) = leasing.budget.upgrade() else {
             let parting = leasing
@@ -316,8 +319,12 @@ async fn keep_leasing(
         let answer = tokio::time::timeout(timeout, call).await;
         let failed = match answer {
             Ok(Ok(grant)) if grant.renewal != Renewal::Stale => {
-                short = (demand.reports.iter().zip(&grant.granted))
+                let lacking = (demand.reports.iter().zip(&grant.granted))
                     .any(|(report, &granted)| granted < report.need + report.ask);
+                short = lacking.then(|| match grant.ready.is_zero() {
+                    true => options.refresh,
+                    false => grant.ready.min(options.refresh),
+                });
                 let end = local_end(asked, grant.lease);
                 ends = Some(end);
                 budget_now.apply_lease(&grant, &limits, &demand, end);
@@ -342,21 +349,38 @@ async fn keep_leasing(
         }
         drop(budget_now);
         // Every refresh; sooner (an eighth of it at least after the last call) when requests
-        // wait for more and the last grant gave all that was asked.
+        // wait for more: once the store expects their need covered when the last grant fell
+        // short, at once when a large part of the account was spent (the store should learn
+        // of it: it counts it as held until told).
         tokio::time::sleep_until(asked + options.refresh / 8).await;
-        if short && ends.is_some_and(|end| Instant::now() < end) {
-            tokio::time::sleep_until(asked + options.refresh).await;
-        }
-        let mut more = std::pin::pin!(leasing.wants_more.notified());
-        let mut due = std::pin::pin!(tokio::time::sleep_until(asked + options.refresh));
-        std::future::poll_fn(|cx| {
-            if more.as_mut().poll(cx).is_ready() || due.as_mut().poll(cx).is_ready() {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
+        let live = ends.is_some_and(|end| Instant::now() < end);
+        let short = short.filter(|_| live).map_or(asked, |wait| asked + wait);
+        let due = asked + options.refresh;
+        let mut wanted = false;
+        loop {
+            let deadline = if wanted { short.min(due) } else { due };
+            if Instant::now() >= deadline {
+                break;
             }
-        })
-        .await;
+            let mut more = std::pin::pin!(leasing.wants_more.notified());
+            let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+            let notified = std::future::poll_fn(|cx| {
+                if timer.as_mut().poll(cx).is_ready() {
+                    Poll::Ready(false)
+                } else {
+                    more.as_mut().poll(cx).map(|()| true)
+                }
+            })
+            .await;
+            if !notified
+                || leasing
+                    .spent_much
+                    .swap(false, std::sync::atomic::Ordering::Relaxed)
+            {
+                break;
+            }
+            wanted = true;
+        }
     }
 }
 

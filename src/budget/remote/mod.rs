@@ -153,6 +153,8 @@ pub(crate) struct Grant {
     pub(crate) plans: Vec<f64>,
     /// Per account limit asked about, the units granted: taken from the account's bucket.
     pub(crate) granted: Vec<u64>,
+    /// A need not granted should be covered in about this long (zero when granted).
+    pub(crate) ready: Duration,
     /// Per flow told, then per guarantee told, in how many processes it waits (at least 1).
     pub(crate) spread: Vec<u32>,
 }

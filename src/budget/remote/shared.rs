@@ -96,6 +96,8 @@ impl Budget {
             .fold(Quota::new(), |q, limit| q.with_limit(scaled(*limit, share)));
         let (commands, receiver) = mpsc::unbounded_channel();
         let worker = store.clone();
+        let wants_more: Arc<tokio::sync::Notify> = Arc::default();
+        let spent_much: Arc<std::sync::atomic::AtomicBool> = Arc::default();
         let remote = Remote {
             store,
             options,
@@ -103,8 +105,9 @@ impl Budget {
             commands,
             pause_changes: std::sync::atomic::AtomicU64::new(0),
             pauses_seen: std::sync::Mutex::default(),
-            wants_more: Arc::default(),
+            wants_more: wants_more.clone(),
             parting: Arc::default(),
+            spent_much: spent_much.clone(),
         };
         let mut breaker = Breaker::new(options.breaker_threshold, options.breaker_open_for);
         if !reachable {
@@ -120,6 +123,8 @@ impl Budget {
             refused: false,
             lease: options.leases.map(|lease| LeaseState {
                 refresh: crate::budget::memory::store::nanos(lease.refresh),
+                renew_soon: wants_more,
+                spent_much,
                 ..LeaseState::default()
             }),
         };
@@ -762,6 +767,7 @@ mod tests {
                         holds: vec![Duration::ZERO; limits.len()],
                         plans: vec![1.0; limits.len()],
                         granted,
+                        ready: Duration::ZERO,
                         spread: vec![1; demand.flows.len() + demand.guarantees.len()],
                     };
                     Box::pin(async move { Ok(grant) })

@@ -57,6 +57,8 @@ pub(crate) struct Remote {
     pub(crate) wants_more: Arc<tokio::sync::Notify>,
     /// A leasing budget's last report, made as its last handle goes: what it gives back.
     pub(crate) parting: Arc<std::sync::Mutex<Option<super::Demand>>>,
+    /// A large part of the account was spent at once (see `LeaseState::spent_much`).
+    pub(crate) spent_much: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl LeaseState {
@@ -114,6 +116,11 @@ pub(crate) struct LeaseState {
     /// The renewal period (nanoseconds): how long a request waiting for a grant waits before
     /// it looks again (a grant wakes it sooner).
     pub(crate) refresh: u64,
+    /// Wakes the renewal task to renew sooner (the budget's `wants_more`).
+    pub(crate) renew_soon: Arc<tokio::sync::Notify>,
+    /// Set with `renew_soon` when a large part of the account was spent at once: the store
+    /// should learn of it even while grants fall short.
+    pub(crate) spent_much: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Questions a budget may have on their way to its shared store at once while the store
