@@ -62,6 +62,8 @@ struct Replica {
     ends: Micros,
     spent: f64,
     seq: u64,
+    /// Its part of the account, as the store last told.
+    part: f64,
     last_renewal: Micros,
     /// Per local tenant, tokens admitted here (its local fair share's clock).
     served: Vec<f64>,
@@ -92,6 +94,7 @@ enum Event {
         replica: usize,
         id: u64,
         granted: u64,
+        part: u64,
         spread: Vec<u32>,
         asked: Micros,
     },
@@ -164,6 +167,7 @@ fn replica(id: u64, demand: Demand, hosted: Vec<(usize, u32)>) -> Replica {
         ends: 0,
         spent: 0.0,
         seq: 0,
+        part: 0.0,
         last_renewal: 0,
     }
 }
@@ -244,7 +248,7 @@ fn run(replicas: usize, refresh: Micros, churn: Churn, seed: u64) -> Outcome {
                     let flags = (waiting, blocked, now >= r.ends);
                     let report = Report::of(
                         r.level.floor() as i64,
-                        burst as u64,
+                        (burst as u64, r.part),
                         r.spent as u64,
                         refreshes,
                         flags,
@@ -287,7 +291,10 @@ fn run(replicas: usize, refresh: Micros, churn: Churn, seed: u64) -> Outcome {
                     store_busy += cost;
                     calls += 1;
                     if let Answer::Granted {
-                        granted, spread, ..
+                        granted,
+                        part,
+                        spread,
+                        ..
                     } = answer
                     {
                         if rng.f64() < churn.lost_replies {
@@ -297,6 +304,7 @@ fn run(replicas: usize, refresh: Micros, churn: Churn, seed: u64) -> Outcome {
                                 replica,
                                 id,
                                 granted,
+                                part,
                                 spread,
                                 asked: now,
                             };
@@ -315,6 +323,7 @@ fn run(replicas: usize, refresh: Micros, churn: Churn, seed: u64) -> Outcome {
                     replica,
                     id,
                     granted,
+                    part,
                     spread,
                     asked,
                 } => {
@@ -329,6 +338,7 @@ fn run(replicas: usize, refresh: Micros, churn: Churn, seed: u64) -> Outcome {
                         r.level = r.level.min(0.0);
                     }
                     r.level += granted as f64;
+                    r.part = part as f64 / 1e6;
                     r.ends = asked + lease * 9 / 10;
                     if r.saturating(now) && spread.len() == r.tenants.len() {
                         r.spread = spread;

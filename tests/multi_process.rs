@@ -42,9 +42,11 @@ async fn four_processes_share_one_quota_through_redis() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn four_processes_share_one_quota_through_leased_shares() {
-    // 90.9-92.6 % over five runs: with a burst of 4 %, a quarter of it per process is less
-    // than a ticket, so each ticket waits for its process's share to fill (into debt).
-    four_processes(Some(LEASE_REFRESH_MS), 0.88).await;
+    // A ticket (up to 1,500 tokens) is nearly the whole burst (4 %: 1,600): each is granted
+    // whole, and counts as held in the store until its process's next report (an eighth of a
+    // refresh later at least), while the account's bucket refills only to what the leases
+    // leave: 73.9-77.9 % (asking per admission, 92-93 %). Leases suit bursts of many tickets.
+    four_processes(Some(LEASE_REFRESH_MS), 0.65).await;
 }
 
 /// The example's defaults with `--redis-url`: leased shares, renewed every 100 ms, and the
@@ -171,11 +173,9 @@ async fn four_processes(leased: Option<u64>, floor: f64) {
     );
     assert_eq!(done, (PROCESSES * ITEMS) as u64, "every item done");
     assert_eq!(stats.rate_limited, 0, "no provider 429");
-    // Within the quota; leasing, a ticket larger than a process's share of the burst (a
-    // quarter of 4 %) may go into debt: one ticket more per process at most.
+    // Within the quota, both ways (a lease is taken from the account: nothing into debt).
     let most = match leased {
-        Some(0) => TPM,
-        Some(_) => TPM + PROCESSES as u64 * LARGEST_TICKET,
+        Some(_) => TPM,
         // The crate's burst and the whole quota: the provider's own bucket is the bound.
         None => u64::MAX,
     };
@@ -187,9 +187,6 @@ async fn four_processes(leased: Option<u64>, floor: f64) {
     assert!(requests.max_in_window <= RPM);
     assert!(utilisation >= floor, "utilisation {utilisation}");
 }
-
-/// The largest ticket of these tests, its estimate (prompt and `max_tokens`).
-const LARGEST_TICKET: u64 = 1_500;
 
 /// The tokens the provider served over its busy period (from the first admission to the
 /// last), as a share of its quota over that time.
@@ -204,9 +201,10 @@ fn busy_utilisation(stats: &tower_llm_quota::sim::SimStats) -> f64 {
     used as f64 / (TPM as f64 * busy.as_secs_f64() / MINUTE.as_secs_f64())
 }
 
-/// Three processes leasing shares of the quota; one is killed (SIGKILL) while it holds its
-/// share: its share comes back to the others within its lease (three refreshes), so they
-/// go on using the whole quota, still without a provider 429.
+/// Three processes on leases of the quota; one is killed (SIGKILL) while it holds a grant:
+/// what it held is lost until its lease ends (three refreshes), then the account's bucket
+/// refills for the others, who go on using the quota, still without a provider 429 and
+/// never beyond the quota.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_killed_holding_its_share_gives_it_back_within_its_lease() {
     const LIVING: usize = 2;
@@ -260,15 +258,14 @@ async fn a_process_killed_holding_its_share_gives_it_back_within_its_lease() {
         "every item of the living done"
     );
     assert_eq!(stats.rate_limited, 0, "no provider 429");
-    // Within the quota, but for a ticket larger than a process's share of the burst, taken
-    // into debt: one more per process at most (see `four_processes`).
+    // Within the quota: the killed process's grant was lost, never granted twice.
     let busiest = stats.limit(Dimension::TotalTokens).unwrap().max_in_window;
+    assert!(busiest <= TPM, "{busiest} tokens in one window");
+    // With tickets nearly the whole burst (see `four_processes_share_one_quota_through_leased_
+    // shares`): 76.0-79.5 % over the runs; two thirds at most had the killed process's
+    // grant stayed held.
     assert!(
-        busiest <= TPM + (LIVING as u64 + 1) * LARGEST_TICKET,
-        "{busiest} tokens in one window"
-    );
-    assert!(
-        utilisation >= 0.85,
+        utilisation >= 0.68,
         "the living used {utilisation:.3} of the quota"
     );
 }

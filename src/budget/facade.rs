@@ -110,16 +110,22 @@ impl Budget {
         self.update_state(|state| match &mut state.shared {
             Some(shared) => {
                 let lowered = shared.observe(observation);
-                // A leasing process lowers its own share only: the store keeps no levels for it.
-                if let Some(remote) = self.shared.remote.as_ref().filter(|r| !r.leases()) {
+                if let Some(remote) = self.shared.remote.as_ref() {
                     lowered.for_each(|(limit, remaining)| {
                         remote.lower(limit, Some(remaining), Duration::ZERO)
                     });
                 }
-                // The fallback share does not adapt: other processes spend the shared quota.
-                state
-                    .store
-                    .observe(&shared.local_observation(observation), now, false)
+                // A leasing process's wallets hold what was granted: what the provider has
+                // left lowers the account's bucket in the store, not them. The fallback share
+                // does not adapt: other processes spend the shared quota.
+                match state.store.holds_wallets() {
+                    true => false,
+                    false => {
+                        state
+                            .store
+                            .observe(&shared.local_observation(observation), now, false)
+                    }
+                }
             }
             None => state.store.observe(observation, now, true),
         });

@@ -244,26 +244,32 @@ pub struct Report {
 
 impl Report {
     /// What a process reports on a limit of `capacity` units, its wallet holding `level`
-    /// (negative: in debt), having spent `spent` over the last `elapsed` refreshes (a
-    /// fraction, or more than one): it keeps what it expects to spend before the next renewal
-    /// (twice that pace; the whole capacity while requests wait and what it holds covers the
-    /// first), gives back the rest, and asks for what it keeps to be topped up to that. With
-    /// its first waiting request lacking units (`blocked`, that request's cost here) or its
-    /// lease ended (`closed`), it keeps nothing but a debt, and asks for the cost whole.
+    /// (negative: in debt), its `part` of the account at the last division, having spent
+    /// `spent` over the last `elapsed` refreshes (a fraction, or more than one): it keeps what
+    /// it expects to spend before the next renewal (twice that pace, and at least its part
+    /// of the capacity, a tenth at most, so that a burst after a quiet spell starts at once,
+    /// in memory; the whole capacity
+    /// while requests wait and what it holds covers the first), gives back the rest, and asks
+    /// for what it keeps to be topped up to that. With its first waiting request lacking units
+    /// (`blocked`, that request's cost here) or its lease ended (`closed`), it keeps nothing but
+    /// a debt, and asks for the cost whole.
     ///
     /// ```
     /// use tower_llm_quota::budget::fleet::Report;
     ///
-    /// // 40 spent over the last refresh, 100 held: it keeps 80 and gives 20 back.
-    /// let steady = Report::of(100, 1_000, 40, 1.0, (false, None, false));
-    /// assert_eq!((steady.keep, steady.back, steady.need, steady.ask), (80, 20, 0, 0));
+    /// // 40 spent over the last refresh, 100 held, a tenth of a burst of 1,000 its part: it
+    /// // keeps 100 and gives nothing back; with 10 spent, it keeps its part (a tenth at most).
+    /// let steady = Report::of(100, (1_000, 0.1), 40, 1.0, (false, None, false));
+    /// assert_eq!((steady.keep, steady.back, steady.need, steady.ask), (100, 0, 0, 0));
+    /// let quiet = Report::of(300, (1_000, 0.1), 10, 1.0, (false, None, false));
+    /// assert_eq!((quiet.keep, quiet.back, quiet.ask), (100, 200, 0));
     /// // Its first request (300) is not covered: it gives back all and asks for 300 whole.
-    /// let blocked = Report::of(100, 1_000, 40, 1.0, (true, Some(300), false));
-    /// assert_eq!((blocked.keep, blocked.back, blocked.need, blocked.ask), (0, 100, 300, 80));
+    /// let blocked = Report::of(100, (1_000, 0.1), 40, 1.0, (true, Some(300), false));
+    /// assert_eq!((blocked.keep, blocked.back, blocked.need, blocked.ask), (0, 100, 300, 100));
     /// ```
     pub fn of(
         level: i64,
-        capacity: u64,
+        (capacity, part): (u64, f64),
         spent: u64,
         elapsed: f64,
         (waiting, blocked, closed): (bool, Option<u64>, bool),
@@ -272,9 +278,11 @@ impl Report {
             true => 2.0 * spent as f64 / elapsed,
             false => 0.0,
         };
+        // What it holds in a quiet spell: its part of the burst, a tenth at most.
+        let standing = (part.clamp(0.0, 0.1) * capacity as f64).floor();
         let target = match waiting && blocked.is_none() {
             true => capacity,
-            false => (expected.ceil() as u64).min(capacity),
+            false => (expected.ceil().max(standing) as u64).min(capacity),
         };
         let keep = match blocked.is_some() || closed {
             true => level.min(0),
@@ -765,17 +773,21 @@ mod tests {
 
     #[test]
     fn a_report_keeps_what_it_expects_to_spend_and_gives_back_the_rest() {
-        let idle = Report::of(500, 1_000, 0, 1.0, (false, None, false));
+        let idle = Report::of(500, (1_000, 0.0), 0, 1.0, (false, None, false));
         assert_eq!((idle.keep, idle.back, idle.ask), (0, 500, 0));
-        let closed = Report::of(500, 1_000, 400, 1.0, (false, None, true));
+        let standing = Report::of(500, (1_000, 0.25), 0, 1.0, (false, None, false));
+        assert_eq!((standing.keep, standing.back, standing.ask), (100, 400, 0));
+        let small = Report::of(4, (4, 1.0), 0, 1.0, (false, None, false));
+        assert_eq!((small.keep, small.back), (0, 4), "a tenth of 4 is no unit");
+        let closed = Report::of(500, (1_000, 0.25), 400, 1.0, (false, None, true));
         assert_eq!(
             (closed.keep, closed.back),
             (0, 500),
             "nothing kept past the lease"
         );
-        let debt = Report::of(-300, 1_000, 400, 1.0, (true, Some(50), false));
+        let debt = Report::of(-300, (1_000, 0.25), 400, 1.0, (true, Some(50), false));
         assert_eq!((debt.keep, debt.back, debt.need), (-300, 0, 50));
-        let waiting = Report::of(100, 1_000, 0, 1.0, (true, None, false));
+        let waiting = Report::of(100, (1_000, 0.25), 0, 1.0, (true, None, false));
         assert_eq!(
             (waiting.keep, waiting.ask),
             (100, 900),

@@ -107,6 +107,7 @@ impl Budget {
             true => lease.blocked,
             false => lease.blocked.take(),
         };
+        let part = lease.part;
         let wallets = state.store.holds_wallets();
         let reports = (limits.iter())
             .map(|limit| {
@@ -118,7 +119,8 @@ impl Budget {
                 let need = blocked.map(|cost| cost.amount(limit.dimension()));
                 let refreshes = elapsed.as_secs_f64() / refresh.as_secs_f64().max(1e-9);
                 let flags = (waiting, need, closed);
-                let report = Report::of(level, limit.capacity(), spent, refreshes, flags);
+                let held = (limit.capacity(), part);
+                let report = Report::of(level, held, spent, refreshes, flags);
                 state.store.withdraw(limit, report.back, ns);
                 report
             })
@@ -165,6 +167,7 @@ impl Budget {
             if let Some(lease) = &mut shared.lease {
                 lease.ends = Some(end);
                 lease.fallback = false;
+                lease.part = grant.part;
             }
             shared.to_wallets(&mut state.store);
             shared.set_plans(&grant.plans, &mut state.store, ns);

@@ -85,8 +85,8 @@ impl Budget {
         reachable: bool,
     ) -> Self {
         let share = match (options.leases, options.policy) {
-            // Nothing until the first grant (one round trip).
-            (Some(_), _) => valid_share(0.0),
+            // Wallets of the account's limits, empty until the first grant (one round trip).
+            (Some(_), _) => 1.0,
             (None, FailurePolicy::LocalFallback { share }) => valid_share(share),
             (None, FailurePolicy::FailClosed) => 1.0,
         };
@@ -332,7 +332,9 @@ impl SharedState {
     /// grants.
     pub(crate) fn to_wallets(&mut self, store: &mut MemoryStore) {
         if !store.holds_wallets() {
-            let quota = (self.limits.iter()).fold(Quota::new(), |q, l| q.with_limit(*l));
+            self.share = 1.0;
+            let quota =
+                (self.limits.iter()).fold(Quota::new(), |q, l| q.with_limit(self.local(*l)));
             *store = MemoryStore::wallets(&quota);
         }
     }

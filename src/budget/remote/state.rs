@@ -113,6 +113,8 @@ pub(crate) struct LeaseState {
     pub(crate) blocked: Option<crate::cost::Cost>,
     /// The number of the last renewal.
     pub(crate) seq: u64,
+    /// Its part of the account at the last division (it keeps as much of every burst).
+    pub(crate) part: f64,
     /// The renewal period (nanoseconds): how long a request waiting for a grant waits before
     /// it looks again (a grant wakes it sooner).
     pub(crate) refresh: u64,
