@@ -76,18 +76,27 @@ async fn an_unreachable_store_fails_closed_with_503() {
         200
     );
     redis.kill();
-    let (status, retry_after, body) = crate::support::json(
-        gateway
-            .post("/v1/chat/completions", Some("caller-secret"), BODY)
-            .await,
-    )
-    .await;
+    // What the replica was granted before the store went away it may still spend, until its
+    // lease ends (three refreshes of 100 ms); then every request is refused.
+    let started = std::time::Instant::now();
+    let (status, retry_after, body) = loop {
+        let answer = crate::support::json(
+            gateway
+                .post("/v1/chat/completions", Some("caller-secret"), BODY)
+                .await,
+        )
+        .await;
+        if answer.0 != 200 || started.elapsed() > Duration::from_secs(2) {
+            break answer;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["limit"], "store");
     assert_eq!(body["error"]["scope"], "account:fixed");
     assert_eq!(body["error"]["gateway_decision"], "local");
     assert_eq!(retry_after.as_deref(), Some("1"));
-    assert_eq!(seen.lock().unwrap().len(), 1);
+    assert!(!seen.lock().unwrap().is_empty());
     gateway.stop().await;
 }
 

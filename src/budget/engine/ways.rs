@@ -149,6 +149,11 @@ impl Way for Buckets {
             shared
                 .check_capacity(bill.cost, bill.floor)
                 .map_err(|e| Unpaid::Buckets(Denial::Never(e)))?;
+            if lease.closed(bill.ns) && lease.unreachable {
+                return Err(Unpaid::Unavailable(StoreUnavailable::new(
+                    "the shared store is out of reach and the lease has ended",
+                )));
+            }
             if lease.closed(bill.ns) {
                 // No grant yet, or it ended and its renewal is late: nothing until one.
                 let at = bill.ns.saturating_add(lease.refresh / 8);

@@ -166,7 +166,7 @@ impl Budget {
             };
             if let Some(lease) = &mut shared.lease {
                 lease.ends = Some(end);
-                lease.fallback = false;
+                (lease.fallback, lease.unreachable) = (false, false);
                 lease.part = grant.part;
             }
             shared.to_wallets(&mut state.store);
@@ -191,6 +191,16 @@ impl Budget {
     /// a renewal (with [`FailurePolicy::FailClosed`], nothing).
     pub(crate) fn lease_lost(&self, policy: FailurePolicy) {
         let FailurePolicy::LocalFallback { share } = policy else {
+            // Closed: the waiting requests are refused as the store's unavailability.
+            self.update_state(
+                |state| match state.shared.as_mut().and_then(|s| s.lease.as_mut()) {
+                    Some(lease) if !lease.unreachable => {
+                        lease.unreachable = true;
+                        true
+                    }
+                    _ => false,
+                },
+            );
             return;
         };
         let ns = self.nanos_since_origin(Instant::now());

@@ -108,6 +108,9 @@ pub(crate) struct LeaseState {
     /// The lease ended with its renewals failing: the failure policy's local share admits
     /// (refilling buckets, not wallets) until a renewal.
     pub(crate) fallback: bool,
+    /// The lease ended with its renewals failing under [`FailurePolicy::FailClosed`]: requests
+    /// are refused as the store's unavailability until a renewal.
+    pub(crate) unreachable: bool,
     /// The cost of the first waiting request, while what the wallets hold does not cover it:
     /// the next renewal asks for it whole.
     pub(crate) blocked: Option<crate::cost::Cost>,
