@@ -474,17 +474,31 @@ impl Ledger {
         .chain((entry.claim.guarantees.iter()).map(|(key, _)| self.guarantee_spread.get(key)))
         .map(|n| n.copied().unwrap_or(1))
         .collect();
+        let (granted, ready) = self.grant(process, &renew, share, since);
+        Answer::Granted {
+            known,
+            part: ppm,
+            granted,
+            ready,
+            spread,
+        }
+    }
+
+    /// Grows `process`'s credit by its `share` of the rate over `since` ms (and what it gave
+    /// back), then grants it (as the script does): its need whole, then up to its ask, from
+    /// its credit and what the others' credits do not claim (all of the bucket when it is
+    /// full). The units granted, and when a need not granted should be covered (ms).
+    fn grant(&mut self, process: u64, renew: &Report, share: f64, since: f64) -> (u64, u64) {
         let Account { num, den, capacity } = self.account;
         let (num, den, cap) = (num as f64, den as f64, capacity as f64);
         let holding = self.holdings.entry(process).or_insert((0.0, 0.0));
         let before = holding.1;
         let grown =
             holding.1 + renew.back as f64 * 1000.0 + (share * num / den * since * 1000.0).floor();
-        holding.1 = grown.min(
-            (share * cap * 1000.0)
-                .floor()
-                .max(renew.need as f64 * 1000.0),
-        );
+        let most = (share * cap * 1000.0)
+            .floor()
+            .max(renew.need as f64 * 1000.0);
+        holding.1 = grown.min(most);
         self.credits = (self.credits - before + holding.1).max(0.0);
         let pool = (self.tok / den).floor().max(0.0);
         let mut unclaimed = (pool - ((self.credits - holding.1) / 1000.0).floor()).max(0.0);
@@ -494,36 +508,23 @@ impl Ledger {
         }
         let may = pool.min((holding.1 / 1000.0).floor() + unclaimed);
         let need = renew.need as f64;
-        // The need whole, then up to the ask from what is left of what it may take.
-        let granted = match need <= may {
-            true => need + (renew.ask as f64).min(may - need).max(0.0),
-            false => 0.0,
-        };
-        let ready = match need <= may {
-            true => 0.0,
-            false => {
-                let filled = ((need * den - self.tok).max(0.0) / num).ceil();
-                let per_ms = share * num / den * 1000.0;
-                let owed = match per_ms > 0.0 {
-                    true => ((need * 1000.0 - holding.1).max(0.0) / per_ms).ceil(),
-                    false => filled,
-                };
-                filled.min(owed)
-            }
-        };
+        if need > may {
+            let filled = ((need * den - self.tok).max(0.0) / num).ceil();
+            let per_ms = share * num / den * 1000.0;
+            let owed = match per_ms > 0.0 {
+                true => ((need * 1000.0 - holding.1).max(0.0) / per_ms).ceil(),
+                false => filled,
+            };
+            return (0, filled.min(owed) as u64);
+        }
+        let granted = need + (renew.ask as f64).min(may - need).max(0.0);
         let before = holding.1;
         holding.1 = (holding.1 - granted * 1000.0).max(0.0);
         self.credits = (self.credits - before + holding.1).max(0.0);
         holding.0 += granted;
         self.tok -= granted * den;
         self.held += granted;
-        Answer::Granted {
-            known,
-            part: ppm,
-            granted: granted as u64,
-            ready: ready as u64,
-            spread,
-        }
+        (granted as u64, 0)
     }
 
     /// `process` leaves at `now` with its last report (a debt charged, what it holds given

@@ -169,7 +169,7 @@ impl Budget {
                 (lease.fallback, lease.unreachable) = (false, false);
                 lease.part = grant.part;
             }
-            shared.to_wallets(&mut state.store);
+            shared.wallets_again(&mut state.store);
             shared.set_plans(&grant.plans, &mut state.store, ns);
             let granted = grant.granted.iter().copied();
             for ((limit, report), granted) in limits.iter().zip(&demand.reports).zip(granted) {
@@ -302,9 +302,6 @@ async fn keep_leasing(
     options: LeaseOptions,
     (policy, timeout): (FailurePolicy, Duration),
 ) {
-    use std::future::Future;
-    use std::task::Poll;
-
     let mut last = Instant::now();
     let mut ends: Option<Instant> = None;
     // The last grant fell short of what was asked (the account binds): the next renewal waits
@@ -313,16 +310,7 @@ async fn keep_leasing(
     let mut short: Option<Duration> = None;
     loop {
         let Some(shared) = leasing.budget.upgrade() else {
-            let parting = leasing
-                .parting
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .take();
-            if let Some(parting) = parting {
-                let leave = store.lease(process, options.lease, Arc::from([]), parting);
-                let _ = tokio::time::timeout(timeout, leave).await;
-            }
-            return;
+            return leave(&*store, &leasing, (process, options.lease), timeout).await;
         };
         let budget_now = Budget { shared };
         let asked = Instant::now();
@@ -361,39 +349,65 @@ async fn keep_leasing(
             budget_now.lease_lost(policy);
         }
         drop(budget_now);
-        // Every refresh; sooner (an eighth of it at least after the last call) when requests
-        // wait for more: once the store expects their need covered when the last grant fell
-        // short, at once when a large part of the account was spent (the store should learn
-        // of it: it counts it as held until told).
-        tokio::time::sleep_until(asked + options.refresh / 8).await;
         let live = ends.is_some_and(|end| Instant::now() < end);
         let short = short.filter(|_| live).map_or(asked, |wait| asked + wait);
-        let due = asked + options.refresh;
-        let mut wanted = false;
-        loop {
-            let deadline = if wanted { short.min(due) } else { due };
-            if Instant::now() >= deadline {
-                break;
-            }
-            let mut more = std::pin::pin!(leasing.wants_more.notified());
-            let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
-            let notified = std::future::poll_fn(|cx| {
-                if timer.as_mut().poll(cx).is_ready() {
-                    Poll::Ready(false)
-                } else {
-                    more.as_mut().poll(cx).map(|()| true)
-                }
-            })
-            .await;
-            if !notified
-                || leasing
-                    .spent_much
-                    .swap(false, std::sync::atomic::Ordering::Relaxed)
-            {
-                break;
-            }
-            wanted = true;
+        until_next(&leasing, asked, options.refresh, short).await;
+    }
+}
+
+#[cfg(feature = "redis")]
+/// The budget is gone: gives back what it held (its parting report), within `timeout`.
+async fn leave(
+    store: &dyn RemoteStore,
+    leasing: &Leasing,
+    (process, lease): (u64, Duration),
+    timeout: Duration,
+) {
+    let parting = (leasing.parting.lock())
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some(parting) = parting {
+        let leave = store.lease(process, lease, Arc::from([]), parting);
+        let _ = tokio::time::timeout(timeout, leave).await;
+    }
+}
+
+#[cfg(feature = "redis")]
+/// Waits for the next renewal of one asked at `asked`: every `refresh`; sooner (an eighth of
+/// it at least after the last call) when requests wait for more: from `short` on (when the
+/// store expects their need covered, the last grant having fallen short), at once when a
+/// large part of the account was spent (the store should learn of it: it counts it as held
+/// until told).
+async fn until_next(leasing: &Leasing, asked: Instant, refresh: Duration, short: Instant) {
+    use std::future::Future;
+    use std::task::Poll;
+
+    tokio::time::sleep_until(asked + refresh / 8).await;
+    let due = asked + refresh;
+    let mut wanted = false;
+    loop {
+        let deadline = if wanted { short.min(due) } else { due };
+        if Instant::now() >= deadline {
+            return;
         }
+        let mut more = std::pin::pin!(leasing.wants_more.notified());
+        let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+        let notified = std::future::poll_fn(|cx| {
+            if timer.as_mut().poll(cx).is_ready() {
+                Poll::Ready(false)
+            } else {
+                more.as_mut().poll(cx).map(|()| true)
+            }
+        })
+        .await;
+        if !notified
+            || leasing
+                .spent_much
+                .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        wanted = true;
     }
 }
 

@@ -330,7 +330,7 @@ impl SharedState {
 
     /// A leasing budget's wallets again (after the fallback's share): empty, to be filled by
     /// grants.
-    pub(crate) fn to_wallets(&mut self, store: &mut MemoryStore) {
+    pub(crate) fn wallets_again(&mut self, store: &mut MemoryStore) {
         if !store.holds_wallets() {
             self.share = 1.0;
             let quota =

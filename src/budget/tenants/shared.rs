@@ -201,11 +201,13 @@ impl Tenants {
     }
 
     /// The daily caps a store may count for every process (see `TenantState::daily_caps`).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn daily_caps(&self) -> Vec<(Tenant, DailyCap)> {
         self.lock().daily_caps(&self.account)
     }
 
     /// What the store counts of `caps` for every process.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn set_fleet_days(&self, caps: Vec<(Tenant, DailyCap)>, used: &[u64]) {
         self.lock().set_fleet_days(caps, used);
     }

@@ -108,6 +108,7 @@ impl TenantState {
 
     /// The daily caps a store may count for every process: those of the nodes configured by
     /// path and of the live nodes, for `account`.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn daily_caps(&self, account: &str) -> Vec<(Tenant, DailyCap)> {
         let configured = (self.tree.nodes.iter())
             .filter(|(path, _)| self.applies(path.as_str(), account))
@@ -120,6 +121,7 @@ impl TenantState {
     }
 
     /// What the store counts of `caps` for every process (`used`, in the same order).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn set_fleet_days(&mut self, caps: Vec<(Tenant, DailyCap)>, used: &[u64]) {
         self.fleet_days.clear();
         for ((path, cap), &used) in caps.into_iter().zip(used) {
