@@ -287,7 +287,7 @@ impl<'a> Pass<'a> {
         ask_store: bool,
     ) -> Result<ReservationId, Unpaid> {
         let ask = &waiting.ask;
-        // A leased share is no fallback.
+        // A lease is no fallback.
         let shared = self
             .state
             .shared

@@ -90,8 +90,9 @@
 //! [slot lease](RedisBudget::slot_lease) (5 s by default), and those of a process cut off
 //! for longer stay given back when it returns; a request that finds every slot held by live processes waits out of its
 //! process's ordering, asking again about every 100 ms, within the node's `max_wait`. With
-//! [leased shares](RedisBudget::leased_shares) admissions do not ask Redis, and these controls
-//! hold per process (pauses still reach every process within a second).
+//! [leases](RedisBudget::leased_shares) admissions do not ask Redis, but a tenant with these
+//! controls is still asked of Redis per admission, so they hold over every process (and pauses
+//! reach every process within half a second).
 //!
 //! # When Redis fails
 //!
@@ -278,31 +279,39 @@ impl RedisBudget {
         self
     }
 
-    /// Admits from a leased share of the account, renewed every `refresh`, instead of asking
+    /// Admits from leases taken from the account, renewed every `refresh`, instead of asking
     /// Redis per admission: one script call per process per refresh (and sooner when requests
-    /// wait for more), whatever the rate of admissions, which then run at in-memory speed.
+    /// wait for units), whatever the rate of admissions, which then run at in-memory speed.
     ///
-    /// Redis divides the account between the processes that lease it, by what each spent of
-    /// late (all of it while requests wait) and by the weights and guarantees of the tenants
-    /// waiting in each, and the shares held never add up to more than the whole: the processes together
-    /// admit within the account's rates and bursts. A share lasts three refreshes: a process
-    /// that dies gives its share back then; one whose renewals fail keeps it until then, and
-    /// then falls back on the [failure policy](RedisBudget::failure_policy)'s local share
-    /// (with [`FailurePolicy::FailClosed`], nothing); one whose renewal is merely late admits
-    /// nothing past its share's end. A process that starts holds nothing until the account is
-    /// next divided (every half refresh).
+    /// A grant is a debit: units leave the account's bucket when they are granted, and a
+    /// process admits only units it holds. What it holds counts in the bucket until it reports
+    /// them spent or gives them back, or its lease (three refreshes) ends; the bucket refills
+    /// only to its capacity less that. Over every window the fleet admits at most the
+    /// account's burst plus its rate over the window (plus the real usage beyond estimates
+    /// that processes report, charged to the bucket). Every failure errs toward less: a
+    /// process that dies, stalls past its lease or loses a renewal's reply takes what it held
+    /// with it until the bucket refills it; a renewal reaching Redis after a later one changes
+    /// nothing; a process whose renewal is late admits nothing past its lease's end, and one
+    /// whose renewals fail then follows the [failure policy](RedisBudget::failure_policy)
+    /// (its local share, outside the fleet's bound, or with [`FailurePolicy::FailClosed`]
+    /// refusals). A Redis restarted without its data forgets the leases: the bound then holds
+    /// only with persistence (`appendfsync always`).
+    ///
+    /// Redis divides the account's rate between the processes by what each wants (all of it
+    /// while requests wait) and by the weights and guarantees of the tenants waiting in each,
+    /// in whole units and in turn, so that parts below a unit still reach every process. The
+    /// first waiting request's cost is asked for whole: a request larger than what its process
+    /// holds waits for a grant that covers it. A tenant with limits, daily caps or caps on calls
+    /// in flight is asked of Redis per admission even here, so they hold over the fleet; pauses
+    /// reach every process within half a second.
     ///
     /// What it costs: a process whose demand grows waits up to a refresh (and a round trip)
-    /// for a larger share; a request larger than its process's share of a burst is admitted
-    /// once that share is full, into debt that its refill repays (none forgiven), so each
-    /// process may spend one request beyond its share of the burst: the fleet's bound is the
-    /// account's, plus at most the largest cost less a share of the burst per process. A
-    /// provider's pause reaches the other processes at their next renewal.
-    /// Tenant nodes' own limits, daily caps and caps on calls in flight are not leased: they
-    /// hold per process in this mode, so a fleet where they must hold as a whole keeps one
-    /// call per admission (the default); pauses reach every process in both modes.
-    /// Every process of one account must use the same mode. A `refresh` of zero counts as
-    /// one millisecond.
+    /// for more; what a process was granted counts as held until its next report, so the
+    /// bucket refills less meanwhile: keep `refresh` well below the time the burst takes to
+    /// refill (a third of it or less). Processes may differ in `refresh` (each lease ends by
+    /// its own), and processes asking per admission may share the account with leasing ones
+    /// (the bucket they take from leaves what leases hold). A `refresh` of zero counts as one
+    /// millisecond.
     ///
     /// ```no_run
     /// # use std::num::NonZeroU64;

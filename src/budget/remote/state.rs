@@ -24,7 +24,7 @@ pub(crate) struct RemoteOptions {
     pub(crate) breaker_open_for: Duration,
     /// The most questions on their way to the store at once while it admits.
     pub(crate) pipeline: usize,
-    /// Admit from a leased share of the account rather than asking per admission.
+    /// Admit from leases taken from the account rather than asking per admission.
     pub(crate) leases: Option<LeaseOptions>,
     /// How often the process renews its lease on its tenant nodes' slots and reads the
     /// store's pauses (a second at most).
@@ -70,7 +70,7 @@ impl LeaseState {
 }
 
 impl Remote {
-    /// Whether admissions come from a leased share rather than a question each.
+    /// Whether admissions come from leases rather than a question each.
     pub(crate) fn leases(&self) -> bool {
         self.options.leases.is_some()
     }

@@ -73,7 +73,7 @@ impl Tenants {
         clamp(i128::from(ns) - self.shift)
     }
 
-    /// Records in how many processes each flow waits (a leased share's renewal).
+    /// Records in how many processes each flow waits (a lease's renewal).
     pub(crate) fn spread(
         &self,
         flows: impl Iterator<Item = (u64, u32)>,

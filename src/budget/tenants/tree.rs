@@ -130,7 +130,7 @@ impl TenantState {
     }
 
     /// Records in how many processes each flow and each guarantee waits, and this process's
-    /// share of the account (a leased share's renewal).
+    /// share of the account (a lease's renewal).
     pub(crate) fn spread(
         &mut self,
         flows: impl Iterator<Item = (u64, u32)>,
