@@ -354,6 +354,30 @@ async fn a_burst_is_spent_once_whatever_becomes_of_its_first_holder() {
     }
 }
 
+/// A process that leaves cleanly gives back what it holds beyond what it spent: the newcomer
+/// spends the rest of the burst, and the two together spend it exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_leaving_gives_back_what_it_holds() {
+    let server = RedisServer::start();
+    let first = leased(&server.url(), "leaving", STILL).await;
+    // Three requests of 100: the lease holds more than that (its part of the burst).
+    let mut spent = 0;
+    while spent < 300 {
+        let mut reservation = first.reserve(Cost::new(100, 0)).await.unwrap();
+        reservation.mark_sent();
+        reservation.charge_estimate();
+        spent += 100;
+    }
+    tokio::time::sleep(REFRESH * 2).await;
+    drop(first);
+    tokio::time::sleep(REFRESH * 2).await;
+    let newcomer = leased(&server.url(), "leaving", STILL).await;
+    let second = spend_for(&newcomer, 100, Duration::from_secs(1)).await;
+    println!("the first spent {spent} and left; the newcomer spent {second}");
+    assert!(spent > 0);
+    assert_eq!(spent + second, STILL.burst, "what the first held came back");
+}
+
 /// A process reserves 100 and uses 1,000 (an overrun), staying alive: its debt reaches the
 /// store, and a newcomer finds nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

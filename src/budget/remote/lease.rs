@@ -218,7 +218,10 @@ impl Budget {
 
     /// What a leasing process reports when it leaves: it keeps nothing (but its debts) and
     /// gives back what its wallets hold.
-    fn parting(state: &mut crate::budget::handle::State, now: u64) -> Option<Demand> {
+    fn parting(
+        state: &mut crate::budget::handle::State,
+        now: u64,
+    ) -> Option<(Arc<[Limit]>, Demand)> {
         let shared = state.shared.as_mut()?;
         let lease = shared.lease.as_mut()?;
         lease.seq += 1;
@@ -237,7 +240,7 @@ impl Budget {
                 }
             })
             .collect();
-        Some(Demand::leave(lease.seq, reports))
+        Some((shared.limits.clone(), Demand::leave(lease.seq, reports)))
     }
 }
 
@@ -285,7 +288,7 @@ impl Budget {
 struct Leasing {
     budget: Weak<Shared>,
     wants_more: Arc<tokio::sync::Notify>,
-    parting: Arc<std::sync::Mutex<Option<Demand>>>,
+    parting: Arc<std::sync::Mutex<Option<(Arc<[Limit]>, Demand)>>>,
     spent_much: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -366,8 +369,8 @@ async fn leave(
     let parting = (leasing.parting.lock())
         .unwrap_or_else(|e| e.into_inner())
         .take();
-    if let Some(parting) = parting {
-        let leave = store.lease(process, lease, Arc::from([]), parting);
+    if let Some((limits, parting)) = parting {
+        let leave = store.lease(process, lease, limits, parting);
         let _ = tokio::time::timeout(timeout, leave).await;
     }
 }

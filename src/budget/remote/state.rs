@@ -55,8 +55,9 @@ pub(crate) struct Remote {
     pub(crate) pauses_seen: std::sync::Mutex<Vec<crate::tenant::Tenant>>,
     /// Woken when requests wait for a grant: the lease is renewed sooner.
     pub(crate) wants_more: Arc<tokio::sync::Notify>,
-    /// A leasing budget's last report, made as its last handle goes: what it gives back.
-    pub(crate) parting: Arc<std::sync::Mutex<Option<super::Demand>>>,
+    /// A leasing budget's last report, made as its last handle goes: what it gives back, on
+    /// which limits.
+    pub(crate) parting: Arc<std::sync::Mutex<Option<(Arc<[Limit]>, super::Demand)>>>,
     /// A large part of the account was spent at once (see `LeaseState::spent_much`).
     pub(crate) spent_much: Arc<std::sync::atomic::AtomicBool>,
 }
