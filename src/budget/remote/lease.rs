@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use crate::budget::Budget;
 use crate::budget::handle::Shared;
 use crate::budget::memory::store::Store;
-use crate::budget::remote::state::LeaseOptions;
+use crate::budget::remote::state::{LeaseOptions, Parting};
 use crate::budget::remote::{Demand, FailurePolicy, Grant, RemoteStore, Renewal, Report};
 use crate::cost::Cost;
 use crate::quota::Limit;
@@ -218,10 +218,7 @@ impl Budget {
 
     /// What a leasing process reports when it leaves: it keeps nothing (but its debts) and
     /// gives back what its wallets hold.
-    fn parting(
-        state: &mut crate::budget::handle::State,
-        now: u64,
-    ) -> Option<(Arc<[Limit]>, Demand)> {
+    fn parting(state: &mut crate::budget::handle::State, now: u64) -> Option<Parting> {
         let shared = state.shared.as_mut()?;
         let lease = shared.lease.as_mut()?;
         lease.seq += 1;
@@ -288,7 +285,7 @@ impl Budget {
 struct Leasing {
     budget: Weak<Shared>,
     wants_more: Arc<tokio::sync::Notify>,
-    parting: Arc<std::sync::Mutex<Option<(Arc<[Limit]>, Demand)>>>,
+    parting: Arc<std::sync::Mutex<Option<Parting>>>,
     spent_much: Arc<std::sync::atomic::AtomicBool>,
 }
 

@@ -40,6 +40,9 @@ pub(crate) struct LeaseOptions {
     pub(crate) lease: Duration,
 }
 
+/// A leasing budget's last report and the limits it is about.
+pub(crate) type Parting = (Arc<[Limit]>, super::Demand);
+
 /// The handle on the shared store.
 #[derive(Debug)]
 pub(crate) struct Remote {
@@ -57,7 +60,7 @@ pub(crate) struct Remote {
     pub(crate) wants_more: Arc<tokio::sync::Notify>,
     /// A leasing budget's last report, made as its last handle goes: what it gives back, on
     /// which limits.
-    pub(crate) parting: Arc<std::sync::Mutex<Option<(Arc<[Limit]>, super::Demand)>>>,
+    pub(crate) parting: Arc<std::sync::Mutex<Option<Parting>>>,
     /// A large part of the account was spent at once (see `LeaseState::spent_much`).
     pub(crate) spent_much: Arc<std::sync::atomic::AtomicBool>,
 }
