@@ -673,6 +673,17 @@ async fn three_on_server(
     budgets
 }
 
+/// Three budgets on `server` leasing from the account (renewed every 50 ms), each with
+/// `tree`.
+async fn three_leasing(server: &RedisServer, name: &str, tree: fn() -> TenantTree) -> Vec<Budget> {
+    let mut budgets = Vec::new();
+    for _ in 0..3 {
+        let builder = RedisBudget::new(server.url(), name).leased_shares(Duration::from_millis(50));
+        budgets.push(with_tree(builder, tree()).await);
+    }
+    budgets
+}
+
 /// The same on a three-node cluster, each budget first asking a different node.
 async fn three_on_cluster(
     cluster: &RedisCluster,
@@ -702,6 +713,15 @@ async fn with_tree(builder: RedisBudget, tree: TenantTree) -> Budget {
 async fn a_daily_cap_holds_over_every_process() {
     let server = RedisServer::start();
     let budgets = three_on_server(&server, "capped", capped_tree).await;
+    daily_caps_hold_over_every_budget(&budgets).await;
+}
+
+/// The same over three leasing processes: a tenant with a daily cap is asked of Redis per
+/// admission, so its day holds over the fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daily_cap_holds_over_every_leasing_process() {
+    let server = RedisServer::start();
+    let budgets = three_leasing(&server, "capped", capped_tree).await;
     daily_caps_hold_over_every_budget(&budgets).await;
 }
 
@@ -767,6 +787,15 @@ async fn an_in_flight_cap_holds_over_every_process() {
     // Every slot was given back (the settlements are written in the background).
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(server.command("HLEN llmq:{slotted}:t:acme:slots"), ":0");
+}
+
+/// The same over three leasing processes: a tenant with a cap on calls in flight is asked of
+/// Redis per admission, so its slots hold over the fleet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_flight_cap_holds_over_every_leasing_process() {
+    let server = RedisServer::start();
+    let budgets = three_leasing(&server, "slotted", slotted_tree).await;
+    in_flight_caps_hold_over_every_budget(&budgets).await;
 }
 
 /// The same over a three-node Redis Cluster: a node's slots and the processes' leases share
