@@ -35,7 +35,9 @@ use tower_llm_quota::{Budget, Cost, Dimension, Quota};
 /// what it does (see [`child`]).
 const CHILD: &str = "LEASE_CHURN_CHILD";
 const REFRESH: Duration = Duration::from_millis(50);
-const TIMEOUT: Duration = Duration::from_millis(50);
+/// Each renewal's timeout: long enough for a loaded machine's round trip to Redis (a reply
+/// that comes later is lost, and so is what it granted); the proxy delays replies past it.
+const TIMEOUT: Duration = Duration::from_millis(150);
 
 /// An account: `rate` tokens per `period`, `burst` at once.
 #[derive(Debug, Clone, Copy)]
@@ -552,7 +554,7 @@ fn churn(seed: u64, seconds: u64) -> Churned {
             }
             5 => {
                 // Every reply held past the renewals' timeout for a while.
-                proxy.delay_replies(Duration::from_millis(rng.u64(80..200)));
+                proxy.delay_replies(Duration::from_millis(rng.u64(200..400)));
                 pause(&mut rng, 200, 400);
                 proxy.delay_replies(Duration::ZERO);
                 done.delayed += 1;
