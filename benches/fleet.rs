@@ -68,15 +68,15 @@ fn micros_since_epoch() -> u64 {
 
 /// One process of the fleet: `TASKS` tasks reserve and settle from `start` (µs since the
 /// epoch) for `RUN`; prints its admissions, then the tokens it admitted per bin.
-fn child(url: &str, leased: bool, binding: bool, key: &str, start: u64) {
+fn child(url: &str, refresh_ms: u64, binding: bool, key: &str, start: u64) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
         let mut builder = RedisBudget::new(url, key).timeout(Duration::from_millis(500));
-        if leased {
-            builder = builder.leased_shares(REFRESH);
+        if refresh_ms > 0 {
+            builder = builder.leased_shares(Duration::from_millis(refresh_ms));
         }
         let budget: Budget = builder.connect(&quota(binding)).await.unwrap();
         let wait = start.saturating_sub(micros_since_epoch());
@@ -126,7 +126,7 @@ struct Figures {
 }
 
 /// The fleet: `PROCESSES` children on `server`, started together.
-fn fleet(server: &RedisServer, leased: bool, binding: bool, key: &str) -> Figures {
+fn fleet(server: &RedisServer, refresh_ms: u64, binding: bool, key: &str) -> Figures {
     server.command("CONFIG RESETSTAT");
     let start = micros_since_epoch() + 1_500_000;
     let children: Vec<_> = (0..PROCESSES)
@@ -135,7 +135,7 @@ fn fleet(server: &RedisServer, leased: bool, binding: bool, key: &str) -> Figure
                 .env("FLEET_BENCH_CHILD", "1")
                 .args([
                     server.url(),
-                    leased.to_string(),
+                    refresh_ms.to_string(),
                     binding.to_string(),
                     key.to_owned(),
                     start.to_string(),
@@ -196,7 +196,7 @@ fn main() {
         let args: Vec<String> = std::env::args().skip(1).collect();
         child(
             &args[0],
-            args[1] == "true",
+            args[1].parse().unwrap(),
             args[2] == "true",
             &args[3],
             args[4].parse().unwrap(),
@@ -205,22 +205,27 @@ fn main() {
     }
     let server = RedisServer::start();
     println!("{PROCESSES} processes x {TASKS} tasks, {RUN:?} each, one redis-server:");
+    let leases = REFRESH.as_millis() as u64;
+    // Leases renewed every 100 ms (both accounts), every 25 ms (the binding account: a
+    // quarter of the time its burst takes to refill), and a call per admission.
+    let modes = [
+        (leases, "leases (100 ms)", true),
+        (leases / 4, "leases (25 ms)", false),
+        (0, "a call per admission", true),
+    ];
     for (round, key) in ["a", "b"].into_iter().enumerate() {
-        for leased in [true, false] {
-            let mode = if leased {
-                "leased shares"
-            } else {
-                "a call per admission"
-            };
-            let free = fleet(&server, leased, false, &format!("free-{key}-{leased}"));
-            println!(
-                "round {}, {mode}: {} admissions, {:.0}/s, {:.4} script calls per admission",
-                round + 1,
-                free.admissions,
-                free.per_second,
-                free.calls_per_admission
-            );
-            let bound = fleet(&server, leased, true, &format!("bound-{key}-{leased}"));
+        for (refresh, mode, free_too) in modes {
+            if free_too {
+                let free = fleet(&server, refresh, false, &format!("free-{key}-{refresh}"));
+                println!(
+                    "round {}, {mode}: {} admissions, {:.0}/s, {:.4} script calls per admission",
+                    round + 1,
+                    free.admissions,
+                    free.per_second,
+                    free.calls_per_admission
+                );
+            }
+            let bound = fleet(&server, refresh, true, &format!("bound-{key}-{refresh}"));
             let (excess, window) = busiest(&bound.bins);
             let used: u64 = bound.bins.iter().sum();
             let offered = BURST as f64 + RATE as f64 * RUN.as_secs_f64();
