@@ -57,10 +57,11 @@
 //!    [`Condition::Degrade`] takes the request at once; [`Condition::ContextLengthNeeded`]
 //!    when its estimate exceeds the first route's context window and fits the fallback's;
 //!    [`Condition::WouldWaitLongerThan`] when the first route's budget cannot admit it in
-//!    time. The last asks the budget's own ordering with
-//!    [`Budget::try_reserve`](crate::Budget::try_reserve), which never overtakes a waiter,
-//!    and gives back at once what it got: a request sent to a fallback holds nothing on the
-//!    route it left, and never queued there.
+//!    time. The last asks the budget's own ordering with a class-aware probe: a
+//!    [`Budget::try_reserve`](crate::Budget::try_reserve) behind only the waiters that would
+//!    be admitted before a request of its class (its class and those above, and lower fronts
+//!    aging has lifted to it), which gives back at once what it got: a request sent to a
+//!    fallback holds nothing on the route it left, and never queued there.
 //! 3. **After an answer**: a final 5xx or 429 (the route's retry layer gave up), or an error
 //!    from a route that could not take the request (its store unavailable and fail-closed, or
 //!    its provider unreachable), goes to the next fallback for that condition. Only a failure
