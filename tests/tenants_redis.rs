@@ -391,6 +391,27 @@ async fn admitted_within(budget: &Budget, tenant: &Tenant, by: Instant, what: &s
     }
 }
 
+/// Two budgets on `server` (as two processes would hold them) with `quota` and `tree`, asking
+/// Redis per admission or `leased` (renewed every 50 ms).
+async fn two_processes(
+    server: &RedisServer,
+    name: &str,
+    leased: bool,
+    quota: &Quota,
+    tree: impl Fn() -> TenantTree,
+) -> Vec<Budget> {
+    let mut budgets = Vec::new();
+    for _ in 0..2 {
+        let mut builder = RedisBudget::new(server.url(), name).timeout(Duration::from_millis(500));
+        if leased {
+            builder = builder.leased_shares(Duration::from_millis(50));
+        }
+        let budget = builder.connect(quota).await.unwrap();
+        budgets.push(budget.with_tenant_tree(tree()).unwrap());
+    }
+    budgets
+}
+
 /// A pause made through one process and lifted through another before the first read the
 /// store again: the process that paused admits again within a reading (half a second), in
 /// both modes, and its snapshot no longer shows the pause.
@@ -398,21 +419,8 @@ async fn admitted_within(budget: &Budget, tenant: &Tenant, by: Instant, what: &s
 async fn a_resume_through_another_process_reaches_the_one_that_paused() {
     for leased in [false, true] {
         let server = RedisServer::start();
-        let mut budgets = Vec::new();
-        for _ in 0..2 {
-            let mut builder =
-                RedisBudget::new(server.url(), "resumed").timeout(Duration::from_millis(500));
-            if leased {
-                builder = builder.leased_shares(Duration::from_millis(50));
-            }
-            let budget = builder
-                .connect(&pause_quota())
-                .await
-                .unwrap()
-                .with_tenant_tree(TenantTree::new())
-                .unwrap();
-            budgets.push(budget);
-        }
+        let budgets =
+            two_processes(&server, "resumed", leased, &pause_quota(), TenantTree::new).await;
         let acme: Tenant = "acme".parse().unwrap();
         budgets[0].tenants().unwrap().pause(&acme);
         // The pause reached the store: the other process refuses too (per admission at once;
@@ -469,22 +477,7 @@ async fn every_process_shows_the_fleet_s_day() {
             Duration::from_secs(60),
             1_000_000,
         ));
-        let mut budgets = Vec::new();
-        for _ in 0..2 {
-            let mut builder =
-                RedisBudget::new(server.url(), "days").timeout(Duration::from_millis(500));
-            if leased {
-                builder = builder.leased_shares(Duration::from_millis(50));
-            }
-            budgets.push(
-                builder
-                    .connect(&quota)
-                    .await
-                    .unwrap()
-                    .with_tenant_tree(tree())
-                    .unwrap(),
-            );
-        }
+        let budgets = two_processes(&server, "days", leased, &quota, tree).await;
         let globex: Tenant = "globex".parse().unwrap();
         for (budget, tokens) in budgets.iter().zip([1_000, 100]) {
             let mut reservation = budget

@@ -185,7 +185,11 @@ impl Budget {
     /// Whether a leasing budget asks its store for a request of `tenant`: its path has
     /// limits or controls kept there (see `Pass::kept_in_store`).
     pub(super) fn kept_in_store(&self, state: &State, tenant: Option<&Tenant>) -> bool {
-        if state.tenants.is_none() || !self.leases() {
+        let keeps = state
+            .tenants
+            .as_ref()
+            .is_some_and(|t| t.keeps_any_in_store());
+        if !keeps || !self.leases() {
             return false;
         }
         let path = state.path_limits(tenant);

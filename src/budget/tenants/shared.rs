@@ -200,6 +200,12 @@ impl Tenants {
         self.lock().set_node(path, config, self.there(now), wakers);
     }
 
+    /// Whether any node has limits or controls a shared store keeps (see
+    /// `TenantState::keeps_any_in_store`).
+    pub(crate) fn keeps_any_in_store(&self) -> bool {
+        self.lock().keeps_any_in_store()
+    }
+
     /// The daily caps a store may count for every process (see `TenantState::daily_caps`).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn daily_caps(&self) -> Vec<(Tenant, DailyCap)> {

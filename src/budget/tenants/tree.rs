@@ -71,6 +71,8 @@ pub(crate) struct TenantState {
     /// For a budget shared through a store, what each node's daily caps have used over every
     /// process, as the store last told (a node's view shows the larger of it and its own).
     fleet_days: HashMap<Tenant, Vec<(DailyCap, u64)>>,
+    /// See [`TenantState::keeps_any_in_store`].
+    keeps_in_store: bool,
 }
 
 /// A leasing budget's fleet, as its last renewal told it. A flow weighs its weight divided by
@@ -93,6 +95,7 @@ pub(crate) const FLEET_SCALE: u32 = 840;
 
 impl TenantState {
     pub(crate) fn new(tree: TenantTree, account: &[Limit]) -> Self {
+        let keeps_in_store = Self::any_kept_in_store(&tree);
         Self {
             tree,
             live: HashMap::new(),
@@ -103,7 +106,26 @@ impl TenantState {
             fleet: None,
             guarantees: HashMap::new(),
             fleet_days: HashMap::new(),
+            keeps_in_store,
         }
+    }
+
+    /// Whether any node (configured by path or by depth) has limits or controls a shared
+    /// store keeps (its own limits, a borrowing cap, daily caps, a cap on calls in flight):
+    /// else no path has any, and a leasing budget need not build one to know. Kept as the
+    /// tree changes.
+    pub(crate) fn keeps_any_in_store(&self) -> bool {
+        self.keeps_in_store
+    }
+
+    fn any_kept_in_store(tree: &TenantTree) -> bool {
+        let keeps = |node: &TenantNode| {
+            !node.limits.is_empty()
+                || node.max_share.is_some()
+                || !node.daily.is_empty()
+                || node.max_in_flight.is_some()
+        };
+        tree.nodes.values().any(keeps) || tree.templates.iter().any(|(_, t)| keeps(t))
     }
 
     /// The daily caps a store may count for every process: those of the nodes configured by
@@ -495,6 +517,7 @@ impl TenantState {
         wakers: &mut Vec<Waker>,
     ) {
         self.tree.nodes.insert(path.clone(), config);
+        self.keeps_in_store = Self::any_kept_in_store(&self.tree);
         // Weights, guarantees and borrowing caps of the nodes below may change too.
         let affected: Vec<Tenant> = self
             .live
