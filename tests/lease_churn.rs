@@ -290,7 +290,8 @@ fn the_oracle_finds_a_planted_violation() {
     assert!(worst_excess(&stalled, account, Duration::ZERO) <= 0.0);
 }
 
-/// Waits until `condition` holds, polling every 5 ms for at most `within`.
+/// Waits until `condition` holds, polling every 5 ms for at most `within` (the children are
+/// real processes on the wall clock: a condition, not a fixed sleep, and a generous bound).
 fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let end = std::time::Instant::now() + within;
     while std::time::Instant::now() < end {
@@ -525,6 +526,8 @@ fn churn(seed: u64, seconds: u64) -> Churned {
     let mut fleet: Vec<Process> = (0..3)
         .map(|_| Process::spawn(&url, key, account, cost, &log))
         .collect();
+    // The faults' schedule: real processes and a real Redis run on the wall clock, and no
+    // assertion rests on these intervals (the oracle reads the children's own instants).
     let pause = |rng: &mut fastrand::Rng, from: u64, to: u64| {
         std::thread::sleep(Duration::from_millis(rng.u64(from..to)));
     };
