@@ -348,7 +348,9 @@ impl Model {
                 };
                 *credit += share * i128::from(w.cost);
                 if tenant == w.tenant {
-                    *credit -= 1_000_000 * i128::from(w.cost);
+                    // A surplus is forgotten beyond the request just served.
+                    let served = 1_000_000 * i128::from(w.cost);
+                    *credit = (*credit - served).max(-served);
                 }
                 if !waits {
                     // Away, it banks nothing beyond its first request.

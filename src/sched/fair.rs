@@ -10,11 +10,12 @@
 //!   *owed* service while its guarantor has earned more than it was served: each time the
 //!   class serves a cost `c`, every guarantor earns `share × c`, and a request of its own
 //!   served spends `c`. The owed flows go first. A guarantor without requests waiting keeps
-//!   no more than one request's worth owed, so idleness is never banked, while a debt (it was
-//!   served above its guarantee) is paid back by what the class serves meanwhile; and it
-//!   earns from what the class actually serves, so a guarantee can never starve a tenant
-//!   that has none, whatever the account's real throughput (a lowered share, other
-//!   processes).
+//!   no more than one request's worth owed, so idleness is never banked; a surplus (it was
+//!   served above its guarantee, by its weight) is kept up to the request just served and
+//!   forgotten beyond, so a guarantee holds as soon as the weights stop covering it rather
+//!   than after a long surplus is paid back; and it earns from what the class actually
+//!   serves, so a guarantee can never starve a tenant that has none, whatever the account's
+//!   real throughput (a lowered share, other processes).
 //! - **Then weighted fair queuing over cost** (self-clocked, Golestani 1994): when a request
 //!   becomes its flow's oldest, its flow's turn starts at `max(F, V)`, `F` the tag of the
 //!   flow's last request served and `V` the virtual time (the largest tag served by tag); its
@@ -25,13 +26,23 @@
 //!
 //! # Fairness bound
 //!
-//! Over any interval in which flows `i` and `j` both wait, the costs served to them satisfy
-//! `|S_i / w_i - S_j / w_j| <= L_i / w_i + L_j / w_j` (`L`: each one's largest cost). With
-//! guarantees proportional to the weights the bound holds within one more request of each:
-//! `|S_i / w_i - S_j / w_j| <= 2 (L_i / w_i + L_j / w_j)` (a flow owed service may go one
-//! request ahead of its tag). A guarantee above a flow's weighted share lifts it to its
-//! guarantee instead: `S_g >= share_g × S - L_g` over any interval in which it waits
-//! (`S` all the class served), the others sharing the rest by weight.
+//! `S` is the cost served over an interval, `w` a weight, `L` a largest cost (`L` alone:
+//! the class's largest).
+//!
+//! - **Weights.** Over any interval in which flows `i` and `j` both wait, the costs served to
+//!   them satisfy `|S_i / w_i - S_j / w_j| <= L_i / w_i + L_j / w_j`.
+//! - **A guarantee**, whatever the weights: over any interval in which a guaranteed flow `g`
+//!   waits, `S_g >= share_g × S - (share_g × L + L_g)`. Its credit stays within
+//!   `[-L_g, share_g × L]`: it goes first while its credit is positive (so it earns one
+//!   other request at most meanwhile), and a surplus is forgotten beyond one request of its
+//!   own. With several guaranteed flows in a class, an owed flow also waits for the others
+//!   owed: `S_g >= share_g × S - (L + Σ_h L_h)` (the sum over the guaranteed flows).
+//! - **Guarantees proportional to the weights** keep `|S_i / w_i - S_j / w_j|` within three
+//!   times the weights' bound (an owed flow goes ahead of its tag; measured at 2.5 times at
+//!   worst over 50,000 generated backlogs, not proved).
+//!
+//! The property tests of this module check each statement over generated backlogs
+//! (`FAIR_BOUND_CASES` sets their number).
 //!
 //! State is held only for flows with requests waiting, for idle flows whose last tag is still
 //! ahead of the virtual time, and for the configured guarantors.
@@ -199,7 +210,11 @@ impl FairQueue {
         for (&key, g) in &mut self.guarantors {
             g.credit += i128::from(g.share_ppm) * i128::from(cost);
             if key == flow.guarantor {
-                g.credit -= i128::from(cost) * PPM;
+                // A surplus (served above its guarantee, by its weight) is forgotten beyond
+                // the request just served: paying back more would hold its guarantee off
+                // for as long as its weight once favoured it.
+                let served = i128::from(cost) * PPM;
+                g.credit = (g.credit - served).max(-served);
             }
             if g.waiting == 0 {
                 // Away, it banks nothing: back, it is owed its first request at most.
@@ -422,6 +437,42 @@ mod tests {
     }
 
     #[test]
+    fn a_guarantee_holds_at_once_when_its_weighted_share_falls_below_it() {
+        // A guaranteed 30 % while its weight gave it half for 10,000 requests (a surplus of
+        // 2,000 over its guarantee), then three more flows arrive: its weight now gives 20 %,
+        // and of the next 1,000 requests it gets its 30 % at once, not after paying back
+        // what its weight gave it before.
+        let t0 = Instant::now();
+        let mut queue = FairQueue::default();
+        let a = guaranteed(1, 1, 0.3);
+        let mut ticket = 0;
+        let mut join = |queue: &mut FairQueue, flow: Flow| {
+            ticket += 1;
+            queue.join(flow, (t0, ticket), 1);
+        };
+        for f in [a, flow(2, 1)] {
+            join(&mut queue, f);
+        }
+        let mut flows = vec![a, flow(2, 1)];
+        let mut served_a = 0;
+        for round in 0..11_000 {
+            if round == 10_000 {
+                for key in 3..=5 {
+                    flows.push(flow(key, 1));
+                    join(&mut queue, flow(key, 1));
+                }
+                served_a = 0;
+            }
+            let (key, slot) = queue.next().unwrap();
+            let f = *flows.iter().find(|f| f.key == key).unwrap();
+            queue.serve(f, Some(slot), 1);
+            served_a += u32::from(key == 1);
+            join(&mut queue, f);
+        }
+        assert!(served_a >= 299, "{served_a} of 1,000");
+    }
+
+    #[test]
     fn a_flow_is_served_in_arrival_order() {
         let t0 = Instant::now();
         let mut queue = FairQueue::default();
@@ -536,10 +587,20 @@ mod bound {
                     low = low.min(d);
                     high = high.max(d);
                 }
-                worst = worst.max((high - low) / bound);
+                // Tags are rounded down to 1/SCALE of a unit a request: that much slack.
+                let rounding = served.len() as f64 / SCALE as f64;
+                worst = worst.max((high - low) / (bound + rounding));
             }
         }
         worst
+    }
+
+    /// Cases per property: 300, or `FAIR_BOUND_CASES` (a long run).
+    fn cases() -> u32 {
+        std::env::var("FAIR_BOUND_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(300)
     }
 
     fn flows_and_costs() -> impl Strategy<Value = (Vec<u32>, Vec<Vec<u64>>)> {
@@ -547,8 +608,55 @@ mod bound {
             .prop_map(|flows| flows.into_iter().unzip())
     }
 
+    /// The largest shortfall `share × S - S_g` of the first flow (guaranteed `share`) over
+    /// any interval of `served`.
+    fn shortfall(served: &[(usize, u64)], share: f64) -> f64 {
+        // S_g - share × S as a running sum: its drop over an interval is the shortfall there.
+        let (mut d, mut high, mut worst) = (0.0f64, 0.0f64, 0.0f64);
+        for &(k, c) in served {
+            d += if k == 0 { c as f64 } else { 0.0 } - share * c as f64;
+            high = high.max(d);
+            worst = worst.max(high - d);
+        }
+        worst
+    }
+
+    /// The flows of a case where the first is guaranteed `share` tenths, whatever its weight.
+    fn first_guaranteed(weights: &[u32], share: u32) -> Vec<Flow> {
+        (weights.iter().enumerate())
+            .map(|(i, &weight)| Flow {
+                key: i as u64 + 1,
+                weight,
+                guarantor: if i == 0 { 1 } else { 0 },
+                share_ppm: if i == 0 { share * 100_000 } else { 0 },
+            })
+            .collect()
+    }
+
+    /// The bound on a guarantee's shortfall: `share × L + L_g` (and the millionth of a unit a
+    /// newcomer is owed).
+    fn guarantee_bound(costs: &[Vec<u64>], share: f64) -> f64 {
+        let largest = costs.iter().flatten().copied().max().unwrap() as f64;
+        let own = costs[0].iter().copied().max().unwrap() as f64;
+        share * largest + own + 1e-6
+    }
+
+    /// A case the property test once found: the guaranteed flow, ahead of its guarantee by
+    /// its weight while the flows of larger requests waited for the virtual time (a surplus
+    /// of about 0.1 × 9,000), paid that surplus back in full afterwards, a shortfall of
+    /// 1,935 over an interval. Its surplus is now forgotten beyond one request of its own.
+    #[test]
+    fn a_surplus_from_the_weights_is_not_paid_back_beyond_one_request() {
+        let costs = vec![vec![45], vec![221, 668], vec![967, 916], vec![915]];
+        let flows = first_guaranteed(&[8, 2, 1, 1], 7);
+        let served = service(&flows, &costs, 400);
+        let worst = shortfall(&served, 0.7);
+        let bound = guarantee_bound(&costs, 0.7);
+        assert!(worst <= bound, "shortfall {worst:.1} against {bound:.1}");
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(300))]
+        #![proptest_config(ProptestConfig::with_cases(cases()))]
 
         #[test]
         fn without_guarantees_the_drift_is_at_most_one_request_of_each(
@@ -578,35 +686,52 @@ mod bound {
                 })
                 .collect();
             let served = service(&flows, &costs, 400);
-            let worst = worst_drift(&flows, &costs, &served, 2.0);
-            prop_assert!(worst <= 1.0, "drift {worst:.3} of twice the bound");
+            let worst = worst_drift(&flows, &costs, &served, 3.0);
+            prop_assert!(worst <= 1.0, "drift {worst:.3} of three times the bound");
         }
 
         #[test]
-        fn a_guarantee_holds_over_every_interval_within_two_requests(
-            (weights, costs) in flows_and_costs(), share in 1u32..=9
+        fn several_guarantees_hold_within_one_request_of_each_guaranteed_flow_and_the_largest(
+            (weights, costs) in flows_and_costs(), tenths in prop::collection::vec(0u32..=4, 4)
         ) {
-            // The first flow is guaranteed `share` tenths, whatever its weight.
+            // Every flow guaranteed 0 to 4 tenths, scaled down to the whole account at most.
+            let tenths = &tenths[..weights.len()];
+            let total = tenths.iter().sum::<u32>().max(10);
+            let shares: Vec<f64> = tenths.iter().map(|&t| f64::from(t) / f64::from(total)).collect();
             let flows: Vec<Flow> = weights.iter().enumerate()
                 .map(|(i, &weight)| Flow {
                     key: i as u64 + 1,
                     weight,
-                    guarantor: if i == 0 { 1 } else { 0 },
-                    share_ppm: if i == 0 { share * 100_000 } else { 0 },
+                    guarantor: if tenths[i] > 0 { i as u64 + 1 } else { 0 },
+                    share_ppm: (shares[i] * 1e6) as u32,
                 })
                 .collect();
             let served = service(&flows, &costs, 400);
             let largest = costs.iter().flatten().copied().max().unwrap() as f64;
-            let share = f64::from(share) / 10.0;
-            // Over [a, b): S_g - share × S, as a running sum; its drop over any interval is
-            // the shortfall there.
-            let (mut d, mut high, mut worst) = (0.0f64, 0.0f64, 0.0f64);
-            for &(k, c) in &served {
-                d += if k == 0 { c as f64 } else { 0.0 } - share * c as f64;
-                high = high.max(d);
-                worst = worst.max(high - d);
+            let own_largest: Vec<f64> = (costs.iter().zip(tenths))
+                .filter(|&(_, &t)| t > 0)
+                .map(|(c, _)| *c.iter().max().unwrap() as f64)
+                .collect();
+            for (g, &share) in shares.iter().enumerate().filter(|&(_, &s)| s > 0.0) {
+                let ordered: Vec<(usize, u64)> = served.iter()
+                    .map(|&(k, c)| (usize::from(k != g), c))
+                    .collect();
+                let worst = shortfall(&ordered, share);
+                let bound = largest + own_largest.iter().sum::<f64>();
+                prop_assert!(worst <= bound, "flow {g}: shortfall {worst:.1} against {bound:.1}");
             }
-            prop_assert!(worst <= 2.0 * largest, "shortfall {worst} against {largest} per request");
+        }
+
+        #[test]
+        fn a_guarantee_holds_over_every_interval_within_one_request_of_each(
+            (weights, costs) in flows_and_costs(), share in 1u32..=9
+        ) {
+            let flows = first_guaranteed(&weights, share);
+            let served = service(&flows, &costs, 400);
+            let share = f64::from(share) / 10.0;
+            let worst = shortfall(&served, share);
+            let bound = guarantee_bound(&costs, share);
+            prop_assert!(worst <= bound, "shortfall {worst:.1} against {bound:.1}");
         }
     }
 }

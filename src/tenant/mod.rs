@@ -95,12 +95,13 @@
 //! the tokens admitted for them satisfy `|S_i / w_i - S_j / w_j| <= L_i / w_i + L_j / w_j`,
 //! `L` being each one's largest cost: the drift from the weights is at most one request of
 //! each, whatever the interval, so over ten minutes of a saturated account the shares stay
-//! within a fraction of a point of the weights (measured in `tests/tenants.rs`). Guarantees
-//! proportional to the weights keep the drift within twice that bound (an owed tenant may go
-//! one request ahead of its turn); a guarantee above a tenant's weighted share lifts it to
-//! its guarantee instead: it gets at least `share × S - 2 L` of any `S` the class serves while
-//! it waits, the others sharing the rest by weight. Property tests check the three statements
-//! over generated backlogs (`sched/fair.rs`).
+//! within a fraction of a point of the weights (measured in `tests/tenants.rs`). A guarantee
+//! holds whatever the weights: a guaranteed tenant gets at least
+//! `share × S - (share × L + L_g)` of any `S` the class serves while it waits (`L` the
+//! class's largest request, `L_g` its own); with several guaranteed tenants in the class, at
+//! least `share × S - (L + Σ L_h)`, one request of each. Guarantees proportional to the
+//! weights keep the drift within three times the weights' bound. Property tests check the
+//! statements over generated backlogs (`sched/fair.rs`).
 //!
 //! # Waiting for a node, or refused by it
 //!
