@@ -408,16 +408,18 @@ pub(crate) fn rate_limit_hit(limit_type: &'static str, decision: &'static str) {
     }
 }
 
-/// The depth of one class of the priority queue.
-#[cfg(feature = "metrics")]
-pub(crate) fn queue_depth(priority: Priority, queue: &std::sync::Arc<str>, depth: usize) {
+/// The depth of one class of an ordering changed by `change`: the gauge adds up the orderings
+/// that share a `queue` label.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn queue_depth_change(priority: Priority, queue: &std::sync::Arc<str>, change: f64) {
+    #[cfg(feature = "metrics")]
     enabled::gauge(
         "llm_queue_depth",
         &[
             ("priority", SharedString::const_str(priority.as_str())),
             ("queue", SharedString::from(std::sync::Arc::clone(queue))),
         ],
-        |h| h.set(depth as f64),
+        |h| h.increment(change),
     );
 }
 

@@ -351,3 +351,62 @@ fn each_budget_s_depth_has_its_own_label() {
         });
     });
 }
+
+/// Budgets nobody named share the `default` label: their depths add up (3 and 2 waiting read
+/// 5), rather than the last one written winning; and a request leaving takes itself off.
+#[test]
+fn unnamed_budgets_add_up_in_one_depth_gauge() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let spent = || {
+                let quota = tower_llm_quota::Quota::new().with_limit(limit(
+                    Dimension::TotalTokens,
+                    1_000,
+                    SEC,
+                    1_000,
+                ));
+                let budget = tower_llm_quota::Budget::new(quota);
+                budget
+                    .try_reserve(Cost::new(1_000, 0))
+                    .unwrap()
+                    .charge_estimate();
+                budget
+            };
+            let (one, two) = (spent(), spent());
+            let wait = |budget: &tower_llm_quota::Budget, n| {
+                (0..n)
+                    .map(|_| {
+                        let budget = budget.clone();
+                        tokio::spawn(async move { budget.reserve(Cost::new(10, 0)).await })
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let (a, b) = (wait(&one, 3), wait(&two, 2));
+            tokio::task::yield_now().await;
+            let depth = || {
+                let series = series(snapshotter.snapshot().into_vec());
+                match series.get("gauge llm_queue_depth{priority=async,queue=default}") {
+                    Some(DebugValue::Gauge(value)) => value.into_inner(),
+                    other => panic!("llm_queue_depth: {other:?}"),
+                }
+            };
+            assert_eq!(depth(), 5.0);
+            for task in b {
+                task.abort();
+            }
+            tokio::task::yield_now().await;
+            // The debugging recorder's snapshot resets a gauge to 0: what follows is the change.
+            assert_eq!(depth(), -2.0);
+            for task in a {
+                task.abort();
+            }
+        });
+    });
+}

@@ -78,6 +78,9 @@ pub(crate) struct Order<T> {
     next_ticket: u64,
     /// The `queue` label of its depth gauge.
     label: std::sync::Arc<str>,
+    /// The depth of each class this ordering added to the gauge: orderings sharing a label
+    /// (two budgets nobody named) add up rather than overwrite each other.
+    recorded: [usize; 3],
 }
 
 /// The depth gauge's `queue` label of an ordering nobody named.
@@ -134,6 +137,19 @@ impl<T> Default for Order<T> {
             len: 0,
             next_ticket: 0,
             label: std::sync::Arc::from(DEFAULT_LABEL),
+            recorded: [0; 3],
+        }
+    }
+}
+
+impl<T> Drop for Order<T> {
+    /// Takes what it still counts off the gauge.
+    fn drop(&mut self) {
+        for priority in Priority::ALL {
+            let depth = self.recorded[priority.index()] as f64;
+            if depth > 0.0 {
+                crate::observe::queue_depth_change(priority, &self.label, -depth);
+            }
         }
     }
 }
@@ -302,19 +318,28 @@ impl<T> Order<T> {
     }
 
     /// Records the depth of `priority`'s class as a metric (nothing without the `metrics`
-    /// feature).
-    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-    fn record_depth(&self, priority: Priority) {
-        #[cfg(feature = "metrics")]
-        crate::observe::queue_depth(
-            priority,
-            &self.label,
-            self.classes[priority.index()].waiting.len(),
-        );
+    /// feature): the change since it last did, so that the orderings of one label add up.
+    fn record_depth(&mut self, priority: Priority) {
+        let depth = self.classes[priority.index()].waiting.len();
+        let recorded = std::mem::replace(&mut self.recorded[priority.index()], depth);
+        if depth != recorded {
+            crate::observe::queue_depth_change(
+                priority,
+                &self.label,
+                depth as f64 - recorded as f64,
+            );
+        }
     }
 
-    /// Names the ordering: the `queue` label of its depth gauge.
+    /// Names the ordering: the `queue` label of its depth gauge (what it waits moves over).
     pub(crate) fn set_label(&mut self, label: std::sync::Arc<str>) {
+        for priority in Priority::ALL {
+            let depth = self.recorded[priority.index()] as f64;
+            if depth > 0.0 {
+                crate::observe::queue_depth_change(priority, &self.label, -depth);
+                crate::observe::queue_depth_change(priority, &label, depth);
+            }
+        }
         self.label = label;
     }
 
