@@ -52,4 +52,5 @@ pub use quota::{DEFAULT_BURST_FRACTION, DEFAULT_HEADROOM, Dimension, InvalidLimi
 pub use reconcile::ReconcileLayer;
 pub use retry::{RetryAfterLayer, RetryPolicy};
 pub use stack::QuotaStack;
+pub use timer::MAX_DURATION;
 pub use token_budget::{MissingCost, TokenBudgetLayer};

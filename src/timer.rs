@@ -7,12 +7,25 @@ use std::time::Duration;
 
 use tokio::time::{Instant, Sleep, sleep_until};
 
-/// `from + wait`, or a century later when that cannot be represented: `Duration::MAX` means no
-/// limit, and deadline arithmetic never overflows.
+/// The longest duration the crate acts on: 100 years. Every duration it accepts (a wait, a
+/// lease, a time to live, a period, a backoff) is capped at this before it reaches a timer, a
+/// store or a sum, so `Duration::MAX` anywhere means "a very long time", never an overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// `duration`, at most [`MAX_DURATION`].
+pub(crate) const fn capped(duration: Duration) -> Duration {
+    if duration.as_secs() >= MAX_DURATION.as_secs() {
+        MAX_DURATION
+    } else {
+        duration
+    }
+}
+
+/// `from + wait`, or as late as can be represented: `Duration::MAX` means no limit, and
+/// deadline arithmetic never overflows.
 pub(crate) fn saturating_deadline(from: Instant, wait: Duration) -> Instant {
-    const CENTURY: Duration = Duration::from_secs(100 * 365 * 86_400);
-    from.checked_add(wait.min(CENTURY))
-        .or_else(|| from.checked_add(CENTURY))
+    from.checked_add(capped(wait))
+        .or_else(|| from.checked_add(MAX_DURATION))
         .unwrap_or(from)
 }
 

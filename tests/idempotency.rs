@@ -693,3 +693,55 @@ async fn redis_claims_are_renewed_by_their_owner_only() {
     assert_eq!(store.claim("k", "b", lease).await.unwrap(), Claim::Claimed);
     assert!(!store.renew("k", "a", lease).await.unwrap());
 }
+
+/// A duplicate waits for the identical request in flight at most its layer's `max_wait`, or
+/// its own `Deadline` when sooner, then fails without a call: here the first call's body is
+/// held unread (its claim renewed as long as it lives), and the duplicate comes through
+/// another layer on the same store (as from another process).
+#[tokio::test(start_paused = true)]
+async fn a_duplicate_waits_at_most_its_max_wait_or_its_deadline() {
+    let store = MemoryStore::new();
+    let client = Scripted::new(Duration::from_millis(10), |_| ok("{}"));
+    let first = IdempotencyLayer::new(store.clone()).layer(client.service());
+    let other = IdempotencyLayer::new(store.clone())
+        .max_wait(Duration::from_secs(60))
+        .recheck(Duration::from_secs(1))
+        .layer(client.service());
+    let held = first.clone().oneshot(chat(false)).await.unwrap();
+
+    let still_in_flight = |error: BoxError| {
+        error
+            .downcast_ref::<tower_llm_quota::Error>()
+            .and_then(tower_llm_quota::Error::idempotency_error)
+            .is_some_and(IdempotencyError::is_still_in_flight)
+    };
+    let start = Instant::now();
+    let error = other.clone().oneshot(chat(false)).await.unwrap_err();
+    assert!(still_in_flight(error.into()));
+    assert_eq!(start.elapsed(), Duration::from_secs(60), "its max_wait");
+
+    let start = Instant::now();
+    let mut request = chat(false);
+    let deadline = tower_llm_quota::Deadline::after(Duration::from_secs(5));
+    request.extensions_mut().insert(deadline);
+    let error = other.clone().oneshot(request).await.unwrap_err();
+    assert!(still_in_flight(error.into()));
+    assert_eq!(start.elapsed(), Duration::from_secs(5), "its deadline");
+
+    // Duration::MAX is a very long time: the wait is armed without overflow.
+    let patient = IdempotencyLayer::new(store.clone())
+        .max_wait(Duration::MAX)
+        .layer(client.service());
+    let waiting = tokio::spawn(patient.oneshot(chat(false)));
+    tokio::time::sleep(Duration::from_secs(3_600)).await;
+    assert!(!waiting.is_finished());
+    // The first body read to its end completes the operation: the patient one is answered
+    // from the record, and no duplicate made a call.
+    held.into_body().collect().await.unwrap();
+    let replayed = waiting.await.unwrap().unwrap();
+    assert_eq!(
+        replayed.extensions().get::<Suppressed>(),
+        Some(&Suppressed::Replayed)
+    );
+    assert_eq!(client.calls(), 1);
+}

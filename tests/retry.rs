@@ -663,3 +663,50 @@ async fn an_error_body_over_the_read_limit_is_retried_by_its_status() {
     );
     assert_eq!(*calls.lock().unwrap(), 2);
 }
+
+/// Every duration the stack accepts may be `Duration::MAX` (or a provider's wait of
+/// centuries): each is capped at `MAX_DURATION`, so it is a very long time, never an
+/// overflow. A limit per `Duration::MAX`, a queue and a retry policy whose every bound is
+/// `Duration::MAX`, and a provider asking for 300 years: the request waits, nothing panics.
+#[tokio::test(start_paused = true)]
+async fn durations_of_any_length_mean_a_very_long_time() {
+    let budget = support::budget([limit(Dimension::TotalTokens, 10, Duration::MAX, 20)]);
+    let policy = RetryPolicy::new()
+        .max_total(Priority::Batch, Duration::MAX)
+        .backoff(Duration::MAX, Duration::MAX)
+        .unwrap()
+        .max_honored_delay(Duration::MAX);
+    let queue = QueueConfig::new()
+        .max_wait(Priority::Batch, Duration::MAX)
+        .promote_after(Priority::Batch, Some(Duration::MAX));
+    let answers = vec![
+        Answer::Status(429, &[("retry-after", "9999999999")], "{}"),
+        Answer::Status(503, &[], "busy"),
+        ok(),
+    ];
+    let (provider, log) = provider(answers, Instant::now());
+    let client = ServiceBuilder::new()
+        .layer(
+            RetryAfterLayer::new(policy)
+                .jitter(Fixed(0.5))
+                .pause_on_rate_limit(budget.clone()),
+        )
+        .layer(PriorityQueueLayer::new(queue))
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .service(provider);
+    let client = BoxCloneService::new(client);
+    // The first is answered 429 (300 years): it waits, and the budget pauses for the
+    // longest wait honoured.
+    let first = tokio::spawn(client.clone().oneshot(request("a", Priority::Batch)));
+    time::sleep(Duration::from_secs(3_600)).await;
+    assert!(!first.is_finished());
+    assert_eq!(times(&log), [0.0]);
+    // The second waits in the queue (the budget holds 10 more, but it is paused).
+    let second = tokio::spawn(client.clone().oneshot(request("b", Priority::Batch)));
+    time::sleep(Duration::from_secs(3_600)).await;
+    assert!(!second.is_finished());
+    assert!(budget.snapshot().limits()[0].level() >= 0);
+    first.abort();
+    second.abort();
+    assert!(tower_llm_quota::MAX_DURATION >= Duration::from_secs(100 * 365 * 86_400));
+}

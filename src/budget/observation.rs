@@ -48,7 +48,7 @@ impl Observation {
     pub const fn new(dimension: Dimension, period: Duration) -> Self {
         Self {
             dimension,
-            period,
+            period: crate::timer::capped(period),
             limit: None,
             remaining: None,
             at_once: true,

@@ -16,6 +16,7 @@ enum Kind {
     LeaderFailed(Arc<str>),
     NotReplayable,
     Interrupted(Arc<str>),
+    StillInFlight,
 }
 
 impl IdempotencyError {
@@ -41,6 +42,21 @@ impl IdempotencyError {
         Self {
             kind: Kind::Interrupted(message.into()),
         }
+    }
+
+    pub(crate) fn still_in_flight() -> Self {
+        Self {
+            kind: Kind::StillInFlight,
+        }
+    }
+
+    /// This request waited for an identical one in flight as long as it may (its
+    /// [`Deadline`](crate::Deadline), or [`IdempotencyLayer::max_wait`](crate::idempotency::IdempotencyLayer::max_wait)),
+    /// and that one had not answered. Nothing was sent for this request (a second call would
+    /// be billed twice): try again later, when the first has completed and its record answers
+    /// (an HTTP front answers 409 Conflict).
+    pub fn is_still_in_flight(&self) -> bool {
+        matches!(self.kind, Kind::StillInFlight)
     }
 
     /// The request's idempotency key header is malformed (empty, too long, not visible
@@ -80,6 +96,9 @@ impl fmt::Display for IdempotencyError {
             ),
             Kind::NotReplayable => f.write_str(
                 "the operation already completed, but its response was too large to keep",
+            ),
+            Kind::StillInFlight => f.write_str(
+                "an identical request is still in flight: waited as long as allowed for it",
             ),
             Kind::Interrupted(message) => write!(
                 f,

@@ -27,7 +27,9 @@ use super::flight::{Flight, Handle, Head, HeadState, IdempotentBody, Recording, 
 use super::key::{IdempotencyKey, Operation};
 use super::shared::Shared;
 use super::store::{Claim, StoreFuture};
+use crate::Deadline;
 use crate::error::{BoxError, Error};
+use crate::timer::{DeadlineTimer, saturating_deadline};
 use crate::usage::UsageScanner;
 
 pin_project! {
@@ -55,6 +57,8 @@ pin_project! {
         owner: String,
         task: Option<String>,
         leader: Option<Leader>,
+        // How long it may wait as a duplicate (armed on its first wait).
+        waiting: DeadlineTimer,
     }
 }
 
@@ -111,6 +115,9 @@ where
             .get::<Operation>()
             .cloned()
             .unwrap_or_default();
+        let longest = saturating_deadline(tokio::time::Instant::now(), config.max_wait);
+        let deadline = (request.extensions().get::<Deadline>())
+            .map_or(longest, |deadline| deadline.instant().min(longest));
         let mut parts = None;
         let mut kept = None;
         let (state, key) = match IdempotencyKey::from_headers(
@@ -164,6 +171,7 @@ where
             owner: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             task: operation.task_name().map(str::to_owned),
             leader: None,
+            waiting: DeadlineTimer::new(Some(deadline)),
         }
     }
 }
@@ -256,12 +264,13 @@ where
                     }
                 }
                 StateProj::Following { handle } => {
-                    let head = ready!(
-                        handle
-                            .as_ref()
-                            .expect("polled after completion")
-                            .poll_head(cx)
-                    );
+                    let head = handle
+                        .as_ref()
+                        .expect("polled after completion")
+                        .poll_head(cx);
+                    let Poll::Ready(head) = head else {
+                        return waited_enough(this.waiting, this.state, cx);
+                    };
                     match head {
                         HeadState::Ready(head) => {
                             let handle = handle.take().expect("polled after completion");
@@ -327,7 +336,9 @@ where
                 }
                 StateProj::Waiting { changed } => {
                     // A failed wait is a wake-up like another: claiming again tells.
-                    let _ = ready!(changed.as_mut().poll(cx));
+                    if changed.as_mut().poll(cx).is_pending() {
+                        return waited_enough(this.waiting, this.state, cx);
+                    }
                     let key = this.key.as_ref().expect("a keyed request has its key");
                     let claim =
                         this.layer
@@ -393,6 +404,20 @@ where
             }
         }
     }
+}
+
+/// A duplicate still waiting: pending, or failed once it has waited as long as it may.
+fn waited_enough<F, B: Body, T>(
+    waiting: &mut DeadlineTimer,
+    mut state: Pin<&mut State<F, B>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<T, BoxError>> {
+    if !waiting.poll_expired(cx) {
+        return Poll::Pending;
+    }
+    tracing::debug!("duplicate gave up waiting for the identical request in flight");
+    state.set(State::Done);
+    Poll::Ready(Err(Box::new(IdempotencyError::still_in_flight())))
 }
 
 /// The leader's call failed without a response: its duplicates get the error's message, and

@@ -19,6 +19,9 @@ pub struct IdempotencyLayer {
     shared: Shared,
 }
 
+/// How long a duplicate waits for the identical request in flight by default: 10 minutes.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(600);
+
 /// The header the key is read from and forwarded under by default.
 const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 
@@ -33,6 +36,7 @@ impl IdempotencyLayer {
                     ttl: Duration::from_secs(24 * 3600),
                     lease: Duration::from_secs(30),
                     recheck: Duration::from_secs(5),
+                    max_wait: DEFAULT_MAX_WAIT,
                     max_body: 1024 * 1024,
                     max_request_body: 4 * 1024 * 1024,
                     key_header: IDEMPOTENCY_KEY,
@@ -57,7 +61,7 @@ impl IdempotencyLayer {
     /// How long a completed operation's record is kept: a duplicate within it gets the stored
     /// response, one after it is sent again. Defaults to 24 hours.
     pub fn ttl(self, ttl: Duration) -> Self {
-        self.with(|c| c.ttl = ttl)
+        self.with(|c| c.ttl = crate::timer::capped(ttl))
     }
 
     /// How long a claim in flight holds the key without renewal. The claim is renewed every
@@ -66,13 +70,25 @@ impl IdempotencyLayer {
     /// this long (plus [`recheck`](Self::recheck) for those in other processes). Defaults to
     /// 30 s.
     pub fn lease(self, lease: Duration) -> Self {
-        self.with(|c| c.lease = lease)
+        self.with(|c| c.lease = crate::timer::capped(lease))
     }
 
     /// The longest a duplicate waiting for another process sleeps before it asks the store
     /// again, in case a wake-up was lost (a reconnection). Defaults to 5 s.
     pub fn recheck(self, recheck: Duration) -> Self {
-        self.with(|c| c.recheck = recheck.max(Duration::from_millis(1)))
+        self.with(|c| c.recheck = crate::timer::capped(recheck).max(Duration::from_millis(1)))
+    }
+
+    /// The longest a duplicate waits for the identical request in flight: for its response
+    /// head (a call of this layer), or for its record (a call of another process or layer,
+    /// whose body may stream for a long time, or be held unread). A request's
+    /// [`Deadline`](crate::Deadline) ends the wait sooner. Past it the duplicate fails with
+    /// [`IdempotencyError::is_still_in_flight`](super::IdempotencyError::is_still_in_flight)
+    /// and sends nothing: a second call would be billed twice, so the caller decides (the
+    /// gateway answers 409). Capped at [`MAX_DURATION`](crate::MAX_DURATION). Defaults to
+    /// [`DEFAULT_MAX_WAIT`] (10 minutes).
+    pub fn max_wait(self, max_wait: Duration) -> Self {
+        self.with(|c| c.max_wait = crate::timer::capped(max_wait))
     }
 
     /// The largest response body kept in a record, in bytes. A larger body still reaches

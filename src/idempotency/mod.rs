@@ -109,7 +109,7 @@ pub use crate::error::idempotency::{IdempotencyError, InvalidKey};
 pub use flight::IdempotentBody;
 pub use future::ResponseFuture;
 pub use key::{IdempotencyKey, Operation};
-pub use layer::IdempotencyLayer;
+pub use layer::{DEFAULT_MAX_WAIT, IdempotencyLayer};
 pub use memory::{DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, MemoryStore};
 pub use record::Record;
 #[cfg(feature = "redis")]

@@ -123,7 +123,11 @@ impl RedisIdempotencyStore {
         prefix: &str,
         timeout: Duration,
     ) -> Result<Self, RedisError> {
-        Self::connect(Servers::Node(url.to_owned()), prefix, timeout)
+        Self::connect(
+            Servers::Node(url.to_owned()),
+            prefix,
+            crate::timer::capped(timeout),
+        )
     }
 
     /// A store in a Redis Cluster, given the addresses of some of its nodes
@@ -145,7 +149,11 @@ impl RedisIdempotencyStore {
         timeout: Duration,
     ) -> Result<Self, RedisError> {
         let nodes = nodes.into_iter().map(|n| n.as_ref().to_owned()).collect();
-        Self::connect(Servers::Cluster(nodes), prefix, timeout)
+        Self::connect(
+            Servers::Cluster(nodes),
+            prefix,
+            crate::timer::capped(timeout),
+        )
     }
 
     fn connect(servers: Servers, prefix: &str, timeout: Duration) -> Result<Self, RedisError> {

@@ -23,6 +23,7 @@ pub(crate) struct Config {
     pub(crate) ttl: Duration,
     pub(crate) lease: Duration,
     pub(crate) recheck: Duration,
+    pub(crate) max_wait: Duration,
     pub(crate) max_body: usize,
     pub(crate) max_request_body: usize,
     pub(crate) key_header: HeaderName,

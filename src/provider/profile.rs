@@ -123,8 +123,8 @@ impl Profile {
     /// minute).
     pub const fn openai_compatible(request_window: Duration, token_window: Duration) -> Self {
         Profile {
-            token_window,
-            ..profile(Kind::Compatible, request_window, true)
+            token_window: crate::timer::capped(token_window),
+            ..profile(Kind::Compatible, crate::timer::capped(request_window), true)
         }
     }
 
@@ -317,8 +317,8 @@ impl Profile {
     /// Groq (requests per day).
     pub const fn windows(self, request_window: Duration, token_window: Duration) -> Self {
         Self {
-            request_window,
-            token_window,
+            request_window: crate::timer::capped(request_window),
+            token_window: crate::timer::capped(token_window),
             ..self
         }
     }

@@ -97,14 +97,17 @@ impl QueueConfig {
     /// locally. A [`Deadline`](crate::Deadline) in the request's extensions overrides it.
     /// Defaults to 5 s, 2 min and 20 min for interactive, async and batch.
     pub const fn max_wait(mut self, priority: Priority, max_wait: Duration) -> Self {
-        self.classes[priority.index()].max_wait = max_wait;
+        self.classes[priority.index()].max_wait = crate::timer::capped(max_wait);
         self
     }
 
     /// Moves a request of `priority` one class up once it has waited `after` in it (`None`:
     /// never). Ignored for the highest class. Defaults to 30 s for async and 120 s for batch.
     pub const fn promote_after(mut self, priority: Priority, after: Option<Duration>) -> Self {
-        self.classes[priority.index()].promote_after = after;
+        self.classes[priority.index()].promote_after = match after {
+            Some(after) => Some(crate::timer::capped(after)),
+            None => None,
+        };
         self
     }
 

@@ -140,7 +140,11 @@ impl Limit {
         if period.is_zero() {
             return Err(InvalidLimit("the period of a limit must not be zero"));
         }
-        Ok(Self::with_period(dimension, amount, period))
+        Ok(Self::with_period(
+            dimension,
+            amount,
+            crate::timer::capped(period),
+        ))
     }
 
     const fn with_period(dimension: Dimension, amount: NonZeroU64, period: Duration) -> Self {

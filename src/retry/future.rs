@@ -296,7 +296,10 @@ where
                 // not retried, and does not stop the budget for a day either.
                 let pause = pause.min(this.settings.policy.max_honored());
                 tracing::debug!(?dimensions, ?pause, "provider rate limit: budget paused");
-                budget.pause(&dimensions, Instant::now() + pause);
+                budget.pause(
+                    &dimensions,
+                    crate::timer::saturating_deadline(Instant::now(), pause),
+                );
             }
         }
     }

@@ -88,7 +88,7 @@ impl RetryPolicy {
     /// request of `priority`: a wait that would cross it is not started. Defaults to 8 s, 60 s
     /// and 300 s.
     pub const fn max_total(mut self, priority: Priority, total: Duration) -> Self {
-        self.classes[priority.index()].max_total = total;
+        self.classes[priority.index()].max_total = crate::timer::capped(total);
         self
     }
 
@@ -103,6 +103,7 @@ impl RetryPolicy {
                 "the backoff base must not exceed its cap",
             ));
         }
+        let (base, cap) = (crate::timer::capped(base), crate::timer::capped(cap));
         Ok(Self { base, cap, ..self })
     }
 
@@ -113,7 +114,7 @@ impl RetryPolicy {
     /// Defaults to 60 s.
     pub const fn max_honored_delay(self, max: Duration) -> Self {
         Self {
-            max_honored_delay: max,
+            max_honored_delay: crate::timer::capped(max),
             ..self
         }
     }

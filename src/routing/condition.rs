@@ -54,7 +54,7 @@ impl Condition {
 
     /// [`Condition::WouldWaitLongerThan`] `wait`.
     pub const fn would_wait_longer_than(wait: Duration) -> Self {
-        Self::WouldWaitLongerThan(wait)
+        Self::WouldWaitLongerThan(crate::timer::capped(wait))
     }
 
     /// [`Condition::ContextLengthNeeded`].

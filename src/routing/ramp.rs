@@ -117,7 +117,7 @@ impl Ramp {
     /// Evaluates health, and grows, every `period` (at least 1 ms). Defaults to 30 s.
     pub fn evaluate_every(self, period: Duration) -> Self {
         Self {
-            evaluation: period.max(Duration::from_millis(1)),
+            evaluation: crate::timer::capped(period).max(Duration::from_millis(1)),
             ..self
         }
     }
@@ -149,7 +149,7 @@ impl Ramp {
     /// `latency`. Defaults to no threshold.
     pub fn max_p95(self, latency: Duration) -> Self {
         Self {
-            max_p95: Some(latency),
+            max_p95: Some(crate::timer::capped(latency)),
             ..self
         }
     }

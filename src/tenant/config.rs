@@ -109,7 +109,7 @@ impl TenantNode {
     /// deadline), out of the ordering, keeping its place.
     pub fn with_max_wait(self, max_wait: Duration) -> Self {
         Self {
-            max_wait: Some(max_wait),
+            max_wait: Some(crate::timer::capped(max_wait)),
             ..self
         }
     }

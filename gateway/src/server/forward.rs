@@ -245,6 +245,17 @@ fn stack_error(account: &Account, error: &Error) -> Refusal {
     if let Some(refused) = error.tenant_refused() {
         return tenancy::refused(refused);
     }
+    if error
+        .idempotency_error()
+        .is_some_and(|e| e.is_still_in_flight())
+    {
+        // Nothing was sent: the first request with this key is still being answered.
+        return Refusal::conflict(
+            "idempotency_key",
+            "a request with this Idempotency-Key is still in flight; retry when it completes",
+        )
+        .retry_after(Some(Duration::from_secs(1)));
+    }
     if error.is_store_unavailable() {
         // The store's circuit breaker asks again within a second.
         return Refusal::unavailable("store", "the shared quota store is unreachable")

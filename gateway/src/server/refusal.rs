@@ -179,6 +179,11 @@ impl Refusal {
         .message(message)
     }
 
+    /// 409: the request conflicts with another in flight (its idempotency key).
+    pub(crate) fn conflict(limit: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "conflict", limit).message(message)
+    }
+
     /// 503: the shared store is unreachable and the policy is to refuse, or the gateway stops.
     pub(crate) fn unavailable(limit: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", limit).message(message)

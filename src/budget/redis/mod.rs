@@ -244,7 +244,7 @@ impl RedisBudget {
     /// The longest an admission waits for Redis before the failure policy applies (default
     /// 50 ms). Also bounds each background settlement.
     pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
+        self.timeout = crate::timer::capped(timeout);
         self
     }
 
@@ -275,7 +275,7 @@ impl RedisBudget {
     /// How long a reservation's record lives (default 10 minutes): longer than the longest
     /// call. A settlement after it refunds nothing.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
+        self.lease = crate::timer::capped(lease);
         self
     }
 
@@ -329,10 +329,10 @@ impl RedisBudget {
     /// # Ok(()) }
     /// ```
     pub fn leased_shares(mut self, refresh: Duration) -> Self {
-        let refresh = refresh.max(Duration::from_millis(1));
+        let refresh = crate::timer::capped(refresh).max(Duration::from_millis(1));
         self.leases = Some(LeaseOptions {
             refresh,
-            lease: refresh.saturating_mul(3),
+            lease: crate::timer::capped(refresh.saturating_mul(3)),
         });
         self
     }
@@ -346,7 +346,7 @@ impl RedisBudget {
     /// Redis for longer loses its slots too, so its calls then in flight stop counting. A
     /// `lease` of zero counts as 3 ms.
     pub fn slot_lease(mut self, lease: Duration) -> Self {
-        self.slot_lease = lease.max(Duration::from_millis(3));
+        self.slot_lease = crate::timer::capped(lease).max(Duration::from_millis(3));
         self
     }
 
@@ -354,7 +354,7 @@ impl RedisBudget {
     /// through every `open_for` (defaults 3 and 500 ms).
     pub fn breaker(mut self, failures: u32, open_for: Duration) -> Self {
         self.breaker_threshold = failures;
-        self.breaker_open_for = open_for;
+        self.breaker_open_for = crate::timer::capped(open_for);
         self
     }
 
