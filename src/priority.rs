@@ -109,6 +109,30 @@ impl Deadline {
     }
 }
 
+/// The earliest instant a request may be admitted: it waits in its place in the budget's
+/// ordering until then, and the requests behind it wait behind it.
+/// [`RetryAfterLayer`](crate::RetryAfterLayer) sets it on a retry that waits out the
+/// provider's `Retry-After` (when a [`TokenBudgetLayer`](crate::TokenBudgetLayer) inside
+/// answered its last attempt), with its first attempt's [`EnqueuedAt`]: so the retry keeps its
+/// place while it waits, rather than queueing again behind the requests that came meanwhile.
+///
+/// Honoured by the budget's ordering (a [`TokenBudgetLayer`](crate::TokenBudgetLayer)); a
+/// [`PriorityQueueLayer`](crate::PriorityQueueLayer) counts its class's maximum wait from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NotBefore(Instant);
+
+impl NotBefore {
+    /// Not admitted before `instant`.
+    pub const fn at(instant: Instant) -> Self {
+        Self(instant)
+    }
+
+    /// The instant.
+    pub const fn instant(&self) -> Instant {
+        self.0
+    }
+}
+
 /// When a logical request first entered the queue; place it in a retried request's extensions
 /// so that [`PriorityQueueLayer`](crate::PriorityQueueLayer) keeps its place and its aging
 /// from the first attempt. [`RetryAfterLayer`](crate::RetryAfterLayer) does.
@@ -139,6 +163,8 @@ pub struct Timings {
     pub(crate) queued: Duration,
     pub(crate) budget: Duration,
     pub(crate) call: Duration,
+    /// A budget's ordering answered it (it honours [`NotBefore`]).
+    pub(crate) ordered: bool,
 }
 
 impl Timings {
@@ -173,6 +199,7 @@ impl Timings {
         Self::update(extensions, |t| {
             t.budget = budget;
             t.call = call;
+            t.ordered = true;
         });
     }
 

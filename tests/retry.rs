@@ -710,3 +710,43 @@ async fn durations_of_any_length_mean_a_very_long_time() {
     second.abort();
     assert!(tower_llm_quota::MAX_DURATION >= Duration::from_secs(100 * 365 * 86_400));
 }
+
+/// A retry keeps its place in the budget's ordering while it waits out `Retry-After`: A is
+/// answered 429 (retry after 1 s) at 0 s; B, C and D arrive at 0.5 s; one request a second:
+/// A again at 1 s, then B, C, D. Its wait is the provider's, without jitter (the budget
+/// spaces the retries that come back to their places); before, A slept 2 s (half the
+/// jitter) outside the ordering and B went first, at 1 s.
+#[tokio::test(start_paused = true)]
+async fn a_retry_keeps_its_place_while_it_waits_out_retry_after() {
+    let budget = support::budget([limit(Dimension::Requests, 1, SEC, 1)]);
+    let start = Instant::now();
+    let answers = vec![Answer::Status(429, &[("retry-after", "1")], "{}"), ok()];
+    let (provider, log) = provider(answers, start);
+    let client = ServiceBuilder::new()
+        .layer(RetryAfterLayer::new(RetryPolicy::new()).jitter(Fixed(0.5)))
+        .layer(PriorityQueueLayer::new(QueueConfig::new()))
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .service(provider);
+    let client = BoxCloneService::new(client);
+    let a = tokio::spawn(client.clone().oneshot(request("a", Priority::Async)));
+    time::sleep(SEC / 2).await;
+    let mut rest = Vec::new();
+    for label in ["b", "c", "d"] {
+        rest.push(tokio::spawn(
+            client.clone().oneshot(request(label, Priority::Async)),
+        ));
+        tokio::task::yield_now().await;
+    }
+    for task in std::iter::once(a).chain(rest) {
+        task.await.unwrap().unwrap();
+    }
+    let log = log.lock().unwrap().clone();
+    let order: Vec<(&str, f64)> = log
+        .iter()
+        .map(|(label, at)| (label.as_str(), at.as_secs_f64()))
+        .collect();
+    assert_eq!(
+        order,
+        [("a", 0.0), ("a", 1.0), ("b", 2.0), ("c", 3.0), ("d", 4.0)]
+    );
+}

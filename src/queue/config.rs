@@ -146,16 +146,17 @@ impl QueueConfig {
         self.default_priority
     }
 
-    /// How a request of `priority` that entered at `enqueued_at` and gives up at `deadline` is
-    /// placed in an ordering.
+    /// How a request of `priority` that entered at `enqueued_at`, may go from `not_before`
+    /// and gives up at `deadline` is placed in an ordering.
     pub(crate) fn placed(
         &self,
         priority: Priority,
-        enqueued_at: Instant,
+        (enqueued_at, not_before): (Instant, Option<Instant>),
         deadline: Instant,
     ) -> Scheduling {
         Scheduling {
             deadline: Some(deadline),
+            not_before,
             ..self.scheduling(priority, enqueued_at)
         }
     }

@@ -83,6 +83,8 @@ struct Wait<S, B> {
     priority: Priority,
     // When the logical request first entered an ordering (kept across retries).
     enqueued_at: Instant,
+    /// Not admitted before (a retry waiting out `Retry-After`, in a budget inside).
+    not_before: Option<Instant>,
     deadline: Instant,
     service: S,
     // `service` was asked its readiness and answered not yet: it may hold a place in the
@@ -112,7 +114,7 @@ where
 
     pub(crate) fn new(
         shared: Arc<Shared>,
-        (priority, enqueued_at): (Priority, Instant),
+        (priority, enqueued_at, not_before): (Priority, Instant, Option<Instant>),
         deadline: Instant,
         service: S,
         request: Request<B>,
@@ -124,6 +126,7 @@ where
                     place: None,
                     priority,
                     enqueued_at,
+                    not_before,
                     deadline,
                     service,
                     asked: false,
@@ -152,13 +155,15 @@ where
                         place,
                         priority,
                         enqueued_at,
+                        not_before,
                         deadline,
                         service,
                         asked,
                         arrived,
                         ..
                     } = &mut **wait;
-                    let scheduling = shared.config.placed(*priority, *enqueued_at, *deadline);
+                    let placed = (*enqueued_at, *not_before);
+                    let scheduling = shared.config.placed(*priority, placed, *deadline);
                     let error = match poll_turn(
                         shared,
                         place,

@@ -120,7 +120,7 @@ mod layer;
 mod service;
 mod shared;
 
-pub use crate::priority::EnqueuedAt;
+pub use crate::priority::{EnqueuedAt, NotBefore};
 pub use crate::sched::{ClassSnapshot, QueueSnapshot};
 pub use config::{ClassConfig, QueueConfig};
 pub use future::ResponseFuture;

@@ -8,7 +8,7 @@ use tower::Service;
 use super::ResponseFuture;
 use super::shared::{QueueHandle, Shared};
 use crate::error::{BoxError, Error};
-use crate::priority::{Deadline, EnqueuedAt, Priority};
+use crate::priority::{Deadline, EnqueuedAt, NotBefore, Priority};
 use crate::sched::saturating_deadline;
 
 /// Orders requests by [`Priority`](crate::Priority) before the inner service sees them; see the
@@ -97,17 +97,21 @@ where
             .get::<EnqueuedAt>()
             .map_or(now, |at| at.instant().min(now));
         // A retried request keeps its place from its first attempt, but waits its class's full
-        // maximum from now.
+        // maximum from now, or from when it may go.
+        let not_before = (extensions.get::<NotBefore>())
+            .map(NotBefore::instant)
+            .filter(|&at| at > now);
         let max_wait = config.class(priority).max_wait();
-        let deadline = extensions
-            .get::<Deadline>()
-            .map_or_else(|| saturating_deadline(now, max_wait), Deadline::instant);
+        let deadline = extensions.get::<Deadline>().map_or_else(
+            || saturating_deadline(not_before.unwrap_or(now), max_wait),
+            Deadline::instant,
+        );
         let ready = std::mem::take(&mut self.ready);
         if ready && self.shared.is_empty() {
             // Nobody waits here and the inner service is ready: hand it over now. Inner layers
             // follow the placement: a budget orders its waiters by it, and gives up waiting at
             // its deadline.
-            let scheduling = config.placed(priority, enqueued_at, deadline);
+            let scheduling = config.placed(priority, (enqueued_at, not_before), deadline);
             request.extensions_mut().insert(scheduling);
             if let Some(link) = self.shared.link() {
                 request.extensions_mut().insert(link);
@@ -122,7 +126,7 @@ where
         }
         ResponseFuture::new(
             self.shared.clone(),
-            (priority, enqueued_at),
+            (priority, enqueued_at, not_before),
             deadline,
             self.inner.clone(),
             request,

@@ -30,9 +30,10 @@ use super::settings::Settings;
 use super::{Classify, Failure, FailureClass, GaveUp, Permanent, RetryBody, RetryReport};
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};
-use crate::priority::{Deadline, EnqueuedAt, Priority, Timings};
+use crate::priority::{Deadline, EnqueuedAt, NotBefore, Priority, Timings};
 use crate::provider::hints;
 use crate::provider::{RateLimitError, Scope};
+use crate::timer::saturating_deadline;
 
 /// Error bodies larger than this are not read: the failure is classified by its status and
 /// headers, with an empty body.
@@ -66,6 +67,10 @@ pin_project! {
         // Whether this request earned its retries yet: when its first attempt ends, so that
         // the retry budget follows the traffic the provider sees, not arrivals in the queue.
         deposited: bool,
+        // A budget's ordering answered the last attempt: the next waits out its delay there,
+        // in its first attempt's place (`NotBefore`), rather than here.
+        ordered: bool,
+        not_before: Option<Instant>,
         report: RetryReport,
         // The request's span: the inner layers record their facts into it.
         span: tracing::Span,
@@ -132,6 +137,8 @@ where
             started: Instant::now(),
             first_sent: None,
             deposited: false,
+            ordered: false,
+            not_before: None,
             span,
             report: RetryReport {
                 attempts: 1,
@@ -240,6 +247,9 @@ where
                     request
                         .extensions_mut()
                         .insert(EnqueuedAt::at(*this.started));
+                    if let Some(at) = this.not_before.take() {
+                        request.extensions_mut().insert(NotBefore::at(at));
+                    }
                     this.report.attempts += 1;
                     this.span.record("attempt", this.report.attempts);
                     tracing::debug!(attempt = this.report.attempts, "retrying");
@@ -251,7 +261,13 @@ where
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             };
             this.report.waited += next;
-            this.state.set(State::Waiting { sleep: sleep(next) });
+            if *this.ordered {
+                // The budget's ordering holds its place meanwhile.
+                *this.not_before = Some(saturating_deadline(Instant::now(), next));
+                this.state.set(State::Readying);
+            } else {
+                this.state.set(State::Waiting { sleep: sleep(next) });
+            }
         }
     }
 }
@@ -274,6 +290,7 @@ where
         body: &body,
     };
     let class = this.settings.classify.classify(&failure);
+    *this.ordered = (head.extensions.get::<Timings>()).is_some_and(|t| t.ordered);
     if head.status == http::StatusCode::TOO_MANY_REQUESTS {
         tracing::debug!(?class, "provider rate limit (429)");
     }
@@ -410,11 +427,13 @@ where
     if !waits_for_budget && this.report.attempts >= policy.attempts(*this.priority) {
         return Next::GiveUp(GaveUp::Attempts);
     }
-    let wait = policy.wait(
-        (this.report.attempts - 1).min(30),
-        hint,
-        this.settings.jitter.fraction(),
-    );
+    // Waiting in a budget's ordering, a provider's wait needs no jitter: the retries come
+    // back to their places at its end, and the budget spaces them.
+    let jitter = match *this.ordered && hint.is_some() {
+        true => 0.0,
+        false => this.settings.jitter.fraction(),
+    };
+    let wait = policy.wait((this.report.attempts - 1).min(30), hint, jitter);
     let first_sent = this.first_sent.unwrap_or(*this.started);
     if first_sent.elapsed().saturating_add(wait) > policy.total(*this.priority) {
         return Next::GiveUp(GaveUp::Time);

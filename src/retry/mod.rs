@@ -63,7 +63,12 @@
 //!   deadline and its class's total time. Interactive requests keep every limit.
 //! - **Every attempt re-enters admission**: the layer sits outside the queue and the budget,
 //!   so a retry queues again (keeping its first attempt's [`EnqueuedAt`](crate::queue::EnqueuedAt)
-//!   for aging) and reserves again. Requests are re-sent from a clone: the body must be `Clone`
+//!   for aging) and reserves again. **A retry keeps its place while it waits**: when a
+//!   [`TokenBudgetLayer`](crate::TokenBudgetLayer) answered the last attempt, the retry is
+//!   handed to it at once with [`NotBefore`](crate::queue::NotBefore) (the provider's wait,
+//!   without jitter: the budget spaces the retries), and waits in the budget's ordering at its
+//!   first attempt's place, out of the way of the others until a millisecond before its time:
+//!   requests that arrived meanwhile go after it. Without a budget inside, it sleeps here. Requests are re-sent from a clone: the body must be `Clone`
 //!   (`Full<Bytes>`, `String`, `Bytes`; buffer a streaming request body first).
 //! - **A 429 pauses the shared budget** ([`RetryAfterLayer::pause_on_rate_limit`]): the
 //!   dimensions it names (from the rate-limit headers or the message; all when unknown) admit

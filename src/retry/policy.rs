@@ -179,8 +179,8 @@ impl RetryPolicy {
         match hint {
             None => window.mul_f64(fraction),
             Some(hint) => {
-                let spread = (hint.max(window) * 2).min(self.cap);
-                hint + spread.mul_f64(fraction)
+                let spread = hint.max(window).saturating_mul(2).min(self.cap);
+                hint.saturating_add(spread.mul_f64(fraction))
             }
         }
     }

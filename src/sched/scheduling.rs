@@ -82,6 +82,8 @@ pub(crate) struct Scheduling {
     pub(crate) flow: Flow,
     /// The latest instant at which the request may still be admitted.
     pub(crate) deadline: Option<Instant>,
+    /// The earliest: it waits in its place until then (a retry waiting out `Retry-After`).
+    pub(crate) not_before: Option<Instant>,
 }
 
 impl Scheduling {
@@ -96,6 +98,7 @@ impl Scheduling {
             class_max_depth: u32::MAX,
             flow: Flow::DEFAULT,
             deadline: None,
+            not_before: None,
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::budget::{Ask, Budget, Floor, Reserve};
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};
 use crate::observe::Labels;
-use crate::priority::{Deadline, EnqueuedAt, Priority};
+use crate::priority::{Deadline, EnqueuedAt, NotBefore, Priority};
 use crate::queue::QueueLink;
 use crate::sched::Scheduling;
 use crate::tenant::Tenant;
@@ -119,6 +119,7 @@ impl<S> TokenBudget<S> {
             let priority = extensions.get::<Priority>().copied();
             Scheduling {
                 deadline: extensions.get::<Deadline>().map(Deadline::instant),
+                not_before: extensions.get::<NotBefore>().map(NotBefore::instant),
                 ..Scheduling::new(priority.unwrap_or(Priority::Async), enqueued_at)
             }
         });

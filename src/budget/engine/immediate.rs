@@ -148,7 +148,7 @@ impl Budget {
     }
 
     fn admit_id_now(&self, ask: &Ask, now: Instant) -> Option<(ReservationId, Option<Tenant>)> {
-        if self.asks_per_admission() {
+        if self.asks_per_admission() || ask.scheduling.not_before.is_some_and(|at| at > now) {
             return None;
         }
         let ns = self.nanos_since_origin(now);

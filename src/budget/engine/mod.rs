@@ -8,7 +8,9 @@
 //! 2. **the ordering** ([`Pass::join`]): while others wait, a newcomer takes its place in the
 //!    one ordering (`sched::order`: class, aging, fair share, arrival) rather than overtaking;
 //! 3. **its turn** ([`Pass::take_turn`]): only the head may go (or a request behind heads that
-//!    wait only for a higher class floor); the others wait without a timer;
+//!    wait only for a higher class floor); the others wait without a timer; a head that may
+//!    not go yet ([`Pass::not_yet`], a retry waiting out `Retry-After`) holds its place until
+//!    its time;
 //! 4. **the ways the request is paid for** ([`Pass::pay`], [`ways`]): an in-flight slot, its
 //!    tenant nodes, a question to the shared store, the buckets in memory, all paid or none.
 //!    The first that cannot pay says how the request waits: in its place for a slot, woken
@@ -52,6 +54,10 @@ pub(crate) use answer::Answer;
 pub(crate) use waiters::{Ask, Slots, WaitList};
 use ways::{Bill, Unpaid};
 
+/// How long before its time a request held back ([`Pass::hold_back`]) comes back to its
+/// place: a millisecond.
+const RETURN_LEAD: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// What a waiting admission carries from one pass to the next: what it asks, its place, and
 /// what the shared store told it.
 #[derive(Debug)]
@@ -67,6 +73,8 @@ pub(crate) struct Waiting {
     /// Out of the ordering (keeping its place) until a node of its tenant path can pay: the
     /// depth of that node and the parking's ticket.
     pub(crate) parked: Option<(usize, u64)>,
+    /// Out of the ordering (keeping its place) until shortly before it may go.
+    pub(crate) held_back: bool,
 }
 
 impl Waiting {
@@ -77,6 +85,7 @@ impl Waiting {
             retry_at: None,
             local: false,
             parked: None,
+            held_back: false,
         }
     }
 }
@@ -152,8 +161,10 @@ impl<'a> Pass<'a> {
     /// The questions of a pass, in order; each ends the pass (`Break`) or lets the next ask.
     fn admit(&mut self, waiting: &mut Waiting) -> ControlFlow<Step, Infallible> {
         let path = self.check_path(waiting)?;
+        self.hold_back(waiting)?;
         self.join(waiting)?;
         self.take_turn(waiting)?;
+        self.not_yet(waiting)?;
         Break(self.pay(waiting, path))
     }
 
@@ -209,9 +220,11 @@ impl<'a> Pass<'a> {
     }
 
     /// 2. The ordering: while others wait, a newcomer takes a place (it may be the head's: a
-    ///    higher class goes first), unless its cost can never fit.
+    ///    higher class goes first), unless its cost can never fit; so does one that may not
+    ///    go yet, whoever waits.
     fn join(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
-        if waiting.place.is_some() || self.state.queue.is_empty() {
+        let later = self.later(waiting).is_some();
+        if waiting.place.is_some() || (self.state.queue.is_empty() && !later) {
             return Continue(());
         }
         if let Err(e) = self
@@ -243,6 +256,48 @@ impl<'a> Pass<'a> {
         let head = self.state.queue.tell_head(self.now);
         self.wake(head);
         Break(step)
+    }
+
+    /// 1b. Not before its time (a retry waiting out `Retry-After`): the request takes its
+    ///     place (its first attempt's), and steps out of the ordering keeping it, so that the
+    ///     others go meanwhile; it comes back [`RETURN_LEAD`] before its time, so that a
+    ///     request behind it whose cost fits at that very instant does not take its turn.
+    fn hold_back(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
+        let Some(at) = waiting.ask.scheduling.not_before else {
+            return Continue(());
+        };
+        let back = at.checked_sub(RETURN_LEAD).unwrap_or(at);
+        if self.now >= back {
+            if std::mem::take(&mut waiting.held_back) {
+                let mine = waiting.place.expect("held back in its place");
+                self.state.queue.restore(mine, &waiting.ask, self.waker);
+            }
+            return Continue(());
+        }
+        if !waiting.held_back {
+            if let Step::Full(depth) = self.wait(waiting) {
+                return Break(Step::Full(depth));
+            }
+            let mine = waiting.place.expect("placed above");
+            let next = self.state.queue.step_out(mine, self.now);
+            self.wake(next);
+            waiting.held_back = true;
+        }
+        Break(Step::WaitUntil(back))
+    }
+
+    /// 3b. Not before its time: back in its place, the head waits for its time, and those
+    ///     behind it wait behind it.
+    fn not_yet(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
+        match self.later(waiting) {
+            Some(at) => Break(Step::WaitUntil(at)),
+            None => Continue(()),
+        }
+    }
+
+    /// When the request may go, if not now.
+    fn later(&self, waiting: &Waiting) -> Option<Instant> {
+        (waiting.ask.scheduling.not_before).filter(|&at| at > self.now)
     }
 
     /// 4. The ways the request is paid for ([`ways`]): every one, or none. A shared budget
