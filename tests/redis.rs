@@ -397,7 +397,7 @@ async fn a_killed_redis_falls_back_to_the_local_share_then_returns() {
     server.restart();
     let restarted = Instant::now();
     let mut back = None;
-    while restarted.elapsed() < Duration::from_secs(3) {
+    while restarted.elapsed() < Duration::from_secs(30) {
         if budget.is_store_reachable() && server.command("DBSIZE") != ":0" {
             back = Some(restarted.elapsed());
             break;
@@ -434,7 +434,9 @@ async fn a_killed_redis_falls_back_to_the_local_share_then_returns() {
         during >= 0.8 * (share - 5.0),
         "the fallback admitted {during}"
     );
-    assert!(back <= Duration::from_secs(1), "back after {back:?}");
+    // The breaker probes every 500 ms: back within a probe or two on a quiet machine; the
+    // bound is ten of them, where a breaker that never closes would not come back at all.
+    assert!(back <= Duration::from_secs(5), "back after {back:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -464,15 +466,19 @@ async fn a_paused_redis_makes_no_request_wait_past_the_timeout() {
         let start = Instant::now();
         let error = closed.reserve(Cost::requests_only(1)).await.unwrap_err();
         assert!(matches!(error, ReserveError::Unavailable(_)), "{error}");
+        // Within the timeout (50 ms) on a quiet machine; the bound is half the pause, which
+        // a request waiting for Redis would reach.
         assert!(
-            start.elapsed() < Duration::from_millis(500),
+            start.elapsed() < Duration::from_secs(5),
             "{:?} for a 50 ms timeout, Redis paused for 10 s",
             start.elapsed()
         );
         let start = Instant::now();
         let reservation = fallback.reserve(Cost::requests_only(1)).await.unwrap();
+        // Within the timeout (50 ms) on a quiet machine; the bound is half the pause, which
+        // a request waiting for Redis would reach.
         assert!(
-            start.elapsed() < Duration::from_millis(500),
+            start.elapsed() < Duration::from_secs(5),
             "{:?} for a 50 ms timeout, Redis paused for 10 s",
             start.elapsed()
         );
@@ -493,15 +499,14 @@ async fn idle_keys_expire() {
         reservation.mark_sent();
         reservation.settle_cost(Cost::new(50, 5).with_requests(1));
     }
-    tokio::time::sleep(Duration::from_millis(100)).await;
     assert_ne!(server.command("DBSIZE"), ":0");
     // Buckets expire once full again (well under a second here, plus a second of slack);
     // records after their lease, settled ones after their tombstone's 5 s.
     let expired = Instant::now();
     while server.command("DBSIZE") != ":0" {
         assert!(
-            expired.elapsed() < Duration::from_secs(10),
-            "keys left after 10 s"
+            expired.elapsed() < Duration::from_secs(30),
+            "keys left after 30 s"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -567,15 +572,18 @@ async fn a_refund_during_a_pause_does_not_shorten_it() {
     a.pause(&[Dimension::TotalTokens], until);
     let hold = "llmq:{pause-refund}:total_tokens:60000:held";
     wait_for("the pause written", || exists(&server, hold)).await;
+    let bucket = "GET llmq:{pause-refund}:total_tokens:60000";
+    let before = server.command(bucket);
     running.settle_cost(Cost::new(900, 100).with_requests(1));
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    wait_for("the refund written", || server.command(bucket) != before).await;
     let reservation = a.reserve(Cost::new(400, 0)).await.unwrap();
     let admitted = Instant::now();
     reservation.refund();
-    // Held to the end; the 1,000 given back are there then, so it goes at once.
+    // Held to the end; the 1,000 given back are there then, so it goes at once, where
+    // without them the 300 missing would take 9 s to refill: half of that is the margin.
     assert!(admitted >= until, "admitted {:?} early", until - admitted);
     assert!(
-        admitted < until + Duration::from_secs(1),
+        admitted < until + Duration::from_millis(4_500),
         "admitted {:?} late",
         admitted - until
     );

@@ -281,8 +281,11 @@ async fn served_by_each_tenant(lease: &str, weight_a: u32) -> (u64, u64) {
 
 /// Tenants share a saturated account by their weights whatever the spread of their clients
 /// over the replicas, in the default mode (leases): `a` on one replica, `b` on both; 50/50 for
-/// equal weights, 75/25 for 3:1, within 5 points. Asking per admission (`lease_refresh_ms =
-/// 0`), the processes take turns at the store: nobody starves.
+/// equal weights, 75/25 for 3:1. The margin is the mechanism's, not a quiet run's: of the
+/// about 60 answers measured, a tenant may be off its share by one renewal's grant (2
+/// requests: 20 a second renewed every 100 ms) at each edge of the window and one request of
+/// each tenant (the fair share's bound): 6 requests, 10 points. Asking per admission
+/// (`lease_refresh_ms = 0`), the processes take turns at the store: nobody starves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_a_saturated_account_by_their_tenants_not_their_clients() {
     let share = |(a, b): (u64, u64)| a as f64 / (a + b) as f64;
@@ -296,8 +299,9 @@ async fn replicas_share_a_saturated_account_by_their_tenants_not_their_clients()
         );
         // 20 a second for both: about 60 in the measured three seconds.
         assert!(served.0 + served.1 >= 50, "{served:?}");
+        let margin = 6.0 / (served.0 + served.1) as f64;
         assert!(
-            (share(served) - expected).abs() <= 0.05,
+            (share(served) - expected).abs() <= margin,
             "{served:?}: the tenants' weights {weight}:1, not their clients' spread"
         );
     }
