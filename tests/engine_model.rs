@@ -18,7 +18,11 @@
 //!   becomes its oldest; `V` the largest tag served by tag), then arrival; each tenant's
 //!   requests in arrival order;
 //! - a request is admitted when it is the head and the bucket holds its cost; a request that
-//!   arrives while nobody waits and fits is admitted at once.
+//!   arrives while nobody waits and fits is admitted at once;
+//! - a request not admitted before an instant (a retry waiting out `Retry-After`) takes its
+//!   place when it arrives, keeps its tenant's turn, and is out of the ordering until a
+//!   millisecond before that instant (the others go meanwhile), then back in its place, a
+//!   front since its enqueue time; it is admitted from that instant on.
 //!
 //! Two drivers run each case: every reservation in its own task, and every reservation polled
 //! by one task (as `join_all` does), whose wakers are all the same.
@@ -79,6 +83,10 @@ enum Event {
         class: usize,
         tenant: usize,
         cost: u64,
+        /// Not admitted before this many ms after its arrival (a retry waiting out
+        /// `Retry-After`): 10k + 2, so that its instant, and its return a millisecond before,
+        /// fall on no other event's.
+        later: Option<u64>,
     },
     /// Cancels the `n`-th (modulo) request still waiting, by arrival.
     Cancel {
@@ -127,8 +135,13 @@ fn case() -> impl Strategy<Value = Case> {
         let count = tenants.len();
         let event = prop_oneof![
             6 => (0..3usize, 0..count, 1..=(burst / 10)).prop_map(|(class, tenant, cost)| {
-                Event::Arrive { class, tenant, cost: cost * 10 }
+                Event::Arrive { class, tenant, cost: cost * 10, later: None }
             }),
+            1 => (0..3usize, 0..count, 1..=(burst / 10), 0..=40u64).prop_map(
+                |(class, tenant, cost, tens)| {
+                    Event::Arrive { class, tenant, cost: cost * 10, later: Some(tens * 10 + 2) }
+                }
+            ),
             1 => (0..64usize).prop_map(|n| Event::Cancel { n }),
             1 => (0..64usize, 0..=9u64).prop_map(|(n, keep)| Event::Settle { n, keep }),
             3 => prop_oneof![
@@ -164,6 +177,9 @@ struct Waiting {
     cost: u64,
     at: u64,
     ticket: u64,
+    /// Not admitted before; out of the ordering (its place and its tenant's turn kept) until
+    /// a millisecond before.
+    not_before: Option<u64>,
 }
 
 /// One class's fair-share clocks, never forgotten.
@@ -186,6 +202,8 @@ struct Model {
     level_at: u64,
     now: u64,
     waiting: Vec<Waiting>,
+    /// Held back until a millisecond before their time.
+    away: Vec<Waiting>,
     clocks: [ClassClocks; 3],
     next_ticket: u64,
     held: Vec<(usize, u64)>,
@@ -201,6 +219,7 @@ impl Model {
             level_at: 0,
             now: 0,
             waiting: Vec::new(),
+            away: Vec::new(),
             clocks: Default::default(),
             next_ticket: 0,
             held: Vec::new(),
@@ -224,10 +243,9 @@ impl Model {
         })
     }
 
+    /// Whether `tenant` has a request in `class`, waiting or held back (its turn is kept).
     fn waits_in(&self, class: usize, tenant: usize) -> bool {
-        self.waiting
-            .iter()
-            .any(|w| w.class == class && w.tenant == tenant)
+        (self.waiting.iter().chain(&self.away)).any(|w| w.class == class && w.tenant == tenant)
     }
 
     fn guarantee_waits(&self, class: usize, tenant: usize) -> bool {
@@ -296,16 +314,12 @@ impl Model {
             .min()
     }
 
-    fn join(&mut self, id: usize, class: usize, tenant: usize, cost: u64) {
-        let clocks = &mut self.clocks[class];
-        if !self.waiting.iter().any(|w| w.class == class) {
-            clocks.front_since = Some(self.now);
+    fn join(&mut self, id: usize, class: usize, tenant: usize, cost: u64, later: Option<u64>) {
+        if later.is_none() && !self.waiting.iter().any(|w| w.class == class) {
+            self.clocks[class].front_since = Some(self.now);
         }
-        if !self
-            .waiting
-            .iter()
-            .any(|w| w.class == class && w.tenant == tenant)
-        {
+        if !self.waits_in(class, tenant) {
+            let clocks = &mut self.clocks[class];
             let finish = clocks.finish.get(&tenant).copied().unwrap_or(0);
             clocks.turn.insert(tenant, finish.max(clocks.virtual_time));
             if self.tenants[tenant].guarantee > 0 {
@@ -313,19 +327,54 @@ impl Model {
                 clocks.credit.entry(tenant).or_insert(1);
             }
         }
-        self.waiting.push(Waiting {
+        let waiting = Waiting {
             id,
             class,
             tenant,
             cost,
             at: self.now,
             ticket: self.next_ticket,
-        });
+            not_before: later.map(|ms| self.now + ms),
+        };
         self.next_ticket += 1;
+        match later {
+            Some(_) => self.away.push(waiting),
+            None => self.waiting.push(waiting),
+        }
+    }
+
+    /// Brings back to their places the requests held back whose time is a millisecond away:
+    /// a front since its enqueue time when its class waited for none (or for later ones).
+    fn bring_back(&mut self) {
+        let now = self.now;
+        while let Some(i) =
+            (self.away.iter()).position(|w| w.not_before.is_some_and(|at| at - 1 <= now))
+        {
+            let w = self.away.remove(i);
+            let first = (self.waiting.iter())
+                .filter(|o| o.class == w.class)
+                .map(|o| o.at)
+                .min();
+            let clocks = &mut self.clocks[w.class];
+            clocks.front_since = match (clocks.front_since, first) {
+                (Some(since), Some(first)) if first <= w.at => Some(since),
+                (Some(since), Some(_)) => Some(since.min(w.at)),
+                _ => Some(w.at),
+            };
+            self.waiting.push(w);
+        }
     }
 
     /// Takes `id` out of the waiting list, served or not.
     fn take(&mut self, id: usize, served: bool) {
+        if let Some(i) = self.away.iter().position(|w| w.id == id) {
+            // Held back, cancelled: its tenant's turn goes if it has nothing else there.
+            let w = self.away.remove(i);
+            if !self.waits_in(w.class, w.tenant) {
+                self.clocks[w.class].turn.remove(&w.tenant);
+            }
+            return;
+        }
         let i = self.waiting.iter().position(|w| w.id == id).unwrap();
         let was_front = self.front(self.waiting[i].class).map(|f| f.id) == Some(id);
         let w = self.waiting.remove(i);
@@ -374,10 +423,11 @@ impl Model {
         self.admitted.push((id, self.now));
     }
 
-    /// Admits every head that fits now.
+    /// Admits every head that fits now (and whose time has come).
     fn admit_ready(&mut self) {
+        self.bring_back();
         while let Some(head) = self.head(self.now) {
-            if self.level(self.now) < head.cost {
+            if self.level(self.now) < head.cost || head.not_before.is_some_and(|at| at > self.now) {
                 break;
             }
             self.take(head.id, true);
@@ -391,9 +441,15 @@ impl Model {
             self.admit_ready();
             let ready = self.head(self.now).map(|head| {
                 let level = self.level(self.now);
-                self.now + head.cost.saturating_sub(level)
+                (self.now + head.cost.saturating_sub(level)).max(head.not_before.unwrap_or(0))
             });
-            let next = [ready, self.next_promotion(self.now)]
+            let back = self
+                .away
+                .iter()
+                .filter_map(|w| w.not_before)
+                .map(|at| at - 1)
+                .min();
+            let next = [ready, self.next_promotion(self.now), back]
                 .into_iter()
                 .flatten()
                 .min();
@@ -411,16 +467,18 @@ impl Model {
                 class,
                 tenant,
                 cost,
+                later,
             } => {
-                if self.waiting.is_empty() && self.level(self.now) >= cost {
+                if later.is_none() && self.waiting.is_empty() && self.level(self.now) >= cost {
                     self.admit(id, cost);
                 } else {
-                    self.join(id, class, tenant, cost);
+                    self.join(id, class, tenant, cost, later);
                 }
             }
             Event::Cancel { n } => {
-                if !self.waiting.is_empty() {
-                    let mut ids: Vec<usize> = self.waiting.iter().map(|w| w.id).collect();
+                if !self.waiting.is_empty() || !self.away.is_empty() {
+                    let everyone = self.waiting.iter().chain(&self.away);
+                    let mut ids: Vec<usize> = everyone.map(|w| w.id).collect();
                     ids.sort_unstable();
                     self.take(ids[n % ids.len()], false);
                 }
@@ -484,21 +542,29 @@ fn tenant(i: usize) -> Tenant {
     format!("t{i}").parse().unwrap()
 }
 
-fn reserve(budget: &Budget, event: Event) -> Option<tower_llm_quota::budget::Reserve> {
+/// The reservation of an arrival at `now`.
+fn reserve(
+    budget: &Budget,
+    event: Event,
+    now: Instant,
+) -> Option<tower_llm_quota::budget::Reserve> {
     let Event::Arrive {
         class,
         tenant: t,
         cost,
+        later,
     } = event
     else {
         return None;
     };
-    Some(
-        budget
-            .reserve(Cost::new(cost, 0))
-            .priority(CLASSES[class])
-            .tenant(tenant(t)),
-    )
+    let reserve = budget
+        .reserve(Cost::new(cost, 0))
+        .priority(CLASSES[class])
+        .tenant(tenant(t));
+    Some(match later {
+        Some(ms) => reserve.not_before(now + Duration::from_millis(ms)),
+        None => reserve,
+    })
 }
 
 fn settle(reservation: Reservation, keep: u64) {
@@ -527,7 +593,7 @@ async fn engine_tasks(case: &Case) -> Vec<(usize, u64)> {
     let mut t = PHASE_MS;
     for (id, &event) in case.events.iter().enumerate() {
         tokio::time::sleep_until(start + Duration::from_millis(t)).await;
-        if let Some(reserve) = reserve(&budget, event) {
+        if let Some(reserve) = reserve(&budget, event, start + Duration::from_millis(t)) {
             let (log, held) = (log.clone(), held.clone());
             tasks.insert(
                 id,
@@ -645,7 +711,7 @@ async fn engine_one_task(case: &Case) -> Vec<(usize, u64)> {
                 return Poll::Pending;
             }
             let event = case.events[next];
-            if let Some(reserve) = reserve(&budget, event) {
+            if let Some(reserve) = reserve(&budget, event, start + Duration::from_millis(t)) {
                 pending.push((next, Box::pin(watched(next, reserve))));
             }
             match event {
@@ -780,6 +846,7 @@ fn burst_case() -> impl Strategy<Value = Case> {
                 class,
                 tenant,
                 cost: cost * 10,
+                later: None,
             });
         prop::collection::vec(arrival, 2..24).prop_map(move |events| Case {
             drained: true,
@@ -820,7 +887,7 @@ async fn redis_order(url: &str, key: &str, case: &Case) -> Vec<usize> {
     // ordering (none can ask the store without a free slot) until it is given back.
     let held = budget.reserve(Cost::new(case.burst, 0)).await.unwrap();
     let reserves = case.events.iter().enumerate().filter_map(|(id, &event)| {
-        let reserve = reserve(&budget, event)?;
+        let reserve = reserve(&budget, event, Instant::now())?;
         Some(async move {
             let reservation = reserve.await.expect("admitted");
             let order = reservation.id();

@@ -119,6 +119,15 @@ impl Reserve {
         self
     }
 
+    /// Not admitted before `instant` (a retry waiting out `Retry-After`, see
+    /// [`NotBefore`](crate::queue::NotBefore)): the reservation takes its place now, steps
+    /// out of the way of the others, and comes back to it a millisecond before `instant`.
+    /// Defaults to no such instant.
+    pub fn not_before(mut self, instant: Instant) -> Self {
+        self.waiting.ask.scheduling.not_before = Some(instant);
+        self
+    }
+
     /// The cost being reserved.
     pub fn cost(&self) -> Cost {
         self.waiting.ask.cost
