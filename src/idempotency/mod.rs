@@ -87,6 +87,14 @@
 //! from its heartbeat) plus a recheck. Duplicates in other processes receive the stored
 //! response once the first has completed, not a live stream.
 //!
+//! # How long a duplicate waits
+//!
+//! At most [`IdempotencyLayer::max_wait`] (10 minutes by default), or its own
+//! [`Deadline`](crate::Deadline) when sooner: then it fails with
+//! [`IdempotencyError::is_still_in_flight`] and sends nothing. A first call whose body is
+//! held unread keeps its claim as long as the body lives; its duplicates do not wait for it
+//! without end.
+//!
 //! # Why
 //!
 //! An ambiguous failure (the connection drops after the provider processed the call)
