@@ -206,6 +206,12 @@ async fn three_budgets_three_tenants_keep_every_node_and_the_account() {
         worst_excess(&of("b"), NODE_B, NODE_B, slack),
         worst_excess(&all, ACCOUNT, ACCOUNT, slack)
     );
+    eprintln!(
+        "with a fixed slack of {SLACK:?} instead: a {}, b {}, account {}",
+        worst_excess(&of("a"), NODE_A, NODE_A, SLACK),
+        worst_excess(&of("b"), NODE_B, NODE_B, SLACK),
+        worst_excess(&all, ACCOUNT, ACCOUNT, SLACK)
+    );
     assert!(
         used >= 0.9,
         "the account {used:.3} used: a {a}, b {b}, c {c}"
