@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use metrics_util::{CompositeKey, MetricKind};
 use support::{budget, limit};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
@@ -76,6 +76,21 @@ fn samples(series: &HashMap<String, DebugValue>, name: &str) -> Vec<f64> {
         Some(DebugValue::Histogram(values)) => values.iter().map(|v| v.into_inner()).collect(),
         other => panic!("{name}: {other:?}"),
     }
+}
+
+/// Runs `test` on a current-thread runtime with a paused clock, this thread recording into a
+/// debugging recorder that `test` reads through its snapshotter.
+fn on_paused_runtime<F: std::future::Future<Output = ()>>(test: impl FnOnce(Snapshotter) -> F) {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(test(snapshotter));
+    });
 }
 
 #[tokio::test(start_paused = true)]
@@ -224,10 +239,11 @@ async fn a_scripted_scenario_records_every_series() {
         samples(&series, &format!("llm_call_seconds{{{by}}}")),
         [0.25; 9]
     );
-    // Every request was admitted at once: no ordering ever held one, so no depth was set.
+    // The retry came back to its place in the ordering a millisecond before its time, and
+    // left it admitted: the depth is back at 0.
     assert_eq!(
         series.get("gauge llm_queue_depth{priority=async,queue=default}"),
-        None
+        Some(&DebugValue::Gauge(0.0.into()))
     );
     assert!(
         series.contains_key("gauge llm_budget_level{dimension=total_tokens,window_seconds=60}")
@@ -306,49 +322,40 @@ fn duplicates_suppressed_and_jobs_by_state_are_recorded() {
 /// accounts' queues no longer overwrite each other's depth.
 #[test]
 fn each_budget_s_depth_has_its_own_label() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let account = |name: &str| {
-                let quota = tower_llm_quota::Quota::new()
-                    .with_limit(limit(Dimension::TotalTokens, 1_000, SEC, 1_000))
-                    .with_name(name);
-                let budget = tower_llm_quota::Budget::new(quota);
-                budget
-                    .try_reserve(Cost::new(1_000, 0))
-                    .unwrap()
-                    .charge_estimate();
-                budget
-            };
-            let (openai, anthropic) = (account("openai"), account("anthropic"));
-            let wait = |budget: &tower_llm_quota::Budget, n| {
-                (0..n)
-                    .map(|_| {
-                        let budget = budget.clone();
-                        tokio::spawn(async move { budget.reserve(Cost::new(10, 0)).await })
-                    })
-                    .collect::<Vec<_>>()
-            };
-            let (a, b) = (wait(&openai, 3), wait(&anthropic, 1));
-            tokio::task::yield_now().await;
-            let series = series(snapshotter.snapshot().into_vec());
-            let depth = |queue: &str| {
-                series.get(&format!(
-                    "gauge llm_queue_depth{{priority=async,queue={queue}}}"
-                ))
-            };
-            assert_eq!(depth("openai"), Some(&DebugValue::Gauge(3.0.into())));
-            assert_eq!(depth("anthropic"), Some(&DebugValue::Gauge(1.0.into())));
-            for task in a.into_iter().chain(b) {
-                task.abort();
-            }
-        });
+    on_paused_runtime(|snapshotter| async move {
+        let account = |name: &str| {
+            let quota = tower_llm_quota::Quota::new()
+                .with_limit(limit(Dimension::TotalTokens, 1_000, SEC, 1_000))
+                .with_name(name);
+            let budget = tower_llm_quota::Budget::new(quota);
+            budget
+                .try_reserve(Cost::new(1_000, 0))
+                .unwrap()
+                .charge_estimate();
+            budget
+        };
+        let (openai, anthropic) = (account("openai"), account("anthropic"));
+        let wait = |budget: &tower_llm_quota::Budget, n| {
+            (0..n)
+                .map(|_| {
+                    let budget = budget.clone();
+                    tokio::spawn(async move { budget.reserve(Cost::new(10, 0)).await })
+                })
+                .collect::<Vec<_>>()
+        };
+        let (a, b) = (wait(&openai, 3), wait(&anthropic, 1));
+        tokio::task::yield_now().await;
+        let series = series(snapshotter.snapshot().into_vec());
+        let depth = |queue: &str| {
+            series.get(&format!(
+                "gauge llm_queue_depth{{priority=async,queue={queue}}}"
+            ))
+        };
+        assert_eq!(depth("openai"), Some(&DebugValue::Gauge(3.0.into())));
+        assert_eq!(depth("anthropic"), Some(&DebugValue::Gauge(1.0.into())));
+        for task in a.into_iter().chain(b) {
+            task.abort();
+        }
     });
 }
 
@@ -356,57 +363,48 @@ fn each_budget_s_depth_has_its_own_label() {
 /// 5), rather than the last one written winning; and a request leaving takes itself off.
 #[test]
 fn unnamed_budgets_add_up_in_one_depth_gauge() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    metrics::with_local_recorder(&recorder, || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        runtime.block_on(async {
-            let spent = || {
-                let quota = tower_llm_quota::Quota::new().with_limit(limit(
-                    Dimension::TotalTokens,
-                    1_000,
-                    SEC,
-                    1_000,
-                ));
-                let budget = tower_llm_quota::Budget::new(quota);
-                budget
-                    .try_reserve(Cost::new(1_000, 0))
-                    .unwrap()
-                    .charge_estimate();
-                budget
-            };
-            let (one, two) = (spent(), spent());
-            let wait = |budget: &tower_llm_quota::Budget, n| {
-                (0..n)
-                    .map(|_| {
-                        let budget = budget.clone();
-                        tokio::spawn(async move { budget.reserve(Cost::new(10, 0)).await })
-                    })
-                    .collect::<Vec<_>>()
-            };
-            let (a, b) = (wait(&one, 3), wait(&two, 2));
-            tokio::task::yield_now().await;
-            let depth = || {
-                let series = series(snapshotter.snapshot().into_vec());
-                match series.get("gauge llm_queue_depth{priority=async,queue=default}") {
-                    Some(DebugValue::Gauge(value)) => value.into_inner(),
-                    other => panic!("llm_queue_depth: {other:?}"),
-                }
-            };
-            assert_eq!(depth(), 5.0);
-            for task in b {
-                task.abort();
+    on_paused_runtime(|snapshotter| async move {
+        let spent = || {
+            let quota = tower_llm_quota::Quota::new().with_limit(limit(
+                Dimension::TotalTokens,
+                1_000,
+                SEC,
+                1_000,
+            ));
+            let budget = tower_llm_quota::Budget::new(quota);
+            budget
+                .try_reserve(Cost::new(1_000, 0))
+                .unwrap()
+                .charge_estimate();
+            budget
+        };
+        let (one, two) = (spent(), spent());
+        let wait = |budget: &tower_llm_quota::Budget, n| {
+            (0..n)
+                .map(|_| {
+                    let budget = budget.clone();
+                    tokio::spawn(async move { budget.reserve(Cost::new(10, 0)).await })
+                })
+                .collect::<Vec<_>>()
+        };
+        let (a, b) = (wait(&one, 3), wait(&two, 2));
+        tokio::task::yield_now().await;
+        let depth = || {
+            let series = series(snapshotter.snapshot().into_vec());
+            match series.get("gauge llm_queue_depth{priority=async,queue=default}") {
+                Some(DebugValue::Gauge(value)) => value.into_inner(),
+                other => panic!("llm_queue_depth: {other:?}"),
             }
-            tokio::task::yield_now().await;
-            // The debugging recorder's snapshot resets a gauge to 0: what follows is the change.
-            assert_eq!(depth(), -2.0);
-            for task in a {
-                task.abort();
-            }
-        });
+        };
+        assert_eq!(depth(), 5.0);
+        for task in b {
+            task.abort();
+        }
+        tokio::task::yield_now().await;
+        // The debugging recorder's snapshot resets a gauge to 0: what follows is the change.
+        assert_eq!(depth(), -2.0);
+        for task in a {
+            task.abort();
+        }
     });
 }

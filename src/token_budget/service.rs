@@ -205,6 +205,9 @@ where
                 // that waits holds nothing, and its future asks a clone's readiness once
                 // admitted.
                 self.give_back_readiness();
+                // A request held back until its time (a retry waiting out `Retry-After`)
+                // waits in the queue from then: the time before is the retry's.
+                let started = scheduling.not_before.map_or(started, |at| at.max(started));
                 ResponseFuture::waiting(
                     admitted.map_err(|ask| Reserve::asking(self.budget.clone(), ask)),
                     self.inner.clone(),
