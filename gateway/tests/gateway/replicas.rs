@@ -212,9 +212,12 @@ async fn a_pause_from_one_replica_holds_on_every_replica() {
     }
 }
 
-/// Two replicas saturating one account: eight clients of tenant `a` on the first, four of
-/// tenant `b` on each (`a` weighing `weight_a`, `b` one), for three seconds after a warm-up:
-/// the answers each tenant got. `lease`: the server's `lease_refresh_ms` line (none: the
+/// Two replicas saturating one account of 20 requests a second: eight clients of tenant `a`
+/// on the first, four of tenant `b` on each (`a` weighing `weight_a`, `b` one), for three
+/// seconds after a warm-up: the answers each tenant got. The account's "minute" is a second,
+/// so its burst (a sixth of it: 3) is spent at once, and the window measures the saturated
+/// account however slowly the clients start (with a burst of a sixth of 1,200 a minute, a
+/// busy machine's clients were still spending it in the window: 111 answers in 3 s). `lease`: the server's `lease_refresh_ms` line (none: the
 /// default, leases renewed every 100 ms; `= 0`: one Redis call per admission).
 async fn served_by_each_tenant(lease: &str, weight_a: u32) -> (u64, u64) {
     let redis = RedisServer::start();
@@ -230,7 +233,7 @@ async fn served_by_each_tenant(lease: &str, weight_a: u32) -> (u64, u64) {
         key = "sk-upstream-secret"
         profile = "openai"
         apis = ["chat"]
-        quota = {{ requests_per_minute = 1200, tokens_per_minute = 10000000 }}
+        quota = {{ requests_per_minute = 20, minute_ms = 1000, tokens_per_minute = 10000000 }}
         [tenants.nodes.a]
         weight = {weight_a}
         [[keys]]
