@@ -405,3 +405,65 @@ async fn a_worker_groups_the_jobs_it_holds_and_each_job_ends_on_its_own() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A worker taken for dead while alive (its heartbeat late on a stalled machine: another
+/// worker's sweep re-enqueues its jobs and unregisters it) registers again and goes on: every
+/// job done, none billed twice. Here the sweep is made by hand: the worker is removed from
+/// the queue's workers after its first jobs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_taken_for_dead_registers_again_and_finishes() {
+    const LATE_JOBS: usize = 120;
+    let binary = support::batch_example();
+    let redis = RedisServer::start();
+    let simulator = Simulator::new(
+        SimConfig::openai(10_000, 1_000_000)
+            .minute(MINUTE)
+            .latency(Duration::from_millis(20), Duration::from_micros(500))
+            .honour_idempotency_keys(Duration::from_secs(600))
+            .seed(11),
+    );
+    let server = simulator
+        .serve("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("{}/v1/chat/completions", server.url());
+    let dir = tempdir();
+    let input = input(&dir, LATE_JOBS, 0);
+    let args = format!(
+        "--queue late --heartbeat-secs 1 --concurrency 8 --rpm 30 --tpm 1000000 \
+         --minute-ms 1000 --quota-key late \
+         --url {url} --api-key-env SIM_API_KEY --redis-url {} --input {}",
+        redis.url(),
+        input.display()
+    );
+    let start = |role: &str, name: &str| durable(&binary, &dir, role, name, &args);
+    let log =
+        |name: &str| std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    assert!(
+        start("enqueue", "enqueuer").wait(deadline).await,
+        "{}",
+        log("enqueuer")
+    );
+    let mut worker = start("work", "w1");
+    while count(&redis, "SCARD late:done") < 10 {
+        assert!(Instant::now() < deadline, "no job done: {}", log("w1"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // What another worker's sweep does to a worker it takes for dead (apalis's
+    // `reenqueue_orphaned`, in one script): its jobs back to the queue, itself unregistered.
+    let sweep = "EVAL \"local jobs = redis.call('smembers', KEYS[1]); \
+        if #jobs > 0 then redis.call('rpush', KEYS[2], unpack(jobs)); \
+        redis.call('del', KEYS[1]) end; redis.call('zrem', KEYS[3], ARGV[1]); \
+        return #jobs\" 3 late:inflight:w1 late:active late:workers w1";
+    let swept = redis.command(sweep);
+    println!("w1 taken for dead: {swept} of its jobs re-enqueued");
+    assert!(swept.starts_with(':'), "{swept}");
+    assert!(worker.wait(deadline).await, "w1 failed: {}", log("w1"));
+    assert!(log("w1").contains("registering again"), "{}", log("w1"));
+    assert_eq!(count(&redis, "SCARD late:done"), LATE_JOBS as u64);
+    let keys = simulator.calls_by_idempotency_key();
+    assert_eq!(keys.len(), LATE_JOBS);
+    assert!(keys.values().all(|&n| n == 1), "a key billed twice");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -175,6 +175,9 @@ async fn counts(
     })
 }
 
+/// How many times a worker taken for dead registers again before it gives up.
+const MAX_REJOINS: u32 = 5;
+
 async fn work(
     args: &Args,
     settings: &Settings,
@@ -258,7 +261,7 @@ async fn work(
     ) {
         bar.set_style(style);
     }
-    let watch = {
+    let watch = || {
         let (bar, mut connection, config) = (bar.clone(), connection.clone(), config.clone());
         async move {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
@@ -279,14 +282,28 @@ async fn work(
             }
         }
     };
-    WorkerBuilder::new(args.worker_name.as_str())
-        .backend(storage)
-        .data(worker)
-        .concurrency(settings.concurrency.get())
-        .build(work_job)
-        .run_until(watch)
-        .await
-        .map_err(|error| format!("the worker failed: {error}"))?;
+    // A worker whose heartbeat came late (a stalled machine) is taken for dead by the others:
+    // its jobs go back to the queue (their idempotency keys keep each billed once) and its
+    // next heartbeat finds it unregistered. It registers again and goes on, a few times at
+    // most, rather than leaving its share of the queue to the others.
+    let mut rejoined = 0;
+    loop {
+        let run = WorkerBuilder::new(args.worker_name.as_str())
+            .backend(storage.clone())
+            .data(Arc::clone(&worker))
+            .concurrency(settings.concurrency.get())
+            .build(work_job)
+            .run_until(watch())
+            .await;
+        match run {
+            Ok(()) => break,
+            Err(error) if rejoined < MAX_REJOINS => {
+                rejoined += 1;
+                eprintln!("worker `{}`: {error}; registering again", args.worker_name);
+            }
+            Err(error) => return Err(format!("the worker failed: {error}").into()),
+        }
+    }
     bar.finish();
 
     let figures = report(
