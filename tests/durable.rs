@@ -255,6 +255,25 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A simulated provider of 10,000 requests and 1,000,000 tokens a (one-second) minute that
+/// honours idempotency keys, served over HTTP: the simulator, its server (serving while
+/// held) and its chat URL.
+async fn simulated(seed: u64) -> (Simulator, tower_llm_quota::sim::SimServer, String) {
+    let simulator = Simulator::new(
+        SimConfig::openai(10_000, 1_000_000)
+            .minute(MINUTE)
+            .latency(Duration::from_millis(20), Duration::from_micros(500))
+            .honour_idempotency_keys(Duration::from_secs(600))
+            .seed(seed),
+    );
+    let server = simulator
+        .serve("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("{}/v1/chat/completions", server.url());
+    (simulator, server, url)
+}
+
 /// The crash: 300 jobs, two workers on one queue and one quota, one SIGKILLed after
 /// 4 s and not restarted. With the default lease (two heartbeats, renewed while a call is
 /// alive) the other finishes within the work left at the quota's rate plus three heartbeats
@@ -267,18 +286,7 @@ async fn a_killed_worker_costs_heartbeats_not_a_lease() {
     const HEARTBEAT: Duration = Duration::from_secs(1);
     let binary = support::batch_example();
     let redis = RedisServer::start();
-    let simulator = Simulator::new(
-        SimConfig::openai(10_000, 1_000_000)
-            .minute(MINUTE)
-            .latency(Duration::from_millis(20), Duration::from_micros(500))
-            .honour_idempotency_keys(Duration::from_secs(600))
-            .seed(7),
-    );
-    let server = simulator
-        .serve("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!("{}/v1/chat/completions", server.url());
+    let (simulator, _server, url) = simulated(7).await;
     let dir = tempdir();
     let input = input(&dir, CRASH_JOBS, 0);
     let args = format!(
@@ -415,18 +423,7 @@ async fn a_worker_taken_for_dead_registers_again_and_finishes() {
     const LATE_JOBS: usize = 120;
     let binary = support::batch_example();
     let redis = RedisServer::start();
-    let simulator = Simulator::new(
-        SimConfig::openai(10_000, 1_000_000)
-            .minute(MINUTE)
-            .latency(Duration::from_millis(20), Duration::from_micros(500))
-            .honour_idempotency_keys(Duration::from_secs(600))
-            .seed(11),
-    );
-    let server = simulator
-        .serve("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!("{}/v1/chat/completions", server.url());
+    let (simulator, _server, url) = simulated(11).await;
     let dir = tempdir();
     let input = input(&dir, LATE_JOBS, 0);
     let args = format!(

@@ -93,6 +93,23 @@ fn on_paused_runtime<F: std::future::Future<Output = ()>>(test: impl FnOnce(Snap
     });
 }
 
+/// `n` tasks each waiting to reserve 10 tokens of `budget`.
+fn waiting(
+    budget: &tower_llm_quota::Budget,
+    n: usize,
+) -> Vec<
+    tokio::task::JoinHandle<
+        Result<tower_llm_quota::Reservation, tower_llm_quota::error::ReserveError>,
+    >,
+> {
+    (0..n)
+        .map(|_| {
+            let budget = budget.clone();
+            tokio::spawn(async move { budget.reserve(Cost::new(10, 0)).await })
+        })
+        .collect()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_scripted_scenario_records_every_series() {
     let recorder = DebuggingRecorder::new();
@@ -335,15 +352,7 @@ fn each_budget_s_depth_has_its_own_label() {
             budget
         };
         let (openai, anthropic) = (account("openai"), account("anthropic"));
-        let wait = |budget: &tower_llm_quota::Budget, n| {
-            (0..n)
-                .map(|_| {
-                    let budget = budget.clone();
-                    tokio::spawn(async move { budget.reserve(Cost::new(10, 0)).await })
-                })
-                .collect::<Vec<_>>()
-        };
-        let (a, b) = (wait(&openai, 3), wait(&anthropic, 1));
+        let (a, b) = (waiting(&openai, 3), waiting(&anthropic, 1));
         tokio::task::yield_now().await;
         let series = series(snapshotter.snapshot().into_vec());
         let depth = |queue: &str| {
@@ -379,15 +388,7 @@ fn unnamed_budgets_add_up_in_one_depth_gauge() {
             budget
         };
         let (one, two) = (spent(), spent());
-        let wait = |budget: &tower_llm_quota::Budget, n| {
-            (0..n)
-                .map(|_| {
-                    let budget = budget.clone();
-                    tokio::spawn(async move { budget.reserve(Cost::new(10, 0)).await })
-                })
-                .collect::<Vec<_>>()
-        };
-        let (a, b) = (wait(&one, 3), wait(&two, 2));
+        let (a, b) = (waiting(&one, 3), waiting(&two, 2));
         tokio::task::yield_now().await;
         let depth = || {
             let series = series(snapshotter.snapshot().into_vec());

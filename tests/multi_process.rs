@@ -79,9 +79,12 @@ async fn four_processes_with_the_defaults_leave_a_neighbour_its_share() {
         busy_utilisation(&stats) * 100.0
     );
     assert_eq!(done, (PROCESSES * ITEMS) as u64, "every item done");
-    // A 429 seen by one process lowers the fleet's plan for all (0-1 over three runs).
+    // The neighbour shows only in the provider's answers: the first 429 pauses its process
+    // at once and lowers the fleet's plan, which reaches every other process at its next
+    // renewal. Each process may meet one 429 before then (0-1 in all on a quiet machine; 3
+    // once on a busy one, whose renewals come late): one per process is the mechanism's bound.
     assert!(
-        stats.rate_limited <= 2,
+        stats.rate_limited <= PROCESSES as u64,
         "{} provider 429s",
         stats.rate_limited
     );
