@@ -12,7 +12,7 @@
 //! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 //! use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, TokenBudgetLayer};
 //!
-//! # #[tokio::main(flavor = "current_thread")]
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), tower_llm_quota::BoxError> {
 //! let budget = Budget::new(Quota::new().with_limit(Limit::per_minute(
 //!     Dimension::TotalTokens,
