@@ -11,12 +11,18 @@ pub const DEFAULT_MAX_ITEMS: usize = 10;
 /// The largest item limit accepted.
 pub const MAX_ITEMS_LIMIT: usize = 1_000;
 
-/// How items whose answers were missing or invalid are sent again.
+/// How items are sent again after a bad answer in a group (their element missing, named
+/// twice or rejected, or the whole answer malformed). Alone, an item is always sent again
+/// alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Resend {
-    /// Each on its own, in a group of one (the default: the surest answer).
+    /// Regrouped with other items to send again (groups of at most
+    /// [`max_items`](GroupConfig::max_items)), and alone once such a group has failed them
+    /// too (the default: few calls, and a sure answer in the end).
     #[default]
+    Regroup,
+    /// Each on its own, in a group of one, at once.
     Alone,
     /// In groups at most half the size of the one that failed them (one at the least).
     Smaller,
@@ -59,6 +65,7 @@ pub struct GroupConfig {
     pub(crate) item_output: u64,
     pub(crate) answer_overhead: u64,
     pub(crate) linger: Duration,
+    pub(crate) regroup_wait: Duration,
     pub(crate) max_in_flight: NonZeroUsize,
 }
 
@@ -68,10 +75,11 @@ impl Default for GroupConfig {
             max_items: NonZeroUsize::new(DEFAULT_MAX_ITEMS).expect("ten is not zero"),
             max_cost: None,
             max_attempts: NonZeroU32::new(3).expect("three is not zero"),
-            resend: Resend::Alone,
+            resend: Resend::Regroup,
             item_output: 100,
             answer_overhead: 16,
             linger: Duration::from_millis(20),
+            regroup_wait: Duration::from_secs(30),
             max_in_flight: NonZeroUsize::new(256).expect("256 is not zero"),
         }
     }
@@ -79,8 +87,9 @@ impl Default for GroupConfig {
 
 impl GroupConfig {
     /// The defaults: groups of at most 10 items, no cost cap, 3 attempts per item, bad answers
-    /// sent again alone, 100 output tokens per item, 16 tokens of answer overhead per item, a
-    /// linger of 20 ms, 256 groups in flight.
+    /// regrouped with the other items to send again (then alone), 100 output tokens per item,
+    /// 16 tokens of answer overhead per item, a linger of 20 ms, a regroup wait of 30 s, 256
+    /// groups in flight.
     pub fn new() -> Self {
         Self::default()
     }
@@ -126,8 +135,12 @@ impl GroupConfig {
         }
     }
 
-    /// Calls an item may take part in before it fails with its last reason (its first call
-    /// included). Defaults to 3.
+    /// Failed calls an item may have alone before it fails with its last reason (a permanent
+    /// failure alone fails it at once); and transient failures in a row of one group before
+    /// its items fail with the provider's reason. A group's other failures are charged to
+    /// none of its items: a permanent failure bisects the group until the item that fails
+    /// stands alone, a bad answer sends its items again as [`resend`](Self::resend) says,
+    /// so an item never fails for a neighbour. Defaults to 3.
     pub fn max_attempts(self, attempts: NonZeroU32) -> Self {
         Self {
             max_attempts: attempts,
@@ -135,7 +148,8 @@ impl GroupConfig {
         }
     }
 
-    /// How items with a bad answer are sent again. Defaults to [`Resend::Alone`].
+    /// How items with a bad answer in a group are sent again. Defaults to
+    /// [`Resend::Regroup`].
     pub fn resend(self, resend: Resend) -> Self {
         Self { resend, ..self }
     }
@@ -172,6 +186,23 @@ impl GroupConfig {
         Ok(Self { linger, ..self })
     }
 
+    /// How long items to send again wait for others to fill their group while calls are in
+    /// flight (a group of them goes at once when full, or when nothing is in flight that could
+    /// add to it). Defaults to 30 s.
+    ///
+    /// # Errors
+    ///
+    /// When `wait` is above one hour.
+    pub fn regroup_wait(self, wait: Duration) -> Result<Self, InvalidGroupConfig> {
+        if wait > Duration::from_secs(3_600) {
+            return Err(InvalidGroupConfig("a regroup wait of more than an hour"));
+        }
+        Ok(Self {
+            regroup_wait: wait,
+            ..self
+        })
+    }
+
     /// Groups handed to the service and not answered yet, at most: the rest wait in the
     /// grouper, formed when a call ends, so a batch of a million items does not fill the
     /// stack's queue (whose depth is bounded) with groups. Keep it above the calls the stack
@@ -203,6 +234,7 @@ mod tests {
         assert!(config.clone().max_items(MAX_ITEMS_LIMIT + 1).is_err());
         assert_eq!(config.clone().max_items(1).unwrap().items_limit(), 1);
         assert!(config.clone().linger(Duration::MAX).is_err());
+        assert!(config.clone().regroup_wait(Duration::MAX).is_err());
         assert_eq!(config.items_limit(), DEFAULT_MAX_ITEMS);
     }
 }

@@ -22,6 +22,7 @@ use super::validate::{AnswerField, Validator};
 use super::worker::{CallFuture, GroupQueue, GroupWorker};
 use crate::error::{BoxError, Error};
 use crate::estimate::{CharEstimator, Estimator};
+use crate::idempotency::Suppressed;
 
 /// Sends many items in few calls: groups of items sharing one set of instructions, each group
 /// one call through `S` (the governed stack), each answer split back into items and checked,
@@ -139,13 +140,14 @@ where
     /// oldest item has waited the configuration's [linger](GroupConfig::linger).
     pub fn queue(self) -> (GroupQueue<V::Output>, GroupWorker<V::Output>) {
         let (sender, receiver) = mpsc::unbounded_channel();
+        let shape = Arc::new(self.shape);
         let planner = Planner::new(
             self.config,
             self.template,
             self.instructions,
+            Arc::clone(&shape),
             &*self.estimator,
         );
-        let shape = Arc::new(self.shape);
         let service = self.service;
         let launch = move |group: FormedGroup| -> CallFuture {
             let request = shape.request(&group);
@@ -231,8 +233,17 @@ where
         Err(error) => return failed(error.into()),
     };
     let (parts, body) = response.into_parts();
+    // Answered without a call of its own: a stored record replayed, or a call in flight joined.
+    let suppressed = parts.extensions.get::<Suppressed>().is_some();
     match body.collect().await {
-        Ok(body) => read_response(format, parts.status, &body.to_bytes()),
+        Ok(body) => match read_response(format, parts.status, &body.to_bytes()) {
+            CallResult::Answered { text, usage, .. } => CallResult::Answered {
+                text,
+                usage,
+                replayed: suppressed,
+            },
+            failed => failed,
+        },
         Err(error) => failed(error.into()),
     }
 }

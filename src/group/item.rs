@@ -1,9 +1,11 @@
 //! One work item of a grouped batch.
 
+use sha2::{Digest, Sha256};
+
 use crate::priority::{Deadline, Priority};
 
 /// One item to answer: an id (unique in the batch), its own text, and optionally the output it
-/// needs, its class, its deadline and its idempotency key.
+/// needs, its class, its deadline and its own idempotency key.
 ///
 /// # Example
 ///
@@ -16,6 +18,10 @@ use crate::priority::{Deadline, Priority};
 ///     .priority(Priority::Async)
 ///     .key("job-7");
 /// assert_eq!(item.idempotency_key(), "job-7");
+/// // Without a key of its own, an item is named by its content, not its id.
+/// let a = GroupItem::new("1", "Classify: refund please");
+/// let b = GroupItem::new("1", "Translate: refund please");
+/// assert_ne!(a.idempotency_key(), b.idempotency_key());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupItem {
@@ -28,8 +34,9 @@ pub struct GroupItem {
 }
 
 impl GroupItem {
-    /// An item of class [`Priority::Batch`], no deadline, its id as its idempotency key, and
-    /// the configuration's [default output](super::GroupConfig::item_output).
+    /// An item of class [`Priority::Batch`], no deadline, named by its content (its id and
+    /// text) for idempotency, and the configuration's
+    /// [default output](super::GroupConfig::item_output).
     pub fn new(id: impl Into<String>, text: impl Into<String>) -> Self {
         Self {
             id: id.into(),
@@ -66,8 +73,9 @@ impl GroupItem {
         }
     }
 
-    /// The item's idempotency key (a durable job's id, say), from which its groups' keys are
-    /// derived. Defaults to the item's id.
+    /// The item's own idempotency key (a durable job's id, say): part of its groups' keys,
+    /// beside everything the model sees (so two items with the same text but different keys
+    /// never share a stored answer). Defaults to a hash of the item's id and text.
     pub fn key(self, key: impl Into<String>) -> Self {
         Self {
             key: Some(key.into()),
@@ -100,8 +108,28 @@ impl GroupItem {
         self.deadline
     }
 
-    /// Its idempotency key: the one set, or its id.
-    pub fn idempotency_key(&self) -> &str {
-        self.key.as_deref().unwrap_or(&self.id)
+    /// Its idempotency key: the one set, or `item-` and 32 hex digits of SHA-256 over its id
+    /// and text.
+    pub fn idempotency_key(&self) -> String {
+        if let Some(key) = &self.key {
+            return key.clone();
+        }
+        let mut hash = Sha256::new();
+        for part in [&self.id, &self.text] {
+            hash.update((part.len() as u64).to_le_bytes());
+            hash.update(part.as_bytes());
+        }
+        hex_key("item-", &hash.finalize())
     }
+}
+
+/// `prefix` and the first 16 bytes of `digest` in hex.
+pub(super) fn hex_key(prefix: &str, digest: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut key = String::with_capacity(prefix.len() + 32);
+    key.push_str(prefix);
+    for byte in &digest[..16] {
+        let _ = write!(key, "{byte:02x}");
+    }
+    key
 }

@@ -14,13 +14,16 @@
 //!    output plus a little overhead as `max_tokens`;
 //! 3. each group is **one governed call**: the cost, class and earliest deadline travel in
 //!    the request's extensions, so the stack below reserves, queues and settles it as any
-//!    call, and an `idempotency-key` derived from its items' keys (the same group sent again
-//!    has the same key; a regrouped item gets a new one);
-//! 4. it **splits the answer** by id and checks each element with a [`Validator`]: an item
-//!    missing from the answer, named twice, or rejected is **sent again** alone (or in smaller
-//!    groups, [`Resend::Smaller`]) within [`max_attempts`](GroupConfig::max_attempts); a
-//!    malformed answer sends all its items again; an item's final failure carries its reason.
-//!    A bad answer is never fatal to the batch;
+//!    call, with an `idempotency-key` that names the work: a hash of the request (endpoint,
+//!    model, parameters, instructions, template, every item's rendered text and id), the
+//!    items' own keys and how often each was regrouped. Two batches that differ in anything
+//!    the model sees never share a stored answer; the same batch run again replays;
+//! 4. it **splits the answer** by id (the first JSON array of objects in the text, after
+//!    prose, inside a fence or before trailing text) and checks each element with a
+//!    [`Validator`]: an item missing from the answer, named twice, or rejected, and every
+//!    item of a malformed answer, is **sent again**, regrouped with the other items to send
+//!    again, and alone once such a group failed it too ([`Resend`]); an item's final failure
+//!    carries its reason. A bad answer is never fatal to the batch;
 //! 5. it **attributes** each call's real usage to its items (the shared part split evenly,
 //!    the rest by each item's text and answer), so per-item usage adds up to the provider's.
 //!
@@ -79,10 +82,26 @@
 //! items than ten). Keep [`max_cost`](GroupConfig::max_cost) below the budget's token
 //! capacity.
 //!
-//! Items re-sent after a failed call: a transient failure (a 429 or 5xx the stack's own
-//! retries gave up on, a reset) sends the same group again, with the same idempotency key; a
-//! permanent one (another 4xx, a cost that never fits) sends its items again alone. Each call
-//! counts toward each of its items' attempts.
+//! # Who pays for a failure
+//!
+//! Only calls an item was alone in count toward its
+//! [`max_attempts`](GroupConfig::max_attempts): a group's failure cannot say which item
+//! caused it, so an item never fails for a neighbour, whatever the group size and the
+//! attempt limit.
+//!
+//! - A **permanent** failure of a group (a 4xx, a cost that never fits) is **bisected**: its
+//!   halves are sent at once, with new keys, until the item that fails stands alone and
+//!   fails with its reason. One poisoned item in a group of ten costs six more calls
+//!   (10, 5 + 5, 3 + 2, 2 + 1), and its nine neighbours are answered.
+//! - A **transient** failure (a 429 or 5xx the stack's own retries gave up on, a reset) sends
+//!   the same group again with the same key, at most `max_attempts` times in a row; then its
+//!   items fail with the provider's reason.
+//! - An answer no call of the grouper's produced (an [`IdempotencyLayer`] below replayed a
+//!   record, or joined a call in flight: [`GroupStats::replayed_calls`]) charges nothing; its
+//!   rejected items go again with new keys. A worker restarted over the same records rebuilds
+//!   its earlier keys, and reads their answers again at no attempt.
+//!
+//! [`IdempotencyLayer`]: crate::IdempotencyLayer
 //!
 //! [`Cost`]: crate::Cost
 

@@ -29,7 +29,7 @@ impl ItemUsage {
 pub(crate) enum FailureKind {
     /// The answers were missing, duplicated or invalid on every attempt.
     Rejected,
-    /// The calls failed on every attempt, or with a permanent error.
+    /// Its calls failed: a permanent error alone, or transient errors of its group in a row.
     Call,
     /// The item's deadline passed before it could be put in a group.
     Deadline,
@@ -79,7 +79,7 @@ pub struct ItemOutcome<T> {
     pub id: String,
     /// Its validated result, or why it has none.
     pub result: Result<T, ItemFailure>,
-    /// Calls it took part in.
+    /// Calls it took part in (answers replayed from an idempotency record aside).
     pub attempts: u32,
     /// Whether it was sent again after a bad answer or a failed call.
     pub resent: bool,
@@ -92,9 +92,13 @@ pub struct ItemOutcome<T> {
 /// The figures of a run of groups.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct GroupStats {
-    /// Calls made (groups sent, a group sent again included).
+    /// Requests sent (groups sent, a group sent again included).
     pub calls: u64,
-    /// Calls whose answer was read (whatever it held).
+    /// Requests answered without a call of their own: a record an idempotency layer below
+    /// replayed, or a call in flight it joined (the provider's calls are `calls -
+    /// replayed_calls`).
+    pub replayed_calls: u64,
+    /// Calls whose answer was read (whatever it held), replays aside.
     pub answered_calls: u64,
     /// Input tokens the provider reported over every call.
     pub input_tokens: u64,

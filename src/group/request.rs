@@ -6,6 +6,7 @@ use http_body_util::Full;
 use serde_json::{Value, json};
 
 use super::plan::{CallResult, FormedGroup};
+use super::template::Prompt;
 use crate::error::BoxError;
 
 /// The API a group's request speaks.
@@ -39,12 +40,10 @@ pub(crate) struct RequestShape {
 }
 
 impl RequestShape {
-    /// The request of `group`: its body, the shape's headers, its idempotency key, and its
-    /// cost, class and deadline in the extensions (so the stack reserves what the group was
-    /// estimated at).
-    pub(crate) fn request(&self, group: &FormedGroup) -> Result<Request<Full<Bytes>>, BoxError> {
-        let system = &group.prompt.system;
-        let user = json!({"role": "user", "content": group.prompt.user});
+    /// The body of a group's request: the prompt and `max_tokens`, in the format's shape.
+    pub(crate) fn body(&self, prompt: &Prompt, max_tokens: u64) -> Bytes {
+        let system = &prompt.system;
+        let user = json!({"role": "user", "content": prompt.user});
         let body = match self.format {
             ApiFormat::OpenAiChat => {
                 let mut messages = Vec::with_capacity(2);
@@ -52,12 +51,12 @@ impl RequestShape {
                     messages.push(json!({"role": "system", "content": system}));
                 }
                 messages.push(user);
-                json!({"model": self.model, "max_tokens": group.max_tokens(), "messages": messages})
+                json!({"model": self.model, "max_tokens": max_tokens, "messages": messages})
             }
             ApiFormat::Anthropic => {
                 let mut body = json!({
                     "model": self.model,
-                    "max_tokens": group.max_tokens(),
+                    "max_tokens": max_tokens,
                     "messages": [user],
                 });
                 if !system.is_empty() {
@@ -66,8 +65,14 @@ impl RequestShape {
                 body
             }
         };
-        let mut request =
-            Request::post(self.uri.clone()).body(Full::new(Bytes::from(body.to_string())))?;
+        Bytes::from(body.to_string())
+    }
+
+    /// The request of `group`: its body, the shape's headers, its idempotency key, and its
+    /// cost, class and deadline in the extensions (so the stack reserves what the group was
+    /// estimated at).
+    pub(crate) fn request(&self, group: &FormedGroup) -> Result<Request<Full<Bytes>>, BoxError> {
+        let mut request = Request::post(self.uri.clone()).body(Full::new(group.body.clone()))?;
         let headers = request.headers_mut();
         headers.extend(self.headers.clone());
         headers.insert(
@@ -122,7 +127,11 @@ pub(crate) fn read_response(
             .collect(),
         (_, None) => String::new(),
     };
-    CallResult::Answered { text, usage }
+    CallResult::Answered {
+        text,
+        usage,
+        replayed: false,
+    }
 }
 
 /// Input and output tokens of a body's `usage`; Anthropic's input counts its cache reads and
@@ -153,7 +162,8 @@ mod tests {
             read_response(ApiFormat::OpenAiChat, StatusCode::OK, openai),
             CallResult::Answered {
                 text: "[1]".into(),
-                usage: Some((9, 2))
+                usage: Some((9, 2)),
+                replayed: false,
             }
         );
         let anthropic = br#"{"content":[{"type":"text","text":"[1"},{"type":"text","text":"]"}],"usage":{"input_tokens":5,"cache_read_input_tokens":4,"output_tokens":2}}"#;
@@ -161,7 +171,8 @@ mod tests {
             read_response(ApiFormat::Anthropic, StatusCode::OK, anthropic),
             CallResult::Answered {
                 text: "[1]".into(),
-                usage: Some((9, 2))
+                usage: Some((9, 2)),
+                replayed: false,
             }
         );
     }
@@ -187,7 +198,8 @@ mod tests {
             read_response(ApiFormat::OpenAiChat, StatusCode::OK, b"garbage"),
             CallResult::Answered {
                 text: String::new(),
-                usage: None
+                usage: None,
+                replayed: false,
             }
         );
     }

@@ -24,10 +24,11 @@ pub(crate) enum Split {
 
 /// Splits `answer` (the model's text) for the items `ids`.
 ///
-/// The array is read from the first `[` to the last `]` (so a fenced ```` ```json ```` block or
-/// a sentence around it does not matter), or from an object holding one array (what a JSON
-/// mode that insists on objects gives, `{"items": [...]}`). Each element must be an object
-/// whose `id` is a string or a number equal to an item's id.
+/// The answer is the first JSON value in the text that is an array of objects (or an object
+/// holding exactly one such array, what a JSON mode that insists on objects gives,
+/// `{"items": [...]}`), read wherever it starts: after prose ("Answers [2 items]: ..."),
+/// inside a fenced ```` ```json ```` block, before trailing text. Each element must be an
+/// object whose `id` is a string or a number equal to an item's id.
 pub(crate) fn split(answer: &str, ids: &[&str]) -> Split {
     let elements = match read_array(answer) {
         Ok(elements) => elements,
@@ -59,36 +60,63 @@ pub(crate) fn split(answer: &str, ids: &[&str]) -> Split {
     Split::Items { found, unknown }
 }
 
+/// Places in an answer tried as the start of its JSON, at most: prose holding many brackets
+/// costs no more than this many parses.
+const MAX_STARTS: usize = 64;
+
+/// The elements of the first array of objects in `answer` (see [`split`]), or why there is
+/// none: the first parse error met, or what the values found were.
 fn read_array(answer: &str) -> Result<Vec<Value>, String> {
-    let start = answer
-        .find(['[', '{'])
-        .ok_or_else(|| String::from("the answer holds no JSON array"))?;
-    let close = if answer[start..].starts_with('[') {
-        ']'
-    } else {
-        '}'
-    };
-    let end = answer
-        .rfind(close)
-        .filter(|&end| end > start)
-        .ok_or_else(|| String::from("the answer's JSON is cut short"))?;
-    let parsed = serde_json::from_str::<Value>(&answer[start..=end])
-        .map_err(|error| format!("the answer is not valid JSON: {error}"))?;
-    match parsed {
-        Value::Array(elements) => Ok(elements),
+    let mut first_error = None;
+    let mut from = 0;
+    for _ in 0..MAX_STARTS {
+        let Some(start) = answer[from..].find(['[', '{']).map(|at| from + at) else {
+            break;
+        };
+        // One value from here; whatever follows it (a closing fence, a sentence) is ignored.
+        let mut values = serde_json::Deserializer::from_str(&answer[start..]).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(value)) => {
+                if let Some(elements) = answers_in(value) {
+                    return Ok(elements);
+                }
+                // A value, but not the answer (`[1, 2]`, `{"a": []}`): what it holds is not
+                // read apart.
+                from = start + values.byte_offset().max(1);
+            }
+            Some(Err(error)) => {
+                first_error.get_or_insert_with(|| {
+                    if error.is_eof() {
+                        String::from("the answer's JSON is cut short")
+                    } else {
+                        format!("the answer is not valid JSON: {error}")
+                    }
+                });
+                from = start + 1;
+            }
+            None => from = start + 1,
+        }
+    }
+    Err(first_error.unwrap_or_else(|| String::from("the answer holds no JSON array of objects")))
+}
+
+/// The elements of `value` when it is an array of objects (an empty one included), or an
+/// object holding exactly one array.
+fn answers_in(value: Value) -> Option<Vec<Value>> {
+    let objects = |elements: &[Value]| elements.iter().all(Value::is_object);
+    match value {
+        Value::Array(elements) if objects(&elements) => Some(elements),
         Value::Object(object) => {
             let mut arrays = object.into_iter().filter_map(|(_, v)| match v {
                 Value::Array(elements) => Some(elements),
                 _ => None,
             });
             match (arrays.next(), arrays.next()) {
-                (Some(elements), None) => Ok(elements),
-                _ => Err(String::from(
-                    "the answer is an object without exactly one array in it",
-                )),
+                (Some(elements), None) if objects(&elements) => Some(elements),
+                _ => None,
             }
         }
-        _ => Err(String::from("the answer is not a JSON array")),
+        _ => None,
     }
 }
 
@@ -118,7 +146,7 @@ mod tests {
 
     #[test]
     fn missing_duplicated_and_unknown_ids_are_told_apart() {
-        let answer = r#"[{"id":"a"},{"id":"a"},{"id":"zz"},{"answer":1},3,{"id":7}]"#;
+        let answer = r#"[{"id":"a"},{"id":"a"},{"id":"zz"},{"answer":1},{"id":7}]"#;
         let (found, unknown) = items(split(answer, &["a", "b", "7"]));
         assert_eq!(found[0], Found::Duplicated);
         assert_eq!(found[1], Found::Missing);
@@ -126,7 +154,7 @@ mod tests {
             matches!(found[2], Found::Answered(..)),
             "a numeric id matches"
         );
-        assert_eq!(unknown, 3);
+        assert_eq!(unknown, 2);
     }
 
     #[test]
@@ -141,6 +169,19 @@ mod tests {
             items(split(wrapped, &["a"])).0[0],
             Found::Answered(..)
         ));
+        // Brackets in the prose before the JSON, and text after it.
+        for answer in [
+            "Answers [2 items]: [{\"id\":\"a\",\"answer\":\"x\"},{\"id\":\"b\",\"answer\":\"y\"}]",
+            "[{\"id\":\"a\",\"answer\":\"x\"},{\"id\":\"b\",\"answer\":\"y\"}]\nHope this helps [really].",
+            "Sure {see below}:\n```json\n[{\"id\":\"a\",\"answer\":\"x\"},{\"id\":\"b\",\"answer\":\"y\"}]\n``` Done.",
+            "[1, 2] then {\"answers\": [{\"id\":\"a\",\"answer\":\"x\"},{\"id\":\"b\",\"answer\":\"y\"}]}",
+        ] {
+            let (found, unknown) = items(split(answer, &["a", "b"]));
+            assert!(
+                found.iter().all(|f| matches!(f, Found::Answered(..))) && unknown == 0,
+                "{answer:?}: {found:?}"
+            );
+        }
     }
 
     #[test]
@@ -152,6 +193,8 @@ mod tests {
             r#"{"a":1}"#,
             r#"{"a":[],"b":[]}"#,
             "42",
+            "[1, 2, 3]",
+            "Answers [2 items]: none today",
         ] {
             assert!(
                 matches!(split(answer, &["a"]), Split::Malformed(_)),

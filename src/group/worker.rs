@@ -167,7 +167,8 @@ impl<T: Send + 'static> GroupWorker<T> {
                 Event::Submitted(Some(submission)) => self.accept(submission),
                 Event::Submitted(None) => open = false,
                 Event::Called(group, result) => {
-                    self.planner.settle(group, result, &*self.validator)
+                    let now = Instant::now();
+                    self.planner.settle(group, result, &*self.validator, now)
                 }
                 Event::Lingered => {}
             }
