@@ -4,8 +4,9 @@
 //! classification guide of about 1,800 tokens) and the same tickets through the governed
 //! stack, with the crate's [`Grouper`]: one run with groups of one, one with groups of N.
 //! Each answer is split by item id and checked (an `answer` must be present); an item left
-//! out, named twice or answered badly is sent again alone, and an item that fails in the end
-//! is reported with its reason. Against the embedded provider, `--answer-errors` makes the
+//! out, named twice or answered badly is sent again, regrouped with the others to send again
+//! (alone if that group fails it too), and an item that fails in the end is reported with its
+//! reason. Against the embedded provider, `--answer-errors` makes the
 //! model err like a real one, more often in larger groups.
 
 use std::process::ExitCode;
@@ -51,6 +52,7 @@ struct GroupedRun {
     wall: Duration,
     provider_429: u64,
     ok: usize,
+    resent: u64,
     resent_alone: u64,
     failed: u64,
     failures: Vec<String>,
@@ -223,6 +225,7 @@ async fn measure(
         wall,
         provider_429,
         ok: report.outcomes.iter().filter(|o| o.result.is_ok()).count(),
+        resent: stats.items_resent,
         resent_alone: stats.items_resent_alone,
         failed: stats.items_failed,
         failures,
@@ -259,6 +262,7 @@ fn print_table(alone: &GroupedRun, grouped: &GroupedRun) {
             Box::new(|r| format!("{:.1} s", r.wall.as_secs_f64())),
         ),
         ("provider 429s", Box::new(|r| r.provider_429.to_string())),
+        ("items re-sent", Box::new(|r| r.resent.to_string())),
         (
             "items re-sent alone",
             Box::new(|r| r.resent_alone.to_string()),
@@ -301,6 +305,7 @@ fn run_json(run: &GroupedRun) -> serde_json::Value {
         "wall_ms": run.wall.as_secs_f64() * 1_000.0,
         "provider_429": run.provider_429,
         "items_done": run.ok,
+        "items_resent": run.resent,
         "items_resent_alone": run.resent_alone,
         "items_failed": run.failed,
         "failures": run.failures,

@@ -209,6 +209,10 @@ impl Waiting {
         match step {
             Step::Admitted(id, origin) => Ok(self.reservation(budget, id, origin)),
             Step::Refused(e) => Err(ReserveError::Tenant(e)),
+            Step::Late(predicted) => Err(ReserveError::DeadlineUnmet {
+                priority,
+                predicted,
+            }),
             Step::Never(e) => Err(ReserveError::TooLarge(e)),
             Step::Full(depth) => Err(ReserveError::QueueFull { priority, depth }),
             Step::Unavailable(e) => Err(ReserveError::Unavailable(e)),

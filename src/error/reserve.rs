@@ -68,6 +68,15 @@ pub enum ReserveError {
     },
     /// A scope of the tenant path refused it (paused, its day spent, too large for it).
     Tenant(TenantRefused),
+    /// Its deadline cannot be met: the costs waiting ahead of it and its own, at the quota's
+    /// rate, would keep it waiting `predicted`, past it. Refused on arrival, not after
+    /// waiting it out.
+    DeadlineUnmet {
+        /// The request's class.
+        priority: Priority,
+        /// How long it would wait, predicted.
+        predicted: std::time::Duration,
+    },
 }
 
 impl ReserveError {
@@ -97,6 +106,15 @@ impl fmt::Display for ReserveError {
                 write!(f, "{depth} requests already wait (class {priority})")
             }
             ReserveError::Tenant(e) => e.fmt(f),
+            ReserveError::DeadlineUnmet {
+                priority,
+                predicted,
+            } => write!(
+                f,
+                "{} {priority} request would wait about {} for the quota, past its deadline",
+                super::service::article(*priority),
+                super::service::rounded(*predicted)
+            ),
         }
     }
 }
@@ -106,7 +124,7 @@ impl std::error::Error for ReserveError {
         match self {
             ReserveError::TooLarge(e) => Some(e),
             ReserveError::Unavailable(e) => Some(e),
-            ReserveError::QueueFull { .. } => None,
+            ReserveError::QueueFull { .. } | ReserveError::DeadlineUnmet { .. } => None,
             ReserveError::Tenant(e) => Some(e),
         }
     }
@@ -119,6 +137,10 @@ impl From<ReserveError> for Error {
             ReserveError::Unavailable(e) => Self::store_unavailable(Box::new(e)),
             ReserveError::QueueFull { priority, depth } => Self::queue_full(priority, depth),
             ReserveError::Tenant(e) => Self::tenant_refused_by(Box::new(e)),
+            ReserveError::DeadlineUnmet {
+                priority,
+                predicted,
+            } => Self::deadline_unmet(priority, predicted),
         }
     }
 }

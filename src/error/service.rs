@@ -37,6 +37,8 @@ enum Kind {
     DeadlineExceeded {
         priority: Option<Priority>,
         waited: Duration,
+        /// Refused on arrival: the wait a budget predicted, past the deadline.
+        predicted: Option<Duration>,
     },
     QueueFull {
         priority: Priority,
@@ -80,7 +82,27 @@ impl Error {
     }
 
     pub(crate) fn deadline_exceeded(priority: Option<Priority>, waited: Duration) -> Self {
-        Self::new(Kind::DeadlineExceeded { priority, waited }, None)
+        let predicted = None;
+        Self::new(
+            Kind::DeadlineExceeded {
+                priority,
+                waited,
+                predicted,
+            },
+            None,
+        )
+    }
+
+    /// Refused on arrival: a budget predicted a wait of `predicted`, past the deadline.
+    pub(crate) fn deadline_unmet(priority: Priority, predicted: Duration) -> Self {
+        Self::new(
+            Kind::DeadlineExceeded {
+                priority: Some(priority),
+                waited: Duration::ZERO,
+                predicted: Some(predicted),
+            },
+            None,
+        )
     }
 
     pub(crate) fn queue_full(priority: Priority, depth: usize) -> Self {
@@ -155,7 +177,8 @@ impl Error {
     }
 
     /// Whether the request waited past its deadline (its class's maximum wait, or its own
-    /// [`Deadline`](crate::Deadline)) before it could be sent.
+    /// [`Deadline`](crate::Deadline)) before it could be sent, or was refused on arrival
+    /// because a budget predicted it would ([`Error::predicted_wait`]).
     pub fn is_deadline_exceeded(&self) -> bool {
         matches!(self.inner.kind, Kind::DeadlineExceeded { .. })
     }
@@ -174,7 +197,8 @@ impl Error {
         }
     }
 
-    /// How long the request waited before its deadline passed.
+    /// How long the request waited before its deadline passed (or before it was refused,
+    /// when its deadline was predicted to pass).
     pub fn waited(&self) -> Option<Duration> {
         match self.inner.kind {
             Kind::DeadlineExceeded { waited, .. } => Some(waited),
@@ -182,10 +206,27 @@ impl Error {
         }
     }
 
+    /// The wait a budget predicted for the request when it refused it on arrival, its
+    /// deadline being sooner: the costs waiting ahead of it and its own, at the quota's rate.
+    /// `None` for a request that waited until its deadline passed.
+    pub fn predicted_wait(&self) -> Option<Duration> {
+        match self.inner.kind {
+            Kind::DeadlineExceeded { predicted, .. } => predicted,
+            _ => None,
+        }
+    }
+
     /// The same deadline error, told for the whole wait of a request of `priority`.
     pub(crate) fn with_wait(self, priority: Priority, waited: Duration) -> Self {
         match self.inner.kind {
-            Kind::DeadlineExceeded { .. } => Self::deadline_exceeded(Some(priority), waited),
+            Kind::DeadlineExceeded { predicted, .. } => Self::new(
+                Kind::DeadlineExceeded {
+                    priority: Some(priority),
+                    waited,
+                    predicted,
+                },
+                None,
+            ),
             _ => self,
         }
     }
@@ -253,15 +294,33 @@ impl fmt::Display for Error {
             },
             Kind::MissingCost => f.write_str("rejected locally: the request carries no cost"),
             Kind::DeadlineExceeded {
+                priority,
+                predicted: Some(predicted),
+                ..
+            } => {
+                let request = priority.map_or(String::from("the request"), |p| {
+                    format!("{} {p} request", article(p))
+                });
+                write!(
+                    f,
+                    "rejected locally: {request} would wait about {} for the quota (the costs \
+                     waiting ahead of it at the quota's rate), past its deadline",
+                    rounded(*predicted)
+                )
+            }
+            Kind::DeadlineExceeded {
                 priority: Some(priority),
                 waited,
+                ..
             } => write!(
                 f,
-                "rejected locally: a {priority} request waited {waited:?}, past its deadline"
+                "rejected locally: {} {priority} request waited {waited:?}, past its deadline",
+                article(*priority)
             ),
             Kind::DeadlineExceeded {
                 priority: None,
                 waited,
+                ..
             } => write!(
                 f,
                 "rejected locally: the request waited {waited:?}, past its deadline"
@@ -300,6 +359,28 @@ impl std::error::Error for Error {
                 .as_deref()
                 .map(|e| e as &(dyn std::error::Error + 'static)),
         }
+    }
+}
+
+/// A wait for people: whole seconds, minutes or hours.
+pub(crate) fn rounded(wait: Duration) -> String {
+    let secs = wait.as_secs_f64();
+    if secs < 1.0 {
+        format!("{} ms", wait.as_millis())
+    } else if secs < 120.0 {
+        format!("{secs:.0} s")
+    } else if secs < 7_200.0 {
+        format!("{:.0} min", secs / 60.0)
+    } else {
+        format!("{:.1} h", secs / 3_600.0)
+    }
+}
+
+/// "a" or "an" before a class's name.
+pub(crate) fn article(priority: Priority) -> &'static str {
+    match priority {
+        Priority::Interactive | Priority::Async => "an",
+        Priority::Batch => "a",
     }
 }
 

@@ -210,7 +210,8 @@ where
 }
 
 /// One group's call: the response read whole, or the failure classified. A cost the budget
-/// can never admit is permanent (the group is split); other errors may pass.
+/// can never admit says the budget's capacity (groups are formed under it from then on);
+/// other errors may pass.
 async fn call<S, B>(service: S, request: Request<Full<Bytes>>, format: ApiFormat) -> CallResult
 where
     S: Service<Request<Full<Bytes>>, Response = Response<B>>,
@@ -219,9 +220,15 @@ where
     B::Error: Into<BoxError>,
 {
     let failed = |error: BoxError| {
-        let permanent = error
-            .downcast_ref::<Error>()
-            .is_some_and(|e| e.is_too_large() || e.is_missing_cost() || e.is_request_body());
+        let local = error.downcast_ref::<Error>();
+        if let Some(too_large) = local.and_then(Error::insufficient_capacity) {
+            return CallResult::TooLarge {
+                dimension: too_large.dimension(),
+                capacity: too_large.capacity(),
+                reason: error.to_string(),
+            };
+        }
+        let permanent = local.is_some_and(|e| e.is_missing_cost() || e.is_request_body());
         CallResult::Failed {
             transient: !permanent,
             reason: error.to_string(),

@@ -41,6 +41,7 @@ use super::validate::Validator;
 use crate::cost::Cost;
 use crate::estimate::Estimator;
 use crate::priority::{Deadline, Priority};
+use crate::quota::Dimension;
 
 /// Tokens a chat message costs beyond its text (role, separators).
 const MESSAGE_OVERHEAD: u64 = 4;
@@ -80,6 +81,41 @@ pub(crate) enum CallResult {
         reason: String,
         usage: Option<(u64, u64)>,
     },
+    /// The budget below can never admit the group's cost: at most `capacity` of `dimension`.
+    /// Nothing was sent.
+    TooLarge {
+        dimension: Dimension,
+        capacity: u64,
+        reason: String,
+    },
+}
+
+/// The largest estimated cost of a group, by dimension: set in the configuration
+/// ([`max_cost`](GroupConfig::max_cost), on the total), and learnt from a budget that refused
+/// a group as too large.
+#[derive(Debug, Clone, Copy, Default)]
+struct Caps {
+    total: Option<u64>,
+    input: Option<u64>,
+    output: Option<u64>,
+}
+
+impl Caps {
+    fn exceeded_by(&self, input: u64, output: u64) -> bool {
+        let over = |cap: Option<u64>, cost: u64| cap.is_some_and(|cap| cost > cap);
+        over(self.total, input + output) || over(self.input, input) || over(self.output, output)
+    }
+
+    fn learn(&mut self, dimension: Dimension, capacity: u64) {
+        let cap = match dimension {
+            Dimension::InputTokens => &mut self.input,
+            Dimension::OutputTokens => &mut self.output,
+            // A group is one request: never too many of them.
+            Dimension::Requests => return,
+            _ => &mut self.total,
+        };
+        *cap = Some(cap.map_or(capacity, |cap| cap.min(capacity)));
+    }
 }
 
 #[derive(Debug)]
@@ -118,6 +154,7 @@ pub(crate) struct Planner<T> {
     instructions: Arc<str>,
     shape: Arc<RequestShape>,
     shared_input: u64,
+    caps: Caps,
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
     fresh: [VecDeque<usize>; 3],
@@ -154,12 +191,17 @@ impl<T> Planner<T> {
         let shared = template.render(&instructions, &[], &[]);
         let shared_input =
             2 * MESSAGE_OVERHEAD + estimator.count(&shared.system) + estimator.count(&shared.user);
+        let caps = Caps {
+            total: config.max_cost,
+            ..Caps::default()
+        };
         Self {
             config,
             template,
             instructions,
             shape,
             shared_input,
+            caps,
             slots: Vec::new(),
             free: Vec::new(),
             fresh: Default::default(),
@@ -307,8 +349,7 @@ impl<T> Planner<T> {
             let slot = self.slot(i);
             let limit = cap.min(slot.size_limit);
             if !members.is_empty() {
-                let cost = input + slot.input + output + slot.output;
-                let over = self.config.max_cost.is_some_and(|max| cost > max);
+                let over = (self.caps).exceeded_by(input + slot.input, output + slot.output);
                 if members.len() + 1 > limit || over {
                     return (members, true);
                 }
@@ -357,12 +398,14 @@ impl<T> Planner<T> {
     {
         self.in_flight = self.in_flight.saturating_sub(1);
         self.stats.calls += 1;
-        let replayed = matches!(result, CallResult::Answered { replayed: true, .. });
-        if replayed {
-            self.stats.replayed_calls += 1;
-        } else {
-            for &i in &group.members {
-                self.slot_mut(i).attempts += 1;
+        match result {
+            CallResult::Answered { replayed: true, .. } => self.stats.replayed_calls += 1,
+            // Refused before it was sent.
+            CallResult::TooLarge { .. } => {}
+            _ => {
+                for &i in &group.members {
+                    self.slot_mut(i).attempts += 1;
+                }
             }
         }
         match result {
@@ -381,6 +424,11 @@ impl<T> Planner<T> {
                     self.failed_permanently(group, reason, now);
                 }
             }
+            CallResult::TooLarge {
+                dimension,
+                capacity,
+                reason,
+            } => self.too_large(group, dimension, capacity, reason),
             CallResult::Answered {
                 text,
                 usage,
@@ -481,6 +529,30 @@ impl<T> Planner<T> {
             self.slot_mut(i).resent = true;
         }
         self.resend.push_back(group);
+    }
+
+    /// The budget can never admit the group: its capacity becomes a cap of the groups formed
+    /// from now on, and the members go back to their queues, charged nothing (nothing was
+    /// sent). Alone, the item fails: it can never be admitted.
+    fn too_large(
+        &mut self,
+        group: FormedGroup,
+        dimension: Dimension,
+        capacity: u64,
+        reason: String,
+    ) {
+        if let [alone] = group.members[..] {
+            self.fail(
+                alone,
+                FailureKind::Call,
+                format!("the call failed: {reason}"),
+            );
+            return;
+        }
+        self.caps.learn(dimension, capacity);
+        for &i in &group.members {
+            self.enqueue(i);
+        }
     }
 
     /// Alone, the item fails now; a group is bisected, each half sent again at once with new

@@ -16,11 +16,19 @@ use crate::sched::{Aging, Scheduling, depth};
 /// |---|---|---|
 /// | interactive | 5 s | (highest class) |
 /// | async | 2 min | 30 s (to interactive) |
-/// | batch | 20 min | 120 s (to async) |
+/// | batch | none: as long as the quota needs | 120 s (to async) |
 ///
 /// At most 10,000 requests wait in all, with no further limit per class; a request without a
 /// [`Priority`] is `Async`. A gateway in front of people typically lowers the interactive wait
 /// to a few hundred milliseconds and sends the rest to a fallback.
+///
+/// Batch work has no maximum wait: a job bigger than the quota (500 tickets at 10,000 tokens
+/// a minute take over half an hour) loses nothing waiting. A caller that sets a
+/// [`Deadline`](crate::Deadline) that a budget can tell will not be met (from the costs
+/// waiting ahead and the quota's rate) is refused at once, with the predicted wait
+/// ([`Error::predicted_wait`](crate::Error::predicted_wait)), rather than after waiting it
+/// out. A class's maximum wait is waited out: it bounds a wait the refunds of calls in
+/// flight may well shorten.
 ///
 /// # Example
 ///
@@ -33,7 +41,8 @@ use crate::sched::{Aging, Scheduling, depth};
 ///     .promote_after(Priority::Batch, Some(Duration::from_secs(60)))
 ///     .class_max_depth(Priority::Batch, NonZeroUsize::new(5_000).unwrap())
 ///     .default_priority(Priority::Interactive);
-/// assert_eq!(config.class(Priority::Interactive).max_wait(), Duration::from_millis(300));
+/// assert_eq!(config.class(Priority::Interactive).max_wait(), Some(Duration::from_millis(300)));
+/// assert_eq!(config.class(Priority::Batch).max_wait(), None); // as long as the quota needs
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueueConfig {
@@ -45,14 +54,15 @@ pub struct QueueConfig {
 /// How a [`QueueConfig`] treats one class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClassConfig {
-    max_wait: Duration,
+    max_wait: Option<Duration>,
     promote_after: Option<Duration>,
     max_depth: Option<NonZeroUsize>,
 }
 
 impl ClassConfig {
-    /// The longest a request of this class may wait before it is sent.
-    pub fn max_wait(&self) -> Duration {
+    /// The longest a request of this class may wait before it is sent (none: as long as it
+    /// takes).
+    pub fn max_wait(&self) -> Option<Duration> {
         self.max_wait
     }
 
@@ -67,9 +77,12 @@ impl ClassConfig {
     }
 }
 
-const fn class(max_wait_secs: u64, promote_after_secs: Option<u64>) -> ClassConfig {
+const fn class(max_wait_secs: Option<u64>, promote_after_secs: Option<u64>) -> ClassConfig {
     ClassConfig {
-        max_wait: Duration::from_secs(max_wait_secs),
+        max_wait: match max_wait_secs {
+            Some(secs) => Some(Duration::from_secs(secs)),
+            None => None,
+        },
         promote_after: match promote_after_secs {
             Some(secs) => Some(Duration::from_secs(secs)),
             None => None,
@@ -84,20 +97,28 @@ impl QueueConfig {
         Self {
             // Indexed highest class first, as `Priority::ALL`.
             classes: [
-                class(5, None),
-                class(120, Some(30)),
-                class(1_200, Some(120)),
+                class(Some(5), None),
+                class(Some(120), Some(30)),
+                class(None, Some(120)),
             ],
             max_depth: NonZeroUsize::new(10_000).unwrap(),
             default_priority: Priority::Async,
         }
     }
 
-    /// The longest a request of `priority` may wait before it is sent; past it, it fails
-    /// locally. A [`Deadline`](crate::Deadline) in the request's extensions overrides it.
-    /// Defaults to 5 s, 2 min and 20 min for interactive, async and batch.
+    /// The longest a request of `priority` may wait before it is sent; past it (or as soon as
+    /// a budget can tell it would be passed), it fails locally. `Duration::MAX` (or anything
+    /// from [`MAX_DURATION`](crate::MAX_DURATION)) is no limit. A
+    /// [`Deadline`](crate::Deadline) in the request's extensions overrides it. Defaults to
+    /// 5 s and 2 min for interactive and async, no limit for batch.
     pub const fn max_wait(mut self, priority: Priority, max_wait: Duration) -> Self {
-        self.classes[priority.index()].max_wait = crate::timer::capped(max_wait);
+        let capped = crate::timer::capped(max_wait);
+        self.classes[priority.index()].max_wait =
+            if capped.as_secs() == crate::timer::MAX_DURATION.as_secs() {
+                None
+            } else {
+                Some(capped)
+            };
         self
     }
 
@@ -147,15 +168,17 @@ impl QueueConfig {
     }
 
     /// How a request of `priority` that entered at `enqueued_at`, may go from `not_before`
-    /// and gives up at `deadline` is placed in an ordering.
+    /// and gives up at `deadline` (if any; `own` when the caller set it) is placed in an
+    /// ordering.
     pub(crate) fn placed(
         &self,
         priority: Priority,
         (enqueued_at, not_before): (Instant, Option<Instant>),
-        deadline: Instant,
+        (deadline, own): (Option<Instant>, bool),
     ) -> Scheduling {
         Scheduling {
-            deadline: Some(deadline),
+            deadline,
+            own_deadline: own,
             not_before,
             ..self.scheduling(priority, enqueued_at)
         }

@@ -85,7 +85,8 @@ struct Wait<S, B> {
     enqueued_at: Instant,
     /// Not admitted before (a retry waiting out `Retry-After`, in a budget inside).
     not_before: Option<Instant>,
-    deadline: Instant,
+    /// When it gives up (none: it waits as long as it takes), and whether its caller set it.
+    deadline: (Option<Instant>, bool),
     service: S,
     // `service` was asked its readiness and answered not yet: it may hold a place in the
     // inner service's own waiting list (a semaphore's), which it gives up if it stops being
@@ -115,7 +116,7 @@ where
     pub(crate) fn new(
         shared: Arc<Shared>,
         (priority, enqueued_at, not_before): (Priority, Instant, Option<Instant>),
-        deadline: Instant,
+        deadline: (Option<Instant>, bool),
         service: S,
         request: Request<B>,
     ) -> Self {
@@ -168,7 +169,7 @@ where
                         shared,
                         place,
                         &scheduling,
-                        *deadline,
+                        deadline.0,
                         (service, asked),
                         cx,
                     ) {
@@ -270,7 +271,7 @@ fn poll_turn<S, B>(
     shared: &Shared,
     place: &mut Option<Place>,
     scheduling: &Scheduling,
-    deadline: Instant,
+    deadline: Option<Instant>,
     (service, asked): (&mut S, &mut bool),
     cx: &mut Context<'_>,
 ) -> Turn
@@ -295,7 +296,7 @@ where
                 }
             };
         }
-        None => match state.order.push(scheduling, Some(deadline), ()) {
+        None => match state.order.push(scheduling, deadline, ()) {
             Ok(mine) => {
                 shared.count(&state);
                 *place.insert(mine)
@@ -335,11 +336,11 @@ fn join(
     shared: &Shared,
     place: &mut Option<Place>,
     scheduling: &Scheduling,
-    deadline: Instant,
+    deadline: Option<Instant>,
     cx: &mut Context<'_>,
 ) -> Turn {
     let mut state = shared.lock();
-    match state.order.push(scheduling, Some(deadline), ()) {
+    match state.order.push(scheduling, deadline, ()) {
         Ok(mine) => {
             shared.count(&state);
             state.order.set_waker(mine, cx.waker());

@@ -102,10 +102,13 @@ where
             .map(NotBefore::instant)
             .filter(|&at| at > now);
         let max_wait = config.class(priority).max_wait();
-        let deadline = extensions.get::<Deadline>().map_or_else(
-            || saturating_deadline(not_before.unwrap_or(now), max_wait),
-            Deadline::instant,
-        );
+        let deadline = match extensions.get::<Deadline>() {
+            Some(deadline) => (Some(deadline.instant()), true),
+            None => (
+                max_wait.map(|wait| saturating_deadline(not_before.unwrap_or(now), wait)),
+                false,
+            ),
+        };
         let ready = std::mem::take(&mut self.ready);
         if ready && self.shared.is_empty() {
             // Nobody waits here and the inner service is ready: hand it over now. Inner layers

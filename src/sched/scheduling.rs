@@ -82,6 +82,9 @@ pub(crate) struct Scheduling {
     pub(crate) flow: Flow,
     /// The latest instant at which the request may still be admitted.
     pub(crate) deadline: Option<Instant>,
+    /// The deadline is the caller's own ([`Deadline`](crate::Deadline)), not its class's
+    /// maximum wait: a budget that can tell it will not be met refuses it at once.
+    pub(crate) own_deadline: bool,
     /// The earliest: it waits in its place until then (a retry waiting out `Retry-After`).
     pub(crate) not_before: Option<Instant>,
 }
@@ -98,6 +101,7 @@ impl Scheduling {
             class_max_depth: u32::MAX,
             flow: Flow::DEFAULT,
             deadline: None,
+            own_deadline: false,
             not_before: None,
         }
     }

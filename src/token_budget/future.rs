@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tower::Service;
 
 use crate::budget::{Reservation, ReservationSlot, Reserve};
-use crate::error::{BoxError, Error};
+use crate::error::{BoxError, Error, ReserveError};
 use crate::observe::{self, Labels};
 use crate::priority::{Priority, Timings};
 use crate::timer::DeadlineTimer;
@@ -274,6 +274,9 @@ where
             Err(refused) => {
                 if let Some(too_large) = refused.insufficient_capacity() {
                     observe::rate_limit_hit(too_large.dimension().as_str(), "local");
+                }
+                if let ReserveError::DeadlineUnmet { .. } = refused {
+                    observe::rate_limit_hit("deadline", "local");
                 }
                 tracing::debug!(%refused, "request rejected locally");
                 return Poll::Ready(Err(refused.into()));

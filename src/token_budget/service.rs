@@ -117,8 +117,10 @@ impl<S> TokenBudget<S> {
                 .get::<EnqueuedAt>()
                 .map_or(now, |at| at.instant().min(now));
             let priority = extensions.get::<Priority>().copied();
+            let deadline = extensions.get::<Deadline>().map(Deadline::instant);
             Scheduling {
-                deadline: extensions.get::<Deadline>().map(Deadline::instant),
+                deadline,
+                own_deadline: deadline.is_some(),
                 not_before: extensions.get::<NotBefore>().map(NotBefore::instant),
                 ..Scheduling::new(priority.unwrap_or(Priority::Async), enqueued_at)
             }

@@ -5,7 +5,8 @@ use tokio::time;
 use tokio_test::{assert_pending, assert_ready, assert_ready_ok, task};
 use tower::{Layer, Service, ServiceExt};
 use tower_llm_quota::{
-    Cost, MissingCost, TokenBudgetLayer, budget::ReservationSlot, token_budget::TokenBudget,
+    Cost, MissingCost, Priority, TokenBudgetLayer, budget::ReservationSlot,
+    token_budget::TokenBudget,
 };
 use tower_test::mock;
 
@@ -295,28 +296,60 @@ async fn a_deadline_bounds_the_wait_for_budget_and_for_inner_readiness() {
         .charge_estimate();
     let start = time::Instant::now();
 
-    // Waiting for tokens: gives up at the deadline and leaves the budget's queue.
+    // Its own deadline cannot be met: 50 tokens at 10 a second are 5 s away. Refused at
+    // once, with the predicted wait, never queued.
     let mut request = request_with(Cost::new(50, 0));
     request
         .extensions_mut()
         .insert(tower_llm_quota::Deadline::at(start + SEC));
     let error = service.call(request).await.unwrap_err();
     assert!(error.is_deadline_exceeded() && error.is_local());
-    assert_eq!((error.waited(), error.priority()), (Some(SEC), None));
-    assert_eq!((budget.waiters(), levels(&budget)), (0, vec![10]));
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(
+        (error.waited(), error.predicted_wait()),
+        (Some(Duration::ZERO), Some(5 * SEC))
+    );
+    assert_eq!((budget.waiters(), levels(&budget)), (0, vec![0]));
+
+    // Predicted in time (30 tokens, 3 s away, before its 4 s), then overtaken by an
+    // interactive request of 20 tokens that arrives meanwhile: it gives up at its deadline,
+    // exactly, and leaves the budget's queue.
+    let mut request = request_with(Cost::new(30, 0));
+    request
+        .extensions_mut()
+        .insert(tower_llm_quota::Deadline::at(start + 4 * SEC));
+    request.extensions_mut().insert(Priority::Batch);
+    let late = tokio::spawn(service.call(request));
+    tokio::task::yield_now().await;
+    let mut urgent = request_with(Cost::new(20, 0));
+    urgent.extensions_mut().insert(Priority::Interactive);
+    let urgent = tokio::spawn(service.call(urgent));
+    tokio::task::yield_now().await;
+    handle.allow(1);
+    let (request, send) = handle.next_request().await.unwrap();
+    send.send_response(Response::new("urgent"));
+    assert_eq!(start.elapsed(), 2 * SEC);
+    drop(request);
+    urgent.await.unwrap().unwrap();
+    let error = late.await.unwrap().unwrap_err();
+    assert!(error.is_deadline_exceeded() && error.predicted_wait().is_none());
+    assert_eq!(start.elapsed(), 4 * SEC);
+    assert_eq!(error.waited(), Some(4 * SEC));
+    assert_eq!((budget.waiters(), levels(&budget)), (0, vec![20]));
 
     // Admitted, but the inner service stays busy: the reservation is refunded at the deadline.
+    let start = time::Instant::now();
     handle.allow(0);
     let mut request = request_with(Cost::new(10, 0));
     request
         .extensions_mut()
-        .insert(tower_llm_quota::Deadline::at(start + 2 * SEC));
+        .insert(tower_llm_quota::Deadline::at(start + SEC));
     let error = service.call(request).await.unwrap_err();
     assert!(error.is_deadline_exceeded());
-    assert_eq!(start.elapsed(), 2 * SEC);
+    assert_eq!(start.elapsed(), SEC);
     assert_eq!(
         levels(&budget),
-        [20],
+        [30],
         "refunded: 10 refilled, nothing spent"
     );
 }

@@ -4,7 +4,9 @@
 //! budget's lock. A pass asks, in this order:
 //!
 //! 1. **the tenant path** ([`Pass::check_path`]): a node that refuses the request (paused,
-//!    its day spent, past its `max_wait`) ends it at once, waiting or not;
+//!    its day spent, past its `max_wait`) ends it at once, waiting or not; then, once, **its
+//!    deadline** ([`Pass::predict`]): a deadline the costs waiting ahead of it and the
+//!    quota's rate say it cannot meet ends it at once, with the predicted wait;
 //! 2. **the ordering** ([`Pass::join`]): while others wait, a newcomer takes its place in the
 //!    one ordering (`sched::order`: class, aging, fair share, arrival) rather than overtaking;
 //! 3. **its turn** ([`Pass::take_turn`]): only the head may go (or a request behind heads that
@@ -75,6 +77,8 @@ pub(crate) struct Waiting {
     pub(crate) parked: Option<(usize, u64)>,
     /// Out of the ordering (keeping its place) until shortly before it may go.
     pub(crate) held_back: bool,
+    /// Its deadline was checked against the predicted wait (once, on arrival).
+    pub(crate) predicted: bool,
 }
 
 impl Waiting {
@@ -86,6 +90,7 @@ impl Waiting {
             local: false,
             parked: None,
             held_back: false,
+            predicted: false,
         }
     }
 }
@@ -108,6 +113,8 @@ pub(crate) enum Step {
     Queued,
     /// A node of its tenant path refused it.
     Refused(TenantRefused),
+    /// It would wait this long (predicted on arrival), past its deadline.
+    Late(std::time::Duration),
     /// Out of the ordering, keeping its place, until a node of its tenant path can pay: at
     /// this instant, or when woken (one of the node's calls ended).
     Parked(Option<Instant>),
@@ -161,6 +168,7 @@ impl<'a> Pass<'a> {
     /// The questions of a pass, in order; each ends the pass (`Break`) or lets the next ask.
     fn admit(&mut self, waiting: &mut Waiting) -> ControlFlow<Step, Infallible> {
         let path = self.check_path(waiting)?;
+        self.predict(waiting)?;
         self.hold_back(waiting)?;
         self.join(waiting)?;
         self.take_turn(waiting)?;
@@ -217,6 +225,44 @@ impl<'a> Pass<'a> {
             }
             check => Continue(Some(check)),
         }
+    }
+
+    /// 1a. Its caller's deadline, once, on arrival: when the costs waiting ahead of it (its
+    ///     class and those above, and lower fronts aged to its class) and its own cannot be
+    ///     paid by the buckets' refill before it, the request is refused at once with the
+    ///     predicted wait, rather than after waiting it out. The prediction takes the costs
+    ///     ahead at their estimates and counts nothing of what calls in flight will refund:
+    ///     refunds make the real wait shorter, later arrivals of a higher class longer. A
+    ///     class's maximum wait is not predicted (it is waited out: refunds may well shorten
+    ///     the wait it bounds); nor can a shared budget tell from here (its buckets live in its
+    ///     store): its requests wait up to their deadline.
+    fn predict(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
+        if waiting.place.is_some() || std::mem::replace(&mut waiting.predicted, true) {
+            return Continue(());
+        }
+        let ask = &waiting.ask;
+        let Some(deadline) = ask
+            .scheduling
+            .deadline
+            .filter(|_| ask.scheduling.own_deadline)
+        else {
+            return Continue(());
+        };
+        if self.state.shared.is_some() || self.state.check_capacity(&ask.cost, ask.floor).is_err() {
+            // A cost that never fits is refused as such when it is paid.
+            return Continue(());
+        }
+        let ahead = (self.state.queue).queued_ahead_of(ask.scheduling.priority, self.now);
+        let Some((at, _)) = (self.state.store).not_before(&ahead.saturating_add(ask.cost), self.ns)
+        else {
+            return Continue(());
+        };
+        let from = ask.scheduling.not_before.unwrap_or(self.now);
+        let at = self.budget.instant(at).max(from);
+        if at <= deadline {
+            return Continue(());
+        }
+        Break(Step::Late(at.saturating_duration_since(self.now)))
     }
 
     /// 2. The ordering: while others wait, a newcomer takes a place (it may be the head's: a
