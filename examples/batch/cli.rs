@@ -105,7 +105,7 @@ pub(crate) struct Args {
     pub(crate) lease_ms: Option<u64>,
     /// Group N items per call, and compare with one item per call: the same tickets, shared
     /// instructions (`--instructions`) sent once per call, each answer checked per item, bad
-    /// items sent again alone.
+    /// items regrouped and sent again (alone if they fail again).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1000))]
     pub(crate) group: Option<u16>,
     /// With --group: the shared instructions, as plain text [default: the built-in

@@ -117,7 +117,8 @@ type Failure = Box<dyn Error>;
 const EMBEDDED_MINUTE_MS: u64 = 2_000;
 /// The naive retry loop: attempts per item.
 const NAIVE_ATTEMPTS: u32 = 5;
-/// Batch and async work waits as long as the job takes.
+/// Async items of an `--input` file wait as long as the job takes (batch work does by
+/// default).
 const LONG_WAIT: Duration = Duration::from_secs(24 * 3_600);
 
 #[tokio::main]
@@ -325,9 +326,7 @@ async fn governed_stack(args: &Args, settings: &Settings) -> Result<QuotaStack, 
     let quota = Quota::new()
         .with_limit(limit(Dimension::Requests, spec.rpm)?)
         .with_limit(limit(Dimension::TotalTokens, spec.tpm)?);
-    let queue = QueueConfig::new()
-        .max_wait(Priority::Async, LONG_WAIT)
-        .max_wait(Priority::Batch, LONG_WAIT);
+    let queue = QueueConfig::new().max_wait(Priority::Async, LONG_WAIT);
     // The provider's minute may be compressed: its headers are read with the quota's windows.
     let profile = Profile::openai().windows(spec.minute, spec.minute);
     let mut stack = QuotaStack::for_profile(profile, quota.clone())
