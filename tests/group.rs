@@ -985,3 +985,42 @@ proptest::proptest! {
         proptest::prop_assert_eq!(first_request(&a).1, key_a);
     }
 }
+
+/// Items whose deadline a budget can tell will not be met: their group is refused at once,
+/// bisected so that the members that can still go do, and each item that cannot fails with
+/// the predicted wait, at once, never sent.
+#[tokio::test(start_paused = true)]
+async fn a_deadline_the_budget_cannot_meet_fails_its_items_at_once() {
+    let model = Scripted::default();
+    let limit = Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(6_000).unwrap());
+    let stack = QuotaStack::openai(Quota::new().with_limit(limit));
+    let service = boxed(stack.layer(model.service(|_| None)));
+    let deadline = Deadline::after(Duration::from_secs(1));
+    let batch: Vec<GroupItem> = (0..8)
+        .map(|i| GroupItem::new(format!("t-{i}"), "word ".repeat(200)).deadline(deadline))
+        .collect();
+    let start = tokio::time::Instant::now();
+    let report = Grouper::new(service, ApiFormat::OpenAiChat, "Shared.")
+        .config(GroupConfig::new().max_items(4).unwrap())
+        .run(batch)
+        .await;
+    // Nothing waited past its deadline: what was admitted was admitted before it.
+    assert!(
+        start.elapsed() <= Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
+    let done = report.outcomes.iter().filter(|o| o.result.is_ok()).count();
+    assert!(done >= 1, "the burst pays for some: {:?}", report.outcomes);
+    let seen = model.seen();
+    for outcome in report.outcomes.iter().filter(|o| o.result.is_err()) {
+        let failure = outcome.result.as_ref().unwrap_err();
+        assert!(failure.reason().contains("would wait about"), "{failure}");
+        // Never sent: the model saw no call holding it.
+        assert!(
+            !seen.iter().any(|s| s.ids.contains(&outcome.id)),
+            "{outcome:?}"
+        );
+    }
+    assert!(done < 8, "some could not make it: {done} done");
+}

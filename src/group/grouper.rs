@@ -228,7 +228,11 @@ where
                 reason: error.to_string(),
             };
         }
-        let permanent = local.is_some_and(|e| e.is_missing_cost() || e.is_request_body());
+        // A deadline refused is not sent again as it was: the group is bisected, so that
+        // members with a later deadline (or none) may still go.
+        let permanent = local.is_some_and(|e| {
+            e.is_missing_cost() || e.is_request_body() || e.is_deadline_exceeded()
+        });
         CallResult::Failed {
             transient: !permanent,
             reason: error.to_string(),

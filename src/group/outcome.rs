@@ -79,7 +79,8 @@ pub struct ItemOutcome<T> {
     pub id: String,
     /// Its validated result, or why it has none.
     pub result: Result<T, ItemFailure>,
-    /// Calls it took part in (answers replayed from an idempotency record aside).
+    /// Requests it took part in (those the stack refused before sending included, answers
+    /// replayed from an idempotency record aside).
     pub attempts: u32,
     /// Whether it was sent again after a bad answer or a failed call.
     pub resent: bool,
