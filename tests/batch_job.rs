@@ -136,6 +136,9 @@ async fn a_deadline_that_cannot_be_met_is_refused_at_once_with_the_predicted_wai
             assert_eq!(*at, Duration::ZERO, "{error}");
             let wait = error.predicted_wait().expect("a predicted wait");
             assert!(wait > Duration::from_secs(20 * 60), "{wait:?}");
+            // Read as a rate-limit failure, it says when to come back: that wait.
+            let limited = error.rate_limit().expect("a local rate-limit refusal");
+            assert_eq!(limited.retry_after(), Some(wait));
             assert!(error.to_string().contains("would wait about"), "{error}");
             predicted.push(wait);
             refused += 1;

@@ -105,7 +105,8 @@ impl RateLimitError {
     }
 
     /// The rate-limit failure a local refusal of this crate describes (a cost that never
-    /// fits, a deadline passed while waiting, a full queue); `None` for other errors.
+    /// fits, a deadline passed while waiting or predicted to pass, a full queue); `None` for
+    /// other errors.
     fn from_local(error: &Error) -> Option<Self> {
         let (limited_by, exhausted) = if let Some(too_large) = error.insufficient_capacity() {
             let by = match too_large.dimension() {
@@ -124,7 +125,8 @@ impl RateLimitError {
             decision: Decision::Local,
             limited_by,
             scope: Scope::default(),
-            retry_after: None,
+            // A deadline refused on arrival: the wait the budget predicted.
+            retry_after: error.predicted_wait(),
             exhausted,
             status: None,
             headers: HeaderMap::new(),
