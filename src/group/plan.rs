@@ -106,15 +106,18 @@ impl Caps {
         over(self.total, input + output) || over(self.input, input) || over(self.output, output)
     }
 
-    fn learn(&mut self, dimension: Dimension, capacity: u64) {
+    /// Caps `dimension` at `capacity`; whether that tightened a cap.
+    fn learn(&mut self, dimension: Dimension, capacity: u64) -> bool {
         let cap = match dimension {
             Dimension::InputTokens => &mut self.input,
             Dimension::OutputTokens => &mut self.output,
             // A group is one request: never too many of them.
-            Dimension::Requests => return,
+            Dimension::Requests => return false,
             _ => &mut self.total,
         };
+        let tighter = cap.is_none_or(|cap| capacity < cap);
         *cap = Some(cap.map_or(capacity, |cap| cap.min(capacity)));
+        tighter
     }
 }
 
@@ -428,7 +431,7 @@ impl<T> Planner<T> {
                 dimension,
                 capacity,
                 reason,
-            } => self.too_large(group, dimension, capacity, reason),
+            } => self.too_large(group, (dimension, capacity), reason, now),
             CallResult::Answered {
                 text,
                 usage,
@@ -537,21 +540,21 @@ impl<T> Planner<T> {
     fn too_large(
         &mut self,
         group: FormedGroup,
-        dimension: Dimension,
-        capacity: u64,
+        (dimension, capacity): (Dimension, u64),
         reason: String,
+        now: Instant,
     ) {
+        let reason = format!("the call failed: {reason}");
         if let [alone] = group.members[..] {
-            self.fail(
-                alone,
-                FailureKind::Call,
-                format!("the call failed: {reason}"),
-            );
-            return;
-        }
-        self.caps.learn(dimension, capacity);
-        for &i in &group.members {
-            self.enqueue(i);
+            self.fail(alone, FailureKind::Call, reason);
+        } else if self.caps.learn(dimension, capacity) {
+            for &i in &group.members {
+                self.enqueue(i);
+            }
+        } else {
+            // Nothing learnt (a cap of another kind than the grouper's): bisected, as any
+            // permanent failure.
+            self.failed_permanently(group, reason, now);
         }
     }
 
@@ -1068,6 +1071,44 @@ mod tests {
         model.settle(&[0], 0, &Answer::Permanent);
         assert_eq!(model.items[0].ended, Some("call"));
         assert_eq!(model.items[1].ended, None);
+    }
+
+    #[test]
+    fn a_group_too_large_for_the_budget_teaches_its_capacity() {
+        let estimator = CharEstimator::new();
+        let mut planner: Planner<serde_json::Value> = Planner::new(
+            GroupConfig::new(),
+            Arc::new(TextTemplate::default()),
+            Arc::from("Shared."),
+            shape(),
+            &estimator,
+        );
+        let now = Instant::now();
+        for n in 0..4 {
+            planner.push(
+                GroupItem::new(format!("i{n}"), "x".repeat(400)),
+                &estimator,
+                now,
+            );
+        }
+        let four = planner.form(now, true).unwrap();
+        assert_eq!(four.members.len(), 4);
+        // The budget holds a bit more than two items' group at most.
+        let two = planner.build(vec![0, 1]).cost.total_tokens();
+        let refusal = |dimension| CallResult::TooLarge {
+            dimension,
+            capacity: two + 1,
+            reason: String::from("too large"),
+        };
+        planner.settle(four, refusal(Dimension::TotalTokens), &AnswerField, now);
+        let first = planner.form(now, true).unwrap();
+        assert_eq!(first.members, [0, 1], "formed under the capacity learnt");
+        assert!(first.cost.total_tokens() <= two + 1);
+        assert_eq!(planner.stats.items_resent, 0);
+        // A refusal that teaches nothing new is bisected, as a permanent failure.
+        planner.settle(first, refusal(Dimension::TotalTokens), &AnswerField, now);
+        assert_eq!(planner.form(now, true).unwrap().members, [0]);
+        assert_eq!(planner.form(now, true).unwrap().members, [1]);
     }
 
     #[test]
