@@ -12,10 +12,11 @@ use http_body_util::{BodyExt, Full};
 use tokio::sync::mpsc;
 use tower::{Service, ServiceExt};
 
+use super::call::{CallResult, FormedGroup};
 use super::config::GroupConfig;
 use super::item::GroupItem;
 use super::outcome::{FailureKind, GroupReport, ItemFailure, ItemOutcome};
-use super::plan::{CallResult, FormedGroup, Planner};
+use super::plan::Planner;
 use super::request::{ApiFormat, RequestShape, read_response};
 use super::template::{Template, TextTemplate};
 use super::validate::{AnswerField, Validator};

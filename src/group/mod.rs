@@ -106,6 +106,7 @@
 //! [`Cost`]: crate::Cost
 
 mod attribute;
+mod call;
 mod config;
 mod grouper;
 mod item;

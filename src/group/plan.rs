@@ -26,11 +26,11 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use super::attribute::{distribute, input_weights, output_weights};
+use super::call::{CallResult, FormedGroup};
 use super::config::{GroupConfig, Resend};
 use super::item::GroupItem;
 use super::outcome::{FailureKind, GroupStats, ItemFailure, ItemOutcome, ItemUsage};
@@ -40,55 +40,10 @@ use super::template::Template;
 use super::validate::Validator;
 use crate::cost::Cost;
 use crate::estimate::Estimator;
-use crate::priority::{Deadline, Priority};
 use crate::quota::Dimension;
 
 /// Tokens a chat message costs beyond its text (role, separators).
 const MESSAGE_OVERHEAD: u64 = 4;
-
-/// A group ready to send.
-#[derive(Debug, Clone)]
-pub(crate) struct FormedGroup {
-    pub(crate) members: Vec<usize>,
-    pub(crate) priority: Priority,
-    pub(crate) deadline: Option<Deadline>,
-    pub(crate) cost: Cost,
-    /// The request's body: everything the model sees, and its parameters.
-    pub(crate) body: Bytes,
-    /// Derived from the request (its endpoint and body), the members' own keys and how often
-    /// each was regrouped: two groups the model sees differently never share a key, the same
-    /// group sent again has the same key.
-    pub(crate) key: String,
-    /// Transient failures of this very group in a row.
-    transient: u32,
-}
-
-/// What a group's call gave.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum CallResult {
-    /// An answer to split: the model's text, the usage reported (input, output), and whether
-    /// it came without a call of this grouper (replayed from an idempotency record, or a
-    /// call in flight joined).
-    Answered {
-        text: String,
-        usage: Option<(u64, u64)>,
-        replayed: bool,
-    },
-    /// The call failed. A transient failure sends the same group again; a permanent one
-    /// bisects it (or fails an item sent alone).
-    Failed {
-        transient: bool,
-        reason: String,
-        usage: Option<(u64, u64)>,
-    },
-    /// The budget below can never admit the group's cost: at most `capacity` of `dimension`.
-    /// Nothing was sent.
-    TooLarge {
-        dimension: Dimension,
-        capacity: u64,
-        reason: String,
-    },
-}
 
 /// The largest estimated cost of a group, by dimension: set in the configuration
 /// ([`max_cost`](GroupConfig::max_cost), on the total), and learnt from a budget that refused
@@ -751,6 +706,7 @@ mod tests {
     use super::*;
     use crate::estimate::CharEstimator;
     use crate::group::{AnswerField, ApiFormat, TextTemplate};
+    use crate::priority::Priority;
     use proptest::prelude::*;
     use serde_json::json;
     use std::collections::HashMap;

@@ -5,7 +5,7 @@ use http::{HeaderMap, HeaderValue, Request, Uri};
 use http_body_util::Full;
 use serde_json::{Value, json};
 
-use super::plan::{CallResult, FormedGroup};
+use super::call::{CallResult, FormedGroup};
 use super::template::Prompt;
 use crate::error::BoxError;
 

@@ -11,9 +11,10 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
+use super::call::{CallResult, FormedGroup};
 use super::item::GroupItem;
 use super::outcome::{GroupStats, ItemOutcome};
-use super::plan::{CallResult, FormedGroup, Planner};
+use super::plan::Planner;
 use super::validate::Validator;
 use crate::estimate::Estimator;
 
