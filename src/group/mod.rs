@@ -99,7 +99,9 @@
 //! - An answer no call of the grouper's produced (an [`IdempotencyLayer`] below replayed a
 //!   record, or joined a call in flight: [`GroupStats::replayed_calls`]) charges nothing; its
 //!   rejected items go again with new keys. A worker restarted over the same records rebuilds
-//!   its earlier keys, and reads their answers again at no attempt.
+//!   its earlier keys, and reads their answers again at no attempt (sixteen replays an item
+//!   at most; past them, replays are charged like calls, so a layer below that replays
+//!   whatever the key cannot loop an item).
 //!
 //! [`IdempotencyLayer`]: crate::IdempotencyLayer
 //!

@@ -21,7 +21,9 @@
 //! An answer that no call of the grouper's produced (a [`Suppressed`](crate::idempotency::Suppressed)
 //! response: a record replayed, or a call in flight joined) is read like any other, but
 //! charges nothing: its rejected items are sent again with a new key, so an answer stored
-//! before a restart and then rejected costs no attempt.
+//! before a restart and then rejected costs no attempt. An item's first
+//! [`FREE_REPLAYS`] replays are free; past them, replays are charged like calls, so that a
+//! layer below replaying whatever the key cannot loop an item.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -41,6 +43,11 @@ use super::validate::Validator;
 use crate::cost::Cost;
 use crate::estimate::Estimator;
 use crate::quota::Dimension;
+
+/// Replayed answers an item may get free of charge: more than the rounds a run may have
+/// stored for it before a restart (its first group, a regrouped one, up to ten halvings of a
+/// group of 1,000, and its calls alone). Past them, a replay is charged like a call.
+pub(crate) const FREE_REPLAYS: u32 = 16;
 
 /// Tokens a chat message costs beyond its text (role, separators).
 const MESSAGE_OVERHEAD: u64 = 4;
@@ -90,6 +97,8 @@ struct Slot {
     attempts: u32,
     /// Failed calls it was alone in.
     charged: u32,
+    /// Answers replayed for it without a call.
+    replays: u32,
     /// Bumped whenever the item is regrouped: part of its groups' keys.
     round: u32,
     /// The largest group it may join now.
@@ -193,6 +202,7 @@ impl<T> Planner<T> {
             queued_at: now,
             attempts: 0,
             charged: 0,
+            replays: 0,
             round: 0,
             size_limit: self.config.max_items.get(),
             again: false,
@@ -357,7 +367,12 @@ impl<T> Planner<T> {
         self.in_flight = self.in_flight.saturating_sub(1);
         self.stats.calls += 1;
         match result {
-            CallResult::Answered { replayed: true, .. } => self.stats.replayed_calls += 1,
+            CallResult::Answered { replayed: true, .. } => {
+                self.stats.replayed_calls += 1;
+                for &i in &group.members {
+                    self.slot_mut(i).replays += 1;
+                }
+            }
             // Refused before it was sent.
             CallResult::TooLarge { .. } => {}
             _ => {
@@ -548,7 +563,7 @@ impl<T> Planner<T> {
     }
 
     /// A bad answer for the item (its element, or its group's whole answer). Alone, it counts
-    /// toward its attempts (unless replayed); in a group, it is nobody's fault yet: the item
+    /// toward its attempts (unless replayed, within [`FREE_REPLAYS`]); in a group, it is nobody's fault yet: the item
     /// goes again as [`Resend`] says.
     fn bad_answer(
         &mut self,
@@ -559,8 +574,9 @@ impl<T> Planner<T> {
         now: Instant,
     ) {
         if group_size == 1 {
-            if !replayed {
-                self.slot_mut(i).charged += 1;
+            let slot = self.slot_mut(i);
+            if !replayed || slot.replays > FREE_REPLAYS {
+                slot.charged += 1;
             }
             if self.slot(i).charged >= self.config.max_attempts.get() {
                 self.fail(i, FailureKind::Rejected, why);
@@ -731,6 +747,7 @@ mod tests {
         again: bool,
         regrouped: bool,
         charged: u32,
+        replays: u32,
         queued: bool,
         ended: Option<&'static str>,
     }
@@ -811,11 +828,15 @@ mod tests {
                     self.resend.push_back((members[half..].to_vec(), 0));
                 }
                 Answer::Drop(..) | Answer::Malformed => {
+                    for &i in members {
+                        self.items[i].replays += u32::from(answer.replayed());
+                    }
                     for (k, &i) in members.iter().enumerate() {
                         if !answer.rejects(k) {
                             self.items[i].ended = Some("ok");
                         } else if n == 1 {
-                            self.items[i].charged += u32::from(!answer.replayed());
+                            let free = answer.replayed() && self.items[i].replays <= FREE_REPLAYS;
+                            self.items[i].charged += u32::from(!free);
                             if self.items[i].charged >= self.max_attempts {
                                 self.items[i].ended = Some("rejected");
                             } else {
@@ -921,7 +942,7 @@ mod tests {
                 model.items.push(Modelled {
                     class: class.index(), seq: s.seq, input: s.input, output: s.output,
                     size_limit: max_items, again: false, regrouped: false, charged: 0,
-                    queued: true, ended: None,
+                    replays: 0, queued: true, ended: None,
                 });
             }
             let mut ended: HashMap<usize, &'static str> = HashMap::new();
@@ -1008,6 +1029,7 @@ mod tests {
                     again: false,
                     regrouped: false,
                     charged: 0,
+                    replays: 0,
                     queued: true,
                     ended: None,
                 })
