@@ -115,6 +115,26 @@ fn durable(binary: &Path, dir: &Path, role: &str, name: &str, args: &str) -> Wor
     Worker(Some(child))
 }
 
+/// The processes of one durable run: the example's binary, their directory (each process
+/// logs to `<name>.log` there) and their shared arguments.
+struct Fleet<'a> {
+    binary: &'a Path,
+    dir: &'a Path,
+    args: &'a str,
+}
+
+impl Fleet<'_> {
+    /// Starts the process `name` in `role` (`enqueue`, `work`).
+    fn start(&self, role: &str, name: &str) -> Worker {
+        durable(self.binary, self.dir, role, name, self.args)
+    }
+
+    /// What the process `name` has logged so far.
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
 fn count(redis: &RedisServer, command: &str) -> u64 {
     redis
         .command(command)
@@ -127,19 +147,15 @@ fn count(redis: &RedisServer, command: &str) -> u64 {
 async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
     let binary = support::batch_example();
     let redis = RedisServer::start();
-    let simulator = Simulator::new(
+    let (simulator, _server, url) = support::serve_chat(
         SimConfig::openai(RPM, TPM)
             .minute(MINUTE)
             .latency(Duration::from_millis(20), Duration::from_micros(500))
             .honour_idempotency_keys(Duration::from_secs(600))
             .faults(Faults::none().server_errors(0.05))
             .seed(5),
-    );
-    let server = simulator
-        .serve("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!("{}/v1/chat/completions", server.url());
+    )
+    .await;
     let dir = tempdir();
     let input = input(&dir, JOBS, POISONED);
     let args = format!(
@@ -150,9 +166,13 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
         redis.url(),
         input.display()
     );
-    let start = |role: &str, name: &str| durable(&binary, &dir, role, name, &args);
-    let log =
-        |name: &str| std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+    let fleet = Fleet {
+        binary: &binary,
+        dir: &dir,
+        args: &args,
+    };
+    let start = |role: &str, name: &str| fleet.start(role, name);
+    let log = |name: &str| fleet.log(name);
 
     let began = Instant::now();
     let deadline = began + DEADLINE;
@@ -259,19 +279,14 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
 /// honours idempotency keys, served over HTTP: the simulator, its server (serving while
 /// held) and its chat URL.
 async fn simulated(seed: u64) -> (Simulator, tower_llm_quota::sim::SimServer, String) {
-    let simulator = Simulator::new(
+    support::serve_chat(
         SimConfig::openai(10_000, 1_000_000)
             .minute(MINUTE)
             .latency(Duration::from_millis(20), Duration::from_micros(500))
             .honour_idempotency_keys(Duration::from_secs(600))
             .seed(seed),
-    );
-    let server = simulator
-        .serve("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!("{}/v1/chat/completions", server.url());
-    (simulator, server, url)
+    )
+    .await
 }
 
 /// The crash: 300 jobs, two workers on one queue and one quota, one SIGKILLed after
@@ -296,9 +311,13 @@ async fn a_killed_worker_costs_heartbeats_not_a_lease() {
         redis.url(),
         input.display()
     );
-    let start = |role: &str, name: &str| durable(&binary, &dir, role, name, &args);
-    let log =
-        |name: &str| std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+    let fleet = Fleet {
+        binary: &binary,
+        dir: &dir,
+        args: &args,
+    };
+    let start = |role: &str, name: &str| fleet.start(role, name);
+    let log = |name: &str| fleet.log(name);
     let deadline = Instant::now() + Duration::from_secs(60);
     assert!(
         start("enqueue", "enqueuer").wait(deadline).await,
@@ -340,19 +359,15 @@ async fn a_worker_groups_the_jobs_it_holds_and_each_job_ends_on_its_own() {
     const GROUPED_JOBS: usize = 100;
     let binary = support::batch_example();
     let redis = RedisServer::start();
-    let simulator = Simulator::new(
+    let (simulator, _server, url) = support::serve_chat(
         SimConfig::openai(RPM, 200_000)
             .minute(MINUTE)
             .latency(Duration::from_millis(20), Duration::from_micros(100))
             .honour_idempotency_keys(Duration::from_secs(600))
             .group_faults(GroupFaults::none().missing(0.05))
             .seed(9),
-    );
-    let server = simulator
-        .serve("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!("{}/v1/chat/completions", server.url());
+    )
+    .await;
     let dir = tempdir();
     let path = dir.join("tickets.jsonl");
     let mut file = std::fs::File::create(&path).unwrap();
@@ -433,9 +448,13 @@ async fn a_worker_taken_for_dead_registers_again_and_finishes() {
         redis.url(),
         input.display()
     );
-    let start = |role: &str, name: &str| durable(&binary, &dir, role, name, &args);
-    let log =
-        |name: &str| std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+    let fleet = Fleet {
+        binary: &binary,
+        dir: &dir,
+        args: &args,
+    };
+    let start = |role: &str, name: &str| fleet.start(role, name);
+    let log = |name: &str| fleet.log(name);
     let deadline = Instant::now() + Duration::from_secs(120);
     assert!(
         start("enqueue", "enqueuer").wait(deadline).await,

@@ -336,13 +336,7 @@ async fn simulator_with(seed: u64, neighbour: Option<f64>) -> (Simulator, SimSer
     if let Some(share) = neighbour {
         config = config.neighbour("default", share, 400);
     }
-    let simulator = Simulator::new(config);
-    let server = simulator
-        .serve("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let url = format!("{}/v1/chat/completions", server.url());
-    (simulator, server, url)
+    support::serve_chat(config).await
 }
 
 /// Waits for a process of the example, which must succeed, and reads its governed run's

@@ -612,16 +612,13 @@ impl<T> Planner<T> {
         let slot = self.slot(i);
         let (seq, class) = (slot.seq, slot.item.class().index());
         let queue = if slot.again {
-            &self.again[class]
-        } else {
-            &self.fresh[class]
-        };
-        let at = queue.partition_point(|&j| self.slot(j).seq < seq);
-        let queue = if slot.again {
             &mut self.again[class]
         } else {
             &mut self.fresh[class]
         };
+        let slots = &self.slots;
+        let seq_of = |j: usize| slots[j].as_ref().expect("a queued item has a slot").seq;
+        let at = queue.partition_point(|&j| seq_of(j) < seq);
         queue.insert(at, i);
     }
 

@@ -111,3 +111,22 @@ pub fn batch_example() -> PathBuf {
     let profile_dir = test.parent().and_then(|deps| deps.parent()).unwrap();
     profile_dir.join("examples").join("batch")
 }
+
+/// `config`'s simulated provider served on a free loopback port: the simulator, its server
+/// (it stops when dropped) and its chat URL.
+#[cfg(feature = "sim")]
+pub async fn serve_chat(
+    config: tower_llm_quota::sim::SimConfig,
+) -> (
+    tower_llm_quota::sim::Simulator,
+    tower_llm_quota::sim::SimServer,
+    String,
+) {
+    let simulator = tower_llm_quota::sim::Simulator::new(config);
+    let server = simulator
+        .serve("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let url = format!("{}/v1/chat/completions", server.url());
+    (simulator, server, url)
+}
