@@ -27,8 +27,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use loopback_proxy::LoopbackProxy;
 use redis_server::RedisServer;
 use support::limit;
-use tower_llm_quota::budget::FailurePolicy;
 use tower_llm_quota::budget::redis::RedisBudget;
+use tower_llm_quota::budget::{FailurePolicy, Observation};
 use tower_llm_quota::{Budget, Cost, Dimension, Quota};
 
 /// Set in a child: the Redis URL, the account key, the account ("rate/period_ms/burst"), and
@@ -102,6 +102,17 @@ fn admit(budget: &Budget, cost: u64) -> Option<(u64, u64)> {
     reservation.mark_sent();
     reservation.charge_estimate();
     Some((before, after))
+}
+
+/// Reserves `amount` in requests of 100, each waiting its turn, settled at its estimate:
+/// `amount`.
+async fn spend_in_hundreds(budget: &Budget, amount: u64) -> u64 {
+    for _ in 0..amount / 100 {
+        let mut reservation = budget.reserve(Cost::new(100, 0)).await.unwrap();
+        reservation.mark_sent();
+        reservation.charge_estimate();
+    }
+    amount
 }
 
 /// Tries to admit `cost` every millisecond for `during`: the tokens admitted.
@@ -379,13 +390,7 @@ async fn a_process_leaving_gives_back_what_it_holds() {
     let server = RedisServer::start();
     let first = leased(&server.url(), "leaving", STILL).await;
     // Three requests of 100: the lease holds more than that (its part of the burst).
-    let mut spent = 0;
-    while spent < 300 {
-        let mut reservation = first.reserve(Cost::new(100, 0)).await.unwrap();
-        reservation.mark_sent();
-        reservation.charge_estimate();
-        spent += 100;
-    }
+    let spent = spend_in_hundreds(&first, 300).await;
     tokio::time::sleep(REFRESH * 2).await;
     drop(first);
     tokio::time::sleep(REFRESH * 2).await;
@@ -395,6 +400,39 @@ async fn a_process_leaving_gives_back_what_it_holds() {
     println!("the first spent {spent} and left; the newcomer spent {second}");
     assert!(spent > 0);
     assert_eq!(spent + second, STILL.burst, "what the first held came back");
+}
+
+/// The provider reports less left than the fleet holds (an unseen client spent the rest):
+/// what the leases hold unspent is part of that report, so the account's bucket keeps only
+/// the rest and each wallet at most the report. After it, the holder and a newcomer (once the
+/// holder has left and given its lease back) admit no more than the provider said was left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_report_counts_what_the_leases_hold_once() {
+    const LEFT: u64 = 500;
+    let server = RedisServer::start();
+    let first = leased(&server.url(), "reported", STILL).await;
+    let spent = spend_in_hundreds(&first, 300).await;
+    // Of the 700 the fleet holds, the provider has 500 left.
+    let report = Observation::new(Dimension::TotalTokens, STILL.period).with_remaining(LEFT);
+    first.observe(&report);
+    // Lowering the account's bucket is written in the background: wait until the store shows
+    // it (a renewal reads it back), then spend what the holder still may and leave.
+    tokio::time::sleep(REFRESH * 2).await;
+    let before_leaving = spend_for(&first, 100, Duration::from_millis(200)).await;
+    drop(first);
+    tokio::time::sleep(REFRESH * 2).await;
+    let newcomer = leased(&server.url(), "reported", STILL).await;
+    let after = spend_for(&newcomer, 100, Duration::from_millis(800)).await;
+    println!(
+        "spent {spent}; the provider reported {LEFT} left; then the holder admitted \
+         {before_leaving} and the newcomer {after}"
+    );
+    assert!(
+        before_leaving + after <= LEFT,
+        "{} admitted after a report of {LEFT} left",
+        before_leaving + after
+    );
+    assert!(before_leaving + after > 0, "what was left is spent");
 }
 
 /// A process reserves 100 and uses 1,000 (an overrun), staying alive: its debt reaches the

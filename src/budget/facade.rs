@@ -109,17 +109,24 @@ impl Budget {
         let now = self.nanos_since_origin(Instant::now());
         self.update_state(|state| match &mut state.shared {
             Some(shared) => {
-                let lowered = shared.observe(observation);
+                let lowered: Vec<(Limit, u64)> = shared.observe(observation).collect();
                 if let Some(remote) = self.shared.remote.as_ref() {
-                    lowered.for_each(|(limit, remaining)| {
-                        remote.lower(limit, Some(remaining), Duration::ZERO)
-                    });
+                    for &(limit, remaining) in &lowered {
+                        remote.lower(limit, Some(remaining), Duration::ZERO);
+                    }
                 }
-                // A leasing process's wallets hold what was granted: what the provider has
-                // left lowers the account's bucket in the store, not them. The fallback share
-                // does not adapt: other processes spend the shared quota.
+                // What the provider has left lowers the account's bucket in the store. A
+                // leasing process's wallets hold what was granted, but never more than the
+                // provider reports left of the whole account (someone else spent the rest:
+                // the grant would be spent into 429s). The fallback share does not adapt:
+                // other processes spend the shared quota.
                 match state.store.holds_wallets() {
-                    true => false,
+                    true => {
+                        for (limit, remaining) in &lowered {
+                            state.store.cap_wallet(limit, *remaining, now);
+                        }
+                        false
+                    }
                     false => {
                         state
                             .store

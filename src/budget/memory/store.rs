@@ -181,6 +181,15 @@ impl MemoryStore {
             .map_or(0, |b| b.level(now))
     }
 
+    /// Lowers `limit`'s wallet to at most `units`: the provider reports that no more is left
+    /// of the whole account, so a grant beyond it could only be spent into refusals. What is
+    /// cut is forfeited (reported as spent at the next renewal, never given back).
+    pub(crate) fn cap_wallet(&mut self, limit: &Limit, units: u64, now: u64) {
+        if let Some(bucket) = self.bucket_mut(limit).filter(|b| b.is_wallet()) {
+            bucket.cap_level(units, now);
+        }
+    }
+
     /// Puts `units` into `limit`'s bucket (never above its capacity).
     pub(crate) fn deposit(&mut self, limit: &Limit, units: u64) {
         if let Some(bucket) = self.bucket_mut(limit) {

@@ -1,5 +1,9 @@
--- LOWER: what the provider reports. The level falls to `remaining` (never rises: other
--- clients of the same account are invisible here). A pause (a 429) is a hold: the instant
+-- LOWER: what the provider reports. The level falls to `remaining` less what the leases hold
+-- (never rises: other clients of the same account are invisible here). What a lease holds and
+-- has not spent is still in the provider's `remaining`: the bucket keeps only the rest, or a
+-- holder giving its units back would count them twice. Units spent but not yet reported are
+-- subtracted twice until the holder's next report: capacity left unused for a moment, never
+-- spent twice. A pause (a 429) is a hold: the instant
 -- (server ms) before which no reservation touching this bucket is admitted, kept in a key of
 -- its own that expires at that instant. It leaves the level alone, so the bucket keeps
 -- refilling and admits what it holds when the hold ends. A later pause extends a hold; an
@@ -15,7 +19,7 @@ if ARGV[5] ~= '' then
   local num, den, cap = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
   local full = cap * den
   local tok, ts, held = load(redis.call('GET', KEYS[1]), now, num, den, full)
-  tok = math.min(tok, tonumber(ARGV[5]) * den)
+  tok = math.min(tok, math.max(tonumber(ARGV[5]) - held, 0) * den)
   store(KEYS[1], tok, ts, now, num, den, full, held)
 end
 local pause = tonumber(ARGV[6])
