@@ -46,7 +46,7 @@ pub use cost::{Cost, Usage};
 pub use error::{BoxError, Error};
 pub use estimate::EstimateLayer;
 pub use idempotency::IdempotencyLayer;
-pub use priority::{Deadline, Priority, Timings};
+pub use priority::{Deadline, Priority, Timings, UnknownPriority};
 pub use queue::{PriorityQueueLayer, QueueConfig};
 pub use quota::{DEFAULT_BURST_FRACTION, DEFAULT_HEADROOM, Dimension, InvalidLimit, Limit, Quota};
 pub use reconcile::ReconcileLayer;

@@ -69,6 +69,37 @@ impl fmt::Display for Priority {
     }
 }
 
+/// Reads a class from its [name](Priority::as_str): `interactive`, `async` or `batch`.
+///
+/// ```
+/// use tower_llm_quota::Priority;
+///
+/// assert_eq!("batch".parse::<Priority>(), Ok(Priority::Batch));
+/// assert!("urgent".parse::<Priority>().is_err());
+/// ```
+impl std::str::FromStr for Priority {
+    type Err = UnknownPriority;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Priority::ALL
+            .into_iter()
+            .find(|class| class.as_str() == name)
+            .ok_or(UnknownPriority)
+    }
+}
+
+/// A class name that is not `interactive`, `async` or `batch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnknownPriority;
+
+impl fmt::Display for UnknownPriority {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("unknown class: expected `interactive`, `async` or `batch`")
+    }
+}
+
+impl std::error::Error for UnknownPriority {}
+
 /// The latest instant at which a request may still be admitted; place it in the request's
 /// extensions to override its class's maximum wait.
 ///

@@ -65,7 +65,7 @@ fn parse_line(line: &str) -> Result<Item, String> {
         .ok_or("`max_tokens` must be a positive integer")?;
     let priority = value["priority"]
         .as_str()
-        .and_then(parse_priority)
+        .and_then(|name| name.parse::<Priority>().ok())
         .ok_or("`priority` must be \"interactive\", \"async\" or \"batch\"")?;
     let arrive = match &value["arrive_ms"] {
         Value::Null => Duration::ZERO,
@@ -77,13 +77,4 @@ fn parse_line(line: &str) -> Result<Item, String> {
         ),
     };
     Ok(Item::new(id, prompt, max_tokens, priority, arrive))
-}
-
-fn parse_priority(name: &str) -> Option<Priority> {
-    match name {
-        "interactive" => Some(Priority::Interactive),
-        "async" => Some(Priority::Async),
-        "batch" => Some(Priority::Batch),
-        _ => None,
-    }
 }

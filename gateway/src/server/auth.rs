@@ -44,12 +44,10 @@ impl Caller {
         if !self.allow_priority_header {
             return self.default_class;
         }
-        match headers.get("x-priority").and_then(|v| v.to_str().ok()) {
-            Some("interactive") => Priority::Interactive,
-            Some("async") => Priority::Async,
-            Some("batch") => Priority::Batch,
-            _ => self.default_class,
-        }
+        headers
+            .get("x-priority")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(self.default_class)
     }
 }
 
