@@ -4,6 +4,9 @@
 //! documented order (outermost first):
 //!
 //! 1. [`EstimateLayer`]: fills each request's [`Cost`](crate::Cost) from its JSON body, once;
+//!    for the OpenAI Chat Completions format it also asks for the usage of a stream whose
+//!    caller did not ([`EstimateLayer::include_stream_usage`]), so that the stream settles
+//!    exactly;
 //! 2. [`RetryAfterLayer`], pausing the budget on a provider 429: every attempt re-enters
 //!    admission;
 //! 3. [`PriorityQueueLayer`]: stamps each request's class, place and deadline;
@@ -169,7 +172,7 @@ impl QuotaStack {
         Self {
             profile,
             budget: Budget::new(quota),
-            estimate: EstimateLayer::new(),
+            estimate: EstimateLayer::new().include_stream_usage(asks_stream_usage(&profile)),
             retry: RetryAfterLayer::default(),
             queue: PriorityQueueLayer::default().named(name),
             missing_cost: MissingCost::default(),
@@ -242,10 +245,13 @@ impl QuotaStack {
     /// Estimates with `estimator` and the default [`Defaults`](crate::estimate::Defaults).
     /// Defaults to a [`CharEstimator`](crate::estimate::CharEstimator).
     pub fn estimator(self, estimator: impl Estimator) -> Self {
-        self.estimate(EstimateLayer::with_estimator(estimator))
+        let include = asks_stream_usage(&self.profile);
+        self.estimate(EstimateLayer::with_estimator(estimator).include_stream_usage(include))
     }
 
     /// Estimates with `layer`, for its other settings (defaults, body size, learned output).
+    /// The layer's own [`include_stream_usage`](EstimateLayer::include_stream_usage) applies
+    /// (the stack's default turns it on for the OpenAI Chat Completions format).
     pub fn estimate(mut self, layer: EstimateLayer) -> Self {
         self.estimate = layer;
         self
@@ -285,6 +291,13 @@ impl QuotaStack {
     pub fn in_flight(&self) -> usize {
         self.budget.snapshot().in_flight()
     }
+}
+
+/// Whether the stack asks for the usage of streams whose callers did not: for the OpenAI Chat
+/// Completions format (OpenAI, Azure, compatible servers), whose streams carry no usage
+/// unless asked; the others report it in every stream.
+fn asks_stream_usage(profile: &Profile) -> bool {
+    profile.wire_format() == crate::usage::WireFormat::OpenAiChat
 }
 
 impl<S> Layer<S> for QuotaStack {

@@ -250,6 +250,54 @@ fn every_fixture_gives_its_usage_and_characters() {
     }
 }
 
+/// One OpenAI client calls Chat Completions, the Responses API and embeddings through one
+/// profile: the Chat Completions format reads the other two's usage as their own format does.
+#[test]
+fn the_chat_format_reads_the_responses_and_embeddings_usage() {
+    for (body, streaming) in [(RESPONSES_JSON, false), (RESPONSES_SSE, true)] {
+        let own = scan(OpenAiResponses, streaming, [body]).0;
+        assert!(own.is_some());
+        assert_eq!(scan(OpenAiChat, streaming, [body]).0, own);
+    }
+    let embeddings = br#"{"object":"list","data":[],"usage":{"prompt_tokens":7,"total_tokens":7}}"#;
+    let usage = scan(OpenAiChat, false, [&embeddings[..]]).0.unwrap();
+    assert_eq!(
+        (usage.input, usage.output, usage.total),
+        (Some(7), None, Some(7))
+    );
+}
+
+/// A reader that stops at `[DONE]` (async-openai does) drops an OpenAI stream after its usage:
+/// the usage is final, settled as reported; an Anthropic stream dropped early is not.
+#[test]
+fn an_openai_stream_dropped_after_its_usage_settles_as_reported() {
+    use tower_llm_quota::provider::{Profile, ProviderScan};
+    // Text that reads as more tokens than the provider counted: the report wins.
+    let stream = format!(
+        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n\
+         data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":12,\"completion_tokens\":10,\
+         \"total_tokens\":22}}}}\n\n",
+        "word ".repeat(140)
+    );
+    let mut scan = ProviderScan::new(Profile::openai(), true);
+    scan.data(stream.as_bytes());
+    let reported = scan
+        .finish(BodyEnd::Dropped, Cost::new(1_000, 1_000))
+        .unwrap();
+    assert_eq!(
+        (reported.input_tokens(), reported.output_tokens()),
+        (12, 10)
+    );
+
+    let mut cut = ProviderScan::new(Profile::anthropic(), true);
+    cut.data(&ANTHROPIC_SSE[..ANTHROPIC_SSE.len() / 2]);
+    let estimated = cut
+        .finish(BodyEnd::Dropped, Cost::new(1_000, 1_000))
+        .unwrap();
+    let whole = self::scan(Anthropic, true, [ANTHROPIC_SSE]).0.unwrap();
+    assert_ne!(Some(estimated.output_tokens()), whole.output);
+}
+
 #[test]
 fn every_fixture_gives_the_same_in_any_frames() {
     let mut rng = fastrand::Rng::with_seed(0x5eed);

@@ -13,7 +13,7 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use super::settings::Settings;
-use super::{OutputRoute, read_request};
+use super::{OutputRoute, read_embeddings, read_request};
 use crate::error::{BoxError, Error};
 
 pin_project! {
@@ -208,7 +208,12 @@ fn estimate_into(parts: &mut Parts, body: &[u8], settings: &Settings) {
     if body.len() > settings.max_body_bytes {
         return;
     }
-    let Some(request) = read_request(body, settings.estimator.as_ref(), &settings.defaults) else {
+    let estimator = settings.estimator.as_ref();
+    let read = match parts.uri.path().ends_with("/embeddings") {
+        true => read_embeddings(body, estimator),
+        false => read_request(body, estimator, &settings.defaults),
+    };
+    let Some(request) = read else {
         tracing::debug!("request body not estimated: not a known JSON request");
         return;
     };

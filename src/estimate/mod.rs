@@ -11,7 +11,9 @@
 //!   character so that it does not under-count code, numbers or non-English text. No tokenizer.
 //! - `TiktokenEstimator`, with the `tiktoken` feature: OpenAI's exact encodings
 //!   (`o200k_base`, `cl100k_base`), chosen by the request's model.
-//! - [`read_request`] and [`estimate`]: the body reader, usable without the layer.
+//! - [`read_request`] and [`estimate`]: the body reader, usable without the layer;
+//!   [`read_embeddings`] for embeddings requests (read by the layer for a path ending in
+//!   `/embeddings`).
 //! - [`LearnedOutput`]: optionally reserve the p95 of a route's recent outputs instead of the
 //!   full `max_tokens`; whatever reads the real usage feeds it through the [`OutputRoute`] the
 //!   layer puts in the request's extensions.
@@ -107,7 +109,7 @@ pub use estimator::{CharEstimator, Estimator};
 pub use future::{InjectedStreamUsage, ResponseFuture};
 pub use layer::EstimateLayer;
 pub use learned::{InvalidQuantile, LearnedOutput, OutputRoute};
-pub use request::{Defaults, RequestEstimate, estimate, read_request};
+pub use request::{Defaults, RequestEstimate, estimate, read_embeddings, read_request};
 pub use service::Estimate;
 #[cfg(feature = "tiktoken")]
 pub use tiktoken::{TiktokenEncoding, TiktokenEstimator};

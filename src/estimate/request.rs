@@ -316,6 +316,52 @@ pub fn read_request(
     })
 }
 
+/// Reads an embeddings request body (OpenAI `/v1/embeddings`): its `input` is a string, an
+/// array of strings, an array of tokens or an array of token arrays; no output. `None` when
+/// the body is not a JSON object with such an `input`.
+///
+/// Strings are counted with [`Estimator::count_for`] and the body's `model`, token arrays
+/// by their length; nothing is added for framing (embeddings models bill the input alone).
+///
+/// # Example
+///
+/// ```
+/// use tower_llm_quota::estimate::{CharEstimator, Defaults, read_embeddings};
+///
+/// let body = br#"{"model":"text-embedding-3-small","input":["a cat","sat",[1,2,3]]}"#;
+/// let request = read_embeddings(body, &CharEstimator::new()).unwrap();
+/// assert_eq!(request.input_tokens(), 2 + 1 + 3);
+/// assert_eq!(request.cost(&Defaults::new()).output_tokens(), 0);
+/// ```
+pub fn read_embeddings(body: &[u8], estimator: &dyn Estimator) -> Option<RequestEstimate> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let object = value.as_object()?;
+    let model = object.get("model").and_then(Value::as_str);
+    let count = |text: &str| match model {
+        Some(model) => estimator.count_for(model, text),
+        None => estimator.count(text),
+    };
+    let input_tokens = match object.get("input")? {
+        Value::String(text) => count(text),
+        Value::Array(items) if items.iter().all(Value::is_number) => items.len() as u64,
+        Value::Array(items) => items.iter().try_fold(0u64, |sum, item| {
+            let tokens = match item {
+                Value::String(text) => count(text),
+                Value::Array(tokens) => tokens.len() as u64,
+                _ => return None,
+            };
+            Some(sum.saturating_add(tokens))
+        })?,
+        _ => return None,
+    };
+    Some(RequestEstimate {
+        model: model.map(str::to_owned),
+        input_tokens,
+        max_output_tokens: Some(0),
+        choices: 1,
+    })
+}
+
 /// Keys whose values are not sent to the model as text.
 const SKIPPED: [&str; 6] = [
     "type",

@@ -6,7 +6,7 @@ use super::Profile;
 use crate::budget::Budget;
 use crate::cost::{Cost, Usage};
 use crate::reconcile::{BodyEnd, ExtractUsage, ScanUsage};
-use crate::usage::UsageScanner;
+use crate::usage::{UsageScanner, WireFormat};
 
 /// Reads the usage a provider reports in its bodies, JSON or event streams, and adapts the
 /// budget from its rate-limit headers on every response. Use it with
@@ -102,7 +102,14 @@ impl ScanUsage for ProviderScan {
             .scanner
             .usage()
             .and_then(|raw| self.profile.usage(&raw));
-        let complete = end == BodyEnd::Complete && reported.is_some();
+        // OpenAI streams report usage once, in their last events: seen, it is final even if
+        // the reader stops before the body's end (at `[DONE]`, say). Anthropic's and Gemini's
+        // grow with the stream: final only at its end.
+        let final_when_seen = matches!(
+            self.scanner.format(),
+            WireFormat::OpenAiChat | WireFormat::OpenAiResponses
+        );
+        let complete = reported.is_some() && (end == BodyEnd::Complete || final_when_seen);
         if !self.streaming || complete {
             return reported;
         }

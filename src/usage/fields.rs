@@ -69,7 +69,10 @@ impl Visit for Fields {
     fn key(&self, parent: &[u8], key: &[u8]) -> u8 {
         use WireFormat::*;
         match (self.format, parent, key) {
-            (OpenAiChat, [], b"usage") => USAGE,
+            // The Responses API's usage too, in a body or a `response.completed` event: one
+            // client (or one profile) calls both APIs.
+            (OpenAiChat, [] | [ENVELOPE], b"usage") => USAGE,
+            (OpenAiChat, [], b"response") => ENVELOPE,
             (OpenAiChat, [], b"choices") => CHOICES,
             (OpenAiChat, [CHOICES, INDEX], b"delta" | b"message") => DELTA,
             (
@@ -175,7 +178,12 @@ fn nested(object: &Map<String, Value>, key: &str, inner: &str) -> Option<u64> {
     object.get(key)?.as_object().and_then(|o| count(o, inner))
 }
 
+/// Chat Completions' (and embeddings') usage, or the Responses API's where its names are
+/// the ones present.
 fn openai_chat(usage: &Map<String, Value>) -> RawUsage {
+    if !usage.contains_key("prompt_tokens") && usage.contains_key("input_tokens") {
+        return openai_responses(usage);
+    }
     RawUsage {
         input: count(usage, "prompt_tokens"),
         cache_read: nested(usage, "prompt_tokens_details", "cached_tokens"),

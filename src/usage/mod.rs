@@ -69,7 +69,10 @@ pub use scanner::UsageScanner;
 #[non_exhaustive]
 pub enum WireFormat {
     /// OpenAI Chat Completions (`/v1/chat/completions`), also spoken by Azure OpenAI and by
-    /// OpenAI-compatible servers.
+    /// OpenAI-compatible servers. Reads the usage of embeddings (`/v1/embeddings`: input
+    /// only) and of the Responses API (a body's `usage`, `response.usage` in its events)
+    /// too, so that one client's calls to all three settle; the text of a Responses stream
+    /// cut before its usage is counted by [`WireFormat::OpenAiResponses`] alone.
     OpenAiChat,
     /// OpenAI Responses (`/v1/responses`).
     OpenAiResponses,
