@@ -1,6 +1,8 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+#[cfg(feature = "async-openai")]
+pub mod async_openai;
 pub mod budget;
 mod builder;
 mod cost;
