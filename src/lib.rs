@@ -5,6 +5,9 @@
 pub mod async_openai;
 pub mod budget;
 mod builder;
+// Its snippets (doc tests) need every client seam's feature.
+#[cfg(all(feature = "hyper", feature = "reqwest", feature = "async-openai"))]
+pub mod clients;
 mod cost;
 pub mod error;
 pub mod estimate;
