@@ -326,11 +326,12 @@ pub fn read_request(
 /// # Example
 ///
 /// ```
-/// use tower_llm_quota::estimate::{CharEstimator, Defaults, read_embeddings};
+/// use tower_llm_quota::estimate::{CharEstimator, Defaults, Estimator, read_embeddings};
 ///
 /// let body = br#"{"model":"text-embedding-3-small","input":["a cat","sat",[1,2,3]]}"#;
-/// let request = read_embeddings(body, &CharEstimator::new()).unwrap();
-/// assert_eq!(request.input_tokens(), 2 + 1 + 3);
+/// let chars = CharEstimator::new();
+/// let request = read_embeddings(body, &chars).unwrap();
+/// assert_eq!(request.input_tokens(), chars.count("a cat") + chars.count("sat") + 3);
 /// assert_eq!(request.cost(&Defaults::new()).output_tokens(), 0);
 /// ```
 pub fn read_embeddings(body: &[u8], estimator: &dyn Estimator) -> Option<RequestEstimate> {

@@ -9,7 +9,8 @@ use crate::support::{Running, json};
 async fn a_stop_lets_streams_finish_and_answers_queued_requests_503() {
     let (upstream, _) = fixed_upstream(Duration::from_millis(100)).await;
     let mut gateway = Running::start(&fixed_config(&upstream)).await;
-    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"Hi"}]}"#;
+    // It asks for its usage: the upstream's events reach it unchanged.
+    let body = r#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"Hi"}]}"#;
     // The only call in flight: its head has come, its events take 400 ms.
     let streaming = gateway
         .post("/v1/chat/completions", Some("caller-secret"), body)
