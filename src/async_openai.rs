@@ -81,14 +81,12 @@ use std::task::{Context, Poll};
 
 use ::async_openai::error::OpenAIError;
 use ::async_openai::middleware::HttpRequestFactory;
-use bytes::Bytes;
 use http::Extensions;
-use http_body::Body;
-use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware};
 use tower::{Layer, Service};
 
-use crate::error::{BoxError, Error};
-use crate::middleware::{QuotaMiddleware, ReplayBody, RestOfChain};
+use crate::error::Error;
+use crate::middleware::{QuotaMiddleware, RestOfChain};
 use crate::priority::Priority;
 
 /// The header a call may set its class with; removed before the request is sent.
@@ -108,35 +106,19 @@ pub struct QuotaTransport {
 impl QuotaTransport {
     /// Calls through `layer` (a [`QuotaStack`](crate::QuotaStack), or layers of this crate
     /// assembled by hand) over a new `reqwest::Client`.
-    pub fn new<L, S, ResBody>(layer: L) -> Self
+    pub fn new<L>(layer: L) -> Self
     where
-        L: Layer<RestOfChain, Service = S>,
-        S: Service<http::Request<ReplayBody>, Response = http::Response<ResBody>>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send,
-        S::Error: Into<BoxError>,
-        ResBody: Body + Send + Sync + 'static,
-        ResBody::Data: Into<Bytes>,
-        ResBody::Error: Into<BoxError>,
+        L: Layer<RestOfChain>,
+        QuotaMiddleware<L::Service>: Middleware,
     {
         Self::with_client(reqwest::Client::new(), layer)
     }
 
     /// Calls through `layer` over `client` (your TLS, proxy and timeout settings).
-    pub fn with_client<L, S, ResBody>(client: reqwest::Client, layer: L) -> Self
+    pub fn with_client<L>(client: reqwest::Client, layer: L) -> Self
     where
-        L: Layer<RestOfChain, Service = S>,
-        S: Service<http::Request<ReplayBody>, Response = http::Response<ResBody>>
-            + Clone
-            + Send
-            + 'static,
-        S::Future: Send,
-        S::Error: Into<BoxError>,
-        ResBody: Body + Send + Sync + 'static,
-        ResBody::Data: Into<Bytes>,
-        ResBody::Error: Into<BoxError>,
+        L: Layer<RestOfChain>,
+        QuotaMiddleware<L::Service>: Middleware,
     {
         let client = ClientBuilder::new(client)
             .with(QuotaMiddleware::new(layer))

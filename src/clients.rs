@@ -111,8 +111,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Streams (`model.stream(..)`) settle at their end; rig's own retries, where it has them,
-//! come on top of the stack's.
+//! Streams (`model.stream(..)`) settle at their end. rig 0.44's models send each call once
+//! and mark a failure `retryable` for the caller to decide: the stack has retried it already
+//! (429s with the provider's `Retry-After`, 5xx, connection failures), so a loop retrying
+//! rig's retryable errors multiplies the provider's calls; leave retries to the stack.
 //!
 //! # Clients with no seam: the gateway
 //!
