@@ -30,6 +30,12 @@ fn j(json: &str) -> u64 {
     c(&serde_json::from_str::<Value>(json).unwrap().to_string())
 }
 
+/// Whether serde_json keeps an object's keys in their order (feature `preserve_order`).
+fn serde_json_preserves_order() -> bool {
+    let value: Value = serde_json::from_str(r#"{"b":1,"a":2}"#).unwrap();
+    value.to_string().starts_with(r#"{"b""#)
+}
+
 fn cost_of(body: &str) -> Cost {
     estimate::estimate(body.as_bytes(), &CharEstimator::new(), &Defaults::new())
         .expect("a known request shape")
@@ -114,7 +120,14 @@ fn chat_completions_counts_messages_parts_tools_and_choices() {
     let cost = cost_of(body);
     assert_eq!(cost, Cost::new(input, 1_000), "max_completion_tokens × n");
     assert_eq!(cost.requests(), 1);
-    assert_eq!(input, 1_769, "pinned: the rules above and the defaults");
+    // Nested JSON is counted as serde_json writes it back: its keys sorted, or in their order
+    // when a dependency turns on serde_json's `preserve_order` (rig does, for the tests).
+    let pinned = if serde_json_preserves_order() {
+        1_767
+    } else {
+        1_769
+    };
+    assert_eq!(input, pinned, "pinned: the rules above and the defaults");
 }
 
 #[test]
