@@ -750,3 +750,53 @@ async fn a_retry_keeps_its_place_while_it_waits_out_retry_after() {
         [("a", 0.0), ("a", 1.0), ("b", 2.0), ("c", 3.0), ("d", 4.0)]
     );
 }
+
+/// The provider's 429 reports a limit below the request's cost: the budget learns it, and
+/// refuses the retry as too large. The request ends with the provider's 429 (its report
+/// saying why retrying stopped), not with the budget's local error: one call in all.
+#[tokio::test(start_paused = true)]
+async fn a_retry_the_budget_refuses_after_a_429_ends_with_the_429() {
+    use tower_llm_quota::provider::{Profile, ProviderUsage};
+    let per_minute = tower_llm_quota::Limit::per_minute(
+        Dimension::TotalTokens,
+        std::num::NonZeroU64::new(1_000).unwrap(),
+    );
+    let budget = budget([per_minute]);
+    let answers = vec![Answer::Status(
+        429,
+        &[
+            ("retry-after", "1"),
+            ("x-ratelimit-limit-tokens", "5"),
+            ("x-ratelimit-remaining-tokens", "0"),
+            ("x-ratelimit-reset-tokens", "1s"),
+        ],
+        r#"{"error":{"message":"Rate limit reached","type":"tokens","code":"rate_limit_exceeded"}}"#,
+    )];
+    let (provider, log) = provider(answers, Instant::now());
+    let client = ServiceBuilder::new()
+        .layer(
+            RetryAfterLayer::new(RetryPolicy::new())
+                .jitter(Fixed(0.0))
+                .pause_on_rate_limit(budget.clone()),
+        )
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .layer(ReconcileLayer::with_extractor(ProviderUsage::new(
+            Profile::openai(),
+        )))
+        .service(provider);
+    let response = client
+        .oneshot(request("first", Priority::Interactive))
+        .await
+        .expect("the provider's answer, not a local error");
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let report = report_of(&response);
+    assert_eq!(report.gave_up(), Some(GaveUp::Permanent));
+    assert_eq!(report.last_status(), Some(StatusCode::TOO_MANY_REQUESTS));
+    assert_eq!(
+        log.lock().unwrap().len(),
+        1,
+        "one call: the retry was refused locally"
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.starts_with(b"{\"error\""));
+}

@@ -17,9 +17,11 @@ use super::failure::FailureClass;
 ///   and class. A success at the first attempt carries no report: look for one with
 ///   `response.extensions().get::<RetryReport>()` and read its absence as "sent once".
 /// - **A final failed response** (a 429 or 5xx the layer stopped retrying, a permanent 4xx):
-///   in its extensions, with `gave_up` saying why.
-/// - **No response** (every attempt failed before its head, or a local refusal after one):
-///   in the error, through [`Error::retry_report`](crate::Error::retry_report).
+///   in its extensions, with `gave_up` saying why. A retry of a 429 that the budget then
+///   refuses (it learnt from the 429's headers that the request cannot pass, say) ends with
+///   that 429, its `last_class` the local refusal.
+/// - **No response** (every attempt failed before its head, or a local refusal after any
+///   other failure): in the error, through [`Error::retry_report`](crate::Error::retry_report).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryReport {
     pub(crate) attempts: u32,

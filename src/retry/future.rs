@@ -71,6 +71,9 @@ pin_project! {
         // in its first attempt's place (`NotBefore`), rather than here.
         ordered: bool,
         not_before: Option<Instant>,
+        // The provider's last 429 (its head and body), while its retry is under way: a retry
+        // the budget refuses ends with it, the provider's answer, not with a local error.
+        refused: Option<Box<(http::response::Builder, Bytes)>>,
         report: RetryReport,
         // The request's span: the inner layers record their facts into it.
         span: tracing::Span,
@@ -139,6 +142,7 @@ where
             deposited: false,
             ordered: false,
             not_before: None,
+            refused: None,
             span,
             report: RetryReport {
                 attempts: 1,
@@ -205,7 +209,7 @@ where
                     }
                     Err(error) => match error_or_retry(&mut this, error.into(), true) {
                         After::Wait(wait) => wait,
-                        After::Finish(error) => return Poll::Ready(Err(error)),
+                        After::Finish(result) => return Poll::Ready(result),
                     },
                 },
                 StateProj::Reading { collect, head } => {
@@ -228,7 +232,7 @@ where
                         // The error body itself failed (cut, or larger than it said).
                         Err(error) => match error_or_retry(&mut this, error, false) {
                             After::Wait(wait) => wait,
-                            After::Finish(error) => return Poll::Ready(Err(error)),
+                            After::Finish(result) => return Poll::Ready(result),
                         },
                     }
                 }
@@ -329,39 +333,72 @@ where
         );
     }
     match next(this, class, hint) {
-        Next::Retry(wait) => After::Wait(wait),
+        Next::Retry(wait) => {
+            *this.refused = (head.status == http::StatusCode::TOO_MANY_REQUESTS)
+                .then(|| Box::new((copy_head(&head), body)));
+            After::Wait(wait)
+        }
         Next::GiveUp(reason) => {
-            this.report.gave_up = Some(reason);
-            this.state.set(State::Done);
-            let decision = if head.status == http::StatusCode::TOO_MANY_REQUESTS {
-                "provider"
-            } else {
-                "failed"
-            };
-            this.span.record("decision", decision);
-            let mut response = Response::from_parts(head, RetryBody::buffered(body.clone()));
-            response.extensions_mut().insert(*this.report);
-            if let Some(scope) = this.template.extensions().get::<Scope>() {
-                response.extensions_mut().insert(scope.clone());
-            }
-            // A final 429 also carries its normalized description.
-            if let Some(rate_limit) = RateLimitError::from_response(&response, &body) {
-                let exhausted = reason == GaveUp::WaitTooLong;
-                response
-                    .extensions_mut()
-                    .insert(rate_limit.exhausted(exhausted));
-            }
-            After::Finish(response)
+            let response = Response::from_parts(head, RetryBody::buffered(body.clone()));
+            After::Finish(give_up_with(this, response, &body, reason))
         }
     }
 }
 
-/// A failed attempt without a response: retry after a wait, or fail.
+/// A response's status, version and headers, to build it again.
+fn copy_head(head: &Parts) -> http::response::Builder {
+    let mut builder = Response::builder()
+        .status(head.status)
+        .version(head.version);
+    if let Some(headers) = builder.headers_mut() {
+        headers.clone_from(&head.headers);
+    }
+    builder
+}
+
+/// The failed `response` (of `body`) handed to the caller as the final answer, `reason` in
+/// its report.
+fn give_up_with<S, B, ResBody, C>(
+    this: &mut FutureProj<'_, S, B, ResBody, C>,
+    mut response: Response<RetryBody<ResBody>>,
+    body: &Bytes,
+    reason: GaveUp,
+) -> Response<RetryBody<ResBody>>
+where
+    S: Service<Request<B>>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+{
+    this.report.gave_up = Some(reason);
+    this.state.set(State::Done);
+    let decision = if response.status() == http::StatusCode::TOO_MANY_REQUESTS {
+        "provider"
+    } else {
+        "failed"
+    };
+    this.span.record("decision", decision);
+    response.extensions_mut().insert(*this.report);
+    if let Some(scope) = this.template.extensions().get::<Scope>() {
+        response.extensions_mut().insert(scope.clone());
+    }
+    // A final 429 also carries its normalized description.
+    if let Some(rate_limit) = RateLimitError::from_response(&response, body) {
+        let exhausted = reason == GaveUp::WaitTooLong;
+        response
+            .extensions_mut()
+            .insert(rate_limit.exhausted(exhausted));
+    }
+    response
+}
+
+/// A failed attempt without a response: retry after a wait, or fail. A retry after a
+/// provider 429 that the budget refuses (it learnt from that answer, say, that the request
+/// cannot pass now) ends with that 429: the provider's answer, not a local error.
 fn error_or_retry<S, B, ResBody, C>(
     this: &mut FutureProj<'_, S, B, ResBody, C>,
     error: BoxError,
     before_head: bool,
-) -> After<Error>
+) -> After<Result<Response<RetryBody<ResBody>>, Error>>
 where
     S: Service<Request<B>>,
     ResBody: Body,
@@ -378,19 +415,27 @@ where
     if this.first_sent.is_none() {
         *this.first_sent = Some(Instant::now());
     }
+    let refused = this.refused.take();
     match next(this, class, None) {
         Next::Retry(wait) => After::Wait(wait),
         Next::GiveUp(reason) => {
-            this.state.set(State::Done);
             let local = class == FailureClass::Permanent(Permanent::Local);
+            if let Some((head, body)) = refused.filter(|_| local).map(|refused| *refused) {
+                tracing::debug!(%error, "retry refused by the budget: the provider's 429 stands");
+                if let Ok(response) = head.body(RetryBody::buffered(body.clone())) {
+                    this.report.last_status = Some(response.status());
+                    return After::Finish(Ok(give_up_with(this, response, &body, reason)));
+                }
+            }
+            this.state.set(State::Done);
             this.span
                 .record("decision", if local { "local" } else { "failed" });
             // A first failure that is not worth a retry is the inner error, unchanged.
             if this.report.attempts == 1 && reason == GaveUp::Permanent {
-                return After::Finish(Error::from_inner(error));
+                return After::Finish(Err(Error::from_inner(error)));
             }
             this.report.gave_up = Some(reason);
-            After::Finish(Error::gave_up(*this.report, error))
+            After::Finish(Err(Error::gave_up(*this.report, error)))
         }
     }
 }

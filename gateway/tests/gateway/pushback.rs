@@ -151,7 +151,8 @@ const CASES: [Case; 9] = [
 
 /// Runs `case` against its own upstream and gateway: the caller's status, `Retry-After`,
 /// body, and how long the answer took.
-async fn run(case: &'static Case) -> (u16, Option<String>, Value, Duration) {
+/// A loopback upstream answering every request as `case` says: its URL.
+async fn serve_case(case: &'static Case) -> String {
     let app = axum::Router::new().fallback(move || async move {
         let mut response = (
             StatusCode::from_u16(case.status).unwrap(),
@@ -167,6 +168,11 @@ async fn run(case: &'static Case) -> (u16, Option<String>, Value, Duration) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let upstream = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
+    upstream
+}
+
+async fn run(case: &'static Case) -> (u16, Option<String>, Value, Duration) {
+    let upstream = serve_case(case).await;
     let anthropic = case.profile == "anthropic";
     let mut config = fixed_config(&upstream)
         .replace(
@@ -222,4 +228,83 @@ async fn every_provider_pushback_shape_maps_to_429_or_503_with_retry_after() {
         );
         eprintln!("{name}: {status}, Retry-After {retry_after:?}, answered in {took:.1?}");
     }
+}
+
+/// A provider answering every call 429 with its rate-limit headers of `tokens_limit` tokens a
+/// minute, none left.
+fn learning_case(tokens_limit: &'static str) -> &'static Case {
+    let headers: &'static [(&'static str, &'static str)] = Box::leak(Box::new([
+        ("retry-after", "1"),
+        ("x-ratelimit-limit-requests", "600"),
+        ("x-ratelimit-remaining-requests", "0"),
+        ("x-ratelimit-reset-requests", "1s"),
+        ("x-ratelimit-limit-tokens", tokens_limit),
+        ("x-ratelimit-remaining-tokens", "0"),
+        ("x-ratelimit-reset-tokens", "1s"),
+    ]));
+    Box::leak(Box::new(Case {
+        name: "learnt",
+        profile: "openai",
+        status: 429,
+        headers,
+        body: OPENAI_429,
+        answered: 429,
+        kind: "requests",
+        code: Some("rate_limit_exceeded"),
+    }))
+}
+
+/// `config` with its key's requests interactive: the stack gives up within the class's budget
+/// of retries (three attempts, eight seconds).
+fn interactive(config: &str) -> String {
+    config.replace(
+        "tenant = \"team\"",
+        "tenant = \"team\"\n        default_class = \"interactive\"",
+    )
+}
+
+/// Posts a chat body for each of `models` in turn: each answer's status and `Retry-After`.
+async fn ask(gateway: &Running, models: &[&str]) -> Vec<(u16, Option<String>)> {
+    let mut answers = Vec::new();
+    for model in models {
+        let body = format!(
+            r#"{{"model":"{model}","max_tokens":20,"messages":[{{"role":"user","content":"Hi"}}]}}"#
+        );
+        let start = Instant::now();
+        let response = gateway
+            .post("/v1/chat/completions", Some("caller-secret"), &body)
+            .await;
+        let (status, retry_after, body) = json(response).await;
+        eprintln!("model {model}: {status} in {:.1?}: {body}", start.elapsed());
+        answers.push((status, retry_after));
+    }
+    answers
+}
+
+/// A provider answering every call 429 with its rate-limit headers: the account learns its
+/// limits from the first answer, and every request after, for whichever model, is still a
+/// 429 with `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_stays_a_429_once_the_account_has_learnt_a_limit() {
+    let upstream = serve_case(learning_case("30000")).await;
+    let gateway = Running::start(&interactive(&fixed_config(&upstream))).await;
+    let answers = ask(&gateway, &["a", "a", "b"]).await;
+    gateway.stop().await;
+    for (status, retry_after) in answers {
+        assert_eq!(status, 429);
+        assert!(retry_after.is_some(), "no Retry-After");
+    }
+}
+
+/// The limit the provider's 429 reports is below the request's cost: the retry the budget
+/// then refuses ends with the provider's 429 (before, a 502: "gave up after 2 attempts: the
+/// failure is not transient").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_the_learnt_limit_refuses_ends_with_the_providers_429() {
+    let upstream = serve_case(learning_case("10")).await;
+    let gateway = Running::start(&interactive(&fixed_config(&upstream))).await;
+    let answers = ask(&gateway, &["a"]).await;
+    gateway.stop().await;
+    assert_eq!(answers[0].0, 429);
+    assert!(answers[0].1.is_some(), "no Retry-After");
 }
