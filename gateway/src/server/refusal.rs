@@ -32,6 +32,9 @@ pub(crate) enum Dialect {
     Anthropic,
 }
 
+/// The header the official OpenAI and Anthropic SDKs read before retrying an answer.
+const SHOULD_RETRY: &str = "x-should-retry";
+
 /// Who refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -257,6 +260,11 @@ impl IntoResponse for Refusal {
         );
         if let Some(value) = self.retry_after_header() {
             headers.insert(header::RETRY_AFTER, value);
+        }
+        if self.gateway_decision == Decision::Provider {
+            // The gateway retried the provider already, as its policy allows: an SDK retrying
+            // this answer would multiply the provider's calls (both official SDKs honour it).
+            headers.insert(SHOULD_RETRY, HeaderValue::from_static("false"));
         }
         response
     }

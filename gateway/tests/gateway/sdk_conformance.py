@@ -1,7 +1,8 @@
 """The official `openai` and `anthropic` Python SDKs against the gateway.
 
 Run by `tests/gateway/sdk.rs` with the URL of the gateway binary's URL and the demo's keys in the environment
-(GATEWAY_URL, SEARCH_KEY, REPORTS_KEY, GLOBEX_KEY, ADMIN_TOKEN). Each check prints one line;
+(GATEWAY_URL, SEARCH_KEY, REPORTS_KEY, GLOBEX_KEY, ADMIN_TOKEN), and the upstream's URL
+(UPSTREAM_URL, which counts its 429s at `/calls`). Each check prints one line;
 the first failure raises, and the exit status says so.
 """
 
@@ -20,6 +21,12 @@ GLOBEX = os.environ["GLOBEX_KEY"]
 ADMIN = os.environ["ADMIN_TOKEN"]
 
 HELLO = [{"role": "user", "content": "Hello there"}]
+
+
+def upstream_calls():
+    """The calls the upstream answered 429 so far."""
+    with urllib.request.urlopen(f"{os.environ['UPSTREAM_URL']}/calls") as response:
+        return int(response.read())
 
 
 def check(name, condition, detail=""):
@@ -206,6 +213,22 @@ def provider_pushback():
             error["gateway_decision"] == "provider"
             and float(e.response.headers.get("retry-after", "0")) > 0,
             error,
+        )
+    # One logical request, bounded upstream calls: the gateway retried the provider (three
+    # attempts for an interactive key) and says `x-should-retry: false`, so an SDK allowed two
+    # retries of its own does not multiply them (before: 8 upstream calls).
+    before = upstream_calls()
+    try:
+        openai_client(SEARCH, retries=2).chat.completions.create(
+            model="always-limited", messages=HELLO, max_tokens=20
+        )
+        raise AssertionError("openai: a provider that always refuses served a request")
+    except openai.RateLimitError as e:
+        calls = upstream_calls() - before
+        check(
+            "openai: one create with max_retries=2 makes at most 3 upstream calls",
+            calls <= 3 and e.response.headers.get("x-should-retry") == "false",
+            f"{calls} upstream calls, x-should-retry {e.response.headers.get('x-should-retry')}",
         )
     # The provider cuts a stream after two events: the SDK gets them, then an error, never a
     # silently short answer.
