@@ -351,12 +351,13 @@ fn is_overloaded(status: StatusCode) -> bool {
 }
 
 /// The normalized refusal for an overloaded provider: a 503 with `Retry-After` (the
-/// provider's, else a second), in the caller's API's schema (Anthropic's `overloaded_error`).
+/// provider's, else a second), in the caller's API's schema (for Anthropic's, its 529
+/// `overloaded_error`).
 fn overloaded(account: &Account, headers: &HeaderMap) -> Refusal {
     let retry_after = tower_llm_quota::parse::retry_after(headers, std::time::SystemTime::now())
         .unwrap_or(Duration::from_secs(1));
     Refusal::unavailable(
-        "overloaded",
+        super::refusal::OVERLOADED,
         format!("the provider account {} is overloaded", account.name),
     )
     .provider()

@@ -32,6 +32,9 @@ pub(crate) enum Dialect {
     Anthropic,
 }
 
+/// The limit of a refusal for an overloaded provider.
+pub(crate) const OVERLOADED: &str = "overloaded";
+
 /// The header the official OpenAI and Anthropic SDKs read before retrying an answer.
 const SHOULD_RETRY: &str = "x-should-retry";
 
@@ -78,8 +81,13 @@ impl Refusal {
         }
     }
 
-    /// The same refusal in the error schema of `dialect`.
-    pub(crate) fn dialect(self, dialect: Dialect) -> Self {
+    /// The same refusal in the error schema of `dialect`. An overloaded provider is
+    /// Anthropic's own 529 for an Anthropic caller (its SDK raises `OverloadedError`), a 503
+    /// for an OpenAI one.
+    pub(crate) fn dialect(mut self, dialect: Dialect) -> Self {
+        if dialect == Dialect::Anthropic && &*self.limit == OVERLOADED {
+            self.status = StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+        }
         Self { dialect, ..self }
     }
 
@@ -111,7 +119,7 @@ impl Refusal {
             413 => "request_too_large",
             429 => "rate_limit_error",
             400..=499 => "invalid_request_error",
-            503 => "overloaded_error",
+            503 | 529 => "overloaded_error",
             _ => "api_error",
         }
     }

@@ -2,7 +2,8 @@
 //! 429 from ../PROVIDERS (OpenAI, Azure, Anthropic; with rate-limit headers and without;
 //! Azure's wait only in its message, its `-1` sentinels) is a 429 with `gateway_decision:
 //! "provider"` and a `Retry-After`, in the caller's schema; an overloaded provider (Anthropic's
-//! 529, a 503) is a 503 with `Retry-After`; none is a 502.
+//! 529, a 503) is a 503 with `Retry-After` (Anthropic's 529 for an Anthropic caller); none is
+//! a 502.
 
 use std::time::{Duration, Instant};
 
@@ -133,7 +134,7 @@ const CASES: [Case; 9] = [
         status: 529,
         headers: &[("retry-after", "2")],
         body: ANTHROPIC_529,
-        answered: 503,
+        answered: 529,
         kind: "overloaded_error",
         code: None,
     },
