@@ -188,6 +188,53 @@ async fn after_completion_the_stored_response_until_the_ttl_ends() {
     assert_eq!(simulator.stats().admitted, 2);
 }
 
+/// A reader that stops once it has the `Content-Length` it was told, as a server writing
+/// such an answer does: it never asks for the end after the last bytes. The record is still
+/// completed and replayed (before, every such answer from an HTTP upstream was released and
+/// called again).
+#[tokio::test(start_paused = true)]
+async fn a_body_read_to_its_content_length_is_recorded_and_replayed() {
+    const ANSWER: &str = r#"{"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":2}}"#;
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let client = service_fn(move |_: Request<Full<Bytes>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            Response::builder()
+                .header("content-type", "application/json")
+                .header("content-length", ANSWER.len())
+                .body(Full::new(Bytes::from_static(ANSWER.as_bytes())))
+        }
+    });
+    let layer = IdempotencyLayer::in_memory();
+    let service = layer.layer(client);
+    let mut bodies = Vec::new();
+    for _ in 0..2 {
+        let response = service.clone().oneshot(chat(false)).await.unwrap();
+        // A replay may come without the header: then read to the end.
+        let length = response
+            .headers()
+            .get("content-length")
+            .map_or(usize::MAX, |v| v.to_str().unwrap().parse().unwrap());
+        let mut body = response.into_body();
+        let mut bytes = Vec::new();
+        while bytes.len() < length {
+            let Some(frame) = body.frame().await else {
+                break;
+            };
+            if let Ok(data) = frame.unwrap().into_data() {
+                bytes.extend_from_slice(&data);
+            }
+        }
+        drop(body);
+        bodies.push(bytes);
+    }
+    assert_eq!(bodies[0], ANSWER.as_bytes());
+    assert_eq!(bodies[1], bodies[0]);
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the second was replayed");
+    assert_eq!(layer.in_flight(), 0);
+}
+
 /// What a scripted client answers to its call number `n`.
 type Script = dyn Fn(usize) -> Result<Response<Full<Bytes>>, io::Error> + Send + Sync;
 

@@ -470,7 +470,15 @@ impl Body for IdempotentBody {
                             state.chunks.push(data);
                         }
                     }
-                    None
+                    // A body that knows it ended (its `Content-Length` read whole) ends here:
+                    // a server writing a known length stops polling once it has written it,
+                    // and would never ask for the end that completes the record.
+                    if state.upstream.as_ref().is_some_and(|u| u.is_end_stream()) {
+                        state.end = Some(Ok(()));
+                        Some(record(&mut state))
+                    } else {
+                        None
+                    }
                 }
                 Poll::Ready(Some(Err(error))) => {
                     let error = IdempotencyError::interrupted(&error.to_string());

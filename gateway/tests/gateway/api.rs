@@ -769,3 +769,56 @@ async fn a_spent_daily_cap_says_when_the_day_turns() {
     );
     gateway.stop().await;
 }
+
+/// An upstream answering every chat completion with one JSON body (`Content-Length` framing):
+/// its URL and the calls it answered.
+async fn json_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        post(move || {
+            let n = counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            async move {
+                let body = format!(
+                    r#"{{"id":"chatcmpl-{n}","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"answer {n}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}}}"#
+                );
+                ([("content-type", "application/json")], body)
+            }
+        }),
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, calls)
+}
+
+/// The same `Idempotency-Key` three times in a row, each after the last completed, on a
+/// non-streamed answer of an HTTP upstream: one upstream call, the same answer three times.
+#[tokio::test]
+async fn a_completed_answer_is_replayed_for_its_key() {
+    let (upstream, calls) = json_upstream().await;
+    let gateway = Running::start(&fixed_config(&upstream)).await;
+    let body =
+        r#"{"model":"gpt-4o-mini","max_tokens":20,"messages":[{"role":"user","content":"Hi"}]}"#;
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let response = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", gateway.url))
+            .bearer_auth("caller-secret")
+            .header("idempotency-key", "job-1")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        answers.push(response.text().await.unwrap());
+    }
+    assert_eq!(
+        calls.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "{answers:?}"
+    );
+    assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
+    gateway.stop().await;
+}
