@@ -792,3 +792,61 @@ async fn a_duplicate_waits_at_most_its_max_wait_or_its_deadline() {
     );
     assert_eq!(client.calls(), 1);
 }
+
+/// `chat(false)` with the caller's key `key`, and another question when `other`.
+fn keyed(key: &str, other: bool) -> Request<Full<Bytes>> {
+    let question = if other {
+        "Translate it."
+    } else {
+        "Classify it."
+    };
+    let body = serde_json::json!({
+        "model": "gpt-4o-mini",
+        "max_tokens": 60,
+        "messages": [{"role": "user", "content": question}],
+    });
+    Request::post("/v1/chat/completions")
+        .header("idempotency-key", key)
+        .extension(Operation::tenant("acme"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+fn key_reused(error: &BoxError) -> bool {
+    error
+        .downcast_ref::<tower_llm_quota::Error>()
+        .and_then(tower_llm_quota::Error::idempotency_error)
+        .is_some_and(IdempotencyError::is_key_reused)
+}
+
+/// The caller's key used again for another request is refused, nothing sent, whether the
+/// first is still in flight or completed; used again for the same request, it replays.
+#[tokio::test(start_paused = true)]
+async fn a_key_used_again_for_another_request_is_refused() {
+    let client = Scripted::new(Duration::from_secs(1), |n| {
+        Ok(Response::new(Full::new(Bytes::from(format!(
+            "{{\"n\":{n}}}"
+        )))))
+    });
+    let service = IdempotencyLayer::in_memory().layer(client.service());
+    // In flight.
+    let first = tokio::spawn(receive(service.clone(), keyed("job-1", false)));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let error = receive(service.clone(), keyed("job-1", true))
+        .await
+        .unwrap_err();
+    assert!(key_reused(&error), "{error}");
+    assert!(error.to_string().contains("job-1"), "{error}");
+    let first = first.await.unwrap().unwrap();
+    // Completed.
+    let error = receive(service.clone(), keyed("job-1", true))
+        .await
+        .unwrap_err();
+    assert!(key_reused(&error), "{error}");
+    let again = receive(service.clone(), keyed("job-1", false))
+        .await
+        .unwrap();
+    assert_eq!(again.suppressed, Some(Suppressed::Replayed));
+    assert_eq!(again.body, first.body);
+    assert_eq!(client.calls(), 1, "one call in all");
+}

@@ -17,6 +17,7 @@ enum Kind {
     NotReplayable,
     Interrupted(Arc<str>),
     StillInFlight,
+    KeyReused(Arc<str>),
 }
 
 impl IdempotencyError {
@@ -47,6 +48,12 @@ impl IdempotencyError {
     pub(crate) fn still_in_flight() -> Self {
         Self {
             kind: Kind::StillInFlight,
+        }
+    }
+
+    pub(crate) fn key_reused(key: &str) -> Self {
+        Self {
+            kind: Kind::KeyReused(key.into()),
         }
     }
 
@@ -84,6 +91,13 @@ impl IdempotencyError {
     pub fn is_interrupted(&self) -> bool {
         matches!(self.kind, Kind::Interrupted(_))
     }
+
+    /// The caller's idempotency key was used before for another request (another endpoint or
+    /// body): nothing was sent, and the earlier answer is not given for it (an HTTP front
+    /// answers 422, as Stripe does). Send the new request with a new key.
+    pub fn is_key_reused(&self) -> bool {
+        matches!(self.kind, Kind::KeyReused(_))
+    }
 }
 
 impl fmt::Display for IdempotencyError {
@@ -99,6 +113,11 @@ impl fmt::Display for IdempotencyError {
             ),
             Kind::StillInFlight => f.write_str(
                 "an identical request is still in flight: waited as long as allowed for it",
+            ),
+            Kind::KeyReused(key) => write!(
+                f,
+                "the idempotency key {key:?} was used for another request (another endpoint or \
+                 body): send this one with a new key"
             ),
             Kind::Interrupted(message) => write!(
                 f,

@@ -42,24 +42,34 @@ pub(crate) struct Flights {
 
 impl Flights {
     /// Joins the flight of `key`, or starts one and returns `true` (the caller leads it).
+    /// `request` is the digest of the request a caller's key came with: a flight of the same
+    /// key for another request is not joined (the key was reused).
     pub(crate) fn join_or_lead(
         self: &Arc<Self>,
         key: &str,
+        request: Option<&str>,
         store: &Arc<dyn IdempotencyStore>,
         owner: &str,
-    ) -> (Handle, bool) {
+    ) -> Result<(Handle, bool), IdempotencyError> {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(flight) = map.get(key).filter(|flight| flight.joinable()) {
-            return (Handle::new(Arc::clone(flight)), false);
+            let theirs = flight.keyed.as_ref().and_then(|k| k.request.as_deref());
+            if let (Some(ours), Some(theirs)) = (request, theirs) {
+                if ours != theirs {
+                    return Err(IdempotencyError::key_reused(key));
+                }
+            }
+            return Ok((Handle::new(Arc::clone(flight)), false));
         }
         let flight = Arc::new(Flight::new(Some(Keyed {
             key: key.to_owned(),
             owner: owner.to_owned(),
+            request: request.map(str::to_owned),
             store: Arc::clone(store),
             flights: Arc::downgrade(self),
         })));
         map.insert(key.to_owned(), Arc::clone(&flight));
-        (Handle::new(flight), true)
+        Ok((Handle::new(flight), true))
     }
 
     /// Removes `flight` if it is still the one registered under its key.
@@ -86,6 +96,8 @@ impl Flights {
 struct Keyed {
     key: String,
     owner: String,
+    /// The digest of the request a caller's key came with.
+    request: Option<String>,
     store: Arc<dyn IdempotencyStore>,
     flights: std::sync::Weak<Flights>,
 }
@@ -95,6 +107,8 @@ pub(crate) struct Recording {
     pub(crate) ttl: Duration,
     pub(crate) max_body: usize,
     pub(crate) scanner: UsageScanner,
+    /// The digest of the request a caller's key came with, kept in the record.
+    pub(crate) request: Option<String>,
 }
 
 pub(crate) struct Flight {
@@ -529,12 +543,10 @@ fn record(state: &mut State) -> Outcome {
         body.freeze()
     });
     let usage = recording.scanner.usage();
-    Outcome::Complete(Box::new(Record::new(
-        head.status,
-        &head.headers,
-        usage,
-        body,
-    )))
+    Outcome::Complete(Box::new(
+        Record::new(head.status, &head.headers, usage, body)
+            .with_request_digest(recording.request.clone()),
+    ))
 }
 
 impl fmt::Debug for IdempotentBody {

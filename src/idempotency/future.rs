@@ -54,6 +54,8 @@ pin_project! {
         request: Option<Request<B>>,
         parts: Option<http::request::Parts>,
         key: Option<IdempotencyKey>,
+        // The digest of the request a caller's key came with (its endpoint and body).
+        request_digest: Option<String>,
         owner: String,
         task: Option<String>,
         leader: Option<Leader>,
@@ -131,9 +133,27 @@ where
                 },
                 None,
             ),
+            // A caller's key: its request is read (when small) for its digest, so that the
+            // key used again for another request is refused rather than answered.
             Ok(Some(key)) => {
-                kept = Some(request);
-                (State::Start, Some(key))
+                let small = request
+                    .body()
+                    .size_hint()
+                    .upper()
+                    .is_some_and(|n| n <= config.max_request_body as u64);
+                if small {
+                    let (head, body) = request.into_parts();
+                    parts = Some(head);
+                    (
+                        State::Reading {
+                            collect: body.collect(),
+                        },
+                        Some(key),
+                    )
+                } else {
+                    kept = Some(request);
+                    (State::Start, Some(key))
+                }
             }
             Ok(None) => {
                 let small = request
@@ -168,6 +188,7 @@ where
             request: kept,
             parts,
             key,
+            request_digest: None,
             owner: format!("{:016x}{:016x}", fastrand::u64(..), fastrand::u64(..)),
             task: operation.task_name().map(str::to_owned),
             leader: None,
@@ -226,11 +247,13 @@ where
                                 .get::<Operation>()
                                 .cloned()
                                 .unwrap_or_default();
-                            *this.key = Some(IdempotencyKey::derived(
-                                &operation,
-                                parts.uri.path(),
-                                &bytes,
-                            ));
+                            let derived =
+                                IdempotencyKey::derived(&operation, parts.uri.path(), &bytes);
+                            match this.key {
+                                // The caller's key: the request's digest beside it.
+                                Some(_) => *this.request_digest = Some(derived.stored().to_owned()),
+                                None => *this.key = Some(derived),
+                            }
                             *this.request = Some(Request::from_parts(parts, B::from(bytes)));
                             this.state.set(State::Start);
                         }
@@ -242,11 +265,20 @@ where
                 }
                 StateProj::Start => {
                     let key = this.key.as_ref().expect("a keyed request has its key");
-                    let (handle, lead) = this.layer.flights.join_or_lead(
+                    let joined = this.layer.flights.join_or_lead(
                         key.stored(),
+                        this.request_digest.as_deref(),
                         &this.layer.store,
                         this.owner,
                     );
+                    let (handle, lead) = match joined {
+                        Ok(joined) => joined,
+                        Err(_) => {
+                            this.state.set(State::Done);
+                            let error = IdempotencyError::key_reused(key.as_str());
+                            return Poll::Ready(Err(Box::new(error)));
+                        }
+                    };
                     if lead {
                         *this.leader = Some(Leader {
                             handle: Some(handle),
@@ -323,6 +355,16 @@ where
                                 .take()
                                 .expect("a claiming request leads its flight")
                                 .into_handle();
+                            let theirs = record.request_digest();
+                            if let (Some(ours), Some(theirs)) =
+                                (this.request_digest.as_deref(), theirs)
+                            {
+                                if ours != theirs {
+                                    let error = IdempotencyError::key_reused(key.as_str());
+                                    handle.fail(error.clone());
+                                    return Poll::Ready(Err(Box::new(error)));
+                                }
+                            }
                             crate::observe::duplicate_suppressed(this.task.as_deref());
                             tracing::debug!("duplicate answered from the stored record");
                             return Poll::Ready(match handle.publish_record(*record) {
@@ -386,6 +428,7 @@ where
                                         ttl: config.ttl,
                                         max_body: config.max_body,
                                         scanner: UsageScanner::new(config.format, streaming),
+                                        request: this.request_digest.clone(),
                                     }),
                                 ),
                                 None => (Flight::unkeyed(), None),

@@ -19,6 +19,11 @@
 //! - **A failed operation may be tried again**: an error status is shared with the duplicates
 //!   in flight but not stored, and a call that failed without a response gives its duplicates
 //!   an error ([`IdempotencyError::is_leader_failed`]) and releases the key.
+//! - **A caller's key used again for another request** (another path or body, its JSON
+//!   compared in canonical form) is refused, nothing sent
+//!   ([`IdempotencyError::is_key_reused`]; an HTTP front answers 422, as Stripe does), in
+//!   flight or after completion. The request's digest is kept with the record; a body too
+//!   large to read first (above `max_request_body`, or of unknown size) is not compared.
 //!
 //! Responses answered without a call carry a [`Suppressed`] extension, and count in
 //! `llm_duplicate_suppressed_total{task_type}`.

@@ -27,6 +27,10 @@ pub struct Record {
     /// `None` when the body was larger than the layer keeps: the operation is done, but its
     /// answer cannot be replayed.
     pub(crate) body: Option<Bytes>,
+    /// A digest of the request a caller's key was given with (its endpoint and body), so that
+    /// the key used again for another request is refused; `None` for a derived key (the key
+    /// is that digest already).
+    pub(crate) request: Option<String>,
 }
 
 impl Record {
@@ -49,7 +53,20 @@ impl Record {
             headers: kept,
             usage,
             body,
+            request: None,
         }
+    }
+
+    /// The same record, for the request of `digest` (see [`Record::request_digest`]).
+    pub fn with_request_digest(mut self, digest: Option<String>) -> Self {
+        self.request = digest;
+        self
+    }
+
+    /// A digest of the request whose answer this is, when its key was the caller's: the key
+    /// used again with another digest is refused.
+    pub fn request_digest(&self) -> Option<&str> {
+        self.request.as_deref()
     }
 
     /// The status of the answer.
@@ -98,6 +115,7 @@ impl Record {
             "headers": headers,
             "usage": usage,
             "kept": self.body.is_some(),
+            "request": self.request,
         })
         .to_string()
     }
@@ -131,11 +149,17 @@ impl Record {
             _ => return None,
         };
         let kept = meta.get("kept")?.as_bool()?;
+        // Absent from records written before it was kept.
+        let request = meta
+            .get("request")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
         Some(Self {
             status,
             headers,
             usage,
             body: kept.then_some(body),
+            request,
         })
     }
 }
@@ -161,7 +185,8 @@ mod tests {
             &headers,
             Some(usage),
             Some(Bytes::from_static(b"{\"ok\":true}")),
-        );
+        )
+        .with_request_digest(Some("ab12".into()));
         assert!(record.headers().get("content-length").is_none());
         let decoded = Record::decode(
             record.encode_meta().as_bytes(),

@@ -256,6 +256,10 @@ fn stack_error(account: &Account, error: &Error) -> Refusal {
         )
         .retry_after(Some(Duration::from_secs(1)));
     }
+    if let Some(reused) = error.idempotency_error().filter(|e| e.is_key_reused()) {
+        // Nothing was sent: the key belongs to another request.
+        return Refusal::unprocessable("idempotency_key", reused.to_string());
+    }
     if error.is_store_unavailable() {
         // The store's circuit breaker asks again within a second.
         return Refusal::unavailable("store", "the shared quota store is unreachable")

@@ -195,6 +195,12 @@ impl Refusal {
         Self::new(StatusCode::CONFLICT, "conflict", limit).message(message)
     }
 
+    /// 422: the request cannot be served as sent (an idempotency key used for another
+    /// request).
+    pub(crate) fn unprocessable(limit: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_request", limit).message(message)
+    }
+
     /// 503: the shared store is unreachable and the policy is to refuse, or the gateway stops.
     pub(crate) fn unavailable(limit: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", limit).message(message)

@@ -820,5 +820,25 @@ async fn a_completed_answer_is_replayed_for_its_key() {
         "{answers:?}"
     );
     assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
+    // The same key for another body: a 422 naming the key, nothing sent.
+    let other = body.replace("Hi", "Bye");
+    let response = reqwest::Client::new()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .bearer_auth("caller-secret")
+        .header("idempotency-key", "job-1")
+        .body(other)
+        .send()
+        .await
+        .unwrap();
+    let (status, _, refusal) = crate::support::json(response).await;
+    assert_eq!(status, 422, "{refusal}");
+    assert!(
+        refusal["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("job-1"),
+        "{refusal}"
+    );
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
     gateway.stop().await;
 }
