@@ -12,7 +12,7 @@
 //! # ca_file = "corp-ca.pem"            # trust these CAs (PEM) instead of the Mozilla roots
 //! key_env = "OPENAI_API_KEY"
 //! profile = "openai"                   # openai | anthropic | azure_openai | groq
-//! apis = ["chat", "responses"]         # chat | responses | messages
+//! apis = ["chat", "responses"]         # chat | responses | messages | embeddings | completions | count_tokens
 //! quota = { requests_per_minute = 500, tokens_per_minute = 200000, max_in_flight = 64 }
 //!
 //! [tenants.nodes."acme/search"]
@@ -279,16 +279,32 @@ pub(crate) enum Api {
     Responses,
     /// `POST /v1/messages`.
     Messages,
+    /// `POST /v1/embeddings`: input tokens only.
+    Embeddings,
+    /// `POST /v1/completions`, OpenAI's legacy completions (a `prompt`).
+    Completions,
+    /// `POST /v1/messages/count_tokens`, Anthropic's: one request, no tokens.
+    CountTokens,
 }
 
 impl Api {
-    pub(crate) const ALL: [Api; 3] = [Api::Chat, Api::Responses, Api::Messages];
+    pub(crate) const ALL: [Api; 6] = [
+        Api::Chat,
+        Api::Responses,
+        Api::Messages,
+        Api::Embeddings,
+        Api::Completions,
+        Api::CountTokens,
+    ];
 
     pub(crate) fn path(self) -> &'static str {
         match self {
             Api::Chat => "/v1/chat/completions",
             Api::Responses => "/v1/responses",
             Api::Messages => "/v1/messages",
+            Api::Embeddings => "/v1/embeddings",
+            Api::Completions => "/v1/completions",
+            Api::CountTokens => "/v1/messages/count_tokens",
         }
     }
 
@@ -297,6 +313,9 @@ impl Api {
             Api::Chat => "chat",
             Api::Responses => "responses",
             Api::Messages => "messages",
+            Api::Embeddings => "embeddings",
+            Api::Completions => "completions",
+            Api::CountTokens => "count_tokens",
         }
     }
 }

@@ -14,7 +14,7 @@ use http::{HeaderMap, Request, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::Value;
 use tower::ServiceExt;
-use tower_llm_quota::estimate::{CharEstimator, Defaults, estimate};
+use tower_llm_quota::estimate::{CharEstimator, Defaults, estimate, read_embeddings};
 use tower_llm_quota::provider::ProviderScan;
 use tower_llm_quota::provider::{LimitedBy, RateLimitError, Scope};
 use tower_llm_quota::{BoxError, Cost, Error};
@@ -67,6 +67,10 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let extensions = upstream.extensions_mut();
     extensions.insert(class);
     extensions.insert(api);
+    if api == Api::CountTokens {
+        // Its cost as checked: the estimation layer would reserve a reply it never has.
+        extensions.insert(cost);
+    }
     extensions.insert(dispatched.clone());
     extensions.insert(caller.path.clone());
     // Idempotency keys are the tenant's own: another tenant's same key is another operation.
@@ -163,8 +167,8 @@ fn insert_route_headers(headers: &mut HeaderMap, served: &ServedBy) {
 /// OpenAI's elsewhere.
 pub(crate) fn dialect_of(api: Api) -> Dialect {
     match api {
-        Api::Messages => Dialect::Anthropic,
-        Api::Chat | Api::Responses => Dialect::OpenAi,
+        Api::Messages | Api::CountTokens => Dialect::Anthropic,
+        Api::Chat | Api::Responses | Api::Embeddings | Api::Completions => Dialect::OpenAi,
     }
 }
 
@@ -220,8 +224,9 @@ pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool, String), 
         .as_object()
         .ok_or_else(|| Refusal::bad_request("the body is not a JSON object"))?;
     let field = match api {
-        Api::Responses => "input",
-        Api::Chat | Api::Messages => "messages",
+        Api::Responses | Api::Embeddings => "input",
+        Api::Completions => "prompt",
+        Api::Chat | Api::Messages | Api::CountTokens => "messages",
     };
     if !object.contains_key(field) {
         return Err(Refusal::bad_request(format!("the body has no `{field}`")));
@@ -234,8 +239,14 @@ pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool, String), 
         .get("stream")
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    let cost = estimate(body, &CharEstimator::new(), &Defaults::new())
-        .ok_or_else(|| Refusal::bad_request(format!("the `{field}` cannot be read")))?;
+    let chars = CharEstimator::new();
+    let cost = match api {
+        // Anthropic counts tokens without billing any: one request.
+        Api::CountTokens => Some(Cost::new(0, 0)),
+        Api::Embeddings => read_embeddings(body, &chars).map(|e| e.cost(&Defaults::new())),
+        _ => estimate(body, &chars, &Defaults::new()),
+    }
+    .ok_or_else(|| Refusal::bad_request(format!("the `{field}` cannot be read")))?;
     Ok((cost, streaming, model))
 }
 

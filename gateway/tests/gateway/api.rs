@@ -842,3 +842,95 @@ async fn a_completed_answer_is_replayed_for_its_key() {
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
     gateway.stop().await;
 }
+
+/// An upstream answering embeddings, legacy completions and Anthropic's token counting: the
+/// paths it was asked.
+async fn more_apis_upstream() -> (String, Arc<Mutex<Vec<String>>>) {
+    let paths = Arc::new(Mutex::new(Vec::new()));
+    let seen = paths.clone();
+    let app = axum::Router::new().fallback(move |uri: http::Uri| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push(uri.path().to_owned());
+            let body = match uri.path() {
+                "/v1/embeddings" => {
+                    r#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"model":"text-embedding-3-small","usage":{"prompt_tokens":3,"total_tokens":3}}"#
+                }
+                "/v1/completions" => {
+                    r#"{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" world","finish_reason":"stop"}],"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}}"#
+                }
+                _ => r#"{"input_tokens":14}"#,
+            };
+            ([("content-type", "application/json")], body)
+        }
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, paths)
+}
+
+/// `/v1/embeddings`, `/v1/completions` and `/v1/messages/count_tokens` are served under the
+/// account's admission, each answered as the provider answered it.
+#[tokio::test]
+async fn embeddings_completions_and_token_counting_are_served() {
+    let (upstream, paths) = more_apis_upstream().await;
+    let config = format!(
+        r#"
+        [server]
+        admin_token = "admin"
+        [[accounts]]
+        name = "openai"
+        base_url = "{upstream}"
+        key = "sk-openai"
+        profile = "openai"
+        apis = ["embeddings", "completions"]
+        quota = {{ requests_per_minute = 600, tokens_per_minute = 600000 }}
+        [[accounts]]
+        name = "anthropic"
+        base_url = "{upstream}"
+        key = "sk-anthropic"
+        profile = "anthropic"
+        apis = ["count_tokens"]
+        quota = {{ requests_per_minute = 600, input_tokens_per_minute = 600000, output_tokens_per_minute = 100000 }}
+        [[keys]]
+        name = "team-key"
+        key = "caller-secret"
+        tenant = "team"
+        "#
+    );
+    let gateway = Running::start(&config).await;
+    let calls = [
+        (
+            "/v1/embeddings",
+            r#"{"model":"text-embedding-3-small","input":["a cat","a mat"]}"#,
+            "embedding",
+        ),
+        (
+            "/v1/completions",
+            r#"{"model":"gpt-3.5-turbo-instruct","prompt":"Hello","max_tokens":5}"#,
+            "text_completion",
+        ),
+        (
+            "/v1/messages/count_tokens",
+            r#"{"model":"claude-sonnet-4-5","messages":[{"role":"user","content":"Hi"}]}"#,
+            "input_tokens",
+        ),
+    ];
+    for (path, body, expected) in calls {
+        let response = gateway.post(path, Some("caller-secret"), body).await;
+        let status = response.status();
+        let text = response.text().await.unwrap();
+        assert_eq!(status, 200, "{path}: {text}");
+        assert!(text.contains(expected), "{path}: {text}");
+    }
+    assert_eq!(
+        *paths.lock().unwrap(),
+        [
+            "/v1/embeddings",
+            "/v1/completions",
+            "/v1/messages/count_tokens"
+        ]
+    );
+    gateway.stop().await;
+}
