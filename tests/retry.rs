@@ -800,3 +800,25 @@ async fn a_retry_the_budget_refuses_after_a_429_ends_with_the_429() {
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert!(body.starts_with(b"{\"error\""));
 }
+
+/// `MaxAttempts(1)` sends once and hands the provider's 429 back, even for batch work, whose
+/// rate-limited retries are otherwise bounded only by time.
+#[tokio::test(start_paused = true)]
+async fn a_request_bounding_its_attempts_is_sent_that_many_times() {
+    use tower_llm_quota::retry::MaxAttempts;
+    let answers = vec![Answer::Status(429, &[("retry-after", "1")], "{}"), ok()];
+    let (client, log) = retrying(RetryPolicy::new(), 0.0, answers);
+    let mut once = request("once", Priority::Batch);
+    once.extensions_mut()
+        .insert(MaxAttempts(std::num::NonZeroU32::MIN));
+    let response = client.clone().oneshot(once).await.unwrap();
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(report_of(&response).gave_up(), Some(GaveUp::Attempts));
+    assert_eq!(log.lock().unwrap().len(), 1);
+    // Without it, the same failure is retried.
+    let response = client
+        .oneshot(request("again", Priority::Batch))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+}

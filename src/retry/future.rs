@@ -60,6 +60,8 @@ pin_project! {
         settings: Arc<Settings<C>>,
         priority: Priority,
         deadline: Option<Instant>,
+        // The request's own bound on its attempts (`MaxAttempts`), if any.
+        max_attempts: Option<u32>,
         started: Instant,
         // When the first failed attempt was sent: the class's total time counts from there,
         // not from the first wait in the queue.
@@ -130,6 +132,10 @@ where
             .extensions()
             .get::<Deadline>()
             .map(Deadline::instant);
+        let max_attempts = template
+            .extensions()
+            .get::<super::MaxAttempts>()
+            .map(|m| m.0.get());
         Self {
             state: State::Calling { future: first },
             service,
@@ -137,6 +143,7 @@ where
             settings,
             priority,
             deadline,
+            max_attempts,
             started: Instant::now(),
             first_sent: None,
             deposited: false,
@@ -470,6 +477,12 @@ where
     let waits_for_budget = class == FailureClass::Transient(super::Transient::RateLimited)
         && *this.priority != Priority::Interactive;
     if !waits_for_budget && this.report.attempts >= policy.attempts(*this.priority) {
+        return Next::GiveUp(GaveUp::Attempts);
+    }
+    if this
+        .max_attempts
+        .is_some_and(|max| this.report.attempts >= max)
+    {
         return Next::GiveUp(GaveUp::Attempts);
     }
     // Waiting in a budget's ordering, a provider's wait needs no jitter: the retries come

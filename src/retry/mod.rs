@@ -117,5 +117,7 @@ pub use ambiguity::{Ambiguity, Interrupted};
 pub use body::RetryBody;
 pub use future::ResponseFuture;
 pub use layer::RetryAfterLayer;
-pub use policy::{InvalidRetryPolicy, Jitter, RetryPolicy, SeededJitter, ThreadJitter};
+pub use policy::{
+    InvalidRetryPolicy, Jitter, MaxAttempts, RetryPolicy, SeededJitter, ThreadJitter,
+};
 pub use service::RetryAfter;

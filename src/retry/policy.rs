@@ -280,3 +280,19 @@ mod tests {
         }
     }
 }
+
+/// At most this many attempts for one request, the first included, whatever its class and its
+/// failures (a 429 of async or batch work too): a request extension read by
+/// [`RetryAfterLayer`](crate::RetryAfterLayer), below the policy's own limits.
+/// `MaxAttempts(NonZeroU32::MIN)` sends once and hands every failure back, for a caller that
+/// retries itself (an SDK behind a gateway, say).
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use tower_llm_quota::retry::MaxAttempts;
+///
+/// let mut request = http::Request::new(());
+/// request.extensions_mut().insert(MaxAttempts(NonZeroU32::MIN));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxAttempts(pub NonZeroU32);

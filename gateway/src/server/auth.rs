@@ -11,7 +11,7 @@ use subtle::{ConditionallySelectable, ConstantTimeEq};
 use tower_llm_quota::Priority;
 use tower_llm_quota::tenant::Tenant;
 
-use super::config::{ConfigError, KeyConfig};
+use super::config::{ConfigError, KeyConfig, Retries};
 
 /// What a valid key may do.
 #[derive(Debug, Clone)]
@@ -26,6 +26,8 @@ pub(crate) struct Caller {
     pub(crate) allow_priority_header: bool,
     /// The public models the key may use; all when `None`.
     pub(crate) models: Option<std::sync::Arc<[String]>>,
+    /// Who retries the provider for its requests.
+    pub(crate) retries: Retries,
 }
 
 impl Caller {
@@ -93,6 +95,7 @@ impl KeyRing {
                 default_class: key.default_class.into(),
                 allow_priority_header: key.allow_priority_header,
                 models: key.models.as_deref().map(Into::into),
+                retries: key.retries,
             });
         }
         Ok(ring)
@@ -157,6 +160,7 @@ mod tests {
             default_class: Class::Batch,
             allow_priority_header: false,
             models: None,
+            retries: Retries::default(),
         }
     }
 

@@ -464,6 +464,22 @@ pub(crate) struct KeyConfig {
     pub(crate) allow_priority_header: bool,
     /// The models (of `[[models]]`) the key may use; all of them when absent.
     pub(crate) models: Option<Vec<String>>,
+    /// Who retries the provider for this key's requests.
+    #[serde(default)]
+    pub(crate) retries: Retries,
+}
+
+/// Who retries a provider's failures.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Retries {
+    /// The gateway, within the class's policy; its final answer says `x-should-retry: false`
+    /// so that the caller's SDK does not retry it again (the default).
+    #[default]
+    Gateway,
+    /// The caller: one attempt, the provider's answer handed back (with `Retry-After`), and the
+    /// SDK's own retries paced by the gateway's budget.
+    Client,
 }
 
 fn default_class() -> Class {

@@ -17,10 +17,11 @@ use tower::ServiceExt;
 use tower_llm_quota::estimate::{CharEstimator, Defaults, estimate, read_embeddings};
 use tower_llm_quota::provider::ProviderScan;
 use tower_llm_quota::provider::{LimitedBy, RateLimitError, Scope};
+use tower_llm_quota::retry::MaxAttempts;
 use tower_llm_quota::{BoxError, Cost, Error};
 
 use super::Gateway;
-use super::config::Api;
+use super::config::{Api, Retries};
 use super::metered::{Meter, Metered};
 use super::refusal::{Dialect, Refusal};
 use super::routes::Target;
@@ -64,9 +65,14 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let dispatched = Dispatched::default();
     let mut upstream = primary.request(api, &parts.headers, body);
     let class = caller.class(&parts.headers);
+    let client_retries = caller.retries == Retries::Client;
     let extensions = upstream.extensions_mut();
     extensions.insert(class);
     extensions.insert(api);
+    if client_retries {
+        // One attempt: the caller's SDK retries, paced by the budget the answer paused.
+        extensions.insert(MaxAttempts(std::num::NonZeroU32::MIN));
+    }
     if api == Api::CountTokens {
         // Its cost as checked: the estimation layer would reserve a reply it never has.
         extensions.insert(cost);
@@ -97,7 +103,10 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     };
     let response = match result {
         Ok(response) => response,
-        Err(error) => return gateway.refuse_in(dialect, tenant, stack_error(primary, &error)),
+        Err(error) => {
+            let refusal = stack_error(primary, &error).client_retries(client_retries);
+            return gateway.refuse_in(dialect, tenant, refusal);
+        }
     };
     // The account of the route that answered (a fallback's, a ramp's, or the primary's).
     let served = response.extensions().get::<ServedBy>().cloned();
@@ -107,10 +116,12 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         let (head, body) = response.into_parts();
         let bytes = collect(body, MAX_ERROR_BODY).await.unwrap_or_default();
         let head = http::Response::from_parts(head, ());
-        return gateway.refuse_in(dialect, tenant, provider_refusal(account, &head, &bytes));
+        let refusal = provider_refusal(account, &head, &bytes).client_retries(client_retries);
+        return gateway.refuse_in(dialect, tenant, refusal);
     }
     if is_overloaded(response.status()) {
-        return gateway.refuse_in(dialect, tenant, overloaded(account, response.headers()));
+        let refusal = overloaded(account, response.headers()).client_retries(client_retries);
+        return gateway.refuse_in(dialect, tenant, refusal);
     }
     gateway.ledger.answered(
         &caller.tenant,

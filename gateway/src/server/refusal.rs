@@ -64,6 +64,10 @@ pub(crate) struct Refusal {
     pub(crate) message: Box<str>,
     #[serde(skip)]
     pub(crate) dialect: Dialect,
+    /// Whether the caller retries the provider itself (its key's `retries = "client"`): then
+    /// a provider's answer does not tell its SDK not to.
+    #[serde(skip)]
+    pub(crate) client_retries: bool,
 }
 
 impl Refusal {
@@ -78,6 +82,7 @@ impl Refusal {
             retry_after: None,
             message: "".into(),
             dialect: Dialect::OpenAi,
+            client_retries: false,
         }
     }
 
@@ -231,6 +236,12 @@ impl Refusal {
             .message(format!("{method} is not allowed on {path}"))
     }
 
+    /// The same refusal for a caller that retries the provider itself.
+    pub(crate) fn client_retries(mut self, client: bool) -> Self {
+        self.client_retries = client;
+        self
+    }
+
     pub(crate) fn provider(mut self) -> Self {
         self.gateway_decision = Decision::Provider;
         self
@@ -275,7 +286,7 @@ impl IntoResponse for Refusal {
         if let Some(value) = self.retry_after_header() {
             headers.insert(header::RETRY_AFTER, value);
         }
-        if self.gateway_decision == Decision::Provider {
+        if self.gateway_decision == Decision::Provider && !self.client_retries {
             // The gateway retried the provider already, as its policy allows: an SDK retrying
             // this answer would multiply the provider's calls (both official SDKs honour it).
             headers.insert(SHOULD_RETRY, HeaderValue::from_static("false"));

@@ -309,3 +309,53 @@ async fn a_retry_the_learnt_limit_refuses_ends_with_the_providers_429() {
     assert_eq!(answers[0].0, 429);
     assert!(answers[0].1.is_some(), "no Retry-After");
 }
+
+/// Who retries, per key: the gateway by default (its attempts, then `x-should-retry: false`),
+/// or the caller (`retries = "client"`: one upstream call, the provider's 429 handed back
+/// with its `Retry-After`, and nothing telling the SDK not to retry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_chooses_who_retries_the_provider() {
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = calls.clone();
+    let app = axum::Router::new().fallback(move || {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [("content-type", "application/json"), ("retry-after", "1")],
+                OPENAI_429,
+            )
+                .into_response()
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let upstream = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let config = interactive(&fixed_config(&upstream)).replace(
+        "[[keys]]",
+        "[[keys]]\n        name = \"client-key\"\n        key = \"client-secret\"\n        \
+         tenant = \"team\"\n        default_class = \"interactive\"\n        retries = \"client\"\n        \
+         [[keys]]",
+    );
+    let gateway = Running::start(&config).await;
+    let count = || calls.load(std::sync::atomic::Ordering::SeqCst);
+    for (key, upstream_calls, should_retry) in [
+        ("caller-secret", 3, Some("false")),
+        ("client-secret", 1, None),
+    ] {
+        let before = count();
+        let response = gateway
+            .post("/v1/chat/completions", Some(key), &chat(20))
+            .await;
+        let header = response
+            .headers()
+            .get("x-should-retry")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let (status, retry_after, body) = json(response).await;
+        assert_eq!(status, 429, "{key}: {body}");
+        assert!(retry_after.is_some(), "{key}: no Retry-After");
+        assert_eq!(header.as_deref(), should_retry, "{key}");
+        assert_eq!(count() - before, upstream_calls, "{key}");
+    }
+    gateway.stop().await;
+}
