@@ -53,6 +53,8 @@ pin_project! {
         deadline: Instant,
         allowed: Duration,
         sleep: Option<Pin<Box<Sleep>>>,
+        // Told when the body was read whole.
+        watch: Option<Arc<Watch>>,
     }
 }
 
@@ -63,6 +65,15 @@ impl<B> TimedBody<B> {
             deadline: Instant::now() + allowed,
             allowed,
             sleep: None,
+            watch: None,
+        }
+    }
+
+    /// The same, telling `watch` when the body was read whole.
+    pub(crate) fn watched(inner: B, allowed: Duration, watch: Arc<Watch>) -> Self {
+        Self {
+            watch: Some(watch),
+            ..Self::new(inner, allowed)
         }
     }
 }
@@ -79,9 +90,16 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
-        match this.inner.poll_frame(cx) {
-            Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+        let mut this = self.project();
+        match this.inner.as_mut().poll_frame(cx) {
+            Poll::Ready(frame) => {
+                if frame.is_none() || this.inner.is_end_stream() {
+                    if let Some(watch) = this.watch.take() {
+                        watch.serving();
+                    }
+                }
+                Poll::Ready(frame.map(|f| f.map_err(Into::into)))
+            }
             Poll::Pending => {
                 let deadline = *this.deadline;
                 let sleep = this

@@ -136,11 +136,14 @@ impl Server {
                 (self.router.clone(), watch.clone(), self.limits.body_timeout);
             hyper::service::service_fn(move |request: http::Request<Incoming>| {
                 watch.request_started();
-                let request =
-                    request.map(|body| axum::body::Body::new(TimedBody::new(body, body_timeout)));
+                let request = request.map(|body| {
+                    axum::body::Body::new(TimedBody::watched(body, body_timeout, watch.clone()))
+                });
                 let (router, watch) = (router.clone(), watch.clone());
                 async move {
                     let response = router.oneshot(request).await?;
+                    // A route that reads no body is served once it answers.
+                    watch.serving();
                     Ok::<_, Infallible>(
                         response.map(|body| axum::body::Body::new(AnswerBody::new(body, watch))),
                     )
@@ -221,7 +224,8 @@ impl Open {
     }
 
     /// Asks the oldest connection not serving a request, other than `keep`, to close: one
-    /// still waiting for its head first, else the longest idle. False when all are serving.
+    /// still waiting for its head first, else the longest idle or still sending its body.
+    /// False when all are serving.
     fn evict_one(&self, keep: u64) -> bool {
         let open = self.lock();
         let victim = open

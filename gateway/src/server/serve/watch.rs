@@ -20,10 +20,13 @@ use super::limits::ConnectionLimits;
 pub(crate) enum Phase {
     /// Waiting for a request head: since its accept, or since its first byte after idling.
     Head = 0,
-    /// Serving a request: reading its body, waiting in a queue, streaming its answer.
+    /// Serving a request: waiting in a queue, calling the provider, streaming its answer.
     Busy = 1,
     /// Between an answer and the next request's first byte.
     Idle = 2,
+    /// Reading a request's body, its head read: nothing is served, reserved or sent yet, so
+    /// a slow body may be closed to make room like a slow head.
+    Body = 3,
 }
 
 impl Phase {
@@ -31,6 +34,7 @@ impl Phase {
         match value {
             0 => Phase::Head,
             1 => Phase::Busy,
+            3 => Phase::Body,
             _ => Phase::Idle,
         }
     }
@@ -93,9 +97,16 @@ impl Watch {
         self.evicted.notify_one();
     }
 
-    /// A request's head was read.
+    /// A request's head was read: its body comes next.
     pub(crate) fn request_started(&self) {
-        self.enter(Phase::Busy);
+        self.enter(Phase::Body);
+    }
+
+    /// The request's body was read whole, or its answer began: the request is served.
+    pub(crate) fn serving(&self) {
+        if self.phase.load(Ordering::Relaxed) == Phase::Body as u8 {
+            self.enter(Phase::Busy);
+        }
     }
 
     /// The request's answer ended (or was dropped).
@@ -115,7 +126,8 @@ impl Watch {
         let allowed = match self.phase() {
             Phase::Head => limits.header_timeout,
             Phase::Idle => limits.idle_timeout,
-            Phase::Busy => return None,
+            // A body has its own timeout, counted by its reader.
+            Phase::Busy | Phase::Body => return None,
         };
         Some(epoch() + Duration::from_millis(self.since()) + allowed)
     }
@@ -207,6 +219,12 @@ mod tests {
         assert!(head.abs_diff(Duration::from_secs(10)) <= Duration::from_millis(1));
         watch.request_started();
         assert_eq!(deadline(&watch), None);
+        assert!(
+            watch.evictable(),
+            "its body is not read yet: nothing is served"
+        );
+        watch.serving();
+        assert!(!watch.evictable());
         tokio::time::advance(Duration::from_secs(100)).await;
         watch.request_ended();
         let idle = deadline(&watch).unwrap();
