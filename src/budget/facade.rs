@@ -109,7 +109,7 @@ impl Budget {
         let now = self.nanos_since_origin(Instant::now());
         self.update_state(|state| match &mut state.shared {
             Some(shared) => {
-                let lowered: Vec<(Limit, u64)> = shared.observe(observation).collect();
+                let lowered = shared.observe(observation);
                 if let Some(remote) = self.shared.remote.as_ref() {
                     for &(limit, remaining) in &lowered {
                         remote.lower(limit, Some(remaining), Duration::ZERO);

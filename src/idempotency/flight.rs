@@ -43,23 +43,21 @@ pub(crate) struct Flights {
 impl Flights {
     /// Joins the flight of `key`, or starts one and returns `true` (the caller leads it).
     /// `request` is the digest of the request a caller's key came with: a flight of the same
-    /// key for another request is not joined (the key was reused).
+    /// key for another request is not joined (the key was reused: `None`).
     pub(crate) fn join_or_lead(
         self: &Arc<Self>,
         key: &str,
         request: Option<&str>,
         store: &Arc<dyn IdempotencyStore>,
         owner: &str,
-    ) -> Result<(Handle, bool), IdempotencyError> {
+    ) -> Option<(Handle, bool)> {
         let mut map = self.map.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(flight) = map.get(key).filter(|flight| flight.joinable()) {
             let theirs = flight.keyed.as_ref().and_then(|k| k.request.as_deref());
-            if let (Some(ours), Some(theirs)) = (request, theirs) {
-                if ours != theirs {
-                    return Err(IdempotencyError::key_reused(key));
-                }
+            if !same_request(request, theirs) {
+                return None;
             }
-            return Ok((Handle::new(Arc::clone(flight)), false));
+            return Some((Handle::new(Arc::clone(flight)), false));
         }
         let flight = Arc::new(Flight::new(Some(Keyed {
             key: key.to_owned(),
@@ -69,7 +67,7 @@ impl Flights {
             flights: Arc::downgrade(self),
         })));
         map.insert(key.to_owned(), Arc::clone(&flight));
-        Ok((Handle::new(flight), true))
+        Some((Handle::new(flight), true))
     }
 
     /// Removes `flight` if it is still the one registered under its key.
@@ -243,6 +241,15 @@ impl Flight {
         if let Some(flights) = keyed.flights.upgrade() {
             flights.remove(&keyed.key, self);
         }
+    }
+}
+
+/// Whether two requests of one key are the same as far as their digests tell (a key without
+/// a digest, derived or its body unread, is not compared).
+pub(crate) fn same_request(ours: Option<&str>, theirs: Option<&str>) -> bool {
+    match (ours, theirs) {
+        (Some(ours), Some(theirs)) => ours == theirs,
+        _ => true,
     }
 }
 

@@ -23,7 +23,9 @@ use tower::Service;
 
 use super::IdempotencyError;
 use super::Suppressed;
-use super::flight::{Flight, Handle, Head, HeadState, IdempotentBody, Recording, Upstream};
+use super::flight::{
+    Flight, Handle, Head, HeadState, IdempotentBody, Recording, Upstream, same_request,
+};
 use super::key::{IdempotencyKey, Operation};
 use super::shared::Shared;
 use super::store::{Claim, StoreFuture};
@@ -272,8 +274,8 @@ where
                         this.owner,
                     );
                     let (handle, lead) = match joined {
-                        Ok(joined) => joined,
-                        Err(_) => {
+                        Some(joined) => joined,
+                        None => {
                             this.state.set(State::Done);
                             let error = IdempotencyError::key_reused(key.as_str());
                             return Poll::Ready(Err(Box::new(error)));
@@ -355,15 +357,11 @@ where
                                 .take()
                                 .expect("a claiming request leads its flight")
                                 .into_handle();
-                            let theirs = record.request_digest();
-                            if let (Some(ours), Some(theirs)) =
-                                (this.request_digest.as_deref(), theirs)
-                            {
-                                if ours != theirs {
-                                    let error = IdempotencyError::key_reused(key.as_str());
-                                    handle.fail(error.clone());
-                                    return Poll::Ready(Err(Box::new(error)));
-                                }
+                            let ours = this.request_digest.as_deref();
+                            if !same_request(ours, record.request_digest()) {
+                                let error = IdempotencyError::key_reused(key.as_str());
+                                handle.fail(error.clone());
+                                return Poll::Ready(Err(Box::new(error)));
                             }
                             crate::observe::duplicate_suppressed(this.task.as_deref());
                             tracing::debug!("duplicate answered from the stored record");

@@ -7,7 +7,6 @@ use axum::body::Body;
 use axum::routing::post;
 use bytes::Bytes;
 use http::HeaderMap;
-use tokio::net::TcpListener;
 
 use crate::support::{GLOBEX, REPORTS, Running, SEARCH, chat, demo, json, messages};
 
@@ -200,9 +199,7 @@ pub(crate) const EVENTS: [&str; 4] = [
 /// An upstream on loopback that records the headers it gets and streams [`EVENTS`].
 pub(crate) async fn fixed_upstream(pause: Duration) -> (String, Arc<Mutex<Vec<HeaderMap>>>) {
     let (app, seen) = fixed_app(pause);
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = crate::support::serve_upstream(app).await;
     (url, seen)
 }
 
@@ -787,9 +784,7 @@ async fn json_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
             }
         }),
     );
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = crate::support::serve_upstream(app).await;
     (url, calls)
 }
 
@@ -864,9 +859,7 @@ async fn more_apis_upstream() -> (String, Arc<Mutex<Vec<String>>>) {
             ([("content-type", "application/json")], body)
         }
     });
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let url = crate::support::serve_upstream(app).await;
     (url, paths)
 }
 

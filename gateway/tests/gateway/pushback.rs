@@ -166,10 +166,7 @@ async fn serve_case(case: &'static Case) -> String {
         }
         response
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    upstream
+    crate::support::serve_upstream(app).await
 }
 
 async fn run(case: &'static Case) -> (u16, Option<String>, Value, Duration) {
@@ -328,9 +325,7 @@ async fn a_key_chooses_who_retries_the_provider() {
                 .into_response()
         }
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let upstream = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let upstream = crate::support::serve_upstream(app).await;
     let config = interactive(&fixed_config(&upstream)).replace(
         "[[keys]]",
         "[[keys]]\n        name = \"client-key\"\n        key = \"client-secret\"\n        \

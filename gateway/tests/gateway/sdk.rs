@@ -56,10 +56,7 @@ async fn pushback_upstream() -> String {
         )
             .into_response()
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    url
+    crate::support::serve_upstream(app).await
 }
 
 /// The demo, with a third account in front of [`pushback_upstream`] serving two models.

@@ -11,6 +11,14 @@ use crate::server::config::Config;
 use crate::server::{Gateway, serve};
 
 /// The demo configuration, with a simulator that answers at once.
+/// `app` served on a free loopback port, as a fake upstream: its URL.
+pub(crate) async fn serve_upstream(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
 pub(crate) fn demo() -> String {
     include_str!("../../demo.toml").replace(
         "sim = { base_ms = 40, per_token_ms = 2 }",

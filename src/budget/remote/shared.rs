@@ -384,10 +384,7 @@ impl SharedState {
 
     /// Applies a provider's report to the shared limits; returns the levels to lower in the
     /// shared store (each limit with the remaining units it may still use).
-    pub(crate) fn observe(
-        &mut self,
-        observation: &Observation,
-    ) -> impl Iterator<Item = (Limit, u64)> + use<> {
+    pub(crate) fn observe(&mut self, observation: &Observation) -> Vec<(Limit, u64)> {
         if let Some(amount) = observation.limit() {
             let changed: Vec<Limit> = self
                 .limits
@@ -399,7 +396,7 @@ impl SharedState {
                 self.set_limit(limit);
             }
         }
-        let lowered: Vec<(Limit, u64)> = match observation.remaining() {
+        match observation.remaining() {
             Some(remaining) => self
                 .limits
                 .iter()
@@ -407,8 +404,7 @@ impl SharedState {
                 .map(|l| (*l, (remaining as f64 * l.headroom()).floor() as u64))
                 .collect(),
             None => Vec::new(),
-        };
-        lowered.into_iter()
+        }
     }
 
     /// The report as the local fallback share sees it: its limit scaled by the share.
