@@ -15,6 +15,22 @@
 //! apis = ["chat", "responses"]         # chat | responses | messages | embeddings | completions | count_tokens
 //! quota = { requests_per_minute = 500, tokens_per_minute = 200000, max_in_flight = 64 }
 //!
+//! [[accounts]]
+//! name = "anthropic-main"
+//! base_url = "https://api.anthropic.com"
+//! key_env = "ANTHROPIC_API_KEY"
+//! profile = "anthropic"
+//! apis = ["messages"]
+//! quota = { requests_per_minute = 4000 }   # with scopes: what every model shares
+//! # Anthropic pools limits per model class: every Opus 4.x model in one set of buckets.
+//! scopes = [
+//!   { name = "opus-4", models = ["claude-opus-4*"], quota = { input_tokens_per_minute = 2000000, output_tokens_per_minute = 400000 } },
+//!   { name = "sonnet-4", models = ["claude-sonnet-4*"], quota = { input_tokens_per_minute = 2000000, output_tokens_per_minute = 400000 } },
+//! ]
+//! # OpenAI limits each model apart: `model_quota` gives every model no scope names buckets
+//! # of its own.
+//! # model_quota = { requests_per_minute = 500, tokens_per_minute = 200000 }
+//!
 //! [tenants.nodes."acme/search"]
 //! weight = 3
 //! guarantee = 0.5
@@ -338,10 +354,105 @@ pub(crate) struct AccountConfig {
     pub(crate) key: Option<String>,
     pub(crate) profile: ProfileName,
     pub(crate) apis: Vec<Api>,
+    /// The account's limits. With `scopes` or `model_quota`, what every model of the account
+    /// shares (the provider's account-wide request limit and calls in flight), beside each
+    /// scope's own limits.
     pub(crate) quota: Limits,
+    /// Models whose limits the provider pools (Anthropic's model classes) or keeps apart
+    /// (OpenAI's per-model limits): each scope has buckets of its own, and a provider 429 for
+    /// one of its models pauses that scope only.
+    #[serde(default)]
+    pub(crate) scopes: Vec<ScopeConfig>,
+    /// The limits of each model that no scope names, in buckets of its own (OpenAI's
+    /// per-model limits); without it, those models share the account's limits alone.
+    pub(crate) model_quota: Option<Limits>,
     /// The simulator's latency, when `base_url` is `sim`.
     #[serde(default)]
     pub(crate) sim: SimBehaviour,
+}
+
+/// Models that share one set of buckets on an account.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ScopeConfig {
+    /// The scope's name, in refusals and on the status page.
+    pub(crate) name: String,
+    /// The upstream model names it pools: exact, or a prefix ending in `*`
+    /// (`"claude-opus-4*"`).
+    pub(crate) models: Vec<String>,
+    /// Its limits.
+    pub(crate) quota: Limits,
+}
+
+impl ScopeConfig {
+    /// Whether the scope pools `model` (its upstream name).
+    pub(crate) fn pools(&self, model: &str) -> bool {
+        self.models
+            .iter()
+            .any(|pattern| match pattern.strip_suffix('*') {
+                Some(prefix) => model.starts_with(prefix),
+                None => model == pattern,
+            })
+    }
+}
+
+impl AccountConfig {
+    /// Whether the account's limits are scoped by model.
+    pub(crate) fn is_scoped(&self) -> bool {
+        !self.scopes.is_empty() || self.model_quota.is_some()
+    }
+
+    /// Scopes have names and models; a scoped account's own quota limits requests and calls
+    /// in flight only (its token limits belong to a scope: the provider counts them there).
+    fn check_scopes(&self) -> Result<(), ConfigError> {
+        let error = |message: String| ConfigError(format!("account `{}`: {message}", self.name));
+        let mut names = BTreeSet::new();
+        for scope in &self.scopes {
+            if !valid_scope_name(&scope.name) {
+                return Err(error(format!(
+                    "scope name `{}` must be 1 to 64 of letters, digits, `.`, `-`, `_`, `:`",
+                    scope.name
+                )));
+            }
+            if !names.insert(scope.name.as_str()) {
+                return Err(error(format!("scope `{}` is configured twice", scope.name)));
+            }
+            if scope.models.is_empty() || scope.models.iter().any(|m| m.is_empty() || m == "*") {
+                return Err(error(format!(
+                    "scope `{}` must name models (exact, or a prefix ending in `*`)",
+                    scope.name
+                )));
+            }
+            scope.quota.limits()?;
+        }
+        if let Some(quota) = &self.model_quota {
+            quota.limits()?;
+        }
+        let quota = &self.quota;
+        let tokens = [
+            quota.tokens_per_minute,
+            quota.input_tokens_per_minute,
+            quota.output_tokens_per_minute,
+            quota.tokens_per_day,
+        ];
+        if self.is_scoped() && tokens.iter().any(Option::is_some) {
+            return Err(error(
+                "with scopes, the account's quota limits requests and calls in flight only: \
+                 give token limits to the scopes (or model_quota)"
+                    .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A scope's name, also a model's name kept in a scope of its own: safe in store keys and
+/// metric labels.
+pub(crate) fn valid_scope_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b':'))
 }
 
 /// How the in-process simulator answers: how fast, and how often it fails.
@@ -639,6 +750,7 @@ impl Config {
         }
         for account in &self.accounts {
             account.quota.limits()?;
+            account.check_scopes()?;
         }
         self.tenant_tree()?;
         for key in &self.keys {

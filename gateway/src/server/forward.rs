@@ -24,9 +24,9 @@ use super::Gateway;
 use super::config::{Api, Retries};
 use super::metered::{Meter, Metered};
 use super::refusal::{Dialect, Refusal};
-use super::routes::Target;
+use super::routes::{ScopeRefused, Target};
 use super::tenancy;
-use super::upstream::{Account, Dispatched};
+use super::upstream::{Account, Dispatched, ScopeError, Scoped};
 use tower_llm_quota::idempotency::{IdempotentBody, Operation};
 use tower_llm_quota::routing::ServedBy;
 
@@ -112,11 +112,17 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let served = response.extensions().get::<ServedBy>().cloned();
     let account = &gateway.accounts[routed.account_of(served.as_ref().map(ServedBy::route))];
     let profile = account.profile_of(api).unwrap_or(account.profile);
+    // The scope of the account that answered: its budget's wait, its name in refusals.
+    let scoped = response.extensions().get::<Scoped>().cloned();
+    let scoped = scoped
+        .as_ref()
+        .unwrap_or_else(|| account.configured_scope(None));
     if response.status() == StatusCode::TOO_MANY_REQUESTS {
         let (head, body) = response.into_parts();
         let bytes = collect(body, MAX_ERROR_BODY).await.unwrap_or_default();
         let head = http::Response::from_parts(head, ());
-        let refusal = provider_refusal(account, &head, &bytes).client_retries(client_retries);
+        let refusal =
+            provider_refusal((account, scoped), &head, &bytes).client_retries(client_retries);
         return gateway.refuse_in(dialect, tenant, refusal);
     }
     if is_overloaded(response.status()) {
@@ -282,6 +288,16 @@ fn stack_error(account: &Account, error: &Error) -> Refusal {
         // Nothing was sent: the key belongs to another request.
         return Refusal::unprocessable("idempotency_key", reused.to_string());
     }
+    if let Some(refused) = scope_refused(error) {
+        return match &refused.0 {
+            ScopeError::Store(_) => Refusal::unavailable("store", refused.to_string())
+                .scope(scope)
+                .retry_after(Some(Duration::from_secs(1))),
+            ScopeError::BadName | ScopeError::TooMany => {
+                Refusal::bad_request(format!("model: {refused}")).scope(scope)
+            }
+        };
+    }
     if error.is_store_unavailable() {
         // The store's circuit breaker asks again within a second.
         return Refusal::unavailable("store", "the shared quota store is unreachable")
@@ -317,6 +333,18 @@ fn stack_error(account: &Account, error: &Error) -> Refusal {
     upstream_failure(&scope, &error.to_string())
 }
 
+/// The scope a route could not give the request's model, if that refused it.
+fn scope_refused(error: &Error) -> Option<&ScopeRefused> {
+    let mut link: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = link {
+        if let Some(refused) = e.downcast_ref::<ScopeRefused>() {
+            return Some(refused);
+        }
+        link = e.source();
+    }
+    None
+}
+
 /// 502: the provider failed without an answer (after the retries the policy allows).
 fn upstream_failure(scope: &str, message: &str) -> Refusal {
     let mut refusal = Refusal::unavailable("upstream", format!("the provider failed: {message}"))
@@ -327,8 +355,12 @@ fn upstream_failure(scope: &str, message: &str) -> Refusal {
 }
 
 /// The normalized refusal for a provider's 429 (its retries given up).
-fn provider_refusal(account: &Account, head: &http::Response<()>, body: &[u8]) -> Refusal {
-    let scope = format!("account:{}", account.name);
+fn provider_refusal(
+    (account, scoped): (&Account, &Scoped),
+    head: &http::Response<()>,
+    body: &[u8],
+) -> Refusal {
+    let scope = scoped.label(&account.name);
     let parsed = RateLimitError::from_response(head, body);
     let (limit, dimension) = match parsed.as_ref().map(RateLimitError::limited_by) {
         Some(LimitedBy::Requests) => ("requests_per_minute", Some("requests")),
@@ -344,20 +376,26 @@ fn provider_refusal(account: &Account, head: &http::Response<()>, body: &[u8]) -
     let retry_after = parsed
         .as_ref()
         .and_then(RateLimitError::retry_after)
-        .unwrap_or_else(|| account_wait(account).max(Duration::from_secs(1)));
+        .unwrap_or_else(|| budget_wait(scoped.budget()).max(Duration::from_secs(1)));
     Refusal::rate_limited(limit, scope)
         .provider()
         .dimension(dimension)
         .retry_after(Some(retry_after))
-        .message(format!(
-            "the provider account {} is rate limited ({limit})",
-            account.name
-        ))
+        .message(match scoped.name() {
+            Some(name) => format!(
+                "the provider account {} is rate limited for the models of scope {name} ({limit})",
+                account.name
+            ),
+            None => format!(
+                "the provider account {} is rate limited ({limit})",
+                account.name
+            ),
+        })
 }
 
-/// How long until every limit of the account's budget can spend again.
-fn account_wait(account: &Account) -> Duration {
-    let snapshot = account.budget().snapshot();
+/// How long until every limit of `budget` can spend again.
+fn budget_wait(budget: &tower_llm_quota::Budget) -> Duration {
+    let snapshot = budget.snapshot();
     snapshot
         .limits()
         .iter()

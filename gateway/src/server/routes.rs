@@ -25,7 +25,7 @@ use tower_llm_quota::{BoxError, Priority};
 use super::config::{
     Api, ConfigError, FallbackConfig, FallbackOn, Feature, ModelConfig, RampConfig,
 };
-use super::upstream::{Account, Governed, UpBody};
+use super::upstream::{Account, Governed, ScopeError, Scoped, UpBody};
 use tower_llm_quota::stack::QuotaBody;
 
 /// One route's service: an account's stack for the request's API.
@@ -69,8 +69,14 @@ pub(crate) fn idempotency(redis_url: Option<&str>) -> Result<IdempotencyLayer, C
     Ok(layer.derive_keys(false).ttl(Duration::from_secs(24 * 3600)))
 }
 
-/// The route of `account` for `model` (its name upstream, when not the public one).
-fn route(accounts: &[Account], account: &str, model: Option<&str>) -> (Route<RouteService>, usize) {
+/// The route of `account` for `model` (its name upstream, when not the public one); `scope`
+/// is the model's name upstream when known before the request (a configured model's), for
+/// the budget the route spends.
+fn route(
+    accounts: &[Account],
+    account: &str,
+    (model, scope): (Option<&str>, Option<&str>),
+) -> (Route<RouteService>, usize) {
     let index = accounts
         .iter()
         .position(|a| a.name == account)
@@ -80,26 +86,31 @@ fn route(accounts: &[Account], account: &str, model: Option<&str>) -> (Route<Rou
         Some(model) => format!("{}:{model}", account.name),
         None => account.name.clone(),
     };
-    let mut route = Route::new(name, service(account.clone()))
+    let budget = account.configured_scope(scope).budget().clone();
+    let mut route = Route::new(name, service(account.clone(), scope.map(str::to_owned)))
         .provider(account.profile.name())
-        .budget(account.budget().clone());
+        .budget(budget);
     if let Some(model) = model {
         route = route.model(model);
     }
     (route, index)
 }
 
-/// An account's stack for the API the request names (its `Api` extension), the request
-/// pointed at the account.
-fn service(account: Arc<Account>) -> RouteService {
+/// An account's stack for the API the request names (its `Api` extension) and the scope of
+/// its model (`model`, else the one its [`Scope`] names), the request pointed at the account.
+fn service(account: Arc<Account>, model: Option<String>) -> RouteService {
     BoxCloneSyncService::new(tower::service_fn(move |request: Request<Full<Bytes>>| {
-        // The stack's future, boxed before the `async` block holds it: its type names the
-        // whole stack, which the compiler cannot prove `Send` through an `async` block.
-        let call = prepare(&account, request)
-            .map(|(stack, request)| -> StackCall { Box::pin(stack.oneshot(request)) });
+        let (account, model) = (account.clone(), model.clone());
         async move {
-            match call?.await {
-                Ok(response) => Ok(response.map(|body| body.boxed_unsync())),
+            let (stack, request, served) = prepare(&account, model, request).await?;
+            // The stack's future, boxed: its type names the whole stack, which the compiler
+            // cannot prove `Send` through an `async` block.
+            let call: StackCall = Box::pin(stack.oneshot(request));
+            match call.await {
+                Ok(mut response) => {
+                    response.extensions_mut().insert(served);
+                    Ok(response.map(|body| body.boxed_unsync()))
+                }
                 Err(error) => Err(BoxError::from(error)),
             }
         }
@@ -115,15 +126,22 @@ type StackCall = std::pin::Pin<
     >,
 >;
 
-/// The account's stack for the request's API, and the request pointed at the account.
-fn prepare(
+/// The account's stack for the request's API and model, and the request pointed at the
+/// account.
+async fn prepare(
     account: &Account,
+    model: Option<String>,
     mut request: Request<Full<Bytes>>,
-) -> Result<(Governed, Request<Full<Bytes>>), BoxError> {
+) -> Result<(Governed, Request<Full<Bytes>>, Scoped), BoxError> {
     let Some(&api) = request.extensions().get::<Api>() else {
         return Err("a gateway request names its API".into());
     };
-    let Some((_, stack)) = account.stack(api) else {
+    let model = model.or_else(|| request.extensions().get::<Scope>()?.model.clone());
+    let scoped = account
+        .scope(model.as_deref())
+        .await
+        .map_err(|error| BoxError::from(ScopeRefused(error)))?;
+    let Some(stack) = scoped.stack(api) else {
         let message = format!("the account {} does not serve {}", account.name, api.path());
         return Err(message.into());
     };
@@ -131,18 +149,36 @@ fn prepare(
     if let Some(scope) = request.extensions_mut().get_mut::<Scope>() {
         scope.provider = Some(account.name.clone());
     }
-    Ok((stack, request))
+    Ok((stack, request, scoped))
 }
 
+/// A model the account cannot give a scope (a name unfit for one, too many models, the store
+/// unreachable): nothing was sent.
+#[derive(Debug)]
+pub(crate) struct ScopeRefused(pub(crate) ScopeError);
+
+impl std::fmt::Display for ScopeRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for ScopeRefused {}
+
 /// The router of one public model.
-pub(crate) fn model_target(
-    model: &ModelConfig,
+pub(crate) fn model_target<'a>(
+    model: &'a ModelConfig,
     accounts: &[Account],
     idempotency: &IdempotencyLayer,
 ) -> Routed {
     let upstream = |name| upstream_name(model, name);
+    let scope = |name: Option<&'a String>| Some(name.unwrap_or(&model.name).as_str());
     let primary_model = upstream(model.model.as_ref());
-    let (mut primary, index) = route(accounts, &model.account, primary_model);
+    let (mut primary, index) = route(
+        accounts,
+        &model.account,
+        (primary_model, scope(model.model.as_ref())),
+    );
     if let Some(tokens) = model.context_window {
         primary = primary.context_window(tokens);
     }
@@ -150,7 +186,7 @@ pub(crate) fn model_target(
     let mut builder = Router::builder(primary).compatible(supports_request);
     for fallback in &model.fallbacks {
         let name = fallback.model.as_ref().or(model.model.as_ref());
-        let (mut route, index) = route(accounts, &fallback.account, upstream(name));
+        let (mut route, index) = route(accounts, &fallback.account, (upstream(name), scope(name)));
         if let Some(tokens) = fallback.context_window {
             route = route.context_window(tokens);
         }
@@ -160,7 +196,7 @@ pub(crate) fn model_target(
     }
     if let Some(ramp) = &model.ramp {
         let name = ramp.model.as_ref().or(model.model.as_ref());
-        let (route, index) = route(accounts, &ramp.account, upstream(name));
+        let (route, index) = route(accounts, &ramp.account, (upstream(name), scope(name)));
         let route = with_features(route, ramp.features.as_deref());
         routes.push((route.info().name().to_owned(), index));
         builder = builder.ramp(route, ramp_of(ramp));
@@ -244,7 +280,7 @@ pub(crate) fn api_target(
     accounts: &[Account],
     idempotency: &IdempotencyLayer,
 ) -> Routed {
-    let (primary, index) = route(accounts, &accounts[index].name, None);
+    let (primary, index) = route(accounts, &accounts[index].name, (None, None));
     Routed {
         routes: vec![(primary.info().name().to_owned(), index)],
         target: idempotency.layer(Router::builder(primary).build()),

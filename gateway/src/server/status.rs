@@ -54,25 +54,45 @@ pub(crate) fn tenants(gateway: &Gateway) -> Vec<TenantStatus> {
         .collect()
 }
 
+/// A row per account and, for an account with scopes, a row of its account-wide limits (the
+/// gate, named after the account), then one per scope (`account/scope`, `account/*` for the
+/// models no scope names).
 fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
-    gateway
-        .accounts
-        .iter()
-        .map(|account| {
-            let snapshot = account.budget().snapshot();
-            let queue = account.queue().snapshot();
+    let mut rows = Vec::new();
+    for account in &gateway.accounts {
+        let simulator_429s = account.simulator.as_ref().map(|s| s.stats().rate_limited);
+        let row = |name: String, budget: &tower_llm_quota::Budget| {
+            let snapshot = budget.snapshot();
+            let queue = budget.queue_snapshot();
             AccountStatus {
-                name: account.name.clone(),
+                name,
                 levels: snapshot.limits().iter().map(LevelView::from).collect(),
                 in_flight: snapshot.in_flight(),
                 queued: Priority::ALL
                     .iter()
                     .map(|p| (p.as_str(), queue.class(*p).depth()))
                     .collect(),
-                simulator_429s: account.simulator.as_ref().map(|s| s.stats().rate_limited),
+                simulator_429s,
             }
-        })
-        .collect()
+        };
+        let Some(gate) = account.gate() else {
+            let mut status = row(account.name.clone(), account.budget());
+            let queue = account.queue().snapshot();
+            status.queued = Priority::ALL
+                .iter()
+                .map(|p| (p.as_str(), queue.class(*p).depth()))
+                .collect();
+            rows.push(status);
+            continue;
+        };
+        rows.push(row(account.name.clone(), gate));
+        rows.push(row(format!("{}/*", account.name), account.budget()));
+        for scope in account.scopes() {
+            let name = scope.name().unwrap_or("*");
+            rows.push(row(format!("{}/{name}", account.name), scope.budget()));
+        }
+    }
+    rows
 }
 
 pub(crate) async fn page() -> Html<&'static str> {

@@ -24,9 +24,9 @@ use tower_llm_quota::queue::QueueHandle;
 use tower_llm_quota::sim::{Faults, SimConfig, Simulator};
 use tower_llm_quota::stack::{QuotaService, QuotaStack};
 use tower_llm_quota::tenant::{TenantHandle, TenantTree};
-use tower_llm_quota::{BoxError, Budget};
+use tower_llm_quota::{BoxError, Budget, Quota};
 
-use super::config::{AccountConfig, Api, ConfigError, ProfileName};
+use super::config::{AccountConfig, Api, ConfigError, ProfileName, ScopeConfig};
 
 /// A provider's response body, boxed.
 pub(crate) type UpBody = BoxBody<Bytes, BoxError>;
@@ -48,20 +48,174 @@ impl Dispatched {
     }
 }
 
-/// One account: its budget, and a stack per API.
+/// One account: its budgets, and a stack per API over each.
+///
+/// Without scopes, one budget holds the account's limits. With scopes (the provider's
+/// per-model or per-class limits), each scope has a budget of its own and the account's
+/// limits sit in a gate every scope's requests also pass, one reservation per attempt: a
+/// provider 429 pauses the scope that drew it, and the account-wide request limit still holds.
 #[derive(Debug, Clone)]
 pub(crate) struct Account {
     pub(crate) name: String,
     pub(crate) profile: Profile,
-    budget: Budget,
+    /// The models no scope names (every model, without scopes); it holds the tenant tree.
+    main: Scoped,
+    /// The configured scopes, in order: the first that pools a model serves it.
+    scopes: Arc<[(ScopeConfig, Scoped)]>,
+    /// Each model no scope names in buckets of its own (`model_quota`), made at its first
+    /// request.
+    per_model: Option<Arc<PerModel>>,
+    /// With scopes: the account-wide limits every scope's requests also pass.
+    gate: Option<Budget>,
     queue: QueueHandle,
-    stacks: Vec<(Api, Profile, Governed)>,
     base: Uri,
     /// The provider key's header: `authorization: Bearer`, Anthropic's `x-api-key`, Azure's
     /// `api-key`.
     key: Option<(http::HeaderName, HeaderValue)>,
     /// The in-process simulator, when the account has no real upstream.
     pub(crate) simulator: Option<Simulator>,
+}
+
+/// A set of buckets of an account and a governed stack per API over it.
+#[derive(Debug, Clone)]
+pub(crate) struct Scoped {
+    /// `None` for the account's own.
+    name: Option<Arc<str>>,
+    budget: Budget,
+    stacks: Arc<[(Api, Profile, Governed)]>,
+}
+
+impl Scoped {
+    /// The scope's name, `None` for the account's own budget.
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// Its budget.
+    pub(crate) fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// Where a refusal of this scope of `account` says it applies: `account:NAME`, or
+    /// `account:NAME/scope:SCOPE`.
+    pub(crate) fn label(&self, account: &str) -> String {
+        match &self.name {
+            Some(scope) => format!("account:{account}/scope:{scope}"),
+            None => format!("account:{account}"),
+        }
+    }
+
+    pub(crate) fn stack(&self, api: Api) -> Option<Governed> {
+        self.stacks
+            .iter()
+            .find(|(a, ..)| *a == api)
+            .map(|(.., governed)| governed.clone())
+    }
+}
+
+/// The most models an account keeps in buckets of their own (`model_quota`): a caller
+/// sending made-up model names cannot grow the gateway's memory or the store without bound.
+pub(crate) const MAX_MODEL_SCOPES: usize = 256;
+
+/// What makes a model's own scope, and the scopes made so far.
+#[derive(Debug)]
+struct PerModel {
+    maker: Maker,
+    quota: Quota,
+    made: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::OnceCell<Scoped>>>>,
+}
+
+/// What a new scope of an account is made with.
+#[derive(Debug, Clone)]
+struct Maker {
+    account: AccountConfig,
+    /// The budget whose tenant state every scope serves.
+    tenants_of: Budget,
+    shared: (Option<String>, bool, Option<Duration>),
+    /// The client under the stacks: through the gate, with scopes.
+    client: Client,
+}
+
+impl Maker {
+    /// The scope `name`'s budget (named `account/name` in the store) and stacks.
+    async fn make(&self, name: &str, quota: &Quota) -> Result<Scoped, ConfigError> {
+        let full = format!("{}/{name}", self.account.name);
+        let quota = quota.clone().with_name(full.as_str());
+        let (url, fail_closed, lease) = &self.shared;
+        let budget = budget(&full, &quota, (url.as_deref(), *fail_closed, *lease)).await?;
+        let budget = budget.with_tenants_of(&self.tenants_of);
+        Ok(Scoped {
+            name: Some(name.into()),
+            stacks: stacks(&self.account, &quota, &budget, &self.client),
+            budget,
+        })
+    }
+}
+
+/// A budget of `quota`, in memory or shared through the store at `redis_url` under `name`.
+async fn budget(
+    name: &str,
+    quota: &Quota,
+    (redis_url, fail_closed, lease): (Option<&str>, bool, Option<Duration>),
+) -> Result<Budget, ConfigError> {
+    let Some(url) = redis_url else {
+        return Ok(Budget::new(quota.clone()));
+    };
+    let policy = if fail_closed {
+        FailurePolicy::FailClosed
+    } else {
+        FailurePolicy::local_share_of(2)
+    };
+    let mut budget = RedisBudget::new(url, name.to_owned())
+        .prefix("gateway")
+        .failure_policy(policy);
+    if let Some(refresh) = lease {
+        budget = budget.leased_shares(refresh);
+    }
+    budget
+        .connect(quota)
+        .await
+        .map_err(|e| ConfigError(format!("account `{name}`: redis: {e}")))
+}
+
+/// A governed stack per API of the account over `budget`.
+fn stacks(
+    config: &AccountConfig,
+    quota: &Quota,
+    budget: &Budget,
+    client: &Client,
+) -> Arc<[(Api, Profile, Governed)]> {
+    let minute = config.quota.minute();
+    config
+        .apis
+        .iter()
+        .map(|&api| {
+            let profile = profile(config.profile, api).windows(minute, minute);
+            let stack = QuotaStack::for_profile(profile, quota.clone()).with_budget(budget.clone());
+            (api, profile, stack.layer(client.clone()))
+        })
+        .collect()
+}
+
+/// The gate of a scoped account in front of `client`: a reservation in the account-wide
+/// `budget` per attempt, its slot held until the answer's body ends. The request's tenant is
+/// not asked again (its scope's budget charged it).
+fn gated(budget: &Budget, client: Client) -> Client {
+    use tower_llm_quota::{ReconcileLayer, TokenBudgetLayer};
+    let gate = tower::ServiceBuilder::new()
+        .map_request(|mut request: Request<Full<Bytes>>| {
+            request
+                .extensions_mut()
+                .remove::<tower_llm_quota::tenant::Tenant>();
+            request
+        })
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .layer(ReconcileLayer::new())
+        .service(client);
+    BoxCloneSyncService::new(
+        gate.map_response(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
+            .map_err(BoxError::from),
+    )
 }
 
 fn profile(name: ProfileName, api: Api) -> Profile {
@@ -235,28 +389,23 @@ impl Account {
             }
         };
         let tls = tls_config(config.ca_file.as_deref()).map_err(error)?;
+        let shared = (redis_url, fail_closed, lease);
+        let mut client = client(simulator.as_ref(), tls);
         // Named after the account: its depth gauges are its own.
         let quota = config.quota.quota()?.with_name(config.name.as_str());
-        let minute = config.quota.minute();
-        let budget = match redis_url {
-            None => Budget::new(quota.clone()),
-            Some(url) => {
-                let policy = if fail_closed {
-                    FailurePolicy::FailClosed
-                } else {
-                    FailurePolicy::local_share_of(2)
-                };
-                let mut budget = RedisBudget::new(url, config.name.clone())
-                    .prefix("gateway")
-                    .failure_policy(policy);
-                if let Some(refresh) = lease {
-                    budget = budget.leased_shares(refresh);
-                }
-                budget
-                    .connect(&quota)
-                    .await
-                    .map_err(|e| error(format!("redis: {e}")))?
-            }
+        let (main_quota, gate) = if config.is_scoped() {
+            // The account-wide limits move to the gate; the models no scope names have no
+            // limits of their own but the tenants'.
+            let gate = budget(&config.name, &quota, shared).await?;
+            client = gated(&gate, client);
+            let main = Quota::new().with_name(format!("{}/*", config.name));
+            (main, Some(gate))
+        } else {
+            (quota, None)
+        };
+        let budget = match &gate {
+            Some(_) => budget(&format!("{}/*", config.name), &main_quota, shared).await?,
+            None => budget(&config.name, &main_quota, shared).await?,
         };
         let budget = match before {
             Some(before) => budget.with_tenants_of(before),
@@ -264,28 +413,33 @@ impl Account {
                 .with_tenant_tree(tree.clone())
                 .map_err(|e| error(e.to_string()))?,
         };
-        let client = client(simulator.as_ref(), tls);
-        let mut stack_for = None;
-        let stacks = config
-            .apis
-            .iter()
-            .map(|&api| {
-                let profile = profile(config.profile, api).windows(minute, minute);
-                let stack =
-                    QuotaStack::for_profile(profile, quota.clone()).with_budget(budget.clone());
-                let governed = stack.layer(client.clone());
-                stack_for.get_or_insert(stack);
-                (api, profile, governed)
-            })
-            .collect::<Vec<_>>();
-        let queue = stack_for.as_ref().map_or_else(
-            || {
-                QuotaStack::openai(quota.clone())
-                    .with_budget(budget.clone())
-                    .queue_handle()
-            },
-            QuotaStack::queue_handle,
-        );
+        let queue = QuotaStack::for_profile(profile(config.profile, Api::Chat), main_quota.clone())
+            .with_budget(budget.clone())
+            .queue_handle();
+        let main = Scoped {
+            name: None,
+            stacks: stacks(config, &main_quota, &budget, &client),
+            budget: budget.clone(),
+        };
+        let maker = Maker {
+            account: config.clone(),
+            tenants_of: budget,
+            shared: (redis_url.map(str::to_owned), fail_closed, lease),
+            client,
+        };
+        let mut scopes = Vec::with_capacity(config.scopes.len());
+        for scope in &config.scopes {
+            let quota = scope.quota.quota()?;
+            scopes.push((scope.clone(), maker.make(&scope.name, &quota).await?));
+        }
+        let per_model = match &config.model_quota {
+            Some(limits) => Some(Arc::new(PerModel {
+                quota: limits.quota()?,
+                maker,
+                made: std::sync::Mutex::default(),
+            })),
+            None => None,
+        };
         let key = key
             .map(|key| {
                 let (name, value) = match config.profile {
@@ -304,9 +458,11 @@ impl Account {
         Ok(Self {
             name: config.name.clone(),
             profile: profile(config.profile, Api::Chat),
-            budget,
+            main,
+            scopes: scopes.into(),
+            per_model,
+            gate,
             queue,
-            stacks,
             base,
             key,
             simulator,
@@ -315,18 +471,66 @@ impl Account {
 
     /// The profile serving `api`, if this account serves it (the stack is not cloned).
     pub(crate) fn profile_of(&self, api: Api) -> Option<Profile> {
-        self.stacks
+        self.main
+            .stacks
             .iter()
             .find(|(a, ..)| *a == api)
             .map(|(_, profile, _)| *profile)
     }
 
-    /// The stack and the profile serving `api`, if this account serves it.
-    pub(crate) fn stack(&self, api: Api) -> Option<(Profile, Governed)> {
-        self.stacks
-            .iter()
-            .find(|(a, ..)| *a == api)
-            .map(|(_, profile, governed)| (*profile, governed.clone()))
+    /// The configured scope pooling `model`, else the account's own budget; never a scope
+    /// made for one model (see [`Account::scope`]).
+    pub(crate) fn configured_scope(&self, model: Option<&str>) -> &Scoped {
+        model
+            .and_then(|model| self.scopes.iter().find(|(config, _)| config.pools(model)))
+            .map_or(&self.main, |(_, scoped)| scoped)
+    }
+
+    /// The scope serving `model` (its name upstream): the first configured scope pooling it,
+    /// else its own (with `model_quota`, made at its first request), else the account's own
+    /// budget.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: a scope being made when the future is dropped is made by the next call.
+    pub(crate) async fn scope(&self, model: Option<&str>) -> Result<Scoped, ScopeError> {
+        let configured = self.configured_scope(model);
+        let (Some(per_model), Some(model), None) = (&self.per_model, model, configured.name())
+        else {
+            return Ok(configured.clone());
+        };
+        if !super::config::valid_scope_name(model) {
+            return Err(ScopeError::BadName);
+        }
+        let cell = {
+            let mut made = per_model.made.lock().unwrap_or_else(|e| e.into_inner());
+            if !made.contains_key(model) && made.len() >= MAX_MODEL_SCOPES {
+                return Err(ScopeError::TooMany);
+            }
+            made.entry(model.to_owned()).or_default().clone()
+        };
+        let scoped = cell
+            .get_or_try_init(|| per_model.maker.make(model, &per_model.quota))
+            .await
+            .map_err(ScopeError::Store)?;
+        Ok(scoped.clone())
+    }
+
+    /// Every scope with a budget of its own: the configured ones, then those made per model.
+    pub(crate) fn scopes(&self) -> Vec<Scoped> {
+        let mut scopes: Vec<Scoped> = self.scopes.iter().map(|(_, s)| s.clone()).collect();
+        if let Some(per_model) = &self.per_model {
+            let made = per_model.made.lock().unwrap_or_else(|e| e.into_inner());
+            let mut own: Vec<Scoped> = made.values().filter_map(|c| c.get().cloned()).collect();
+            own.sort_by(|a, b| a.name.cmp(&b.name));
+            scopes.extend(own);
+        }
+        scopes
+    }
+
+    /// The account-wide budget every scope's requests pass, when the account has scopes.
+    pub(crate) fn gate(&self) -> Option<&Budget> {
+        self.gate.as_ref()
     }
 
     /// The upstream request for a caller's body and headers: the gateway's own key, the
@@ -383,14 +587,15 @@ impl Account {
         }
     }
 
-    /// The account's shared budget.
+    /// The account's own budget: every model's without scopes; with scopes, the models no
+    /// scope names (the account-wide limits are the [gate](Account::gate)'s).
     pub(crate) fn budget(&self) -> &Budget {
-        &self.budget
+        &self.main.budget
     }
 
     /// The account's copy of the tenant tree.
     pub(crate) fn tenants(&self) -> Option<TenantHandle> {
-        self.budget.tenants()
+        self.main.budget.tenants()
     }
 
     /// Requests waiting for this account, by class.
@@ -398,3 +603,31 @@ impl Account {
         &self.queue
     }
 }
+
+/// Why a model has no scope to serve it.
+#[derive(Debug)]
+pub(crate) enum ScopeError {
+    /// Its name cannot name a scope of its own (see `valid_scope_name`).
+    BadName,
+    /// The account keeps [`MAX_MODEL_SCOPES`] models apart already.
+    TooMany,
+    /// The store could not make its budget.
+    Store(ConfigError),
+}
+
+impl std::fmt::Display for ScopeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScopeError::BadName => {
+                f.write_str("the model name must be 1 to 64 of letters, digits, `.`, `-`, `_`, `:`")
+            }
+            ScopeError::TooMany => write!(
+                f,
+                "the account already keeps {MAX_MODEL_SCOPES} models apart; no more are served"
+            ),
+            ScopeError::Store(e) => write!(f, "the shared store: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for ScopeError {}

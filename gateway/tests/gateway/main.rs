@@ -14,6 +14,7 @@ mod connections;
 mod pushback;
 mod replicas;
 mod routing;
+mod scopes;
 mod sdk;
 mod shutdown;
 mod support;
