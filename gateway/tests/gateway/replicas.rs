@@ -323,3 +323,43 @@ async fn replicas_share_a_saturated_account_by_their_tenants_not_their_clients()
         "{asking:?}"
     );
 }
+
+/// A model's own scope is shared through Redis too: six requests a minute for model `m` over
+/// both replicas (a burst of one); the second replica's `m` waits, its `n` is served at once.
+#[tokio::test]
+async fn two_replicas_share_a_models_scope_through_redis() {
+    let redis = RedisServer::start();
+    let (upstream, seen) = fixed_upstream(Duration::ZERO).await;
+    let config = fixed_config(&upstream).replace(
+        "quota = { requests_per_minute = 600, tokens_per_minute = 600000, max_in_flight = 1 }",
+        "quota = { requests_per_minute = 600, max_in_flight = 4 }\n        \
+         model_quota = { requests_per_minute = 6, tokens_per_minute = 600000 }",
+    );
+    let first = Running::start_shared(&config, &redis.url()).await;
+    let second = Running::start_shared(&config, &redis.url()).await;
+    let post = |gateway: &Running, model: &str| {
+        let body = BODY.replace("\"m\"", &format!("\"{model}\""));
+        let gateway = gateway.url.clone();
+        async move {
+            reqwest::Client::new()
+                .post(format!("{gateway}/v1/chat/completions"))
+                .bearer_auth("caller-secret")
+                .body(body)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    };
+    assert_eq!(post(&first, "m").await, 200);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), post(&second, "m"))
+            .await
+            .is_err(),
+        "model m's scope admitted a second request within its burst of one"
+    );
+    assert_eq!(post(&second, "n").await, 200);
+    assert_eq!(seen.lock().unwrap().len(), 2);
+    first.stop().await;
+    second.stop().await;
+}
