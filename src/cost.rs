@@ -1,6 +1,7 @@
 //! What a request will consume ([`Cost`]) and what it really consumed ([`Usage`]).
 
 use crate::quota::Dimension;
+use crate::usage::ServiceTier;
 
 /// What one request will consume, placed in the request's extensions before it reaches a
 /// [`TokenBudget`](crate::token_budget::TokenBudget).
@@ -128,6 +129,7 @@ pub struct Usage {
     output_tokens: u64,
     cache_read_tokens: u64,
     cache_write_tokens: u64,
+    service_tier: Option<ServiceTier>,
 }
 
 impl Usage {
@@ -138,7 +140,23 @@ impl Usage {
             output_tokens,
             cache_read_tokens: 0,
             cache_write_tokens: 0,
+            service_tier: None,
         }
+    }
+
+    /// Records the service tier that served the request, as the provider said. Defaults to
+    /// none (not said).
+    pub const fn with_service_tier(self, service_tier: Option<ServiceTier>) -> Self {
+        Self {
+            service_tier,
+            ..self
+        }
+    }
+
+    /// The service tier that served the request, if the provider said (a record, not a
+    /// dimension: the budget settles the tokens alone).
+    pub const fn service_tier(&self) -> Option<ServiceTier> {
+        self.service_tier
     }
 
     /// Records input tokens served from the provider's prompt cache. Defaults to 0.

@@ -64,8 +64,8 @@ mod enabled {
     static METADATA: Metadata<'static> =
         Metadata::new("tower_llm_quota", Level::INFO, Some(module_path!()));
 
-    /// A series: its name and up to three label values (the label names are fixed per name).
-    type Series = (&'static str, [SharedString; 3]);
+    /// A series: its name and up to four label values (the label names are fixed per name).
+    type Series = (&'static str, [SharedString; 4]);
 
     type Map<H> = HashMap<Series, H, foldhash::fast::RandomState>;
 
@@ -114,7 +114,11 @@ mod enabled {
     }
 
     fn series(name: &'static str, labels: &[(&'static str, SharedString)]) -> Series {
-        let mut values = [const { SharedString::const_str("") }; 3];
+        debug_assert!(
+            labels.len() <= 4,
+            "a series of {name} with more than four labels"
+        );
+        let mut values = [const { SharedString::const_str("") }; 4];
         for (slot, (_, value)) in values.iter_mut().zip(labels) {
             *slot = value.clone();
         }
@@ -194,7 +198,7 @@ mod enabled {
         describe_counter!(
             "llm_tokens_used_total",
             Unit::Count,
-            "Tokens the provider reported."
+            "Tokens the provider reported, by the service tier that served them."
         );
         describe_counter!("llm_retries_total", "Retries, by failure class.");
         describe_gauge!("llm_queue_depth", "Requests waiting in the priority queue.");
@@ -350,13 +354,14 @@ pub(crate) fn settled(labels: &Labels, reserved: &Cost, usage: Option<&Usage>) {
             enabled::counter("llm_usage_missing_total", &[], |h| h.increment(1));
             return;
         };
+        let tier = metrics::SharedString::const_str(usage.service_tier().map_or("unknown", |t| t.as_str()));
         for (dimension, reserved, used) in [
             (INPUT, reserved.input_tokens(), usage.input_tokens()),
             (OUTPUT, reserved.output_tokens(), usage.output_tokens()),
         ] {
             enabled::counter(
                 "llm_tokens_used_total",
-                &[("provider", labels.provider.clone()), ("model", labels.model.clone()), ("dimension", dimension.clone())], |h| h.increment(used));
+                &[("provider", labels.provider.clone()), ("model", labels.model.clone()), ("dimension", dimension.clone()), ("service_tier", tier.clone())], |h| h.increment(used));
             if used > 0 {
                 enabled::histogram("llm_estimate_error_ratio", &[("dimension", dimension)], |h| h.record(reserved as f64 / used as f64));
             }

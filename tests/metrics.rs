@@ -205,14 +205,14 @@ async fn a_scripted_scenario_records_every_series() {
     assert_eq!(
         counter(
             &series,
-            &format!("llm_tokens_used_total{{dimension=input_tokens,{by}}}")
+            &format!("llm_tokens_used_total{{dimension=input_tokens,{by},service_tier=unknown}}")
         ),
         800
     );
     assert_eq!(
         counter(
             &series,
-            &format!("llm_tokens_used_total{{dimension=output_tokens,{by}}}")
+            &format!("llm_tokens_used_total{{dimension=output_tokens,{by},service_tier=unknown}}")
         ),
         160
     );

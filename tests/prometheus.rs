@@ -77,7 +77,9 @@ async fn the_metrics_are_served_and_count_the_workload() {
     assert_eq!(
         value(
             &body,
-            &format!(r#"llm_tokens_used_total{{{by},dimension="output_tokens"}}"#)
+            &format!(
+                r#"llm_tokens_used_total{{{by},dimension="output_tokens",service_tier="unknown"}}"#
+            )
         ),
         Some(1_600.0)
     );

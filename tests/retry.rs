@@ -822,3 +822,79 @@ async fn a_request_bounding_its_attempts_is_sent_that_many_times() {
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
 }
+
+const FLEX_UNAVAILABLE: &str = r#"{"error":{"message":"Resource Unavailable: the flex tier has no capacity","type":"resource_unavailable","param":null,"code":"resource_unavailable"}}"#;
+
+/// A flex 429 "Resource Unavailable" is retried later for batch work, past the class's
+/// attempt count (bounded by its time), and pauses nobody: another request sharing the budget
+/// goes at once. The same answer hands interactive work the 429 at once.
+#[tokio::test(start_paused = true)]
+async fn a_tier_without_capacity_is_retried_later_for_batch_and_handed_back_to_interactive() {
+    let budget = budget([limit(Dimension::Requests, 100, SEC, 100)]);
+    // Ten refusals (more than batch's eight attempts), then an answer.
+    let mut answers = vec![Answer::Status(429, &[], FLEX_UNAVAILABLE); 10];
+    answers.push(ok());
+    let (provider, log) = provider(answers, Instant::now());
+    let client = ServiceBuilder::new()
+        .layer(
+            RetryAfterLayer::new(RetryPolicy::new())
+                .jitter(Fixed(0.5))
+                .pause_on_rate_limit(budget.clone()),
+        )
+        .layer(TokenBudgetLayer::new(budget.clone()))
+        .service(provider);
+    let client = BoxCloneService::new(client);
+    let batch = tokio::spawn(client.clone().oneshot(request("batch", Priority::Batch)));
+    time::sleep(SEC / 10).await;
+    // Interactive: one attempt, the provider's 429 handed back.
+    let response = client
+        .clone()
+        .oneshot(request("interactive", Priority::Interactive))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 429);
+    let report = report_of(&response);
+    assert_eq!(report.gave_up(), Some(GaveUp::TierUnavailable));
+    assert_eq!(
+        report.last_class(),
+        Some(FailureClass::Transient(Transient::TierUnavailable))
+    );
+    assert_eq!(report.attempts(), 1);
+    let response = batch.await.unwrap().unwrap();
+    assert_eq!(response.status(), 200);
+    let calls = log.lock().unwrap().clone();
+    let batch_calls = calls.iter().filter(|(label, _)| label == "batch").count();
+    assert_eq!(batch_calls, 10, "batch gave up before the tier came back");
+    // The interactive request went at 0.1 s, not after a pause.
+    let interactive: Vec<f64> = calls
+        .iter()
+        .filter(|(label, _)| label == "interactive")
+        .map(|(_, at)| at.as_secs_f64())
+        .collect();
+    assert_eq!(interactive, [0.1]);
+    // Within batch's five minutes: backoff, no pause of the budget.
+    assert!(calls.last().unwrap().1 < Duration::from_secs(300));
+}
+
+/// The class's choice is the policy's: interactive work told to retry does.
+#[tokio::test(start_paused = true)]
+async fn a_class_may_choose_to_retry_a_tier_without_capacity() {
+    use tower_llm_quota::retry::TierUnavailable;
+    let policy =
+        RetryPolicy::new().on_tier_unavailable(Priority::Interactive, TierUnavailable::Retry);
+    let answers = vec![Answer::Status(429, &[], FLEX_UNAVAILABLE), ok()];
+    let (client, log) = retrying(policy, 0.5, answers);
+    let response = client
+        .oneshot(request("a", Priority::Interactive))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(times(&log).len(), 2);
+    // And batch work told to give up does.
+    let policy = RetryPolicy::new().on_tier_unavailable(Priority::Batch, TierUnavailable::GiveUp);
+    let answers = vec![Answer::Status(429, &[], FLEX_UNAVAILABLE), ok()];
+    let (client, log) = retrying(policy, 0.5, answers);
+    let response = client.oneshot(request("b", Priority::Batch)).await.unwrap();
+    assert_eq!(response.status(), 429);
+    assert_eq!(times(&log).len(), 1);
+}

@@ -698,3 +698,51 @@ async fn routes_of_different_client_types_share_a_router_once_boxed() {
     assert_eq!(served.fallback_reason(), Some(Reason::Provider5xx));
     assert_eq!(backup.stats().admitted, 1);
 }
+
+/// OpenAI's flex tier without capacity (the simulator refuses every flex request with a 429
+/// "Resource Unavailable"): interactive work falls back at once to the same provider at the
+/// standard tier (the route rewrites `service_tier`); batch work, which the fallback does not
+/// serve, keeps retrying the cheap tier for its five minutes and is never sent at the dearer
+/// one.
+#[tokio::test(start_paused = true)]
+async fn a_tier_without_capacity_falls_back_to_another_tier_for_the_classes_it_names() {
+    let models = Models::default();
+    let sim = simulator(
+        SimConfig::openai(1_000, 1_000_000).faults(Faults::none().flex_unavailable(1.0)),
+        Duration::from_millis(50),
+    );
+    let shared = stack(100_000);
+    let router = Router::builder(route("flex", &shared, sim_client(&sim), &models))
+        .fallback(
+            route("standard", &shared, sim_client(&sim), &models).service_tier("default"),
+            Fallback::when(Condition::tier_unavailable()).classes(&[Priority::Interactive]),
+        )
+        .build();
+    let flex = r#","service_tier":"flex""#;
+    let (status, served, took) = send(&router, request(Priority::Interactive, 20, flex)).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(served.route(), "standard");
+    assert_eq!(served.fallback_reason(), Some(Reason::TierUnavailable));
+    assert!(took < Duration::from_secs(1), "interactive waited {took:?}");
+    assert_eq!((sim.stats().tier_unavailable, sim.stats().admitted), (1, 1));
+
+    let (status, served, took) = send(&router, request(Priority::Batch, 20, flex)).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(served.route(), "flex");
+    assert!(
+        took > Duration::from_secs(200),
+        "batch gave up after {took:?}"
+    );
+    let stats = sim.stats();
+    assert!(
+        stats.tier_unavailable > 9,
+        "{} flex attempts",
+        stats.tier_unavailable
+    );
+    assert_eq!(
+        stats.admitted, 1,
+        "batch work was sent at the standard tier"
+    );
+    // Nothing stays in flight.
+    assert_eq!(shared.budget().snapshot().in_flight(), 0);
+}

@@ -723,3 +723,92 @@ async fn bytes_pass_through_reconcile_unchanged_and_settle_with_the_usage() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The service tier that served the request.
+
+/// The tier each provider names in its answer is read, whatever the framing and the split:
+/// OpenAI's `service_tier` (a body, any chunk of a stream, a Responses event's `response`),
+/// Anthropic's `usage.service_tier`; Gemini names none in its body.
+#[test]
+fn the_served_tier_is_read_where_each_provider_names_it() {
+    use tower_llm_quota::usage::ServiceTier::{Flex, Priority, Standard};
+    let flex_stream = concat!(
+        "data: {\"id\":\"c\",\"service_tier\":\"flex\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}],\"usage\":null}\n\n",
+        "data: {\"id\":\"c\",\"service_tier\":\"flex\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":1,\"total_tokens\":6}}\n\n",
+        "data: [DONE]\n\n",
+    );
+    let responses_event = concat!(
+        "event: response.completed\n",
+        "data: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"service_tier\":\"priority\",",
+        "\"usage\":{\"input_tokens\":5,\"output_tokens\":1,\"total_tokens\":6}}}\n\n",
+    );
+    // A `service_tier` inside generated text or a tool's arguments is not the answer's.
+    let quoted = r#"{"choices":[{"index":0,"message":{"content":"{\"service_tier\":\"flex\"}"}}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+    let cases: [(&str, WireFormat, bool, &[u8], _); 7] = [
+        ("openai json", OpenAiChat, false, CHAT_JSON, Some(Standard)),
+        (
+            "openai flex stream",
+            OpenAiChat,
+            true,
+            flex_stream.as_bytes(),
+            Some(Flex),
+        ),
+        (
+            "responses event",
+            OpenAiResponses,
+            true,
+            responses_event.as_bytes(),
+            Some(Priority),
+        ),
+        (
+            "anthropic json",
+            Anthropic,
+            false,
+            ANTHROPIC_JSON,
+            Some(Standard),
+        ),
+        (
+            "anthropic stream",
+            Anthropic,
+            true,
+            ANTHROPIC_SSE,
+            Some(Standard),
+        ),
+        ("gemini", Gemini, false, GEMINI_JSON, None),
+        ("quoted", OpenAiChat, false, quoted.as_bytes(), None),
+    ];
+    for (name, format, streaming, body, tier) in cases {
+        for cut in 0..=body.len() {
+            let mut scanner = UsageScanner::new(format, streaming);
+            scanner.data(&body[..cut]);
+            scanner.data(&body[cut..]);
+            assert_eq!(scanner.service_tier(), tier, "{name}, cut at {cut}");
+        }
+    }
+}
+
+/// The usage a provider scan settles with carries the tier: the body's, else Gemini's
+/// `x-gemini-service-tier` header; a stream cut before its usage keeps it too.
+#[test]
+fn the_settled_usage_carries_the_served_tier() {
+    use tower_llm_quota::provider::{Profile, ProviderScan};
+    use tower_llm_quota::usage::ServiceTier;
+    let mut scan = ProviderScan::new(Profile::openai(), false);
+    scan.data(CHAT_JSON);
+    let usage = scan.finish(BodyEnd::Complete, Cost::new(10, 10)).unwrap();
+    assert_eq!(usage.service_tier(), Some(ServiceTier::Standard));
+
+    let mut headers = http::HeaderMap::new();
+    headers.insert("x-gemini-service-tier", "flex".parse().unwrap());
+    let mut scan = ProviderScan::new(Profile::gemini(), false).tier_from(&headers);
+    scan.data(GEMINI_JSON);
+    let usage = scan.finish(BodyEnd::Complete, Cost::new(10, 10)).unwrap();
+    assert_eq!(usage.service_tier(), Some(ServiceTier::Flex));
+
+    let cut = b"data: {\"service_tier\":\"flex\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"}}]}\n\n";
+    let mut scan = ProviderScan::new(Profile::openai(), true);
+    scan.data(cut);
+    let usage = scan.finish(BodyEnd::Dropped, Cost::new(10, 10)).unwrap();
+    assert_eq!(usage.service_tier(), Some(ServiceTier::Flex));
+}

@@ -22,6 +22,7 @@ impl FailureClass {
             Self::Transient(Transient::Server) => "server",
             Self::Transient(Transient::Timeout) => "timeout",
             Self::Transient(Transient::Connection) => "connection",
+            Self::Transient(Transient::TierUnavailable) => "tier_unavailable",
             Self::Permanent(_) => "other",
         }
     }
@@ -41,6 +42,11 @@ pub enum Transient {
     Timeout,
     /// The connection failed or was reset.
     Connection,
+    /// The provider has no capacity for the request's service tier now: OpenAI flex's 429
+    /// "Resource Unavailable" (not billed), Groq flex's 498 `capacity_exceeded`. Not a quota
+    /// hit: the budget is not paused. Retried later or handed back at once, by class
+    /// ([`RetryPolicy::on_tier_unavailable`](crate::RetryPolicy::on_tier_unavailable)).
+    TierUnavailable,
 }
 
 /// Why a failure is not retried.

@@ -81,6 +81,9 @@ pub enum GaveUp {
     Budget,
     /// The provider asked for a wait beyond the honoured maximum.
     WaitTooLong,
+    /// The request's service tier had no capacity, and its class hands that back at once
+    /// ([`TierUnavailable::GiveUp`](crate::retry::TierUnavailable::GiveUp)).
+    TierUnavailable,
 }
 
 impl fmt::Display for GaveUp {
@@ -92,6 +95,9 @@ impl fmt::Display for GaveUp {
             GaveUp::Deadline => "the next wait would cross the deadline",
             GaveUp::Budget => "the retry budget is spent",
             GaveUp::WaitTooLong => "the provider asked for a wait beyond the honoured maximum",
+            GaveUp::TierUnavailable => {
+                "the service tier has no capacity now, and the class does not wait for it"
+            }
         })
     }
 }

@@ -138,6 +138,7 @@ impl ClassifyError for tower::timeout::error::Elapsed {
 /// |---|---|
 /// | `x-should-retry: true` / `false` | transient / permanent, whatever the status |
 /// | 429 with `insufficient_quota`, or a per-day quota id | permanent: quota exhausted |
+/// | 429 saying "resource unavailable" (OpenAI flex), 498 (Groq flex) | transient: tier unavailable |
 /// | other 429 | transient: rate limited |
 /// | 529, or 503 saying "overloaded" | transient: overloaded |
 /// | 500, 502, 503, 504, 409, other 5xx | transient: server |
@@ -199,7 +200,13 @@ fn classify_status(status: StatusCode, text: &str) -> FailureClass {
         {
             P(Permanent::QuotaExhausted)
         }
+        // A service tier without capacity (OpenAI flex), not a rate limit.
+        429 if says(&["resource_unavailable", "resource unavailable"]) => {
+            T(Transient::TierUnavailable)
+        }
         429 => T(Transient::RateLimited),
+        // Groq's flex tier: `capacity_exceeded`.
+        498 => T(Transient::TierUnavailable),
         529 => T(Transient::Overloaded),
         503 if says(&["overloaded"]) => T(Transient::Overloaded),
         408 => T(Transient::Timeout),
@@ -313,6 +320,22 @@ mod tests {
             P(Permanent::ContextLength)
         );
         assert_eq!(response(400, &[], "{}"), P(Permanent::Client));
+    }
+
+    #[test]
+    fn a_tier_without_capacity_is_not_a_rate_limit() {
+        use FailureClass::Transient as T;
+        let flex = r#"{"error":{"message":"Resource Unavailable: the flex tier has no capacity","type":"resource_unavailable","param":null,"code":"resource_unavailable"}}"#;
+        assert_eq!(response(429, &[], flex), T(Transient::TierUnavailable));
+        let worded = r#"{"error":{"message":"429 Resource Unavailable","code":null}}"#;
+        assert_eq!(response(429, &[], worded), T(Transient::TierUnavailable));
+        let groq =
+            r#"{"error":{"message":"flex tier capacity exceeded","code":"capacity_exceeded"}}"#;
+        assert_eq!(response(498, &[], groq), T(Transient::TierUnavailable));
+        assert_eq!(
+            FailureClass::Transient(Transient::TierUnavailable).metric_label(),
+            "tier_unavailable"
+        );
     }
 
     #[test]

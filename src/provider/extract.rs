@@ -6,7 +6,7 @@ use super::Profile;
 use crate::budget::Budget;
 use crate::cost::{Cost, Usage};
 use crate::reconcile::{BodyEnd, ExtractUsage, ScanUsage};
-use crate::usage::{UsageScanner, WireFormat};
+use crate::usage::{ServiceTier, UsageScanner, WireFormat};
 
 /// Reads the usage a provider reports in its bodies, JSON or event streams, and adapts the
 /// budget from its rate-limit headers on every response. Use it with
@@ -50,6 +50,8 @@ pub struct ProviderScan {
     profile: Profile,
     scanner: UsageScanner,
     streaming: bool,
+    /// The tier a response header named (Gemini's `x-gemini-service-tier`).
+    header_tier: Option<ServiceTier>,
 }
 
 impl ProviderScan {
@@ -74,7 +76,16 @@ impl ProviderScan {
             profile,
             scanner: UsageScanner::new(profile.wire_format(), streaming),
             streaming,
+            header_tier: None,
         }
+    }
+
+    /// Reads the service tier a response header names (Gemini's `x-gemini-service-tier`);
+    /// the body's (OpenAI's `service_tier`, Anthropic's `usage.service_tier`) is read as it
+    /// passes. The usage it settles with carries the tier ([`Usage::service_tier`]).
+    pub fn tier_from(mut self, headers: &http::HeaderMap) -> Self {
+        self.header_tier = ServiceTier::from_headers(headers);
+        self
     }
 }
 
@@ -88,7 +99,7 @@ impl ExtractUsage for ProviderUsage {
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-        ProviderScan::new(self.profile, streaming)
+        ProviderScan::new(self.profile, streaming).tier_from(&head.headers)
     }
 }
 
@@ -98,10 +109,12 @@ impl ScanUsage for ProviderScan {
     }
 
     fn finish(self, end: BodyEnd, reserved: Cost) -> Option<Usage> {
+        let tier = self.scanner.service_tier().or(self.header_tier);
         let reported = self
             .scanner
             .usage()
-            .and_then(|raw| self.profile.usage(&raw));
+            .and_then(|raw| self.profile.usage(&raw))
+            .map(|usage| usage.with_service_tier(tier));
         // OpenAI streams report usage once, in their last events: seen, it is final even if
         // the reader stops before the body's end (at `[DONE]`, say). Anthropic's and Gemini's
         // grow with the stream: final only at its end.
@@ -123,6 +136,6 @@ impl ScanUsage for ProviderScan {
             output,
             "usage missing from a cut stream, estimated"
         );
-        Some(Usage::new(input, output))
+        Some(Usage::new(input, output).with_service_tier(tier))
     }
 }

@@ -27,7 +27,9 @@ use tower::Service;
 use tower::retry::budget::{Budget as _, TpsBudget};
 
 use super::settings::Settings;
-use super::{Classify, Failure, FailureClass, GaveUp, Permanent, RetryBody, RetryReport};
+use super::{
+    Classify, Failure, FailureClass, GaveUp, Permanent, RetryBody, RetryReport, TierUnavailable,
+};
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};
 use crate::priority::{Deadline, EnqueuedAt, NotBefore, Priority, Timings};
@@ -470,12 +472,19 @@ where
     if let FailureClass::Permanent(_) = class {
         return Next::GiveUp(GaveUp::Permanent);
     }
+    let tier_unavailable = class == FailureClass::Transient(super::Transient::TierUnavailable);
+    if tier_unavailable && policy.tier_unavailable(*this.priority) == TierUnavailable::GiveUp {
+        return Next::GiveUp(GaveUp::TierUnavailable);
+    }
     if hint.is_some_and(|hint| !policy.honors(hint)) {
         this.report.last_class = Some(FailureClass::Permanent(Permanent::WaitTooLong));
         return Next::GiveUp(GaveUp::WaitTooLong);
     }
-    let waits_for_budget = class == FailureClass::Transient(super::Transient::RateLimited)
-        && *this.priority != Priority::Interactive;
+    // A rate-limited request waits for its budget, and one whose tier lacks capacity waits
+    // for it, within their time: their attempt count does not bound them.
+    let waits_for_budget = (class == FailureClass::Transient(super::Transient::RateLimited)
+        && *this.priority != Priority::Interactive)
+        || tier_unavailable;
     if !waits_for_budget && this.report.attempts >= policy.attempts(*this.priority) {
         return Next::GiveUp(GaveUp::Attempts);
     }

@@ -79,6 +79,12 @@
 //!   rate-limit headers lower to what the provider has left), and
 //!   [`Budget::lift_pause`](crate::Budget::lift_pause) ends it early. Overloaded answers (529,
 //!   503) pause nothing.
+//! - **A service tier without capacity is not a rate limit**: OpenAI flex's 429 "Resource
+//!   Unavailable" (not billed) and Groq flex's 498 are [`Transient::TierUnavailable`]; they
+//!   pause nobody. Interactive work gets the answer at once (a router's
+//!   [`Condition::TierUnavailable`](crate::routing::Condition::TierUnavailable) fallback may
+//!   send it at another tier); async and batch work try the tier again later, bounded by their
+//!   total time only ([`RetryPolicy::on_tier_unavailable`] chooses per class).
 //! - **Streams are not retried once handed over**: only error statuses are retried; a success
 //!   goes to the caller at once, with its body untouched. A body that fails after the head
 //!   fails with [`Interrupted`]: the provider processed the call.
@@ -119,5 +125,6 @@ pub use future::ResponseFuture;
 pub use layer::RetryAfterLayer;
 pub use policy::{
     InvalidRetryPolicy, Jitter, MaxAttempts, RetryPolicy, SeededJitter, ThreadJitter,
+    TierUnavailable,
 };
 pub use service::RetryAfter;

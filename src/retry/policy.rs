@@ -17,6 +17,9 @@ use crate::priority::Priority;
 /// | async | 5 | 60 s |
 /// | batch | 8 | 300 s |
 ///
+/// A service tier without capacity ([`TierUnavailable`]): interactive work gets the answer at
+/// once; async and batch work try again later, bounded by their total time only.
+///
 /// Backoff without a provider hint: full jitter, `uniform(0, min(20 s, 0.5 s × 2^retry))`. A
 /// provider wait above 60 s is not honoured: the failure is permanent. Retries are bounded to
 /// 10 % of recent requests plus 1 per second (the SRE book's share; Finagle uses 20 %).
@@ -51,23 +54,45 @@ pub struct RetryPolicy {
 struct ClassRetry {
     max_attempts: NonZeroU32,
     max_total: Duration,
+    tier_unavailable: TierUnavailable,
 }
 
-const fn class(attempts: u32, total_secs: u64) -> ClassRetry {
+const fn class(attempts: u32, total_secs: u64, tier_unavailable: TierUnavailable) -> ClassRetry {
     ClassRetry {
         max_attempts: match NonZeroU32::new(attempts) {
             Some(n) => n,
             None => NonZeroU32::MIN,
         },
         max_total: Duration::from_secs(total_secs),
+        tier_unavailable,
     }
+}
+
+/// What a class does when the provider has no capacity for the request's service tier
+/// ([`Transient::TierUnavailable`](crate::retry::Transient::TierUnavailable): OpenAI flex's 429
+/// "Resource Unavailable", not billed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TierUnavailable {
+    /// Tries again later, with backoff (the provider's wait when it gives one), within the
+    /// class's total time and the request's deadline, whatever its attempt count: for work
+    /// that can wait for the cheap tier.
+    Retry,
+    /// Hands the answer back at once (a [`Router`](crate::routing::Router) fallback with
+    /// [`Condition::TierUnavailable`](crate::routing::Condition::TierUnavailable) may then
+    /// send it at another tier): for work that cannot wait.
+    GiveUp,
 }
 
 impl RetryPolicy {
     /// The defaults above.
     pub const fn new() -> Self {
         Self {
-            classes: [class(3, 8), class(5, 60), class(8, 300)],
+            classes: [
+                class(3, 8, TierUnavailable::GiveUp),
+                class(5, 60, TierUnavailable::Retry),
+                class(8, 300, TierUnavailable::Retry),
+            ],
             base: Duration::from_millis(500),
             cap: Duration::from_secs(20),
             max_honored_delay: Duration::from_secs(60),
@@ -89,6 +114,14 @@ impl RetryPolicy {
     /// and 300 s.
     pub const fn max_total(mut self, priority: Priority, total: Duration) -> Self {
         self.classes[priority.index()].max_total = crate::timer::capped(total);
+        self
+    }
+
+    /// What requests of `priority` do when their service tier has no capacity. Defaults to
+    /// [`TierUnavailable::GiveUp`] for interactive work (fail fast, or fall back to another
+    /// tier through a router) and [`TierUnavailable::Retry`] for async and batch work.
+    pub const fn on_tier_unavailable(mut self, priority: Priority, then: TierUnavailable) -> Self {
+        self.classes[priority.index()].tier_unavailable = then;
         self
     }
 
@@ -137,6 +170,10 @@ impl RetryPolicy {
 
     pub(crate) fn attempts(&self, priority: Priority) -> u32 {
         self.classes[priority.index()].max_attempts.get()
+    }
+
+    pub(crate) fn tier_unavailable(&self, priority: Priority) -> TierUnavailable {
+        self.classes[priority.index()].tier_unavailable
     }
 
     pub(crate) fn total(&self, priority: Priority) -> Duration {

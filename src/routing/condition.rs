@@ -9,7 +9,7 @@ use http::StatusCode;
 
 use crate::error::{BoxError, Error};
 use crate::priority::Priority;
-use crate::retry::Ambiguity;
+use crate::retry::{Ambiguity, FailureClass, RetryReport, Transient};
 
 /// A circumstance under which a fallback may serve a request instead of the route before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -34,6 +34,12 @@ pub enum Condition {
     /// Always, for the classes the fallback serves: a degraded route for low-priority work
     /// (batch to a cheaper model, say). Decided before sending.
     Degrade,
+    /// The route's service tier had no capacity (OpenAI flex's 429 "Resource Unavailable",
+    /// [`Transient::TierUnavailable`](crate::retry::Transient::TierUnavailable)) after the
+    /// retry policy gave up: a fallback at another tier
+    /// ([`Route::service_tier`](super::Route::service_tier)) may serve it. Without this
+    /// condition such a 429 counts as [`Condition::RateLimited`].
+    TierUnavailable,
 }
 
 impl Condition {
@@ -66,6 +72,11 @@ impl Condition {
     pub const fn degrade() -> Self {
         Self::Degrade
     }
+
+    /// [`Condition::TierUnavailable`].
+    pub const fn tier_unavailable() -> Self {
+        Self::TierUnavailable
+    }
 }
 
 /// Why a request was routed where it was: the `reason` label of `llm_fallbacks_total`.
@@ -84,6 +95,8 @@ pub enum Reason {
     ContextLength,
     /// [`Condition::Degrade`].
     Degraded,
+    /// [`Condition::TierUnavailable`].
+    TierUnavailable,
 }
 
 impl Reason {
@@ -96,6 +109,7 @@ impl Reason {
             Self::WouldWait => "would_wait",
             Self::ContextLength => "context_length",
             Self::Degraded => "degraded",
+            Self::TierUnavailable => "tier_unavailable",
         }
     }
 
@@ -107,6 +121,7 @@ impl Reason {
             Condition::WouldWaitLongerThan(_) => Self::WouldWait,
             Condition::ContextLengthNeeded => Self::ContextLength,
             Condition::Degrade => Self::Degraded,
+            Condition::TierUnavailable => Self::TierUnavailable,
         }
     }
 }
@@ -179,9 +194,16 @@ impl Fallback {
         self.classes[class.index()]
     }
 
-    /// The reason to use this fallback after the route before it failed with `failure`.
+    /// The reason to use this fallback after the route before it failed with `failure`: a
+    /// tier without capacity is also a rate limit to a fallback that does not name it.
     pub(crate) fn after(&self, failure: Reason) -> bool {
-        self.conditions.iter().any(|c| Reason::of(c) == failure)
+        self.conditions.iter().any(|c| {
+            let reason = Reason::of(c);
+            reason == failure
+                || (failure == Reason::TierUnavailable
+                    && reason == Reason::RateLimited
+                    && !self.has(Condition::TierUnavailable))
+        })
     }
 
     /// The shortest wait this fallback accepts on the route before it, if it has one.
@@ -202,8 +224,15 @@ impl Fallback {
 
 /// The failure a final answer of a route stands for, if a fallback may take the request
 /// over: a 5xx or a 429 (the retry layer sits inside the route, so a final one means it gave
-/// up).
-pub(crate) fn failed_status(status: StatusCode) -> Option<Reason> {
+/// up); a 429 whose retries ended on a tier without capacity (its `report`'s
+/// [`last_class`](RetryReport::last_class)) is [`Reason::TierUnavailable`].
+pub(crate) fn failed_answer(status: StatusCode, report: Option<&RetryReport>) -> Option<Reason> {
+    let tier = FailureClass::Transient(Transient::TierUnavailable);
+    if status == StatusCode::TOO_MANY_REQUESTS
+        && report.and_then(RetryReport::last_class) == Some(tier)
+    {
+        return Some(Reason::TierUnavailable);
+    }
     if status == StatusCode::TOO_MANY_REQUESTS {
         Some(Reason::RateLimited)
     } else if status.is_server_error() || status.as_u16() == 529 {
@@ -235,24 +264,28 @@ pub(crate) fn failed_error(error: &BoxError) -> Option<Reason> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn failed_answer_of(status: StatusCode) -> Option<Reason> {
+        failed_answer(status, None)
+    }
     use std::io;
 
     #[test]
     fn statuses_name_their_condition() {
         assert_eq!(
-            failed_status(StatusCode::TOO_MANY_REQUESTS),
+            failed_answer_of(StatusCode::TOO_MANY_REQUESTS),
             Some(Reason::RateLimited)
         );
         assert_eq!(
-            failed_status(StatusCode::BAD_GATEWAY),
+            failed_answer_of(StatusCode::BAD_GATEWAY),
             Some(Reason::Provider5xx)
         );
         assert_eq!(
-            failed_status(StatusCode::from_u16(529).unwrap()),
+            failed_answer_of(StatusCode::from_u16(529).unwrap()),
             Some(Reason::Provider5xx)
         );
-        assert_eq!(failed_status(StatusCode::BAD_REQUEST), None);
-        assert_eq!(failed_status(StatusCode::OK), None);
+        assert_eq!(failed_answer_of(StatusCode::BAD_REQUEST), None);
+        assert_eq!(failed_answer_of(StatusCode::OK), None);
     }
 
     #[test]

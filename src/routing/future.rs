@@ -15,9 +15,9 @@ use http_body_util::{BodyExt, Limited};
 use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
-use super::condition::{Condition, Reason, failed_error, failed_status};
+use super::condition::{Condition, Reason, failed_answer, failed_error};
 use super::ramp::{position_of, position_of_sequence};
-use super::route::{RequestView, Route, RouteKey, ServedBy, Tenant, priority_of, rewrite_model};
+use super::route::{RequestView, Route, RouteKey, ServedBy, Tenant, priority_of, rewrite};
 use super::shared::Inner;
 use crate::budget::Budget;
 use crate::cost::Cost;
@@ -214,11 +214,23 @@ fn wait_on(
     budget?.would_wait(cost?, class, tenant)
 }
 
-/// The request again, for one route: the head cloned, the body rewritten for its model.
+/// The request again, for one route: the head cloned, the body rewritten for its model and
+/// service tier.
 fn rebuild<B: From<Bytes>>(parts: &Parts, body: &Bytes, route: &Route<impl Sized>) -> Request<B> {
-    let body = match route.info().model() {
-        Some(model) => rewrite_model(body, model),
-        None => body.clone(),
+    let info = route.info();
+    let (mut fields, mut n) = ([("", ""); 2], 0);
+    for (key, value) in [
+        ("model", info.model()),
+        ("service_tier", info.service_tier()),
+    ] {
+        if let Some(value) = value {
+            fields[n] = (key, value);
+            n += 1;
+        }
+    }
+    let body = match n {
+        0 => body.clone(),
+        _ => rewrite(body, &fields[..n]),
     };
     let mut request = Request::new(B::from(body));
     *request.method_mut() = parts.method.clone();
@@ -302,7 +314,7 @@ where
             ramp.ticked(|state| state.record(started.elapsed(), limited));
         }
         let failure = match &result {
-            Ok(response) => failed_status(response.status()),
+            Ok(response) => failed_answer(response.status(), response.extensions().get()),
             Err(error) => failed_error(error),
         };
         let next = failure.and_then(|failure| {

@@ -62,7 +62,9 @@
 //!    be admitted before a request of its class (its class and those above, and lower fronts
 //!    aging has lifted to it), which gives back at once what it got: a request sent to a
 //!    fallback holds nothing on the route it left, and never queued there.
-//! 3. **After an answer**: a final 5xx or 429 (the route's retry layer gave up), or an error
+//! 3. **After an answer**: a final 5xx or 429 (the route's retry layer gave up; a 429 for a
+//!    service tier without capacity is [`Condition::TierUnavailable`], or a rate limit to a
+//!    fallback that does not name it, and [`Route::service_tier`] sends it at another tier), or an error
 //!    from a route that could not take the request (its store unavailable and fail-closed, or
 //!    its provider unreachable), goes to the next fallback for that condition. Only a failure
 //!    that never reached the provider ([`Ambiguity::may_route_elsewhere`]) or that the

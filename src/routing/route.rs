@@ -26,6 +26,7 @@ pub struct RouteInfo {
     name: Arc<str>,
     provider: Arc<str>,
     model: Option<Arc<str>>,
+    service_tier: Option<Arc<str>>,
     context_window: Option<u64>,
     attributes: Vec<(String, String)>,
 }
@@ -44,6 +45,11 @@ impl RouteInfo {
     /// The model the request's body names on this route, if the route rewrites it.
     pub fn model(&self) -> Option<&str> {
         self.model.as_deref()
+    }
+
+    /// The service tier the request's body asks for on this route, if the route rewrites it.
+    pub fn service_tier(&self) -> Option<&str> {
+        self.service_tier.as_deref()
     }
 
     /// The model's context window in tokens, if known.
@@ -81,6 +87,7 @@ impl<S> Route<S> {
                 name: name.into().into(),
                 provider: "unknown".into(),
                 model: None,
+                service_tier: None,
                 context_window: None,
                 attributes: Vec::new(),
             }),
@@ -104,6 +111,14 @@ impl<S> Route<S> {
     /// no rewrite.
     pub fn model(self, model: impl Into<String>) -> Self {
         self.with_info(|info| info.model = Some(model.into().into()))
+    }
+
+    /// Rewrites the `service_tier` of the request's JSON body to `tier` on this route
+    /// (OpenAI's `default`, `flex`, `priority`, `auto`; Anthropic's `auto`, `standard_only`):
+    /// a fallback at another tier, after [`Condition::TierUnavailable`](super::Condition::TierUnavailable).
+    /// Defaults to no rewrite.
+    pub fn service_tier(self, tier: impl Into<String>) -> Self {
+        self.with_info(|info| info.service_tier = Some(tier.into().into()))
     }
 
     /// The model's context window in tokens, for
@@ -302,15 +317,22 @@ pub(crate) fn priority_of(parts: &Parts) -> Priority {
 /// `body` with its top-level `model` set to `model`; unchanged when it is not a JSON object
 /// or already names `model`. The object is written again by serde_json, so the order of its
 /// fields may change; their values do not.
-pub(crate) fn rewrite_model(body: &Bytes, model: &str) -> Bytes {
+/// `body` with each of `fields` (a top-level key and its string value) set, when it is a JSON
+/// object that does not hold them already; anything else unchanged.
+pub(crate) fn rewrite(body: &Bytes, fields: &[(&str, &str)]) -> Bytes {
     let Ok(mut object) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body)
     else {
         return body.clone();
     };
-    if object.get("model").and_then(|m| m.as_str()) == Some(model) {
+    if fields
+        .iter()
+        .all(|(key, value)| object.get(*key).and_then(|v| v.as_str()) == Some(*value))
+    {
         return body.clone();
     }
-    object.insert("model".into(), serde_json::Value::from(model));
+    for (key, value) in fields {
+        object.insert((*key).into(), serde_json::Value::from(*value));
+    }
     match serde_json::to_vec(&object) {
         Ok(bytes) => Bytes::from(bytes),
         Err(_) => body.clone(),
@@ -323,6 +345,7 @@ mod tests {
 
     #[test]
     fn the_model_is_rewritten_in_json_bodies_only() {
+        let rewrite_model = |body: &Bytes, model: &str| rewrite(body, &[("model", model)]);
         let body = Bytes::from_static(br#"{"model":"a","max_tokens":5,"messages":[]}"#);
         let rewritten = rewrite_model(&body, "b");
         let value: serde_json::Value = serde_json::from_slice(&rewritten).unwrap();
@@ -331,6 +354,26 @@ mod tests {
         assert_eq!(rewrite_model(&body, "a"), body);
         let text = Bytes::from_static(b"not json");
         assert_eq!(rewrite_model(&text, "b"), text);
+    }
+
+    #[test]
+    fn the_service_tier_is_set_beside_the_model() {
+        let body = Bytes::from_static(br#"{"model":"a","service_tier":"flex","messages":[]}"#);
+        let both = rewrite(&body, &[("model", "b"), ("service_tier", "default")]);
+        let value: serde_json::Value = serde_json::from_slice(&both).unwrap();
+        assert_eq!(
+            (&value["model"], &value["service_tier"]),
+            (&"b".into(), &"default".into())
+        );
+        // A body without a tier gets one; a body already at both is returned as is.
+        let bare = Bytes::from_static(br#"{"model":"a"}"#);
+        let tiered: serde_json::Value =
+            serde_json::from_slice(&rewrite(&bare, &[("service_tier", "default")])).unwrap();
+        assert_eq!(tiered["service_tier"], "default");
+        assert_eq!(
+            rewrite(&both, &[("model", "b"), ("service_tier", "default")]),
+            both
+        );
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<ChatRequest, Invalid> {
         include_usage: true,
         prompt_hash: hash.finish(),
         group: wire::group_ids(messages),
+        service_tier: None,
     })
 }
 
@@ -192,7 +193,7 @@ pub(crate) fn refusal(refusal: &Refusal) -> (StatusCode, Bytes) {
             "api_error",
             "Internal server error",
         ),
-        Refusal::Overloaded => error(
+        Refusal::Overloaded | Refusal::TierUnavailable => error(
             StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
             "overloaded_error",
             "Overloaded",

@@ -81,6 +81,7 @@ pub struct Faults {
     pub(crate) latency_spikes: f64,
     pub(crate) spike: Duration,
     pub(crate) error_body_bytes: usize,
+    pub(crate) flex_unavailable: f64,
 }
 
 impl Faults {
@@ -114,6 +115,17 @@ impl Faults {
     pub fn streamed_error_bodies(self, bytes: usize) -> Self {
         Self {
             error_body_bytes: bytes,
+            ..self
+        }
+    }
+
+    /// Answers `share` of the OpenAI requests asking for `service_tier: "flex"` with a 429
+    /// "Resource Unavailable" (`code: resource_unavailable`), charging nothing, as OpenAI's
+    /// flex tier does when it has no capacity. The answers of other tiers name the tier that
+    /// served them (`service_tier`: `flex`, `priority`, else `default`) when asked for one.
+    pub fn flex_unavailable(self, share: f64) -> Self {
+        Self {
+            flex_unavailable: clamp_share(share),
             ..self
         }
     }

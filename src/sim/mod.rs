@@ -64,6 +64,7 @@
 //! | 404, 405 | another path, another method | |
 //! | 429 | a bucket cannot pay now | `rate_limit_exceeded` with `type` `requests` or `tokens` / `rate_limit_error` |
 //! | 500, 503, 529 | injected ([`Faults::server_errors`]) | `server_error` / `api_error`, `overloaded_error` |
+//! | 429 "Resource Unavailable" | injected for OpenAI flex requests ([`Faults::flex_unavailable`]), not charged | `resource_unavailable` |
 //!
 //! Faults ([`SimConfig::faults`]) are drawn per valid, authenticated request from a generator
 //! seeded with [`SimConfig::seed`]; a request answered with an injected error or reset is not

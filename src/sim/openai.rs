@@ -30,6 +30,11 @@ pub(crate) fn parse(body: &[u8], default_max_tokens: u64) -> Result<ChatRequest,
         Some(options @ Value::Object(_)) => wire::flag(options, "include_usage")?,
         Some(_) => return Err("stream_options must be an object".to_owned()),
     };
+    let service_tier = match body.get("service_tier") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(tier)) => Some(tier.clone()),
+        Some(_) => return Err("service_tier must be a string".to_owned()),
+    };
     Ok(ChatRequest {
         model: wire::model(&body),
         prompt_tokens,
@@ -38,7 +43,18 @@ pub(crate) fn parse(body: &[u8], default_max_tokens: u64) -> Result<ChatRequest,
         include_usage,
         prompt_hash: hash.finish(),
         group: wire::group_ids(messages),
+        service_tier,
     })
+}
+
+/// The tier that serves a request asking for `asked`: flex and priority as asked, the
+/// standard tier (`default`) otherwise.
+pub(crate) fn served_tier(asked: &str) -> &'static str {
+    match asked {
+        "flex" => "flex",
+        "priority" => "priority",
+        _ => "default",
+    }
 }
 
 fn usage(c: &Completion) -> Value {
@@ -70,6 +86,10 @@ pub(crate) fn completion(c: &Completion) -> Bytes {
         "usage": usage(c),
         "system_fingerprint": "fp_sim",
     });
+    let mut body = body;
+    if let Some(tier) = c.service_tier {
+        body["service_tier"] = json!(tier);
+    }
     Bytes::from(body.to_string())
 }
 
@@ -87,6 +107,9 @@ pub(crate) fn frames(c: &Completion) -> Vec<Frame> {
         });
         if c.include_usage {
             chunk["usage"] = Value::Null;
+        }
+        if let Some(tier) = c.service_tier {
+            chunk["service_tier"] = json!(tier);
         }
         chunk
     };
@@ -196,6 +219,13 @@ pub(crate) fn refusal(refusal: &Refusal) -> (StatusCode, Bytes) {
             "The server had an error while processing your request. Sorry about that!",
             "server_error",
             Value::Null,
+        ),
+        Refusal::TierUnavailable => error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Resource Unavailable: the flex tier has no capacity for this request now, and you \
+             were not charged. Retry later, or send it with service_tier \"default\".",
+            "resource_unavailable",
+            json!("resource_unavailable"),
         ),
         Refusal::Overloaded => error(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -26,6 +26,8 @@ pub struct SimStats {
     pub bad_requests: u64,
     /// Injected server errors (500, 503, 529).
     pub server_errors: u64,
+    /// Flex requests refused for want of capacity (429 "Resource Unavailable", not charged).
+    pub tier_unavailable: u64,
     /// Injected connection resets.
     pub connection_resets: u64,
     /// Injected latency spikes.
@@ -127,6 +129,7 @@ pub(crate) struct Counters {
     pub(crate) unauthorized: u64,
     pub(crate) bad_requests: u64,
     pub(crate) server_errors: u64,
+    pub(crate) tier_unavailable: u64,
     pub(crate) connection_resets: u64,
     pub(crate) latency_spikes: u64,
     pub(crate) prompt_tokens: u64,
@@ -241,6 +244,7 @@ pub(crate) fn snapshot(
         unauthorized: counters.unauthorized,
         bad_requests: counters.bad_requests,
         server_errors: counters.server_errors,
+        tier_unavailable: counters.tier_unavailable,
         connection_resets: counters.connection_resets,
         latency_spikes: counters.latency_spikes,
         prompt_tokens: counters.prompt_tokens,

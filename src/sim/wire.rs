@@ -31,6 +31,8 @@ pub(crate) struct ChatRequest {
     /// The ids of the items marked in the prompt (`<item id="...">`): a grouped prompt,
     /// answered with a JSON array.
     pub(crate) group: Vec<String>,
+    /// OpenAI's `service_tier`, as asked.
+    pub(crate) service_tier: Option<String>,
 }
 
 /// Why a request is malformed: the message of a 400.
@@ -50,6 +52,8 @@ pub(crate) struct Completion {
     /// The answer to a grouped prompt, instead of generated words (its tokens are
     /// `completion_tokens`, four characters each).
     pub(crate) text: Option<String>,
+    /// The tier that served it, named in the answer when the request asked for one.
+    pub(crate) service_tier: Option<&'static str>,
 }
 
 impl Completion {
@@ -125,6 +129,8 @@ pub(crate) enum Refusal {
     ServerError,
     /// Injected: 503 (OpenAI) or 529 `overloaded_error` (Anthropic).
     Overloaded,
+    /// Injected for a flex request: 429 "Resource Unavailable", not charged.
+    TierUnavailable,
 }
 
 /// The facts of a 429.

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::json::{INDEX, OTHER, StringUse, Visit};
-use super::{RawUsage, WireFormat};
+use super::{RawUsage, ServiceTier, WireFormat};
 
 // Key ids in paths. One namespace for every format; each format gives out only its own.
 /// The usage object: `usage`, or Gemini's `usageMetadata`.
@@ -23,6 +23,8 @@ const OUTPUT: u8 = 9;
 const CONTENT: u8 = 10;
 const CANDIDATES: u8 = 11;
 const PARTS: u8 = 12;
+/// OpenAI's `service_tier`: the tier that served the request.
+const SERVICE_TIER: u8 = 13;
 
 /// The Responses stream events whose `delta` is generated text.
 const RESPONSES_TEXT_EVENTS: [&[u8]; 4] = [
@@ -46,6 +48,8 @@ enum Kind {
 pub(super) struct Fields {
     format: WireFormat,
     pub(super) usage: Option<RawUsage>,
+    /// The tier the answer says served it.
+    pub(super) tier: Option<ServiceTier>,
     pub(super) chars: u64,
     /// The current Responses event's kind, and its `delta` characters seen before its `type`.
     kind: Kind,
@@ -57,6 +61,7 @@ impl Fields {
         Self {
             format,
             usage: None,
+            tier: None,
             chars: 0,
             kind: Kind::Unknown,
             pending: 0,
@@ -72,6 +77,7 @@ impl Visit for Fields {
             // The Responses API's usage too, in a body or a `response.completed` event: one
             // client (or one profile) calls both APIs.
             (OpenAiChat, [] | [ENVELOPE], b"usage") => USAGE,
+            (OpenAiChat | OpenAiResponses, [] | [ENVELOPE], b"service_tier") => SERVICE_TIER,
             (OpenAiChat, [], b"response") => ENVELOPE,
             (OpenAiChat, [], b"choices") => CHOICES,
             (OpenAiChat, [CHOICES, INDEX], b"delta" | b"message") => DELTA,
@@ -115,6 +121,7 @@ impl Visit for Fields {
     fn string(&self, path: &[u8]) -> StringUse {
         match (self.format, path) {
             (_, [.., TEXT]) => StringUse::Count,
+            (_, [SERVICE_TIER] | [ENVELOPE, SERVICE_TIER]) => StringUse::Read,
             (WireFormat::OpenAiResponses, [DELTA]) if self.kind != Kind::Other => StringUse::Count,
             (WireFormat::OpenAiResponses, [TYPE]) => StringUse::Read,
             _ => StringUse::Skip,
@@ -135,7 +142,13 @@ impl Visit for Fields {
         }
     }
 
-    fn read(&mut self, _path: &[u8], value: &[u8]) {
+    fn read(&mut self, path: &[u8], value: &[u8]) {
+        if path.last() == Some(&SERVICE_TIER) {
+            if let Ok(name) = std::str::from_utf8(value) {
+                self.tier = Some(ServiceTier::parse(name));
+            }
+            return;
+        }
         self.kind = if RESPONSES_TEXT_EVENTS.contains(&value) {
             self.chars = self.chars.saturating_add(self.pending);
             Kind::Text
@@ -149,6 +162,10 @@ impl Visit for Fields {
         let Ok(Value::Object(object)) = serde_json::from_slice(object) else {
             return;
         };
+        // Anthropic names the tier in its usage object.
+        if let Some(tier) = object.get("service_tier").and_then(Value::as_str) {
+            self.tier = Some(ServiceTier::parse(tier));
+        }
         let reported = match self.format {
             WireFormat::OpenAiChat => openai_chat(&object),
             WireFormat::OpenAiResponses => openai_responses(&object),

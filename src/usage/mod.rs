@@ -61,8 +61,10 @@ mod fields;
 mod json;
 mod scanner;
 mod sse;
+mod tier;
 
 pub use scanner::UsageScanner;
+pub use tier::ServiceTier;
 
 /// How a provider frames its responses and where it reports usage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -91,6 +91,14 @@ impl UsageScanner {
         self.fields.usage
     }
 
+    /// The service tier the answer says served the request, once read: OpenAI's (Chat
+    /// Completions and Responses) `service_tier`, in a body or any event; Anthropic's
+    /// `usage.service_tier`. Gemini names it in a header instead
+    /// ([`ServiceTier::from_headers`](super::ServiceTier::from_headers)).
+    pub fn service_tier(&self) -> Option<super::ServiceTier> {
+        self.fields.tier
+    }
+
     /// Characters of generated text seen so far: visible text, reasoning and tool-call
     /// arguments, decoded from their JSON strings (escapes count as the character they
     /// stand for). A rough measure of the output of a stream cut before its usage arrived.

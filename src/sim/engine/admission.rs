@@ -95,6 +95,18 @@ impl Engine {
             };
             return self.refuse(&mut state, Some(organization), now, refusal);
         }
+        // Drawn from the same number as server errors: requests that are not flex see the
+        // same faults whatever this share.
+        let flex = request.service_tier.as_deref() == Some("flex");
+        if flex && error < faults.server_errors + faults.flex_unavailable {
+            state.counters.tier_unavailable += 1;
+            return self.refuse(
+                &mut state,
+                Some(organization),
+                now,
+                Refusal::TierUnavailable,
+            );
+        }
         let key = crate::sim::keys::key_of(headers);
         if let (Some(ttl), Some(key)) = (self.config.idempotency_ttl, key) {
             if let Some(replay) = self.idempotency_keys.replay(key, now, style) {
@@ -293,6 +305,7 @@ impl Engine {
             max_tokens: request.max_tokens,
             include_usage: request.include_usage,
             text,
+            service_tier: request.service_tier.as_deref().map(openai::served_tier),
         };
         let extra = if spike {
             self.config.faults.spike
