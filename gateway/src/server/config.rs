@@ -110,6 +110,9 @@ pub(crate) struct FallbackConfig {
     pub(crate) context_window: Option<u64>,
     /// What it supports of what a request may need; everything when absent.
     pub(crate) features: Option<Vec<Feature>>,
+    /// The service tier it asks for (the body's `service_tier` rewritten: `default` for a
+    /// fallback from flex); the request's own when absent.
+    pub(crate) service_tier: Option<String>,
 }
 
 /// What a request may need of a route, read from its body.
@@ -152,6 +155,9 @@ pub(crate) enum FallbackOn {
     ContextLength,
     /// Always, for its classes: a degraded route.
     Degrade,
+    /// The primary's service tier had no capacity (OpenAI flex's 429 "Resource
+    /// Unavailable", not billed) after its retries.
+    TierUnavailable,
 }
 
 /// A ramp of a model: a route taking a growing share of its traffic.
@@ -366,9 +372,67 @@ pub(crate) struct AccountConfig {
     /// The limits of each model that no scope names, in buckets of its own (OpenAI's
     /// per-model limits); without it, those models share the account's limits alone.
     pub(crate) model_quota: Option<Limits>,
+    /// What each class does when a service tier has no capacity: `retry` later, or
+    /// `give_up` (fail fast, or take a `tier_unavailable` fallback). Defaults: interactive
+    /// gives up, async and batch retry.
+    #[serde(default)]
+    pub(crate) tier_unavailable: TierPolicy,
     /// The simulator's latency, when `base_url` is `sim`.
     #[serde(default)]
     pub(crate) sim: SimBehaviour,
+}
+
+/// What each class does when a service tier has no capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct TierPolicy {
+    #[serde(default = "give_up")]
+    pub(crate) interactive: TierAction,
+    #[serde(default = "retry", rename = "async")]
+    pub(crate) async_: TierAction,
+    #[serde(default = "retry")]
+    pub(crate) batch: TierAction,
+}
+
+impl Default for TierPolicy {
+    fn default() -> Self {
+        Self {
+            interactive: give_up(),
+            async_: retry(),
+            batch: retry(),
+        }
+    }
+}
+
+impl TierPolicy {
+    /// The retry policy saying so.
+    pub(crate) fn retry_policy(self) -> tower_llm_quota::RetryPolicy {
+        use tower_llm_quota::retry::TierUnavailable;
+        let action = |a: TierAction| match a {
+            TierAction::Retry => TierUnavailable::Retry,
+            TierAction::GiveUp => TierUnavailable::GiveUp,
+        };
+        tower_llm_quota::RetryPolicy::new()
+            .on_tier_unavailable(Priority::Interactive, action(self.interactive))
+            .on_tier_unavailable(Priority::Async, action(self.async_))
+            .on_tier_unavailable(Priority::Batch, action(self.batch))
+    }
+}
+
+/// Retry a tier without capacity later, or give up at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum TierAction {
+    Retry,
+    GiveUp,
+}
+
+fn give_up() -> TierAction {
+    TierAction::GiveUp
+}
+
+fn retry() -> TierAction {
+    TierAction::Retry
 }
 
 /// Models that share one set of buckets on an account.

@@ -17,7 +17,9 @@ use tower::ServiceExt;
 use tower_llm_quota::estimate::{CharEstimator, Defaults, estimate, read_embeddings};
 use tower_llm_quota::provider::ProviderScan;
 use tower_llm_quota::provider::{LimitedBy, RateLimitError, Scope};
-use tower_llm_quota::retry::MaxAttempts;
+use tower_llm_quota::retry::{
+    Classify, Failure, FailureClass, MaxAttempts, ProviderErrors, Transient,
+};
 use tower_llm_quota::{BoxError, Cost, Error};
 
 use super::Gateway;
@@ -157,7 +159,7 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let meter = Meter {
         ledger: gateway.ledger.clone(),
         tenant: caller.tenant.clone(),
-        scan: Some(ProviderScan::new(profile, streaming)),
+        scan: Some(ProviderScan::new(profile, streaming).tier_from(&head.headers)),
         estimate: cost,
     };
     Response::from_parts(head, Body::new(Metered::new(body, meter)))
@@ -361,6 +363,25 @@ fn provider_refusal(
     body: &[u8],
 ) -> Refusal {
     let scope = scoped.label(&account.name);
+    let failure = Failure::Response {
+        status: head.status(),
+        headers: head.headers(),
+        body,
+    };
+    if ProviderErrors.classify(&failure) == FailureClass::Transient(Transient::TierUnavailable) {
+        // Not a rate limit: the tier asked for has no capacity now, and the call was not
+        // billed. Retry later, or ask for another tier.
+        let wait =
+            tower_llm_quota::parse::retry_after(head.headers(), std::time::SystemTime::now());
+        return Refusal::rate_limited("service_tier", scope)
+            .provider()
+            .retry_after(Some(wait.unwrap_or(Duration::from_secs(1))))
+            .message(format!(
+                "the provider account {} has no capacity for the requested service tier now \
+                 (not billed): retry later, or ask for another tier",
+                account.name
+            ));
+    }
     let parsed = RateLimitError::from_response(head, body);
     let (limit, dimension) = match parsed.as_ref().map(RateLimitError::limited_by) {
         Some(LimitedBy::Requests) => ("requests_per_minute", Some("requests")),

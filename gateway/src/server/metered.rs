@@ -33,11 +33,19 @@ impl Meter {
         let Some(scan) = self.scan.take() else {
             return;
         };
-        let (input, output) = match scan.finish(end, self.estimate) {
-            Some(usage) => (usage.input_tokens(), usage.output_tokens()),
-            None => (self.estimate.input_tokens(), self.estimate.output_tokens()),
+        let (input, output, tier) = match scan.finish(end, self.estimate) {
+            Some(usage) => (
+                usage.input_tokens(),
+                usage.output_tokens(),
+                usage.service_tier(),
+            ),
+            None => (
+                self.estimate.input_tokens(),
+                self.estimate.output_tokens(),
+                None,
+            ),
         };
-        self.ledger.tokens(&self.tenant, input, output);
+        self.ledger.tokens(&self.tenant, (input, output), tier);
     }
 }
 

@@ -69,29 +69,36 @@ pub(crate) fn idempotency(redis_url: Option<&str>) -> Result<IdempotencyLayer, C
     Ok(layer.derive_keys(false).ttl(Duration::from_secs(24 * 3600)))
 }
 
-/// The route of `account` for `model` (its name upstream, when not the public one); `scope`
-/// is the model's name upstream when known before the request (a configured model's), for
-/// the budget the route spends.
+/// The route of `account` for `model` (its name upstream, when not the public one) at
+/// `tier` (the body's `service_tier` rewritten, when given); `scope` is the model's name
+/// upstream when known before the request (a configured model's), for the budget the route
+/// spends. Named `account`, `account:model`, with `@tier` after a tier.
 fn route(
     accounts: &[Account],
     account: &str,
-    (model, scope): (Option<&str>, Option<&str>),
+    (model, scope, tier): (Option<&str>, Option<&str>, Option<&str>),
 ) -> (Route<RouteService>, usize) {
     let index = accounts
         .iter()
         .position(|a| a.name == account)
         .expect("models name configured accounts (checked with the configuration)");
     let account = Arc::new(accounts[index].clone());
-    let name = match model {
+    let mut name = match model {
         Some(model) => format!("{}:{model}", account.name),
         None => account.name.clone(),
     };
+    if let Some(tier) = tier {
+        name = format!("{name}@{tier}");
+    }
     let budget = account.configured_scope(scope).budget().clone();
     let mut route = Route::new(name, service(account.clone(), scope.map(str::to_owned)))
         .provider(account.profile.name())
         .budget(budget);
     if let Some(model) = model {
         route = route.model(model);
+    }
+    if let Some(tier) = tier {
+        route = route.service_tier(tier);
     }
     (route, index)
 }
@@ -177,7 +184,7 @@ pub(crate) fn model_target<'a>(
     let (mut primary, index) = route(
         accounts,
         &model.account,
-        (primary_model, scope(model.model.as_ref())),
+        (primary_model, scope(model.model.as_ref()), None),
     );
     if let Some(tokens) = model.context_window {
         primary = primary.context_window(tokens);
@@ -186,7 +193,12 @@ pub(crate) fn model_target<'a>(
     let mut builder = Router::builder(primary).compatible(supports_request);
     for fallback in &model.fallbacks {
         let name = fallback.model.as_ref().or(model.model.as_ref());
-        let (mut route, index) = route(accounts, &fallback.account, (upstream(name), scope(name)));
+        let tier = fallback.service_tier.as_deref();
+        let (mut route, index) = route(
+            accounts,
+            &fallback.account,
+            (upstream(name), scope(name), tier),
+        );
         if let Some(tokens) = fallback.context_window {
             route = route.context_window(tokens);
         }
@@ -196,7 +208,7 @@ pub(crate) fn model_target<'a>(
     }
     if let Some(ramp) = &model.ramp {
         let name = ramp.model.as_ref().or(model.model.as_ref());
-        let (route, index) = route(accounts, &ramp.account, (upstream(name), scope(name)));
+        let (route, index) = route(accounts, &ramp.account, (upstream(name), scope(name), None));
         let route = with_features(route, ramp.features.as_deref());
         routes.push((route.info().name().to_owned(), index));
         builder = builder.ramp(route, ramp_of(ramp));
@@ -280,7 +292,7 @@ pub(crate) fn api_target(
     accounts: &[Account],
     idempotency: &IdempotencyLayer,
 ) -> Routed {
-    let (primary, index) = route(accounts, &accounts[index].name, (None, None));
+    let (primary, index) = route(accounts, &accounts[index].name, (None, None, None));
     Routed {
         routes: vec![(primary.info().name().to_owned(), index)],
         target: idempotency.layer(Router::builder(primary).build()),
@@ -298,6 +310,7 @@ fn fallback_of(config: &FallbackConfig) -> Fallback {
         }
         FallbackOn::ContextLength => Condition::context_length_needed(),
         FallbackOn::Degrade => Condition::degrade(),
+        FallbackOn::TierUnavailable => Condition::tier_unavailable(),
     };
     let mut conditions = config.on.iter().copied().map(condition);
     let first = conditions

@@ -191,7 +191,9 @@ fn stacks(
         .iter()
         .map(|&api| {
             let profile = profile(config.profile, api).windows(minute, minute);
-            let stack = QuotaStack::for_profile(profile, quota.clone()).with_budget(budget.clone());
+            let stack = QuotaStack::for_profile(profile, quota.clone())
+                .with_budget(budget.clone())
+                .retry(config.tier_unavailable.retry_policy());
             (api, profile, stack.layer(client.clone()))
         })
         .collect()

@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use metrics::counter;
 use serde::Serialize;
 use tower_llm_quota::Priority;
+use tower_llm_quota::usage::ServiceTier;
 
 use super::refusal::{Decision, Refusal};
 
@@ -15,11 +16,14 @@ use super::refusal::{Decision, Refusal};
 const LAST_REFUSALS: usize = 20;
 
 /// A tenant's counts for one day.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub(crate) struct Counts {
     pub(crate) requests: u64,
     pub(crate) input_tokens: u64,
     pub(crate) output_tokens: u64,
+    /// Input and output tokens by the service tier the provider said served them
+    /// (`standard`, `flex`, `priority`, ...; `unknown` when it named none).
+    pub(crate) tokens_by_tier: std::collections::BTreeMap<&'static str, u64>,
     pub(crate) local_refusals: u64,
     pub(crate) provider_refusals: u64,
 }
@@ -29,6 +33,9 @@ impl Counts {
         self.requests += other.requests;
         self.input_tokens += other.input_tokens;
         self.output_tokens += other.output_tokens;
+        for (tier, tokens) in &other.tokens_by_tier {
+            *self.tokens_by_tier.entry(tier).or_default() += tokens;
+        }
         self.local_refusals += other.local_refusals;
         self.provider_refusals += other.provider_refusals;
     }
@@ -87,16 +94,26 @@ impl Ledger {
         .increment(1);
     }
 
-    /// The tokens a finished answer used.
-    pub(crate) fn tokens(&self, tenant: &str, input: u64, output: u64) {
+    /// The tokens a finished answer used, and the service tier that served them.
+    pub(crate) fn tokens(
+        &self,
+        tenant: &str,
+        (input, output): (u64, u64),
+        tier: Option<ServiceTier>,
+    ) {
+        let tier = tier.map_or("unknown", ServiceTier::as_str);
         self.with_today(tenant, |c| {
             c.input_tokens += input;
             c.output_tokens += output;
+            *c.tokens_by_tier.entry(tier).or_default() += input + output;
         });
         let tenant = tenant.to_owned();
-        counter!("gateway_tokens_total", "tenant" => tenant.clone(), "kind" => "input")
-            .increment(input);
-        counter!("gateway_tokens_total", "tenant" => tenant, "kind" => "output").increment(output);
+        counter!("gateway_tokens_total", "tenant" => tenant.clone(), "kind" => "input",
+            "service_tier" => tier)
+        .increment(input);
+        counter!("gateway_tokens_total", "tenant" => tenant, "kind" => "output",
+            "service_tier" => tier)
+        .increment(output);
     }
 
     /// A refusal, local or the provider's, of a request of `tenant` (none when unauthenticated).

@@ -18,4 +18,5 @@ mod scopes;
 mod sdk;
 mod shutdown;
 mod support;
+mod tiers;
 mod tls;

@@ -250,6 +250,22 @@ def provider_pushback():
         )
 
 
+def service_tiers():
+    # The caller's service_tier reaches the provider; flex has no capacity (a 429 "Resource
+    # Unavailable"), so this interactive key's request falls back at once to the standard
+    # tier, and the SDK reads the tier that served it.
+    raw = openai_client(SEARCH).chat.completions.with_raw_response.create(
+        model="flex-model", messages=HELLO, max_tokens=20, service_tier="flex"
+    )
+    answer = raw.parse()
+    check(
+        "openai: flex without capacity falls back to the standard tier, named in the answer",
+        answer.service_tier == "default"
+        and raw.headers.get("x-llm-quota-fallback") == "tier_unavailable",
+        f"{answer.service_tier} {dict(raw.headers)}",
+    )
+
+
 def main():
     print(f"openai {openai.__version__}, anthropic {anthropic.__version__} against {URL}")
     chat_completions()
@@ -258,6 +274,7 @@ def main():
     missing_model()
     models()
     provider_pushback()
+    service_tiers()
     rate_limits()
 
 
