@@ -207,3 +207,56 @@ async fn the_same_job_grouped_loses_nothing_with_the_defaults() {
         report.stats
     );
 }
+
+/// A batch job on OpenAI's flex tier while flex sheds 30 % of its calls (429 "Resource
+/// Unavailable", not billed): every ticket is served, at flex, none at the dearer standard
+/// tier, with no provider rate limit and no budget pause; the retries come back later.
+#[tokio::test(start_paused = true)]
+async fn a_flex_batch_job_loses_nothing_when_flex_sheds_calls() {
+    const FLEX_TICKETS: usize = 200;
+    let sim = Simulator::new(
+        SimConfig::openai(RPM, 100_000)
+            .latency(Duration::from_millis(500), Duration::ZERO)
+            .faults(tower_llm_quota::sim::Faults::none().flex_unavailable(0.3))
+            .seed(11),
+    );
+    let nz = |n| NonZeroU64::new(n).unwrap();
+    let quota = Quota::new()
+        .with_limit(Limit::per_minute(Dimension::Requests, nz(RPM)))
+        .with_limit(Limit::per_minute(Dimension::TotalTokens, nz(100_000)));
+    let llm = QuotaStack::openai(quota).layer(sim.service());
+    let start = Instant::now();
+    let calls = (0..FLEX_TICKETS).map(|i| {
+        let llm = llm.clone();
+        async move {
+            let (parts, body) = request(i).into_parts();
+            let mut body: serde_json::Value =
+                serde_json::from_slice(&body.collect().await.unwrap().to_bytes()).unwrap();
+            body["service_tier"] = "flex".into();
+            let request = Request::from_parts(parts, Full::new(Bytes::from(body.to_string())));
+            let response = llm.oneshot(request).await?;
+            let status = response.status();
+            let body = response.into_body().collect().await?.to_bytes();
+            let answer: serde_json::Value = serde_json::from_slice(&body)?;
+            Ok::<_, tower_llm_quota::BoxError>((status, answer["service_tier"].clone()))
+        }
+    });
+    let results = join_all(calls).await;
+    let stats = sim.stats();
+    println!(
+        "{FLEX_TICKETS} flex tickets: {} served, {} refused for capacity and retried, {} \
+         provider 429s for a rate limit, in {:.1} min of virtual time",
+        stats.completed,
+        stats.tier_unavailable,
+        stats.rate_limited,
+        start.elapsed().as_secs_f64() / 60.0
+    );
+    for result in &results {
+        let (status, tier) = result.as_ref().expect("a served ticket");
+        assert_eq!(*status, 200);
+        assert_eq!(tier, "flex");
+    }
+    assert_eq!(stats.completed, FLEX_TICKETS as u64);
+    assert!(stats.tier_unavailable > 30, "{}", stats.tier_unavailable);
+    assert_eq!(stats.rate_limited, 0);
+}
