@@ -308,6 +308,22 @@ fn stack_error(account: &Account, error: &Error) -> Refusal {
     }
     if let Some(capacity) = error.insufficient_capacity() {
         let dimension = capacity.dimension().as_str();
+        let configured = account.configured_capacity(capacity.dimension());
+        if configured.is_some_and(|configured| capacity.capacity() < configured) {
+            // The burst is below the configured one: the provider reported a lower limit
+            // (which it enforces with a 429 for such a request too). A rate limit, not a bad
+            // request; the account admits it again if the provider's limit rises.
+            return Refusal::rate_limited("reported_limit", scope)
+                .dimension(Some(dimension))
+                .retry_after(Some(Duration::from_secs(60)))
+                .message(format!(
+                    "the provider reports a {dimension} limit whose burst ({}) is below this \
+                     request's {} (configured: {}): the account cannot admit it now",
+                    capacity.capacity(),
+                    capacity.cost(),
+                    configured.unwrap_or_default()
+                ));
+        }
         return Refusal::bad_request(format!(
             "the request's {dimension} ({}) exceed what the account may ever admit at once ({})",
             capacity.cost(),

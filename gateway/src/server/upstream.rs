@@ -67,6 +67,9 @@ pub(crate) struct Account {
     per_model: Option<Arc<PerModel>>,
     /// With scopes: the account-wide limits every scope's requests also pass.
     gate: Option<Budget>,
+    /// Every limit the configuration gives the account and its scopes, to tell them from
+    /// limits the provider reported lower since.
+    configured: Arc<[tower_llm_quota::Limit]>,
     queue: QueueHandle,
     base: Uri,
     /// The provider key's header: `authorization: Bearer`, Anthropic's `x-api-key`, Azure's
@@ -442,6 +445,14 @@ impl Account {
             })),
             None => None,
         };
+        let configured = std::iter::once(&config.quota)
+            .chain(config.scopes.iter().map(|s| &s.quota))
+            .chain(&config.model_quota)
+            .map(super::config::Limits::limits)
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .flatten()
+            .collect();
         let key = key
             .map(|key| {
                 let (name, value) = match config.profile {
@@ -464,6 +475,7 @@ impl Account {
             scopes: scopes.into(),
             per_model,
             gate,
+            configured,
             queue,
             base,
             key,
@@ -528,6 +540,17 @@ impl Account {
             scopes.extend(own);
         }
         scopes
+    }
+
+    /// The smallest burst the configuration gives a limit of `dimension` on this account (or
+    /// its scopes), if any: a budget refusing a request as larger than a burst below it is
+    /// following a limit the provider reported.
+    pub(crate) fn configured_capacity(&self, dimension: tower_llm_quota::Dimension) -> Option<u64> {
+        self.configured
+            .iter()
+            .filter(|limit| limit.dimension() == dimension)
+            .map(tower_llm_quota::Limit::capacity)
+            .min()
     }
 
     /// The account-wide budget every scope's requests pass, when the account has scopes.

@@ -354,3 +354,79 @@ async fn a_key_chooses_who_retries_the_provider() {
     }
     gateway.stop().await;
 }
+
+/// The matrix around the issue's sequence: learnt token limits above and below a request's
+/// cost, a provider wait within and beyond the interactive class's retry time, model mixes,
+/// and accounts with and without per-model scopes. Every answer is a 429 with `Retry-After`
+/// (never a 502), and no request makes more than the class's three upstream calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_learnt_limit_pause_and_model_mix_answers_429() {
+    let mut runs = Vec::new();
+    for limit in ["10", "30000"] {
+        for wait in ["1", "20"] {
+            for models in [&["a", "a", "b"][..], &["a", "b", "a", "b"][..]] {
+                for scoped in [false, true] {
+                    runs.push((limit, wait, models, scoped));
+                }
+            }
+        }
+    }
+    let answers = futures::future::join_all(runs.iter().map(|&(limit, wait, models, scoped)| {
+        async move {
+            let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+            let counted = calls.clone();
+            let headers: Vec<(&'static str, String)> = vec![
+                ("retry-after", wait.to_owned()),
+                ("x-ratelimit-limit-requests", "600".into()),
+                ("x-ratelimit-remaining-requests", "0".into()),
+                ("x-ratelimit-reset-requests", format!("{wait}s")),
+                ("x-ratelimit-limit-tokens", limit.into()),
+                ("x-ratelimit-remaining-tokens", "0".into()),
+                ("x-ratelimit-reset-tokens", format!("{wait}s")),
+            ];
+            let app = axum::Router::new().fallback(move || {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let headers = headers.clone();
+                async move {
+                    let mut response = (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        [("content-type", "application/json")],
+                        OPENAI_429,
+                    )
+                        .into_response();
+                    for (name, value) in headers {
+                        response.headers_mut().insert(name, value.parse().unwrap());
+                    }
+                    response
+                }
+            });
+            let upstream = crate::support::serve_upstream(app).await;
+            let mut config = interactive(&fixed_config(&upstream));
+            if scoped {
+                config = config.replace(
+                    "quota = { requests_per_minute = 600, tokens_per_minute = 600000, max_in_flight = 1 }",
+                    "quota = { requests_per_minute = 600, max_in_flight = 1 }\n        \
+                     model_quota = { requests_per_minute = 600, tokens_per_minute = 600000 }",
+                );
+            }
+            let gateway = Running::start(&config).await;
+            let mut answers = Vec::new();
+            for model in models {
+                let before = calls.load(std::sync::atomic::Ordering::SeqCst);
+                let (status, retry_after) = ask(&gateway, &[model]).await[0].clone();
+                let made = calls.load(std::sync::atomic::Ordering::SeqCst) - before;
+                answers.push((status, retry_after, made));
+            }
+            gateway.stop().await;
+            answers
+        }
+    }))
+    .await;
+    for (run, answers) in runs.iter().zip(answers) {
+        for (status, retry_after, made) in answers {
+            assert_eq!(status, 429, "{run:?}");
+            assert!(retry_after.is_some(), "{run:?}: no Retry-After");
+            assert!(made <= 3, "{run:?}: {made} upstream calls for one request");
+        }
+    }
+}
