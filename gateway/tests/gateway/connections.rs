@@ -194,7 +194,22 @@ async fn crowd_then_probe(sent: Vec<u8>, kind: &str) {
         stream.write_all(&sent).await.unwrap();
         half_open.push(stream);
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The gateway has taken the crowd in once it closes one of it to make room (the cap is
+    // below 1,100): probe from then on.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !half_open
+        .iter()
+        .any(|stream| match stream.try_read(&mut [0u8; 1]) {
+            Ok(read) => read == 0,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        })
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway closed none of the {kind} crowd"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let mut slowest = Duration::ZERO;
     for _ in 0..3 {
         let start = Instant::now();
