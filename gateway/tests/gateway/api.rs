@@ -767,9 +767,10 @@ async fn a_spent_daily_cap_says_when_the_day_turns() {
     gateway.stop().await;
 }
 
-/// An upstream answering every chat completion with one JSON body (`Content-Length` framing):
-/// its URL and the calls it answered.
-async fn json_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+/// An upstream answering every chat completion with one JSON body, framed by its
+/// `Content-Length` or, with `chunked`, sent in two chunks of no announced length: its URL and
+/// the calls it answered.
+async fn json_upstream(chunked: bool) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
     let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = calls.clone();
     let app = axum::Router::new().route(
@@ -780,6 +781,15 @@ async fn json_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
                 let body = format!(
                     r#"{{"id":"chatcmpl-{n}","object":"chat.completion","choices":[{{"index":0,"message":{{"role":"assistant","content":"answer {n}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11}}}}"#
                 );
+                let body = match chunked {
+                    false => Body::from(body),
+                    true => {
+                        let (head, tail) = body.split_at(body.len() / 2);
+                        let parts = [head.to_owned(), tail.to_owned()]
+                            .map(|part| Ok::<_, std::io::Error>(Bytes::from(part)));
+                        Body::from_stream(futures::stream::iter(parts))
+                    }
+                };
                 ([("content-type", "application/json")], body)
             }
         }),
@@ -789,11 +799,26 @@ async fn json_upstream() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
 }
 
 /// The same `Idempotency-Key` three times in a row, each after the last completed, on a
-/// non-streamed answer of an HTTP upstream: one upstream call, the same answer three times.
+/// non-streamed answer of an HTTP upstream, framed by its length or chunked, with records in
+/// memory or in Redis: one upstream call, the same answer three times.
 #[tokio::test]
 async fn a_completed_answer_is_replayed_for_its_key() {
-    let (upstream, calls) = json_upstream().await;
-    let gateway = Running::start(&fixed_config(&upstream)).await;
+    let redis = crate::redis_server::RedisServer::start();
+    for chunked in [false, true] {
+        for shared in [false, true] {
+            let (upstream, calls) = json_upstream(chunked).await;
+            let gateway = match shared {
+                false => Running::start(&fixed_config(&upstream)).await,
+                true => Running::start_shared(&fixed_config(&upstream), &redis.url()).await,
+            };
+            replays_once(&gateway, &calls, &format!("job-{chunked}-{shared}")).await;
+            gateway.stop().await;
+        }
+    }
+}
+
+/// Three requests with `key`, then one with `key` and another body: one upstream call in all.
+async fn replays_once(gateway: &Running, calls: &std::sync::atomic::AtomicUsize, key: &str) {
     let body =
         r#"{"model":"gpt-4o-mini","max_tokens":20,"messages":[{"role":"user","content":"Hi"}]}"#;
     let mut answers = Vec::new();
@@ -801,18 +826,18 @@ async fn a_completed_answer_is_replayed_for_its_key() {
         let response = reqwest::Client::new()
             .post(format!("{}/v1/chat/completions", gateway.url))
             .bearer_auth("caller-secret")
-            .header("idempotency-key", "job-1")
+            .header("idempotency-key", key)
             .body(body)
             .send()
             .await
             .unwrap();
-        assert_eq!(response.status(), 200);
+        assert_eq!(response.status(), 200, "{key}");
         answers.push(response.text().await.unwrap());
     }
     assert_eq!(
         calls.load(std::sync::atomic::Ordering::SeqCst),
         1,
-        "{answers:?}"
+        "{key}: {answers:?}"
     );
     assert!(answers.iter().all(|a| a == &answers[0]), "{answers:?}");
     // The same key for another body: a 422 naming the key, nothing sent.
@@ -820,22 +845,18 @@ async fn a_completed_answer_is_replayed_for_its_key() {
     let response = reqwest::Client::new()
         .post(format!("{}/v1/chat/completions", gateway.url))
         .bearer_auth("caller-secret")
-        .header("idempotency-key", "job-1")
+        .header("idempotency-key", key)
         .body(other)
         .send()
         .await
         .unwrap();
     let (status, _, refusal) = crate::support::json(response).await;
-    assert_eq!(status, 422, "{refusal}");
+    assert_eq!(status, 422, "{key}: {refusal}");
     assert!(
-        refusal["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("job-1"),
+        refusal["error"]["message"].as_str().unwrap().contains(key),
         "{refusal}"
     );
-    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
-    gateway.stop().await;
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1, "{key}");
 }
 
 /// An upstream answering embeddings, legacy completions and Anthropic's token counting: the
