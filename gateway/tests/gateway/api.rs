@@ -300,7 +300,7 @@ async fn metrics_carry_per_tenant_series() {
     for series in [
         r#"gateway_requests_total{tenant="acme/search",api="chat",class="interactive",status="200"}"#,
         r#"gateway_requests_total{tenant="acme/reports",api="messages",class="batch",status="200"}"#,
-        r#"gateway_tokens_total{tenant="acme/reports",kind="output"}"#,
+        r#"gateway_tokens_total{tenant="acme/reports",kind="output",service_tier="unknown"}"#,
         r#"gateway_tenant_level{tenant="globex",account="openai-sim",limit="requests_per_minute"}"#,
         r#"gateway_tenant_guaranteed_tokens_per_minute{tenant="acme",account="anthropic-sim"}"#,
         r#"gateway_account_queued{account="openai-sim",class="batch"}"#,
