@@ -2,7 +2,9 @@
 //! completions and messages, streamed and not, with usage; the models each key may use; and
 //! the errors each SDK raises for the gateway's refusals (an unknown key, a request without a
 //! model, an unknown model, a tenant over its limit, whose `Retry-After` the SDK's own retry
-//! honours, a paused tenant, a provider's 429, a stream the provider cut).
+//! honours, a paused tenant, a provider's 429 and how many upstream calls it costs, a stream
+//! the provider cut, Anthropic's 529), embeddings and token counting, and a flex request
+//! falling back to the standard tier.
 //! `sdk_conformance.py` holds the checks.
 
 use std::process::Command;
@@ -16,7 +18,9 @@ use http::StatusCode;
 use crate::support::{ADMIN, Binary, GLOBEX, REPORTS, SEARCH, demo};
 
 /// An OpenAI-style upstream that always answers 429 for the model `always-limited` (counting
-/// those calls, read at `GET /calls`), and cuts the stream of `cut-stream` after two events.
+/// those calls, read at `GET /calls`), and cuts the stream of `cut-stream` after two events;
+/// Anthropic's 529 `overloaded_error` for `overloaded-claude`; flex without capacity for
+/// `flex-model`.
 async fn pushback_upstream() -> String {
     let limited = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counted = limited.clone();
@@ -28,8 +32,29 @@ async fn pushback_upstream() -> String {
                 .to_string()
         }
     });
-    let app = axum::Router::new().route("/calls", calls).fallback(move |body: Bytes| async move {
+    let app = axum::Router::new().route("/calls", calls).fallback(move |uri: http::Uri, body: Bytes| async move {
         let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let json = |body: &'static str| {
+            ([("content-type", "application/json")], body).into_response()
+        };
+        match uri.path() {
+            "/v1/embeddings" => {
+                return json(
+                    r#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,0.2]},{"object":"embedding","index":1,"embedding":[0.3,0.4]}],"model":"embed-model","usage":{"prompt_tokens":4,"total_tokens":4}}"#,
+                );
+            }
+            "/v1/messages/count_tokens" => return json(r#"{"input_tokens":12}"#),
+            _ => {}
+        }
+        if request["model"] == "overloaded-claude" {
+            let error = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+            return (
+                StatusCode::from_u16(529).unwrap(),
+                [("content-type", "application/json")],
+                error,
+            )
+                .into_response();
+        }
         if request["model"] == "flex-model" {
             // The flex tier has no capacity; the standard tier answers, naming itself.
             if request["service_tier"] == "flex" {
@@ -83,8 +108,12 @@ name = "pushback"
 base_url = "{upstream}"
 key = "sk-pushback"
 profile = "openai"
-apis = ["chat"]
+apis = ["chat", "embeddings"]
 quota = {{ requests_per_minute = 600, tokens_per_minute = 600000 }}
+
+[[models]]
+name = "embed-model"
+account = "pushback"
 
 [[models]]
 name = "always-limited"
@@ -93,6 +122,18 @@ account = "pushback"
 [[models]]
 name = "cut-stream"
 account = "pushback"
+
+[[accounts]]
+name = "pushback-anthropic"
+base_url = "{upstream}"
+key = "sk-pushback-anthropic"
+profile = "anthropic"
+apis = ["messages", "count_tokens"]
+quota = {{ requests_per_minute = 600, input_tokens_per_minute = 600000, output_tokens_per_minute = 100000 }}
+
+[[models]]
+name = "overloaded-claude"
+account = "pushback-anthropic"
 
 [[models]]
 name = "flex-model"
@@ -162,6 +203,6 @@ async fn the_official_sdks_speak_to_the_gateway() {
         "the SDKs' checks failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), 18);
+    assert_eq!(stdout.lines().filter(|l| l.starts_with("ok ")).count(), 21);
     drop(gateway);
 }

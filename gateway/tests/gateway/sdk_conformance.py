@@ -250,6 +250,40 @@ def provider_pushback():
         )
 
 
+def more_apis():
+    answer = openai_client(SEARCH).embeddings.create(model="embed-model", input=["a cat", "a mat"])
+    check(
+        "openai: embeddings through the gateway, with usage",
+        len(answer.data) == 2 and answer.usage.prompt_tokens == 4,
+        repr(answer),
+    )
+    counted = anthropic_client(SEARCH).messages.count_tokens(
+        model="overloaded-claude", messages=HELLO
+    )
+    check(
+        "anthropic: count_tokens through the gateway",
+        counted.input_tokens == 12,
+        repr(counted),
+    )
+
+
+def overloaded():
+    # The provider answers Anthropic's 529 overloaded_error every time: once the gateway's
+    # retries give up, the Anthropic SDK raises its OverloadedError (before: a 503, its
+    # InternalServerError).
+    try:
+        anthropic_client(SEARCH).messages.create(
+            model="overloaded-claude", messages=HELLO, max_tokens=20
+        )
+        raise AssertionError("anthropic: an overloaded provider served a request")
+    except anthropic.OverloadedError as e:
+        check(
+            "anthropic: an overloaded provider is an OverloadedError (529), with Retry-After",
+            e.status_code == 529 and float(e.response.headers.get("retry-after", "0")) > 0,
+            e,
+        )
+
+
 def service_tiers():
     # The caller's service_tier reaches the provider; flex has no capacity (a 429 "Resource
     # Unavailable"), so this interactive key's request falls back at once to the standard
@@ -274,6 +308,8 @@ def main():
     missing_model()
     models()
     provider_pushback()
+    overloaded()
+    more_apis()
     service_tiers()
     rate_limits()
 
