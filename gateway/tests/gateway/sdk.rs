@@ -99,7 +99,8 @@ async fn pushback_upstream() -> String {
     crate::support::serve_upstream(app).await
 }
 
-/// The demo, with a third account in front of [`pushback_upstream`] serving two models.
+/// The demo, with two more accounts in front of [`pushback_upstream`] (an OpenAI one and an
+/// Anthropic one) serving its models.
 fn config(upstream: &str) -> String {
     let account = format!(
         r#"
