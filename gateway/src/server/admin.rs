@@ -3,14 +3,19 @@
 //! | route | does |
 //! |---|---|
 //! | `GET /admin/tenants` | the tree: each node's weight, pause, and on each account its limits and levels, used, guaranteed and borrowed tokens a minute, calls in flight, queued requests by class; today's usage |
-//! | `PUT /admin/limits` | `{"tenant": "acme/search", "limits": [{"dimension": "total_tokens", "amount": 9000, "period_seconds": 60}], "weight": 2}`: new limits, new weight (either may be left out) |
+//! | `PUT /admin/limits` | `{"tenant": "acme/search", "limits": [{"dimension": "total_tokens", "amount": 9000, "period_seconds": 60}], "remove": [{"dimension": "requests", "period_seconds": 60}], "weight": 2}`: each limit given replaces the node's of the same dimension and period (or is added), each of `remove` is dropped, the weight is replaced; every other limit is kept (any part may be left out) |
 //! | `POST /admin/pause` | `{"tenant": "globex"}` or `{"key": "globex-app"}`: refused at once, queued ones too |
 //! | `POST /admin/resume` | the same, lifted |
 //! | `GET /admin/usage` | today's requests, tokens and refusals per tenant |
 //! | `GET /admin/routes` | each public model's routes (the primary first, then fallbacks, then a ramp: name and account), and its ramp's share, ceiling and why it is paused |
+//!
+//! A tenant or key the gateway does not know is a 404 naming it; a body that cannot be read or
+//! a value out of range is a 400 with the reason; every error is JSON:
+//! `{"error": {"type": "not_found" | "invalid_request" | "authentication", "message": ...}}`.
 
 use std::sync::Arc;
 
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{Request, State};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
@@ -25,7 +30,7 @@ use tower_llm_quota::tenant::Tenant;
 
 use super::Gateway;
 use super::status;
-use super::tenancy::LimitChange;
+use super::tenancy::{LimitChange, LimitKey};
 use super::usage::Counts;
 
 pub(crate) fn routes(gateway: Arc<Gateway>) -> Router<Arc<Gateway>> {
@@ -47,11 +52,27 @@ async fn require_token(
     if gateway.is_admin(request.headers()) {
         next.run(request).await
     } else {
-        (StatusCode::UNAUTHORIZED, Json(serde_json::json!({
-            "error": {"type": "authentication", "message": "the admin API needs its bearer token"}
-        })))
-            .into_response()
+        error(
+            StatusCode::UNAUTHORIZED,
+            "authentication",
+            "the admin API needs its bearer token",
+        )
     }
+}
+
+/// An error of the admin API, in JSON.
+fn error(status: StatusCode, kind: &str, message: impl std::fmt::Display) -> Response {
+    let body = serde_json::json!({"error": {"type": kind, "message": message.to_string()}});
+    (status, Json(body)).into_response()
+}
+
+/// A body the admin API cannot read: a 400 with axum's reason.
+fn unreadable(rejection: &JsonRejection) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        rejection.body_text(),
+    )
 }
 
 /// One public model's routes, for `GET /admin/routes`.
@@ -99,18 +120,31 @@ async fn tenants(State(gateway): State<Arc<Gateway>>) -> Json<Vec<status::Tenant
 #[serde(deny_unknown_fields)]
 struct NodeChange {
     tenant: Tenant,
-    limits: Option<Vec<LimitChange>>,
+    #[serde(default)]
+    limits: Vec<LimitChange>,
+    #[serde(default)]
+    remove: Vec<LimitKey>,
     weight: Option<NonZeroU32>,
 }
 
-async fn limits(State(gateway): State<Arc<Gateway>>, Json(change): Json<NodeChange>) -> Response {
-    let limits = change.limits.as_deref();
+async fn limits(
+    State(gateway): State<Arc<Gateway>>,
+    change: Result<Json<NodeChange>, JsonRejection>,
+) -> Response {
+    let change = match change {
+        Ok(Json(change)) => change,
+        Err(rejection) => return unreadable(&rejection),
+    };
+    if !known(&gateway, &change.tenant) {
+        return not_found("tenant", change.tenant.as_str());
+    }
+    let parts = (change.limits.as_slice(), change.remove.as_slice());
     match gateway
         .tenants
-        .set_node(&change.tenant, limits, change.weight)
+        .set_node(&change.tenant, parts, change.weight)
     {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
-        Err(error) => (StatusCode::BAD_REQUEST, error.to_string()).into_response(),
+        Err(reason) => error(StatusCode::BAD_REQUEST, "invalid_request", reason),
     }
 }
 
@@ -122,24 +156,45 @@ struct Target {
     key: Option<String>,
 }
 
-fn set_paused(gateway: &Gateway, target: Target, paused: bool) -> Response {
+fn set_paused(
+    gateway: &Gateway,
+    target: Result<Json<Target>, JsonRejection>,
+    paused: bool,
+) -> Response {
+    let target = match target {
+        Ok(Json(target)) => target,
+        Err(rejection) => return unreadable(&rejection),
+    };
     let path = match (target.tenant, target.key) {
-        (Some(tenant), None) => tenant,
+        (Some(tenant), None) if known(gateway, &tenant) => tenant,
+        (Some(tenant), None) => return not_found("tenant", tenant.as_str()),
         (None, Some(key)) => match gateway.keys.path_of(&key) {
             Some(path) => path.clone(),
-            None => return not_found(&key),
+            None => return not_found("key", &key),
         },
-        _ => return (StatusCode::BAD_REQUEST, "give one of `tenant` and `key`").into_response(),
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request",
+                "give one of `tenant` and `key`",
+            );
+        }
     };
     gateway.tenants.set_paused(&path, paused);
     StatusCode::NO_CONTENT.into_response()
 }
 
-async fn pause(State(gateway): State<Arc<Gateway>>, Json(target): Json<Target>) -> Response {
+async fn pause(
+    State(gateway): State<Arc<Gateway>>,
+    target: Result<Json<Target>, JsonRejection>,
+) -> Response {
     set_paused(&gateway, target, true)
 }
 
-async fn resume(State(gateway): State<Arc<Gateway>>, Json(target): Json<Target>) -> Response {
+async fn resume(
+    State(gateway): State<Arc<Gateway>>,
+    target: Result<Json<Target>, JsonRejection>,
+) -> Response {
     set_paused(&gateway, target, false)
 }
 
@@ -162,10 +217,17 @@ async fn usage(State(gateway): State<Arc<Gateway>>) -> Json<Vec<TenantUsage>> {
     )
 }
 
-fn not_found(name: &str) -> Response {
-    (
+/// Whether the gateway knows the node `path`: configured, a key's tenant or an ancestor, or a
+/// key's own path.
+fn known(gateway: &Gateway, path: &Tenant) -> bool {
+    gateway.tenants.knows(path) || gateway.keys.is_key_path(path)
+}
+
+/// 404: the gateway knows no `what` (tenant, key) of this name.
+fn not_found(what: &str, name: &str) -> Response {
+    error(
         StatusCode::NOT_FOUND,
-        format!("no tenant or key named `{name}`"),
+        "not_found",
+        format!("no {what} named `{name}`"),
     )
-        .into_response()
 }

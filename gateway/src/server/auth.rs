@@ -109,6 +109,11 @@ impl KeyRing {
             .map(|c| &c.path)
     }
 
+    /// Whether `path` is a key's own path (its tenant and its name).
+    pub(crate) fn is_key_path(&self, path: &Tenant) -> bool {
+        self.callers.iter().any(|c| c.path == *path)
+    }
+
     /// The caller a request's key (`Authorization: Bearer` or `x-api-key`) belongs to.
     pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Option<&Caller> {
         let presented = presented_key(headers)?;

@@ -30,6 +30,14 @@ pub(crate) struct Tenancy {
     accounts: Vec<(String, TenantHandle)>,
 }
 
+/// A limit to remove, by its dimension and period.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LimitKey {
+    dimension: String,
+    period_seconds: u64,
+}
+
 /// A limit as the admin API takes it.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,6 +102,12 @@ impl Tenancy {
             paths,
             accounts: Vec::new(),
         }
+    }
+
+    /// Whether `path` is a node the gateway knows: a configured one, a key's tenant or one of
+    /// their ancestors.
+    pub(crate) fn knows(&self, path: &Tenant) -> bool {
+        self.paths.contains(path)
     }
 
     /// Adds an account's copy of the tree.
@@ -208,37 +222,72 @@ impl Tenancy {
         }
     }
 
-    /// Replaces a node's limits (when given) and weight (when given) on every account, keeping
-    /// the rest of its configuration.
+    /// Changes a node on every account: each limit of `limits` replaces the node's limit of
+    /// the same dimension and period (or is added), each of `remove` (a dimension and a period)
+    /// is dropped, the weight is replaced when given; every other limit and setting is kept.
     pub(crate) fn set_node(
         &self,
         path: &Tenant,
-        limits: Option<&[LimitChange]>,
+        (limits, remove): (&[LimitChange], &[LimitKey]),
         weight: Option<NonZeroU32>,
     ) -> Result<(), ConfigError> {
+        let dimension = |name: &str| {
+            Dimension::ALL
+                .into_iter()
+                .find(|d| d.as_str() == name)
+                .ok_or_else(|| {
+                    ConfigError(format!(
+                        "unknown dimension `{name}` (requests, input_tokens, output_tokens, \
+                         total_tokens)"
+                    ))
+                })
+        };
         let limits = limits
-            .map(|limits| {
-                limits
-                    .iter()
-                    .map(|l| {
-                        let dimension = Dimension::ALL
-                            .into_iter()
-                            .find(|d| d.as_str() == l.dimension)
-                            .ok_or_else(|| {
-                                ConfigError(format!("unknown dimension `{}`", l.dimension))
-                            })?;
-                        Limit::new(dimension, l.amount, Duration::from_secs(l.period_seconds))
-                            .map_err(|e| ConfigError(e.to_string()))
-                    })
-                    .collect::<Result<Vec<_>, _>>()
+            .iter()
+            .map(|l| {
+                Limit::new(
+                    dimension(&l.dimension)?,
+                    l.amount,
+                    Duration::from_secs(l.period_seconds),
+                )
+                .map_err(|e| {
+                    ConfigError(format!("{} per {} s: {e}", l.dimension, l.period_seconds))
+                })
             })
-            .transpose()?;
+            .collect::<Result<Vec<_>, _>>()?;
+        let remove = remove
+            .iter()
+            .map(|k| {
+                Ok((
+                    dimension(&k.dimension)?,
+                    Duration::from_secs(k.period_seconds),
+                ))
+            })
+            .collect::<Result<Vec<_>, ConfigError>>()?;
+        // The accounts serve one tenant state: what it holds now is checked once.
+        let current = self.accounts.first().and_then(|(_, h)| h.node(path));
+        for (dimension, period) in &remove {
+            let held = current.iter().flat_map(TenantNode::limits);
+            if !held
+                .into_iter()
+                .any(|l| l.dimension() == *dimension && l.period() == *period)
+            {
+                return Err(ConfigError(format!(
+                    "the tenant {path} has no {dimension} limit per {} s to remove",
+                    period.as_secs()
+                )));
+            }
+        }
         for (_, handle) in &self.accounts {
             let old = handle.node(path).unwrap_or_default();
-            let mut node = match &limits {
-                Some(limits) => limits.iter().fold(rebuilt(&old), |n, l| n.with_limit(*l)),
-                None => old,
-            };
+            let kept = old.limits().iter().filter(|l| {
+                !remove
+                    .iter()
+                    .any(|(d, p)| l.dimension() == *d && l.period() == *p)
+            });
+            let mut node = kept
+                .chain(&limits)
+                .fold(rebuilt(&old), |n, l| n.with_limit(*l));
             if let Some(weight) = weight {
                 node = node.with_weight(weight);
             }

@@ -100,7 +100,7 @@ async fn pause_refuses_a_tenant_at_once_and_resume_restores_it() {
             json!({"tenant": "initech//x"}),
         )
         .await;
-    assert_eq!(unknown.status(), 422);
+    assert_eq!(unknown.status(), 400);
     // The provider saw none of the refused requests.
     let stats = gateway.gateway.accounts[0]
         .simulator
@@ -200,8 +200,128 @@ async fn limits_change_and_the_tree_shows_levels_and_usage() {
             .admin(Method::PUT, "/limits", ADMIN, bad)
             .await
             .status(),
-        422
+        400
     );
+    gateway.stop().await;
+}
+
+/// The admin API refuses mistakes: an unknown tenant or key is a 404 naming it (before: 204,
+/// nothing done); a value out of range or an unknown dimension is a 400 with the reason; every
+/// error is JSON; one limit changed keeps the others (before: setting a request limit dropped
+/// the tenant's token limit); a limit is removed by its dimension and period.
+#[tokio::test]
+async fn the_admin_api_refuses_mistakes_and_changes_one_limit_at_a_time() {
+    let gateway = Running::start(&demo()).await;
+    let expect = |response: reqwest::Response,
+                  status: u16,
+                  kind: &'static str,
+                  says: &'static str| async move {
+        assert_eq!(response.status(), status);
+        let body: Value = response.json_value().await;
+        assert_eq!(body["error"]["type"], kind, "{body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    };
+    for (path, target) in [
+        ("/pause", json!({"tenant": "globx"})),
+        ("/resume", json!({"tenant": "globx"})),
+    ] {
+        let response = gateway.admin(Method::POST, path, ADMIN, target).await;
+        expect(response, 404, "not_found", "no tenant named `globx`").await;
+    }
+    let response = gateway
+        .admin(Method::POST, "/pause", ADMIN, json!({"key": "globex-ap"}))
+        .await;
+    expect(response, 404, "not_found", "no key named `globex-ap`").await;
+    let change = json!({"tenant": "initech", "limits": [{"dimension": "requests", "amount": 5, "period_seconds": 60}]});
+    let response = gateway.admin(Method::PUT, "/limits", ADMIN, change).await;
+    expect(response, 404, "not_found", "no tenant named `initech`").await;
+    let change = json!({"tenant": "globex", "limits": [{"dimension": "tokens", "amount": 5, "period_seconds": 60}]});
+    let response = gateway.admin(Method::PUT, "/limits", ADMIN, change).await;
+    expect(
+        response,
+        400,
+        "invalid_request",
+        "unknown dimension `tokens`",
+    )
+    .await;
+    let response = gateway
+        .admin(
+            Method::PUT,
+            "/limits",
+            ADMIN,
+            json!({"tenant": "globex", "amount": 5}),
+        )
+        .await;
+    expect(response, 400, "invalid_request", "amount").await;
+    let response = gateway
+        .admin(Method::GET, "/tenants", "wrong-token", Value::Null)
+        .await;
+    expect(response, 401, "authentication", "bearer token").await;
+    // A key's own path is a node too.
+    let response = gateway
+        .admin(
+            Method::POST,
+            "/pause",
+            ADMIN,
+            json!({"tenant": "globex/globex-app"}),
+        )
+        .await;
+    assert_eq!(response.status(), 204);
+
+    // acme/search has a token limit of its own: a request limit added keeps it.
+    let levels = |tree: &Value, path: &str| -> Vec<String> {
+        let node = tree
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["path"] == path)
+            .unwrap();
+        let mut limits: Vec<String> = node["accounts"][0]["levels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["limit"].as_str().unwrap().to_owned())
+            .collect();
+        limits.sort();
+        limits
+    };
+    let before = levels(&tree(&gateway).await, "acme/search");
+    assert!(
+        before.iter().any(|l| l.starts_with("total_tokens")),
+        "{before:?}"
+    );
+    let change = json!({"tenant": "acme/search", "limits": [{"dimension": "requests", "amount": 30, "period_seconds": 60}]});
+    assert_eq!(
+        gateway
+            .admin(Method::PUT, "/limits", ADMIN, change)
+            .await
+            .status(),
+        204
+    );
+    let after = levels(&tree(&gateway).await, "acme/search");
+    let mut expected = before.clone();
+    expected.push("requests_per_minute".into());
+    expected.sort();
+    assert_eq!(after, expected);
+    // Removed by its dimension and period; removing it again is a 400.
+    let remove = json!({"tenant": "acme/search", "remove": [{"dimension": "requests", "period_seconds": 60}]});
+    assert_eq!(
+        gateway
+            .admin(Method::PUT, "/limits", ADMIN, remove.clone())
+            .await
+            .status(),
+        204
+    );
+    assert_eq!(levels(&tree(&gateway).await, "acme/search"), before);
+    let response = gateway.admin(Method::PUT, "/limits", ADMIN, remove).await;
+    expect(
+        response,
+        400,
+        "invalid_request",
+        "no requests limit per 60 s",
+    )
+    .await;
     gateway.stop().await;
 }
 
@@ -213,4 +333,13 @@ impl JsonValue for reqwest::Response {
     async fn json_value(self) -> Value {
         serde_json::from_slice(&self.bytes().await.unwrap()).unwrap()
     }
+}
+
+/// The tenant tree as `GET /admin/tenants` shows it.
+async fn tree(gateway: &Running) -> Value {
+    gateway
+        .admin(Method::GET, "/tenants", ADMIN, Value::Null)
+        .await
+        .json_value()
+        .await
 }
