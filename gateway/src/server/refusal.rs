@@ -295,13 +295,47 @@ impl IntoResponse for Refusal {
     }
 }
 
-/// The limit name of a dimension counted per minute or per day.
+/// The name of a limit of `dimension` over `period`: `requests_per_minute`,
+/// `total_tokens_per_day`, and for any other period its length, `requests_per_10_seconds`,
+/// `total_tokens_per_2_hours`.
 pub(crate) fn limit_name(dimension: &str, period: Duration) -> String {
-    let per = match period.as_secs() {
-        86_400 => "day",
-        3_600 => "hour",
-        1 => "second",
-        _ => "minute",
+    let secs = period.as_secs();
+    let millis = period.as_millis();
+    let per = match secs {
+        _ if millis % 1_000 != 0 => format!("{millis}_milliseconds"),
+        1 => "second".to_owned(),
+        60 => "minute".to_owned(),
+        3_600 => "hour".to_owned(),
+        86_400 => "day".to_owned(),
+        s if s % 86_400 == 0 => format!("{}_days", s / 86_400),
+        s if s % 3_600 == 0 => format!("{}_hours", s / 3_600),
+        s if s % 60 == 0 => format!("{}_minutes", s / 60),
+        s => format!("{s}_seconds"),
     };
     format!("{dimension}_per_{per}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_is_named_by_its_own_period() {
+        let name = |secs: u64| limit_name("requests", Duration::from_secs(secs));
+        assert_eq!(name(60), "requests_per_minute");
+        assert_eq!(name(10), "requests_per_10_seconds");
+        assert_eq!(name(7_200), "requests_per_2_hours");
+        assert_eq!(name(86_400), "requests_per_day");
+        assert_eq!(name(172_800), "requests_per_2_days");
+        assert_eq!(name(300), "requests_per_5_minutes");
+        assert_eq!(name(1), "requests_per_second");
+        assert_eq!(
+            limit_name("requests", Duration::from_millis(2_000)),
+            "requests_per_2_seconds"
+        );
+        assert_eq!(
+            limit_name("requests", Duration::from_millis(1_500)),
+            "requests_per_1500_milliseconds"
+        );
+    }
 }

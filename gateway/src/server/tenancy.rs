@@ -52,7 +52,10 @@ pub(crate) struct LimitChange {
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct NodeView {
     pub(crate) path: String,
+    /// The node's configured weight (its template's when it has none of its own).
     pub(crate) weight: u32,
+    /// The weight it is served by in the fair share: the product of the weights on its path.
+    pub(crate) path_weight: u32,
     pub(crate) paused: bool,
     pub(crate) accounts: Vec<ShareView>,
 }
@@ -69,21 +72,27 @@ pub(crate) struct ShareView {
     pub(crate) queued: [usize; 3],
 }
 
-/// A limit's state now.
+/// A limit's state now: its name, its amount per its period, its burst (the most spent at
+/// once, `capacity`), and what is left of the burst now (`level`).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct LevelView {
     pub(crate) limit: String,
+    /// The configured (or provider-reported) amount per `period_seconds`.
+    pub(crate) amount: u64,
+    pub(crate) period_seconds: f64,
+    /// The burst: at most this much at once.
     pub(crate) capacity: u64,
+    /// What is left of the burst now.
     pub(crate) level: i64,
 }
 
 impl From<&LimitSnapshot> for LevelView {
     fn from(snapshot: &LimitSnapshot) -> Self {
+        let limit = snapshot.limit();
         Self {
-            limit: limit_name(
-                snapshot.limit().dimension().as_str(),
-                snapshot.limit().period(),
-            ),
+            limit: limit_name(limit.dimension().as_str(), limit.period()),
+            amount: limit.amount().get(),
+            period_seconds: limit.period().as_secs_f64(),
             capacity: snapshot.capacity(),
             level: snapshot.level(),
         }
@@ -308,9 +317,11 @@ impl Tenancy {
                     .iter()
                     .map(|(name, handle)| (name, handle.snapshot(path)))
                     .collect();
+                let configured = self.accounts.first().and_then(|(_, h)| h.node(path));
                 NodeView {
                     path: path.to_string(),
-                    weight: shares.first().map_or(1, |(_, s)| s.weight()),
+                    weight: configured.map_or(1, |node| node.weight().get()),
+                    path_weight: shares.first().map_or(1, |(_, s)| s.weight()),
                     paused: shares.iter().any(|(_, s)| s.is_paused()),
                     accounts: shares
                         .iter()

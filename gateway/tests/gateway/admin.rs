@@ -171,6 +171,8 @@ async fn limits_change_and_the_tree_shows_levels_and_usage() {
         "requests_per_minute"
     );
     assert_eq!(globex["accounts"][0]["levels"][0]["capacity"], 1);
+    assert_eq!(globex["accounts"][0]["levels"][0]["amount"], 1);
+    assert_eq!(globex["accounts"][0]["levels"][0]["period_seconds"], 60.0);
     assert_eq!(globex["accounts"][0]["levels"][0]["level"], 0);
     assert_eq!(globex["usage"]["requests"], 2);
     assert_eq!(globex["usage"]["local_refusals"], 1);
@@ -322,6 +324,44 @@ async fn the_admin_api_refuses_mistakes_and_changes_one_limit_at_a_time() {
         "no requests limit per 60 s",
     )
     .await;
+
+    // A limit is named by its own period, with its amount and burst apart (before: five a
+    // 10 s window was called `requests_per_minute`); the weight shown is the configured one.
+    let change = json!({"tenant": "globex", "limits": [{"dimension": "requests", "amount": 5, "period_seconds": 10}]});
+    assert_eq!(
+        gateway
+            .admin(Method::PUT, "/limits", ADMIN, change)
+            .await
+            .status(),
+        204
+    );
+    let tree = tree(&gateway).await;
+    let node = |path: &str| {
+        tree.as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["path"] == path)
+            .unwrap()
+            .clone()
+    };
+    let globex = node("globex");
+    let level = globex["accounts"][0]["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["limit"] == "requests_per_10_seconds")
+        .unwrap_or_else(|| panic!("{globex}"))
+        .clone();
+    assert_eq!(
+        (level["amount"].as_u64(), level["period_seconds"].as_f64()),
+        (Some(5), Some(10.0))
+    );
+    // acme/search weighs 2 under acme's 3: configured 2, served at 6.
+    let search = node("acme/search");
+    assert_eq!(
+        (search["weight"].as_u64(), search["path_weight"].as_u64()),
+        (Some(2), Some(6))
+    );
     gateway.stop().await;
 }
 
