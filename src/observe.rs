@@ -253,6 +253,15 @@ mod enabled {
             "Whether a ramp's growth is paused (1) or not (0), per route."
         );
         describe_counter!(
+            "llm_tenant_tokens_total",
+            Unit::Count,
+            "Tokens settled per tenant, guaranteed (within its guarantee) or borrowed."
+        );
+        describe_counter!(
+            "llm_tenant_refusals_total",
+            "Requests refused by a tenant scope, by reason."
+        );
+        describe_counter!(
             "llm_duplicate_suppressed_total",
             "Requests answered without a call of their own: joined an identical call in flight, or replayed a stored response; by task type."
         );

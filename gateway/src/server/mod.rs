@@ -52,15 +52,39 @@ pub(crate) struct Gateway {
     metrics: PrometheusHandle,
 }
 
-/// The process's Prometheus recorder, installed on first use.
+/// The buckets of the latency histograms, in seconds: from 5 ms (a call answered at once, the
+/// gateway's own time) to 5 minutes (batch work waiting for its quota).
+const SECONDS_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0,
+];
+
+/// The buckets of `llm_estimate_error_ratio` (reserved ÷ used): 1 is an exact estimate.
+const RATIO_BUCKETS: [f64; 12] = [
+    0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0,
+];
+
+/// The process's Prometheus recorder, installed on first use: every histogram rendered as a
+/// Prometheus histogram (buckets add up across replicas; summaries do not).
 pub(crate) fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            use metrics_exporter_prometheus::Matcher;
+            let recorder = PrometheusBuilder::new()
+                .set_buckets(&SECONDS_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("llm_estimate_error_ratio".into()),
+                        &RATIO_BUCKETS,
+                    )
+                })
+                .expect("non-empty buckets")
+                .build_recorder();
             let handle = recorder.handle();
             // Another recorder already installed (a test's): this one still renders its own.
-            let _ = metrics::set_global_recorder(recorder);
+            if metrics::set_global_recorder(recorder).is_ok() {
+                usage::describe();
+            }
             handle
         })
         .clone()

@@ -12,6 +12,56 @@ use tower_llm_quota::usage::ServiceTier;
 
 use super::refusal::{Decision, Refusal};
 
+/// The gateway's own series, described for Prometheus (`HELP` and units).
+pub(crate) fn describe() {
+    use metrics::{describe_counter, describe_gauge};
+    describe_counter!(
+        "gateway_requests_total",
+        "Requests the provider answered, by tenant, API, class and status."
+    );
+    describe_counter!(
+        "gateway_tokens_total",
+        metrics::Unit::Count,
+        "Tokens the answers used, by tenant, kind (input, output) and service tier."
+    );
+    describe_counter!(
+        "gateway_refusals_total",
+        "Requests refused, by tenant, decision (local, provider) and limit."
+    );
+    describe_gauge!(
+        "gateway_tenant_used_tokens_per_minute",
+        "Tokens a tenant used on an account over the last minute."
+    );
+    describe_gauge!(
+        "gateway_tenant_guaranteed_tokens_per_minute",
+        "Tokens a minute a tenant's guarantee holds for it on an account."
+    );
+    describe_gauge!(
+        "gateway_tenant_borrowed_tokens_per_minute",
+        "Tokens a tenant used beyond its guarantee on an account over the last minute."
+    );
+    describe_gauge!(
+        "gateway_tenant_queued",
+        "Requests of a tenant waiting on an account."
+    );
+    describe_gauge!(
+        "gateway_tenant_level",
+        "What is left of a tenant's limit's burst on an account."
+    );
+    describe_gauge!(
+        "gateway_tenant_paused",
+        "Whether a tenant is paused (1) or not (0)."
+    );
+    describe_gauge!(
+        "gateway_account_in_flight",
+        "Calls in flight on an account (or a scope of it)."
+    );
+    describe_gauge!(
+        "gateway_account_queued",
+        "Requests waiting on an account (or a scope of it), by class."
+    );
+}
+
 /// How many refusals the status page lists.
 const LAST_REFUSALS: usize = 20;
 

@@ -278,6 +278,60 @@ async fn a_stream_passes_byte_for_byte_with_the_gateway_key_upstream() {
     gateway.stop().await;
 }
 
+/// `promtool check metrics` finds nothing to say of `exposition` (every series has its `HELP`
+/// and `TYPE`, names and units follow the conventions). Skipped without promtool, unless
+/// `PROMTOOL_REQUIRED` is set (`.ci/run` installs it and sets it).
+fn promtool_accepts(exposition: &str) {
+    use std::io::Write;
+    let spawned = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut child) = spawned else {
+        assert!(
+            std::env::var_os("PROMTOOL_REQUIRED").is_none(),
+            "PROMTOOL_REQUIRED is set but promtool does not run"
+        );
+        println!("skipped: no promtool (Debian's `prometheus` package provides it)");
+        return;
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(exposition.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && said.trim().is_empty(),
+        "promtool check metrics: {said}"
+    );
+}
+
+/// The check above, on a planted violation: a counter without its `HELP`.
+#[test]
+fn the_promtool_check_sees_a_series_without_help() {
+    let promtool = std::process::Command::new("promtool")
+        .arg("--version")
+        .output()
+        .is_ok();
+    if !promtool {
+        return;
+    }
+    let planted =
+        std::panic::catch_unwind(|| promtool_accepts("# TYPE x_total counter\nx_total 1\n"));
+    assert!(planted.is_err(), "a series without HELP passed the check");
+}
+
+/// The gateway's and the crate's series on `/metrics`, each with its `HELP` and `TYPE`
+/// (`promtool check metrics` clean), latencies as histograms.
 #[tokio::test]
 async fn metrics_carry_per_tenant_series() {
     let gateway = Running::start(&demo()).await;
@@ -311,6 +365,13 @@ async fn metrics_carry_per_tenant_series() {
     for series in ["llm_requests_total", "llm_tenant_tokens_total"] {
         assert!(text.contains(series), "{series} missing");
     }
+    // Latencies add up across replicas: histograms, not summaries.
+    assert!(
+        text.contains("# TYPE llm_call_seconds histogram"),
+        "llm_call_seconds is not a histogram"
+    );
+    assert!(!text.contains(" summary\n"), "a summary is rendered");
+    promtool_accepts(&text);
     assert_eq!(gateway.get("/healthz").await, (200, "ok".to_owned()));
     gateway.stop().await;
 }
