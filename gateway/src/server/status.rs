@@ -144,5 +144,10 @@ pub(crate) fn record_gauges(gateway: &Gateway) {
             gauge!("gateway_account_queued", "account" => account.name.clone(), "class" => class)
                 .set(depth as f64);
         }
+        for level in &account.levels {
+            let labels = |name: &'static str| gauge!(name, "account" => account.name.clone(), "limit" => level.limit.clone());
+            labels("gateway_account_level").set(level.level as f64);
+            labels("gateway_account_burst").set(level.capacity as f64);
+        }
     }
 }

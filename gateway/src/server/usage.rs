@@ -60,6 +60,14 @@ pub(crate) fn describe() {
         "gateway_account_queued",
         "Requests waiting on an account (or a scope of it), by class."
     );
+    describe_gauge!(
+        "gateway_account_level",
+        "What is left of an account's (or a scope's) limit's burst."
+    );
+    describe_gauge!(
+        "gateway_account_burst",
+        "The burst of an account's (or a scope's) limit: the most it admits at once."
+    );
 }
 
 /// How many refusals the status page lists.

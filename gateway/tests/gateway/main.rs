@@ -11,6 +11,7 @@ mod admin;
 mod api;
 mod browser;
 mod connections;
+mod ops;
 mod pushback;
 mod replicas;
 mod routing;
