@@ -29,6 +29,7 @@ use std::num::NonZeroU32;
 use tower_llm_quota::tenant::Tenant;
 
 use super::Gateway;
+use super::audit::{AdminEntry, rfc3339};
 use super::status;
 use super::tenancy::{LimitChange, LimitKey};
 use super::usage::Counts;
@@ -139,11 +140,15 @@ async fn limits(
         return not_found("tenant", change.tenant.as_str());
     }
     let parts = (change.limits.as_slice(), change.remove.as_slice());
+    let before = gateway.tenants.node_summary(&change.tenant);
     match gateway
         .tenants
         .set_node(&change.tenant, parts, change.weight)
     {
-        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Ok(()) => {
+            audit_change(&gateway, "limits", &change.tenant, before);
+            StatusCode::NO_CONTENT.into_response()
+        }
         Err(reason) => error(StatusCode::BAD_REQUEST, "invalid_request", reason),
     }
 }
@@ -180,8 +185,28 @@ fn set_paused(
             );
         }
     };
+    let before = gateway.tenants.node_summary(&path);
     gateway.tenants.set_paused(&path, paused);
+    audit_change(
+        gateway,
+        if paused { "pause" } else { "resume" },
+        &path,
+        before,
+    );
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// Writes an admin change to the audit log: who (the admin token's name), what, the node
+/// before and after.
+fn audit_change(gateway: &Gateway, action: &'static str, path: &Tenant, before: serde_json::Value) {
+    gateway.audit.write(&AdminEntry {
+        time: rfc3339(std::time::SystemTime::now()),
+        admin: "admin",
+        action,
+        target: path.as_str(),
+        before,
+        after: gateway.tenants.node_summary(path),
+    });
 }
 
 async fn pause(

@@ -214,6 +214,9 @@ pub(crate) struct ServerConfig {
     /// The largest request head (request line and headers) accepted (431 above).
     #[serde(default = "default_max_header")]
     pub(crate) max_header_bytes: usize,
+    /// The audit log (a JSON line per request and per admin change): `stdout` (the default),
+    /// `off`, or a file path (appended to; rotation is left to the platform).
+    pub(crate) audit_log: Option<String>,
     /// With a shared store: each replica admits from what it leased of every account,
     /// renewed every this many milliseconds (100 by default); 0 asks the store per admission.
     #[serde(default = "default_lease_refresh")]
@@ -234,6 +237,7 @@ impl Default for ServerConfig {
             max_connections: None,
             max_header_bytes: default_max_header(),
             lease_refresh_ms: default_lease_refresh(),
+            audit_log: None,
         }
     }
 }

@@ -23,6 +23,7 @@ use tower_llm_quota::retry::{
 use tower_llm_quota::{BoxError, Cost, Error};
 
 use super::Gateway;
+use super::audit::{Audited, Tokens};
 use super::config::{Api, Retries};
 use super::metered::{Meter, Metered};
 use super::refusal::{Dialect, Refusal};
@@ -39,34 +40,46 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Body>) -> Response {
     let dialect = dialect_of(api);
     let (parts, body) = request.into_parts();
+    let mut audit = Audited::new(api, &parts.headers);
     let Some(caller) = gateway.keys.authenticate(&parts.headers).cloned() else {
-        return gateway.refuse_in(dialect, None, Refusal::unauthorized());
+        return audit.refuse(&gateway, dialect, None, Refusal::unauthorized());
     };
+    audit.entry.tenant = Some(caller.tenant.clone());
+    audit.entry.key = Some(caller.name.clone());
     let tenant = Some(caller.tenant.as_str());
     if gateway.shutdown.is_cancelled() {
-        return gateway.refuse_in(dialect, tenant, stopping());
+        return audit.refuse(&gateway, dialect, tenant, stopping());
     }
     if gateway.account(api).is_none() {
-        return gateway.refuse_in(dialect, tenant, Refusal::not_served(api.path()));
+        return audit.refuse(&gateway, dialect, tenant, Refusal::not_served(api.path()));
     }
     let body = match read_body(body, gateway.max_body_bytes).await {
         Ok(body) => body,
-        Err(refusal) => return gateway.refuse_in(dialect, tenant, refusal),
+        Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };
     let (cost, streaming, model) = match check_body(api, &body) {
         Ok(checked) => checked,
-        Err(refusal) => return gateway.refuse_in(dialect, tenant, refusal),
+        Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };
+    audit.entry.model = Some(model.clone());
+    audit.entry.estimated = Some(Tokens {
+        input: cost.input_tokens(),
+        output: cost.output_tokens(),
+        cached: None,
+    });
     let (primary, routed) = match gateway.models.resolve(&gateway, &caller, api, &model) {
         Ok(resolved) => resolved,
-        Err(refusal) => return gateway.refuse_in(dialect, tenant, refusal),
+        Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };
     if let Err(refusal) = gateway.tenants.check(&primary.name, &caller.path, cost) {
-        return gateway.refuse_in(dialect, tenant, refusal);
+        return audit.refuse(&gateway, dialect, tenant, refusal);
     }
     let dispatched = Dispatched::default();
     let mut upstream = primary.request(api, &parts.headers, body);
     let class = caller.class(&parts.headers);
+    audit.entry.class = Some(class.as_str());
+    audit.entry.account = Some(primary.name.clone());
+    audit.entry.provider = Some(primary.profile.name());
     let client_retries = caller.retries == Retries::Client;
     let extensions = upstream.extensions_mut();
     extensions.insert(class);
@@ -99,17 +112,19 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
             } else {
                 // Still queued: leave the queue (the future's drop gives its place back).
                 drop(call);
-                return gateway.refuse_in(dialect, tenant, stopping());
+                return audit.refuse(&gateway, dialect, tenant, stopping());
             }
         }
     };
     let response = match result {
         Ok(response) => response,
         Err(error) => {
+            audit.entry.attempts = error.retry_report().map(|r| r.attempts());
             let refusal = stack_error(primary, &error).client_retries(client_retries);
-            return gateway.refuse_in(dialect, tenant, refusal);
+            return audit.refuse(&gateway, dialect, tenant, refusal);
         }
     };
+    audit.answered(&gateway, &response);
     // The account of the route that answered (a fallback's, a ramp's, or the primary's).
     let served = response.extensions().get::<ServedBy>().cloned();
     let account = &gateway.accounts[routed.account_of(served.as_ref().map(ServedBy::route))];
@@ -123,13 +138,18 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         let (head, body) = response.into_parts();
         let bytes = collect(body, MAX_ERROR_BODY).await.unwrap_or_default();
         let head = http::Response::from_parts(head, ());
+        audit.provider_said(&head, &bytes);
         let refusal =
             provider_refusal((account, scoped), &head, &bytes).client_retries(client_retries);
-        return gateway.refuse_in(dialect, tenant, refusal);
+        return audit.refuse(&gateway, dialect, tenant, refusal);
     }
     if is_overloaded(response.status()) {
-        let refusal = overloaded(account, response.headers()).client_retries(client_retries);
-        return gateway.refuse_in(dialect, tenant, refusal);
+        let (head, body) = response.into_parts();
+        let bytes = collect(body, MAX_ERROR_BODY).await.unwrap_or_default();
+        let head = http::Response::from_parts(head, ());
+        audit.provider_said(&head, &bytes);
+        let refusal = overloaded(account, head.headers()).client_retries(client_retries);
+        return audit.refuse(&gateway, dialect, tenant, refusal);
     }
     gateway.ledger.answered(
         &caller.tenant,
@@ -156,13 +176,78 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     if let Some(served) = &served {
         insert_route_headers(&mut head.headers, served);
     }
+    audit.entry.status = head.status.as_u16();
+    if let Ok(id) = http::HeaderValue::from_str(&audit.entry.request_id) {
+        head.headers.insert("x-request-id", id);
+    }
     let meter = Meter {
         ledger: gateway.ledger.clone(),
         tenant: caller.tenant.clone(),
         scan: Some(ProviderScan::new(profile, streaming).tier_from(&head.headers)),
         estimate: cost,
+        audit: Some((gateway.audit.clone(), audit)),
+        bytes: 0,
     };
     Response::from_parts(head, Body::new(Metered::new(body, meter)))
+}
+
+impl Audited {
+    /// Writes the refused request's line and answers the refusal (in `dialect`, recorded for
+    /// `tenant`), with the request's id.
+    fn refuse(
+        mut self,
+        gateway: &Gateway,
+        dialect: Dialect,
+        tenant: Option<&str>,
+        refusal: Refusal,
+    ) -> Response {
+        self.entry.decision = match refusal.gateway_decision {
+            super::refusal::Decision::Local => "local",
+            super::refusal::Decision::Provider => "provider",
+        };
+        self.entry.status = refusal.status.as_u16();
+        self.entry.limit = Some(refusal.limit.to_string());
+        self.entry.scope = Some(refusal.scope.to_string());
+        self.entry.reason = Some(refusal.message.to_string());
+        let id = http::HeaderValue::from_str(&self.entry.request_id).ok();
+        self.finish(&gateway.audit, None, 0);
+        let mut response = gateway.refuse_in(dialect, tenant, refusal);
+        if let Some(id) = id {
+            response.headers_mut().insert("x-request-id", id);
+        }
+        response
+    }
+
+    /// Records what the answer's head says: the route and account that served it, why a
+    /// fallback did, the attempts, the time queued and the call's.
+    fn answered<B>(&mut self, gateway: &Gateway, response: &http::Response<B>) {
+        let extensions = response.extensions();
+        if let Some(served) = extensions.get::<ServedBy>() {
+            self.entry.route = Some(served.route().to_owned());
+            self.entry.fallback = served.fallback_reason().map(|r| r.as_str());
+            if let Some(account) = gateway.accounts.iter().find(|a| {
+                served.route() == a.name
+                    || served
+                        .route()
+                        .strip_prefix(a.name.as_str())
+                        .is_some_and(|rest| rest.starts_with([':', '@']))
+            }) {
+                self.entry.account = Some(account.name.clone());
+                self.entry.provider = Some(account.profile.name());
+            }
+        }
+        let timings = extensions.get::<tower_llm_quota::Timings>();
+        // A report when the stack retried; a call's timings alone when one attempt did; neither
+        // for an answer replayed from an idempotency record.
+        self.entry.attempts = match extensions.get::<tower_llm_quota::retry::RetryReport>() {
+            Some(report) => Some(report.attempts()),
+            None => timings.map(|_| 1),
+        };
+        if let Some(timings) = timings {
+            self.entry.queue_ms = Some(super::audit::millis(timings.waited()));
+            self.entry.call_ms = Some(super::audit::millis(timings.call()));
+        }
+    }
 }
 
 /// `x-llm-quota-route`: the route that served the request; `x-llm-quota-fallback`: why a

@@ -13,6 +13,7 @@ use tower_llm_quota::provider::ProviderScan;
 use tower_llm_quota::reconcile::{BodyEnd, ScanUsage};
 use tower_llm_quota::{BoxError, Cost};
 
+use super::audit::{Audit, Audited};
 use super::usage::Ledger;
 
 /// What is counted when the answer ends.
@@ -23,6 +24,10 @@ pub(crate) struct Meter {
     /// Reads the usage as the budget's own reconciliation does; taken when the answer ends.
     pub(crate) scan: Option<ProviderScan>,
     pub(crate) estimate: Cost,
+    /// The request's audit line, written when the answer ends.
+    pub(crate) audit: Option<(Audit, Audited)>,
+    /// The bytes of the answer passed on so far.
+    pub(crate) bytes: u64,
 }
 
 impl Meter {
@@ -33,7 +38,8 @@ impl Meter {
         let Some(scan) = self.scan.take() else {
             return;
         };
-        let (input, output, tier) = match scan.finish(end, self.estimate) {
+        let usage = scan.finish(end, self.estimate);
+        let (input, output, tier) = match &usage {
             Some(usage) => (
                 usage.input_tokens(),
                 usage.output_tokens(),
@@ -46,6 +52,9 @@ impl Meter {
             ),
         };
         self.ledger.tokens(&self.tenant, (input, output), tier);
+        if let Some((audit, audited)) = self.audit.take() {
+            audited.finish(&audit, usage.as_ref(), self.bytes);
+        }
     }
 }
 
@@ -85,8 +94,11 @@ where
         let this = self.project();
         match this.inner.poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(data), Some(scan)) = (frame.data_ref(), this.meter.scan.as_mut()) {
-                    scan.data(data);
+                if let Some(data) = frame.data_ref() {
+                    this.meter.bytes += data.len() as u64;
+                    if let Some(scan) = this.meter.scan.as_mut() {
+                        scan.data(data);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }

@@ -2,6 +2,7 @@
 //! calls [`Gateway::new`] and [`serve`]; the tests call the same two.
 
 pub(crate) mod admin;
+pub(crate) mod audit;
 pub(crate) mod auth;
 pub(crate) mod config;
 pub(crate) mod forward;
@@ -50,10 +51,12 @@ pub(crate) struct Gateway {
     /// Cancelled when the gateway stops: queued requests are answered 503.
     pub(crate) shutdown: CancellationToken,
     metrics: PrometheusHandle,
+    /// The audit log: a line per request and per admin change.
+    pub(crate) audit: audit::Audit,
 }
 
 /// The buckets of the latency histograms, in seconds: from 5 ms (a call answered at once, the
-/// gateway's own time) to 5 minutes (batch work waiting for its quota).
+/// gateway's own time) to 15 minutes (batch work waiting for its quota).
 const SECONDS_BUCKETS: [f64; 16] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0,
 ];
@@ -142,6 +145,11 @@ impl Gateway {
             admin_token,
             shutdown: CancellationToken::new(),
             metrics: metrics_handle(),
+            audit: {
+                let target = config.server.audit_log.as_deref().unwrap_or("stdout");
+                audit::Audit::open(target)
+                    .map_err(|e| ConfigError(format!("server.audit_log {target}: {e}")))?
+            },
         }))
     }
 

@@ -119,6 +119,30 @@ impl Tenancy {
         self.paths.contains(path)
     }
 
+    /// What the admin API may change of the node at `path`, for the audit log: its weight, its
+    /// limits (amount per period) and whether it is paused.
+    pub(crate) fn node_summary(&self, path: &Tenant) -> serde_json::Value {
+        let Some((_, handle)) = self.accounts.first() else {
+            return serde_json::Value::Null;
+        };
+        let node = handle.node(path).unwrap_or_default();
+        let limits: Vec<serde_json::Value> = node
+            .limits()
+            .iter()
+            .map(|l| {
+                serde_json::json!({
+                    "limit": limit_name(l.dimension().as_str(), l.period()),
+                    "amount": l.amount().get(),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "weight": node.weight().get(),
+            "limits": limits,
+            "paused": handle.snapshot(path).is_paused(),
+        })
+    }
+
     /// Adds an account's copy of the tree.
     pub(crate) fn attach(&mut self, account: &str, handle: TenantHandle) {
         self.accounts.push((account.to_owned(), handle));

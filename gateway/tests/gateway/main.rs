@@ -9,6 +9,7 @@ mod redis_server;
 
 mod admin;
 mod api;
+mod audit;
 mod browser;
 mod connections;
 mod ops;
