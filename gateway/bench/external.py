@@ -69,10 +69,11 @@ def start(command, prefix):
     raise RuntimeError(f"{command[0]} exited before printing its address")
 
 
-def config(sim_url):
+def config(sim_url, audit_log="off"):
     return f"""
 [server]
 admin_token = "bench"
+audit_log = "{audit_log}"
 [[accounts]]
 name = "sim"
 base_url = "{sim_url}"
