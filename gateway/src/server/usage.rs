@@ -99,11 +99,15 @@ impl Counts {
     }
 }
 
-/// One refusal, as the status page lists it.
+/// Refusals of one kind (tenant, status, decision, limit, scope), as the status page lists
+/// them: how many, and the last one's time.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct RefusalRecord {
-    /// Seconds since the Unix epoch.
+    /// The last one's time, in seconds since the Unix epoch.
     pub(crate) at: f64,
+    /// How many since the gateway started (or since the kind was last listed among the
+    /// latest ones).
+    pub(crate) count: u64,
     pub(crate) tenant: Option<String>,
     pub(crate) status: u16,
     pub(crate) decision: Decision,
@@ -193,13 +197,27 @@ impl Ledger {
             .refusals
             .lock()
             .expect("the ledger lock is never poisoned");
+        let status = refusal.status.as_u16();
+        let same = |r: &RefusalRecord| {
+            r.status == status
+                && r.decision == refusal.gateway_decision
+                && r.tenant.as_deref() == tenant
+                && *r.limit == *refusal.limit
+                && *r.scope == *refusal.scope
+        };
+        // The kind moves to the back (the latest) with its count.
+        let count = match last.iter().position(same) {
+            Some(index) => last.remove(index).map_or(1, |r| r.count + 1),
+            None => 1,
+        };
         if last.len() == LAST_REFUSALS {
             last.pop_front();
         }
         last.push_back(RefusalRecord {
             at: now(),
+            count,
             tenant: tenant.map(str::to_owned),
-            status: refusal.status.as_u16(),
+            status,
             decision: refusal.gateway_decision,
             limit: refusal.limit.to_string(),
             scope: refusal.scope.to_string(),

@@ -383,3 +383,39 @@ async fn tree(gateway: &Running) -> Value {
         .json_value()
         .await
 }
+
+/// The status page groups refusals by kind (tenant, status, decision, limit, scope): three
+/// refusals of an unknown key are one row counting 3, the latest kind first (before: three
+/// identical rows).
+#[tokio::test]
+async fn refusals_are_grouped_by_scope_and_reason() {
+    let gateway = Running::start(&demo()).await;
+    for _ in 0..3 {
+        let response = gateway
+            .post("/v1/chat/completions", Some("not-a-key"), &chat(20))
+            .await;
+        assert_eq!(response.status(), 401);
+    }
+    let unknown_model = chat(20).replace("gpt-4o-mini", "gpt-9");
+    let response = gateway
+        .post("/v1/chat/completions", Some(GLOBEX), &unknown_model)
+        .await;
+    assert_eq!(response.status(), 404);
+    let (_, text) = gateway.get("/status.json").await;
+    let status: Value = serde_json::from_str(&text).unwrap();
+    let refusals = status["refusals"].as_array().unwrap();
+    assert_eq!(refusals.len(), 2, "{refusals:?}");
+    assert_eq!(
+        (
+            &refusals[0]["status"],
+            &refusals[0]["count"],
+            &refusals[0]["tenant"]
+        ),
+        (&json!(404), &json!(1), &json!("globex"))
+    );
+    assert_eq!(
+        (&refusals[1]["status"], &refusals[1]["count"]),
+        (&json!(401), &json!(3))
+    );
+    gateway.stop().await;
+}
