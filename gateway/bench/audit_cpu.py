@@ -29,7 +29,7 @@ def cpu_seconds(pid):
 
 
 def round_of(gateway_bin, sim_url, audit_log, args):
-    """One run: the gateway's CPU seconds per 1,000 requests answered, and the requests."""
+    """One run: the gateway's CPU time per request answered, in microseconds, and the run."""
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as file:
         file.write(external.config(sim_url, audit_log))
     gateway, url = external.start(
@@ -46,7 +46,7 @@ def round_of(gateway_bin, sim_url, audit_log, args):
         gateway.wait()
         os.unlink(file.name)
     requests = run["rps"] * args.secs
-    return spent / requests * 1000, run
+    return spent / requests * 1e6, run
 
 
 def main():
@@ -63,7 +63,7 @@ def main():
     log = tempfile.NamedTemporaryFile(suffix=".log", delete=False).name
     ratios = []
     try:
-        print("| round | audit off: CPU ms / 1,000 requests | audit to a file | ratio | answered (off / on) |")
+        print("| round | audit off: CPU µs a request | audit to a file | ratio | answered (off / on) |")
         print("|---|---|---|---|---|")
         for i in range(args.rounds):
             off, run_off = round_of(gateway_bin, sim_url, "off", args)

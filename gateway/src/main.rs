@@ -120,7 +120,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         say!("  curl -s {url}/admin/tenants -H 'authorization: Bearer {admin}'");
     }
+    let audit = gateway.audit.clone();
     serve(gateway, listener, stop_signal()).await?;
+    // The audit lines of the last requests, written before the process ends.
+    audit.flush();
     say!("gateway stopped");
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The audit log: one JSON line per request and per admin change, written by a thread of its
-//! own (stdout, or a file the platform rotates), so that a slow disk or a full pipe never holds
-//! a request: past 65,536 lines waiting, lines are dropped and counted
+//! own every tenth of a second (stdout, or a file the platform rotates), so that a slow disk
+//! or a full pipe never holds a request: past 8 MiB waiting, lines are dropped and counted
 //! (`gateway_audit_dropped_total`).
 //!
 //! A request's line, once its answer's body ends (or at once for a refusal):
@@ -20,14 +20,18 @@
 //! never the key.
 
 use std::io::Write;
-use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use serde_json::Value;
 
-/// Lines waiting for the writer at most; past them, lines are dropped and counted.
-const BACKLOG: usize = 65_536;
+/// Bytes waiting for the writer at most (about 30,000 lines); past them, lines are dropped and
+/// counted.
+const BACKLOG: usize = 8 << 20;
+
+/// How often the writer takes what waits: the longest a line waits before its write.
+const FLUSH_EVERY: Duration = Duration::from_millis(100);
 
 /// Where the audit lines go.
 #[derive(Debug, Clone, Default)]
@@ -35,8 +39,35 @@ pub(crate) enum Audit {
     /// Nowhere.
     #[default]
     Off,
-    /// To the writer thread.
-    Lines(SyncSender<String>),
+    /// Into the buffer the writer thread takes every [`FLUSH_EVERY`].
+    Lines(Arc<Lines>),
+}
+
+/// The lines waiting, and where they go.
+pub(crate) struct Lines {
+    waiting: Mutex<Vec<u8>>,
+    out: Mutex<Box<dyn Write + Send>>,
+}
+
+impl std::fmt::Debug for Lines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lines").finish_non_exhaustive()
+    }
+}
+
+impl Lines {
+    /// Writes what waits, at once.
+    fn flush(&self, batch: &mut Vec<u8>) {
+        std::mem::swap(
+            &mut *self.waiting.lock().unwrap_or_else(|e| e.into_inner()),
+            batch,
+        );
+        if !batch.is_empty() {
+            let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = out.write_all(batch).and_then(|()| out.flush());
+            batch.clear();
+        }
+    }
 }
 
 impl Audit {
@@ -53,22 +84,38 @@ impl Audit {
                     .open(path)?,
             ),
         };
-        let (lines, waiting) = sync_channel::<String>(BACKLOG);
+        let lines = Arc::new(Lines {
+            waiting: Mutex::new(Vec::new()),
+            out: Mutex::new(out),
+        });
+        let writer = Arc::downgrade(&lines);
+        // No wake-up a line: the writer takes the lines that wait every tenth of a second and
+        // writes them at once, so that a busy gateway makes one write of a few hundred lines.
+        // It ends with the gateway; `flush` writes what waits at the end.
         std::thread::Builder::new()
             .name("audit-log".into())
             .spawn(move || {
-                let mut out = std::io::BufWriter::new(out);
-                while let Ok(line) = waiting.recv() {
-                    let _ = out.write_all(line.as_bytes());
-                    // Flushed whenever the backlog is empty: lines reach the file at once
-                    // when traffic is light, in large writes when it is heavy.
-                    while let Ok(line) = waiting.try_recv() {
-                        let _ = out.write_all(line.as_bytes());
-                    }
-                    let _ = out.flush();
+                let mut batch = Vec::new();
+                loop {
+                    std::thread::sleep(FLUSH_EVERY);
+                    let Some(lines) = writer.upgrade() else {
+                        return;
+                    };
+                    lines.flush(&mut batch);
                 }
             })?;
         Ok(Self::Lines(lines))
+    }
+
+    /// Writes what waits now (when the gateway stops).
+    #[allow(
+        dead_code,
+        reason = "called by main.rs and the tests; the load generator never stops a gateway"
+    )]
+    pub(crate) fn flush(&self) {
+        if let Self::Lines(lines) = self {
+            lines.flush(&mut Vec::new());
+        }
     }
 
     /// Writes `record` as one line, unless the log is off or its backlog is full.
@@ -76,13 +123,17 @@ impl Audit {
         let Self::Lines(lines) = self else {
             return;
         };
-        let Ok(mut line) = serde_json::to_string(record) else {
+        let Ok(mut line) = serde_json::to_vec(record) else {
             return;
         };
-        line.push('\n');
-        if let Err(TrySendError::Full(_)) = lines.try_send(line) {
+        line.push(b'\n');
+        let mut waiting = lines.waiting.lock().unwrap_or_else(|e| e.into_inner());
+        if waiting.len() + line.len() > BACKLOG {
+            drop(waiting);
             metrics::counter!("gateway_audit_dropped_total").increment(1);
+            return;
         }
+        waiting.extend_from_slice(&line);
     }
 }
 

@@ -85,6 +85,7 @@ impl Running {
     pub(crate) async fn stop(mut self) {
         self.signal_stop();
         (&mut self.task).await.unwrap().unwrap();
+        self.gateway.audit.flush();
     }
 
     /// `POST` of `body` to `path` with the caller key `key`.
