@@ -28,6 +28,8 @@ pub(crate) struct TenantStatus {
 struct AccountStatus {
     name: String,
     levels: Vec<LevelView>,
+    /// The limit with the least of its burst left now: the one that binds when requests wait.
+    binding: Option<String>,
     in_flight: usize,
     queued: Vec<(&'static str, usize)>,
     /// The 429s the in-process simulator answered (none for a real upstream).
@@ -64,9 +66,16 @@ fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
         let row = |name: String, budget: &tower_llm_quota::Budget| {
             let snapshot = budget.snapshot();
             let queue = budget.queue_snapshot();
+            let levels: Vec<LevelView> = snapshot.limits().iter().map(LevelView::from).collect();
+            let left = |l: &LevelView| l.level as f64 / l.capacity.max(1) as f64;
+            let binding = levels
+                .iter()
+                .min_by(|a, b| left(a).total_cmp(&left(b)))
+                .map(|l| l.limit.clone());
             AccountStatus {
                 name,
-                levels: snapshot.limits().iter().map(LevelView::from).collect(),
+                levels,
+                binding,
                 in_flight: snapshot.in_flight(),
                 queued: Priority::ALL
                     .iter()

@@ -65,11 +65,24 @@ pub(crate) struct NodeView {
 pub(crate) struct ShareView {
     pub(crate) account: String,
     pub(crate) levels: Vec<LevelView>,
+    /// The node's daily caps and what today used of each (the fleet's day with Redis).
+    pub(crate) daily: Vec<DailyView>,
     pub(crate) used: u64,
     pub(crate) guaranteed: u64,
     pub(crate) borrowed: u64,
     pub(crate) in_flight: usize,
     pub(crate) queued: [usize; 3],
+}
+
+/// A daily cap and what today used of it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct DailyView {
+    /// `total_tokens_per_day`, ...
+    pub(crate) limit: String,
+    pub(crate) amount: u64,
+    /// `calendar day (UTC)` or `rolling 24 h`.
+    pub(crate) window: String,
+    pub(crate) used_today: u64,
 }
 
 /// A limit's state now: its name, its amount per its period, its burst (the most spent at
@@ -352,6 +365,16 @@ impl Tenancy {
                         .map(|(name, s)| ShareView {
                             account: (*name).clone(),
                             levels: s.limits().iter().map(LevelView::from).collect(),
+                            daily: s
+                                .used_today()
+                                .iter()
+                                .map(|(cap, used)| DailyView {
+                                    limit: format!("{}_per_day", cap.dimension().as_str()),
+                                    amount: cap.amount().get(),
+                                    window: cap.window().to_string(),
+                                    used_today: *used,
+                                })
+                                .collect(),
                             used: s.used(),
                             guaranteed: s.guaranteed(),
                             borrowed: s.borrowed(),

@@ -175,6 +175,31 @@ async fn limits_change_and_the_tree_shows_levels_and_usage() {
     assert_eq!(globex["accounts"][0]["levels"][0]["period_seconds"], 60.0);
     assert_eq!(globex["accounts"][0]["levels"][0]["level"], 0);
     assert_eq!(globex["usage"]["requests"], 2);
+    // Its daily cap, with what today used of it (the two answers' tokens).
+    let daily = &globex["accounts"][0]["daily"][0];
+    assert_eq!(
+        (&daily["limit"], &daily["amount"], &daily["window"]),
+        (
+            &json!("total_tokens_per_day"),
+            &json!(1_000_000),
+            &json!("calendar day (UTC)")
+        )
+    );
+    assert!(daily["used_today"].as_u64().unwrap() > 0, "{daily}");
+    // Each account names the limit that binds: the one with the least of its burst left.
+    let (_, text) = gateway.get("/status.json").await;
+    let status: Value = serde_json::from_str(&text).unwrap();
+    let account = &status["accounts"][0];
+    let least = account["levels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .min_by(|a, b| {
+            let left = |l: &Value| l["level"].as_f64().unwrap() / l["capacity"].as_f64().unwrap();
+            left(a).total_cmp(&left(b))
+        })
+        .unwrap();
+    assert_eq!(account["binding"], least["limit"], "{account}");
     assert_eq!(globex["usage"]["local_refusals"], 1);
     assert!(globex["usage"]["input_tokens"].as_u64().unwrap() > 0);
 
