@@ -192,6 +192,12 @@ pub(crate) struct ServerConfig {
     pub(crate) admin_token_env: Option<String>,
     /// The admin token itself (the demo's); prefer `admin_token_env`.
     pub(crate) admin_token: Option<String>,
+    /// A bearer token `/status.json` and `/metrics` require, read from this environment
+    /// variable; without one (nor `status_token`) they are open (keep them on a private
+    /// address).
+    pub(crate) status_token_env: Option<String>,
+    /// The status token itself; prefer `status_token_env`.
+    pub(crate) status_token: Option<String>,
     /// The largest request body accepted (413 above).
     #[serde(default = "default_max_body")]
     pub(crate) max_body_bytes: usize,
@@ -229,6 +235,8 @@ impl Default for ServerConfig {
             listen: default_listen(),
             admin_token_env: None,
             admin_token: None,
+            status_token_env: None,
+            status_token: None,
             max_body_bytes: default_max_body(),
             fail_closed: true,
             header_timeout_seconds: default_header_timeout(),

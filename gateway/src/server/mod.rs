@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Request, State};
+use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -53,6 +54,8 @@ pub(crate) struct Gateway {
     metrics: PrometheusHandle,
     /// The audit log: a line per request and per admin change.
     pub(crate) audit: audit::Audit,
+    /// The bearer token `/status.json` and `/metrics` require, if any.
+    status_token: Option<String>,
 }
 
 /// The buckets of the latency histograms, in seconds: from 5 ms (a call answered at once, the
@@ -114,6 +117,13 @@ impl Gateway {
                 return Err(ConfigError("no admin token: set `admin_token_env`".into()));
             }
         };
+        let status_token =
+            match (&config.server.status_token, &config.server.status_token_env) {
+                (_, Some(var)) => Some(std::env::var(var).map_err(|_| {
+                    ConfigError(format!("the status token variable {var} is not set"))
+                })?),
+                (token, None) => token.clone(),
+            };
         let (tree, paths) = config.tenant_tree()?;
         let mut tenants = Tenancy::new(paths);
         let mut accounts = Vec::with_capacity(config.accounts.len());
@@ -145,6 +155,7 @@ impl Gateway {
             admin_token,
             shutdown: CancellationToken::new(),
             metrics: metrics_handle(),
+            status_token,
             audit: {
                 let target = config.server.audit_log.as_deref().unwrap_or("stdout");
                 audit::Audit::open(target)
@@ -200,13 +211,43 @@ impl Gateway {
             .route("/v1/models", get(models::list))
             .route("/v1/models/{id}", get(models::retrieve))
             .route("/", get(status::page))
-            .route("/status.json", get(status::json))
+            .route(
+                "/status.json",
+                get(status::json).route_layer(from_fn_with_state(self.clone(), require_status)),
+            )
             .route("/healthz", get(status::healthz))
-            .route("/metrics", get(metrics))
+            .route(
+                "/metrics",
+                get(metrics).route_layer(from_fn_with_state(self.clone(), require_status)),
+            )
             .nest("/admin", admin::routes(self.clone()))
             .fallback(not_found)
             .method_not_allowed_fallback(method_not_allowed)
             .with_state(self.clone())
+    }
+}
+
+/// `/status.json` and `/metrics` behind the status token, when one is configured (the status
+/// page itself holds no figures: it sends the token it finds after `#token=` in its URL).
+async fn require_status(
+    State(gateway): State<Arc<Gateway>>,
+    request: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let Some(token) = &gateway.status_token else {
+        return next.run(request).await;
+    };
+    let presented = request
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if auth::secret_matches(presented, token) {
+        next.run(request).await
+    } else {
+        let body = serde_json::json!({"error": {"type": "authentication",
+            "message": "this route needs the status token (Authorization: Bearer)"}});
+        (http::StatusCode::UNAUTHORIZED, axum::Json(body)).into_response()
     }
 }
 

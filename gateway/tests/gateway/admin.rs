@@ -444,3 +444,42 @@ async fn refusals_are_grouped_by_scope_and_reason() {
     );
     gateway.stop().await;
 }
+
+/// With a status token, `/status.json` and `/metrics` need it (a Prometheus scrape sends it
+/// as a bearer token); the page itself holds no figures and stays open; `/healthz` too.
+#[tokio::test]
+async fn a_status_token_guards_the_status_data_and_the_metrics() {
+    let config = demo().replace("[server]\n", "[server]\nstatus_token = \"status-secret\"\n");
+    let gateway = Running::start(&config).await;
+    let client = reqwest::Client::new();
+    for path in ["/status.json", "/metrics"] {
+        let url = format!("{}{path}", gateway.url);
+        let open = client.get(&url).send().await.unwrap();
+        assert_eq!(open.status(), 401, "{path}");
+        let body: Value = open.json_value().await;
+        assert_eq!(body["error"]["type"], "authentication", "{path}");
+        let wrong = client
+            .get(&url)
+            .bearer_auth("status-secre")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(wrong.status(), 401, "{path}");
+        let right = client
+            .get(&url)
+            .bearer_auth("status-secret")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(right.status(), 200, "{path}");
+    }
+    for path in ["/", "/healthz"] {
+        let response = client
+            .get(format!("{}{path}", gateway.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{path}");
+    }
+    gateway.stop().await;
+}
