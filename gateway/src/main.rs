@@ -72,6 +72,22 @@ async fn stop_signal() {
     }
 }
 
+/// Reads the configuration file again on every SIGHUP and applies what a reload can (keys,
+/// tenant nodes); an invalid file changes nothing. The outcome goes to stderr.
+#[cfg(unix)]
+async fn reload_on_hangup(gateway: std::sync::Arc<Gateway>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        match gateway.reload_file() {
+            Ok(reloaded) => tracing::warn!(?reloaded, "configuration reloaded on SIGHUP"),
+            Err(error) => tracing::error!(%error, "SIGHUP: the configuration was not reloaded"),
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
@@ -99,6 +115,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let listen = args.listen.unwrap_or(config.server.listen);
     let gateway = Gateway::new(&config, args.redis_url.as_deref()).await?;
+    if let Some(path) = &args.config {
+        let _ = gateway.config_path.set(path.clone());
+        #[cfg(unix)]
+        tokio::spawn(reload_on_hangup(gateway.clone()));
+    }
     let listener = TcpListener::bind(listen).await?;
     let url = format!("http://{}", listener.local_addr()?);
     if args.redis_url.is_some() {

@@ -240,6 +240,19 @@ impl TenantTree {
         self
     }
 
+    /// The nodes configured by path (not the templates), in no particular order.
+    ///
+    /// ```
+    /// use tower_llm_quota::tenant::{TenantNode, TenantTree};
+    ///
+    /// let tree = TenantTree::new().with_node("acme".parse()?, TenantNode::new());
+    /// assert_eq!(tree.nodes().map(|(path, _)| path.as_str()).collect::<Vec<_>>(), ["acme"]);
+    /// # Ok::<(), tower_llm_quota::tenant::InvalidTenant>(())
+    /// ```
+    pub fn nodes(&self) -> impl Iterator<Item = (&Tenant, &TenantNode)> {
+        self.nodes.iter()
+    }
+
     /// Gives every node at `depth` (1: top-level tenants) that has no configuration of its
     /// own this one. Defaults to none.
     pub fn with_template(mut self, depth: usize, node: TenantNode) -> Self {

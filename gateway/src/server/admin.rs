@@ -8,6 +8,7 @@
 //! | `POST /admin/resume` | the same, lifted |
 //! | `GET /admin/usage` | today's requests, tokens and refusals per tenant |
 //! | `GET /admin/routes` | each public model's routes (the primary first, then fallbacks, then a ramp: name and account), and its ramp's share, ceiling and why it is paused |
+//! | `POST /admin/reload` | the configuration in the body (TOML), or with an empty body the file the gateway started with, applied as far as a reload can: the callers' keys and the tenant nodes; `{"keys", "nodes", "restart": ["accounts", "models", "server"]}` says what changed that needs a restart; an invalid configuration is a 400 with why, and changes nothing |
 //!
 //! A tenant or key the gateway does not know is a 404 naming it; a body that cannot be read or
 //! a value out of range is a 400 with the reason; every error is JSON:
@@ -42,6 +43,7 @@ pub(crate) fn routes(gateway: Arc<Gateway>) -> Router<Arc<Gateway>> {
         .route("/resume", post(resume))
         .route("/usage", get(usage))
         .route("/routes", get(routes_of_models))
+        .route("/reload", post(reload))
         .route_layer(from_fn_with_state(gateway, require_token))
 }
 
@@ -173,7 +175,7 @@ fn set_paused(
     let path = match (target.tenant, target.key) {
         (Some(tenant), None) if known(gateway, &tenant) => tenant,
         (Some(tenant), None) => return not_found("tenant", tenant.as_str()),
-        (None, Some(key)) => match gateway.keys.path_of(&key) {
+        (None, Some(key)) => match gateway.keys().path_of(&key) {
             Some(path) => path.clone(),
             None => return not_found("key", &key),
         },
@@ -194,6 +196,31 @@ fn set_paused(
         before,
     );
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// `POST /admin/reload`: the TOML in the body, or (with an empty body) the file the gateway
+/// was started with, applied as far as a reload can (keys, tenant nodes); 200 with what was
+/// applied and what needs a restart, or 400 with why nothing changed.
+async fn reload(State(gateway): State<Arc<Gateway>>, body: String) -> Response {
+    let result = if body.trim().is_empty() {
+        gateway.reload_file()
+    } else {
+        gateway.reload(&body)
+    };
+    match result {
+        Ok(reloaded) => {
+            gateway.audit.write(&AdminEntry {
+                time: rfc3339(std::time::SystemTime::now()),
+                admin: "admin",
+                action: "reload",
+                target: "configuration",
+                before: serde_json::Value::Null,
+                after: serde_json::to_value(&reloaded).unwrap_or_default(),
+            });
+            Json(reloaded).into_response()
+        }
+        Err(reason) => error(StatusCode::BAD_REQUEST, "invalid_request", reason),
+    }
 }
 
 /// Writes an admin change to the audit log: who (the admin token's name), what, the node
@@ -245,7 +272,7 @@ async fn usage(State(gateway): State<Arc<Gateway>>) -> Json<Vec<TenantUsage>> {
 /// Whether the gateway knows the node `path`: configured, a key's tenant or an ancestor, or a
 /// key's own path.
 fn known(gateway: &Gateway, path: &Tenant) -> bool {
-    gateway.tenants.knows(path) || gateway.keys.is_key_path(path)
+    gateway.tenants.knows(path) || gateway.keys().is_key_path(path)
 }
 
 /// 404: the gateway knows no `what` (tenant, key) of this name.

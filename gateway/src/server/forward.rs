@@ -41,7 +41,7 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let dialect = dialect_of(api);
     let (parts, body) = request.into_parts();
     let mut audit = Audited::new(api, &parts.headers);
-    let Some(caller) = gateway.keys.authenticate(&parts.headers).cloned() else {
+    let Some(caller) = gateway.keys().authenticate(&parts.headers).cloned() else {
         return audit.refuse(&gateway, dialect, None, Refusal::unauthorized());
     };
     audit.entry.tenant = Some(caller.tenant.clone());

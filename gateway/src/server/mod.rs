@@ -39,7 +39,12 @@ use usage::Ledger;
 /// Everything a request handler reads.
 #[derive(Debug)]
 pub(crate) struct Gateway {
-    pub(crate) keys: KeyRing,
+    /// The callers' keys, replaced whole by a reload.
+    keys: std::sync::RwLock<Arc<KeyRing>>,
+    /// The configuration running, to tell a reload what it changes.
+    config: std::sync::Mutex<Config>,
+    /// The file the configuration was read from, which a reload reads again.
+    pub(crate) config_path: std::sync::OnceLock<std::path::PathBuf>,
     pub(crate) tenants: Tenancy,
     pub(crate) ledger: Arc<Ledger>,
     pub(crate) accounts: Vec<Account>,
@@ -141,7 +146,9 @@ impl Gateway {
             accounts.push(account);
         }
         Ok(Arc::new(Self {
-            keys: KeyRing::new(&config.keys)?,
+            keys: std::sync::RwLock::new(Arc::new(KeyRing::new(&config.keys)?)),
+            config: std::sync::Mutex::new(config.clone()),
+            config_path: std::sync::OnceLock::new(),
             tenants,
             ledger: Arc::new(Ledger::default()),
             models: models::Models::new(
@@ -162,6 +169,53 @@ impl Gateway {
                     .map_err(|e| ConfigError(format!("server.audit_log {target}: {e}")))?
             },
         }))
+    }
+
+    /// The callers' keys now.
+    pub(crate) fn keys(&self) -> Arc<KeyRing> {
+        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Applies the configuration `text` without a restart: the callers' keys (added, rotated,
+    /// revoked) and the tenant tree's nodes (limits, weights, guarantees, caps: their levels and
+    /// requests in flight kept). What else it changes (accounts, models, the server) needs a
+    /// restart: listed in the report, not applied. An invalid configuration changes nothing.
+    pub(crate) fn reload(&self, text: &str) -> Result<Reloaded, ConfigError> {
+        let new = Config::from_toml(text)?;
+        let keys = KeyRing::new(&new.keys)?;
+        let (tree, _) = new.tenant_tree()?;
+        let mut current = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        let differs =
+            |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
+        let mut restart = Vec::new();
+        if differs(&new.accounts, &current.accounts) {
+            restart.push("accounts");
+        }
+        if differs(&new.models, &current.models) {
+            restart.push("models");
+        }
+        if differs(&new.server, &current.server) {
+            restart.push("server");
+        }
+        // The nodes first: a node a new key names must exist before the key is served.
+        let nodes = self.tenants.replace_nodes(&tree)?;
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
+        *current = new;
+        Ok(Reloaded {
+            keys: current.keys.len(),
+            nodes,
+            restart,
+        })
+    }
+
+    /// [`reload`](Self::reload) from the file the gateway was started with.
+    pub(crate) fn reload_file(&self) -> Result<Reloaded, ConfigError> {
+        let path = self.config_path.get().ok_or_else(|| {
+            ConfigError("the gateway runs the built-in demo: send the TOML to reload".into())
+        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        self.reload(&text)
     }
 
     /// The account serving `api`.
@@ -249,6 +303,17 @@ async fn require_status(
             "message": "this route needs the status token (Authorization: Bearer)"}});
         (http::StatusCode::UNAUTHORIZED, axum::Json(body)).into_response()
     }
+}
+
+/// What a reload applied, and what waits for a restart.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct Reloaded {
+    /// The callers' keys now served.
+    pub(crate) keys: usize,
+    /// The tenant nodes whose settings were applied.
+    pub(crate) nodes: usize,
+    /// The parts of the configuration that changed and need a restart.
+    pub(crate) restart: Vec<&'static str>,
 }
 
 /// 404 with a JSON body: no such route.

@@ -140,7 +140,8 @@ fn entry(gateway: &Gateway, model: &Model, dialect: Dialect) -> Value {
 /// `GET /v1/models`: the models the caller's key may use.
 pub(crate) async fn list(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     let dialect = dialect(&headers);
-    let Some(caller) = gateway.keys.authenticate(&headers) else {
+    let keys = gateway.keys();
+    let Some(caller) = keys.authenticate(&headers) else {
         return gateway.refuse_in(dialect, None, Refusal::unauthorized());
     };
     let data: Vec<Value> = gateway
@@ -166,7 +167,8 @@ pub(crate) async fn retrieve(
     headers: HeaderMap,
 ) -> Response {
     let dialect = dialect(&headers);
-    let Some(caller) = gateway.keys.authenticate(&headers) else {
+    let keys = gateway.keys();
+    let Some(caller) = keys.authenticate(&headers) else {
         return gateway.refuse_in(dialect, None, Refusal::unauthorized());
     };
     match gateway.models.visible_to(caller).find(|m| m.name == id) {

@@ -132,6 +132,24 @@ impl Tenancy {
         self.paths.contains(path)
     }
 
+    /// Sets every node `tree` configures, on every account, to its configuration there (a
+    /// reload): levels, requests in flight and queues are kept. Returns how many nodes.
+    pub(crate) fn replace_nodes(
+        &self,
+        tree: &tower_llm_quota::tenant::TenantTree,
+    ) -> Result<usize, ConfigError> {
+        let mut count = 0;
+        for (path, node) in tree.nodes() {
+            for (_, handle) in &self.accounts {
+                handle
+                    .set_node(path, node.clone())
+                    .map_err(|e| ConfigError(format!("tenant {path}: {e}")))?;
+            }
+            count += 1;
+        }
+        Ok(count)
+    }
+
     /// What the admin API may change of the node at `path`, for the audit log: its weight, its
     /// limits (amount per period) and whether it is paused.
     pub(crate) fn node_summary(&self, path: &Tenant) -> serde_json::Value {

@@ -483,3 +483,98 @@ async fn a_status_token_guards_the_status_data_and_the_metrics() {
     }
     gateway.stop().await;
 }
+
+/// `POST /admin/reload`: keys added and revoked, a tenant's limit changed, without a restart
+/// (the tenant's spending kept); changes that need a restart are reported, not applied; an
+/// invalid configuration changes nothing and says why.
+#[tokio::test]
+async fn a_reload_applies_keys_and_tenants_and_refuses_a_bad_configuration() {
+    // The audit log named, as the reloaded file names it.
+    let demo = || demo().replace("[server]\n", "[server]\naudit_log = \"off\"\n");
+    let gateway = Running::start(&demo()).await;
+    assert_eq!(
+        gateway
+            .post("/v1/chat/completions", Some(GLOBEX), &chat(20))
+            .await
+            .status(),
+        200
+    );
+    let level = |tree: &Value| {
+        tree.as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["path"] == "globex")
+            .unwrap()["accounts"][0]["levels"][0]
+            .clone()
+    };
+    let before = level(&tree(&gateway).await);
+    // globex's key rotated (the old one revoked), its request limit raised, an account's
+    // simulator slower (a restart's business).
+    let config = demo()
+        .replace("demo-key-globex", "demo-key-globex-2")
+        .replace(
+            "{ dimension = \"requests\", amount = 20, period_seconds = 60 }",
+            "{ dimension = \"requests\", amount = 40, period_seconds = 60 }",
+        )
+        .replacen(
+            "sim = { base_ms = 0, per_token_ms = 0 }",
+            "sim = { base_ms = 1, per_token_ms = 0 }",
+            1,
+        );
+    let client = reqwest::Client::new();
+    let reload = |body: String| {
+        client
+            .post(format!("{}/admin/reload", gateway.url))
+            .bearer_auth(ADMIN)
+            .body(body)
+            .send()
+    };
+    let response = reload(config).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let reloaded: Value = response.json_value().await;
+    assert_eq!(reloaded["restart"], json!(["accounts"]), "{reloaded}");
+    assert_eq!(reloaded["keys"], 3);
+    assert_eq!(
+        gateway
+            .post("/v1/chat/completions", Some(GLOBEX), &chat(20))
+            .await
+            .status(),
+        401,
+        "the revoked key still served"
+    );
+    assert_eq!(
+        gateway
+            .post("/v1/chat/completions", Some("demo-key-globex-2"), &chat(20))
+            .await
+            .status(),
+        200
+    );
+    let after = level(&tree(&gateway).await);
+    assert_eq!(after["amount"], 40, "{after}");
+    // What globex spent before the reload still counts: its level is not reset to the burst.
+    assert!(
+        after["level"].as_i64().unwrap() < after["capacity"].as_i64().unwrap(),
+        "before {before}, after {after}"
+    );
+    // An invalid configuration: 400 with the reason; the running one kept.
+    let response = reload("[server]\nnot_a_key = 1\n".to_owned())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let body: Value = response.json_value().await;
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not_a_key"),
+        "{body}"
+    );
+    assert_eq!(
+        gateway
+            .post("/v1/chat/completions", Some("demo-key-globex-2"), &chat(20))
+            .await
+            .status(),
+        200
+    );
+    gateway.stop().await;
+}

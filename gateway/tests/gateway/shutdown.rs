@@ -44,3 +44,32 @@ async fn a_stop_lets_streams_finish_and_answers_queued_requests_503() {
     // The stream's slot came back; nothing is left reserved.
     assert_eq!(account.budget().snapshot().in_flight(), 0);
 }
+
+/// SIGHUP reloads the configuration file (before, it killed the process): a key added to the
+/// file is served within moments, and the process runs on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_the_configuration_instead_of_stopping() {
+    let mut child = crate::support::Binary::start(&crate::support::demo(), None);
+    let added = crate::support::demo().replace("demo-key-globex", "demo-key-globex-new");
+    child.hangup(&added);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let status = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", child.url))
+            .bearer_auth("demo-key-globex-new")
+            .body(crate::support::chat(20))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        if status == 200 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the new key is still refused ({status})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(child.is_running(), "SIGHUP stopped the gateway");
+}

@@ -212,6 +212,23 @@ impl Binary {
     }
 }
 
+impl Binary {
+    /// Writes `config` over the binary's configuration file and sends it SIGHUP.
+    pub(crate) fn hangup(&self, config: &str) {
+        std::fs::write(&self.config, config).unwrap();
+        let sent = std::process::Command::new("kill")
+            .args(["-HUP", &self.process.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+    }
+
+    /// Whether the process still runs.
+    pub(crate) fn is_running(&mut self) -> bool {
+        self.process.try_wait().unwrap().is_none()
+    }
+}
+
 impl Drop for Binary {
     fn drop(&mut self) {
         let _ = self.process.kill();
