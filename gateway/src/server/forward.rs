@@ -124,10 +124,10 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
             return audit.refuse(&gateway, dialect, tenant, refusal);
         }
     };
-    audit.answered(&gateway, &response);
     // The account of the route that answered (a fallback's, a ramp's, or the primary's).
     let served = response.extensions().get::<ServedBy>().cloned();
     let account = &gateway.accounts[routed.account_of(served.as_ref().map(ServedBy::route))];
+    audit.answered(account, &response);
     let profile = account.profile_of(api).unwrap_or(account.profile);
     // The scope of the account that answered: its budget's wait, its name in refusals.
     let scoped = response.extensions().get::<Scoped>().cloned();
@@ -220,21 +220,13 @@ impl Audited {
 
     /// Records what the answer's head says: the route and account that served it, why a
     /// fallback did, the attempts, the time queued and the call's.
-    fn answered<B>(&mut self, gateway: &Gateway, response: &http::Response<B>) {
+    fn answered<B>(&mut self, account: &Account, response: &http::Response<B>) {
         let extensions = response.extensions();
+        self.entry.account = Some(account.name.clone());
+        self.entry.provider = Some(account.profile.name());
         if let Some(served) = extensions.get::<ServedBy>() {
             self.entry.route = Some(served.route().to_owned());
             self.entry.fallback = served.fallback_reason().map(|r| r.as_str());
-            if let Some(account) = gateway.accounts.iter().find(|a| {
-                served.route() == a.name
-                    || served
-                        .route()
-                        .strip_prefix(a.name.as_str())
-                        .is_some_and(|rest| rest.starts_with([':', '@']))
-            }) {
-                self.entry.account = Some(account.name.clone());
-                self.entry.provider = Some(account.profile.name());
-            }
         }
         let timings = extensions.get::<tower_llm_quota::Timings>();
         // A report when the stack retried; a call's timings alone when one attempt did; neither

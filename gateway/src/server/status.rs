@@ -10,6 +10,7 @@ use http::StatusCode;
 use metrics::gauge;
 use serde::Serialize;
 use tower_llm_quota::Priority;
+use tower_llm_quota::queue::QueueSnapshot;
 
 use super::Gateway;
 use super::tenancy::{LevelView, NodeView};
@@ -63,9 +64,9 @@ fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
     let mut rows = Vec::new();
     for account in &gateway.accounts {
         let simulator_429s = account.simulator.as_ref().map(|s| s.stats().rate_limited);
-        let row = |name: String, budget: &tower_llm_quota::Budget| {
+        // A budget's row, its requests queued by class as `queue` counts them.
+        let row = |name: String, budget: &tower_llm_quota::Budget, queue: QueueSnapshot| {
             let snapshot = budget.snapshot();
-            let queue = budget.queue_snapshot();
             let levels: Vec<LevelView> = snapshot.limits().iter().map(LevelView::from).collect();
             let left = |l: &LevelView| l.level as f64 / l.capacity.max(1) as f64;
             let binding = levels
@@ -85,20 +86,18 @@ fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
             }
         };
         let Some(gate) = account.gate() else {
-            let mut status = row(account.name.clone(), account.budget());
             let queue = account.queue().snapshot();
-            status.queued = Priority::ALL
-                .iter()
-                .map(|p| (p.as_str(), queue.class(*p).depth()))
-                .collect();
-            rows.push(status);
+            rows.push(row(account.name.clone(), account.budget(), queue));
             continue;
         };
-        rows.push(row(account.name.clone(), gate));
-        rows.push(row(format!("{}/*", account.name), account.budget()));
+        let own = |budget: &tower_llm_quota::Budget| budget.queue_snapshot();
+        rows.push(row(account.name.clone(), gate, own(gate)));
+        let main = account.budget();
+        rows.push(row(format!("{}/*", account.name), main, own(main)));
         for scope in account.scopes() {
             let name = scope.name().unwrap_or("*");
-            rows.push(row(format!("{}/{name}", account.name), scope.budget()));
+            let budget = scope.budget();
+            rows.push(row(format!("{}/{name}", account.name), budget, own(budget)));
         }
     }
     rows
