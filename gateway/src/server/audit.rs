@@ -189,8 +189,8 @@ pub(crate) struct Tokens {
 #[derive(Debug, Serialize)]
 pub(crate) struct AdminEntry<'a> {
     pub(crate) time: String,
-    /// The admin token's name (the gateway has one: `admin`).
-    pub(crate) admin: &'static str,
+    /// The admin token's name: `admin` for `server.admin_token`, else its `[[admins]]` name.
+    pub(crate) admin: &'a str,
     pub(crate) action: &'static str,
     pub(crate) target: &'a str,
     pub(crate) before: Value,

@@ -5,6 +5,7 @@
 //! listen = "127.0.0.1:8080"
 //! admin_token_env = "GATEWAY_ADMIN_TOKEN"
 //! max_body_bytes = 1048576
+//! state_file = "/var/lib/llm-quota-gateway/state.json"  # the admin API's changes, without Redis
 //!
 //! [[accounts]]
 //! name = "openai-main"
@@ -42,6 +43,11 @@
 //! tenant = "acme/search"
 //! default_class = "interactive"
 //! allow_priority_header = true
+//!
+//! [[admins]]                           # a delegated admin: acme's subtree only
+//! name = "acme-partner"
+//! token_env = "ACME_ADMIN_TOKEN"
+//! tenant = "acme"
 //! ```
 
 use std::net::SocketAddr;
@@ -66,6 +72,9 @@ pub(crate) struct Config {
     #[serde(default)]
     pub(crate) tenants: toml::Table,
     pub(crate) keys: Vec<KeyConfig>,
+    /// Named admin tokens: the operators', and delegated admins' limited to a subtree.
+    #[serde(default)]
+    pub(crate) admins: Vec<AdminConfig>,
     /// The public model names callers may send, each served by an account; when none is
     /// configured, any model passes to the account serving the API.
     #[serde(default)]
@@ -227,6 +236,18 @@ pub(crate) struct ServerConfig {
     /// renewed every this many milliseconds (100 by default); 0 asks the store per admission.
     #[serde(default = "default_lease_refresh")]
     pub(crate) lease_refresh_ms: u64,
+    /// Where the admin API's changes (limits, weights, keys) are kept without `--redis-url`:
+    /// a file the gateway owns, read at start; in memory (lost at exit) when absent. With
+    /// `--redis-url` they are kept in Redis and this is not read.
+    pub(crate) state_file: Option<std::path::PathBuf>,
+    /// With `--redis-url`: how often each replica reads the admin state for another
+    /// replica's changes, in milliseconds.
+    #[serde(default = "default_admin_sync")]
+    pub(crate) admin_sync_ms: u64,
+}
+
+fn default_admin_sync() -> u64 {
+    1_000
 }
 
 impl Default for ServerConfig {
@@ -246,6 +267,8 @@ impl Default for ServerConfig {
             max_header_bytes: default_max_header(),
             lease_refresh_ms: default_lease_refresh(),
             audit_log: None,
+            state_file: None,
+            admin_sync_ms: default_admin_sync(),
         }
     }
 }
@@ -614,8 +637,23 @@ impl Limits {
     }
 }
 
+/// A named admin token: an operator's (no `tenant`), or a delegated admin's, who reads and
+/// changes only the subtree of `tenant` (a partner reselling quota, a team lead).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AdminConfig {
+    /// Its name in the audit log.
+    pub(crate) name: String,
+    /// The environment variable holding the token.
+    pub(crate) token_env: Option<String>,
+    /// The token itself (the demo's); prefer `token_env`.
+    pub(crate) token: Option<String>,
+    /// The subtree it administers; the whole gateway when absent.
+    pub(crate) tenant: Option<String>,
+}
+
 /// The classes a key may name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Class {
     Interactive,
@@ -657,7 +695,7 @@ pub(crate) struct KeyConfig {
 }
 
 /// Who retries a provider's failures.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum Retries {
     /// The gateway, within the class's policy; its final answer says `x-should-retry: false`
@@ -844,6 +882,31 @@ impl Config {
                     "key `{}`: give exactly one of `key` and `key_env`",
                     key.name
                 )));
+            }
+        }
+        if !(10..=60_000).contains(&self.server.admin_sync_ms) {
+            return Err(ConfigError(format!(
+                "server.admin_sync_ms must be from 10 to 60000, not {}",
+                self.server.admin_sync_ms
+            )));
+        }
+        let mut admins = BTreeSet::from(["admin"]);
+        for admin in &self.admins {
+            if !admins.insert(admin.name.as_str()) {
+                return Err(ConfigError(format!(
+                    "admin `{}` is named twice (`admin` is the server's admin_token)",
+                    admin.name
+                )));
+            }
+            if admin.token.is_none() == admin.token_env.is_none() {
+                return Err(ConfigError(format!(
+                    "admin `{}`: give exactly one of `token` and `token_env`",
+                    admin.name
+                )));
+            }
+            if let Some(tenant) = &admin.tenant {
+                Tenant::parse(tenant)
+                    .map_err(|e| ConfigError(format!("admin `{}`: {e}", admin.name)))?;
             }
         }
         self.check_models()?;

@@ -11,6 +11,7 @@ pub(crate) mod models;
 pub(crate) mod refusal;
 pub(crate) mod routes;
 pub(crate) mod serve;
+pub(crate) mod state;
 pub(crate) mod status;
 pub(crate) mod tenancy;
 pub(crate) mod upstream;
@@ -27,7 +28,7 @@ use axum::routing::{get, post};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
-use auth::KeyRing;
+use auth::{Admin, AdminRing, KeyRing};
 use config::{Api, Config, ConfigError};
 use refusal::Refusal;
 use serve::limits::{ConnectionLimits, open_files_limit};
@@ -36,11 +37,19 @@ use tenancy::Tenancy;
 use upstream::Account;
 use usage::Ledger;
 
+use tower_llm_quota::tenant::Tenant;
+
 /// Everything a request handler reads.
 #[derive(Debug)]
 pub(crate) struct Gateway {
-    /// The callers' keys, replaced whole by a reload.
+    /// The callers' keys, replaced whole by a reload and by the admin API.
     keys: std::sync::RwLock<Arc<KeyRing>>,
+    /// The admin tokens, replaced whole by a reload.
+    admins: std::sync::RwLock<Arc<AdminRing>>,
+    /// The admin API's changes, kept apart from the configuration and applied over it.
+    pub(crate) state: state::StateStore,
+    /// The admin state as last applied.
+    applied: std::sync::Mutex<state::Fields>,
     /// The configuration running, to tell a reload what it changes.
     config: std::sync::Mutex<Config>,
     /// The file the configuration was read from, which a reload reads again.
@@ -53,7 +62,6 @@ pub(crate) struct Gateway {
     pub(crate) max_body_bytes: usize,
     /// Timeouts, head size and the cap on connections, resolved at start.
     pub(crate) connection_limits: ConnectionLimits,
-    admin_token: String,
     /// Cancelled when the gateway stops: queued requests are answered 503.
     pub(crate) shutdown: CancellationToken,
     metrics: PrometheusHandle,
@@ -114,14 +122,7 @@ impl Gateway {
         if let Some(note) = lowered {
             tracing::warn!("{note}");
         }
-        let admin_token = match (&config.server.admin_token, &config.server.admin_token_env) {
-            (_, Some(var)) => std::env::var(var)
-                .map_err(|_| ConfigError(format!("the admin token variable {var} is not set")))?,
-            (Some(token), None) => token.clone(),
-            (None, None) => {
-                return Err(ConfigError("no admin token: set `admin_token_env`".into()));
-            }
-        };
+        let admin_token = root_token(config)?;
         let status_token =
             match (&config.server.status_token, &config.server.status_token_env) {
                 (_, Some(var)) => Some(std::env::var(var).map_err(|_| {
@@ -131,6 +132,7 @@ impl Gateway {
             };
         let (tree, paths) = config.tenant_tree()?;
         let mut tenants = Tenancy::new(paths);
+        let state = state::StateStore::open(redis_url, config.server.state_file.as_deref())?;
         let mut accounts = Vec::with_capacity(config.accounts.len());
         for account in &config.accounts {
             // Every account serves one tenant state: a tenant's limits hold over all of them.
@@ -145,8 +147,11 @@ impl Gateway {
             }
             accounts.push(account);
         }
-        Ok(Arc::new(Self {
-            keys: std::sync::RwLock::new(Arc::new(KeyRing::new(&config.keys)?)),
+        let gateway = Arc::new(Self {
+            keys: std::sync::RwLock::new(Arc::new(KeyRing::new(&config.keys, &[])?)),
+            admins: std::sync::RwLock::new(Arc::new(AdminRing::new(&admin_token, &config.admins)?)),
+            state,
+            applied: std::sync::Mutex::default(),
             config: std::sync::Mutex::new(config.clone()),
             config_path: std::sync::OnceLock::new(),
             tenants,
@@ -159,7 +164,6 @@ impl Gateway {
             accounts,
             max_body_bytes: config.server.max_body_bytes,
             connection_limits,
-            admin_token,
             shutdown: CancellationToken::new(),
             metrics: metrics_handle(),
             status_token,
@@ -168,7 +172,49 @@ impl Gateway {
                 audit::Audit::open(target)
                     .map_err(|e| ConfigError(format!("server.audit_log {target}: {e}")))?
             },
-        }))
+        });
+        // The admin API's changes over the configuration: an unreachable shared store is read
+        // again at the next sync; a state that does not apply stops the start.
+        match gateway.state.read_all().await {
+            Ok(fields) => gateway.apply_state(&fields.unwrap_or_default())?,
+            Err(error) => tracing::warn!(%error, "the admin state is read again at the next sync"),
+        }
+        if gateway.state.is_shared() {
+            let every = Duration::from_millis(config.server.admin_sync_ms);
+            tokio::spawn(sync_state(Arc::downgrade(&gateway), every));
+        }
+        Ok(gateway)
+    }
+
+    /// Applies the admin state `fields` over the running configuration: node limits and
+    /// weights, keys created, rotated or revoked. A field that cannot be read is skipped with
+    /// a warning.
+    pub(crate) fn apply_state(&self, fields: &state::Fields) -> Result<(), ConfigError> {
+        let (parsed, skipped) = state::parse(fields);
+        if !skipped.is_empty() {
+            tracing::warn!(?skipped, "admin state fields not understood, skipped");
+        }
+        let config = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        let (tree, paths) = config.tenant_tree()?;
+        let keys = KeyRing::new(&config.keys, &parsed.keys)?;
+        self.tenants.apply(&tree, &parsed.nodes)?;
+        self.tenants.set_paths(&paths, &listed(&parsed, &keys));
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
+        *self.applied.lock().unwrap_or_else(|e| e.into_inner()) = fields.clone();
+        Ok(())
+    }
+
+    /// The admin state as last applied.
+    pub(crate) fn applied_state(&self) -> state::Fields {
+        self.applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The running configuration.
+    pub(crate) fn config(&self) -> std::sync::MutexGuard<'_, Config> {
+        self.config.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The callers' keys now.
@@ -182,8 +228,10 @@ impl Gateway {
     /// restart: listed in the report, not applied. An invalid configuration changes nothing.
     pub(crate) fn reload(&self, text: &str) -> Result<Reloaded, ConfigError> {
         let new = Config::from_toml(text)?;
-        let keys = KeyRing::new(&new.keys)?;
-        let (tree, _) = new.tenant_tree()?;
+        let (parsed, _) = state::parse(&self.applied_state());
+        let keys = KeyRing::new(&new.keys, &parsed.keys)?;
+        let admins = AdminRing::new(&root_token(&new)?, &new.admins)?;
+        let (tree, paths) = new.tenant_tree()?;
         let mut current = self.config.lock().unwrap_or_else(|e| e.into_inner());
         let differs =
             |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
@@ -194,15 +242,22 @@ impl Gateway {
         if differs(&new.models, &current.models) {
             restart.push("models");
         }
-        if differs(&new.server, &current.server) {
+        let mut server = new.server.clone();
+        server.admin_token.clone_from(&current.server.admin_token);
+        server
+            .admin_token_env
+            .clone_from(&current.server.admin_token_env);
+        if differs(&server, &current.server) {
             restart.push("server");
         }
         // The nodes first: a node a new key names must exist before the key is served.
-        let nodes = self.tenants.replace_nodes(&tree)?;
+        let nodes = self.tenants.apply(&tree, &parsed.nodes)?;
+        self.tenants.set_paths(&paths, &listed(&parsed, &keys));
         *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
+        *self.admins.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(admins);
         *current = new;
         Ok(Reloaded {
-            keys: current.keys.len(),
+            keys: self.keys().list().count(),
             nodes,
             restart,
         })
@@ -239,13 +294,13 @@ impl Gateway {
         self.refuse(tenant, refusal.dialect(dialect))
     }
 
-    /// Whether a request carries the admin token.
-    pub(crate) fn is_admin(&self, headers: &http::HeaderMap) -> bool {
-        let presented = headers
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        auth::secret_matches(presented, &self.admin_token)
+    /// The admin whose token a request carries.
+    pub(crate) fn admin(&self, headers: &http::HeaderMap) -> Option<Admin> {
+        self.admins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .authenticate(headers)
+            .cloned()
     }
 
     /// Every route of the gateway.
@@ -302,6 +357,47 @@ async fn require_status(
         let body = serde_json::json!({"error": {"type": "authentication",
             "message": "this route needs the status token (Authorization: Bearer)"}});
         (http::StatusCode::UNAUTHORIZED, axum::Json(body)).into_response()
+    }
+}
+
+/// The operator's admin token of `config` (`server.admin_token_env`, else `admin_token`).
+fn root_token(config: &Config) -> Result<String, ConfigError> {
+    match (&config.server.admin_token, &config.server.admin_token_env) {
+        (_, Some(var)) => std::env::var(var)
+            .map_err(|_| ConfigError(format!("the admin token variable {var} is not set"))),
+        (Some(token), None) => Ok(token.clone()),
+        (None, None) => Err(ConfigError("no admin token: set `admin_token_env`".into())),
+    }
+}
+
+/// The nodes the admin state adds to the views: those it changed, and its keys' tenants.
+fn listed(parsed: &state::Parsed, keys: &KeyRing) -> Vec<Tenant> {
+    let tenants = keys.list().filter_map(|(caller, ..)| caller.path.parent());
+    parsed.nodes.keys().cloned().chain(tenants).collect()
+}
+
+/// Reads the admin state every `every` and applies another replica's changes, until the
+/// gateway stops (or is dropped).
+async fn sync_state(gateway: std::sync::Weak<Gateway>, every: Duration) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(gateway) = gateway.upgrade() else {
+            return;
+        };
+        if gateway.shutdown.is_cancelled() {
+            return;
+        }
+        match gateway.state.read_all().await {
+            Ok(Some(fields)) => {
+                if let Err(error) = gateway.apply_state(&fields) {
+                    tracing::error!(%error, "the admin state read from the store does not apply");
+                }
+            }
+            Ok(None) => {}
+            Err(error) => tracing::warn!(%error, "the admin state was not read"),
+        }
     }
 }
 

@@ -22,11 +22,13 @@ use tower_llm_quota::{Cost, Dimension, Limit, Priority};
 
 use super::config::ConfigError;
 use super::refusal::{Dialect, Refusal, limit_name};
+use super::state::{NodeOverride, without_limits};
 
 /// The tenant nodes of every account.
 #[derive(Debug, Default)]
 pub(crate) struct Tenancy {
-    paths: Vec<Tenant>,
+    /// The nodes the views list, in path order.
+    paths: std::sync::RwLock<Vec<Tenant>>,
     accounts: Vec<(String, TenantHandle)>,
 }
 
@@ -34,8 +36,8 @@ pub(crate) struct Tenancy {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct LimitKey {
-    dimension: String,
-    period_seconds: u64,
+    pub(crate) dimension: String,
+    pub(crate) period_seconds: u64,
 }
 
 /// A limit as the admin API takes it.
@@ -43,9 +45,21 @@ pub(crate) struct LimitKey {
 #[serde(deny_unknown_fields)]
 pub(crate) struct LimitChange {
     /// `requests`, `input_tokens`, `output_tokens` or `total_tokens`.
-    dimension: String,
-    amount: std::num::NonZeroU64,
-    period_seconds: u64,
+    pub(crate) dimension: String,
+    pub(crate) amount: std::num::NonZeroU64,
+    pub(crate) period_seconds: u64,
+}
+
+/// The dimension of that name, or why there is none.
+pub(crate) fn dimension(name: &str) -> Result<Dimension, ConfigError> {
+    Dimension::ALL
+        .into_iter()
+        .find(|d| d.as_str() == name)
+        .ok_or_else(|| {
+            ConfigError(format!(
+                "unknown dimension `{name}` (requests, input_tokens, output_tokens, total_tokens)"
+            ))
+        })
 }
 
 /// One node on one account, as the admin API and the status page show it.
@@ -121,7 +135,7 @@ impl Tenancy {
     /// The nodes the views list (configured ones, every key's tenant and their ancestors).
     pub(crate) fn new(paths: Vec<Tenant>) -> Self {
         Self {
-            paths,
+            paths: std::sync::RwLock::new(paths),
             accounts: Vec::new(),
         }
     }
@@ -129,25 +143,69 @@ impl Tenancy {
     /// Whether `path` is a node the gateway knows: a configured one, a key's tenant or one of
     /// their ancestors.
     pub(crate) fn knows(&self, path: &Tenant) -> bool {
-        self.paths.contains(path)
+        self.paths().contains(path)
     }
 
-    /// Sets every node `tree` configures, on every account, to its configuration there (a
-    /// reload): levels, requests in flight and queues are kept. Returns how many nodes.
-    pub(crate) fn replace_nodes(
+    fn paths(&self) -> std::sync::RwLockReadGuard<'_, Vec<Tenant>> {
+        self.paths.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Lists `paths` (a reload's configured nodes and keys' tenants, with their ancestors) and
+    /// `extra` (the admin API's keys' tenants and nodes) and their ancestors.
+    pub(crate) fn set_paths<'a>(
+        &self,
+        paths: &[Tenant],
+        extra: impl IntoIterator<Item = &'a Tenant>,
+    ) {
+        let mut all: std::collections::BTreeSet<Tenant> = paths.iter().cloned().collect();
+        for path in extra {
+            all.extend(ancestry(path));
+        }
+        *self.paths.write().unwrap_or_else(|e| e.into_inner()) = all.into_iter().collect();
+    }
+
+    /// Sets the node at `path` to `node` on every account (levels and requests in flight
+    /// kept).
+    pub(crate) fn set_configured(
+        &self,
+        path: &Tenant,
+        node: &TenantNode,
+    ) -> Result<(), ConfigError> {
+        for (_, handle) in &self.accounts {
+            handle
+                .set_node(path, node.clone())
+                .map_err(|e| ConfigError(format!("tenant {path}: {e}")))?;
+        }
+        Ok(())
+    }
+
+    /// Sets every node `tree` configures, with the admin API's `overrides` over them, on
+    /// every account (a start, a reload, another replica's change): levels, requests in flight
+    /// and queues are kept. Returns how many nodes the configuration sets.
+    pub(crate) fn apply(
         &self,
         tree: &tower_llm_quota::tenant::TenantTree,
+        overrides: &std::collections::BTreeMap<Tenant, NodeOverride>,
     ) -> Result<usize, ConfigError> {
         let mut count = 0;
         for (path, node) in tree.nodes() {
-            for (_, handle) in &self.accounts {
-                handle
-                    .set_node(path, node.clone())
-                    .map_err(|e| ConfigError(format!("tenant {path}: {e}")))?;
+            if !overrides.contains_key(path) {
+                self.set_configured(path, node)?;
             }
             count += 1;
         }
+        for (path, changes) in overrides {
+            let base = tree.node(path).cloned().unwrap_or_default();
+            self.set_configured(path, &changes.over(&base))?;
+        }
         Ok(count)
+    }
+
+    /// The configuration of the node at `path` now (the accounts serve one tenant state).
+    pub(crate) fn node(&self, path: &Tenant) -> Option<TenantNode> {
+        self.accounts
+            .first()
+            .and_then(|(_, handle)| handle.node(path))
     }
 
     /// What the admin API may change of the node at `path`, for the audit log: its weight, its
@@ -295,17 +353,6 @@ impl Tenancy {
         (limits, remove): (&[LimitChange], &[LimitKey]),
         weight: Option<NonZeroU32>,
     ) -> Result<(), ConfigError> {
-        let dimension = |name: &str| {
-            Dimension::ALL
-                .into_iter()
-                .find(|d| d.as_str() == name)
-                .ok_or_else(|| {
-                    ConfigError(format!(
-                        "unknown dimension `{name}` (requests, input_tokens, output_tokens, \
-                         total_tokens)"
-                    ))
-                })
-        };
         let limits = limits
             .iter()
             .map(|l| {
@@ -351,7 +398,7 @@ impl Tenancy {
             });
             let mut node = kept
                 .chain(&limits)
-                .fold(rebuilt(&old), |n, l| n.with_limit(*l));
+                .fold(without_limits(&old), |n, l| n.with_limit(*l));
             if let Some(weight) = weight {
                 node = node.with_weight(weight);
             }
@@ -364,7 +411,7 @@ impl Tenancy {
 
     /// Every listed node, in path order, on every account.
     pub(crate) fn snapshot(&self) -> Vec<NodeView> {
-        self.paths
+        self.paths()
             .iter()
             .map(|path| {
                 let shares: Vec<_> = self
@@ -404,25 +451,6 @@ impl Tenancy {
             })
             .collect()
     }
-}
-
-/// `node` without its limits, the rest kept.
-fn rebuilt(node: &TenantNode) -> TenantNode {
-    let mut fresh = TenantNode::new()
-        .with_weight(node.weight())
-        .with_guarantee(node.guarantee());
-    if let Some(share) = node.max_share() {
-        fresh = fresh.with_max_share(share);
-    }
-    if let Some(max) = node.max_in_flight() {
-        fresh = fresh.with_max_in_flight(max);
-    }
-    if let Some(max_wait) = node.max_wait() {
-        fresh = fresh.with_max_wait(max_wait);
-    }
-    node.daily_caps()
-        .iter()
-        .fold(fresh, |n, cap| n.with_daily_cap(*cap))
 }
 
 /// How long a caller of a paused tenant is told to wait: a pause has no known end.

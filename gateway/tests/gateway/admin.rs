@@ -284,7 +284,7 @@ async fn the_admin_api_refuses_mistakes_and_changes_one_limit_at_a_time() {
     let response = gateway
         .admin(Method::GET, "/tenants", "wrong-token", Value::Null)
         .await;
-    expect(response, 401, "authentication", "bearer token").await;
+    expect(response, 401, "authentication", "admin token").await;
     // A key's own path is a node too.
     let response = gateway
         .admin(

@@ -10,7 +10,7 @@ use http::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::api::fixed_config;
-use crate::support::{ADMIN, Running, SEARCH, chat, demo};
+use crate::support::{Running, SEARCH, chat, demo};
 
 /// A fresh file for a test's audit log.
 fn log_file(name: &str) -> PathBuf {
@@ -78,11 +78,12 @@ async fn every_request_and_admin_change_is_one_line() {
             .status(),
         401
     );
+    // By acme's delegated admin: the line names its token.
     let paused = gateway
         .admin(
             Method::POST,
             "/pause",
-            ADMIN,
+            "demo-admin-acme",
             json!({"tenant": "acme/search"}),
         )
         .await;
@@ -155,7 +156,7 @@ async fn every_request_and_admin_change_is_one_line() {
 
     let admin = &lines[3];
     assert_eq!(admin["action"], "pause", "{admin}");
-    assert_eq!(admin["admin"], "admin");
+    assert_eq!(admin["admin"], "acme-admin");
     assert_eq!(admin["target"], "acme/search");
     assert_eq!(
         (&admin["before"]["paused"], &admin["after"]["paused"]),

@@ -12,6 +12,8 @@ mod api;
 mod audit;
 mod browser;
 mod connections;
+mod delegated;
+mod keys;
 mod ops;
 mod pushback;
 mod replicas;

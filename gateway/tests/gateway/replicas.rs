@@ -363,3 +363,122 @@ async fn two_replicas_share_a_models_scope_through_redis() {
     first.stop().await;
     second.stop().await;
 }
+
+/// With `--redis-url`, the admin API's changes hold on every replica: a limit and a weight set
+/// on one replica show on the other within its sync, a key made on one serves on the other,
+/// a key revoked on the other is refused on the first; a third replica started later reads
+/// them all at its start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_changes_hold_on_every_replica() {
+    use reqwest::Method;
+    let redis = RedisServer::start();
+    let (upstream, _) = fixed_upstream(Duration::ZERO).await;
+    let config = fixed_config(&upstream).replace(
+        "admin_token = \"admin\"",
+        "admin_token = \"admin\"\n        admin_sync_ms = 50",
+    );
+    let first = Running::start_shared(&config, &redis.url()).await;
+    let second = Running::start_shared(&config, &redis.url()).await;
+    async fn json(response: reqwest::Response) -> (u16, serde_json::Value) {
+        let status = response.status().as_u16();
+        let body = response.bytes().await.unwrap();
+        (status, serde_json::from_slice(&body).unwrap_or_default())
+    }
+    async fn call(replica: &Running, key: &str) -> u16 {
+        let response = replica.post("/v1/chat/completions", Some(key), BODY).await;
+        let status = response.status().as_u16();
+        response.bytes().await.unwrap();
+        status
+    }
+    /// `team`'s configured weight and its limits' names on `replica`.
+    async fn team(replica: &Running) -> (u64, Vec<String>) {
+        let (_, tree) = json(
+            replica
+                .admin(Method::GET, "/tenants", "admin", serde_json::Value::Null)
+                .await,
+        )
+        .await;
+        let team = tree
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["path"] == "team")
+            .unwrap()
+            .clone();
+        let limits = team["accounts"][0]["levels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| format!("{}={}", l["limit"].as_str().unwrap(), l["amount"]))
+            .collect();
+        (team["weight"].as_u64().unwrap(), limits)
+    }
+    /// Waits (on the condition, at most 5 s) until `check` holds on `replica`.
+    async fn eventually<F: AsyncFn() -> bool>(what: &str, check: F) -> Duration {
+        let started = std::time::Instant::now();
+        while !check().await {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{what}: not within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        started.elapsed()
+    }
+
+    let change = serde_json::json!({"tenant": "team", "weight": 4,
+        "limits": [{"dimension": "requests", "amount": 7, "period_seconds": 10}]});
+    let (status, _) = json(first.admin(Method::PUT, "/limits", "admin", change).await).await;
+    assert_eq!(status, 204);
+    let limits = eventually("the limit on the second replica", async || {
+        team(&second).await == (4, vec!["requests_per_10_seconds=7".to_owned()])
+    })
+    .await;
+
+    let (status, made) = json(
+        first
+            .admin(
+                Method::POST,
+                "/keys",
+                "admin",
+                serde_json::json!({"name": "etl", "tenant": "team"}),
+            )
+            .await,
+    )
+    .await;
+    assert_eq!(status, 201);
+    let secret = made["key"].as_str().unwrap().to_owned();
+    let made = eventually("the key on the second replica", async || {
+        call(&second, &secret).await == 200
+    })
+    .await;
+    let revoked = second
+        .admin(
+            Method::DELETE,
+            "/keys/etl",
+            "admin",
+            serde_json::Value::Null,
+        )
+        .await;
+    assert_eq!(revoked.status(), 204);
+    assert_eq!(call(&second, &secret).await, 401, "at once where revoked");
+    let gone = eventually("the revocation on the first replica", async || {
+        call(&first, &secret).await == 401
+    })
+    .await;
+    println!(
+        "seen on the other replica after: limit {limits:?}, key {made:?}, revocation {gone:?}"
+    );
+
+    // A replica started now reads the state at its start.
+    let third = Running::start_shared(&config, &redis.url()).await;
+    assert_eq!(
+        team(&third).await,
+        (4, vec!["requests_per_10_seconds=7".to_owned()])
+    );
+    assert_eq!(call(&third, &secret).await, 401);
+    assert_eq!(call(&third, "caller-secret").await, 200);
+    for replica in [first, second, third] {
+        replica.stop().await;
+    }
+}
