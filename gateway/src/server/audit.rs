@@ -201,7 +201,8 @@ pub(crate) struct AdminEntry<'a> {
 #[derive(Debug)]
 pub(crate) struct Audited {
     pub(crate) entry: Entry,
-    started: std::time::Instant,
+    /// When the gateway had the request's head.
+    pub(crate) started: std::time::Instant,
 }
 
 impl Audited {
@@ -235,11 +236,18 @@ impl Audited {
         used: Option<&tower_llm_quota::Usage>,
         bytes: u64,
     ) {
+        let duration = self.started.elapsed();
+        metrics::histogram!(
+            "gateway_request_duration_seconds",
+            "api" => self.entry.api,
+            "decision" => self.entry.decision,
+        )
+        .record(duration.as_secs_f64());
         if let Audit::Off = audit {
             return;
         }
         self.entry.time = rfc3339(SystemTime::now());
-        self.entry.duration_ms = millis(self.started.elapsed());
+        self.entry.duration_ms = millis(duration);
         self.entry.bytes = bytes;
         if let Some(usage) = used {
             self.entry.used = Some(Tokens {

@@ -238,6 +238,13 @@ impl Audited {
         if let Some(timings) = timings {
             self.entry.queue_ms = Some(super::audit::millis(timings.waited()));
             self.entry.call_ms = Some(super::audit::millis(timings.call()));
+            // The gateway's own time to the answer's head: neither the queue nor the call.
+            let added = self
+                .started
+                .elapsed()
+                .saturating_sub(timings.waited() + timings.call());
+            metrics::histogram!("gateway_added_seconds", "api" => self.entry.api)
+                .record(added.as_secs_f64());
         }
     }
 }

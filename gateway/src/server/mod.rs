@@ -77,6 +77,11 @@ const SECONDS_BUCKETS: [f64; 16] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0,
 ];
 
+/// The buckets of `gateway_added_seconds`, the gateway's own time: from 50 µs to a second.
+const ADDED_BUCKETS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 0.25, 1.0,
+];
+
 /// The buckets of `llm_estimate_error_ratio` (reserved ÷ used): 1 is an exact estimate.
 const RATIO_BUCKETS: [f64; 12] = [
     0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0,
@@ -95,6 +100,12 @@ pub(crate) fn metrics_handle() -> PrometheusHandle {
                     b.set_buckets_for_metric(
                         Matcher::Full("llm_estimate_error_ratio".into()),
                         &RATIO_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("gateway_added_seconds".into()),
+                        &ADDED_BUCKETS,
                     )
                 })
                 .expect("non-empty buckets")

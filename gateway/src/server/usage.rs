@@ -14,7 +14,17 @@ use super::refusal::{Decision, Refusal};
 
 /// The gateway's own series, described for Prometheus (`HELP` and units).
 pub(crate) fn describe() {
-    use metrics::{describe_counter, describe_gauge};
+    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_histogram!(
+        "gateway_request_duration_seconds",
+        metrics::Unit::Seconds,
+        "From the request's head to the answer's last byte (or the refusal), by API and decision (admitted, local, provider): end to end, queue and call included."
+    );
+    describe_histogram!(
+        "gateway_added_seconds",
+        metrics::Unit::Seconds,
+        "The gateway's own time to an answer's head, by API: from the request's head, less the time queued for quota and the upstream call's."
+    );
     describe_counter!(
         "gateway_requests_total",
         "Requests the provider answered, by tenant, API, class and status."

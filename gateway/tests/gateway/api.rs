@@ -371,6 +371,15 @@ async fn metrics_carry_per_tenant_series() {
         "llm_call_seconds is not a histogram"
     );
     assert!(!text.contains(" summary\n"), "a summary is rendered");
+    // End to end, and the gateway's own time (finer buckets: from 50 µs).
+    for series in [
+        "# TYPE gateway_request_duration_seconds histogram",
+        r#"gateway_request_duration_seconds_bucket{api="messages",decision="admitted",le="0.005"}"#,
+        "# TYPE gateway_added_seconds histogram",
+        r#"gateway_added_seconds_bucket{api="chat",le="0.00005"}"#,
+    ] {
+        assert!(text.contains(series), "{series} missing from\n{text}");
+    }
     promtool_accepts(&text);
     assert_eq!(gateway.get("/healthz").await, (200, "ok".to_owned()));
     gateway.stop().await;
