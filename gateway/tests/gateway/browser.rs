@@ -88,3 +88,231 @@ async fn the_status_page_shows_every_tenant_after_traffic() {
     assert!(dom.contains("data-account=\"openai-sim\""));
     gateway.stop().await;
 }
+
+/// Dumps the DOM of the page at `url` after its script ran; with `screenshot`, also saves a
+/// picture of it there.
+async fn dump(browser: &'static str, url: String, screenshot: Option<String>) -> String {
+    tokio::task::spawn_blocking(move || {
+        let run = |extra: &[&str]| {
+            let output = Command::new(browser)
+                .args([
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-dev-shm-usage",
+                    "--virtual-time-budget=3000",
+                ])
+                .args(extra)
+                .arg(&url)
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            output.stdout
+        };
+        if let Some(path) = screenshot {
+            run(&["--window-size=1100,1500", &format!("--screenshot={path}")]);
+        }
+        String::from_utf8(run(&["--dump-dom"])).unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+/// The text of each element of class `class` (among others) in `html`.
+fn texts<'a>(html: &'a str, class: &str) -> Vec<&'a str> {
+    let mut found = Vec::new();
+    let mut rest = html;
+    while let Some(at) = rest.find("class=\"") {
+        rest = &rest[at + 7..];
+        let classes = &rest[..rest.find('"').unwrap()];
+        if classes.split(' ').any(|c| c == class) {
+            let text = &rest[rest.find('>').unwrap() + 1..];
+            found.push(&text[..text.find('<').unwrap()]);
+        }
+    }
+    found
+}
+
+/// The HTML of the table row with `attribute="value"`.
+fn row<'a>(dom: &'a str, attribute: &str, value: &str) -> &'a str {
+    let start = dom
+        .find(&format!("{attribute}=\"{value}\""))
+        .unwrap_or_else(|| panic!("no row {attribute}={value}"));
+    let row = &dom[start..];
+    &row[..row.find("</tr>").unwrap()]
+}
+
+/// A number as the page writes it (`en-US`: 1,000,000).
+fn grouped(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, d) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(d);
+    }
+    out
+}
+
+/// The page's figures read in Chromium against the configuration and `/admin/tenants`: each
+/// limit its configured amount per its own period with the burst apart, daily caps with what
+/// today used, configured weights, a pause, refusals grouped with their count, each account's
+/// binding limit. (Before: a 600-a-minute account read "40 of 100", the burst called a
+/// minute's amount; weights multiplied; daily caps absent; identical refusal rows.)
+#[tokio::test]
+async fn the_status_page_tells_the_configured_figures() {
+    use reqwest::Method;
+    let Some(browser) = browser() else {
+        println!("skipped: no chromium binary on the PATH (install Debian's `chromium`)");
+        return;
+    };
+    let gateway = Running::start(&demo()).await;
+    for _ in 0..3 {
+        let response = gateway
+            .post("/v1/chat/completions", Some(SEARCH), &chat(20))
+            .await;
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+    }
+    // globex may send 20 requests a minute (a tenant's burst is its amount): two more are
+    // refused, one row counting 2.
+    let mut refused = 0;
+    for _ in 0..22 {
+        let response = gateway
+            .post("/v1/chat/completions", Some(GLOBEX), &chat(20))
+            .await;
+        refused += u32::from(response.status() == 429);
+        response.bytes().await.unwrap();
+    }
+    assert_eq!(refused, 2);
+    let paused = gateway
+        .admin(
+            Method::POST,
+            "/pause",
+            crate::support::ADMIN,
+            serde_json::json!({"tenant": "acme/reports"}),
+        )
+        .await;
+    assert_eq!(paused.status(), 204);
+    let tenants: serde_json::Value = serde_json::from_slice(
+        &gateway
+            .admin(
+                Method::GET,
+                "/tenants",
+                crate::support::ADMIN,
+                serde_json::Value::Null,
+            )
+            .await
+            .bytes()
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let screenshot = std::env::var("GATEWAY_STATUS_SCREENSHOT").ok();
+    let dom = dump(browser, format!("{}/", gateway.url), screenshot).await;
+
+    // The configuration's figures, as configured (demo.toml).
+    let globex = row(&dom, "data-tenant", "globex");
+    assert!(
+        texts(globex, "limit")
+            .iter()
+            .any(|t| t.starts_with("requests per minute: 20 (burst 20)")),
+        "{globex}"
+    );
+    assert!(
+        texts(globex, "limit")
+            .iter()
+            .any(|t| t.starts_with("total tokens per minute: 6,000 (burst 6,000)")),
+        "{globex}"
+    );
+    let daily = texts(globex, "daily");
+    assert!(
+        daily
+            .iter()
+            .all(|t| t.starts_with("total tokens per day: 1,000,000 (calendar day (UTC)): ")),
+        "{daily:?}"
+    );
+    assert!(!daily.is_empty());
+    let acme = row(&dom, "data-tenant", "acme");
+    assert!(
+        texts(acme, "limit")
+            .iter()
+            .any(|t| t.starts_with("requests per minute: 300 (burst 300)")),
+        "{acme}"
+    );
+    assert_eq!(
+        texts(row(&dom, "data-tenant", "acme/search"), "weight"),
+        ["2"],
+        "configured, not multiplied"
+    );
+    assert!(row(&dom, "data-tenant", "acme/reports").contains("acme/reports (paused)"));
+    let openai = row(&dom, "data-account", "openai-sim");
+    assert!(
+        texts(openai, "limit")
+            .iter()
+            .any(|t| t.starts_with("requests per minute: 600 (burst 100): ")),
+        "{openai}"
+    );
+    assert_eq!(texts(openai, "binding").len(), 1, "{openai}");
+
+    // Every figure of /admin/tenants is on the page, in the row of its tenant.
+    let mut compared = 0;
+    for tenant in tenants.as_array().unwrap() {
+        let path = tenant["path"].as_str().unwrap();
+        let html = row(&dom, "data-tenant", path);
+        assert_eq!(
+            texts(html, "weight"),
+            [tenant["weight"].to_string()],
+            "{path}"
+        );
+        let limits = texts(html, "limit");
+        let dailies = texts(html, "daily");
+        for share in tenant["accounts"].as_array().unwrap() {
+            for level in share["levels"].as_array().unwrap() {
+                let text = format!(
+                    "{}: {} (burst {}): ",
+                    level["limit"].as_str().unwrap().replace('_', " "),
+                    grouped(level["amount"].as_u64().unwrap()),
+                    grouped(level["capacity"].as_u64().unwrap()),
+                );
+                assert!(
+                    limits.iter().any(|t| t.starts_with(&text)),
+                    "{path}: {text} not in {limits:?}"
+                );
+                compared += 1;
+            }
+            for cap in share["daily"].as_array().unwrap() {
+                let text = format!(
+                    "{}: {} ({}): {} used today",
+                    cap["limit"].as_str().unwrap().replace('_', " "),
+                    grouped(cap["amount"].as_u64().unwrap()),
+                    cap["window"].as_str().unwrap(),
+                    grouped(cap["used_today"].as_u64().unwrap()),
+                );
+                assert!(
+                    dailies.contains(&text.as_str()),
+                    "{path}: {text} not in {dailies:?}"
+                );
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared >= 10, "{compared} figures compared");
+
+    // Refusals grouped: globex's two refusals are one row counting 2.
+    let refusals: Vec<&str> = dom.split("class=\"refusal\"").skip(1).collect();
+    let globex_rows: Vec<&&str> = refusals
+        .iter()
+        .filter(|r| texts(r, "tenant") == ["globex"])
+        .collect();
+    assert_eq!(globex_rows.len(), 1, "{refusals:?}");
+    assert_eq!(texts(globex_rows[0], "count"), ["2"]);
+    assert_eq!(texts(globex_rows[0], "limit"), ["requests_per_minute"]);
+    assert_eq!(texts(globex_rows[0], "scope"), ["tenant:globex"]);
+    gateway.stop().await;
+}
