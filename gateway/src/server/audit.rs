@@ -228,11 +228,11 @@ impl Audited {
         self.entry.rate_limit_headers = (!headers.is_empty()).then_some(headers);
     }
 
-    /// Writes the line to `audit`, with the usage the answer reported (if any) and the bytes
-    /// it sent.
+    /// Counts the request in `report` and writes its line to `audit`, with the usage the
+    /// answer reported (if any) and the bytes it sent.
     pub(crate) fn finish(
         mut self,
-        audit: &Audit,
+        (audit, report): (&Audit, &super::report::Report),
         used: Option<&tower_llm_quota::Usage>,
         bytes: u64,
     ) {
@@ -243,12 +243,6 @@ impl Audited {
             "decision" => self.entry.decision,
         )
         .record(duration.as_secs_f64());
-        if let Audit::Off = audit {
-            return;
-        }
-        self.entry.time = rfc3339(SystemTime::now());
-        self.entry.duration_ms = millis(duration);
-        self.entry.bytes = bytes;
         if let Some(usage) = used {
             self.entry.used = Some(Tokens {
                 input: usage.input_tokens(),
@@ -257,6 +251,14 @@ impl Audited {
             });
             self.entry.service_tier = usage.service_tier().map(|t| t.as_str());
         }
+        let now = SystemTime::now();
+        report.record(&self.entry, now);
+        if let Audit::Off = audit {
+            return;
+        }
+        self.entry.time = rfc3339(now);
+        self.entry.duration_ms = millis(duration);
+        self.entry.bytes = bytes;
         audit.write(&self.entry);
     }
 }

@@ -14,6 +14,7 @@ use tower_llm_quota::reconcile::{BodyEnd, ScanUsage};
 use tower_llm_quota::{BoxError, Cost};
 
 use super::audit::{Audit, Audited};
+use super::report::Report;
 use super::usage::Ledger;
 
 /// What is counted when the answer ends.
@@ -25,7 +26,7 @@ pub(crate) struct Meter {
     pub(crate) scan: Option<ProviderScan>,
     pub(crate) estimate: Cost,
     /// The request's audit line, written when the answer ends.
-    pub(crate) audit: Option<(Audit, Audited)>,
+    pub(crate) audit: Option<(Audit, Arc<Report>, Audited)>,
     /// The bytes of the answer passed on so far.
     pub(crate) bytes: u64,
 }
@@ -52,8 +53,8 @@ impl Meter {
             ),
         };
         self.ledger.tokens(&self.tenant, (input, output), tier);
-        if let Some((audit, audited)) = self.audit.take() {
-            audited.finish(&audit, usage.as_ref(), self.bytes);
+        if let Some((audit, report, audited)) = self.audit.take() {
+            audited.finish((&audit, &report), usage.as_ref(), self.bytes);
         }
     }
 }

@@ -9,6 +9,7 @@ pub(crate) mod forward;
 pub(crate) mod metered;
 pub(crate) mod models;
 pub(crate) mod refusal;
+pub(crate) mod report;
 pub(crate) mod routes;
 pub(crate) mod serve;
 pub(crate) mod state;
@@ -67,6 +68,8 @@ pub(crate) struct Gateway {
     metrics: PrometheusHandle,
     /// The audit log: a line per request and per admin change.
     pub(crate) audit: audit::Audit,
+    /// The counters of `GET /admin/report`.
+    pub(crate) report: Arc<report::Report>,
     /// The bearer token `/status.json` and `/metrics` require, if any.
     status_token: Option<String>,
 }
@@ -183,7 +186,9 @@ impl Gateway {
                 audit::Audit::open(target)
                     .map_err(|e| ConfigError(format!("server.audit_log {target}: {e}")))?
             },
+            report: Arc::new(report::Report::open(redis_url)?),
         });
+        tokio::spawn(keep_report(Arc::downgrade(&gateway)));
         // The admin API's changes over the configuration: an unreachable shared store is read
         // again at the next sync; a state that does not apply stops the start.
         match gateway.state.read_all().await {
@@ -368,6 +373,36 @@ async fn require_status(
         let body = serde_json::json!({"error": {"type": "authentication",
             "message": "this route needs the status token (Authorization: Bearer)"}});
         (http::StatusCode::UNAUTHORIZED, axum::Json(body)).into_response()
+    }
+}
+
+/// Marks the accounts served each [`report::FLUSH_EVERY`] and, with Redis, adds the report's
+/// counters there; until the gateway stops (a last flush then) or is dropped.
+async fn keep_report(gateway: std::sync::Weak<Gateway>) {
+    let mut ticks = tokio::time::interval(report::FLUSH_EVERY);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let stopping = match gateway.upgrade() {
+            Some(gateway) => gateway.shutdown.clone(),
+            None => return,
+        };
+        tokio::select! {
+            _ = ticks.tick() => {}
+            () = stopping.cancelled() => {}
+        }
+        let Some(gateway) = gateway.upgrade() else {
+            return;
+        };
+        let accounts = gateway.accounts.iter().map(|a| a.name.as_str());
+        gateway
+            .report
+            .mark_up(accounts, std::time::SystemTime::now());
+        if let Err(error) = gateway.report.flush().await {
+            tracing::warn!(%error, "the report's counters wait for the next flush");
+        }
+        if gateway.shutdown.is_cancelled() {
+            return;
+        }
     }
 }
 

@@ -17,6 +17,7 @@ mod keys;
 mod ops;
 mod pushback;
 mod replicas;
+mod report;
 mod routing;
 mod scopes;
 mod sdk;

@@ -13,6 +13,7 @@
 //! | `POST /admin/keys` | `{"name": "acme-batch", "tenant": "acme/reports", "default_class": "batch"}` (and `allow_priority_header`, `models`, `retries`): a new key, its secret in the answer, once | in its subtree |
 //! | `POST /admin/keys/{name}/rotate` | `{"overlap_seconds": 3600}`: a new secret; the old ones valid for the overlap (an hour by default), then refused | its subtree's |
 //! | `DELETE /admin/keys/{name}` | revokes the key, a configured one too | its subtree's |
+//! | `GET /admin/report` | `?since=2026-11-26&until=...&format=json\|csv&table=rows\|accounts`: the review of a period (a week back by default; at most 35 days): per account, tenant and model, requests, tokens by kind, estimated against settled tokens, requests that queued, refusals by scope and limit, the provider's 429s; per account, its idle quota (what nobody used in the minutes nobody waited) | its subtree's rows, no account table |
 //! | `GET /admin/routes` | each public model's routes (the primary first, then fallbacks, then a ramp: name and account), and its ramp's share, ceiling and why it is paused | 403 |
 //! | `POST /admin/reload` | the configuration in the body (TOML), or with an empty body the file the gateway started with, applied as far as a reload can: the callers' keys, the admin tokens and the tenant nodes; `{"keys", "nodes", "restart": ["accounts", "models", "server"]}` says what changed that needs a restart; an invalid configuration is a 400 with why, and changes nothing | 403 |
 //!
@@ -30,6 +31,7 @@
 //! admin token that made it, with the node or key before and after.
 
 mod keys;
+mod report;
 
 use std::sync::Arc;
 
@@ -67,6 +69,7 @@ pub(crate) fn routes(gateway: Arc<Gateway>) -> Router<Arc<Gateway>> {
         .route("/keys", get(keys::list).post(keys::create))
         .route("/keys/{name}/rotate", post(keys::rotate))
         .route("/keys/{name}", delete(keys::revoke))
+        .route("/report", get(report::report))
         .route_layer(from_fn_with_state(gateway, require_token))
 }
 

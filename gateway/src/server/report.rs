@@ -1,0 +1,685 @@
+//! The review of a period (`GET /admin/report?since=...`): per account, tenant and model, the
+//! requests, tokens by kind, the estimate against the usage, requests that queued, refusals by
+//! scope and limit, the provider's 429s; per account, the idle quota: the share of its
+//! capacity nobody used in the minutes nobody waited.
+//!
+//! Every finished request adds to counters by the hour (its row: account, tenant, model) and,
+//! for its account, by the minute (use per dimension; whether anyone queued). With
+//! `--redis-url` they are added in Redis every [`FLUSH_EVERY`] (one pipeline of `HINCRBY`, the
+//! hour's hash kept [`KEEP_HOURS`]), so the report covers every replica and survives a restart;
+//! else they are kept in memory for as long. An account's minute counts as served when a
+//! replica was up in it (each flush marks its minute), so hours without traffic count as idle.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use serde::Serialize;
+
+use super::audit::Entry;
+use super::config::ConfigError;
+
+/// How often counters go to Redis.
+pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(2);
+
+/// How long an hour's counters are kept: 35 days (a month's review and some).
+pub(crate) const KEEP_HOURS: u64 = 35 * 24;
+
+/// The most rows an hour holds; past it, a new model is counted as `other` (a caller naming
+/// a new model per request must not grow the report without bound).
+const MAX_ROWS_PER_HOUR: usize = 10_000;
+
+/// Separates the parts of a stored field.
+const SEP: char = '\u{1f}';
+
+/// A row of the report: an account (`-` for a request refused before one was chosen), a
+/// tenant (`-` without a key) and a model.
+type RowKey = (String, String, String);
+
+/// Counters by name.
+type Counters = BTreeMap<String, u64>;
+
+/// An account's limits: each one's name and amount a minute.
+pub(crate) type AccountLimits = (String, Vec<(String, f64)>);
+
+/// What waits to be added (Redis) or is kept (memory): the rows' counters by hour, and the
+/// accounts' by minute.
+#[derive(Debug, Default)]
+struct Tally {
+    rows: BTreeMap<u64, HashMap<RowKey, Counters>>,
+    /// By minute, then account: requests, input and output tokens used; `waited`; `up`.
+    minutes: BTreeMap<u64, HashMap<String, Counters>>,
+}
+
+impl Tally {
+    fn add_row<N: AsRef<str>>(&mut self, hour: u64, key: RowKey, counters: &[(N, u64)]) {
+        let rows = self.rows.entry(hour).or_default();
+        let key = if rows.len() >= MAX_ROWS_PER_HOUR && !rows.contains_key(&key) {
+            (key.0, key.1, "other".to_owned())
+        } else {
+            key
+        };
+        let row = rows.entry(key).or_default();
+        for (name, n) in counters {
+            let name = name.as_ref();
+            match row.get_mut(name) {
+                Some(value) => *value += n,
+                None => {
+                    row.insert(name.to_owned(), *n);
+                }
+            }
+        }
+    }
+
+    fn add_minute(&mut self, minute: u64, account: &str, counters: &[(&str, u64)]) {
+        let accounts = self.minutes.entry(minute).or_default();
+        let counts = accounts.entry(account.to_owned()).or_default();
+        for (name, n) in counters {
+            let value = match counts.get_mut(*name) {
+                Some(value) => value,
+                None => counts.entry((*name).to_owned()).or_default(),
+            };
+            // `waited` and `up` are flags: they do not add up over replicas.
+            if matches!(*name, "waited" | "up") {
+                *value = (*value).max(*n);
+            } else {
+                *value += n;
+            }
+        }
+    }
+
+    /// Drops what is older than [`KEEP_HOURS`].
+    fn prune(&mut self, hour: u64) {
+        let oldest = hour.saturating_sub(KEEP_HOURS);
+        self.rows = self.rows.split_off(&oldest);
+        self.minutes = self.minutes.split_off(&(oldest * 60));
+    }
+
+    fn merge(&mut self, other: &Tally) {
+        for (hour, rows) in &other.rows {
+            for (key, counters) in rows {
+                let counters: Vec<(String, u64)> =
+                    counters.iter().map(|(k, v)| (k.clone(), *v)).collect();
+                self.add_row(*hour, key.clone(), &counters);
+            }
+        }
+        for (minute, accounts) in &other.minutes {
+            for (account, counters) in accounts {
+                let counters: Vec<(&str, u64)> =
+                    counters.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+                self.add_minute(*minute, account, &counters);
+            }
+        }
+    }
+}
+
+/// The report's counters, and where they are kept.
+pub(crate) struct Report {
+    /// Memory: everything; Redis: what the next flush adds.
+    tally: Mutex<Tally>,
+    redis: Option<ConnectionManager>,
+}
+
+impl std::fmt::Debug for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Report")
+            .field("shared", &self.redis.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+fn unix(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+fn hour_key(hour: u64) -> String {
+    format!("{{gateway:report}}:h:{hour}")
+}
+
+impl Report {
+    /// The report's counters: in Redis at `redis_url`, else in memory.
+    pub(crate) fn open(redis_url: Option<&str>) -> Result<Self, ConfigError> {
+        let redis = redis_url
+            .map(|url| {
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(Duration::from_secs(1)))
+                    .set_response_timeout(Some(Duration::from_secs(2)))
+                    .set_number_of_retries(1);
+                let client = redis::Client::open(url)?;
+                ConnectionManager::new_lazy_with_config(client, config)
+            })
+            .transpose()
+            .map_err(|e| ConfigError(format!("redis (report): {e}")))?;
+        Ok(Self {
+            tally: Mutex::default(),
+            redis,
+        })
+    }
+
+    fn tally(&self) -> std::sync::MutexGuard<'_, Tally> {
+        self.tally.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a finished request, as its audit line tells it.
+    pub(crate) fn record(&self, entry: &Entry, at: SystemTime) {
+        let now = unix(at);
+        let account = entry.account.clone().unwrap_or_else(|| "-".to_owned());
+        let tenant = entry.tenant.clone().unwrap_or_else(|| "-".to_owned());
+        let model = entry.model.clone().unwrap_or_else(|| "-".to_owned());
+        let mut counters: Vec<(std::borrow::Cow<'static, str>, u64)> = Vec::with_capacity(10);
+        let waited = entry.queue_ms.is_some_and(|ms| ms > 0.0);
+        match entry.decision {
+            "admitted" => {
+                counters.push(("requests".into(), 1));
+                if let Some(used) = entry.used {
+                    counters.push(("input_tokens".into(), used.input));
+                    counters.push(("output_tokens".into(), used.output));
+                    counters.push(("cached_tokens".into(), used.cached.unwrap_or(0)));
+                    if let Some(estimated) = entry.estimated {
+                        counters.push(("settled".into(), 1));
+                        counters.push(("estimated_input_tokens".into(), estimated.input));
+                        counters.push(("estimated_output_tokens".into(), estimated.output));
+                        counters.push(("settled_input_tokens".into(), used.input));
+                        counters.push(("settled_output_tokens".into(), used.output));
+                    }
+                }
+                counters.push(("queued_requests".into(), u64::from(waited)));
+            }
+            decision => {
+                let kind = if decision == "provider" {
+                    "provider_refusals"
+                } else {
+                    "local_refusals"
+                };
+                counters.push((kind.into(), 1));
+                if entry.provider_status == Some(429) {
+                    counters.push(("provider_429s".into(), 1));
+                }
+                let scope = entry.scope.as_deref().unwrap_or("-");
+                let limit = entry.limit.as_deref().unwrap_or("-");
+                counters.push((format!("refused{SEP}{scope}{SEP}{limit}").into(), 1));
+            }
+        }
+        let mut tally = self.tally();
+        tally.add_row(now / 3_600, (account.clone(), tenant, model), &counters);
+        if entry.account.is_some() {
+            let (input, output) = entry.used.map_or((0, 0), |u| (u.input, u.output));
+            let admitted = u64::from(entry.decision == "admitted");
+            tally.add_minute(
+                now / 60,
+                &account,
+                &[
+                    ("requests", admitted),
+                    ("input_tokens", input),
+                    ("output_tokens", output),
+                    ("waited", u64::from(waited)),
+                    ("up", 1),
+                ],
+            );
+        }
+        if self.redis.is_none() {
+            tally.prune(now / 3_600);
+        }
+    }
+
+    /// Marks `accounts` as served in the minute of `at` (a replica is up).
+    pub(crate) fn mark_up<'a>(&self, accounts: impl IntoIterator<Item = &'a str>, at: SystemTime) {
+        let minute = unix(at) / 60;
+        let mut tally = self.tally();
+        for account in accounts {
+            tally.add_minute(minute, account, &[("up", 1)]);
+        }
+    }
+
+    /// Adds what waits to Redis, in one pipeline; what could not be added waits for the next
+    /// flush.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while the pipeline is under way, what it carried may be added or not; it is
+    /// not added again (counted once at most).
+    pub(crate) async fn flush(&self) -> Result<(), redis::RedisError> {
+        let Some(redis) = &self.redis else {
+            return Ok(());
+        };
+        let tally = std::mem::take(&mut *self.tally());
+        if tally.rows.is_empty() && tally.minutes.is_empty() {
+            return Ok(());
+        }
+        let mut pipe = redis::pipe();
+        let keep = i64::try_from(KEEP_HOURS * 3_600).unwrap_or(i64::MAX);
+        for (hour, rows) in &tally.rows {
+            let key = hour_key(*hour);
+            for ((account, tenant, model), counters) in rows {
+                for (name, n) in counters {
+                    let field = format!("r{SEP}{account}{SEP}{tenant}{SEP}{model}{SEP}{name}");
+                    pipe.hincr(&key, field, *n).ignore();
+                }
+            }
+            pipe.expire(&key, keep).ignore();
+        }
+        for (minute, accounts) in &tally.minutes {
+            let key = hour_key(minute / 60);
+            for (account, counters) in accounts {
+                for (name, n) in counters {
+                    let field = format!("m{SEP}{minute}{SEP}{account}{SEP}{name}");
+                    if matches!(name.as_str(), "waited" | "up") {
+                        if *n > 0 {
+                            pipe.hset(&key, field, 1).ignore();
+                        }
+                    } else {
+                        pipe.hincr(&key, field, *n).ignore();
+                    }
+                }
+            }
+            pipe.expire(&key, keep).ignore();
+        }
+        let mut connection = redis.clone();
+        let result: redis::RedisResult<()> = pipe.query_async(&mut connection).await;
+        if result.is_err() {
+            // Not added: put back, to be added by the next flush.
+            self.tally().merge(&tally);
+        }
+        result
+    }
+
+    /// The counters of the hours from `since` to `until`: Redis's and what waits to be added,
+    /// or memory's.
+    async fn read(&self, since: u64, until: u64) -> Result<Tally, redis::RedisError> {
+        let (first, last) = (since / 3_600, until / 3_600);
+        let mut tally = Tally::default();
+        if let Some(redis) = &self.redis {
+            let mut pipe = redis::pipe();
+            for hour in first..=last {
+                pipe.hgetall(hour_key(hour));
+            }
+            let mut connection = redis.clone();
+            let hours: Vec<HashMap<String, u64>> = pipe.query_async(&mut connection).await?;
+            for (hour, fields) in (first..=last).zip(hours) {
+                for (field, n) in fields {
+                    let parts: Vec<&str> = field.split(SEP).collect();
+                    match parts.as_slice() {
+                        ["r", account, tenant, model, name @ ..] => {
+                            let key = ((*account).into(), (*tenant).into(), (*model).into());
+                            tally.add_row(hour, key, &[(name.join(&SEP.to_string()), n)]);
+                        }
+                        ["m", minute, account, name] => {
+                            if let Ok(minute) = minute.parse() {
+                                tally.add_minute(minute, account, &[(name, n)]);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+        let local = self.tally();
+        for (hour, rows) in local.rows.range(first..=last) {
+            for (key, counters) in rows {
+                let counters: Vec<(String, u64)> =
+                    counters.iter().map(|(k, v)| (k.clone(), *v)).collect();
+                tally.add_row(*hour, key.clone(), &counters);
+            }
+        }
+        for (minute, accounts) in local.minutes.range(first * 60..(last + 1) * 60) {
+            for (account, counters) in accounts {
+                let counters: Vec<(&str, u64)> =
+                    counters.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+                tally.add_minute(*minute, account, &counters);
+            }
+        }
+        Ok(tally)
+    }
+
+    /// The review of the hours from `since` to `until` (whole hours: the first and the last
+    /// included), its rows those `keep` accepts (a delegated admin's tenants); the accounts'
+    /// capacity from `limits` (each account's limits: name, amount a minute), or none.
+    pub(crate) async fn review(
+        &self,
+        (since, until): (SystemTime, SystemTime),
+        keep: impl Fn(&str) -> bool,
+        limits: Option<&[AccountLimits]>,
+    ) -> Result<Review, redis::RedisError> {
+        let (since, until) = (unix(since), unix(until).max(unix(since)));
+        let tally = self.read(since, until).await?;
+        let mut rows: BTreeMap<RowKey, Counters> = BTreeMap::new();
+        for hours in tally.rows.values() {
+            for (key, counters) in hours {
+                if !keep(&key.1) {
+                    continue;
+                }
+                let row = rows.entry(key.clone()).or_default();
+                for (name, n) in counters {
+                    *row.entry(name.clone()).or_default() += n;
+                }
+            }
+        }
+        let rows = rows.into_iter().map(|(key, c)| Row::new(key, &c)).collect();
+        let accounts = limits
+            .map(|limits| {
+                limits
+                    .iter()
+                    .map(|(account, limits)| idle(account, limits, &tally))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(Review {
+            since: super::audit::rfc3339(UNIX_EPOCH + Duration::from_secs(since / 3_600 * 3_600)),
+            until: super::audit::rfc3339(
+                UNIX_EPOCH + Duration::from_secs((until / 3_600 + 1) * 3_600),
+            ),
+            rows,
+            accounts,
+        })
+    }
+}
+
+/// An account's idle quota over the minutes it was served.
+fn idle(account: &str, limits: &[(String, f64)], tally: &Tally) -> AccountReview {
+    let minutes: Vec<&Counters> = tally
+        .minutes
+        .values()
+        .filter_map(|accounts| accounts.get(account))
+        .filter(|c| c.get("up").copied().unwrap_or(0) > 0)
+        .collect();
+    let waited = minutes
+        .iter()
+        .filter(|c| c.get("waited").copied().unwrap_or(0) > 0)
+        .count();
+    let limits = limits
+        .iter()
+        .map(|(limit, per_minute)| {
+            let used_in = |c: &Counters| -> f64 {
+                let get = |name: &str| c.get(name).copied().unwrap_or(0) as f64;
+                if limit.starts_with("requests") {
+                    get("requests")
+                } else if limit.starts_with("input") {
+                    get("input_tokens")
+                } else if limit.starts_with("output") {
+                    get("output_tokens")
+                } else {
+                    get("input_tokens") + get("output_tokens")
+                }
+            };
+            let capacity = per_minute * minutes.len() as f64;
+            let used: f64 = minutes.iter().map(|c| used_in(c)).sum();
+            let idle: f64 = minutes
+                .iter()
+                .filter(|c| c.get("waited").copied().unwrap_or(0) == 0)
+                .map(|c| (per_minute - used_in(c)).max(0.0))
+                .sum();
+            IdleView {
+                limit: limit.clone(),
+                capacity: capacity.round() as u64,
+                used: used.round() as u64,
+                idle: idle.round() as u64,
+                idle_share: if capacity > 0.0 {
+                    (idle / capacity * 1e4).round() / 1e4
+                } else {
+                    0.0
+                },
+            }
+        })
+        .collect();
+    AccountReview {
+        account: account.to_owned(),
+        minutes_served: minutes.len(),
+        minutes_with_waiting: waited,
+        limits,
+    }
+}
+
+/// The review of a period.
+#[derive(Debug, Serialize)]
+pub(crate) struct Review {
+    /// The first hour counted (RFC 3339).
+    pub(crate) since: String,
+    /// The end of the last hour counted.
+    pub(crate) until: String,
+    pub(crate) rows: Vec<Row>,
+    /// The accounts' idle quota (the operator's report only).
+    pub(crate) accounts: Vec<AccountReview>,
+}
+
+/// An account, tenant and model over the period.
+#[derive(Debug, Serialize)]
+pub(crate) struct Row {
+    pub(crate) account: String,
+    pub(crate) tenant: String,
+    pub(crate) model: String,
+    pub(crate) requests: u64,
+    pub(crate) input_tokens: u64,
+    pub(crate) output_tokens: u64,
+    pub(crate) cached_tokens: u64,
+    /// The requests whose usage settled an estimate, and both sums.
+    pub(crate) settled_requests: u64,
+    pub(crate) estimated_tokens: u64,
+    pub(crate) settled_tokens: u64,
+    /// Estimated ÷ used over the settled requests: 1 is exact, above 1 reserved too much.
+    pub(crate) estimate_ratio: Option<f64>,
+    pub(crate) queued_requests: u64,
+    pub(crate) local_refusals: u64,
+    pub(crate) provider_refusals: u64,
+    pub(crate) provider_429s: u64,
+    /// Refusals by scope and limit: `{"tenant:globex requests_per_minute": 2}`.
+    pub(crate) refusals: BTreeMap<String, u64>,
+}
+
+impl Row {
+    fn new((account, tenant, model): RowKey, c: &Counters) -> Self {
+        let get = |name: &str| c.get(name).copied().unwrap_or(0);
+        let estimated = get("estimated_input_tokens") + get("estimated_output_tokens");
+        let settled = get("settled_input_tokens") + get("settled_output_tokens");
+        let refusals = c
+            .iter()
+            .filter_map(|(name, n)| {
+                let rest = name.strip_prefix(&format!("refused{SEP}"))?;
+                let (scope, limit) = rest.split_once(SEP)?;
+                Some((format!("{scope} {limit}"), *n))
+            })
+            .collect();
+        Self {
+            account,
+            tenant,
+            model,
+            requests: get("requests"),
+            input_tokens: get("input_tokens"),
+            output_tokens: get("output_tokens"),
+            cached_tokens: get("cached_tokens"),
+            settled_requests: get("settled"),
+            estimated_tokens: estimated,
+            settled_tokens: settled,
+            estimate_ratio: (settled > 0)
+                .then(|| (estimated as f64 / settled as f64 * 1e4).round() / 1e4),
+            queued_requests: get("queued_requests"),
+            local_refusals: get("local_refusals"),
+            provider_refusals: get("provider_refusals"),
+            provider_429s: get("provider_429s"),
+            refusals,
+        }
+    }
+
+    /// The CSV header of [`csv_line`](Self::csv_line).
+    pub(crate) const CSV_HEADER: &'static str = "account,tenant,model,requests,input_tokens,\
+output_tokens,cached_tokens,settled_requests,estimated_tokens,settled_tokens,estimate_ratio,\
+queued_requests,local_refusals,provider_refusals,provider_429s,refusals";
+
+    /// The row as a CSV line (RFC 4180 quoting); refusals as `scope limit=count` joined by `;`.
+    pub(crate) fn csv_line(&self) -> String {
+        let refusals: Vec<String> = self
+            .refusals
+            .iter()
+            .map(|(k, n)| format!("{k}={n}"))
+            .collect();
+        let fields = [
+            quote(&self.account),
+            quote(&self.tenant),
+            quote(&self.model),
+            self.requests.to_string(),
+            self.input_tokens.to_string(),
+            self.output_tokens.to_string(),
+            self.cached_tokens.to_string(),
+            self.settled_requests.to_string(),
+            self.estimated_tokens.to_string(),
+            self.settled_tokens.to_string(),
+            self.estimate_ratio
+                .map(|r| r.to_string())
+                .unwrap_or_default(),
+            self.queued_requests.to_string(),
+            self.local_refusals.to_string(),
+            self.provider_refusals.to_string(),
+            self.provider_429s.to_string(),
+            quote(&refusals.join(";")),
+        ];
+        fields.join(",")
+    }
+}
+
+/// A CSV field, quoted when it must be.
+fn quote(field: &str) -> String {
+    if field.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", field.replace('"', "\"\""))
+    } else {
+        field.to_owned()
+    }
+}
+
+/// An account over the period: the minutes it was served, those in which a request queued,
+/// and per limit its capacity, what was used and what nobody used while nobody waited.
+#[derive(Debug, Serialize)]
+pub(crate) struct AccountReview {
+    pub(crate) account: String,
+    pub(crate) minutes_served: usize,
+    pub(crate) minutes_with_waiting: usize,
+    pub(crate) limits: Vec<IdleView>,
+}
+
+/// A limit's idle quota over the period.
+#[derive(Debug, Serialize)]
+pub(crate) struct IdleView {
+    pub(crate) limit: String,
+    /// Its amount over the minutes served.
+    pub(crate) capacity: u64,
+    pub(crate) used: u64,
+    /// What nobody used in the minutes nobody waited.
+    pub(crate) idle: u64,
+    /// `idle ÷ capacity`.
+    pub(crate) idle_share: f64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::server::audit::Tokens;
+
+    fn admitted(tenant: &str, used: (u64, u64), estimated: (u64, u64), queued: f64) -> Entry {
+        Entry {
+            tenant: Some(tenant.into()),
+            account: Some("acct".into()),
+            model: Some("m".into()),
+            decision: "admitted",
+            used: Some(Tokens {
+                input: used.0,
+                output: used.1,
+                cached: Some(0),
+            }),
+            estimated: Some(Tokens {
+                input: estimated.0,
+                output: estimated.1,
+                cached: None,
+            }),
+            queue_ms: Some(queued),
+            ..Entry::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn rows_add_up_and_idle_quota_counts_the_minutes_nobody_waited() {
+        let report = Report::open(None).unwrap();
+        let t0 = UNIX_EPOCH + Duration::from_secs(1_796_256_000); // a minute's start
+        // Minute 1: 2 requests of 100 tokens, none queued. Minute 2: one that queued.
+        report.record(&admitted("a", (60, 40), (60, 90), 0.0), t0);
+        report.record(&admitted("b", (60, 40), (60, 90), 0.0), t0);
+        report.record(
+            &admitted("a", (60, 40), (60, 40), 12.0),
+            t0 + Duration::from_secs(60),
+        );
+        // Minute 3: up, no traffic.
+        report.mark_up(["acct"], t0 + Duration::from_secs(120));
+        let refused = Entry {
+            tenant: Some("a".into()),
+            account: None,
+            model: Some("m".into()),
+            decision: "local",
+            scope: Some("tenant:a".into()),
+            limit: Some("requests_per_minute".into()),
+            ..Entry::default()
+        };
+        report.record(&refused, t0);
+        report.record(&refused, t0);
+        let limits = vec![(
+            "acct".to_owned(),
+            vec![
+                ("requests_per_minute".to_owned(), 10.0),
+                ("total_tokens_per_minute".to_owned(), 1_000.0),
+            ],
+        )];
+        let review = report
+            .review((t0, t0 + Duration::from_secs(180)), |_| true, Some(&limits))
+            .await
+            .unwrap();
+        let row = |account: &str, tenant: &str| {
+            review
+                .rows
+                .iter()
+                .find(|r| r.account == account && r.tenant == tenant)
+                .unwrap()
+        };
+        let a = row("acct", "a");
+        assert_eq!((a.requests, a.input_tokens, a.output_tokens), (2, 120, 80));
+        assert_eq!((a.estimated_tokens, a.settled_tokens), (250, 200));
+        assert_eq!(a.estimate_ratio, Some(1.25));
+        assert_eq!(a.queued_requests, 1);
+        let refusals = row("-", "a");
+        assert_eq!(refusals.local_refusals, 2);
+        assert_eq!(
+            refusals.refusals.get("tenant:a requests_per_minute"),
+            Some(&2)
+        );
+        let account = &review.accounts[0];
+        assert_eq!(
+            (account.minutes_served, account.minutes_with_waiting),
+            (3, 1)
+        );
+        // Tokens: 3,000 of capacity; minute 1 left 800 idle, minute 3 all 1,000; minute 2's
+        // idle does not count (a request waited).
+        let tokens = &account.limits[1];
+        assert_eq!(
+            (tokens.capacity, tokens.used, tokens.idle),
+            (3_000, 300, 1_800)
+        );
+        assert_eq!(tokens.idle_share, 0.6);
+        let requests = &account.limits[0];
+        assert_eq!(
+            (requests.capacity, requests.used, requests.idle),
+            (30, 3, 18)
+        );
+        // A delegated admin's review: its tenants' rows only.
+        let only_b = report
+            .review((t0, t0 + Duration::from_secs(180)), |t| t == "b", None)
+            .await
+            .unwrap();
+        assert_eq!(only_b.rows.len(), 1);
+        assert!(only_b.accounts.is_empty());
+    }
+
+    #[test]
+    fn csv_fields_are_quoted_when_they_must_be() {
+        assert_eq!(quote("plain"), "plain");
+        assert_eq!(quote("a,b"), "\"a,b\"");
+        assert_eq!(quote("say \"hi\""), "\"say \"\"hi\"\"\"");
+    }
+}
