@@ -6,6 +6,8 @@ with the audit log off and written to a file, in alternating rounds; the gateway
 
     python3 gateway/bench/audit_cpu.py                  # 3 rounds of 10 s each way
     python3 gateway/bench/audit_cpu.py --rate 3000 --secs 10 --rounds 3
+    python3 gateway/bench/audit_cpu.py --against OTHER_BIN   # another build against this one,
+                                                             # both with the audit log off
 
 Not run in CI: its figures depend on the machine.
 """
@@ -55,6 +57,9 @@ def main():
     parser.add_argument("--secs", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument("--against", metavar="BIN",
+                        help="compare this gateway binary (first column) with the one built "
+                             "here (second), both with the audit log off")
     args = parser.parse_args()
 
     external.ensure_oha()
@@ -63,16 +68,24 @@ def main():
     log = tempfile.NamedTemporaryFile(suffix=".log", delete=False).name
     ratios = []
     try:
-        print("| round | audit off: CPU µs a request | audit to a file | ratio | answered (off / on) |")
+        if args.against:
+            print("| round | the other build: CPU µs a request | this build | ratio | answered (other / this) |")
+        else:
+            print("| round | audit off: CPU µs a request | audit to a file | ratio | answered (off / on) |")
         print("|---|---|---|---|---|")
         for i in range(args.rounds):
-            off, run_off = round_of(gateway_bin, sim_url, "off", args)
-            on, run_on = round_of(gateway_bin, sim_url, log, args)
+            if args.against:
+                off, run_off = round_of(args.against, sim_url, "off", args)
+                on, run_on = round_of(gateway_bin, sim_url, "off", args)
+            else:
+                off, run_off = round_of(gateway_bin, sim_url, "off", args)
+                on, run_on = round_of(gateway_bin, sim_url, log, args)
             ratios.append(on / off)
             print(f"| {i + 1} | {off:.1f} | {on:.1f} | {on / off:.3f} | "
                   f"{run_off['ok']:.4f} / {run_on['ok']:.4f} |")
         lines = sum(1 for _ in open(log))
-        print(f"\nmedian ratio {statistics.median(ratios):.3f} (target at most 1.10); "
+        target = "" if args.against else " (target at most 1.10)"
+        print(f"\nmedian ratio {statistics.median(ratios):.3f}{target}; "
               f"{lines} audit lines written")
     finally:
         sim.kill()

@@ -203,6 +203,9 @@ pub(crate) struct Audited {
     pub(crate) entry: Entry,
     /// When the gateway had the request's head.
     pub(crate) started: std::time::Instant,
+    /// The caller's trace context, for the request's span.
+    #[cfg(feature = "otel")]
+    parent: Option<opentelemetry::Context>,
 }
 
 impl Audited {
@@ -216,6 +219,8 @@ impl Audited {
                 ..Entry::default()
             },
             started: std::time::Instant::now(),
+            #[cfg(feature = "otel")]
+            parent: super::otel::parent(headers),
         }
     }
 
@@ -228,11 +233,11 @@ impl Audited {
         self.entry.rate_limit_headers = (!headers.is_empty()).then_some(headers);
     }
 
-    /// Counts the request in `report` and writes its line to `audit`, with the usage the
-    /// answer reported (if any) and the bytes it sent.
+    /// Counts the request in the gateway's report and writes its audit line, with the usage
+    /// the answer reported (if any) and the bytes it sent.
     pub(crate) fn finish(
         mut self,
-        (audit, report): (&Audit, &super::report::Report),
+        gateway: &super::Gateway,
         used: Option<&tower_llm_quota::Usage>,
         bytes: u64,
     ) {
@@ -252,7 +257,13 @@ impl Audited {
             self.entry.service_tier = usage.service_tier().map(|t| t.as_str());
         }
         let now = SystemTime::now();
-        report.record(&self.entry, now);
+        gateway.report.record(&self.entry, now);
+        #[cfg(feature = "otel")]
+        if let Some(otel) = &gateway.otel {
+            let started = now.checked_sub(duration).unwrap_or(now);
+            otel.span(&self.entry, self.parent.as_ref(), (started, now));
+        }
+        let audit = &gateway.audit;
         if let Audit::Off = audit {
             return;
         }

@@ -244,6 +244,9 @@ pub(crate) struct ServerConfig {
     /// replica's changes, in milliseconds.
     #[serde(default = "default_admin_sync")]
     pub(crate) admin_sync_ms: u64,
+    /// Where the `otel` build exports a span per request (OTLP over HTTP, protobuf):
+    /// `http://collector:4318/v1/traces`.
+    pub(crate) otlp_endpoint: Option<String>,
 }
 
 fn default_admin_sync() -> u64 {
@@ -269,6 +272,7 @@ impl Default for ServerConfig {
             audit_log: None,
             state_file: None,
             admin_sync_ms: default_admin_sync(),
+            otlp_endpoint: None,
         }
     }
 }

@@ -181,11 +181,11 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         head.headers.insert("x-request-id", id);
     }
     let meter = Meter {
-        ledger: gateway.ledger.clone(),
+        gateway: gateway.clone(),
         tenant: caller.tenant.clone(),
         scan: Some(ProviderScan::new(profile, streaming).tier_from(&head.headers)),
         estimate: cost,
-        audit: Some((gateway.audit.clone(), gateway.report.clone(), audit)),
+        audited: Some(audit),
         bytes: 0,
     };
     Response::from_parts(head, Body::new(Metered::new(body, meter)))
@@ -210,7 +210,7 @@ impl Audited {
         self.entry.scope = Some(refusal.scope.to_string());
         self.entry.reason = Some(refusal.message.to_string());
         let id = http::HeaderValue::from_str(&self.entry.request_id).ok();
-        self.finish((&gateway.audit, &gateway.report), None, 0);
+        self.finish(gateway, None, 0);
         let mut response = gateway.refuse_in(dialect, tenant, refusal);
         if let Some(id) = id {
             response.headers_mut().insert("x-request-id", id);

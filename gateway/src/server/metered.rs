@@ -13,20 +13,20 @@ use tower_llm_quota::provider::ProviderScan;
 use tower_llm_quota::reconcile::{BodyEnd, ScanUsage};
 use tower_llm_quota::{BoxError, Cost};
 
-use super::audit::{Audit, Audited};
-use super::report::Report;
-use super::usage::Ledger;
+use super::Gateway;
+use super::audit::Audited;
 
 /// What is counted when the answer ends.
 #[derive(Debug)]
 pub(crate) struct Meter {
-    pub(crate) ledger: Arc<Ledger>,
+    /// Where the request is counted: its tenant's usage, the report, the audit log.
+    pub(crate) gateway: Arc<Gateway>,
     pub(crate) tenant: String,
     /// Reads the usage as the budget's own reconciliation does; taken when the answer ends.
     pub(crate) scan: Option<ProviderScan>,
     pub(crate) estimate: Cost,
     /// The request's audit line, written when the answer ends.
-    pub(crate) audit: Option<(Audit, Arc<Report>, Audited)>,
+    pub(crate) audited: Option<Audited>,
     /// The bytes of the answer passed on so far.
     pub(crate) bytes: u64,
 }
@@ -52,9 +52,11 @@ impl Meter {
                 None,
             ),
         };
-        self.ledger.tokens(&self.tenant, (input, output), tier);
-        if let Some((audit, report, audited)) = self.audit.take() {
-            audited.finish((&audit, &report), usage.as_ref(), self.bytes);
+        self.gateway
+            .ledger
+            .tokens(&self.tenant, (input, output), tier);
+        if let Some(audited) = self.audited.take() {
+            audited.finish(&self.gateway, usage.as_ref(), self.bytes);
         }
     }
 }

@@ -8,6 +8,8 @@ pub(crate) mod config;
 pub(crate) mod forward;
 pub(crate) mod metered;
 pub(crate) mod models;
+#[cfg(feature = "otel")]
+pub(crate) mod otel;
 pub(crate) mod refusal;
 pub(crate) mod report;
 pub(crate) mod routes;
@@ -70,6 +72,9 @@ pub(crate) struct Gateway {
     pub(crate) audit: audit::Audit,
     /// The counters of `GET /admin/report`.
     pub(crate) report: Arc<report::Report>,
+    /// The exporter of a span per request (`server.otlp_endpoint`).
+    #[cfg(feature = "otel")]
+    pub(crate) otel: Option<otel::Otel>,
     /// The bearer token `/status.json` and `/metrics` require, if any.
     status_token: Option<String>,
 }
@@ -137,6 +142,13 @@ impl Gateway {
             tracing::warn!("{note}");
         }
         let admin_token = root_token(config)?;
+        if cfg!(not(feature = "otel")) && config.server.otlp_endpoint.is_some() {
+            return Err(ConfigError(
+                "server.otlp_endpoint: this gateway was built without the `otel` feature \
+                 (cargo install --features otel)"
+                    .into(),
+            ));
+        }
         let status_token =
             match (&config.server.status_token, &config.server.status_token_env) {
                 (_, Some(var)) => Some(std::env::var(var).map_err(|_| {
@@ -187,6 +199,11 @@ impl Gateway {
                     .map_err(|e| ConfigError(format!("server.audit_log {target}: {e}")))?
             },
             report: Arc::new(report::Report::open(redis_url)?),
+            #[cfg(feature = "otel")]
+            otel: match &config.server.otlp_endpoint {
+                Some(endpoint) => Some(otel::Otel::start(endpoint.clone()).await?),
+                None => None,
+            },
         });
         tokio::spawn(keep_report(Arc::downgrade(&gateway)));
         // The admin API's changes over the configuration: an unreachable shared store is read
@@ -218,6 +235,20 @@ impl Gateway {
         *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
         *self.applied.lock().unwrap_or_else(|e| e.into_inner()) = fields.clone();
         Ok(())
+    }
+
+    /// Once every request has been answered at a stop: the report's last counters added,
+    /// the spans waiting exported.
+    pub(crate) async fn stopped(&self) {
+        let accounts = self.accounts.iter().map(|a| a.name.as_str());
+        self.report.mark_up(accounts, std::time::SystemTime::now());
+        if let Err(error) = self.report.flush().await {
+            tracing::warn!(%error, "the report's last counters were not added");
+        }
+        #[cfg(feature = "otel")]
+        if let Some(otel) = &self.otel {
+            otel.shutdown().await;
+        }
     }
 
     /// The admin state as last applied.
@@ -377,31 +408,24 @@ async fn require_status(
 }
 
 /// Marks the accounts served each [`report::FLUSH_EVERY`] and, with Redis, adds the report's
-/// counters there; until the gateway stops (a last flush then) or is dropped.
+/// counters there, until the gateway stops ([`Gateway::stopped`] adds the last) or is dropped.
 async fn keep_report(gateway: std::sync::Weak<Gateway>) {
     let mut ticks = tokio::time::interval(report::FLUSH_EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let stopping = match gateway.upgrade() {
-            Some(gateway) => gateway.shutdown.clone(),
-            None => return,
-        };
-        tokio::select! {
-            _ = ticks.tick() => {}
-            () = stopping.cancelled() => {}
-        }
+        ticks.tick().await;
         let Some(gateway) = gateway.upgrade() else {
             return;
         };
+        if gateway.shutdown.is_cancelled() {
+            return;
+        }
         let accounts = gateway.accounts.iter().map(|a| a.name.as_str());
         gateway
             .report
             .mark_up(accounts, std::time::SystemTime::now());
         if let Err(error) = gateway.report.flush().await {
             tracing::warn!(%error, "the report's counters wait for the next flush");
-        }
-        if gateway.shutdown.is_cancelled() {
-            return;
         }
     }
 }

@@ -15,6 +15,8 @@ mod connections;
 mod delegated;
 mod keys;
 mod ops;
+#[cfg(feature = "otel")]
+mod otel;
 mod pushback;
 mod replicas;
 mod report;

@@ -88,6 +88,7 @@ pub(crate) async fn serve(
     drop(listener);
     server.stopping.cancel();
     server.open.drained().await;
+    gateway.stopped().await;
     Ok(())
 }
 
