@@ -150,6 +150,13 @@ async fn a_delegated_admin_reads_and_changes_its_subtree_only_on_every_route() {
     let (status, _) = call(&gateway, Method::DELETE, "/keys/acme-new", Value::Null).await;
     assert_eq!(status, 204);
 
+    // GET /admin/report: acme's rows, no account table.
+    let (status, review) = call(&gateway, Method::GET, "/report", Value::Null).await;
+    assert_eq!(status, 200);
+    assert!(!names(&review).contains("globex"), "{review}");
+    assert!(names(&review).contains("acme/search"), "{review}");
+    assert_eq!(review["accounts"], serde_json::json!([]));
+
     // The routes of the whole gateway are the operator's.
     let (status, _) = call(&gateway, Method::GET, "/routes", Value::Null).await;
     assert_eq!(status, 403);
