@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -40,6 +41,8 @@ def main():
     external.ensure_oha()
     gateway_bin, _ = external.build()
     gateway, url = external.start([gateway_bin, "--listen", "127.0.0.1:0"], "gateway listening on ")
+    # The demo writes its audit log to stdout: read, so that the pipe never fills.
+    threading.Thread(target=lambda: [None for _ in gateway.stdout], daemon=True).start()
     try:
         runs = [load(url, key, rate, args.secs) for key, rate in CALLERS]
         for (key, _), run in zip(CALLERS, runs):
@@ -47,7 +50,7 @@ def main():
             print(f"{key}: {codes}")
         request = urllib.request.Request(
             f"{url}/admin/report", headers={"authorization": "Bearer demo-admin-token"})
-        review = json.load(urllib.request.urlopen(request))
+        review = json.load(urllib.request.urlopen(request, timeout=60))
     finally:
         gateway.terminate()
         gateway.wait()
