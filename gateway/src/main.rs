@@ -50,42 +50,57 @@ struct Args {
     check_config: Option<PathBuf>,
 }
 
-/// Completes on SIGTERM or Ctrl-C.
-async fn stop_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
+/// Completes on SIGTERM or Ctrl-C. The handlers are installed by this call, before the
+/// future is first polled: a signal sent once the address is printed is never the default
+/// action's (the process's end without a drain).
+fn stop_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                term.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
+    let handlers = {
+        use tokio::signal::unix::{SignalKind, signal};
+        [SignalKind::terminate(), SignalKind::interrupt()].map(|kind| signal(kind).ok())
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
+    async move {
+        #[cfg(unix)]
+        {
+            let [term, interrupt] = handlers;
+            let wait = |handler: Option<tokio::signal::unix::Signal>| async move {
+                match handler {
+                    Some(mut handler) => {
+                        handler.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = wait(term) => {}
+                () = wait(interrupt) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
     }
 }
 
 /// Reads the configuration file again on every SIGHUP and applies what a reload can (keys,
-/// tenant nodes); an invalid file changes nothing. The outcome goes to stderr.
+/// admin tokens, tenant nodes); an invalid file changes nothing. The outcome goes to stderr.
+/// The handler is installed by this call, before the address is printed (a SIGHUP that came
+/// before it would stop the process).
 #[cfg(unix)]
-async fn reload_on_hangup(gateway: std::sync::Arc<Gateway>) {
+fn reload_on_hangup(
+    gateway: std::sync::Arc<Gateway>,
+) -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-        return;
-    };
-    while hangups.recv().await.is_some() {
-        match gateway.reload_file() {
-            Ok(reloaded) => tracing::warn!(?reloaded, "configuration reloaded on SIGHUP"),
-            Err(error) => tracing::error!(%error, "SIGHUP: the configuration was not reloaded"),
+    let mut hangups = signal(SignalKind::hangup())?;
+    Ok(async move {
+        while hangups.recv().await.is_some() {
+            match gateway.reload_file() {
+                Ok(reloaded) => tracing::warn!(?reloaded, "configuration reloaded on SIGHUP"),
+                Err(error) => {
+                    tracing::error!(%error, "SIGHUP: the configuration was not reloaded");
+                }
+            }
         }
-    }
+    })
 }
 
 #[tokio::main]
@@ -118,8 +133,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if let Some(path) = &args.config {
         let _ = gateway.config_path.set(path.clone());
         #[cfg(unix)]
-        tokio::spawn(reload_on_hangup(gateway.clone()));
+        tokio::spawn(reload_on_hangup(gateway.clone())?);
     }
+    let stop = stop_signal();
     let listener = TcpListener::bind(listen).await?;
     let url = format!("http://{}", listener.local_addr()?);
     if args.redis_url.is_some() {
@@ -142,7 +158,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         say!("  curl -s {url}/admin/tenants -H 'authorization: Bearer {admin}'");
     }
     let audit = gateway.audit.clone();
-    serve(gateway, listener, stop_signal()).await?;
+    serve(gateway, listener, stop).await?;
     // The audit lines of the last requests, written before the process ends.
     audit.flush();
     say!("gateway stopped");
