@@ -18,6 +18,7 @@ pub mod middleware;
 mod observe;
 pub mod parse;
 pub mod prelude;
+pub mod pricing;
 mod priority;
 pub mod provider;
 pub mod queue;

@@ -149,6 +149,19 @@ impl Profile {
         }
     }
 
+    /// Whether the input count of this profile's [`Usage`](crate::Usage) holds the tokens read
+    /// from the prompt cache (they count against the input-token limit).
+    pub const fn counts_cache_reads(&self) -> bool {
+        self.cache_reads_count
+    }
+
+    /// Whether the input count of this profile's [`Usage`](crate::Usage) holds the tokens
+    /// written to the prompt cache: Anthropic reports them apart from its input, and they
+    /// count against its limits, so the profile adds them.
+    pub const fn adds_cache_writes(&self) -> bool {
+        matches!(self.wire_format(), WireFormat::Anthropic)
+    }
+
     /// The shape of this provider's bodies.
     pub const fn wire_format(&self) -> WireFormat {
         match self.kind {

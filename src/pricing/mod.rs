@@ -1,0 +1,538 @@
+//! Prices: what a request costs in money, in exact integers.
+//!
+//! A [`PriceTable`] holds, per model (a name, or a prefix ending in `*`), the price of input,
+//! cached input read, cache writes and output tokens per million, per service tier where the
+//! provider prices tiers apart (OpenAI's flex and priority, Anthropic's batch, Gemini's
+//! tiers). Spend is counted in **nano-dollars** (10⁻⁹ USD) as a `u64` (at most about 18.4
+//! billion dollars); a price is kept per token in pico-dollars (10⁻¹² USD), so that any price
+//! written with up to six decimals per million tokens is exact (`$0.0375` per million is 37,500
+//! pico-dollars a token). A request's spend is the sum over its kinds of tokens, rounded up to
+//! the nano-dollar once.
+//!
+//! No price ships with the crate: prices change, differ per contract, and a price shipped as
+//! a fact would be wrong somewhere. They are entered by the user, in code or (the gateway) in
+//! its configuration.
+//!
+//! ```
+//! use tower_llm_quota::pricing::{ModelPrices, PriceTable, PricedTokens, TokenPrices, Unpriced};
+//! use tower_llm_quota::usage::ServiceTier;
+//!
+//! // $2.50 per million input tokens, $1.25 cached, $10 output; flex at half.
+//! let standard = TokenPrices::per_million_usd("2.50", "1.25", "2.50", "10")?;
+//! let flex = TokenPrices::per_million_usd("1.25", "0.625", "1.25", "5")?;
+//! let table = PriceTable::new(Unpriced::Refuse)
+//!     .with_model("gpt-4o*", ModelPrices::new(standard).with_tier(ServiceTier::Flex, flex));
+//!
+//! let prices = table.prices("gpt-4o-2024-08-06")?;
+//! let tokens = PricedTokens { input: 1_000, cache_read: 0, cache_write: 0, output: 200 };
+//! // 1,000 × $2.50/M + 200 × $10/M = $0.0045.
+//! assert_eq!(prices.spend(Some(ServiceTier::Standard), tokens), 4_500_000);
+//! assert_eq!(prices.spend(Some(ServiceTier::Flex), tokens), 2_250_000);
+//! assert!(table.prices("claude-opus-4-1").is_err());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt;
+
+use crate::cost::{Cost, Usage};
+use crate::provider::Profile;
+use crate::usage::ServiceTier;
+
+/// Pico-dollars (10⁻¹² USD) in a nano-dollar.
+const PICO_PER_NANO: u128 = 1_000;
+
+/// The price of one kind of token: pico-dollars (10⁻¹² USD) a token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Price(u64);
+
+impl Price {
+    /// A price of `pico` pico-dollars (10⁻¹² USD) a token.
+    pub const fn from_pico_per_token(pico: u64) -> Self {
+        Self(pico)
+    }
+
+    /// A price in US dollars per million tokens, written as a decimal (`"2.50"`, `"0.0375"`,
+    /// `"15"`): exact up to six decimals.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidPrice`] for text that is not a non-negative decimal, one with more than six
+    /// decimals (it would not be exact), or a price above about 18 million dollars per million
+    /// tokens.
+    pub fn per_million_usd(text: &str) -> Result<Self, InvalidPrice> {
+        let invalid = |why: &'static str| InvalidPrice {
+            text: text.to_owned(),
+            why,
+        };
+        let trimmed = text.trim();
+        let (whole, fraction) = trimmed.split_once('.').unwrap_or((trimmed, ""));
+        let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+        if (whole.is_empty() && fraction.is_empty()) || !digits(whole) || !digits(fraction) {
+            return Err(invalid("not a non-negative decimal number of dollars"));
+        }
+        if fraction.len() > 6 {
+            return Err(invalid(
+                "more than six decimals: not exact in pico-dollars a token",
+            ));
+        }
+        // Dollars per million tokens × 10⁶ = pico-dollars a token.
+        let whole: u64 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().map_err(|_| invalid("too large"))?
+        };
+        let fraction: u64 = format!("{fraction:0<6}")
+            .parse()
+            .map_err(|_| invalid("not a decimal"))?;
+        whole
+            .checked_mul(1_000_000)
+            .and_then(|w| w.checked_add(fraction))
+            .map(Self)
+            .ok_or_else(|| invalid("too large"))
+    }
+
+    /// Pico-dollars (10⁻¹² USD) a token.
+    pub const fn pico_per_token(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for Price {
+    /// Dollars per million tokens: `$2.5/M`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (whole, fraction) = (self.0 / 1_000_000, self.0 % 1_000_000);
+        if fraction == 0 {
+            write!(f, "${whole}/M")
+        } else {
+            let fraction = format!("{fraction:06}");
+            write!(f, "${whole}.{}/M", fraction.trim_end_matches('0'))
+        }
+    }
+}
+
+/// A price that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidPrice {
+    text: String,
+    why: &'static str,
+}
+
+impl fmt::Display for InvalidPrice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid price `{}` (dollars per million tokens): {}",
+            self.text, self.why
+        )
+    }
+}
+
+impl std::error::Error for InvalidPrice {}
+
+/// Tokens of a request by the kind each is priced as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PricedTokens {
+    /// Input tokens neither read from nor written to the prompt cache.
+    pub input: u64,
+    /// Input tokens read from the prompt cache.
+    pub cache_read: u64,
+    /// Input tokens written to the prompt cache.
+    pub cache_write: u64,
+    /// Output tokens (reasoning tokens included).
+    pub output: u64,
+}
+
+impl PricedTokens {
+    /// The tokens of `usage` as `profile` built it: its input count holds the cache as the
+    /// provider counts it against its limits, which this takes apart again (OpenAI's prompt
+    /// count includes cached tokens; Anthropic's excludes the cache, the profile adding the
+    /// writes, and the reads when they count).
+    pub fn of(usage: &Usage, profile: &Profile) -> Self {
+        let (read, write) = (usage.cache_read_tokens(), usage.cache_write_tokens());
+        let counted_reads = if profile.counts_cache_reads() {
+            read
+        } else {
+            0
+        };
+        let counted_writes = if profile.adds_cache_writes() {
+            write
+        } else {
+            0
+        };
+        Self {
+            input: usage
+                .input_tokens()
+                .saturating_sub(counted_reads)
+                .saturating_sub(counted_writes),
+            cache_read: read,
+            cache_write: write,
+            output: usage.output_tokens(),
+        }
+    }
+
+    /// The tokens of an estimate: its input priced as uncached input (how much the cache will
+    /// serve is not known before the answer), its output at what it reserves.
+    pub const fn of_estimate(cost: &Cost) -> Self {
+        Self {
+            input: cost.input_tokens(),
+            cache_read: 0,
+            cache_write: 0,
+            output: cost.output_tokens(),
+        }
+    }
+}
+
+/// The prices of one tier of a model: input, cached input read, cache writes and output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct TokenPrices {
+    /// Uncached input.
+    pub input: Price,
+    /// Input read from the prompt cache.
+    pub cache_read: Price,
+    /// Input written to the prompt cache.
+    pub cache_write: Price,
+    /// Output.
+    pub output: Price,
+}
+
+impl TokenPrices {
+    /// Prices in US dollars per million tokens, as decimals: input, cached input read, cache
+    /// writes, output.
+    ///
+    /// # Errors
+    ///
+    /// As [`Price::per_million_usd`].
+    pub fn per_million_usd(
+        input: &str,
+        cache_read: &str,
+        cache_write: &str,
+        output: &str,
+    ) -> Result<Self, InvalidPrice> {
+        Ok(Self {
+            input: Price::per_million_usd(input)?,
+            cache_read: Price::per_million_usd(cache_read)?,
+            cache_write: Price::per_million_usd(cache_write)?,
+            output: Price::per_million_usd(output)?,
+        })
+    }
+
+    /// The spend of `tokens` in nano-dollars, rounded up once (saturating at `u64::MAX`).
+    pub fn spend(&self, tokens: PricedTokens) -> u64 {
+        let pico = |n: u64, price: Price| u128::from(n) * u128::from(price.0);
+        let total = pico(tokens.input, self.input)
+            + pico(tokens.cache_read, self.cache_read)
+            + pico(tokens.cache_write, self.cache_write)
+            + pico(tokens.output, self.output);
+        u64::try_from(total.div_ceil(PICO_PER_NANO)).unwrap_or(u64::MAX)
+    }
+
+    /// The spend of an estimate in nano-dollars: its input at the dearest of the input prices
+    /// (uncached, or a cache write, which some providers charge above it), its output at the
+    /// output price; a reservation never below what the answer can cost for its tokens.
+    pub fn estimated_spend(&self, cost: &Cost) -> u64 {
+        let dearest = TokenPrices {
+            input: self.input.max(self.cache_write).max(self.cache_read),
+            ..*self
+        };
+        dearest.spend(PricedTokens::of_estimate(cost))
+    }
+}
+
+/// A model's prices: its standard tier's, and those of the tiers priced apart.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ModelPrices {
+    standard: TokenPrices,
+    tiers: Vec<(ServiceTier, TokenPrices)>,
+}
+
+impl ModelPrices {
+    /// Prices of the standard tier; every other tier costs the same until
+    /// [`with_tier`](Self::with_tier) prices it apart.
+    pub fn new(standard: TokenPrices) -> Self {
+        Self {
+            standard,
+            tiers: Vec::new(),
+        }
+    }
+
+    /// Prices `tier` apart (replacing an earlier price of it).
+    pub fn with_tier(mut self, tier: ServiceTier, prices: TokenPrices) -> Self {
+        self.tiers.retain(|(t, _)| *t != tier);
+        self.tiers.push((tier, prices));
+        self
+    }
+
+    /// The prices of `tier`: its own, else the standard tier's (for a tier not priced apart,
+    /// or none said).
+    pub fn tier(&self, tier: Option<ServiceTier>) -> &TokenPrices {
+        tier.and_then(|tier| self.tiers.iter().find(|(t, _)| *t == tier))
+            .map_or(&self.standard, |(_, prices)| prices)
+    }
+
+    /// The spend of `tokens` at `tier`, in nano-dollars.
+    pub fn spend(&self, tier: Option<ServiceTier>, tokens: PricedTokens) -> u64 {
+        self.tier(tier).spend(tokens)
+    }
+
+    /// The spend to reserve for `cost` before a call that asks for `tier`: the dearest the
+    /// answer can cost, since the provider may serve it at another tier than asked (a flex
+    /// request served at the standard tier): the dearest of the asked tier and the standard.
+    pub fn estimated_spend(&self, tier: Option<ServiceTier>, cost: &Cost) -> u64 {
+        let asked = self.tier(tier).estimated_spend(cost);
+        asked.max(self.standard.estimated_spend(cost))
+    }
+}
+
+/// What a [`PriceTable`] does for a model it has no price for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Unpriced {
+    /// Refuse it: [`PriceTable::prices`] fails (a spend limit cannot be kept for it).
+    Refuse,
+    /// Price it at these prices.
+    Default(ModelPrices),
+}
+
+/// Prices per model: exact names, and prefixes ending in `*` (the longest match wins).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PriceTable {
+    models: Vec<(String, ModelPrices)>,
+    unpriced: Unpriced,
+}
+
+impl PriceTable {
+    /// An empty table with its policy for a model it has no price for.
+    pub fn new(unpriced: Unpriced) -> Self {
+        Self {
+            models: Vec::new(),
+            unpriced,
+        }
+    }
+
+    /// Prices `pattern`: a model's name (`gpt-4o-mini`), or a prefix ending in `*`
+    /// (`claude-opus-4*`). A later entry of the same pattern replaces an earlier one.
+    pub fn with_model(mut self, pattern: impl Into<String>, prices: ModelPrices) -> Self {
+        let pattern = pattern.into();
+        self.models.retain(|(p, _)| *p != pattern);
+        self.models.push((pattern, prices));
+        self
+    }
+
+    /// The prices of `model`: its exact name's, else its longest matching prefix's, else the
+    /// default.
+    ///
+    /// # Errors
+    ///
+    /// [`NoPrice`] for a model nothing prices under [`Unpriced::Refuse`].
+    pub fn prices(&self, model: &str) -> Result<&ModelPrices, NoPrice> {
+        let exact = self.models.iter().find(|(p, _)| p == model);
+        let prefix = || {
+            self.models
+                .iter()
+                .filter_map(|(p, prices)| {
+                    let prefix = p.strip_suffix('*')?;
+                    model.starts_with(prefix).then_some((prefix.len(), prices))
+                })
+                .max_by_key(|(len, _)| *len)
+                .map(|(_, prices)| prices)
+        };
+        match exact.map(|(_, prices)| prices).or_else(prefix) {
+            Some(prices) => Ok(prices),
+            None => match &self.unpriced {
+                Unpriced::Default(prices) => Ok(prices),
+                Unpriced::Refuse => Err(NoPrice {
+                    model: model.to_owned(),
+                }),
+            },
+        }
+    }
+}
+
+/// A model the price table has no price for, under [`Unpriced::Refuse`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NoPrice {
+    model: String,
+}
+
+impl NoPrice {
+    /// The model.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+}
+
+impl fmt::Display for NoPrice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "no price for model `{}`", self.model)
+    }
+}
+
+impl std::error::Error for NoPrice {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prices_read_exactly_up_to_six_decimals() {
+        let pico = |text| Price::per_million_usd(text).map(Price::pico_per_token);
+        assert_eq!(pico("2.50"), Ok(2_500_000));
+        assert_eq!(pico("0.0375"), Ok(37_500));
+        assert_eq!(pico("15"), Ok(15_000_000));
+        assert_eq!(pico(".5"), Ok(500_000));
+        assert_eq!(pico("0.000001"), Ok(1));
+        assert_eq!(pico("0"), Ok(0));
+        for bad in [
+            "",
+            ".",
+            "-1",
+            "1e3",
+            "$2",
+            "0.0000001",
+            "2.5.0",
+            "99999999999999999999",
+        ] {
+            assert!(pico(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            Price::per_million_usd("0.0375").unwrap().to_string(),
+            "$0.0375/M"
+        );
+        assert_eq!(Price::per_million_usd("15").unwrap().to_string(), "$15/M");
+    }
+
+    #[test]
+    fn spend_is_exact_and_rounded_up_once() {
+        let prices = TokenPrices::per_million_usd("3", "0.3", "3.75", "15").unwrap();
+        let tokens = PricedTokens {
+            input: 1_000,
+            cache_read: 10_000,
+            cache_write: 2_000,
+            output: 500,
+        };
+        // 3,000,000 + 3,000,000 + 7,500,000 + 7,500,000 nano-dollars.
+        assert_eq!(prices.spend(tokens), 21_000_000);
+        // One token at $0.0375/M: 37.5 nano-dollars, rounded up to 38; three: 112.5 -> 113
+        // (rounded once, not 3 × 38).
+        let cheap = TokenPrices::per_million_usd("0.0375", "0", "0", "0").unwrap();
+        let one = PricedTokens {
+            input: 1,
+            ..PricedTokens::default()
+        };
+        let three = PricedTokens {
+            input: 3,
+            ..PricedTokens::default()
+        };
+        assert_eq!((cheap.spend(one), cheap.spend(three)), (38, 113));
+        // Saturates instead of wrapping.
+        let dear = TokenPrices::per_million_usd("1000000", "0", "0", "0").unwrap();
+        let many = PricedTokens {
+            input: u64::MAX,
+            ..PricedTokens::default()
+        };
+        assert_eq!(dear.spend(many), u64::MAX);
+    }
+
+    #[test]
+    fn an_estimate_is_never_below_what_its_tokens_can_cost() {
+        // Anthropic-like: cache writes dearer than input.
+        let prices = TokenPrices::per_million_usd("3", "0.3", "3.75", "15").unwrap();
+        let model = ModelPrices::new(prices).with_tier(
+            ServiceTier::Flex,
+            TokenPrices::per_million_usd("1.5", "0.15", "1.875", "7.5").unwrap(),
+        );
+        let cost = Cost::new(1_000, 100);
+        // Input at the cache-write price: 3,750,000 + 1,500,000.
+        assert_eq!(prices.estimated_spend(&cost), 5_250_000);
+        // Any split of those 1,000 input tokens and up to 100 output costs no more.
+        for written in [0, 400, 1_000] {
+            for read in [0, 1_000 - written] {
+                let used = PricedTokens {
+                    input: 1_000 - written - read,
+                    cache_read: read,
+                    cache_write: written,
+                    output: 100,
+                };
+                assert!(prices.spend(used) <= prices.estimated_spend(&cost));
+            }
+        }
+        // Flex asked: reserved at the standard tier's (it may serve there).
+        assert_eq!(
+            model.estimated_spend(Some(ServiceTier::Flex), &cost),
+            model.estimated_spend(None, &cost)
+        );
+        assert_eq!(
+            model.spend(Some(ServiceTier::Flex), PricedTokens::of_estimate(&cost)),
+            2_250_000
+        );
+        // A tier not priced apart costs the standard's.
+        assert_eq!(model.tier(Some(ServiceTier::Priority)), &prices);
+    }
+
+    #[test]
+    fn a_usage_is_taken_apart_as_its_profile_built_it() {
+        use crate::usage::RawUsage;
+        let raw = |input, read, write| RawUsage {
+            input: Some(input),
+            cache_read: Some(read),
+            cache_write: Some(write),
+            output: Some(50),
+            ..RawUsage::default()
+        };
+        let parts = |profile: Profile, raw: RawUsage| {
+            let usage = profile.usage(&raw).unwrap();
+            PricedTokens::of(&usage, &profile)
+        };
+        let expected = |input, cache_read, cache_write| PricedTokens {
+            input,
+            cache_read,
+            cache_write,
+            output: 50,
+        };
+        // OpenAI: a prompt of 1,000 of which 600 cached, reads counted or not.
+        let openai = Profile::openai();
+        assert_eq!(parts(openai, raw(1_000, 600, 0)), expected(400, 600, 0));
+        assert_eq!(
+            parts(openai.cache_reads_count(false), raw(1_000, 600, 0)),
+            expected(400, 600, 0)
+        );
+        // Anthropic: 400 uncached, 600 read, 200 written, reads counted or not.
+        let anthropic = Profile::anthropic();
+        assert_eq!(
+            parts(anthropic, raw(400, 600, 200)),
+            expected(400, 600, 200)
+        );
+        let counted = anthropic.cache_reads_count(true);
+        assert_eq!(parts(counted, raw(400, 600, 200)), expected(400, 600, 200));
+    }
+
+    #[test]
+    fn the_longest_prefix_wins_and_the_policy_decides_the_rest() {
+        let at = |dollars: &str| {
+            ModelPrices::new(TokenPrices::per_million_usd(dollars, "0", "0", dollars).unwrap())
+        };
+        let table = PriceTable::new(Unpriced::Refuse)
+            .with_model("claude-*", at("1"))
+            .with_model("claude-opus-4*", at("15"))
+            .with_model("claude-opus-4-1", at("20"));
+        let input = |model: &str| {
+            table
+                .prices(model)
+                .map(|p| p.tier(None).input.pico_per_token())
+        };
+        assert_eq!(input("claude-opus-4-1"), Ok(20_000_000));
+        assert_eq!(input("claude-opus-4-5"), Ok(15_000_000));
+        assert_eq!(input("claude-sonnet-4-5"), Ok(1_000_000));
+        assert_eq!(input("gpt-4o").unwrap_err().model(), "gpt-4o");
+        let fallback = table.clone();
+        let fallback = PriceTable {
+            unpriced: Unpriced::Default(at("99")),
+            ..fallback
+        };
+        assert_eq!(
+            fallback
+                .prices("gpt-4o")
+                .map(|p| p.tier(None).input.pico_per_token()),
+            Ok(99_000_000)
+        );
+    }
+}
