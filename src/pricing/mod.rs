@@ -10,8 +10,8 @@
 //! the nano-dollar once.
 //!
 //! No price ships with the crate: prices change, differ per contract, and a price shipped as
-//! a fact would be wrong somewhere. They are entered by the user, in code or (the gateway) in
-//! its configuration.
+//! a fact would be wrong somewhere. They are entered by the user, in code or, with the `serde`
+//! feature, from a file.
 //!
 //! ```
 //! use tower_llm_quota::pricing::{ModelPrices, PriceTable, PricedTokens, TokenPrices, Unpriced};
@@ -31,6 +31,38 @@
 //! assert!(table.prices("claude-opus-4-1").is_err());
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Configuration file
+//!
+//! With the `serde` feature, [`PriceTable`] implements `Deserialize`. Prices are US dollars
+//! per million tokens, written as strings (`"2.50"`: a decimal read exactly, where a float
+//! would not be); `cache_read` and `cache_write` default to `input`. A tier named apart
+//! (`standard`, `flex`, `priority`, `batch`, `scale`) gives the prices it changes, the others
+//! its model's standard ones. A model is named exactly, or by a prefix ending in `*`.
+//! `unpriced` says what a model no entry names costs: `"refuse"` (the default), or
+//! `{ default = { input = "...", output = "..." } }`.
+//!
+//! ```toml
+//! unpriced = "refuse"
+//!
+//! [models."gpt-4o-mini"]
+//! input = "0.15"
+//! cache_read = "0.075"
+//! output = "0.60"
+//! tiers.flex = { input = "0.075", cache_read = "0.0375", output = "0.30" }
+//!
+//! [models."claude-sonnet-4*"]
+//! input = "3"
+//! cache_read = "0.30"
+//! cache_write = "3.75"
+//! output = "15"
+//! tiers.batch = { input = "1.50", cache_read = "0.15", cache_write = "1.875", output = "7.50" }
+//! ```
+//!
+//! (Figures for the format's sake: enter your own.)
+
+#[cfg(feature = "serde")]
+mod serde;
 
 use std::fmt;
 
