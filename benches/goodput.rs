@@ -323,6 +323,8 @@ async fn run_client(workload: &Workload, client: Client, config: SimConfig) -> C
         used: Consumption {
             requests: stats.admitted,
             tokens: stats.prompt_tokens + stats.completion_tokens,
+            input: stats.prompt_tokens,
+            output: stats.completion_tokens,
         },
         failed: outcomes.iter().filter(|o| o.result.is_err()).count(),
         interactive_p95: interactive_p95(&outcomes),

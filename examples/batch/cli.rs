@@ -54,6 +54,10 @@ pub(crate) struct Args {
     /// Write the figures as JSON.
     #[arg(long, value_name = "FILE.json")]
     pub(crate) report: Option<PathBuf>,
+    /// Prices in US dollars per million tokens, `INPUT,OUTPUT` (decimals, read exactly): the
+    /// tables gain a spend row. None ships with the example: enter your model's.
+    #[arg(long, value_name = "INPUT,OUTPUT", value_parser = prices)]
+    pub(crate) prices: Option<tower_llm_quota::pricing::TokenPrices>,
     /// Draw tokens admitted per simulated second against the quota, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<PathBuf>,
@@ -158,6 +162,16 @@ pub(crate) fn chat_completions_url(url: &str) -> Result<String, String> {
     Ok(format!("{scheme}://{authority}{path}{ENDPOINT}{query}"))
 }
 
+/// `--prices INPUT,OUTPUT`: dollars per million input and output tokens; cached input is
+/// priced as input (the simulator caches nothing).
+fn prices(text: &str) -> Result<tower_llm_quota::pricing::TokenPrices, String> {
+    let (input, output) = text
+        .split_once(',')
+        .ok_or_else(|| format!("`{text}`: give INPUT,OUTPUT in dollars per million tokens"))?;
+    tower_llm_quota::pricing::TokenPrices::per_million_usd(input, input, input, output)
+        .map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::chat_completions_url as url;
@@ -204,5 +218,14 @@ mod tests {
         use clap::Parser;
         let args = super::Args::try_parse_from(["batch", "--url", "http://host/v1"]).unwrap();
         assert_eq!(args.url.as_deref(), Some("http://host/v1/chat/completions"));
+    }
+
+    #[test]
+    fn prices_read_as_input_and_output_dollars_per_million() {
+        let read = super::prices("0.15,0.60").unwrap();
+        assert_eq!(read.input.pico_per_token(), 150_000);
+        assert_eq!(read.output.pico_per_token(), 600_000);
+        assert!(super::prices("0.15").unwrap_err().contains("INPUT,OUTPUT"));
+        assert!(super::prices("0.15,x").is_err());
     }
 }

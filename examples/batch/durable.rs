@@ -374,15 +374,14 @@ async fn work_job(job: Job, id: TaskId, worker: Data<Arc<Worker>>) -> Result<Val
         .extensions
         .get::<Timings>()
         .map_or(Duration::ZERO, Timings::waited);
-    let tokens = serde_json::from_slice::<Value>(&body)
-        .ok()
-        .and_then(|v| v["usage"]["total_tokens"].as_u64())
-        .unwrap_or(0);
+    let (input, output) = crate::run::usage_tokens(&body);
     Ok(json!({
         "item": job.item,
         "priority": job.priority,
         "status": parts.status.as_u16(),
-        "tokens": tokens,
+        "tokens": input + output,
+        "input": input,
+        "output": output,
         "waited_ms": waited.as_millis() as u64,
         "sent_at_ms": (arrived + waited).as_millis() as u64,
         "replayed": parts.extensions.get::<Suppressed>().is_some(),
@@ -415,6 +414,8 @@ async fn grouped_job(
             "priority": job.priority,
             "status": 200,
             "tokens": outcome.usage.total(),
+            "input": outcome.usage.input_tokens,
+            "output": outcome.usage.output_tokens,
             "waited_ms": 0,
             "sent_at_ms": arrived.as_millis() as u64,
             "replayed": false,
@@ -491,6 +492,8 @@ async fn report(
                         .unwrap_or(Priority::Batch),
                     result: Ok(Done {
                         tokens: done["tokens"].as_u64().unwrap_or(0),
+                        input: done["input"].as_u64().unwrap_or(0),
+                        output: done["output"].as_u64().unwrap_or(0),
                         waited: Duration::from_millis(done["waited_ms"].as_u64().unwrap_or(0)),
                         sent_at: Duration::from_millis(done["sent_at_ms"].as_u64().unwrap_or(0)),
                     }),
@@ -506,10 +509,7 @@ async fn report(
         }
     }
     let served = || outcomes.iter().filter_map(|o| o.result.as_ref().ok());
-    let used = Consumption {
-        requests: served().count() as u64,
-        tokens: served().map(|d| d.tokens).sum(),
-    };
+    let used = Consumption::of(served());
     let provider_429 = match simulator {
         Some(sim) => sim.stats().rate_limited,
         None => meter.rate_limited_at().len() as u64,

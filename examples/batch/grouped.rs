@@ -9,6 +9,9 @@
 //! reason. Against the embedded provider, `--answer-errors` makes the
 //! model err like a real one, more often in larger groups.
 
+use tower_llm_quota::pricing::TokenPrices;
+
+use crate::report::{dollars, spend};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -103,7 +106,7 @@ pub(crate) async fn run(
             tokio::time::sleep(settings.quota.minute).await;
         }
     }
-    print_table(&runs[0], &runs[1]);
+    print_table(&runs[0], &runs[1], args.prices.as_ref());
     if let Some(path) = &args.report {
         let report = json!({"one_per_call": run_json(&runs[0]), "grouped": run_json(&runs[1])});
         std::fs::write(path, format!("{report:#}\n"))
@@ -249,14 +252,20 @@ where
     )
 }
 
-fn print_table(alone: &GroupedRun, grouped: &GroupedRun) {
+fn print_table(alone: &GroupedRun, grouped: &GroupedRun, prices: Option<&TokenPrices>) {
     let total = |r: &GroupedRun| r.input_tokens + r.output_tokens;
-    type Cell = Box<dyn Fn(&GroupedRun) -> String>;
-    let rows: Vec<(&str, Cell)> = vec![
+    type Cell<'a> = Box<dyn Fn(&GroupedRun) -> String + 'a>;
+    let mut rows: Vec<(&str, Cell<'_>)> = vec![
         ("calls (attempts)", Box::new(|r| r.calls.to_string())),
         ("input tokens", Box::new(|r| r.input_tokens.to_string())),
         ("output tokens", Box::new(|r| r.output_tokens.to_string())),
         ("total tokens", Box::new(move |r| total(r).to_string())),
+    ];
+    if let Some(prices) = prices {
+        let at = move |r: &GroupedRun| dollars(spend(prices, r.input_tokens, r.output_tokens));
+        rows.push(("spend (at --prices)", Box::new(at)));
+    }
+    rows.extend::<[(&str, Cell<'_>); 5]>([
         (
             "wall time",
             Box::new(|r| format!("{:.1} s", r.wall.as_secs_f64())),
@@ -271,7 +280,7 @@ fn print_table(alone: &GroupedRun, grouped: &GroupedRun) {
             "items done / failed",
             Box::new(|r| format!("{} / {}", r.ok, r.failed)),
         ),
-    ];
+    ]);
     println!();
     let grouped_head = format!("groups of {}", grouped.size);
     println!("{:<24} {:>16} {:>16}", "", "one per call", grouped_head);

@@ -65,6 +65,8 @@
 //!   asks Redis for every admission.
 //! - `--report FILE.json`, `--plot FILE.svg`: the figures as JSON; tokens admitted per
 //!   simulated second against the quota, with the 429s marked.
+//! - `--prices INPUT,OUTPUT`: dollars per million input and output tokens (your model's: none
+//!   ships with the example); the tables and the JSON report gain the runs' spend.
 //! - `--group N [--instructions FILE.txt] [--template FILE.toml] [--answer-errors SHARE]`:
 //!   the tickets grouped N per call with shared instructions, against the same tickets one
 //!   per call, side by side (calls, input and output tokens, wall time, provider 429s, items
@@ -181,7 +183,7 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
     let stack = governed_stack(&args, &settings).await?;
     let governed = governed_run(&provider, &settings, &stack, &items).await;
 
-    let frame = Frame::of(settings.quota, &governed);
+    let frame = Frame::of(settings.quota, &governed).with_prices(args.prices);
     report::print_table(&frame, naive.as_ref(), &governed);
     write_outputs(&args, &settings, &frame, naive.as_ref(), &governed)?;
     Ok(verify(&provider, &governed))
@@ -417,6 +419,8 @@ async fn measure(
             let used = Consumption {
                 requests: stats.admitted,
                 tokens: stats.prompt_tokens + stats.completion_tokens,
+                input: stats.prompt_tokens,
+                output: stats.completion_tokens,
             };
             let panel = simulator_panel(title, &stats, settings.quota);
             RunFigures::from_outcomes(
@@ -448,10 +452,7 @@ async fn measure(
             let done = || outcomes.iter().filter_map(|o| o.result.as_ref().ok());
             // What the provider served: the successful calls (a 429, a 5xx or a failed
             // connection consumed nothing of the quota, as far as the client can tell).
-            let used = Consumption {
-                requests: done().count() as u64,
-                tokens: done().map(|d| d.tokens).sum(),
-            };
+            let used = Consumption::of(done());
             let panel = Panel::from_events(
                 title,
                 done().map(|d| (d.sent_at, d.tokens)),

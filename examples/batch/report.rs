@@ -6,6 +6,8 @@ use serde_json::{Value, json};
 use tower_llm_quota::Priority;
 
 use crate::plot::Panel;
+use tower_llm_quota::pricing::{PricedTokens, TokenPrices};
+
 use crate::run::{Binding, Consumption, Outcome, QuotaSpec, quantile};
 
 /// Queue wait by class: p50, p95 and max.
@@ -96,6 +98,27 @@ pub(crate) struct Frame {
     /// once.
     pub(crate) bound: Duration,
     pub(crate) binding: Binding,
+    /// The prices of `--prices`, for a spend row.
+    pub(crate) prices: Option<TokenPrices>,
+}
+
+/// Nano-dollars as dollars, to the micro-dollar.
+pub(crate) fn dollars(nano: u64) -> String {
+    format!(
+        "${}.{:06}",
+        nano / 1_000_000_000,
+        nano % 1_000_000_000 / 1_000
+    )
+}
+
+/// The spend of `input` and `output` tokens at `prices`, in nano-dollars.
+pub(crate) fn spend(prices: &TokenPrices, input: u64, output: u64) -> u64 {
+    let tokens = PricedTokens {
+        input,
+        output,
+        ..PricedTokens::default()
+    };
+    prices.spend(tokens)
 }
 
 impl Frame {
@@ -107,7 +130,19 @@ impl Frame {
             minimum,
             bound: quota.burst_bound(governed.used),
             binding,
+            prices: None,
         }
+    }
+
+    /// The same frame, pricing the runs at `prices`.
+    pub(crate) fn with_prices(self, prices: Option<TokenPrices>) -> Self {
+        Self { prices, ..self }
+    }
+
+    fn spend(&self, run: &RunFigures) -> Option<u64> {
+        self.prices
+            .as_ref()
+            .map(|p| spend(p, run.used.input, run.used.output))
     }
 
     fn utilisation(&self, run: &RunFigures) -> f64 {
@@ -132,6 +167,12 @@ pub(crate) fn print_table(frame: &Frame, naive: Option<&RunFigures>, governed: &
             cell(&|r| r.provider_429.to_string()),
         ),
         ("tokens used".into(), cell(&|r| r.used.tokens.to_string())),
+    ];
+    if frame.prices.is_some() {
+        let at = |r: &RunFigures| frame.spend(r).map_or_else(String::new, dollars);
+        rows.push(("spend (at --prices)".into(), cell(&at)));
+    }
+    rows.extend([
         (
             "wall time".into(),
             cell(&|r| {
@@ -157,7 +198,7 @@ pub(crate) fn print_table(frame: &Frame, naive: Option<&RunFigures>, governed: &
                 bound => format!("{:.3}", r.wall.as_secs_f64() / bound),
             }),
         ),
-    ];
+    ]);
     for priority in Priority::ALL {
         let wait = |r: &RunFigures| {
             r.waits
@@ -249,6 +290,9 @@ fn run_json(frame: &Frame, run: &RunFigures) -> Value {
         "attempts": run.attempts,
         "wall_ms": ms(run.wall),
         "tokens_used": run.used.tokens,
+        "input_tokens": run.used.input,
+        "output_tokens": run.used.output,
+        "spend_nano_usd": frame.spend(run),
         "requests_admitted": run.used.requests,
         "theoretical_min_ms": ms(frame.minimum),
         "bound_ms": ms(frame.bound),

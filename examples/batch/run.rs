@@ -149,6 +149,9 @@ where
 pub(crate) struct Done {
     /// Total tokens the provider reported in the body's `usage`.
     pub(crate) tokens: u64,
+    /// Of which input (prompt) and output tokens.
+    pub(crate) input: u64,
+    pub(crate) output: u64,
     /// Time from arrival to the successful call: queue and budget wait for the governed
     /// client (its `Timings`), every earlier attempt and retry wait for the others.
     pub(crate) waited: Duration,
@@ -276,19 +279,21 @@ where
         Some(timings) => timings.waited(),
         None => sent.saturating_duration_since(arrived),
     };
+    let (input, output) = usage_tokens(&body);
     Ok(Answer::Done(Done {
-        tokens: usage_total_tokens(&body),
+        tokens: input + output,
+        input,
+        output,
         waited,
         sent_at: sent.saturating_duration_since(start),
     }))
 }
 
-/// `usage.total_tokens` of an OpenAI body, 0 when absent.
-fn usage_total_tokens(body: &[u8]) -> u64 {
-    serde_json::from_slice::<serde_json::Value>(body)
-        .ok()
-        .and_then(|value| value["usage"]["total_tokens"].as_u64())
-        .unwrap_or(0)
+/// `usage.prompt_tokens` and `usage.completion_tokens` of an OpenAI body, 0 when absent.
+pub(crate) fn usage_tokens(body: &[u8]) -> (u64, u64) {
+    let value = serde_json::from_slice::<serde_json::Value>(body).unwrap_or_default();
+    let count = |name: &str| value["usage"][name].as_u64().unwrap_or(0);
+    (count("prompt_tokens"), count("completion_tokens"))
 }
 
 /// The nearest-rank `q` quantile (0 to 1) of `values`, sorted in place; zero when empty.
@@ -332,6 +337,21 @@ pub(crate) struct Consumption {
     pub(crate) requests: u64,
     /// Tokens the provider charged in the end (prompt + completion).
     pub(crate) tokens: u64,
+    /// Of which input (prompt) and output tokens.
+    pub(crate) input: u64,
+    pub(crate) output: u64,
+}
+
+impl Consumption {
+    /// What the served calls report: their count and tokens.
+    pub(crate) fn of<'a>(done: impl Iterator<Item = &'a Done>) -> Self {
+        done.fold(Self::default(), |used, d| Self {
+            requests: used.requests + 1,
+            tokens: used.tokens + d.tokens,
+            input: used.input + d.input,
+            output: used.output + d.output,
+        })
+    }
 }
 
 impl QuotaSpec {
