@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::config::{AdminConfig, Class, ConfigError, KeyConfig, Retries};
+use super::config::{AdminConfig, Class, ConfigError, KeyConfig, Retries, secret};
 
 /// What a valid key may do.
 #[derive(Debug, Clone)]
@@ -149,15 +149,9 @@ pub(crate) fn new_secret() -> Result<String, getrandom::Error> {
 
 /// A configured key's secret, reading its `key_env` variable now.
 pub(crate) fn configured_secret(key: &KeyConfig) -> Result<String, ConfigError> {
-    let secret = match (&key.key, &key.key_env) {
-        (Some(secret), _) => secret.clone(),
-        (None, Some(var)) => std::env::var(var).map_err(|_| {
-            ConfigError(format!("key `{}`: the variable {var} is not set", key.name))
-        })?,
-        (None, None) => {
-            return Err(ConfigError(format!("key `{}` has no secret", key.name)));
-        }
-    };
+    let what = format!("key `{}`", key.name);
+    let secret = secret(key.key.as_ref(), key.key_env.as_ref(), &what)?
+        .ok_or_else(|| ConfigError(format!("{what} has no secret")))?;
     if secret.is_empty() {
         return Err(ConfigError(format!("key `{}` is empty", key.name)));
     }
@@ -330,18 +324,9 @@ impl AdminRing {
             scope: None,
         });
         for admin in admins {
-            let token = match (&admin.token, &admin.token_env) {
-                (_, Some(var)) => std::env::var(var).map_err(|_| {
-                    ConfigError(format!(
-                        "admin `{}`: the variable {var} is not set",
-                        admin.name
-                    ))
-                })?,
-                (Some(token), None) => token.clone(),
-                (None, None) => {
-                    return Err(ConfigError(format!("admin `{}` has no token", admin.name)));
-                }
-            };
+            let what = format!("admin `{}`", admin.name);
+            let token = secret(admin.token.as_ref(), admin.token_env.as_ref(), &what)?
+                .ok_or_else(|| ConfigError(format!("{what} has no token")))?;
             if token.is_empty() {
                 return Err(ConfigError(format!(
                     "admin `{}`: the token is empty",

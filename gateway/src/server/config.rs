@@ -715,6 +715,22 @@ fn default_class() -> Class {
     Class::Async
 }
 
+/// A secret the configuration gives inline (`token`, `key`) or names the environment variable
+/// of (`*_env`), read now: the variable's when both are given (the configuration checks that
+/// keys and admins give one), `None` when neither. `what` names it in the error.
+pub(crate) fn secret(
+    inline: Option<&String>,
+    var: Option<&String>,
+    what: &str,
+) -> Result<Option<String>, ConfigError> {
+    match (inline, var) {
+        (_, Some(var)) => std::env::var(var)
+            .map(Some)
+            .map_err(|_| ConfigError(format!("{what}: the variable {var} is not set"))),
+        (inline, None) => Ok(inline.cloned()),
+    }
+}
+
 /// Why a configuration cannot run.
 #[derive(Debug)]
 pub(crate) struct ConfigError(pub(crate) String);

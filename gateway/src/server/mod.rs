@@ -149,13 +149,12 @@ impl Gateway {
                     .into(),
             ));
         }
-        let status_token =
-            match (&config.server.status_token, &config.server.status_token_env) {
-                (_, Some(var)) => Some(std::env::var(var).map_err(|_| {
-                    ConfigError(format!("the status token variable {var} is not set"))
-                })?),
-                (token, None) => token.clone(),
-            };
+        let server = &config.server;
+        let status_token = config::secret(
+            server.status_token.as_ref(),
+            server.status_token_env.as_ref(),
+            "the status token",
+        )?;
         let (tree, paths) = config.tenant_tree()?;
         let mut tenants = Tenancy::new(paths);
         let state = state::StateStore::open(redis_url, config.server.state_file.as_deref())?;
@@ -205,7 +204,11 @@ impl Gateway {
                 None => None,
             },
         });
-        tokio::spawn(keep_report(Arc::downgrade(&gateway)));
+        tokio::spawn(every(
+            Arc::downgrade(&gateway),
+            report::FLUSH_EVERY,
+            async |gateway: &Gateway| keep_report(gateway).await,
+        ));
         // The admin API's changes over the configuration: an unreachable shared store is read
         // again at the next sync; a state that does not apply stops the start.
         match gateway.state.read_all().await {
@@ -213,8 +216,12 @@ impl Gateway {
             Err(error) => tracing::warn!(%error, "the admin state is read again at the next sync"),
         }
         if gateway.state.is_shared() {
-            let every = Duration::from_millis(config.server.admin_sync_ms);
-            tokio::spawn(sync_state(Arc::downgrade(&gateway), every));
+            let period = Duration::from_millis(config.server.admin_sync_ms);
+            tokio::spawn(every(
+                Arc::downgrade(&gateway),
+                period,
+                async |gateway: &Gateway| sync_state(gateway).await,
+            ));
         }
         Ok(gateway)
     }
@@ -407,48 +414,12 @@ async fn require_status(
     }
 }
 
-/// Marks the accounts served each [`report::FLUSH_EVERY`] and, with Redis, adds the report's
-/// counters there, until the gateway stops ([`Gateway::stopped`] adds the last) or is dropped.
-async fn keep_report(gateway: std::sync::Weak<Gateway>) {
-    let mut ticks = tokio::time::interval(report::FLUSH_EVERY);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        ticks.tick().await;
-        let Some(gateway) = gateway.upgrade() else {
-            return;
-        };
-        if gateway.shutdown.is_cancelled() {
-            return;
-        }
-        let accounts = gateway.accounts.iter().map(|a| a.name.as_str());
-        gateway
-            .report
-            .mark_up(accounts, std::time::SystemTime::now());
-        if let Err(error) = gateway.report.flush().await {
-            tracing::warn!(%error, "the report's counters wait for the next flush");
-        }
-    }
-}
-
-/// The operator's admin token of `config` (`server.admin_token_env`, else `admin_token`).
-fn root_token(config: &Config) -> Result<String, ConfigError> {
-    match (&config.server.admin_token, &config.server.admin_token_env) {
-        (_, Some(var)) => std::env::var(var)
-            .map_err(|_| ConfigError(format!("the admin token variable {var} is not set"))),
-        (Some(token), None) => Ok(token.clone()),
-        (None, None) => Err(ConfigError("no admin token: set `admin_token_env`".into())),
-    }
-}
-
-/// The nodes the admin state adds to the views: those it changed, and its keys' tenants.
-fn listed(parsed: &state::Parsed, keys: &KeyRing) -> Vec<Tenant> {
-    let tenants = keys.list().filter_map(|(caller, ..)| caller.path.parent());
-    parsed.nodes.keys().cloned().chain(tenants).collect()
-}
-
-/// Reads the admin state every `every` and applies another replica's changes, until the
-/// gateway stops (or is dropped).
-async fn sync_state(gateway: std::sync::Weak<Gateway>, every: Duration) {
+/// Runs `tick` every `every` until the gateway stops or is dropped (the task holds it weakly).
+async fn every(
+    gateway: std::sync::Weak<Gateway>,
+    every: Duration,
+    mut tick: impl AsyncFnMut(&Gateway),
+) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -459,15 +430,49 @@ async fn sync_state(gateway: std::sync::Weak<Gateway>, every: Duration) {
         if gateway.shutdown.is_cancelled() {
             return;
         }
-        match gateway.state.read_all().await {
-            Ok(Some(fields)) => {
-                if let Err(error) = gateway.apply_state(&fields) {
-                    tracing::error!(%error, "the admin state read from the store does not apply");
-                }
+        tick(&gateway).await;
+    }
+}
+
+/// Marks the accounts served and, with Redis, adds the report's counters there (each
+/// [`report::FLUSH_EVERY`]; [`Gateway::stopped`] adds the last).
+async fn keep_report(gateway: &Gateway) {
+    let accounts = gateway.accounts.iter().map(|a| a.name.as_str());
+    gateway
+        .report
+        .mark_up(accounts, std::time::SystemTime::now());
+    if let Err(error) = gateway.report.flush().await {
+        tracing::warn!(%error, "the report's counters wait for the next flush");
+    }
+}
+
+/// The operator's admin token of `config` (`server.admin_token_env`, else `admin_token`).
+fn root_token(config: &Config) -> Result<String, ConfigError> {
+    let server = &config.server;
+    config::secret(
+        server.admin_token.as_ref(),
+        server.admin_token_env.as_ref(),
+        "the admin token",
+    )?
+    .ok_or_else(|| ConfigError("no admin token: set `admin_token_env`".into()))
+}
+
+/// The nodes the admin state adds to the views: those it changed, and its keys' tenants.
+fn listed(parsed: &state::Parsed, keys: &KeyRing) -> Vec<Tenant> {
+    let tenants = keys.list().filter_map(|(caller, ..)| caller.path.parent());
+    parsed.nodes.keys().cloned().chain(tenants).collect()
+}
+
+/// Reads the admin state and applies another replica's changes.
+async fn sync_state(gateway: &Gateway) {
+    match gateway.state.read_all().await {
+        Ok(Some(fields)) => {
+            if let Err(error) = gateway.apply_state(&fields) {
+                tracing::error!(%error, "the admin state read from the store does not apply");
             }
-            Ok(None) => {}
-            Err(error) => tracing::warn!(%error, "the admin state was not read"),
         }
+        Ok(None) => {}
+        Err(error) => tracing::warn!(%error, "the admin state was not read"),
     }
 }
 
