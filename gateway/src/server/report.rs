@@ -234,12 +234,13 @@ impl Report {
         }
     }
 
-    /// Adds what waits to Redis, in one pipeline; what could not be added waits for the next
-    /// flush.
+    /// Adds what waits to Redis, in one transaction (`MULTI`/`EXEC`: all of it or none);
+    /// what a refused connection kept from Redis waits for the next flush. After any other
+    /// failure (a timeout: it may have been added) it is dropped: counted once at most.
     ///
     /// # Cancel safety
     ///
-    /// Dropped while the pipeline is under way, what it carried may be added or not; it is
+    /// Dropped while the transaction is under way, what it carried may be added or not; it is
     /// not added again (counted once at most).
     pub(crate) async fn flush(&self) -> Result<(), redis::RedisError> {
         let Some(redis) = &self.redis else {
@@ -250,6 +251,7 @@ impl Report {
             return Ok(());
         }
         let mut pipe = redis::pipe();
+        pipe.atomic();
         let keep = i64::try_from(KEEP_HOURS * 3_600).unwrap_or(i64::MAX);
         for (hour, rows) in &tally.rows {
             let key = hour_key(*hour);
@@ -279,8 +281,8 @@ impl Report {
         }
         let mut connection = redis.clone();
         let result: redis::RedisResult<()> = pipe.query_async(&mut connection).await;
-        if result.is_err() {
-            // Not added: put back, to be added by the next flush.
+        if result.as_ref().is_err_and(redis::RedisError::is_connection_refusal) {
+            // Never sent: put back, to be added by the next flush.
             self.tally().merge(&tally);
         }
         result
