@@ -281,7 +281,10 @@ impl Report {
         }
         let mut connection = redis.clone();
         let result: redis::RedisResult<()> = pipe.query_async(&mut connection).await;
-        if result.as_ref().is_err_and(redis::RedisError::is_connection_refusal) {
+        if result
+            .as_ref()
+            .is_err_and(redis::RedisError::is_connection_refusal)
+        {
             // Never sent: put back, to be added by the next flush.
             self.tally().merge(&tally);
         }
