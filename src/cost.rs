@@ -28,6 +28,7 @@ pub struct Cost {
     requests: u64,
     input_tokens: u64,
     output_tokens: u64,
+    spend: u64,
 }
 
 impl Cost {
@@ -37,6 +38,7 @@ impl Cost {
             requests: 1,
             input_tokens,
             output_tokens,
+            spend: 0,
         }
     }
 
@@ -47,12 +49,26 @@ impl Cost {
             requests,
             input_tokens: 0,
             output_tokens: 0,
+            spend: 0,
         }
     }
 
     /// The same cost counting `requests` requests instead of one (a batch endpoint, `n > 1`).
     pub const fn with_requests(self, requests: u64) -> Self {
         Self { requests, ..self }
+    }
+
+    /// The same cost with `spend` nano-dollars (10⁻⁹ USD): what its tokens cost at its
+    /// model's prices, for limits of [`Dimension::Spend`]. Defaults to 0 (not priced); the
+    /// [`EstimateLayer`](crate::EstimateLayer) sets it when given a
+    /// [`PriceTable`](crate::pricing::PriceTable).
+    pub const fn with_spend(self, spend: u64) -> Self {
+        Self { spend, ..self }
+    }
+
+    /// Spend in nano-dollars (0 unless priced).
+    pub const fn spend(&self) -> u64 {
+        self.spend
     }
 
     /// Requests this cost counts.
@@ -82,6 +98,7 @@ impl Cost {
             Dimension::InputTokens => self.input_tokens,
             Dimension::OutputTokens => self.output_tokens,
             Dimension::TotalTokens => self.total_tokens(),
+            Dimension::Spend => self.spend,
         }
     }
 
@@ -91,6 +108,7 @@ impl Cost {
             requests: self.requests.saturating_add(other.requests),
             input_tokens: self.input_tokens.saturating_add(other.input_tokens),
             output_tokens: self.output_tokens.saturating_add(other.output_tokens),
+            spend: self.spend.saturating_add(other.spend),
         }
     }
 
@@ -100,6 +118,7 @@ impl Cost {
             requests: self.requests.saturating_sub(other.requests),
             input_tokens: self.input_tokens.saturating_sub(other.input_tokens),
             output_tokens: self.output_tokens.saturating_sub(other.output_tokens),
+            spend: self.spend.saturating_sub(other.spend),
         }
     }
 }
@@ -130,6 +149,7 @@ pub struct Usage {
     cache_read_tokens: u64,
     cache_write_tokens: u64,
     service_tier: Option<ServiceTier>,
+    spend: Option<u64>,
 }
 
 impl Usage {
@@ -141,7 +161,23 @@ impl Usage {
             cache_read_tokens: 0,
             cache_write_tokens: 0,
             service_tier: None,
+            spend: None,
         }
+    }
+
+    /// Records what the call cost, in nano-dollars, where the provider or the client knows it
+    /// (some gateways report a cost in their usage). Defaults to none: a reservation priced by
+    /// the [`EstimateLayer`](crate::EstimateLayer) prices the tokens itself.
+    pub const fn with_spend(self, spend: u64) -> Self {
+        Self {
+            spend: Some(spend),
+            ..self
+        }
+    }
+
+    /// What the call cost in nano-dollars, if recorded with [`with_spend`](Self::with_spend).
+    pub const fn spend(&self) -> Option<u64> {
+        self.spend
     }
 
     /// Records the service tier that served the request, as the provider said. Defaults to
@@ -200,8 +236,15 @@ impl Usage {
         self.cache_write_tokens
     }
 
-    /// The cost this usage really had, for a request that counted `requests` requests.
+    /// The cost this usage really had, for a request that counted `requests` requests (its
+    /// spend, if [recorded](Self::with_spend), else none).
     pub const fn as_cost(&self, requests: u64) -> Cost {
-        Cost::new(self.input_tokens, self.output_tokens).with_requests(requests)
+        let spend = match self.spend {
+            Some(spend) => spend,
+            None => 0,
+        };
+        Cost::new(self.input_tokens, self.output_tokens)
+            .with_requests(requests)
+            .with_spend(spend)
     }
 }

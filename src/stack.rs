@@ -90,7 +90,9 @@ use tower::Layer;
 use crate::budget::Budget;
 use crate::estimate::{Estimate, EstimateLayer, Estimator};
 use std::num::NonZeroUsize;
+use std::sync::Arc;
 
+use crate::pricing::PriceTable;
 use crate::priority::Priority;
 use crate::provider::{
     Profile, ProviderScan, ProviderUsage, StripUsage, StripUsageBody, StripUsageLayer,
@@ -124,6 +126,8 @@ pub struct QuotaStack {
     profile: Profile,
     budget: Budget,
     estimate: EstimateLayer,
+    /// The prices requests are priced at, if any.
+    prices: Option<Arc<PriceTable>>,
     retry: RetryAfterLayer,
     queue: PriorityQueueLayer,
     missing_cost: MissingCost,
@@ -173,6 +177,7 @@ impl QuotaStack {
             profile,
             budget: Budget::new(quota),
             estimate: EstimateLayer::new().include_stream_usage(asks_stream_usage(&profile)),
+            prices: None,
             retry: RetryAfterLayer::default(),
             queue: PriorityQueueLayer::default().named(name),
             missing_cost: MissingCost::default(),
@@ -257,6 +262,14 @@ impl QuotaStack {
         self
     }
 
+    /// Prices requests at `prices`, their usage read as the stack's profile builds it, so
+    /// that limits of [`Dimension::Spend`](crate::Dimension::Spend) hold; see
+    /// [`EstimateLayer::prices`]. Defaults to none.
+    pub fn prices(mut self, prices: Arc<PriceTable>) -> Self {
+        self.prices = Some(prices);
+        self
+    }
+
     /// What the budget does with a request that has no `Cost` after estimation. Defaults to
     /// [`MissingCost::Reject`].
     pub fn missing_cost(mut self, missing_cost: MissingCost) -> Self {
@@ -314,6 +327,11 @@ impl<S> Layer<S> for QuotaStack {
         let service = token_budget.layer(service);
         let service = self.queue.layer(service);
         let service = retry.layer(service);
-        self.estimate.layer(service)
+        match &self.prices {
+            Some(prices) => (self.estimate.clone())
+                .prices(Arc::clone(prices), self.profile.cache_counting())
+                .layer(service),
+            None => self.estimate.layer(service),
+        }
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use redis_server::RedisServer;
 use tokio::time::Instant;
 use tower_llm_quota::budget::redis::RedisBudget;
-use tower_llm_quota::tenant::{DailyCap, DayWindow, TenantNode, TenantTree};
+use tower_llm_quota::tenant::{CapWindow, PeriodCap, TenantNode, TenantTree};
 use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota};
 
 /// Set in a child: the Redis URL to share.
@@ -40,10 +40,10 @@ async fn budget(url: &str) -> Budget {
         )
         .with_node(
             "globex".parse().unwrap(),
-            TenantNode::new().with_daily_cap(DailyCap::new(
+            TenantNode::new().with_cap(PeriodCap::new(
                 Dimension::TotalTokens,
                 NonZeroU64::new(DAILY).unwrap(),
-                DayWindow::CalendarUtc,
+                CapWindow::CalendarDayUtc,
             )),
         );
     RedisBudget::new(url, "fleet")
@@ -73,7 +73,7 @@ async fn spend_the_day(budget: &Budget) -> u64 {
             }
             Err(error) => {
                 let refused = error.tenant_refused().expect("refused by the tenant");
-                assert!(refused.is_daily_cap(), "{refused}");
+                assert!(refused.is_capped(), "{refused}");
                 return spent;
             }
         }

@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use redis::Script;
 
 use redis_server::RedisServer;
+use tower_llm_quota::tenant::CapWindow;
 
 const BUCKET: &str = "t:{q}:total_tokens:1000";
 const HOLD: &str = "t:{q}:total_tokens:1000:held";
@@ -413,45 +414,70 @@ fn processes_refused_for_capacity_take_turns() {
     assert!(line.is_empty(), "{line:?}");
 }
 
-/// A daily count as `controls.lua` keeps it, step by step: what a tenant node used in the
-/// current calendar day (UTC) or in the last 24 hours, in quarter hours; a refund comes off
-/// the current day, or off the latest quarter hours, never below zero. Deliberately plain: a
-/// list of every use.
+/// A cap's count as `controls.lua` keeps it, step by step: what a tenant node used in the
+/// current calendar day or month (UTC) or in the last 24 hours, in quarter hours; a refund
+/// comes off the current day or month, or off the latest quarter hours, never below zero.
+/// Deliberately plain: a list of every use.
 #[derive(Debug, Default)]
 struct DayModel {
     /// (quarter hour since the epoch, units), in order.
     uses: Vec<(i64, i64)>,
 }
 
+/// The kinds of cap window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Window {
+    Day,
+    Month,
+    Rolling,
+}
+
+impl Window {
+    fn field(self) -> &'static str {
+        match self {
+            Window::Day => "c:total_tokens",
+            Window::Month => "m:spend",
+            Window::Rolling => "r:total_tokens",
+        }
+    }
+}
+
+/// Whether two instants (ms) fall in one calendar month (UTC): the crate's next month
+/// boundary after each is the same.
+fn same_month(a: i64, b: i64) -> bool {
+    let next = |ms: i64| CapWindow::CalendarMonthUtc.resets_after((ms / 1_000) as u64);
+    next(a) == next(b)
+}
+
 const DAY_MS: i64 = 86_400_000;
 const QUARTER_MS: i64 = 900_000;
 
 impl DayModel {
-    fn in_window(&self, rolling: bool, now: i64) -> impl Iterator<Item = usize> + '_ {
+    fn in_window(&self, window: Window, now: i64) -> impl Iterator<Item = usize> + '_ {
         let q = now / QUARTER_MS;
         let day = now / DAY_MS;
         (0..self.uses.len()).filter(move |&i| {
             let used_at = self.uses[i].0;
-            if rolling {
-                used_at > q - 96
-            } else {
-                used_at * QUARTER_MS / DAY_MS == day
+            match window {
+                Window::Rolling => used_at > q - 96,
+                Window::Day => used_at * QUARTER_MS / DAY_MS == day,
+                Window::Month => same_month(used_at * QUARTER_MS, now),
             }
         })
     }
 
-    fn used(&self, rolling: bool, now: i64) -> i64 {
-        self.in_window(rolling, now).map(|i| self.uses[i].1).sum()
+    fn used(&self, window: Window, now: i64) -> i64 {
+        self.in_window(window, now).map(|i| self.uses[i].1).sum()
     }
 
-    fn add(&mut self, rolling: bool, delta: i64, now: i64) {
+    fn add(&mut self, window: Window, delta: i64, now: i64) {
         if delta > 0 {
             self.uses.push((now / QUARTER_MS, delta));
             return;
         }
         let mut left = -delta;
-        let window: Vec<usize> = self.in_window(rolling, now).collect();
-        for i in window.into_iter().rev() {
+        let held: Vec<usize> = self.in_window(window, now).collect();
+        for i in held.into_iter().rev() {
             let taken = left.min(self.uses[i].1);
             self.uses[i].1 -= taken;
             left -= taken;
@@ -463,10 +489,11 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     /// `day_add` and `day_used` of `controls.lua` against the plain model, over uses,
-    /// refunds and time passing by minutes to days, for both kinds of day.
+    /// refunds and time passing by minutes to days, for every kind of window (a month's
+    /// end among them).
     #[test]
-    fn daily_counts_match_a_list_of_every_use(
-        rolling in any::<bool>(),
+    fn cap_counts_match_a_list_of_every_use(
+        window in prop_oneof![Just(Window::Day), Just(Window::Month), Just(Window::Rolling)],
         ops in proptest::collection::vec((-300i64..500, 0i64..6 * 3_600_000), 1..60)
     ) {
         thread_local! {
@@ -480,10 +507,10 @@ proptest! {
              day_add(KEYS[1], ARGV[2], tonumber(ARGV[3]), now)
              return day_used(KEYS[1], ARGV[2], now)",
         );
-        let field = if rolling { "r:total_tokens" } else { "c:total_tokens" };
+        let field = window.field();
         let mut model = DayModel::default();
-        // Some day, late in it.
-        let mut now = 20_000 * DAY_MS + 20 * 3_600_000;
+        // 2026-01-25T20:00:00Z: days, and a month, end within the ops.
+        let mut now = 1_769_371_200_000;
         for (step, (delta, wait)) in ops.into_iter().enumerate() {
             now += wait;
             let used: i64 = count
@@ -493,10 +520,35 @@ proptest! {
                 .arg(delta)
                 .invoke(&mut connection)
                 .unwrap();
-            model.add(rolling, delta, now);
-            prop_assert_eq!(used, model.used(rolling, now), "step {}", step);
+            model.add(window, delta, now);
+            prop_assert_eq!(used, model.used(window, now), "step {}", step);
         }
     }
+}
+
+/// The scripts' calendar month (months since the epoch, on the server's clock) turns at the
+/// very millisecond the crate's does, for every month from 1970 to 2400: leap years, century
+/// years and the 400-year rule included.
+#[test]
+fn the_scripts_month_turns_where_the_crates_does() {
+    let server = RedisServer::start();
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let period = script("return period('m', tonumber(ARGV[1]))");
+    let mut month = |ms: u64| -> i64 { period.arg(ms).invoke(&mut connection).unwrap() };
+    assert_eq!(month(0), 0);
+    let (mut at, mut expected) = (0, 0);
+    // 2400-01-01T00:00:00Z.
+    while at < 13_569_465_600 {
+        let next = CapWindow::CalendarMonthUtc.resets_after(at);
+        assert_eq!(month(next * 1_000 - 1), expected, "before {next}");
+        expected += 1;
+        assert_eq!(month(next * 1_000), expected, "at {next}");
+        at = next;
+    }
+    assert_eq!(expected, 430 * 12);
 }
 
 /// One step of a fleet's slots on one node: a process takes a slot for a call, a call ends,

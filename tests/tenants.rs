@@ -21,7 +21,7 @@ use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::error::TryReserveError;
 use tower_llm_quota::sim::{SimBody, SimConfig, Simulator};
 use tower_llm_quota::stack::{QuotaBody, QuotaStack};
-use tower_llm_quota::tenant::{DailyCap, DayWindow, Tenant, TenantNode, TenantTree, WallClock};
+use tower_llm_quota::tenant::{CapWindow, PeriodCap, Tenant, TenantNode, TenantTree, WallClock};
 use tower_llm_quota::{
     BoxError, Budget, Cost, Dimension, Error, Priority, Quota, Timings, TokenBudgetLayer,
 };
@@ -63,15 +63,22 @@ type Llm = BoxCloneService<Request<Full<Bytes>>, u64, BoxError>;
 /// The whole stack over `budget` and the simulator; a call answers the tokens it used.
 fn governed(budget: &Budget, sim: &Simulator) -> Llm {
     let stack = QuotaStack::openai(quota()).with_budget(budget.clone());
+    answering(stack, sim, |usage| {
+        usage["total_tokens"].as_u64().expect("usage")
+    })
+}
+
+/// `stack` over the simulator; a call answers what `figure` reads from the answer's usage.
+fn answering(stack: QuotaStack, sim: &Simulator, figure: fn(&serde_json::Value) -> u64) -> Llm {
     let service =
         ServiceExt::<Request<Full<Bytes>>>::map_err(stack.layer(sim.service()), BoxError::from);
     let service = ServiceExt::<Request<Full<Bytes>>>::and_then(
         service,
-        |response: Response<QuotaBody<SimBody>>| async move {
+        move |response: Response<QuotaBody<SimBody>>| async move {
             assert_eq!(response.status(), 200, "no provider refusal");
             let body = response.into_body().collect().await?.to_bytes();
             let json: serde_json::Value = serde_json::from_slice(&body)?;
-            Ok(json["usage"]["total_tokens"].as_u64().expect("usage"))
+            Ok(figure(&json["usage"]))
         },
     );
     BoxCloneService::new(service)
@@ -319,14 +326,14 @@ async fn interactive_work_of_one_tenant_is_not_held_by_another_s_batch_backlog()
 async fn a_daily_cap_refuses_the_first_request_over_it_until_the_next_day() {
     // 23:50 UTC.
     let wall = UNIX_EPOCH + Duration::from_secs(20_000 * 86_400 - 600);
-    let cap = DailyCap::new(
+    let cap = PeriodCap::new(
         Dimension::TotalTokens,
         NonZeroU64::new(5_000).unwrap(),
-        DayWindow::CalendarUtc,
+        CapWindow::CalendarDayUtc,
     );
     let tree = TenantTree::new()
         .with_clock(WallClock::starting_at(wall))
-        .with_node(tenant("acme"), TenantNode::new().with_daily_cap(cap));
+        .with_node(tenant("acme"), TenantNode::new().with_cap(cap));
     let budget = Budget::with_tenants(quota(), tree).unwrap();
     let sim = simulator();
     let llm = governed(&budget, &sim);
@@ -344,9 +351,9 @@ async fn a_daily_cap_refuses_the_first_request_over_it_until_the_next_day() {
     let refused = refused.downcast::<Error>().expect("a local refusal");
     let refusal = refused.tenant_refused().expect("a scope refused it");
     assert_eq!(refusal.scope().as_str(), "acme");
-    assert!(refusal.is_daily_cap() && refused.is_local(), "{refused}");
+    assert!(refusal.is_capped() && refused.is_local(), "{refused}");
     let handle = budget.tenants().unwrap();
-    let today = handle.snapshot(&tenant("acme")).used_today()[0].1;
+    let today = handle.snapshot(&tenant("acme")).used_in_period()[0].1;
     assert_eq!(today, used, "settled with the actual usage");
     assert!(used <= 5_000);
     let sent = sim.stats().received;
@@ -907,4 +914,188 @@ async fn a_tenant_s_limits_hold_over_every_account_it_uses() {
     tokio::time::advance(Duration::from_secs(60)).await;
     let refused = one(&anthropic, "acme").unwrap_err();
     assert!(matches!(refused, TryReserveError::Tenant(ref e) if e.is_paused()));
+}
+
+/// The prices of the spend tests: $2.50 per million input tokens, $10 per million output.
+fn spend_prices() -> tower_llm_quota::pricing::PriceTable {
+    use tower_llm_quota::pricing::{ModelPrices, PriceTable, TokenPrices, Unpriced};
+    let prices = TokenPrices::per_million_usd("2.50", "1.25", "2.50", "10").unwrap();
+    PriceTable::new(Unpriced::Refuse).with_model("m", ModelPrices::new(prices))
+}
+
+/// The body of a chat request for `model`, its prompt made different by `n` (the simulator
+/// draws a completion's length from its prompt).
+fn priced_body(model: &str, n: usize, max_tokens: u64) -> String {
+    let text = format!("{n} {}", "word ".repeat(300 + n % 50));
+    format!(
+        r#"{{"model":"{model}","max_tokens":{max_tokens},"messages":[{{"role":"user","content":"{text}"}}]}}"#
+    )
+}
+
+fn priced_chat(tenant: &str, body: String) -> Request<Full<Bytes>> {
+    Request::post("/v1/chat/completions")
+        .header("authorization", "Bearer sk")
+        .header("content-type", "application/json")
+        .extension(Priority::Async)
+        .extension(self::tenant(tenant))
+        .body(Full::new(Bytes::from(body)))
+        .unwrap()
+}
+
+/// The whole stack over `budget`, priced; a call answers the spend of its usage, in
+/// nano-dollars, computed here from the provider's figures (the oracle), rounded up once.
+fn priced(budget: &Budget, sim: &Simulator) -> Llm {
+    let stack = QuotaStack::openai(quota())
+        .with_budget(budget.clone())
+        .prices(Arc::new(spend_prices()));
+    answering(stack, sim, |usage| {
+        let prompt = usage["prompt_tokens"].as_u64().expect("usage");
+        let cached = usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0);
+        let completion = usage["completion_tokens"].as_u64().expect("usage");
+        // Pico-dollars: 2,500,000 a fresh input token, 1,250,000 a cached one, 10,000,000 an
+        // output token.
+        let pico = (prompt - cached) * 2_500_000 + cached * 1_250_000 + completion * 10_000_000;
+        pico.div_ceil(1_000)
+    })
+}
+
+/// What the crate reserves for the spend of a request of `body`, from its own estimator and
+/// prices.
+fn estimated_spend(body: &str) -> u64 {
+    use tower_llm_quota::estimate::{CharEstimator, Defaults, read_request};
+    let estimate = read_request(body.as_bytes(), &CharEstimator::new(), &Defaults::new()).unwrap();
+    let counting = tower_llm_quota::provider::Profile::openai().cache_counting();
+    let priced = spend_prices().priced("m", None, counting).unwrap();
+    priced.estimate(&estimate.cost(&Defaults::new()))
+}
+
+/// A tenant with a monthly spend cap, priced requests from 16 workers at once: the spend
+/// settled is exactly what the provider's usage costs (counted here), never above the cap and
+/// within one request's estimated spend of it when the last worker is refused; the refusal
+/// names the cap and the month's end, nothing refused is sent, the month refuses until its
+/// last second and the next month admits again.
+#[tokio::test(start_paused = true)]
+async fn a_monthly_spend_cap_is_reached_within_one_request_and_holds_until_the_month_turns() {
+    use tower_llm_quota::tenant::Refusal;
+    let start = Instant::now();
+    // 2026-01-31T12:00:00Z; February starts 12 hours later.
+    let wall = UNIX_EPOCH + Duration::from_secs(1_769_860_800);
+    let february = UNIX_EPOCH + Duration::from_secs(1_769_904_000);
+    let to_february = february.duration_since(wall).unwrap();
+    // $0.20: about a hundred requests.
+    const CAP: u64 = 200_000_000;
+    let cap = PeriodCap::new(
+        Dimension::Spend,
+        NonZeroU64::new(CAP).unwrap(),
+        CapWindow::CalendarMonthUtc,
+    );
+    let tree = TenantTree::new()
+        .with_clock(WallClock::starting_at(wall))
+        .with_node(tenant("acme"), TenantNode::new().with_cap(cap));
+    let budget = Budget::with_tenants(quota(), tree).unwrap();
+    let sim = Simulator::new(
+        SimConfig::openai(100_000, TPM * 11 / 10)
+            .key("sk", "org")
+            .latency(Duration::from_millis(500), Duration::ZERO)
+            .completion_share(0.1, 1.0),
+    );
+    let llm = priced(&budget, &sim);
+    let spent = Arc::new(Mutex::new(0u64));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let workers: Vec<_> = (0..16)
+        .map(|_| {
+            let (llm, spent, next) = (llm.clone(), Arc::clone(&spent), Arc::clone(&next));
+            tokio::spawn(async move {
+                loop {
+                    let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let request = priced_chat("acme", priced_body("m", n, 300));
+                    match llm.clone().oneshot(request).await {
+                        Ok(spend) => *spent.lock().unwrap() += spend,
+                        Err(error) => return error,
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut refusals = Vec::new();
+    for worker in workers {
+        refusals.push(worker.await.unwrap());
+    }
+    let spent = *spent.lock().unwrap();
+    let month = |budget: &Budget| {
+        let snapshot = budget.tenants().unwrap().snapshot(&tenant("acme"));
+        snapshot.used_in_period()[0].1
+    };
+    assert_eq!(
+        month(&budget),
+        spent,
+        "the month holds the usage at its prices"
+    );
+    assert!(spent <= CAP, "{spent} over the cap {CAP}");
+    let asked = next.load(std::sync::atomic::Ordering::Relaxed);
+    let (largest, dearest) = (0..asked)
+        .map(|n| (estimated_spend(&priced_body("m", n, 300)), n))
+        .max()
+        .unwrap();
+    assert!(
+        CAP - spent < largest,
+        "{spent} of {CAP}: more than one request's spend ({largest}) left"
+    );
+    let admitted = sim.stats().received;
+    eprintln!(
+        "monthly spend cap: {spent} of {CAP} nano-dollars settled by {admitted} requests, \
+         {} short of it (one request reserves at most {largest})",
+        CAP - spent
+    );
+    let is_the_month = |error: &BoxError| {
+        let error = error.downcast_ref::<Error>().expect("a local refusal");
+        let refused = error.tenant_refused().expect("the tenant's cap");
+        let Refusal::PeriodCap {
+            dimension,
+            window,
+            resets_at,
+            ..
+        } = refused.reason()
+        else {
+            panic!("refused for {:?}", refused.reason());
+        };
+        assert_eq!(
+            (dimension, window, resets_at),
+            (Dimension::Spend, CapWindow::CalendarMonthUtc, february)
+        );
+        assert!(
+            error.to_string().contains("2026-02-01T00:00:00Z"),
+            "{error}"
+        );
+    };
+    refusals.iter().for_each(is_the_month);
+
+    // One second before February: the dearest request is still refused, nothing sent.
+    time::sleep_until(start + to_february - Duration::from_secs(1)).await;
+    let request = priced_chat("acme", priced_body("m", dearest, 300));
+    is_the_month(&llm.clone().oneshot(request).await.unwrap_err());
+    assert_eq!(sim.stats().received, admitted);
+    // February: admitted, the month's count starting again.
+    time::sleep_until(start + to_february).await;
+    let request = priced_chat("acme", priced_body("m", dearest, 300));
+    let spend = llm.clone().oneshot(request).await.expect("a new month");
+    assert_eq!(month(&budget), spend);
+}
+
+/// A model the price table does not price, under `Unpriced::Refuse`: refused before anything
+/// is reserved or sent, naming the model.
+#[tokio::test(start_paused = true)]
+async fn an_unpriced_model_is_refused_before_it_is_sent() {
+    let budget = Budget::new(quota());
+    let sim = simulator();
+    let error = priced(&budget, &sim)
+        .oneshot(priced_chat("acme", priced_body("gpt-unknown", 0, 300)))
+        .await
+        .unwrap_err();
+    let error = error.downcast::<Error>().expect("a local refusal");
+    assert!(error.is_unpriced(), "{error}");
+    assert!(error.to_string().contains("gpt-unknown"), "{error}");
+    assert_eq!(sim.stats().received, 0);
 }

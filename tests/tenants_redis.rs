@@ -506,16 +506,16 @@ async fn a_resume_through_another_process_reaches_the_one_that_paused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_process_shows_the_fleet_s_day() {
     use std::num::NonZeroU64;
-    use tower_llm_quota::tenant::{DailyCap, DayWindow};
+    use tower_llm_quota::tenant::{CapWindow, PeriodCap};
     for leased in [false, true] {
         let server = RedisServer::start();
         let tree = || {
             TenantTree::new().with_node(
                 "globex".parse().unwrap(),
-                TenantNode::new().with_daily_cap(DailyCap::new(
+                TenantNode::new().with_cap(PeriodCap::new(
                     Dimension::TotalTokens,
                     NonZeroU64::new(5_000).unwrap(),
-                    DayWindow::CalendarUtc,
+                    CapWindow::CalendarDayUtc,
                 )),
             )
         };
@@ -536,7 +536,8 @@ async fn every_process_shows_the_fleet_s_day() {
             reservation.mark_sent();
             reservation.charge_estimate();
         }
-        let used = |budget: &Budget| budget.tenants().unwrap().snapshot(&globex).used_today()[0].1;
+        let used =
+            |budget: &Budget| budget.tenants().unwrap().snapshot(&globex).used_in_period()[0].1;
         let started = Instant::now();
         while budgets.iter().any(|b| used(b) != 1_100) {
             assert!(
@@ -621,45 +622,63 @@ fn roomy_quota() -> Quota {
     Quota::new().with_limit(per_minute)
 }
 
-/// `acme` may spend 2,000 tokens a calendar day (UTC), `globex` 1,000 in any 24 hours.
+/// `acme` may spend 2,000 tokens a calendar day (UTC), `globex` 1,000 in any 24 hours,
+/// `initech` 1,500 nano-dollars a calendar month (UTC).
 fn capped_tree() -> TenantTree {
-    use tower_llm_quota::tenant::{DailyCap, DayWindow};
+    use tower_llm_quota::tenant::{CapWindow, PeriodCap};
     let cap = |amount, window| {
-        DailyCap::new(
+        PeriodCap::new(
             Dimension::TotalTokens,
             std::num::NonZeroU64::new(amount).unwrap(),
             window,
         )
     };
+    let spend = PeriodCap::new(
+        Dimension::Spend,
+        std::num::NonZeroU64::new(1_500).unwrap(),
+        CapWindow::CalendarMonthUtc,
+    );
     TenantTree::new()
         .with_node(
             "acme".parse().unwrap(),
-            TenantNode::new().with_daily_cap(cap(2_000, DayWindow::CalendarUtc)),
+            TenantNode::new().with_cap(cap(2_000, CapWindow::CalendarDayUtc)),
         )
         .with_node(
             "globex".parse().unwrap(),
-            TenantNode::new().with_daily_cap(cap(1_000, DayWindow::Rolling)),
+            TenantNode::new().with_cap(cap(1_000, CapWindow::Rolling)),
+        )
+        .with_node(
+            "initech".parse().unwrap(),
+            TenantNode::new().with_cap(spend),
         )
 }
 
-/// Three budgets each spend 100 tokens at a time for both tenants until refused: together
-/// exactly each tenant's cap, whatever each budget's own count (a third of it); every refusal
-/// names the cap and what the store counted. A reservation of 300 settled at 100 first: the
-/// refund gives 200 back to the day, for every budget.
-async fn daily_caps_hold_over_every_budget(budgets: &[Budget]) {
+/// Three budgets each spend 100 tokens (and 100 nano-dollars) at a time for each tenant until
+/// refused: together exactly each tenant's cap, whatever each budget's own count (a third of
+/// it); every refusal names the cap and what the store counted. A reservation of 300 settled
+/// at 100 first: the refund gives 200 back to the period, for every budget.
+async fn caps_hold_over_every_budget(budgets: &[Budget]) {
     use tower_llm_quota::tenant::Refusal;
-    for (tenant, cap) in [("acme", 2_000), ("globex", 1_000)] {
+    let cost = |units| Cost::new(units, 0).with_spend(units);
+    for (tenant, cap) in [("acme", 2_000), ("globex", 1_000), ("initech", 1_500)] {
         let mut first = budgets[0]
-            .reserve(Cost::new(300, 0))
+            .reserve(cost(300))
             .tenant(tenant.parse().unwrap())
             .await
             .unwrap();
         first.mark_sent();
-        first.settle_cost(Cost::new(100, 0));
+        first.settle_cost(cost(100));
         // The settlement is written in the background: the store's day shows it.
         let path: Tenant = tenant.parse().unwrap();
         let started = Instant::now();
-        while budgets[0].tenants().unwrap().snapshot(&path).used_today()[0].1 != 100 {
+        while budgets[0]
+            .tenants()
+            .unwrap()
+            .snapshot(&path)
+            .used_in_period()[0]
+            .1
+            != 100
+        {
             assert!(
                 started.elapsed() < PATIENCE,
                 "the settlement never reached the store"
@@ -674,7 +693,7 @@ async fn daily_caps_hold_over_every_budget(budgets: &[Budget]) {
                     let mut spent = 0;
                     loop {
                         let reserved = budget
-                            .reserve(Cost::new(100, 0))
+                            .reserve(cost(100))
                             .tenant(tenant.parse().unwrap())
                             .await;
                         match reserved {
@@ -686,7 +705,7 @@ async fn daily_caps_hold_over_every_budget(budgets: &[Budget]) {
                             Err(error) => {
                                 let refused = error.tenant_refused().expect("a tenant refusal");
                                 assert_eq!(refused.scope().as_str(), tenant);
-                                let Refusal::DailyCap {
+                                let Refusal::PeriodCap {
                                     cap: told, used, ..
                                 } = refused.reason()
                                 else {
@@ -762,27 +781,27 @@ async fn with_tree(builder: RedisBudget, tree: TenantTree) -> Budget {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_daily_cap_holds_over_every_process() {
+async fn a_cap_holds_over_every_process() {
     let server = RedisServer::start();
     let budgets = three_on_server(&server, "capped", capped_tree).await;
-    daily_caps_hold_over_every_budget(&budgets).await;
+    caps_hold_over_every_budget(&budgets).await;
 }
 
 /// The same over three leasing processes: a tenant with a daily cap is asked of Redis per
 /// admission, so its day holds over the fleet.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_daily_cap_holds_over_every_leasing_process() {
+async fn a_cap_holds_over_every_leasing_process() {
     let server = RedisServer::start();
     let budgets = three_leasing(&server, "capped", capped_tree).await;
-    daily_caps_hold_over_every_budget(&budgets).await;
+    caps_hold_over_every_budget(&budgets).await;
 }
 
 /// The same over a three-node Redis Cluster: a node's days share the account's slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_daily_cap_holds_over_every_process_of_a_cluster() {
+async fn a_cap_holds_over_every_process_of_a_cluster() {
     let cluster = RedisCluster::start(3);
     let budgets = three_on_cluster(&cluster, "capped", capped_tree).await;
-    daily_caps_hold_over_every_budget(&budgets).await;
+    caps_hold_over_every_budget(&budgets).await;
 }
 
 /// `acme` may have three calls in flight over every process; a call that cannot have a slot

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::{Budget, ReservationId};
 use crate::budget::memory::store::Origin;
 use crate::cost::{Cost, Usage};
+use crate::pricing::Priced;
 use crate::quota::Dimension;
 use crate::tenant::Tenant;
 
@@ -31,6 +32,8 @@ pub struct Reservation {
     cost: Cost,
     /// The tenant path it was admitted on, whose every node settles it too.
     tenant: Option<Tenant>,
+    /// The prices its usage is settled at, if priced.
+    priced: Option<Priced>,
     sent: bool,
     finished: bool,
 }
@@ -43,6 +46,7 @@ impl Reservation {
             origin,
             cost,
             tenant: None,
+            priced: None,
             sent: false,
             finished: false,
         }
@@ -74,6 +78,19 @@ impl Reservation {
         &self.budget
     }
 
+    /// Settles the spend of the real usage at `priced`'s prices (the
+    /// [`TokenBudget`](crate::token_budget::TokenBudget) sets the request's own). Without
+    /// prices, [`settle`](Self::settle) charges the spend the usage records, else the spend
+    /// reserved.
+    pub fn set_priced(&mut self, priced: Priced) {
+        self.priced = Some(priced);
+    }
+
+    /// The prices its usage is settled at, if set.
+    pub fn priced(&self) -> Option<&Priced> {
+        self.priced.as_ref()
+    }
+
     /// Records that the request is about to leave: from now on, dropping the reservation
     /// charges its estimate instead of refunding it.
     pub fn mark_sent(&mut self) {
@@ -86,9 +103,15 @@ impl Reservation {
     }
 
     /// Settles with the real usage: the requests reserved stay charged, the tokens are replaced
-    /// by the reported ones.
+    /// by the reported ones, and the spend by theirs at the reservation's
+    /// [prices](Self::set_priced) (or the usage's own [spend](Usage::with_spend); else the
+    /// spend reserved stays charged).
     pub fn settle(self, usage: &Usage) -> Settlement {
-        let actual = usage.as_cost(self.cost.requests());
+        let spend = match &self.priced {
+            Some(priced) => priced.spend(usage),
+            None => usage.spend().unwrap_or(self.cost.spend()),
+        };
+        let actual = usage.as_cost(self.cost.requests()).with_spend(spend);
         self.finish(actual)
     }
 

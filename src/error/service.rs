@@ -47,6 +47,8 @@ enum Kind {
     GaveUp(RetryReport),
     /// The source is the error of the caller's request body.
     RequestBody,
+    /// The source is the [`NoPrice`](crate::pricing::NoPrice).
+    Unpriced,
     /// The source is the [`TenantRefused`].
     Tenant,
     /// The source is the [`IdempotencyError`].
@@ -118,6 +120,12 @@ impl Error {
         Self::new(Kind::RequestBody, Some(error))
     }
 
+    /// The request's model has no price, under a price table that refuses such models:
+    /// `no_price` is the [`NoPrice`](crate::pricing::NoPrice).
+    pub(crate) fn unpriced(no_price: BoxError) -> Self {
+        Self::new(Kind::Unpriced, Some(no_price))
+    }
+
     /// Wraps an inner service's error, unless it already is an [`Error`] of this crate (an
     /// inner layer of the same stack), which is passed on unchanged, or an
     /// [`IdempotencyError`], which becomes its kind.
@@ -153,6 +161,14 @@ impl Error {
     /// was sent); [`source`](std::error::Error::source) is the body's error.
     pub fn is_request_body(&self) -> bool {
         matches!(self.inner.kind, Kind::RequestBody)
+    }
+
+    /// Whether the request's model has no price in the estimation layer's
+    /// [`PriceTable`](crate::pricing::PriceTable), which refuses unpriced models (nothing was
+    /// sent); [`source`](std::error::Error::source) is the
+    /// [`NoPrice`](crate::pricing::NoPrice) naming the model.
+    pub fn is_unpriced(&self) -> bool {
+        matches!(self.inner.kind, Kind::Unpriced)
     }
 
     /// Whether the inner service failed; [`source`](std::error::Error::source) is its error.
@@ -336,6 +352,10 @@ impl fmt::Display for Error {
                 report.gave_up().unwrap_or(GaveUp::Permanent)
             ),
             Kind::RequestBody => f.write_str("rejected locally: the request body failed"),
+            Kind::Unpriced => match &self.inner.source {
+                Some(e) => write!(f, "rejected locally: {e} (its spend cannot be limited)"),
+                None => f.write_str("rejected locally: the model has no price"),
+            },
             Kind::Idempotency => match &self.inner.source {
                 Some(e) => write!(f, "rejected locally: {e}"),
                 None => f.write_str("rejected locally by the idempotency layer"),

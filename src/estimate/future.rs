@@ -15,6 +15,7 @@ use tower::Service;
 use super::settings::Settings;
 use super::{OutputRoute, read_embeddings, read_request};
 use crate::error::{BoxError, Error};
+use crate::pricing::NoPrice;
 
 pin_project! {
     /// The response future of [`Estimate`](super::Estimate): reads the request body when it
@@ -156,7 +157,10 @@ where
                     if settings.include_stream_usage {
                         bytes = include_stream_usage(&mut parts, bytes);
                     }
-                    estimate_into(&mut parts, &bytes, &settings);
+                    if let Err(no_price) = estimate_into(&mut parts, &bytes, &settings) {
+                        this.state.set(State::Done);
+                        return Poll::Ready(Err(Error::unpriced(no_price.into())));
+                    }
                     let future = service.call(Request::from_parts(parts, B::from(bytes)));
                     this.state.set(State::Calling { future });
                 }
@@ -202,11 +206,11 @@ fn include_stream_usage(parts: &mut Parts, body: Bytes) -> Bytes {
     Bytes::from(rewritten)
 }
 
-/// Puts the estimated cost of `body`, and the route its output is learned under, into the
-/// request's extensions.
-fn estimate_into(parts: &mut Parts, body: &[u8], settings: &Settings) {
+/// Puts the estimated cost of `body`, the route its output is learned under and its prices
+/// into the request's extensions; fails for a model the price table refuses.
+fn estimate_into(parts: &mut Parts, body: &[u8], settings: &Settings) -> Result<(), NoPrice> {
     if body.len() > settings.max_body_bytes {
-        return;
+        return Ok(());
     }
     let estimator = settings.estimator.as_ref();
     let read = match parts.uri.path().ends_with("/embeddings") {
@@ -215,7 +219,7 @@ fn estimate_into(parts: &mut Parts, body: &[u8], settings: &Settings) {
     };
     let Some(request) = read else {
         tracing::debug!("request body not estimated: not a known JSON request");
-        return;
+        return Ok(());
     };
     let route = settings
         .learned
@@ -233,8 +237,19 @@ fn estimate_into(parts: &mut Parts, body: &[u8], settings: &Settings) {
         }
         None => request.cost(&settings.defaults),
     };
+    let cost = match &settings.prices {
+        Some((table, counting)) => {
+            let model = request.model().unwrap_or_default();
+            let priced = table.priced(model, request.service_tier(), *counting)?;
+            let cost = cost.with_spend(priced.estimate(&cost));
+            parts.extensions.insert(priced);
+            cost
+        }
+        None => cost,
+    };
     tracing::trace!(?cost, model = request.model(), "request estimated");
     parts.extensions.insert(cost);
+    Ok(())
 }
 
 impl<S, B> fmt::Debug for ResponseFuture<S, B>

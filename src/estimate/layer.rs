@@ -5,6 +5,7 @@ use tower::Layer;
 
 use super::settings::Settings;
 use super::{CharEstimator, Defaults, Estimate, Estimator, LearnedOutput, RequestEstimate};
+use crate::pricing::{CacheCounting, PriceTable};
 
 /// Applies [`Estimate`] to a service; see the [module documentation](crate::estimate).
 ///
@@ -65,6 +66,21 @@ impl EstimateLayer {
 }
 
 impl EstimateLayer {
+    /// Prices each request it estimates at `prices` (see [`pricing`](crate::pricing)): the
+    /// [`Cost`](crate::Cost) gains the spend of its estimate (its input at the dearest input
+    /// price, its output bound at the output price, at the dearest of the tier it asks for
+    /// and the standard tier), and its extensions a [`Priced`](crate::pricing::Priced) with
+    /// which its reservation settles the spend of the real usage, whose input count holds the
+    /// cache tokens `counting` says (its provider profile's
+    /// [`cache_counting`](crate::provider::Profile::cache_counting)).
+    /// A request for a model the table refuses ([`Unpriced::Refuse`](crate::pricing::Unpriced))
+    /// fails with [`Error::is_unpriced`](crate::Error::is_unpriced), nothing sent. Requests that
+    /// already carry a `Cost`, or whose body is not estimated, are not priced. Defaults to none.
+    pub fn prices(mut self, prices: Arc<PriceTable>, counting: CacheCounting) -> Self {
+        Arc::make_mut(&mut self.settings).prices = Some((prices, counting));
+        self
+    }
+
     /// Asks for the usage of OpenAI-style streams whose caller did not: a request with
     /// `"stream": true` and no `stream_options.include_usage` gets it (its body is rewritten,
     /// the only case where it is not passed on unchanged), and is marked

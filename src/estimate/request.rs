@@ -2,6 +2,7 @@ use serde_json::{Map, Value};
 
 use super::{Estimator, LearnedOutput};
 use crate::cost::Cost;
+use crate::usage::ServiceTier;
 
 /// What the body reader assumes where a request says nothing countable: the output reserved
 /// without a `max_tokens`, the framing of each message, an image.
@@ -122,6 +123,7 @@ impl Default for Defaults {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestEstimate {
     model: Option<String>,
+    service_tier: Option<ServiceTier>,
     input_tokens: u64,
     max_output_tokens: Option<u64>,
     choices: u64,
@@ -131,6 +133,12 @@ impl RequestEstimate {
     /// The body's `model`, when it names one.
     pub fn model(&self) -> Option<&str> {
         self.model.as_deref()
+    }
+
+    /// The body's `service_tier`, when it names one this crate knows (`auto` and unknown
+    /// names are none: the provider chooses).
+    pub fn service_tier(&self) -> Option<ServiceTier> {
+        self.service_tier
     }
 
     /// Estimated prompt tokens, framing included.
@@ -310,10 +318,17 @@ pub fn read_request(
         .unwrap_or(1);
     Some(RequestEstimate {
         model: model.map(str::to_owned),
+        service_tier: service_tier(object),
         input_tokens: input,
         max_output_tokens,
         choices,
     })
+}
+
+/// The tier a body's `service_tier` asks for, if this crate knows it.
+fn service_tier(object: &Map<String, Value>) -> Option<ServiceTier> {
+    let tier = ServiceTier::parse(object.get("service_tier")?.as_str()?);
+    (tier != ServiceTier::Other).then_some(tier)
 }
 
 /// Reads an embeddings request body (OpenAI `/v1/embeddings`): its `input` is a string, an
@@ -357,6 +372,7 @@ pub fn read_embeddings(body: &[u8], estimator: &dyn Estimator) -> Option<Request
     };
     Some(RequestEstimate {
         model: model.map(str::to_owned),
+        service_tier: service_tier(object),
         input_tokens,
         max_output_tokens: Some(0),
         choices: 1,

@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use http::request::Parts;
 
+use crate::pricing::{CacheCounting, PriceTable};
+
 use super::{CharEstimator, Defaults, Estimator, LearnedOutput, RequestEstimate};
 
 /// Chooses the route a request's output is learned under; `None` learns nothing for it.
@@ -19,6 +21,9 @@ pub(super) struct Settings {
     pub(super) learned: Option<LearnedOutput>,
     pub(super) route_key: Arc<RouteKey>,
     pub(super) include_stream_usage: bool,
+    /// The prices requests are priced at, and which cache tokens their provider's usage
+    /// counts in its input.
+    pub(super) prices: Option<(Arc<PriceTable>, CacheCounting)>,
 }
 
 impl Settings {
@@ -34,6 +39,7 @@ impl Settings {
             learned: None,
             route_key: Arc::new(path_and_model),
             include_stream_usage: false,
+            prices: None,
         }
     }
 }

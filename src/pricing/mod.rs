@@ -60,14 +60,49 @@
 //! ```
 //!
 //! (Figures for the format's sake: enter your own.)
+//!
+//! # Spend as a quota dimension
+//!
+//! [`EstimateLayer::prices`](crate::EstimateLayer::prices) prices each request: its
+//! [`Cost`] gains the spend of its estimate ([`Dimension::Spend`](crate::Dimension::Spend)),
+//! and its extensions a [`Priced`], which the [`TokenBudget`](crate::token_budget::TokenBudget)
+//! hands to the reservation, so that settling with the real [`Usage`] charges the spend of the
+//! tokens really used, at the tier that served them, cache reads and writes at their own
+//! prices. Limits of spend are limits like the others: a [`Limit`](crate::Limit) of
+//! `Dimension::Spend` over any period on an account or a tenant node, and a
+//! [`PeriodCap`](crate::tenant::PeriodCap) over a calendar day or month on a tenant node;
+//! with Redis, reserved in the same scripts and leases as tokens.
+//!
+//! ```
+//! use std::num::NonZeroU64;
+//! use std::sync::Arc;
+//! use tower_llm_quota::pricing::{ModelPrices, PriceTable, TokenPrices, Unpriced};
+//! use tower_llm_quota::provider::Profile;
+//! use tower_llm_quota::{Dimension, EstimateLayer, Limit, Quota};
+//!
+//! let table = PriceTable::new(Unpriced::Refuse).with_model(
+//!     "gpt-4o-mini*",
+//!     ModelPrices::new(TokenPrices::per_million_usd("0.15", "0.075", "0.15", "0.60")?),
+//! );
+//! let counting = Profile::openai().cache_counting();
+//! let estimate = EstimateLayer::new().prices(Arc::new(table), counting);
+//! // At most $5 an hour, as a bucket ($5 at once, refilled over the hour).
+//! let five_dollars = NonZeroU64::new(5_000_000_000).unwrap();
+//! let hour = std::time::Duration::from_secs(3_600);
+//! let quota = Quota::new().with_limit(
+//!     Limit::new(Dimension::Spend, five_dollars, hour)?.with_burst(five_dollars),
+//! );
+//! # let _ = (estimate, quota);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #[cfg(feature = "serde")]
 mod serde;
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::cost::{Cost, Usage};
-use crate::provider::Profile;
 use crate::usage::ServiceTier;
 
 /// Pico-dollars (10⁻¹² USD) in a nano-dollar.
@@ -175,22 +210,14 @@ pub struct PricedTokens {
 }
 
 impl PricedTokens {
-    /// The tokens of `usage` as `profile` built it: its input count holds the cache as the
-    /// provider counts it against its limits, which this takes apart again (OpenAI's prompt
-    /// count includes cached tokens; Anthropic's excludes the cache, the profile adding the
-    /// writes, and the reads when they count).
-    pub fn of(usage: &Usage, profile: &Profile) -> Self {
+    /// The tokens of `usage`, whose input count holds the cache tokens `counting` says (as
+    /// its profile built it, [`Profile::cache_counting`](crate::provider::Profile::cache_counting):
+    /// OpenAI's prompt count includes cached tokens; Anthropic's excludes the cache, the
+    /// profile adding the writes, and the reads when they count), taken apart again.
+    pub fn of(usage: &Usage, counting: CacheCounting) -> Self {
         let (read, write) = (usage.cache_read_tokens(), usage.cache_write_tokens());
-        let counted_reads = if profile.counts_cache_reads() {
-            read
-        } else {
-            0
-        };
-        let counted_writes = if profile.adds_cache_writes() {
-            write
-        } else {
-            0
-        };
+        let counted_reads = if counting.reads { read } else { 0 };
+        let counted_writes = if counting.writes { write } else { 0 };
         Self {
             input: usage
                 .input_tokens()
@@ -211,6 +238,21 @@ impl PricedTokens {
             cache_write: 0,
             output: cost.output_tokens(),
         }
+    }
+}
+
+/// Which cache tokens the input count of a [`Usage`] holds, as the provider profile that
+/// built it says ([`Profile::cache_counting`](crate::provider::Profile::cache_counting)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct CacheCounting {
+    reads: bool,
+    writes: bool,
+}
+
+impl CacheCounting {
+    /// Input counts that hold the cache reads (`reads`) and the cache writes (`writes`).
+    pub const fn new(reads: bool, writes: bool) -> Self {
+        Self { reads, writes }
     }
 }
 
@@ -327,8 +369,9 @@ pub enum Unpriced {
 /// Prices per model: exact names, and prefixes ending in `*` (the longest match wins).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PriceTable {
-    models: Vec<(String, ModelPrices)>,
-    unpriced: Unpriced,
+    models: Vec<(String, Arc<ModelPrices>)>,
+    /// The prices of a model no entry names, unless refused.
+    default: Option<Arc<ModelPrices>>,
 }
 
 impl PriceTable {
@@ -336,7 +379,10 @@ impl PriceTable {
     pub fn new(unpriced: Unpriced) -> Self {
         Self {
             models: Vec::new(),
-            unpriced,
+            default: match unpriced {
+                Unpriced::Refuse => None,
+                Unpriced::Default(prices) => Some(Arc::new(prices)),
+            },
         }
     }
 
@@ -345,7 +391,7 @@ impl PriceTable {
     pub fn with_model(mut self, pattern: impl Into<String>, prices: ModelPrices) -> Self {
         let pattern = pattern.into();
         self.models.retain(|(p, _)| *p != pattern);
-        self.models.push((pattern, prices));
+        self.models.push((pattern, Arc::new(prices)));
         self
     }
 
@@ -356,6 +402,11 @@ impl PriceTable {
     ///
     /// [`NoPrice`] for a model nothing prices under [`Unpriced::Refuse`].
     pub fn prices(&self, model: &str) -> Result<&ModelPrices, NoPrice> {
+        self.shared(model).map(|prices| &**prices)
+    }
+
+    /// [`prices`](Self::prices), shared (what a [`Priced`] holds).
+    fn shared(&self, model: &str) -> Result<&Arc<ModelPrices>, NoPrice> {
         let exact = self.models.iter().find(|(p, _)| p == model);
         let prefix = || {
             self.models
@@ -367,15 +418,65 @@ impl PriceTable {
                 .max_by_key(|(len, _)| *len)
                 .map(|(_, prices)| prices)
         };
-        match exact.map(|(_, prices)| prices).or_else(prefix) {
-            Some(prices) => Ok(prices),
-            None => match &self.unpriced {
-                Unpriced::Default(prices) => Ok(prices),
-                Unpriced::Refuse => Err(NoPrice {
-                    model: model.to_owned(),
-                }),
-            },
-        }
+        (exact.map(|(_, prices)| prices).or_else(prefix))
+            .or(self.default.as_ref())
+            .ok_or_else(|| NoPrice {
+                model: model.to_owned(),
+            })
+    }
+
+    /// The prices a request for `model` at `tier` is reserved and settled at, its usage's
+    /// input count holding the cache tokens `counting` says.
+    ///
+    /// # Errors
+    ///
+    /// [`NoPrice`] for a model nothing prices under [`Unpriced::Refuse`].
+    pub fn priced(
+        &self,
+        model: &str,
+        tier: Option<ServiceTier>,
+        counting: CacheCounting,
+    ) -> Result<Priced, NoPrice> {
+        Ok(Priced {
+            prices: Arc::clone(self.shared(model)?),
+            tier,
+            counting,
+        })
+    }
+}
+
+/// The prices one request is reserved and settled at: its model's, the tier it asked for, and
+/// how its provider counts the cache in a [`Usage`].
+///
+/// The [`EstimateLayer`](crate::EstimateLayer) puts one in the extensions of each request it
+/// prices; the [`TokenBudget`](crate::token_budget::TokenBudget) gives it to the request's
+/// [`Reservation`](crate::Reservation) ([`Reservation::priced`](crate::Reservation::priced)),
+/// which settles the spend of the real usage with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Priced {
+    prices: Arc<ModelPrices>,
+    tier: Option<ServiceTier>,
+    counting: CacheCounting,
+}
+
+impl Priced {
+    /// The spend to reserve for `cost` (see [`ModelPrices::estimated_spend`]).
+    pub fn estimate(&self, cost: &Cost) -> u64 {
+        self.prices.estimated_spend(self.tier, cost)
+    }
+
+    /// The spend of `usage`: what it records ([`Usage::with_spend`]), else its tokens at the
+    /// prices of the tier that served it (the asked tier when the provider did not say).
+    pub fn spend(&self, usage: &Usage) -> u64 {
+        usage.spend().unwrap_or_else(|| {
+            let tier = usage.service_tier().or(self.tier);
+            (self.prices).spend(tier, PricedTokens::of(usage, self.counting))
+        })
+    }
+
+    /// The tier asked for, if the request named one.
+    pub fn tier(&self) -> Option<ServiceTier> {
+        self.tier
     }
 }
 
@@ -502,6 +603,7 @@ mod tests {
 
     #[test]
     fn a_usage_is_taken_apart_as_its_profile_built_it() {
+        use crate::provider::Profile;
         use crate::usage::RawUsage;
         let raw = |input, read, write| RawUsage {
             input: Some(input),
@@ -512,7 +614,7 @@ mod tests {
         };
         let parts = |profile: Profile, raw: RawUsage| {
             let usage = profile.usage(&raw).unwrap();
-            PricedTokens::of(&usage, &profile)
+            PricedTokens::of(&usage, profile.cache_counting())
         };
         let expected = |input, cache_read, cache_write| PricedTokens {
             input,
@@ -557,7 +659,7 @@ mod tests {
         assert_eq!(input("gpt-4o").unwrap_err().model(), "gpt-4o");
         let fallback = table.clone();
         let fallback = PriceTable {
-            unpriced: Unpriced::Default(at("99")),
+            default: Some(Arc::new(at("99"))),
             ..fallback
         };
         assert_eq!(

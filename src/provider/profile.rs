@@ -7,6 +7,7 @@ use http::HeaderMap;
 use crate::budget::{Budget, Observation};
 use crate::cost::Usage;
 use crate::parse;
+use crate::pricing::CacheCounting;
 use crate::quota::{Dimension, Limit};
 use crate::usage::{RawUsage, WireFormat};
 
@@ -149,17 +150,15 @@ impl Profile {
         }
     }
 
-    /// Whether the input count of this profile's [`Usage`](crate::Usage) holds the tokens read
-    /// from the prompt cache (they count against the input-token limit).
-    pub const fn counts_cache_reads(&self) -> bool {
-        self.cache_reads_count
-    }
-
-    /// Whether the input count of this profile's [`Usage`](crate::Usage) holds the tokens
-    /// written to the prompt cache: Anthropic reports them apart from its input, and they
-    /// count against its limits, so the profile adds them.
-    pub const fn adds_cache_writes(&self) -> bool {
-        matches!(self.wire_format(), WireFormat::Anthropic)
+    /// Which cache tokens the input count of this profile's [`Usage`](crate::Usage) holds:
+    /// the reads when they count against the input-token limit; the writes for Anthropic,
+    /// which reports them apart from its input while they count against its limits, so the
+    /// profile adds them. What [pricing](crate::pricing) takes apart again.
+    pub const fn cache_counting(&self) -> CacheCounting {
+        CacheCounting::new(
+            self.cache_reads_count,
+            matches!(self.wire_format(), WireFormat::Anthropic),
+        )
     }
 
     /// The shape of this provider's bodies.

@@ -25,15 +25,19 @@ pub enum Dimension {
     OutputTokens,
     /// Input plus output tokens (TPM).
     TotalTokens,
+    /// Money, in nano-dollars (10⁻⁹ USD): a request's tokens at its model's prices (see
+    /// [`pricing`](crate::pricing)).
+    Spend,
 }
 
 impl Dimension {
     /// Every dimension, in a fixed order.
-    pub const ALL: [Dimension; 4] = [
+    pub const ALL: [Dimension; 5] = [
         Dimension::Requests,
         Dimension::InputTokens,
         Dimension::OutputTokens,
         Dimension::TotalTokens,
+        Dimension::Spend,
     ];
 
     /// A short lowercase name, stable enough for logs and metric labels.
@@ -43,6 +47,7 @@ impl Dimension {
             Dimension::InputTokens => "input_tokens",
             Dimension::OutputTokens => "output_tokens",
             Dimension::TotalTokens => "total_tokens",
+            Dimension::Spend => "spend",
         }
     }
 }
@@ -54,6 +59,7 @@ impl fmt::Display for Dimension {
             Dimension::InputTokens => "input tokens",
             Dimension::OutputTokens => "output tokens",
             Dimension::TotalTokens => "total tokens",
+            Dimension::Spend => "nano-dollars of spend",
         })
     }
 }

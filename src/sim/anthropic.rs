@@ -175,6 +175,7 @@ pub(crate) fn refusal(refusal: &Refusal) -> (StatusCode, Bytes) {
                 Dimension::InputTokens => "input tokens",
                 Dimension::OutputTokens => "output tokens",
                 Dimension::TotalTokens => "tokens",
+                Dimension::Spend => "nano-dollars",
             };
             let message = format!(
                 "This request would exceed the rate limit for your organization ({}) of {} {} {}. \
@@ -211,6 +212,7 @@ pub(crate) fn rate_limit_headers(levels: &[Level], headers: &mut HeaderMap) {
             Dimension::InputTokens => "input-tokens",
             Dimension::OutputTokens => "output-tokens",
             Dimension::TotalTokens => "tokens",
+            Dimension::Spend => "spend",
         };
         let mut put = |field: &str, value: String| {
             wire::insert_header(

@@ -158,6 +158,7 @@ impl Entry {
             Dimension::InputTokens => self.input,
             Dimension::OutputTokens => self.output,
             Dimension::TotalTokens => self.input.saturating_add(self.output),
+            Dimension::Spend => 0,
         }
     }
 }

@@ -160,6 +160,7 @@ pub(crate) fn per(
         Dimension::InputTokens => "ITP",
         Dimension::OutputTokens => "OTP",
         Dimension::TotalTokens => "TP",
+        Dimension::Spend => "spend ",
     };
     if period == minute {
         format!("per min ({unit}M)")

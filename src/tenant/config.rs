@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
 
-use super::daily::{DailyCap, WallClock};
+use super::cap::{PeriodCap, WallClock};
 use super::error::InvalidTree;
 use super::path::Tenant;
 use crate::quota::Limit;
@@ -22,7 +22,7 @@ pub struct TenantNode {
     pub(crate) guarantee: f64,
     pub(crate) max_share: Option<f64>,
     pub(crate) max_in_flight: Option<NonZeroUsize>,
-    pub(crate) daily: Vec<DailyCap>,
+    pub(crate) daily: Vec<PeriodCap>,
     pub(crate) max_wait: Option<Duration>,
     pub(crate) account: Option<std::sync::Arc<str>>,
 }
@@ -136,7 +136,7 @@ impl TenantNode {
     /// Adds a daily cap; one of the same dimension and window is replaced. A request that
     /// would take the day's use above it is refused at once (it does not wait for the next
     /// day). Defaults to none.
-    pub fn with_daily_cap(mut self, cap: DailyCap) -> Self {
+    pub fn with_cap(mut self, cap: PeriodCap) -> Self {
         self.daily
             .retain(|c| (c.dimension, c.window) != (cap.dimension, cap.window));
         self.daily.push(cap);
@@ -175,7 +175,7 @@ impl TenantNode {
     }
 
     /// The daily caps.
-    pub fn daily_caps(&self) -> &[DailyCap] {
+    pub fn caps(&self) -> &[PeriodCap] {
         &self.daily
     }
 
@@ -269,7 +269,7 @@ impl TenantTree {
         }
     }
 
-    /// The clock the calendar days of [`DayWindow::CalendarUtc`](super::DayWindow::CalendarUtc) are read from. Defaults to
+    /// The clock the calendar days of [`CapWindow::CalendarDayUtc`](super::CapWindow::CalendarDayUtc) are read from. Defaults to
     /// [`WallClock::system`].
     pub fn with_clock(self, clock: WallClock) -> Self {
         Self { clock, ..self }

@@ -1,9 +1,9 @@
 //! The tenant errors: a bad path or tree, and a refusal by a scope.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::daily::DayWindow;
+use super::cap::{CapWindow, Utc};
 use super::path::Tenant;
 use crate::quota::Dimension;
 
@@ -62,16 +62,20 @@ pub enum Refusal {
     /// The scope is paused ([`TenantHandle::pause`](super::TenantHandle::pause)): its queued
     /// and new requests are refused until it is resumed.
     Paused,
-    /// The scope's daily cap in `dimension` is spent: `used` of `cap` in the current `window`.
-    DailyCap {
+    /// The scope's cap in `dimension` over a period is spent: `used` of `cap` in the current
+    /// `window`, until `resets_at`.
+    PeriodCap {
         /// The capped dimension.
         dimension: Dimension,
-        /// The cap's kind of day.
-        window: DayWindow,
+        /// The cap's period.
+        window: CapWindow,
         /// The cap.
         cap: u64,
         /// What the window has used, reservations included.
         used: u64,
+        /// When the window admits again: the next calendar day or month (UTC); for a rolling
+        /// day, the next quarter hour, when its oldest quarter hour leaves it.
+        resets_at: SystemTime,
     },
     /// The scope's own limit cannot pay the cost within the scope's
     /// [`max_wait`](super::TenantNode::with_max_wait): it could in `retry_after`.
@@ -115,9 +119,9 @@ impl TenantRefused {
         matches!(self.reason, Refusal::Paused)
     }
 
-    /// Whether a daily cap of the scope is spent.
-    pub fn is_daily_cap(&self) -> bool {
-        matches!(self.reason, Refusal::DailyCap { .. })
+    /// Whether a cap of the scope over a period (a day, a month) is spent.
+    pub fn is_capped(&self) -> bool {
+        matches!(self.reason, Refusal::PeriodCap { .. })
     }
 
     /// Whether the scope's own limit or cap on calls in flight refused it (its
@@ -143,15 +147,21 @@ impl fmt::Display for TenantRefused {
         let scope = &self.scope;
         match self.reason {
             Refusal::Paused => write!(f, "tenant `{scope}` is paused"),
-            Refusal::DailyCap {
+            Refusal::PeriodCap {
                 dimension,
                 window,
                 cap,
                 used,
-            } => write!(
-                f,
-                "tenant `{scope}` spent its daily cap of {cap} {dimension} ({window}: {used} used)"
-            ),
+                resets_at,
+            } => {
+                let unix = resets_at.duration_since(UNIX_EPOCH).unwrap_or_default();
+                write!(
+                    f,
+                    "tenant `{scope}` spent its cap of {cap} {dimension} a {window} ({used} used; \
+                     starts again at {})",
+                    Utc(unix.as_secs())
+                )
+            }
             Refusal::RateLimited {
                 dimension,
                 retry_after,

@@ -1,5 +1,5 @@
 //! Tenants: hierarchical quotas under one provider account, a weighted fair share with
-//! borrowing and reclaim, pauses and daily caps.
+//! borrowing and reclaim, pauses and caps over a day or a month.
 //!
 //! A [`Budget`](crate::Budget) built with [`Budget::with_tenants`](crate::Budget::with_tenants)
 //! admits a request only when the account **and every node on its [`Tenant`] path** can pay
@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use std::num::{NonZeroU32, NonZeroU64};
-//! use tower_llm_quota::tenant::{DailyCap, DayWindow, Tenant, TenantNode, TenantTree};
+//! use tower_llm_quota::tenant::{PeriodCap, CapWindow, Tenant, TenantNode, TenantTree};
 //! use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -24,7 +24,7 @@
 //!     .with_node("globex".parse()?, TenantNode::new()
 //!         .with_guarantee(0.25)
 //!         .with_max_share(0.5)
-//!         .with_daily_cap(DailyCap::new(Dimension::TotalTokens, nz(2_000_000), DayWindow::CalendarUtc)))
+//!         .with_cap(PeriodCap::new(Dimension::TotalTokens, nz(2_000_000), CapWindow::CalendarDayUtc)))
 //!     // Every API key (depth 3) at most 60 requests a minute.
 //!     .with_template(3, TenantNode::new()
 //!         .with_limit(Limit::per_minute(Dimension::Requests, nz(60))));
@@ -50,7 +50,7 @@
 //! # The tree
 //!
 //! Every node ([`TenantNode`]) may have limits of its own (any dimension, any period, a cap on
-//! calls in flight, [daily caps](DailyCap)), a weight, a guaranteed share of its parent and
+//! calls in flight, [caps over a day or a month](PeriodCap)), a weight, a guaranteed share of its parent and
 //! a cap on what it may use when borrowing. A path's nodes are its prefixes: `acme`,
 //! `acme/search`, `acme/search/key-7`. A node need not be configured (it then passes its
 //! requests up, and can still be paused); a template per depth configures every node of
@@ -118,17 +118,19 @@
 //! The provider account is the bottom of a tenant's path, not the top of a tree: budgets of
 //! several accounts serve one tenant state with
 //! [`Budget::with_tenants_of`](crate::Budget::with_tenants_of), and a node's limits, calls in
-//! flight, daily caps and pause then hold over every account the tenant uses. A node scoped
+//! flight, caps and pause then hold over every account the tenant uses. A node scoped
 //! with [`TenantNode::for_account`] holds on the budget of that name only, and the others pass
 //! over it (a tenant capped on one provider and free on the other).
 //!
-//! # Daily caps
+//! # Caps over a day or a month
 //!
-//! [`DayWindow::CalendarUtc`] counts the calendar day in UTC (what invoices use; twice the
-//! cap can be spent around midnight); [`DayWindow::Rolling`] the last 24 hours in quarter
-//! hours. The request that would take the day over its cap is refused at once, naming the
-//! scope; the day's next window admits again. Days are read from a [`WallClock`], advanced
-//! by tokio's clock, so tests with a paused clock pass days in milliseconds.
+//! [`CapWindow::CalendarDayUtc`] counts the calendar day in UTC (what invoices use; twice the
+//! cap can be spent around midnight); [`CapWindow::CalendarMonthUtc`] the calendar month in
+//! UTC (a monthly spend cap); [`CapWindow::Rolling`] the last 24 hours in quarter hours. The
+//! request that would take the period over its cap is refused at once, naming the scope and
+//! when the period starts again ([`Refusal::PeriodCap`]); the next period admits again. Days
+//! are read from a [`WallClock`], advanced by tokio's clock, so tests with a paused clock
+//! pass days and months in milliseconds.
 //!
 //! # Scale
 //!
@@ -149,8 +151,10 @@
 //!                                "amount": 20000, "period_seconds": 60 } ],
 //!                               "max_in_flight": 8, "max_wait_seconds": 0,
 //!                               "account": "openai",
-//!                               "daily": [ { "dimension": "total_tokens",
-//!                                 "amount": 1000000, "window": "calendar_utc" } ] } },
+//!                               "caps": [ { "dimension": "total_tokens",
+//!                                 "amount": 1000000, "window": "calendar_day_utc" },
+//!                                         { "dimension": "spend",
+//!                                 "amount": 500000000000, "window": "calendar_month_utc" } ] } },
 //!   "templates": { "3": { "limits": [ { "dimension": "requests", "amount": 60,
 //!                                       "period_seconds": 60 } ] } } }
 //! ```
@@ -169,8 +173,8 @@
 //! [`RedisBudget`](crate::budget::redis::RedisBudget)), so between processes tenants share by
 //! their processes' turns, not by weight.
 
+pub(crate) mod cap;
 mod config;
-pub(crate) mod daily;
 mod error;
 pub(crate) mod path;
 #[cfg(feature = "serde")]
@@ -178,8 +182,8 @@ mod serde;
 mod snapshot;
 
 pub use crate::budget::TenantHandle;
+pub use cap::{CapWindow, PeriodCap, WallClock};
 pub use config::{TenantNode, TenantTree};
-pub use daily::{DailyCap, DayWindow, WallClock};
 pub use error::{InvalidTree, Refusal, TenantRefused};
 pub use path::{InvalidTenant, Tenant};
 pub use snapshot::TenantSnapshot;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::Error as _;
 
+use super::cap::{CapWindow, PeriodCap};
 use super::config::{TenantNode, TenantTree};
-use super::daily::{DailyCap, DayWindow};
 use super::path::Tenant;
 use crate::quota::{Dimension, Limit};
 
@@ -43,8 +43,8 @@ struct Node {
     max_wait_seconds: Option<f64>,
     #[serde(default)]
     account: Option<String>,
-    #[serde(default)]
-    daily: Vec<DailyConfig>,
+    #[serde(default, alias = "daily")]
+    caps: Vec<CapConfig>,
 }
 
 #[derive(Deserialize)]
@@ -59,7 +59,7 @@ struct LimitConfig {
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct DailyConfig {
+struct CapConfig {
     dimension: String,
     amount: NonZeroU64,
     window: Window,
@@ -68,7 +68,9 @@ struct DailyConfig {
 #[derive(Deserialize)]
 #[serde(rename_all = "snake_case")]
 enum Window {
-    CalendarUtc,
+    #[serde(alias = "calendar_utc")]
+    CalendarDayUtc,
+    CalendarMonthUtc,
     Rolling,
 }
 
@@ -93,12 +95,13 @@ fn node<E: serde::de::Error>(config: Node) -> Result<TenantNode, E> {
         }
         node = node.with_limit(built);
     }
-    for cap in config.daily {
+    for cap in config.caps {
         let window = match cap.window {
-            Window::CalendarUtc => DayWindow::CalendarUtc,
-            Window::Rolling => DayWindow::Rolling,
+            Window::CalendarDayUtc => CapWindow::CalendarDayUtc,
+            Window::CalendarMonthUtc => CapWindow::CalendarMonthUtc,
+            Window::Rolling => CapWindow::Rolling,
         };
-        node = node.with_daily_cap(DailyCap::new(
+        node = node.with_cap(PeriodCap::new(
             dimension(&cap.dimension)?,
             cap.amount,
             window,
@@ -174,7 +177,7 @@ mod tests {
         assert_eq!(acme.max_share(), Some(0.9));
         let search = tree.node(&"acme/search".parse().unwrap()).unwrap();
         assert_eq!(search.limits()[0].capacity(), 5_000);
-        assert_eq!(search.daily_caps()[0].window(), DayWindow::Rolling);
+        assert_eq!(search.caps()[0].window(), CapWindow::Rolling);
         assert_eq!((search.account(), acme.account()), (Some("openai"), None));
         let key = tree.node(&"acme/search/k1".parse().unwrap()).unwrap();
         assert_eq!(key.limits()[0].dimension(), Dimension::Requests);

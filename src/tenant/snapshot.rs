@@ -6,7 +6,7 @@ use crate::priority::Priority;
 use crate::quota::Dimension;
 use crate::quota::LimitSnapshot;
 
-use super::daily::DailyCap;
+use super::cap::PeriodCap;
 use super::path::Tenant;
 
 /// One node of a tenant tree at one instant, from
@@ -26,7 +26,7 @@ pub struct TenantSnapshot {
     pub(crate) used: u64,
     pub(crate) guaranteed: u64,
     pub(crate) queued: [usize; 3],
-    pub(crate) today: Vec<(DailyCap, u64)>,
+    pub(crate) today: Vec<(PeriodCap, u64)>,
 }
 
 impl TenantSnapshot {
@@ -91,7 +91,7 @@ impl TenantSnapshot {
     }
 
     /// Each daily cap with what its current day has used.
-    pub fn used_today(&self) -> &[(DailyCap, u64)] {
+    pub fn used_in_period(&self) -> &[(PeriodCap, u64)] {
         &self.today
     }
 }

@@ -12,6 +12,7 @@ use tower::Service;
 use crate::budget::{Reservation, ReservationSlot, Reserve};
 use crate::error::{BoxError, Error, ReserveError};
 use crate::observe::{self, Labels};
+use crate::pricing::Priced;
 use crate::priority::{Priority, Timings};
 use crate::timer::DeadlineTimer;
 
@@ -79,6 +80,10 @@ where
     S: Service<Request<B>>,
 {
     reservation.mark_sent();
+    // Priced by the estimation layer: the real usage is settled at its prices.
+    if let Some(priced) = request.extensions().get::<Priced>() {
+        reservation.set_priced(priced.clone());
+    }
     let slot = ReservationSlot::new(reservation);
     request.extensions_mut().insert(slot.clone());
     (service.call(request), Unclaimed(slot))

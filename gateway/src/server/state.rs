@@ -360,9 +360,7 @@ pub(crate) fn without_limits(node: &TenantNode) -> TenantNode {
     if let Some(max_wait) = node.max_wait() {
         fresh = fresh.with_max_wait(max_wait);
     }
-    node.daily_caps()
-        .iter()
-        .fold(fresh, |n, cap| n.with_daily_cap(*cap))
+    node.caps().iter().fold(fresh, |n, cap| n.with_cap(*cap))
 }
 
 fn apply(fields: &mut Fields, change: Change) {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tower_llm_quota::budget::LimitSnapshot;
 use tower_llm_quota::tenant::{
-    DayWindow, Refusal as Why, Tenant, TenantHandle, TenantNode, TenantRefused,
+    CapWindow, Refusal as Why, Tenant, TenantHandle, TenantNode, TenantRefused,
 };
 use tower_llm_quota::{Cost, Dimension, Limit, Priority};
 
@@ -79,8 +79,9 @@ pub(crate) struct NodeView {
 pub(crate) struct ShareView {
     pub(crate) account: String,
     pub(crate) levels: Vec<LevelView>,
-    /// The node's daily caps and what today used of each (the fleet's day with Redis).
-    pub(crate) daily: Vec<DailyView>,
+    /// The node's caps over a period (a day, a month) and what the current period used of
+    /// each (the fleet's with Redis).
+    pub(crate) caps: Vec<CapView>,
     pub(crate) used: u64,
     pub(crate) guaranteed: u64,
     pub(crate) borrowed: u64,
@@ -88,15 +89,15 @@ pub(crate) struct ShareView {
     pub(crate) queued: [usize; 3],
 }
 
-/// A daily cap and what today used of it.
+/// A cap over a period and what the current period used of it.
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct DailyView {
-    /// `total_tokens_per_day`, ...
+pub(crate) struct CapView {
+    /// `total_tokens_per_day`, `spend_per_month`, ...
     pub(crate) limit: String,
     pub(crate) amount: u64,
-    /// `calendar day (UTC)` or `rolling 24 h`.
+    /// `calendar day (UTC)`, `calendar month (UTC)` or `rolling 24 h`.
     pub(crate) window: String,
-    pub(crate) used_today: u64,
+    pub(crate) used: u64,
 }
 
 /// A limit's state now: its name, its amount per its period, its burst (the most spent at
@@ -430,14 +431,14 @@ impl Tenancy {
                         .map(|(name, s)| ShareView {
                             account: (*name).clone(),
                             levels: s.limits().iter().map(LevelView::from).collect(),
-                            daily: s
-                                .used_today()
+                            caps: s
+                                .used_in_period()
                                 .iter()
-                                .map(|(cap, used)| DailyView {
-                                    limit: format!("{}_per_day", cap.dimension().as_str()),
+                                .map(|(cap, used)| CapView {
+                                    limit: cap_name(cap.dimension().as_str(), cap.window()),
                                     amount: cap.amount().get(),
                                     window: cap.window().to_string(),
-                                    used_today: *used,
+                                    used: *used,
                                 })
                                 .collect(),
                             used: s.used(),
@@ -462,19 +463,13 @@ fn paused(node: &Tenant) -> Refusal {
         .message(format!("the tenant {node} is paused by an operator"))
 }
 
-/// When a spent daily cap admits again: the next midnight UTC for a calendar day; for a
-/// rolling day, the next quarter hour (when its oldest slot leaves the window, a guess: that
-/// slot may not hold enough).
-fn daily_cap_retry_after(window: DayWindow, now: std::time::SystemTime) -> Duration {
-    let since_epoch = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs();
-    let period = match window {
-        DayWindow::CalendarUtc => 86_400,
-        _ => 900,
-    };
-    Duration::from_secs(period - since_epoch % period)
+/// The name of a cap over `window`, as limits are named: `spend_per_month`,
+/// `total_tokens_per_day`.
+fn cap_name(dimension: &str, window: CapWindow) -> String {
+    match window {
+        CapWindow::CalendarMonthUtc => format!("{dimension}_per_month"),
+        _ => limit_name(dimension, Duration::from_secs(86_400)),
+    }
 }
 
 fn over_limit(node: &Tenant, limit: &Limit, wait: Duration) -> Refusal {
@@ -495,11 +490,12 @@ pub(crate) fn refused(refusal: &TenantRefused) -> Refusal {
     let scope = refusal.scope();
     match refusal.reason() {
         Why::Paused => paused(scope),
-        Why::DailyCap { dimension, cap, used, window } => {
-            Refusal::rate_limited(limit_name(dimension.as_str(), Duration::from_secs(86_400)), format!("tenant:{scope}"))
+        Why::PeriodCap { dimension, window, resets_at, .. } => {
+            let wait = resets_at.duration_since(std::time::SystemTime::now()).unwrap_or_default();
+            Refusal::rate_limited(cap_name(dimension.as_str(), window), format!("tenant:{scope}"))
                 .dimension(Some(dimension.as_str()))
-                .retry_after(Some(daily_cap_retry_after(window, std::time::SystemTime::now())))
-                .message(format!("tenant {scope} spent its daily {dimension} ({used} of {cap})"))
+                .retry_after(Some(wait))
+                .message(refusal.to_string())
         }
         Why::TooLarge { dimension, cost, capacity } => Refusal::bad_request(format!(
             "the request's {dimension} ({cost}) exceed what tenant {scope} may ever spend at once ({capacity})"
@@ -532,28 +528,20 @@ fn duration_text(wait: Duration) -> String {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn a_spent_daily_cap_says_when_its_day_turns() {
-        use std::time::{Duration, UNIX_EPOCH};
-        use tower_llm_quota::tenant::DayWindow;
-        // 2026-12-02 23:59:30 UTC.
-        let now = UNIX_EPOCH + Duration::from_secs(1_796_255_970);
-        let calendar = super::daily_cap_retry_after(DayWindow::CalendarUtc, now);
-        assert_eq!(calendar, Duration::from_secs(30));
-        let rolling = super::daily_cap_retry_after(DayWindow::Rolling, now);
-        assert_eq!(rolling, Duration::from_secs(30));
-        let later = now + Duration::from_secs(60);
-        assert_eq!(
-            super::daily_cap_retry_after(DayWindow::CalendarUtc, later),
-            Duration::from_secs(86_370)
-        );
-        assert_eq!(
-            super::daily_cap_retry_after(DayWindow::Rolling, later),
-            Duration::from_secs(870)
-        );
-    }
-
     use super::*;
+
+    #[test]
+    fn a_cap_is_named_by_its_period() {
+        assert_eq!(
+            cap_name("spend", CapWindow::CalendarMonthUtc),
+            "spend_per_month"
+        );
+        assert_eq!(
+            cap_name("requests", CapWindow::CalendarDayUtc),
+            "requests_per_day"
+        );
+        assert_eq!(cap_name("requests", CapWindow::Rolling), "requests_per_day");
+    }
 
     #[test]
     fn resets_read_as_openai_writes_them() {

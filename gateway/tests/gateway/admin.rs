@@ -176,7 +176,7 @@ async fn limits_change_and_the_tree_shows_levels_and_usage() {
     assert_eq!(globex["accounts"][0]["levels"][0]["level"], 0);
     assert_eq!(globex["usage"]["requests"], 2);
     // Its daily cap, with what today used of it (the two answers' tokens).
-    let daily = &globex["accounts"][0]["daily"][0];
+    let daily = &globex["accounts"][0]["caps"][0];
     assert_eq!(
         (&daily["limit"], &daily["amount"], &daily["window"]),
         (
@@ -185,7 +185,7 @@ async fn limits_change_and_the_tree_shows_levels_and_usage() {
             &json!("calendar day (UTC)")
         )
     );
-    assert!(daily["used_today"].as_u64().unwrap() > 0, "{daily}");
+    assert!(daily["used"].as_u64().unwrap() > 0, "{daily}");
     // Each account names the limit that binds: the one with the least of its burst left.
     let (_, text) = gateway.get("/status.json").await;
     let status: Value = serde_json::from_str(&text).unwrap();

@@ -230,7 +230,7 @@ async fn the_status_page_tells_the_configured_figures() {
             .any(|t| t.starts_with("total tokens per minute: 6,000 (burst 6,000)")),
         "{globex}"
     );
-    let daily = texts(globex, "daily");
+    let daily = texts(globex, "cap");
     assert!(
         daily
             .iter()
@@ -271,7 +271,7 @@ async fn the_status_page_tells_the_configured_figures() {
             "{path}"
         );
         let limits = texts(html, "limit");
-        let dailies = texts(html, "daily");
+        let dailies = texts(html, "cap");
         for share in tenant["accounts"].as_array().unwrap() {
             for level in share["levels"].as_array().unwrap() {
                 let text = format!(
@@ -286,13 +286,13 @@ async fn the_status_page_tells_the_configured_figures() {
                 );
                 compared += 1;
             }
-            for cap in share["daily"].as_array().unwrap() {
+            for cap in share["caps"].as_array().unwrap() {
                 let text = format!(
-                    "{}: {} ({}): {} used today",
+                    "{}: {} ({}): {} used",
                     cap["limit"].as_str().unwrap().replace('_', " "),
                     grouped(cap["amount"].as_u64().unwrap()),
                     cap["window"].as_str().unwrap(),
-                    grouped(cap["used_today"].as_u64().unwrap()),
+                    grouped(cap["used"].as_u64().unwrap()),
                 );
                 assert!(
                     dailies.contains(&text.as_str()),

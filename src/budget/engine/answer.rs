@@ -141,11 +141,12 @@ impl Pass<'_> {
         let (scope, reason) = match self.control(waiting, control) {
             Some((node, Control::Daily(cap))) => (
                 node,
-                Refusal::DailyCap {
+                Refusal::PeriodCap {
                     dimension: cap.dimension(),
                     window: cap.window(),
                     cap: cap.amount().get(),
                     used,
+                    resets_at: cap.window().resets_at(self.unix_seconds()),
                 },
             ),
             // The tree changed since the question left: the store's word stands, as the
@@ -178,6 +179,11 @@ impl Pass<'_> {
         }
         let ticket = tenants.park(tenant, node.depth(), ask.scheduling.priority, self.waker);
         Answer::Parked(saturating_deadline(self.now, wait), (node.depth(), ticket))
+    }
+
+    /// The tenants' wall clock now, in seconds since the epoch (when a cap starts again).
+    fn unix_seconds(&self) -> u64 {
+        (self.state.tenants.as_ref()).map_or(0, |tenants| tenants.unix_seconds(self.now))
     }
 
     fn tenant<'w>(&self, waiting: &'w Waiting) -> &'w Tenant {

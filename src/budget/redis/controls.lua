@@ -1,11 +1,12 @@
 -- Shared by the reserve and settle scripts: the controls of tenant nodes kept for every
 -- process, daily caps and calls in flight.
 --
--- A node's days are a hash, `<node>:days`, a field per cap: `c:<dimension>` holds
+-- A node's caps are a hash, `<node>:days`, a field per cap: `c:<dimension>` holds
 -- "<day>:<used>" for a calendar day in UTC (days since the epoch, by the server's clock);
--- `r:<dimension>` holds "<quarter>=<used> ..." for the last 24 hours, one entry per quarter
--- hour (since the epoch) that used something, oldest first, those a day old dropped. The
--- hash expires two days after its last write.
+-- `m:<dimension>` holds "<month>:<used>" for a calendar month in UTC (months since the
+-- epoch); `r:<dimension>` holds "<quarter>=<used> ..." for the last 24 hours, one entry per
+-- quarter hour (since the epoch) that used something, oldest first, those a day old dropped.
+-- The hash expires 62 days after its last write (a month and its successor).
 --
 -- A node's slots are a hash, `<node>:slots`, a field per call in flight: its reservation id,
 -- `<process>-<n>`, holding the start of its process's lease when it was taken. The hash
@@ -15,6 +16,25 @@
 -- and those of a process cut off past its lease stay given back when it returns.
 
 local DAY, QUARTER, QUARTERS = 86400000, 900000, 96
+
+-- The calendar period holding `now` of a cap of kind `kind` ('c' or 'm'): days since the
+-- epoch, or months (H. Hinnant's civil_from_days, on whole numbers).
+local function period(kind, now)
+  local days = math.floor(now / DAY)
+  if kind == 'c' then
+    return days
+  end
+  local z = days + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+    - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local month = mp < 10 and mp + 3 or mp - 9
+  local year = yoe + era * 400 + (month <= 2 and 1 or 0)
+  return (year - 1970) * 12 + month - 1
+end
 
 -- The quarter hours of a rolling cap's `value` still in the window at `now`: a list of
 -- {quarter, used}, oldest first.
@@ -35,9 +55,10 @@ local function day_used(key, field, now)
   if not value then
     return 0
   end
-  if string.sub(field, 1, 1) == 'c' then
-    local day, used = string.match(value, '^(%d+):(%d+)$')
-    if tonumber(day) == math.floor(now / DAY) then
+  local kind = string.sub(field, 1, 1)
+  if kind ~= 'r' then
+    local at, used = string.match(value, '^(%d+):(%d+)$')
+    if tonumber(at) == period(kind, now) then
       return tonumber(used)
     end
     return 0
@@ -55,9 +76,10 @@ local function day_add(key, field, delta, now)
   if delta == 0 then
     return
   end
-  if string.sub(field, 1, 1) == 'c' then
+  local kind = string.sub(field, 1, 1)
+  if kind ~= 'r' then
     local used = math.max(day_used(key, field, now) + delta, 0)
-    redis.call('HSET', key, field, string.format('%.0f:%.0f', math.floor(now / DAY), used))
+    redis.call('HSET', key, field, string.format('%.0f:%.0f', period(kind, now), used))
   else
     local list, q = quarters(redis.call('HGET', key, field), now), math.floor(now / QUARTER)
     if delta > 0 then
@@ -81,7 +103,7 @@ local function day_add(key, field, delta, now)
     end
     redis.call('HSET', key, field, table.concat(parts, ' '))
   end
-  redis.call('PEXPIRE', key, 2 * DAY)
+  redis.call('PEXPIRE', key, 62 * DAY)
 end
 
 -- Renews `process`'s lease in `alive` until `now + lease`; returns the start of that lease

@@ -80,7 +80,7 @@
 //!
 //! With a [tenant tree](crate::Budget::with_tenant_tree), each admission's script also checks
 //! the request's path against what the tree sets for every process: a paused node refuses;
-//! a node's [daily cap](crate::tenant::DailyCap) is one count per node and day in Redis
+//! a node's [daily cap](crate::tenant::PeriodCap) is one count per node and day in Redis
 //! (calendar UTC by the server's clock, or rolling in quarter hours, as in memory), taken at
 //! admission and corrected at settlement, so the fleet together spends the cap, not each
 //! process; a node's [cap on calls in flight](crate::tenant::TenantNode::with_max_in_flight)

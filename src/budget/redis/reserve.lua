@@ -12,8 +12,8 @@
 --       are the account's, the grace in ms a process has to come back when told, the number
 --       of buckets, the number of nodes of the request's tenant path, then per bucket: num,
 --       den, capacity, cost, floor (units), then the nodes of the path, from the top, then
---       per control: its kind ('s' slots, 'c' a calendar day, 'r' a rolling day), its key's
---       index in KEYS, its field (the cap's; for slots, the reservation
+--       per control: its kind ('s' slots, 'c' a calendar day, 'm' a calendar month, 'r' a
+--       rolling day), its key's index in KEYS, its field (the cap's; for slots, the reservation
 --       id), its cap, and the amount it counts (the cost in the cap's dimension; for slots,
 --       the lease on them in ms).
 -- Returns {1, level...} when admitted, {0, wait_ms, bucket, held, floor_only, first} when not

@@ -10,7 +10,7 @@
 -- ARGV: clock override, how long a tombstone lives (ms), the number of buckets, then per
 --       bucket: num, den, capacity; then per reservation: its record's index in KEYS, the
 --       number k of its buckets, the number c of its controls, then k times: bucket index,
---       reserved, actual; then c times: kind ('s', 'c' or 'r'), key index, field (for slots,
+--       reserved, actual; then c times: kind ('s', 'c', 'm' or 'r'), key index, field (for slots,
 --       the reservation id), actual less reserved.
 -- Returns per reservation: 1 settled, 0 already settled, 2 late (its record had expired:
 -- only overruns are charged, nothing is refunded blind).

@@ -16,7 +16,7 @@ use crate::cost::Cost;
 use crate::error::StoreUnavailable;
 use crate::priority::Priority;
 use crate::quota::Limit;
-use crate::tenant::{DailyCap, DayWindow, Tenant};
+use crate::tenant::{CapWindow, PeriodCap, Tenant};
 
 /// How long a settled reservation's tombstone lives, at least and at most: settlements are
 /// retried within a few seconds, so a duplicate arrives well within it.
@@ -287,8 +287,9 @@ impl RedisStore {
             Control::InFlight(_) => (self.keys.node_slots(node), "s", id.to_owned()),
             Control::Daily(daily) => {
                 let kind = match daily.window() {
-                    DayWindow::CalendarUtc => "c",
-                    DayWindow::Rolling => "r",
+                    CapWindow::CalendarDayUtc => "c",
+                    CapWindow::CalendarMonthUtc => "m",
+                    CapWindow::Rolling => "r",
                 };
                 let field = format!("{kind}:{}", daily.dimension().as_str());
                 (self.keys.node_days(node), kind, field)
@@ -516,7 +517,7 @@ impl RemoteStore for RedisStore {
         })
     }
 
-    fn days(&self, caps: Vec<(Tenant, DailyCap)>) -> StoreFuture<Option<Vec<u64>>> {
+    fn days(&self, caps: Vec<(Tenant, PeriodCap)>) -> StoreFuture<Option<Vec<u64>>> {
         let mut call = Call::new();
         call.arg("");
         for (node, cap) in &caps {

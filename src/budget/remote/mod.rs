@@ -23,7 +23,7 @@ use crate::cost::Cost;
 use crate::error::StoreUnavailable;
 use crate::priority::Priority;
 use crate::quota::Limit;
-use crate::tenant::{DailyCap, Tenant};
+use crate::tenant::{PeriodCap, Tenant};
 
 /// A boxed, sendable future: the shape of the shared store's answers.
 pub(crate) type StoreFuture<T> = Pin<Box<dyn Future<Output = Result<T, StoreUnavailable>> + Send>>;
@@ -90,7 +90,7 @@ pub(crate) enum Control {
     /// its process's lease (see [`RemoteStore::heartbeat`]).
     InFlight(std::num::NonZeroUsize),
     /// At most this much of a dimension per day, counted for every process.
-    Daily(DailyCap),
+    Daily(PeriodCap),
 }
 
 /// What a leasing process tells the store at a renewal.
@@ -211,7 +211,7 @@ pub(crate) trait RemoteStore: Send + Sync + fmt::Debug + 'static {
 
     /// What each of `caps` (a tenant node's daily cap) has used in its current day, as the
     /// store counts it for every process; `None` for a store that keeps no days.
-    fn days(&self, caps: Vec<(Tenant, DailyCap)>) -> StoreFuture<Option<Vec<u64>>> {
+    fn days(&self, caps: Vec<(Tenant, PeriodCap)>) -> StoreFuture<Option<Vec<u64>>> {
         let _ = caps;
         Box::pin(async { Ok(None) })
     }

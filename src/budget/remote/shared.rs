@@ -62,7 +62,7 @@ async fn sync_pauses(store: &Arc<dyn RemoteStore>, budget: &Refunded, timeout: D
     }
     // The day counted for every process, for the snapshots.
     let tenants = budget.budget().and_then(|b| b.lock().tenants.clone());
-    let caps = tenants.as_ref().map(|t| t.daily_caps()).unwrap_or_default();
+    let caps = tenants.as_ref().map(|t| t.caps()).unwrap_or_default();
     if let (Some(tenants), false) = (tenants, caps.is_empty()) {
         if let Ok(Some(used)) = bounded(timeout, store.days(caps.clone())).await {
             tenants.set_fleet_days(caps, &used);

@@ -4,7 +4,7 @@
 //! - `llm_tenant_tokens_total{tenant, share}`: tokens settled, `share` `guaranteed` while the
 //!   tenant's use of the last minute is within its guarantee, else `borrowed`.
 //! - `llm_tenant_refusals_total{scope, reason}`: requests refused by a scope (`paused`,
-//!   `daily_cap`, `too_large`, `rate_limited`, `in_flight`), the scope cut to the label depth.
+//!   `cap` (a cap over a day or a month spent), `too_large`, `rate_limited`, `in_flight`), the scope cut to the label depth.
 
 use crate::tenant::{Refusal, TenantRefused};
 
@@ -19,7 +19,7 @@ pub(crate) fn settled(tenant: &str, share: &'static str, amount: u64) {
 pub(crate) fn refused(label_depth: usize, refusal: &TenantRefused) {
     let reason = match refusal.reason {
         Refusal::Paused => "paused",
-        Refusal::DailyCap { .. } => "daily_cap",
+        Refusal::PeriodCap { .. } => "cap",
         Refusal::TooLarge { .. } => "too_large",
         Refusal::RateLimited { .. } => "rate_limited",
         Refusal::InFlight { .. } => "in_flight",

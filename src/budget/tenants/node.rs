@@ -10,7 +10,7 @@ use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::{Dimension, Limit, Quota};
 use crate::tenant::TenantNode;
-use crate::tenant::daily::DayCount;
+use crate::tenant::cap::CapCount;
 use crate::tenant::{Refusal, Tenant};
 
 const MINUTE: u64 = 60_000_000_000;
@@ -80,7 +80,7 @@ pub(crate) struct Node {
     /// How long a request may wait for this node (nanoseconds), when bounded.
     pub(crate) max_wait: Option<u64>,
     pub(crate) paused: bool,
-    pub(crate) days: Vec<DayCount>,
+    pub(crate) days: Vec<CapCount>,
     pub(crate) meter: Meter,
     /// Its guarantee in the reference dimension, per minute.
     pub(crate) guaranteed: u64,
@@ -112,7 +112,7 @@ impl Node {
             quota = limits_of(config, parent)
                 .into_iter()
                 .fold(quota, Quota::with_limit);
-            days = config.daily.iter().copied().map(DayCount::new).collect();
+            days = config.daily.iter().copied().map(CapCount::new).collect();
             max_in_flight = config.max_in_flight;
         }
         Self {
@@ -163,7 +163,7 @@ impl Node {
                     count.cap = *cap;
                     count
                 }
-                None => DayCount::new(*cap),
+                None => CapCount::new(*cap),
             });
         }
         self.days = days;
@@ -185,11 +185,12 @@ impl Node {
         for day in &mut self.days {
             let amount = cost.amount(day.cap.dimension);
             if let Err(used) = day.fits(amount, unix) {
-                return Some(Refusal::DailyCap {
+                return Some(Refusal::PeriodCap {
                     dimension: day.cap.dimension,
                     window: day.cap.window,
                     cap: day.cap.amount.get(),
                     used,
+                    resets_at: day.cap.window.resets_at(unix),
                 });
             }
         }

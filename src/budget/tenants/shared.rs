@@ -19,7 +19,7 @@ use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::Limit;
 use crate::sched::Flow;
-use crate::tenant::{DailyCap, Tenant};
+use crate::tenant::{PeriodCap, Tenant};
 use crate::tenant::{Refusal, TenantRefused};
 use crate::tenant::{TenantNode, TenantTree};
 
@@ -135,6 +135,11 @@ impl Tenants {
         }
     }
 
+    /// The tree's wall clock at `at`, in seconds since the epoch.
+    pub(crate) fn unix_seconds(&self, at: Instant) -> u64 {
+        self.lock().tree.clock.unix_seconds(at)
+    }
+
     pub(crate) fn take(&self, path: &Tenant, cost: &Cost, now: u64, at: Instant) {
         self.lock()
             .take(&self.account, path, cost, self.there(now), at);
@@ -206,15 +211,15 @@ impl Tenants {
         self.lock().keeps_any_in_store()
     }
 
-    /// The daily caps a store may count for every process (see `TenantState::daily_caps`).
+    /// The daily caps a store may count for every process (see `TenantState::caps`).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn daily_caps(&self) -> Vec<(Tenant, DailyCap)> {
-        self.lock().daily_caps(&self.account)
+    pub(crate) fn caps(&self) -> Vec<(Tenant, PeriodCap)> {
+        self.lock().caps(&self.account)
     }
 
     /// What the store counts of `caps` for every process.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn set_fleet_days(&self, caps: Vec<(Tenant, DailyCap)>, used: &[u64]) {
+    pub(crate) fn set_fleet_days(&self, caps: Vec<(Tenant, PeriodCap)>, used: &[u64]) {
         self.lock().set_fleet_days(caps, used);
     }
 

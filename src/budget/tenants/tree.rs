@@ -17,7 +17,7 @@ use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::{Dimension, Limit};
 use crate::sched::Flow;
-use crate::tenant::DailyCap;
+use crate::tenant::PeriodCap;
 use crate::tenant::Tenant;
 use crate::tenant::path::within;
 use crate::tenant::{Refusal, TenantRefused};
@@ -70,7 +70,7 @@ pub(crate) struct TenantState {
     guarantees: HashMap<u64, u32>,
     /// For a budget shared through a store, what each node's daily caps have used over every
     /// process, as the store last told (a node's view shows the larger of it and its own).
-    fleet_days: HashMap<Tenant, Vec<(DailyCap, u64)>>,
+    fleet_days: HashMap<Tenant, Vec<(PeriodCap, u64)>>,
     /// See [`TenantState::keeps_any_in_store`].
     keeps_in_store: bool,
 }
@@ -131,7 +131,7 @@ impl TenantState {
     /// The daily caps a store may count for every process: those of the nodes configured by
     /// path and of the live nodes, for `account`.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn daily_caps(&self, account: &str) -> Vec<(Tenant, DailyCap)> {
+    pub(crate) fn caps(&self, account: &str) -> Vec<(Tenant, PeriodCap)> {
         let configured = (self.tree.nodes.iter())
             .filter(|(path, _)| self.applies(path.as_str(), account))
             .flat_map(|(path, node)| node.daily.iter().map(|cap| (path.clone(), *cap)));
@@ -144,7 +144,7 @@ impl TenantState {
 
     /// What the store counts of `caps` for every process (`used`, in the same order).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn set_fleet_days(&mut self, caps: Vec<(Tenant, DailyCap)>, used: &[u64]) {
+    pub(crate) fn set_fleet_days(&mut self, caps: Vec<(Tenant, PeriodCap)>, used: &[u64]) {
         self.fleet_days.clear();
         for ((path, cap), &used) in caps.into_iter().zip(used) {
             self.fleet_days.entry(path).or_default().push((cap, used));
@@ -630,7 +630,7 @@ pub(crate) struct NodeView {
     pub(crate) in_flight: usize,
     pub(crate) used: u64,
     pub(crate) guaranteed: u64,
-    pub(crate) today: Vec<(DailyCap, u64)>,
+    pub(crate) today: Vec<(PeriodCap, u64)>,
 }
 
 impl NodeView {

@@ -340,12 +340,14 @@ pub(crate) fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// What a request costs in `dimension` at admission.
+/// What a request costs in `dimension` at admission (the simulated provider prices nothing:
+/// providers limit tokens and requests, not spend).
 fn cost(dimension: Dimension, prompt_tokens: u64, max_tokens: u64) -> u64 {
     match dimension {
         Dimension::Requests => 1,
         Dimension::InputTokens => prompt_tokens,
         Dimension::OutputTokens => max_tokens,
         Dimension::TotalTokens => prompt_tokens.saturating_add(max_tokens),
+        Dimension::Spend => 0,
     }
 }

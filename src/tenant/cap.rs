@@ -1,5 +1,5 @@
-//! Daily caps: a calendar day in UTC, or the last 24 hours. Pure counters over a wall clock
-//! read through a seam, so tests drive the days with tokio's paused clock.
+//! Caps over a period: a calendar day or month in UTC, or the last 24 hours. Pure counters
+//! over a wall clock read through a seam, so tests drive the days with tokio's paused clock.
 
 use std::fmt;
 use std::num::NonZeroU64;
@@ -14,13 +14,16 @@ const DAY: u64 = 86_400;
 const SLOT: u64 = 900;
 const SLOTS: usize = (DAY / SLOT) as usize;
 
-/// The kind of day a [`DailyCap`] counts.
+/// The period a [`PeriodCap`] counts over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DayWindow {
+pub enum CapWindow {
     /// The calendar day in UTC: the count starts again at 00:00 UTC, whatever was spent at
     /// 23:59. What invoices and most provider daily limits use; a tenant can spend twice
     /// its cap in a few minutes around midnight.
-    CalendarUtc,
+    CalendarDayUtc,
+    /// The calendar month in UTC: the count starts again at 00:00 UTC on the first of the
+    /// month. What a monthly bill uses (a spend cap of $500 a month).
+    CalendarMonthUtc,
     /// The last 24 hours, counted in 96 slots of 15 minutes: a spend counts until the slot it
     /// fell in is 24 hours old. No 24 hours aligned to a quarter hour ever see more than the
     /// cap; any 24 hours at most the cap plus one quarter hour's spending. No burst at
@@ -28,26 +31,114 @@ pub enum DayWindow {
     Rolling,
 }
 
-impl fmt::Display for DayWindow {
+impl fmt::Display for CapWindow {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            DayWindow::CalendarUtc => "calendar day (UTC)",
-            DayWindow::Rolling => "rolling 24 h",
+            CapWindow::CalendarDayUtc => "calendar day (UTC)",
+            CapWindow::CalendarMonthUtc => "calendar month (UTC)",
+            CapWindow::Rolling => "rolling 24 h",
         })
     }
 }
 
-/// At most `amount` of a dimension per day, for one node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DailyCap {
-    pub(crate) dimension: Dimension,
-    pub(crate) amount: NonZeroU64,
-    pub(crate) window: DayWindow,
+impl CapWindow {
+    /// The calendar period holding `unix` (seconds since the epoch): days, or months, since
+    /// the epoch; the quarter hour for a rolling window.
+    pub(crate) const fn period(self, unix: u64) -> u64 {
+        match self {
+            CapWindow::CalendarDayUtc => unix / DAY,
+            CapWindow::CalendarMonthUtc => {
+                let (year, month) = year_month(unix / DAY);
+                (year - 1970) * 12 + (month - 1)
+            }
+            CapWindow::Rolling => unix / SLOT,
+        }
+    }
+
+    /// When a window that is spent at `unix` admits again, in seconds since the epoch: the
+    /// next calendar day or month; for a rolling window, the next quarter hour, when its
+    /// oldest quarter hour leaves it (which may not free enough).
+    pub const fn resets_after(self, unix: u64) -> u64 {
+        match self {
+            CapWindow::CalendarDayUtc => (unix / DAY + 1) * DAY,
+            CapWindow::CalendarMonthUtc => {
+                let (year, month) = year_month(unix / DAY);
+                let (year, month) = if month == 12 {
+                    (year + 1, 1)
+                } else {
+                    (year, month + 1)
+                };
+                days_from_civil(year, month) * DAY
+            }
+            CapWindow::Rolling => (unix / SLOT + 1) * SLOT,
+        }
+    }
+
+    /// [`resets_after`](Self::resets_after) as a wall time.
+    pub(crate) fn resets_at(self, unix: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(self.resets_after(unix))
+    }
 }
 
-impl DailyCap {
+/// The year and month (1 to 12) of the day `days` after 1970-01-01 (proleptic Gregorian).
+const fn year_month(days: u64) -> (u64, u64) {
+    let (year, month, _) = civil(days);
+    (year, month)
+}
+
+/// The year, month (1 to 12) and day (1 to 31) of the day `days` after 1970-01-01.
+const fn civil(days: u64) -> (u64, u64, u64) {
+    // Days since 0000-03-01, in 400-year eras of 146,097 days (H. Hinnant's civil_from_days).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + if month <= 2 { 1 } else { 0 };
+    (year, month, doy - (153 * mp + 2) / 5 + 1)
+}
+
+/// `unix` (seconds since the epoch) as an RFC 3339 instant in UTC, `2026-02-01T00:00:00Z`.
+pub(crate) struct Utc(pub(crate) u64);
+
+impl fmt::Display for Utc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (year, month, day) = civil(self.0 / DAY);
+        let second = self.0 % DAY;
+        write!(
+            f,
+            "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+            second / 3_600,
+            second / 60 % 60,
+            second % 60
+        )
+    }
+}
+
+/// Days from 1970-01-01 to the first of `month` (1 to 12) of `year` (1970 or later).
+const fn days_from_civil(year: u64, month: u64) -> u64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year / 400;
+    let yoe = year - era * 400;
+    let mp = if month > 2 { month - 3 } else { month + 9 };
+    let doy = (153 * mp + 2) / 5;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// At most `amount` of a dimension per period, for one node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeriodCap {
+    pub(crate) dimension: Dimension,
+    pub(crate) amount: NonZeroU64,
+    pub(crate) window: CapWindow,
+}
+
+impl PeriodCap {
     /// At most `amount` of `dimension` in each `window`.
-    pub const fn new(dimension: Dimension, amount: NonZeroU64, window: DayWindow) -> Self {
+    pub const fn new(dimension: Dimension, amount: NonZeroU64, window: CapWindow) -> Self {
         Self {
             dimension,
             amount,
@@ -66,12 +157,12 @@ impl DailyCap {
     }
 
     /// The kind of day.
-    pub const fn window(&self) -> DayWindow {
+    pub const fn window(&self) -> CapWindow {
         self.window
     }
 }
 
-/// Where the calendar days of [`DayWindow::CalendarUtc`] come from: the wall time at one
+/// Where the calendar days of [`CapWindow::CalendarDayUtc`] come from: the wall time at one
 /// instant of tokio's clock, advanced by that clock. The wall time is read once, so a step of
 /// the system clock (NTP) moves no day boundary, and under a paused clock
 /// (`tokio::time::pause`) the days pass as the test advances time.
@@ -103,25 +194,27 @@ impl WallClock {
 
 /// One daily cap's count.
 #[derive(Debug, Clone)]
-pub(crate) struct DayCount {
-    pub(crate) cap: DailyCap,
+pub(crate) struct CapCount {
+    pub(crate) cap: PeriodCap,
     state: State,
 }
 
 #[derive(Debug, Clone)]
 enum State {
-    /// The day (days since the epoch) and what it used.
-    Calendar { day: u64, used: u64 },
+    /// The calendar period (days or months since the epoch) and what it used.
+    Calendar { period: u64, used: u64 },
     /// Use per quarter hour, in a ring indexed by quarter hours since the epoch, and the last
     /// quarter hour written.
     Rolling { slots: Box<[u64; SLOTS]>, last: u64 },
 }
 
-impl DayCount {
-    pub(crate) fn new(cap: DailyCap) -> Self {
+impl CapCount {
+    pub(crate) fn new(cap: PeriodCap) -> Self {
         let state = match cap.window {
-            DayWindow::CalendarUtc => State::Calendar { day: 0, used: 0 },
-            DayWindow::Rolling => State::Rolling {
+            CapWindow::CalendarDayUtc | CapWindow::CalendarMonthUtc => {
+                State::Calendar { period: 0, used: 0 }
+            }
+            CapWindow::Rolling => State::Rolling {
                 slots: Box::new([0; SLOTS]),
                 last: 0,
             },
@@ -192,10 +285,10 @@ impl DayCount {
     /// Moves the window to `unix`, forgetting what left it.
     fn roll(&mut self, unix: u64) {
         match &mut self.state {
-            State::Calendar { day, used } => {
-                let today = unix / DAY;
-                if today > *day {
-                    (*day, *used) = (today, 0);
+            State::Calendar { period, used } => {
+                let now = self.cap.window.period(unix);
+                if now > *period {
+                    (*period, *used) = (now, 0);
                 }
             }
             State::Rolling { slots, last } => {
@@ -218,8 +311,8 @@ impl DayCount {
 mod tests {
     use super::*;
 
-    fn cap(window: DayWindow) -> DayCount {
-        DayCount::new(DailyCap::new(
+    fn cap(window: CapWindow) -> CapCount {
+        CapCount::new(PeriodCap::new(
             Dimension::TotalTokens,
             NonZeroU64::new(1_000).unwrap(),
             window,
@@ -228,7 +321,7 @@ mod tests {
 
     #[test]
     fn a_calendar_day_starts_again_at_midnight_utc() {
-        let mut count = cap(DayWindow::CalendarUtc);
+        let mut count = cap(CapWindow::CalendarDayUtc);
         let late = 20 * DAY - 60;
         count.add(900, late);
         assert_eq!(count.fits(101, late), Err(900));
@@ -242,8 +335,49 @@ mod tests {
     }
 
     #[test]
+    fn a_calendar_month_starts_again_on_the_first_utc() {
+        // 2026-01-31T23:59:00Z, then 2026-02-01T00:00:00Z and 2026-03-01T00:00:00Z.
+        let (jan31, feb1, mar1) = (1_769_903_940, 1_769_904_000, 1_772_323_200);
+        let month = CapWindow::CalendarMonthUtc;
+        assert_eq!(month.resets_after(jan31), feb1);
+        assert_eq!(month.resets_after(feb1), mar1);
+        let mut count = cap(month);
+        count.add(900, jan31 - 20 * DAY);
+        assert_eq!(count.fits(101, jan31), Err(900));
+        assert_eq!(count.used(feb1), 0);
+        count.add(1_000, feb1);
+        assert_eq!(count.fits(1, mar1 - 1), Err(1_000));
+        assert_eq!(count.fits(1_000, mar1), Ok(()));
+    }
+
+    #[test]
+    fn months_follow_the_gregorian_calendar() {
+        // Every first of the month from 1970 to 2400, by counting month lengths.
+        let mut days = 0;
+        for year in 1970..2400 {
+            for month in 1..=12 {
+                assert_eq!(days_from_civil(year, month), days, "{year}-{month}");
+                assert_eq!(year_month(days), (year, month));
+                let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+                let length = match month {
+                    2 if leap => 29,
+                    2 => 28,
+                    4 | 6 | 9 | 11 => 30,
+                    _ => 31,
+                };
+                assert_eq!(year_month(days + length - 1), (year, month));
+                days += length;
+            }
+        }
+        assert_eq!(CapWindow::CalendarDayUtc.resets_after(DAY - 1), DAY);
+        assert_eq!(Utc(1_769_903_940).to_string(), "2026-01-31T23:59:00Z");
+        assert_eq!(Utc(951_782_400).to_string(), "2000-02-29T00:00:00Z");
+        assert_eq!(CapWindow::Rolling.resets_after(SLOT), 2 * SLOT);
+    }
+
+    #[test]
     fn a_rolling_day_forgets_each_quarter_hour_a_day_later() {
-        let mut count = cap(DayWindow::Rolling);
+        let mut count = cap(CapWindow::Rolling);
         let t0 = 20 * DAY - 60;
         count.add(900, t0);
         // Midnight changes nothing.
