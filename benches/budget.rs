@@ -13,6 +13,10 @@
 //!   one shared `governor` limiter.
 //! - `denied`: the answer "not yet" on an exhausted budget / limiter.
 //! - `waiting`: ours only: joining the wait queue behind a sleeping head and leaving it.
+//! - `spend`: ours only, the cost of spend limits: reserve + settle with a provider's `Usage`
+//!   on the 3-dimension budget, unpriced, against the same on a budget that also limits
+//!   spend, each request priced as the estimation layer prices it (its model looked up in a
+//!   table of 24 models, its estimate's spend reserved, its usage's spend settled).
 //!
 //! Printed first: the memory a waiting request holds (data segment growth over 10,000
 //! waiters queued behind a taken in-flight slot, the futures themselves counted apart).
@@ -35,7 +39,9 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, Throughput};
 use governor::{DefaultDirectRateLimiter, Quota as GovQuota, RateLimiter};
 use memory::data_segment;
-use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, error::TryReserveError};
+use tower_llm_quota::pricing::{ModelPrices, PriceTable, TokenPrices, Unpriced};
+use tower_llm_quota::provider::Profile;
+use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, Usage, error::TryReserveError};
 
 /// Reserved per request: 1 request, 1 200 input tokens, 200 output tokens.
 const ESTIMATE: Cost = Cost::new(1_200, 200);
@@ -48,21 +54,45 @@ fn nz(n: u64) -> NonZeroU64 {
     NonZeroU64::new(n).unwrap()
 }
 
-/// Requests, input and output tokens, each 10^12 per second with a 10^15 burst: never runs out.
-fn huge_budget() -> Budget {
-    let limit = |dimension| {
-        Limit::per_second(dimension, nz(1_000_000_000_000))
-            .with_headroom(1.0)
-            .unwrap()
-            .with_burst(nz(1_000_000_000_000_000))
-    };
-    Budget::new(
-        Quota::new()
-            .with_limit(limit(Dimension::Requests))
-            .with_limit(limit(Dimension::InputTokens))
-            .with_limit(limit(Dimension::OutputTokens)),
-    )
+/// A limit of `dimension` of 10^12 per second with a 10^15 burst: never runs out.
+fn huge(dimension: Dimension) -> Limit {
+    Limit::per_second(dimension, nz(1_000_000_000_000))
+        .with_headroom(1.0)
+        .unwrap()
+        .with_burst(nz(1_000_000_000_000_000))
 }
+
+/// Requests, input and output tokens, each [`huge`].
+fn huge_budget() -> Budget {
+    let quota = Quota::new()
+        .with_limit(huge(Dimension::Requests))
+        .with_limit(huge(Dimension::InputTokens))
+        .with_limit(huge(Dimension::OutputTokens));
+    Budget::new(quota)
+}
+
+/// The same with a [`huge`] limit of spend.
+fn huge_budget_with_spend() -> Budget {
+    let quota = Quota::new()
+        .with_limit(huge(Dimension::Requests))
+        .with_limit(huge(Dimension::InputTokens))
+        .with_limit(huge(Dimension::OutputTokens))
+        .with_limit(huge(Dimension::Spend));
+    Budget::new(quota)
+}
+
+/// 24 models, a dozen exact and a dozen prefixes, the one asked for among the last.
+fn price_table() -> PriceTable {
+    let prices = TokenPrices::per_million_usd("2.50", "1.25", "2.50", "10").unwrap();
+    (0..12).fold(PriceTable::new(Unpriced::Refuse), |table, i| {
+        table
+            .with_model(format!("model-{i}"), ModelPrices::new(prices))
+            .with_model(format!("family-{i}*"), ModelPrices::new(prices))
+    })
+}
+
+/// Settled with: 1,200 input tokens of which 1,024 from the cache, 50 output tokens.
+const USAGE: Usage = Usage::new(1_200, 50).with_cache_read_tokens(1_024);
 
 /// 10^9 cells per second (1 ns each, governor's finest), burst 10^9: never runs out at
 /// `GOV_N` cells per check.
@@ -253,6 +283,36 @@ fn memory_per_waiter() -> (usize, usize) {
     (after.saturating_sub(before) / WAITERS, future)
 }
 
+fn spend(c: &mut Criterion) {
+    let mut group = c.benchmark_group("spend");
+    group.throughput(Throughput::Elements(1));
+
+    let budget = huge_budget();
+    group.bench_function("budget_try_reserve_settle_usage_3dim", |b| {
+        b.iter(|| {
+            let reservation = budget.try_reserve(black_box(ESTIMATE)).unwrap();
+            black_box(reservation.settle(black_box(&USAGE)));
+        })
+    });
+
+    let budget = huge_budget_with_spend();
+    let table = price_table();
+    let counting = Profile::openai().cache_counting();
+    group.bench_function("budget_priced_try_reserve_settle_usage_4dim", |b| {
+        b.iter(|| {
+            let priced = table
+                .priced(black_box("family-11-mini"), None, counting)
+                .unwrap();
+            let cost = ESTIMATE.with_spend(priced.estimate(&ESTIMATE));
+            let mut reservation = budget.try_reserve(black_box(cost)).unwrap();
+            reservation.set_priced(priced);
+            black_box(reservation.settle(black_box(&USAGE)));
+        })
+    });
+
+    group.finish();
+}
+
 // What `criterion_group!`/`criterion_main!` expand to, without their undocumented `pub fn`.
 fn main() {
     let (budget, future) = memory_per_waiter();
@@ -261,6 +321,7 @@ fn main() {
     uncontended(&mut c);
     contended(&mut c);
     denied(&mut c);
+    spend(&mut c);
     // Last: it enters a tokio runtime.
     waiting(&mut c);
     c.final_summary();
