@@ -184,7 +184,7 @@ impl Budget {
 impl Budget {
     /// Whether a leasing budget asks its store for a request of `tenant`: its path has
     /// limits or controls kept there (see `Pass::kept_in_store`).
-    pub(super) fn kept_in_store(&self, state: &State, tenant: Option<&Tenant>) -> bool {
+    pub(in crate::budget) fn kept_in_store(&self, state: &State, tenant: Option<&Tenant>) -> bool {
         let keeps = state
             .tenants
             .as_ref()

@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::budget::Budget;
-use crate::budget::handle::Shared;
+use crate::budget::handle::{Shared, State};
 use crate::budget::memory::store::Store;
 use crate::budget::remote::state::{LeaseOptions, Parting};
 use crate::budget::remote::{Demand, FailurePolicy, Grant, RemoteStore, Renewal, Report};
@@ -83,7 +83,15 @@ impl Budget {
         let ns = self.nanos_since_origin(Instant::now());
         let mut state = self.lock();
         let state = &mut *state;
-        let waiting = !state.queue.is_empty();
+        // The requests the lease pays: a request whose tenant path has limits or controls kept
+        // in the store is asked of it per admission and paid by the account's bucket there,
+        // so it must not make this process want the whole account (its lease would hold what
+        // that request waits for, and it would wait for ever).
+        let waiting = {
+            let state: &State = state;
+            (state.queue.order().iter())
+                .any(|(_, waiter)| !self.kept_in_store(state, waiter.tenant.as_ref()))
+        };
         let (mut flows, mut guarantors) = (Vec::new(), Vec::new());
         state.queue.waiting_flows(&mut flows, &mut guarantors);
         let mut guarantees = Vec::new();
