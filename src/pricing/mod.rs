@@ -450,8 +450,10 @@ impl PriceTable {
 ///
 /// The [`EstimateLayer`](crate::EstimateLayer) puts one in the extensions of each request it
 /// prices; the [`TokenBudget`](crate::token_budget::TokenBudget) gives it to the request's
-/// [`Reservation`](crate::Reservation) ([`Reservation::priced`](crate::Reservation::priced)),
-/// which settles the spend of the real usage with it.
+/// [`Reservation`](crate::Reservation) ([`Reservation::set_priced`](crate::Reservation::set_priced)),
+/// which settles the spend of the real usage with it, and puts it in the extensions of the
+/// response, so that whoever reads the usage there (an audit log, a spend export) counts
+/// the spend the budget settled: [`spend`](Self::spend) of the same usage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Priced {
     prices: Arc<ModelPrices>,
@@ -477,6 +479,11 @@ impl Priced {
     /// The tier asked for, if the request named one.
     pub fn tier(&self) -> Option<ServiceTier> {
         self.tier
+    }
+
+    /// The tokens of `usage` by the kind each is priced as.
+    pub fn tokens(&self, usage: &Usage) -> PricedTokens {
+        PricedTokens::of(usage, self.counting)
     }
 }
 

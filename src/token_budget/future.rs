@@ -43,7 +43,13 @@ pin_project! {
         Failed { error: Option<Error> },
         // Boxed: only a request that must wait pays for the space of its wait.
         Waiting { wait: Box<Wait<S, B>> },
-        Calling { #[pin] future: F, unclaimed: Unclaimed, waited: Duration },
+        Calling {
+            #[pin] future: F,
+            unclaimed: Unclaimed,
+            waited: Duration,
+            // The request's prices, handed to its response.
+            priced: Option<Priced>,
+        },
         Done,
     }
 }
@@ -70,23 +76,24 @@ impl Drop for Unclaimed {
 
 /// Sends `request` on `service` (ready for it) with `reservation` in its extensions, marked
 /// sent; the reservation comes back to the future when the call ends, unless an inner layer
-/// took it.
+/// took it. Priced by the estimation layer, the reservation settles the real usage at the
+/// request's prices, which are handed back for its response.
 fn send<S, B>(
     service: &mut S,
     mut request: Request<B>,
     mut reservation: Reservation,
-) -> (S::Future, Unclaimed)
+) -> (S::Future, Unclaimed, Option<Priced>)
 where
     S: Service<Request<B>>,
 {
     reservation.mark_sent();
-    // Priced by the estimation layer: the real usage is settled at its prices.
-    if let Some(priced) = request.extensions().get::<Priced>() {
+    let priced = request.extensions().get::<Priced>().cloned();
+    if let Some(priced) = &priced {
         reservation.set_priced(priced.clone());
     }
     let slot = ReservationSlot::new(reservation);
     request.extensions_mut().insert(slot.clone());
-    (service.call(request), Unclaimed(slot))
+    (service.call(request), Unclaimed(slot), priced)
 }
 
 impl<S, B> ResponseFuture<S, B>
@@ -107,12 +114,13 @@ where
             observe::queue_wait(priority, Duration::ZERO);
         }
         observe::span_record("budget_wait_ms", 0);
-        let (future, unclaimed) = send(service, request, reservation);
+        let (future, unclaimed, priced) = send(service, request, reservation);
         Self {
             state: State::Calling {
                 future,
                 unclaimed,
                 waited: Duration::ZERO,
+                priced,
             },
             priority,
             labels,
@@ -200,23 +208,33 @@ where
                     // Admitted, and the inner service is ready.
                     let reservation = wait.reservation.take().expect("admitted");
                     let request = wait.request.take().expect("polled after completion");
-                    let (future, unclaimed) = send(&mut wait.service, request, reservation);
+                    let (future, unclaimed, priced) = send(&mut wait.service, request, reservation);
                     let waited = started.elapsed();
                     record_wait(*this.priority, waited);
                     this.state.set(State::Calling {
                         future,
                         unclaimed,
                         waited,
+                        priced,
                     });
                 }
-                StateProj::Calling { future, waited, .. } => {
+                StateProj::Calling {
+                    future,
+                    waited,
+                    priced,
+                    ..
+                } => {
                     let waited = *waited;
                     let output = ready!(future.poll(cx));
+                    let priced = priced.take();
                     this.state.set(State::Done);
                     return Poll::Ready(match output {
                         Ok(mut response) => {
                             let call = started.elapsed().saturating_sub(waited);
                             record_call(response.extensions_mut(), this.labels, waited, call);
+                            if let Some(priced) = priced {
+                                response.extensions_mut().insert(priced);
+                            }
                             Ok(response)
                         }
                         Err(e) => Err(Error::from_inner(e)),
