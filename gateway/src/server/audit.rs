@@ -169,6 +169,13 @@ pub(crate) struct Entry {
     pub(crate) service_tier: Option<&'static str>,
     pub(crate) estimated: Option<Tokens>,
     pub(crate) used: Option<Tokens>,
+    /// What the answer cost in nano-dollars (10⁻⁹ USD), as its reservation settled it: its
+    /// usage at its model's and tier's prices (with `[prices]` configured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) spend_nano_usd: Option<u64>,
+    /// The usage's tokens by the kind each is priced as, for the spend export.
+    #[serde(skip)]
+    pub(crate) priced: Option<tower_llm_quota::pricing::PricedTokens>,
     pub(crate) attempts: Option<u32>,
     pub(crate) queue_ms: Option<f64>,
     pub(crate) call_ms: Option<f64>,
@@ -203,6 +210,9 @@ pub(crate) struct Audited {
     pub(crate) entry: Entry,
     /// When the gateway had the request's head.
     pub(crate) started: std::time::Instant,
+    /// The prices the answer's request was reserved at (from its response), to price its
+    /// usage as the budget settles it.
+    pub(crate) prices: Option<tower_llm_quota::pricing::Priced>,
     /// The caller's trace context, for the request's span.
     #[cfg(feature = "otel")]
     parent: Option<opentelemetry::Context>,
@@ -219,6 +229,7 @@ impl Audited {
                 ..Entry::default()
             },
             started: std::time::Instant::now(),
+            prices: None,
             #[cfg(feature = "otel")]
             parent: super::otel::parent(headers),
         }
@@ -255,6 +266,13 @@ impl Audited {
                 cached: Some(usage.cache_read_tokens()),
             });
             self.entry.service_tier = usage.service_tier().map(|t| t.as_str());
+            if let Some(prices) = &self.prices {
+                self.entry.spend_nano_usd = Some(prices.spend(usage));
+                self.entry.priced = Some(prices.tokens(usage));
+                // The tier it was priced at: the provider's word, else the one asked.
+                let tier = usage.service_tier().or(prices.tier());
+                self.entry.service_tier = tier.map(|t| t.as_str());
+            }
         }
         let now = SystemTime::now();
         gateway.report.record(&self.entry, now);

@@ -79,6 +79,10 @@ pub(crate) struct Config {
     /// configured, any model passes to the account serving the API.
     #[serde(default)]
     pub(crate) models: Vec<ModelConfig>,
+    /// Prices per model and service tier (the crate's price table format): with them, every
+    /// request's spend is reserved and settled, and spend limits and caps hold.
+    #[serde(default)]
+    pub(crate) prices: Option<tower_llm_quota::pricing::PriceTable>,
 }
 
 /// One public model name: the account that serves it, its fallbacks, a ramp.

@@ -224,6 +224,9 @@ impl Audited {
         let extensions = response.extensions();
         self.entry.account = Some(account.name.clone());
         self.entry.provider = Some(account.profile.name());
+        self.prices = extensions
+            .get::<tower_llm_quota::pricing::Priced>()
+            .cloned();
         if let Some(served) = extensions.get::<ServedBy>() {
             self.entry.route = Some(served.route().to_owned());
             self.entry.fallback = served.fallback_reason().map(|r| r.as_str());
@@ -383,6 +386,14 @@ fn stack_error(account: &Account, error: &Error) -> Refusal {
                 Refusal::bad_request(format!("model: {refused}")).scope(scope)
             }
         };
+    }
+    if error.is_unpriced() {
+        // Nothing was sent: a spend limit cannot be kept for a model without a price.
+        let reason = std::error::Error::source(error).map_or_else(
+            || "the model has no price".to_owned(),
+            |no_price| format!("{no_price}: the gateway's [prices] do not name it"),
+        );
+        return Refusal::bad_request(reason).scope(scope);
     }
     if error.is_store_unavailable() {
         // The store's circuit breaker asks again within a second.

@@ -158,6 +158,7 @@ impl Gateway {
         let (tree, paths) = config.tenant_tree()?;
         let mut tenants = Tenancy::new(paths);
         let state = state::StateStore::open(redis_url, config.server.state_file.as_deref())?;
+        let prices = config.prices.clone().map(Arc::new);
         let mut accounts = Vec::with_capacity(config.accounts.len());
         for account in &config.accounts {
             // Every account serves one tenant state: a tenant's limits hold over all of them.
@@ -166,7 +167,7 @@ impl Gateway {
                 .filter(|&ms| ms > 0)
                 .map(Duration::from_millis);
             let shared = (redis_url, config.server.fail_closed, lease);
-            let account = Account::new(account, (&tree, before), shared).await?;
+            let account = Account::new(account, (&tree, before), shared, prices.as_ref()).await?;
             if let Some(handle) = account.tenants() {
                 tenants.attach(&account.name, handle);
             }
@@ -295,6 +296,9 @@ impl Gateway {
         }
         if differs(&new.models, &current.models) {
             restart.push("models");
+        }
+        if new.prices != current.prices {
+            restart.push("prices");
         }
         let mut server = new.server.clone();
         server.admin_token.clone_from(&current.server.admin_token);

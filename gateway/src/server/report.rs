@@ -9,6 +9,11 @@
 //! hour's hash kept [`KEEP_HOURS`]), so the report covers every replica and survives a restart;
 //! else they are kept in memory for as long. An account's minute counts as served when a
 //! replica was up in it (each flush marks its minute), so hours without traffic count as idle.
+//!
+//! With `[prices]`, every answered request whose usage was read also adds to the spend
+//! export's counters by the hour (its row: tenant, key, model, tier): requests, tokens by the
+//! kind each is priced as, and the spend its reservation settled, in nano-dollars. The export
+//! (`table=spend`) adds them up by day (UTC).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -37,6 +42,9 @@ const SEP: char = '\u{1f}';
 /// tenant (`-` without a key) and a model.
 type RowKey = (String, String, String);
 
+/// A row of the spend export: a tenant, a key, a model and the tier that served it.
+type SpendKey = (String, String, String, String);
+
 /// Counters by name.
 type Counters = BTreeMap<String, u64>;
 
@@ -50,6 +58,8 @@ struct Tally {
     rows: BTreeMap<u64, HashMap<RowKey, Counters>>,
     /// By minute, then account: requests, input and output tokens used; `waited`; `up`.
     minutes: BTreeMap<u64, HashMap<String, Counters>>,
+    /// The spend export's rows by hour.
+    spend: BTreeMap<u64, HashMap<SpendKey, Counters>>,
 }
 
 impl Tally {
@@ -69,6 +79,19 @@ impl Tally {
                     row.insert(name.to_owned(), *n);
                 }
             }
+        }
+    }
+
+    fn add_spend<N: AsRef<str>>(&mut self, hour: u64, key: SpendKey, counters: &[(N, u64)]) {
+        let rows = self.spend.entry(hour).or_default();
+        let key = if rows.len() >= MAX_ROWS_PER_HOUR && !rows.contains_key(&key) {
+            (key.0, key.1, "other".to_owned(), key.3)
+        } else {
+            key
+        };
+        let row = rows.entry(key).or_default();
+        for (name, n) in counters {
+            *row.entry(name.as_ref().to_owned()).or_default() += n;
         }
     }
 
@@ -94,6 +117,7 @@ impl Tally {
         let oldest = hour.saturating_sub(KEEP_HOURS);
         self.rows = self.rows.split_off(&oldest);
         self.minutes = self.minutes.split_off(&(oldest * 60));
+        self.spend = self.spend.split_off(&oldest);
     }
 
     fn merge(&mut self, other: &Tally) {
@@ -109,6 +133,22 @@ impl Tally {
                 let counters: Vec<(&str, u64)> =
                     counters.iter().map(|(k, v)| (k.as_str(), *v)).collect();
                 self.add_minute(*minute, account, &counters);
+            }
+        }
+        self.merge_spend(&other.spend, ..);
+    }
+
+    /// Adds `spend`'s rows of the hours in `hours`.
+    fn merge_spend(
+        &mut self,
+        spend: &BTreeMap<u64, HashMap<SpendKey, Counters>>,
+        hours: impl std::ops::RangeBounds<u64>,
+    ) {
+        for (hour, rows) in spend.range(hours) {
+            for (key, counters) in rows {
+                let counters: Vec<(&str, u64)> =
+                    counters.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+                self.add_spend(*hour, key.clone(), &counters);
             }
         }
     }
@@ -205,6 +245,26 @@ impl Report {
         }
         let mut tally = self.tally();
         tally.add_row(now / 3_600, (account.clone(), tenant, model), &counters);
+        if let (Some(spend), Some(tokens)) = (entry.spend_nano_usd, entry.priced) {
+            let key = (
+                entry.tenant.clone().unwrap_or_else(|| "-".to_owned()),
+                entry.key.clone().unwrap_or_else(|| "-".to_owned()),
+                entry.model.clone().unwrap_or_else(|| "-".to_owned()),
+                entry.service_tier.unwrap_or("standard").to_owned(),
+            );
+            tally.add_spend(
+                now / 3_600,
+                key,
+                &[
+                    ("requests", 1),
+                    ("input_tokens", tokens.input),
+                    ("cache_read_tokens", tokens.cache_read),
+                    ("cache_write_tokens", tokens.cache_write),
+                    ("output_tokens", tokens.output),
+                    ("spend", spend),
+                ],
+            );
+        }
         if entry.account.is_some() {
             let (input, output) = entry.used.map_or((0, 0), |u| (u.input, u.output));
             let admitted = u64::from(entry.decision == "admitted");
@@ -247,7 +307,7 @@ impl Report {
             return Ok(());
         };
         let tally = std::mem::take(&mut *self.tally());
-        if tally.rows.is_empty() && tally.minutes.is_empty() {
+        if tally.rows.is_empty() && tally.minutes.is_empty() && tally.spend.is_empty() {
             return Ok(());
         }
         let mut pipe = redis::pipe();
@@ -258,6 +318,17 @@ impl Report {
             for ((account, tenant, model), counters) in rows {
                 for (name, n) in counters {
                     let field = format!("r{SEP}{account}{SEP}{tenant}{SEP}{model}{SEP}{name}");
+                    pipe.hincr(&key, field, *n).ignore();
+                }
+            }
+            pipe.expire(&key, keep).ignore();
+        }
+        for (hour, rows) in &tally.spend {
+            let key = hour_key(*hour);
+            for ((tenant, name, model, tier), counters) in rows {
+                for (counter, n) in counters {
+                    let field =
+                        format!("s{SEP}{tenant}{SEP}{name}{SEP}{model}{SEP}{tier}{SEP}{counter}");
                     pipe.hincr(&key, field, *n).ignore();
                 }
             }
@@ -316,6 +387,15 @@ impl Report {
                                 tally.add_minute(minute, account, &[(name, n)]);
                             }
                         }
+                        ["s", tenant, key, model, tier, name] => {
+                            let key = (
+                                (*tenant).into(),
+                                (*key).into(),
+                                (*model).into(),
+                                (*tier).into(),
+                            );
+                            tally.add_spend(hour, key, &[(name, n)]);
+                        }
                         _ => {}
                     }
                 }
@@ -336,6 +416,7 @@ impl Report {
                 tally.add_minute(*minute, account, &counters);
             }
         }
+        tally.merge_spend(&local.spend, first..=last);
         Ok(tally)
     }
 
@@ -363,6 +444,22 @@ impl Report {
             }
         }
         let rows = rows.into_iter().map(|(key, c)| Row::new(key, &c)).collect();
+        let mut days: BTreeMap<(u64, SpendKey), Counters> = BTreeMap::new();
+        for (hour, hours) in &tally.spend {
+            for (key, counters) in hours {
+                if !keep(&key.0) {
+                    continue;
+                }
+                let day = days.entry((hour / 24, key.clone())).or_default();
+                for (name, n) in counters {
+                    *day.entry(name.clone()).or_default() += n;
+                }
+            }
+        }
+        let spend = days
+            .into_iter()
+            .map(|((day, key), c)| SpendRow::new(day, key, &c))
+            .collect();
         let accounts = limits
             .map(|limits| {
                 limits
@@ -378,6 +475,7 @@ impl Report {
             ),
             rows,
             accounts,
+            spend,
         })
     }
 }
@@ -447,6 +545,75 @@ pub(crate) struct Review {
     pub(crate) rows: Vec<Row>,
     /// The accounts' idle quota (the operator's report only).
     pub(crate) accounts: Vec<AccountReview>,
+    /// The spend export: per day, tenant, key, model and tier (with `[prices]`).
+    pub(crate) spend: Vec<SpendRow>,
+}
+
+/// A day of a tenant's key on a model at a tier: requests, tokens by the kind each is priced
+/// as, and spend.
+#[derive(Debug, Serialize)]
+pub(crate) struct SpendRow {
+    /// The day (UTC), `2026-12-03`.
+    pub(crate) day: String,
+    pub(crate) tenant: String,
+    pub(crate) key: String,
+    pub(crate) model: String,
+    pub(crate) tier: String,
+    pub(crate) requests: u64,
+    /// Input tokens neither read from nor written to the prompt cache.
+    pub(crate) input_tokens: u64,
+    pub(crate) cache_read_tokens: u64,
+    pub(crate) cache_write_tokens: u64,
+    pub(crate) output_tokens: u64,
+    /// In nano-dollars (10⁻⁹ USD), exact.
+    pub(crate) spend_nano_usd: u64,
+    /// The same in dollars, as a decimal string (exact: nine decimals).
+    pub(crate) spend_usd: String,
+}
+
+impl SpendRow {
+    fn new(day: u64, (tenant, key, model, tier): SpendKey, c: &Counters) -> Self {
+        let get = |name: &str| c.get(name).copied().unwrap_or(0);
+        let spend = get("spend");
+        let date = super::audit::rfc3339(UNIX_EPOCH + Duration::from_secs(day * 86_400));
+        Self {
+            day: date.get(..10).unwrap_or(&date).to_owned(),
+            tenant,
+            key,
+            model,
+            tier,
+            requests: get("requests"),
+            input_tokens: get("input_tokens"),
+            cache_read_tokens: get("cache_read_tokens"),
+            cache_write_tokens: get("cache_write_tokens"),
+            output_tokens: get("output_tokens"),
+            spend_nano_usd: spend,
+            spend_usd: format!("{}.{:09}", spend / 1_000_000_000, spend % 1_000_000_000),
+        }
+    }
+
+    /// The CSV header of [`csv_line`](Self::csv_line).
+    pub(crate) const CSV_HEADER: &'static str = "day,tenant,key,model,tier,requests,input_tokens,\
+cache_read_tokens,cache_write_tokens,output_tokens,spend_nano_usd,spend_usd";
+
+    /// The row as a CSV line (RFC 4180 quoting).
+    pub(crate) fn csv_line(&self) -> String {
+        let fields = [
+            self.day.clone(),
+            quote(&self.tenant),
+            quote(&self.key),
+            quote(&self.model),
+            quote(&self.tier),
+            self.requests.to_string(),
+            self.input_tokens.to_string(),
+            self.cache_read_tokens.to_string(),
+            self.cache_write_tokens.to_string(),
+            self.output_tokens.to_string(),
+            self.spend_nano_usd.to_string(),
+            self.spend_usd.clone(),
+        ];
+        fields.join(",")
+    }
 }
 
 /// An account, tenant and model over the period.

@@ -19,6 +19,7 @@ use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 use tower_llm_quota::budget::FailurePolicy;
 use tower_llm_quota::budget::redis::RedisBudget;
+use tower_llm_quota::pricing::PriceTable;
 use tower_llm_quota::provider::Profile;
 use tower_llm_quota::queue::QueueHandle;
 use tower_llm_quota::sim::{Faults, SimConfig, Simulator};
@@ -137,6 +138,7 @@ struct Maker {
     shared: (Option<String>, bool, Option<Duration>),
     /// The client under the stacks: through the gate, with scopes.
     client: Client,
+    prices: Option<Arc<PriceTable>>,
 }
 
 impl Maker {
@@ -149,7 +151,12 @@ impl Maker {
         let budget = budget.with_tenants_of(&self.tenants_of);
         Ok(Scoped {
             name: Some(name.into()),
-            stacks: stacks(&self.account, &quota, &budget, &self.client),
+            stacks: stacks(
+                &self.account,
+                &quota,
+                (&budget, self.prices.as_ref()),
+                &self.client,
+            ),
             budget,
         })
     }
@@ -181,11 +188,11 @@ async fn budget(
         .map_err(|e| ConfigError(format!("account `{name}`: redis: {e}")))
 }
 
-/// A governed stack per API of the account over `budget`.
+/// A governed stack per API of the account over `budget`, pricing requests at `prices`.
 fn stacks(
     config: &AccountConfig,
     quota: &Quota,
-    budget: &Budget,
+    (budget, prices): (&Budget, Option<&Arc<PriceTable>>),
     client: &Client,
 ) -> Arc<[(Api, Profile, Governed)]> {
     let minute = config.quota.minute();
@@ -194,9 +201,12 @@ fn stacks(
         .iter()
         .map(|&api| {
             let profile = profile(config.profile, api).windows(minute, minute);
-            let stack = QuotaStack::for_profile(profile, quota.clone())
+            let mut stack = QuotaStack::for_profile(profile, quota.clone())
                 .with_budget(budget.clone())
                 .retry(config.tier_unavailable.retry_policy());
+            if let Some(prices) = prices {
+                stack = stack.prices(Arc::clone(prices));
+            }
             (api, profile, stack.layer(client.clone()))
         })
         .collect()
@@ -365,6 +375,7 @@ impl Account {
         config: &AccountConfig,
         (tree, before): (&TenantTree, Option<&Budget>),
         (redis_url, fail_closed, lease): (Option<&str>, bool, Option<Duration>),
+        prices: Option<&Arc<PriceTable>>,
     ) -> Result<Self, ConfigError> {
         let error = |message: String| ConfigError(format!("account `{}`: {message}", config.name));
         let simulator = (config.base_url == "sim").then(|| simulator(config));
@@ -423,7 +434,7 @@ impl Account {
             .queue_handle();
         let main = Scoped {
             name: None,
-            stacks: stacks(config, &main_quota, &budget, &client),
+            stacks: stacks(config, &main_quota, (&budget, prices), &client),
             budget: budget.clone(),
         };
         let maker = Maker {
@@ -431,6 +442,7 @@ impl Account {
             tenants_of: budget,
             shared: (redis_url.map(str::to_owned), fail_closed, lease),
             client,
+            prices: prices.cloned(),
         };
         let mut scopes = Vec::with_capacity(config.scopes.len());
         for scope in &config.scopes {

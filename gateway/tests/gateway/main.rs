@@ -24,6 +24,7 @@ mod routing;
 mod scopes;
 mod sdk;
 mod shutdown;
+mod spend;
 mod support;
 mod tiers;
 mod tls;

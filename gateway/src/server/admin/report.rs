@@ -1,5 +1,6 @@
-//! `GET /admin/report?since=...&until=...&format=json|csv&table=rows|accounts`: the review of
-//! a period ([`crate::server::report`]), a week back by default. `since` and `until` are
+//! `GET /admin/report?since=...&until=...&format=json|csv&table=rows|accounts|spend`: the
+//! review of a period ([`crate::server::report`]), a week back by default; `table=spend` is
+//! the spend export (per day, tenant, key, model and tier). `since` and `until` are
 //! RFC 3339 times in UTC (`2026-11-26`, `2026-11-26T09:00:00Z`) or Unix seconds; whole hours
 //! are counted. A delegated admin gets its subtree's rows and no account table.
 
@@ -16,7 +17,7 @@ use tower_llm_quota::tenant::Tenant;
 use super::super::Gateway;
 use super::super::auth::Admin;
 use super::super::refusal::limit_name;
-use super::super::report::{AccountLimits, Row};
+use super::super::report::{AccountLimits, Row, SpendRow};
 use super::error;
 
 /// A week: the default period.
@@ -47,6 +48,7 @@ enum Table {
     #[default]
     Rows,
     Accounts,
+    Spend,
 }
 
 pub(super) async fn report(
@@ -106,6 +108,15 @@ pub(super) async fn report(
             let mut text = String::from(Row::CSV_HEADER);
             text.push('\n');
             for row in &review.rows {
+                text.push_str(&row.csv_line());
+                text.push('\n');
+            }
+            csv(text)
+        }
+        (Format::Csv, Table::Spend) => {
+            let mut text = String::from(SpendRow::CSV_HEADER);
+            text.push('\n');
+            for row in &review.spend {
                 text.push_str(&row.csv_line());
                 text.push('\n');
             }

@@ -1,0 +1,247 @@
+//! Spend: a price table in the configuration, a key's monthly spend cap reserved before each
+//! call, the spend export adding up to what was settled, and two replicas on one Redis that
+//! never overshoot the cap.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::Value;
+
+use crate::redis_server::RedisServer;
+use crate::support::Running;
+
+/// The cap: $0.01 a calendar month on the key `team-key`.
+const CAP: u64 = 10_000_000;
+
+/// A simulated account far above the load, `gpt-4o-mini` at $2.50 per million input tokens
+/// and $10 per million output (figures for the test's sake), and the key's monthly cap.
+fn config() -> String {
+    config_of(CAP, 100)
+}
+
+/// The same with a cap of `cap` nano-dollars, replicas renewing their leases every
+/// `lease_ms` (0: asking Redis per admission).
+fn config_of(cap: u64, lease_ms: u64) -> String {
+    format!(
+        r#"
+        [server]
+        admin_token = "admin"
+        lease_refresh_ms = {lease_ms}
+        [[accounts]]
+        name = "sim"
+        base_url = "sim"
+        profile = "openai"
+        apis = ["chat"]
+        quota = {{ requests_per_minute = 60000, tokens_per_minute = 60000000 }}
+        sim = {{ base_ms = 0, per_token_ms = 0 }}
+        [prices]
+        unpriced = "refuse"
+        [prices.models."gpt-4o-mini"]
+        input = "2.50"
+        output = "10"
+        [tenants.nodes."team/team-key"]
+        caps = [{{ dimension = "spend", amount = {cap}, window = "calendar_month_utc" }}]
+        [[keys]]
+        name = "team-key"
+        key = "caller-secret"
+        tenant = "team"
+        "#
+    )
+}
+
+/// A request of a prompt made different by `n` (the simulator draws each answer's length
+/// from its prompt), its answer at most 40 tokens.
+fn body(n: u64) -> String {
+    format!(
+        r#"{{"model":"gpt-4o-mini","max_tokens":40,"messages":[{{"role":"user","content":"{n} {}"}}]}}"#,
+        "word ".repeat(20 + (n % 30) as usize)
+    )
+}
+
+/// The spend of an answer, from its usage (the test's own arithmetic): nano-dollars,
+/// rounded up once.
+fn spend_of(answer: &Value) -> u64 {
+    let usage = &answer["usage"];
+    let prompt = usage["prompt_tokens"].as_u64().unwrap();
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or(0);
+    let output = usage["completion_tokens"].as_u64().unwrap();
+    // Pico-dollars a token: 2,500,000 input (the cache priced as input: no price given),
+    // 10,000,000 output.
+    let pico = (prompt - cached) * 2_500_000 + cached * 2_500_000 + output * 10_000_000;
+    pico.div_ceil(1_000)
+}
+
+/// One caller: requests until the cap refuses one; the spend of its answers.
+async fn spend_until_refused(gateway: &Running, next: &AtomicU64) -> (u64, u64, Value) {
+    let (mut spent, mut answered) = (0, 0);
+    loop {
+        let n = next.fetch_add(1, Ordering::Relaxed);
+        let response = gateway
+            .post("/v1/chat/completions", Some("caller-secret"), &body(n))
+            .await;
+        let status = response.status().as_u16();
+        let retry_after = response.headers().get("retry-after").cloned();
+        let answer: Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
+        if status == 200 {
+            spent += spend_of(&answer);
+            answered += 1;
+            continue;
+        }
+        assert_eq!(status, 429, "{answer}");
+        let seconds: u64 = retry_after
+            .expect("a refusal says when the month ends")
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(seconds > 0 && seconds <= 31 * 86_400, "{seconds}");
+        return (spent, answered, answer);
+    }
+}
+
+async fn export(gateway: &Running, format: &str) -> String {
+    reqwest::Client::new()
+        .get(format!(
+            "{}/admin/report?table=spend&format={format}",
+            gateway.url
+        ))
+        .bearer_auth("admin")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+/// The export's requests and spend, summed over its rows (JSON), checked against its CSV.
+async fn exported(gateway: &Running) -> (u64, u64) {
+    let review: Value = serde_json::from_str(&export(gateway, "json").await).unwrap();
+    let rows = review["spend"].as_array().unwrap();
+    let sum = |name: &str| rows.iter().map(|r| r[name].as_u64().unwrap()).sum::<u64>();
+    for row in rows {
+        assert_eq!(
+            (row["tenant"].as_str(), row["key"].as_str()),
+            (Some("team"), Some("team-key"))
+        );
+        assert_eq!(row["model"], "gpt-4o-mini");
+        assert_eq!(row["tier"], "standard");
+    }
+    let csv = export(gateway, "csv").await;
+    let mut lines = csv.lines();
+    assert!(
+        lines
+            .next()
+            .unwrap()
+            .starts_with("day,tenant,key,model,tier,requests")
+    );
+    let csv_spend: u64 = lines
+        .map(|line| line.split(',').nth(10).unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(csv_spend, sum("spend_nano_usd"));
+    (sum("requests"), sum("spend_nano_usd"))
+}
+
+/// What the key's node has used of its month, as `/admin/tenants` shows it.
+async fn month_used(gateway: &Running) -> u64 {
+    let response = gateway
+        .admin(reqwest::Method::GET, "/tenants", "admin", Value::Null)
+        .await;
+    let tenants: Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
+    let node = tenants
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["path"] == "team/team-key")
+        .unwrap_or_else(|| panic!("no node team/team-key in {tenants}"));
+    let cap = &node["accounts"][0]["caps"][0];
+    assert_eq!(cap["limit"], "spend_per_month", "{node}");
+    cap["used"].as_u64().unwrap()
+}
+
+#[tokio::test]
+async fn a_key_spend_cap_refuses_at_the_cap_and_the_export_adds_up() {
+    let gateway = Running::start(&config()).await;
+    let next = AtomicU64::new(0);
+    let (spent, answered, refusal) = spend_until_refused(&gateway, &next).await;
+    assert_eq!(refusal["error"]["limit"], "spend_per_month", "{refusal}");
+    assert_eq!(
+        refusal["error"]["scope"], "tenant:team/team-key",
+        "{refusal}"
+    );
+    // At the cap within one request's spend (its prompt and 40 output tokens).
+    assert!(spent <= CAP, "{spent} over {CAP}");
+    assert!(CAP - spent < 2_000_000, "{spent} of {CAP}");
+    // The budget settled each answer's usage at its prices; the export counts the same.
+    assert_eq!(month_used(&gateway).await, spent);
+    assert_eq!(exported(&gateway).await, (answered, spent));
+    // An unpriced model is refused before it is sent.
+    let response = gateway
+        .post(
+            "/v1/chat/completions",
+            Some("caller-secret"),
+            &body(0).replace("gpt-4o-mini", "gpt-unpriced"),
+        )
+        .await;
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    assert!(status.is_client_error(), "{status} {text}");
+    assert!(text.contains("gpt-unpriced"), "{text}");
+    gateway.stop().await;
+}
+
+/// Two replicas on one Redis, 50 callers on each against the key's monthly cap ($0.10), every
+/// caller sending until refused, the replicas leasing their shares of the account or asking
+/// Redis per admission: the spend of every answer, counted from outside, never exceeds the
+/// cap (the requests set `max_tokens`: the estimate is never below the real spend), and the
+/// shared export adds up to it.
+#[tokio::test]
+async fn two_replicas_never_overshoot_a_key_spend_cap() {
+    for lease_ms in [100, 0] {
+        two_replicas_against_a_cap(lease_ms).await;
+    }
+}
+
+async fn two_replicas_against_a_cap(lease_ms: u64) {
+    const CAP: u64 = 100_000_000;
+    let redis = RedisServer::start();
+    let config = config_of(CAP, lease_ms);
+    let first = Arc::new(Running::start_shared(&config, &redis.url()).await);
+    let second = Arc::new(Running::start_shared(&config, &redis.url()).await);
+    let next = Arc::new(AtomicU64::new(0));
+    let mut callers = Vec::new();
+    for replica in [&first, &second] {
+        for _ in 0..50 {
+            let (replica, next) = (Arc::clone(replica), Arc::clone(&next));
+            callers.push(tokio::spawn(async move {
+                spend_until_refused(&replica, &next).await
+            }));
+        }
+    }
+    let (mut spent, mut answered) = (0, 0);
+    for caller in callers {
+        let (s, a, refusal) = caller.await.unwrap();
+        assert_eq!(refusal["error"]["limit"], "spend_per_month", "{refusal}");
+        spent += s;
+        answered += a;
+    }
+    eprintln!(
+        "two replicas (lease {lease_ms} ms), 100 callers: {answered} answers spent {spent} of \
+         {CAP} nano-dollars ({:.4}x the cap)",
+        spent as f64 / CAP as f64
+    );
+    assert!(spent <= CAP, "overshoot: {spent} over {CAP}");
+    assert!(
+        CAP - spent < 2_000_000,
+        "{spent} of {CAP}: more than a request left"
+    );
+    for replica in [&first, &second] {
+        replica.gateway.report.flush().await.unwrap();
+    }
+    assert_eq!(exported(&first).await, (answered, spent));
+    for replica in [first, second] {
+        Arc::into_inner(replica).unwrap().stop().await;
+    }
+}
