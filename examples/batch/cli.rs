@@ -58,6 +58,10 @@ pub(crate) struct Args {
     /// tables gain a spend row. None ships with the example: enter your model's.
     #[arg(long, value_name = "INPUT,OUTPUT", value_parser = prices)]
     pub(crate) prices: Option<tower_llm_quota::pricing::TokenPrices>,
+    /// The same from a price table in TOML (the crate's `pricing` format): the prices of the
+    /// workload's model, `gpt-4o-mini`, at the standard tier.
+    #[arg(long, value_name = "FILE.toml", conflicts_with = "prices", value_parser = price_file)]
+    pub(crate) prices_file: Option<tower_llm_quota::pricing::TokenPrices>,
     /// Draw tokens admitted per simulated second against the quota, as SVG.
     #[arg(long, value_name = "FILE.svg")]
     pub(crate) plot: Option<PathBuf>,
@@ -172,6 +176,24 @@ fn prices(text: &str) -> Result<tower_llm_quota::pricing::TokenPrices, String> {
         .map_err(|e| e.to_string())
 }
 
+/// `--prices-file FILE.toml`: the prices of the workload's model in a price table.
+fn price_file(path: &str) -> Result<tower_llm_quota::pricing::TokenPrices, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let table: tower_llm_quota::pricing::PriceTable =
+        toml::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+    let prices = table
+        .prices(crate::workload::MODEL)
+        .map_err(|e| format!("{path}: {e}"))?;
+    Ok(*prices.tier(None))
+}
+
+impl Args {
+    /// The prices of `--prices` or `--prices-file`, if given.
+    pub(crate) fn prices(&self) -> Option<tower_llm_quota::pricing::TokenPrices> {
+        self.prices.or(self.prices_file)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::chat_completions_url as url;
@@ -227,5 +249,17 @@ mod tests {
         assert_eq!(read.output.pico_per_token(), 600_000);
         assert!(super::prices("0.15").unwrap_err().contains("INPUT,OUTPUT"));
         assert!(super::prices("0.15,x").is_err());
+        let file = std::env::temp_dir().join(format!("batch-prices-{}.toml", std::process::id()));
+        let table = "[models.\"gpt-4o*\"]\ninput = \"0.15\"\noutput = \"0.60\"\n";
+        std::fs::write(&file, table).unwrap();
+        let path = file.to_str().unwrap();
+        assert_eq!(super::price_file(path), Ok(read));
+        std::fs::write(
+            &file,
+            "[models.\"claude*\"]\ninput = \"3\"\noutput = \"15\"\n",
+        )
+        .unwrap();
+        assert!(super::price_file(path).unwrap_err().contains("gpt-4o-mini"));
+        std::fs::remove_file(&file).unwrap();
     }
 }

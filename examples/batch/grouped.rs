@@ -106,7 +106,7 @@ pub(crate) async fn run(
             tokio::time::sleep(settings.quota.minute).await;
         }
     }
-    print_table(&runs[0], &runs[1], args.prices.as_ref());
+    print_table(&runs[0], &runs[1], args.prices().as_ref());
     if let Some(path) = &args.report {
         let report = json!({"one_per_call": run_json(&runs[0]), "grouped": run_json(&runs[1])});
         std::fs::write(path, format!("{report:#}\n"))
@@ -263,7 +263,7 @@ fn print_table(alone: &GroupedRun, grouped: &GroupedRun, prices: Option<&TokenPr
     ];
     if let Some(prices) = prices {
         let at = move |r: &GroupedRun| dollars(spend(prices, r.input_tokens, r.output_tokens));
-        rows.push(("spend (at --prices)", Box::new(at)));
+        rows.push(("spend (at the prices given)", Box::new(at)));
     }
     rows.extend::<[(&str, Cell<'_>); 5]>([
         (

@@ -66,7 +66,9 @@
 //! - `--report FILE.json`, `--plot FILE.svg`: the figures as JSON; tokens admitted per
 //!   simulated second against the quota, with the 429s marked.
 //! - `--prices INPUT,OUTPUT`: dollars per million input and output tokens (your model's: none
-//!   ships with the example); the tables and the JSON report gain the runs' spend.
+//!   ships with the example), or `--prices-file FILE.toml`, a price table (the crate's
+//!   `pricing` format) naming the workload's `gpt-4o-mini`; the tables and the JSON report
+//!   gain the runs' spend.
 //! - `--group N [--instructions FILE.txt] [--template FILE.toml] [--answer-errors SHARE]`:
 //!   the tickets grouped N per call with shared instructions, against the same tickets one
 //!   per call, side by side (calls, input and output tokens, wall time, provider 429s, items
@@ -183,7 +185,7 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
     let stack = governed_stack(&args, &settings).await?;
     let governed = governed_run(&provider, &settings, &stack, &items).await;
 
-    let frame = Frame::of(settings.quota, &governed).with_prices(args.prices);
+    let frame = Frame::of(settings.quota, &governed).with_prices(args.prices());
     report::print_table(&frame, naive.as_ref(), &governed);
     write_outputs(&args, &settings, &frame, naive.as_ref(), &governed)?;
     Ok(verify(&provider, &governed))

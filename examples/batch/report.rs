@@ -170,7 +170,7 @@ pub(crate) fn print_table(frame: &Frame, naive: Option<&RunFigures>, governed: &
     ];
     if frame.prices.is_some() {
         let at = |r: &RunFigures| frame.spend(r).map_or_else(String::new, dollars);
-        rows.push(("spend (at --prices)".into(), cell(&at)));
+        rows.push(("spend (at the prices given)".into(), cell(&at)));
     }
     rows.extend([
         (

@@ -138,10 +138,13 @@ fn ticket_prompt(rng: &mut fastrand::Rng, n: usize, chars: usize) -> String {
     text
 }
 
+/// The model the workload asks for.
+pub(crate) const MODEL: &str = "gpt-4o-mini";
+
 /// The OpenAI Chat Completions body asking for a classification of `prompt`.
 pub(crate) fn chat_body(prompt: &str, max_tokens: u64) -> Bytes {
     let body = serde_json::json!({
-        "model": "gpt-4o-mini",
+        "model": MODEL,
         "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": prompt}],
     });
