@@ -213,7 +213,7 @@ async fn a_pause_from_one_replica_holds_on_every_replica() {
 }
 
 /// Two replicas saturating one account of 20 requests a second: eight clients of tenant `a`
-/// on the first, four of tenant `b` on each (`a` weighing `weight_a`, `b` one), for three
+/// on the first, four of tenant `b` on each (`a` weighing `weight_a`, `b` one), for six
 /// seconds after a warm-up: the answers each tenant got. The account's "minute" is a second,
 /// so its burst (a sixth of it: 3) is spent at once, and the window measures the saturated
 /// account however slowly the clients start (with a burst of a sixth of 1,200 a minute, a
@@ -251,7 +251,7 @@ async fn served_by_each_tenant(lease: &str, weight_a: u32) -> (u64, u64) {
     let start = tokio::time::Instant::now();
     let (from, end) = (
         start + Duration::from_millis(500),
-        start + Duration::from_millis(3_500),
+        start + Duration::from_millis(6_500),
     );
     let mut clients = Vec::new();
     let spread = [
@@ -284,10 +284,13 @@ async fn served_by_each_tenant(lease: &str, weight_a: u32) -> (u64, u64) {
 
 /// Tenants share a saturated account by their weights whatever the spread of their clients
 /// over the replicas, in the default mode (leases): `a` on one replica, `b` on both; 50/50 for
-/// equal weights, 75/25 for 3:1. The margin is the mechanism's, not a quiet run's: of the
-/// about 60 answers measured, a tenant may be off its share by one renewal's grant (2
-/// requests: 20 a second renewed every 100 ms) at each edge of the window and one request of
-/// each tenant (the fair share's bound): 6 requests, 10 points. Asking per admission
+/// equal weights, 75/25 for 3:1. The margin: of the about 120 answers measured, a tenant may
+/// be off its share by one renewal's grant (2 requests: 20 a second renewed every 100 ms) at
+/// each edge of the window and one request of each tenant (the fair share's bound): 6
+/// requests, 5 points; the other 5 points of the 10 allowed cover renewals delayed on a busy
+/// machine (a replica whose renewal is late admits nothing past its lease's end, and its
+/// tenant loses that time: 3 s windows beside the whole suite and a build saw `a` at 61 and
+/// 63 % for 75). Asking per admission
 /// (`lease_refresh_ms = 0`), the processes take turns at the store: nobody starves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_a_saturated_account_by_their_tenants_not_their_clients() {
@@ -300,9 +303,9 @@ async fn replicas_share_a_saturated_account_by_their_tenants_not_their_clients()
             served.1,
             share(served) * 100.0
         );
-        // 20 a second for both: about 60 in the measured three seconds.
-        assert!(served.0 + served.1 >= 50, "{served:?}");
-        let margin = 6.0 / (served.0 + served.1) as f64;
+        // 20 a second for both: about 120 in the measured six seconds.
+        assert!(served.0 + served.1 >= 100, "{served:?}");
+        let margin = 0.1;
         assert!(
             (share(served) - expected).abs() <= margin,
             "{served:?}: the tenants' weights {weight}:1, not their clients' spread"
@@ -316,10 +319,10 @@ async fn replicas_share_a_saturated_account_by_their_tenants_not_their_clients()
         share(asking) * 100.0
     );
     // Nobody starves. Each admission is a round trip to Redis: beside a build the turns
-    // slow down (46 answers seen where a quiet machine gives about 60), so the total asked
-    // of it is half the rate.
+    // slow down (46 answers seen in three seconds where a quiet machine gives about 60), so
+    // the total asked of it is half the rate.
     assert!(
-        asking.0 + asking.1 >= 30 && asking.0 >= 5 && asking.1 >= 5,
+        asking.0 + asking.1 >= 60 && asking.0 >= 10 && asking.1 >= 10,
         "{asking:?}"
     );
 }

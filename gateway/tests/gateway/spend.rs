@@ -73,9 +73,19 @@ fn spend_of(answer: &Value) -> u64 {
     pico.div_ceil(1_000)
 }
 
-/// One caller: requests until the cap refuses one; the spend of its answers.
-async fn spend_until_refused(gateway: &Running, next: &AtomicU64) -> (u64, u64, Value) {
-    let (mut spent, mut answered) = (0, 0);
+/// What one caller saw: the spend of its answers, how many, the cap's refusal, and how many
+/// times the shared store was out of reach (a Redis call past its timeout on a busy machine:
+/// refused with a 503, retried as an SDK would).
+struct Caller {
+    spent: u64,
+    answered: u64,
+    refusal: Value,
+    unreachable: u64,
+}
+
+/// One caller: requests until the cap refuses one.
+async fn spend_until_refused(gateway: &Running, next: &AtomicU64) -> Caller {
+    let (mut spent, mut answered, mut unreachable) = (0, 0, 0);
     loop {
         let n = next.fetch_add(1, Ordering::Relaxed);
         let response = gateway
@@ -89,6 +99,11 @@ async fn spend_until_refused(gateway: &Running, next: &AtomicU64) -> (u64, u64, 
             answered += 1;
             continue;
         }
+        if status == 503 && answer["error"]["limit"] == "store" {
+            unreachable += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            continue;
+        }
         assert_eq!(status, 429, "{answer}");
         let seconds: u64 = retry_after
             .expect("a refusal says when the month ends")
@@ -97,7 +112,12 @@ async fn spend_until_refused(gateway: &Running, next: &AtomicU64) -> (u64, u64, 
             .parse()
             .unwrap();
         assert!(seconds > 0 && seconds <= 31 * 86_400, "{seconds}");
-        return (spent, answered, answer);
+        return Caller {
+            spent,
+            answered,
+            refusal: answer,
+            unreachable,
+        };
     }
 }
 
@@ -165,7 +185,12 @@ async fn month_used(gateway: &Running) -> u64 {
 async fn a_key_spend_cap_refuses_at_the_cap_and_the_export_adds_up() {
     let gateway = Running::start(&config()).await;
     let next = AtomicU64::new(0);
-    let (spent, answered, refusal) = spend_until_refused(&gateway, &next).await;
+    let Caller {
+        spent,
+        answered,
+        refusal,
+        ..
+    } = spend_until_refused(&gateway, &next).await;
     assert_eq!(refusal["error"]["limit"], "spend_per_month", "{refusal}");
     assert_eq!(
         refusal["error"]["scope"], "tenant:team/team-key",
@@ -220,22 +245,27 @@ async fn two_replicas_against_a_cap(lease_ms: u64) {
             }));
         }
     }
-    let (mut spent, mut answered) = (0, 0);
+    let (mut spent, mut answered, mut unreachable) = (0, 0, 0);
     for caller in callers {
-        let (s, a, refusal) = caller.await.unwrap();
+        let caller = caller.await.unwrap();
+        let refusal = &caller.refusal;
         assert_eq!(refusal["error"]["limit"], "spend_per_month", "{refusal}");
-        spent += s;
-        answered += a;
+        spent += caller.spent;
+        answered += caller.answered;
+        unreachable += caller.unreachable;
     }
     eprintln!(
         "two replicas (lease {lease_ms} ms), 100 callers: {answered} answers spent {spent} of \
-         {CAP} nano-dollars ({:.4}x the cap)",
+         {CAP} nano-dollars ({:.4}x the cap); the store out of reach {unreachable} times",
         spent as f64 / CAP as f64
     );
     assert!(spent <= CAP, "overshoot: {spent} over {CAP}");
+    // Within a request of the cap, but for what each call whose reply was lost may have
+    // reserved in Redis (counted there, never answered: the safe side).
+    let left = 2_000_000 * (1 + unreachable);
     assert!(
-        CAP - spent < 2_000_000,
-        "{spent} of {CAP}: more than a request left"
+        CAP - spent < left,
+        "{spent} of {CAP}: more than {left} left"
     );
     for replica in [&first, &second] {
         replica.gateway.report.flush().await.unwrap();
