@@ -74,6 +74,20 @@ impl CapWindow {
         }
     }
 
+    /// When the window holding `unix` began, in seconds since the epoch: the calendar day's or
+    /// month's first second; for a rolling window, 24 hours before the end of its quarter
+    /// hour.
+    pub const fn started_at(self, unix: u64) -> u64 {
+        match self {
+            CapWindow::CalendarDayUtc => unix / DAY * DAY,
+            CapWindow::CalendarMonthUtc => {
+                let (year, month) = year_month(unix / DAY);
+                days_from_civil(year, month) * DAY
+            }
+            CapWindow::Rolling => ((unix / SLOT + 1) * SLOT).saturating_sub(DAY),
+        }
+    }
+
     /// [`resets_after`](Self::resets_after) as a wall time.
     pub(crate) fn resets_at(self, unix: u64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(self.resets_after(unix))
@@ -341,6 +355,12 @@ mod tests {
         let month = CapWindow::CalendarMonthUtc;
         assert_eq!(month.resets_after(jan31), feb1);
         assert_eq!(month.resets_after(feb1), mar1);
+        assert_eq!(month.started_at(feb1), feb1);
+        assert_eq!(month.started_at(mar1 - 1), feb1);
+        assert_eq!(
+            CapWindow::CalendarDayUtc.started_at(jan31),
+            jan31 - 23 * 3_600 - 59 * 60
+        );
         let mut count = cap(month);
         count.add(900, jan31 - 20 * DAY);
         assert_eq!(count.fits(101, jan31), Err(900));

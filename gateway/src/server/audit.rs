@@ -276,6 +276,13 @@ impl Audited {
         }
         let now = SystemTime::now();
         gateway.report.record(&self.entry, now);
+        if let (Some(spend), Some(tenant)) = (self.entry.spend_nano_usd, &self.entry.tenant) {
+            let path = match &self.entry.key {
+                Some(key) => format!("{tenant}/{key}"),
+                None => tenant.clone(),
+            };
+            gateway.alerts.add(&path, spend, now, &gateway.audit);
+        }
         #[cfg(feature = "otel")]
         if let Some(otel) = &gateway.otel {
             let started = now.checked_sub(duration).unwrap_or(now);

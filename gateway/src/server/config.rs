@@ -83,6 +83,9 @@ pub(crate) struct Config {
     /// request's spend is reserved and settled, and spend limits and caps hold.
     #[serde(default)]
     pub(crate) prices: Option<tower_llm_quota::pricing::PriceTable>,
+    /// Thresholds of a node's spend over a day or a month, raised once per period.
+    #[serde(default)]
+    pub(crate) spend_alerts: Vec<super::alerts::AlertConfig>,
 }
 
 /// One public model name: the account that serves it, its fallbacks, a ramp.
@@ -251,6 +254,9 @@ pub(crate) struct ServerConfig {
     /// Where the `otel` build exports a span per request (OTLP over HTTP, protobuf):
     /// `http://collector:4318/v1/traces`.
     pub(crate) otlp_endpoint: Option<String>,
+    /// Where spend alerts are `POST`ed as JSON, if anywhere.
+    #[serde(default)]
+    pub(crate) alert_webhook: Option<String>,
 }
 
 fn default_admin_sync() -> u64 {
@@ -277,6 +283,7 @@ impl Default for ServerConfig {
             state_file: None,
             admin_sync_ms: default_admin_sync(),
             otlp_endpoint: None,
+            alert_webhook: None,
         }
     }
 }

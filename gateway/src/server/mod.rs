@@ -2,6 +2,7 @@
 //! calls [`Gateway::new`] and [`serve`]; the tests call the same two.
 
 pub(crate) mod admin;
+pub(crate) mod alerts;
 pub(crate) mod audit;
 pub(crate) mod auth;
 pub(crate) mod config;
@@ -72,6 +73,8 @@ pub(crate) struct Gateway {
     pub(crate) audit: audit::Audit,
     /// The counters of `GET /admin/report`.
     pub(crate) report: Arc<report::Report>,
+    /// The spend alerts, and their webhook's queue.
+    pub(crate) alerts: Arc<alerts::Alerts>,
     /// The exporter of a span per request (`server.otlp_endpoint`).
     #[cfg(feature = "otel")]
     pub(crate) otel: Option<otel::Otel>,
@@ -199,6 +202,15 @@ impl Gateway {
                     .map_err(|e| ConfigError(format!("server.audit_log {target}: {e}")))?
             },
             report: Arc::new(report::Report::open(redis_url)?),
+            alerts: Arc::new(alerts::Alerts::new(
+                &config.spend_alerts,
+                redis_url,
+                config
+                    .server
+                    .alert_webhook
+                    .clone()
+                    .map(|url| (url, upstream::webhook_client())),
+            )?),
             #[cfg(feature = "otel")]
             otel: match &config.server.otlp_endpoint {
                 Some(endpoint) => Some(otel::Otel::start(endpoint.clone()).await?),
@@ -299,6 +311,9 @@ impl Gateway {
         }
         if new.prices != current.prices {
             restart.push("prices");
+        }
+        if new.spend_alerts != current.spend_alerts {
+            restart.push("spend_alerts");
         }
         let mut server = new.server.clone();
         server.admin_token.clone_from(&current.server.admin_token);

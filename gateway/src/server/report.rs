@@ -175,6 +175,18 @@ fn unix(time: SystemTime) -> u64 {
         .as_secs()
 }
 
+/// A connection to the Redis at `url` for counters (`what`, in errors), made at its first
+/// use: a second to connect, two for an answer, one retry.
+pub(crate) fn connection(url: &str, what: &str) -> Result<ConnectionManager, ConfigError> {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(Duration::from_secs(1)))
+        .set_response_timeout(Some(Duration::from_secs(2)))
+        .set_number_of_retries(1);
+    redis::Client::open(url)
+        .and_then(|client| ConnectionManager::new_lazy_with_config(client, config))
+        .map_err(|e| ConfigError(format!("redis ({what}): {e}")))
+}
+
 fn hour_key(hour: u64) -> String {
     format!("{{gateway:report}}:h:{hour}")
 }
@@ -182,17 +194,7 @@ fn hour_key(hour: u64) -> String {
 impl Report {
     /// The report's counters: in Redis at `redis_url`, else in memory.
     pub(crate) fn open(redis_url: Option<&str>) -> Result<Self, ConfigError> {
-        let redis = redis_url
-            .map(|url| {
-                let config = ConnectionManagerConfig::new()
-                    .set_connection_timeout(Some(Duration::from_secs(1)))
-                    .set_response_timeout(Some(Duration::from_secs(2)))
-                    .set_number_of_retries(1);
-                let client = redis::Client::open(url)?;
-                ConnectionManager::new_lazy_with_config(client, config)
-            })
-            .transpose()
-            .map_err(|e| ConfigError(format!("redis (report): {e}")))?;
+        let redis = redis_url.map(|url| connection(url, "report")).transpose()?;
         Ok(Self {
             tally: Mutex::default(),
             redis,

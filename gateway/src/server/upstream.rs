@@ -328,6 +328,12 @@ fn client_error(error: hyper_util::client::legacy::Error) -> BoxError {
 
 /// The client an account's stacks call: marks the request dispatched, then sends it, over
 /// `tls` for an `https://` upstream.
+/// A client for the alert webhook: HTTP or HTTPS (the Mozilla roots).
+pub(crate) fn webhook_client() -> Client {
+    let tls = tls_config(None).expect("the built-in roots load");
+    client(None, tls)
+}
+
 fn client(simulator: Option<&Simulator>, tls: rustls::ClientConfig) -> Client {
     let mark = |request: Request<Full<Bytes>>| {
         if let Some(dispatched) = request.extensions().get::<Dispatched>() {

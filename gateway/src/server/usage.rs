@@ -26,6 +26,22 @@ pub(crate) fn describe() {
         "The gateway's own time to an answer's head, by API: from the request's head, less the time queued for quota and the upstream call's."
     );
     describe_counter!(
+        "gateway_spend_alerts_total",
+        "Spend alert thresholds crossed, by the alert's node and threshold (percent): once each per period over every replica."
+    );
+    describe_counter!(
+        "gateway_alert_webhook_failures_total",
+        "Failed attempts to post a spend alert to the webhook (each retried with backoff)."
+    );
+    describe_counter!(
+        "gateway_alert_webhook_dropped_total",
+        "Spend alerts never delivered to the webhook: every attempt failed, or the queue was full."
+    );
+    describe_counter!(
+        "gateway_alert_count_failures_total",
+        "Answers whose spend could not be added to a spend alert's count in Redis."
+    );
+    describe_counter!(
         "gateway_requests_total",
         "Requests the provider answered, by tenant, API, class and status."
     );

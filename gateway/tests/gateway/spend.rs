@@ -275,3 +275,182 @@ async fn two_replicas_against_a_cap(lease_ms: u64) {
         Arc::into_inner(replica).unwrap().stop().await;
     }
 }
+
+/// A webhook receiver on loopback: it refuses its first `failing` posts with a 500, then
+/// takes every event; its URL and what it took.
+async fn webhook(failing: usize) -> (String, Arc<std::sync::Mutex<Vec<Value>>>) {
+    use axum::routing::post;
+    let taken = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = Arc::new(AtomicU64::new(0));
+    let (store, count) = (taken.clone(), seen.clone());
+    let app = axum::Router::new().route(
+        "/hook",
+        post(move |body: axum::body::Bytes| {
+            let (store, count) = (store.clone(), count.clone());
+            async move {
+                if count.fetch_add(1, Ordering::Relaxed) < failing as u64 {
+                    return http::StatusCode::INTERNAL_SERVER_ERROR;
+                }
+                store
+                    .lock()
+                    .unwrap()
+                    .push(serde_json::from_slice::<Value>(&body).unwrap());
+                http::StatusCode::NO_CONTENT
+            }
+        }),
+    );
+    let url = crate::support::serve_upstream(app).await;
+    (format!("{url}/hook"), taken)
+}
+
+/// Waits until `taken` holds `n` events (at most 20 s).
+async fn events(taken: &std::sync::Mutex<Vec<Value>>, n: usize) -> Vec<Value> {
+    let started = std::time::Instant::now();
+    loop {
+        let events = taken.lock().unwrap().clone();
+        if events.len() >= n || started.elapsed() > std::time::Duration::from_secs(20) {
+            return events;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// The configuration of the alert tests: prices, no cap, an alert of `amount` on `tenant` at
+/// 50, 80 and 100 %, posted to `hook`; the audit log in `audit` when given.
+fn alert_config(tenant: &str, amount: u64, hook: &str, audit: Option<&str>) -> String {
+    let audit = audit.map_or_else(String::new, |path| format!("audit_log = \"{path}\""));
+    config_of(CAP, 100)
+        .replace(
+            "admin_token = \"admin\"",
+            &format!("admin_token = \"admin\"\n        alert_webhook = \"{hook}\"\n        {audit}"),
+        )
+        .replace(
+            &format!(
+                "[tenants.nodes.\"team/team-key\"]\n        caps = [{{ dimension = \"spend\", amount = {CAP}, window = \"calendar_month_utc\" }}]"
+            ),
+            &format!(
+                "[[spend_alerts]]\n        tenant = \"{tenant}\"\n        amount = {amount}\n        window = \"calendar_month_utc\"\n        thresholds = [100, 50, 80]"
+            ),
+        )
+        .replace("tenant = \"team\"", &format!("tenant = \"{tenant}\""))
+}
+
+/// An alert of $0.005 a month on a tenant without a cap (the warn-only mode): requests go on
+/// past it, never refused; each threshold is raised once, when the answer that crossed it was
+/// counted, as an audit line, a metric and a webhook post that the receiver refused once
+/// (retried after half a second).
+#[tokio::test]
+async fn spend_alerts_fire_once_each_and_never_refuse() {
+    const AMOUNT: u64 = 5_000_000;
+    let (hook, taken) = webhook(1).await;
+    let audit = std::env::temp_dir().join(format!("alerts-audit-{}.log", std::process::id()));
+    let audit_path = audit.to_str().unwrap().to_owned();
+    let gateway = Running::start(&alert_config("alerts", AMOUNT, &hook, Some(&audit_path))).await;
+    // Until 150 % of the amount: every request answered.
+    let (mut spent, mut steps) = (0, Vec::new());
+    for n in 0.. {
+        let response = gateway
+            .post("/v1/chat/completions", Some("caller-secret"), &body(n))
+            .await;
+        assert_eq!(response.status(), 200, "warn-only: never refused");
+        let answer: Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
+        spent += spend_of(&answer);
+        steps.push(spent);
+        if spent * 2 >= AMOUNT * 3 {
+            break;
+        }
+    }
+    let events = events(&taken, 3).await;
+    let thresholds: Vec<u64> = events
+        .iter()
+        .map(|e| e["threshold_percent"].as_u64().unwrap())
+        .collect();
+    assert_eq!(thresholds, [50, 80, 100], "{events:?}");
+    for event in &events {
+        assert_eq!(event["event"], "spend_threshold");
+        assert_eq!(event["tenant"], "alerts");
+        assert_eq!(event["window"], "calendar_month_utc");
+        assert_eq!(event["amount_nano_usd"], AMOUNT);
+        // Raised by the very answer that crossed it: the spend then is the first of the
+        // running totals at or above the threshold.
+        let level = AMOUNT * event["threshold_percent"].as_u64().unwrap() / 100;
+        let first = *steps.iter().find(|&&s| s >= level).unwrap();
+        assert_eq!(event["spent_nano_usd"], first, "{event}");
+        assert!(
+            event["period_start"]
+                .as_str()
+                .unwrap()
+                .ends_with("-01T00:00:00.000Z")
+        );
+    }
+    let (_, metrics) = gateway.get("/metrics").await;
+    for threshold in ["50", "80", "100"] {
+        let line =
+            format!("gateway_spend_alerts_total{{tenant=\"alerts\",threshold=\"{threshold}\"}} 1");
+        assert!(metrics.contains(&line), "{line} not in the metrics");
+    }
+    assert!(metrics.contains("gateway_alert_webhook_failures_total"));
+    gateway.stop().await;
+    let lines = std::fs::read_to_string(&audit).unwrap();
+    std::fs::remove_file(&audit).unwrap();
+    let raised = lines
+        .lines()
+        .filter(|line| line.contains("\"spend_threshold\""))
+        .count();
+    assert_eq!(raised, 3, "{lines}");
+    // No more events came meanwhile.
+    assert_eq!(taken.lock().unwrap().len(), 3);
+}
+
+/// Two replicas on one Redis, 20 callers each past an alert's amount: each threshold raised
+/// once over both (the count is Redis's, and exactly one answer's addition crosses it).
+#[tokio::test]
+async fn a_spend_alert_fires_once_over_the_replicas() {
+    const AMOUNT: u64 = 20_000_000;
+    let redis = RedisServer::start();
+    let (hook, taken) = webhook(0).await;
+    let config = alert_config("fleet", AMOUNT, &hook, None);
+    let first = Arc::new(Running::start_shared(&config, &redis.url()).await);
+    let second = Arc::new(Running::start_shared(&config, &redis.url()).await);
+    let (next, spent) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut callers = Vec::new();
+    for replica in [&first, &second] {
+        for _ in 0..20 {
+            let (replica, next, spent) =
+                (Arc::clone(replica), Arc::clone(&next), Arc::clone(&spent));
+            callers.push(tokio::spawn(async move {
+                while spent.load(Ordering::Relaxed) * 2 < AMOUNT * 3 {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let response = replica
+                        .post("/v1/chat/completions", Some("caller-secret"), &body(n))
+                        .await;
+                    if response.status() != 200 {
+                        continue; // a busy machine's unreachable store: asked again
+                    }
+                    let answer: Value =
+                        serde_json::from_str(&response.text().await.unwrap()).unwrap();
+                    spent.fetch_add(spend_of(&answer), Ordering::Relaxed);
+                }
+            }));
+        }
+    }
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let events = events(&taken, 3).await;
+    let mut thresholds: Vec<u64> = events
+        .iter()
+        .map(|e| e["threshold_percent"].as_u64().unwrap())
+        .collect();
+    thresholds.sort_unstable();
+    assert_eq!(thresholds, [50, 80, 100], "{events:?}");
+    eprintln!(
+        "a spend alert over two replicas: {} events for {} nano-dollars spent",
+        events.len(),
+        spent.load(Ordering::Relaxed)
+    );
+    for replica in [first, second] {
+        Arc::into_inner(replica).unwrap().stop().await;
+    }
+    assert_eq!(taken.lock().unwrap().len(), 3, "each threshold once");
+}

@@ -104,24 +104,14 @@ pub(super) async fn report(
     };
     match (period.format, period.table) {
         (Format::Json, _) => Json(review).into_response(),
-        (Format::Csv, Table::Rows) => {
-            let mut text = String::from(Row::CSV_HEADER);
-            text.push('\n');
-            for row in &review.rows {
-                text.push_str(&row.csv_line());
-                text.push('\n');
-            }
-            csv(text)
-        }
-        (Format::Csv, Table::Spend) => {
-            let mut text = String::from(SpendRow::CSV_HEADER);
-            text.push('\n');
-            for row in &review.spend {
-                text.push_str(&row.csv_line());
-                text.push('\n');
-            }
-            csv(text)
-        }
+        (Format::Csv, Table::Rows) => csv(table(
+            Row::CSV_HEADER,
+            review.rows.iter().map(Row::csv_line),
+        )),
+        (Format::Csv, Table::Spend) => csv(table(
+            SpendRow::CSV_HEADER,
+            review.spend.iter().map(SpendRow::csv_line),
+        )),
         (Format::Csv, Table::Accounts) => {
             let mut text = String::from(
                 "account,minutes_served,minutes_with_waiting,limit,capacity,used,idle,idle_share\n",
@@ -220,6 +210,17 @@ fn time(text: &str) -> Option<SystemTime> {
     let days = era * 146_097 + doe - 719_468;
     let total = u64::try_from(days * 86_400 + seconds).ok()?;
     Some(UNIX_EPOCH + Duration::from_secs(total))
+}
+
+/// A CSV table: `header`, then `lines`, each ended by a newline.
+fn table(header: &str, lines: impl Iterator<Item = String>) -> String {
+    let mut text = String::from(header);
+    text.push('\n');
+    for line in lines {
+        text.push_str(&line);
+        text.push('\n');
+    }
+    text
 }
 
 #[cfg(test)]

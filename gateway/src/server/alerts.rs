@@ -1,0 +1,349 @@
+//! Spend alerts (`[[spend_alerts]]`): thresholds of a node's spend over a calendar day or
+//! month, each raised once per period, as a metric, an audit line and an optional webhook.
+//!
+//! Every answer priced with `[prices]` adds its spend to the count of each alert whose node
+//! holds its tenant path, for the current period: in memory, or in Redis with `--redis-url`
+//! (`HINCRBY`, atomic: of all the replicas' answers, exactly one takes the count across each
+//! threshold, so each is raised once per period over the fleet). An alert never refuses: it
+//! records (the warn-only mode); a cap of the node refuses.
+//!
+//! The webhook is `POST`ed by a task of its own from a bounded channel, so a request never
+//! waits for it: each event up to five times (0.5, 1, 2 and 4 s apart), every failed attempt
+//! counted in `gateway_alert_webhook_failures_total`, an event given up (or one that found the
+//! channel full) in `gateway_alert_webhook_dropped_total`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Full;
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tower::ServiceExt;
+use tower_llm_quota::tenant::{CapWindow, Tenant};
+
+use super::config::ConfigError;
+use super::upstream::Client;
+
+/// Events waiting for the webhook, at most.
+const BACKLOG: usize = 1_024;
+
+/// The webhook's attempts per event, and the first wait between two (doubled each time).
+const ATTEMPTS: u32 = 5;
+const FIRST_RETRY: Duration = Duration::from_millis(500);
+
+/// How long one webhook call may take.
+const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One `[[spend_alerts]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AlertConfig {
+    /// The node whose spend is watched: a tenant's path, or a key's (`team/key-name`).
+    pub(crate) tenant: String,
+    /// The amount the thresholds are shares of, in nano-dollars.
+    pub(crate) amount: u64,
+    /// `calendar_day_utc` or `calendar_month_utc`.
+    pub(crate) window: AlertWindow,
+    /// Percentages of `amount`, each raised once per period.
+    #[serde(default = "default_thresholds")]
+    pub(crate) thresholds: Vec<u32>,
+}
+
+fn default_thresholds() -> Vec<u32> {
+    vec![50, 80, 100]
+}
+
+/// The period an alert counts over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum AlertWindow {
+    CalendarDayUtc,
+    CalendarMonthUtc,
+}
+
+impl AlertWindow {
+    fn cap_window(self) -> CapWindow {
+        match self {
+            Self::CalendarDayUtc => CapWindow::CalendarDayUtc,
+            Self::CalendarMonthUtc => CapWindow::CalendarMonthUtc,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::CalendarDayUtc => "calendar_day_utc",
+            Self::CalendarMonthUtc => "calendar_month_utc",
+        }
+    }
+}
+
+/// An alert as the gateway runs it.
+#[derive(Debug)]
+struct Alert {
+    node: Tenant,
+    amount: u64,
+    window: AlertWindow,
+    thresholds: Vec<u32>,
+}
+
+/// A threshold crossed: the audit line and the webhook's body.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct AlertEvent {
+    pub(crate) time: String,
+    pub(crate) event: &'static str,
+    pub(crate) tenant: String,
+    pub(crate) window: &'static str,
+    /// When the period started and when it ends (RFC 3339).
+    pub(crate) period_start: String,
+    pub(crate) period_end: String,
+    pub(crate) threshold_percent: u32,
+    pub(crate) amount_nano_usd: u64,
+    /// The period's spend when the threshold was crossed.
+    pub(crate) spent_nano_usd: u64,
+}
+
+/// The alerts, their counts and the webhook's queue.
+pub(crate) struct Alerts {
+    alerts: Vec<Alert>,
+    /// Memory: the count of each alert (by index) in each period (by its first second).
+    counts: Mutex<HashMap<(usize, u64), u64>>,
+    redis: Option<ConnectionManager>,
+    webhook: Option<mpsc::Sender<AlertEvent>>,
+}
+
+impl std::fmt::Debug for Alerts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Alerts")
+            .field("alerts", &self.alerts)
+            .field("shared", &self.redis.is_some())
+            .field("webhook", &self.webhook.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Alerts {
+    /// The alerts of `configs`, counted in Redis at `redis_url` or in memory, their events
+    /// posted to `webhook` through `client`.
+    pub(crate) fn new(
+        configs: &[AlertConfig],
+        redis_url: Option<&str>,
+        webhook: Option<(String, Client)>,
+    ) -> Result<Self, ConfigError> {
+        let mut alerts = Vec::with_capacity(configs.len());
+        for config in configs {
+            let error =
+                |reason: &str| ConfigError(format!("spend_alerts `{}`: {reason}", config.tenant));
+            let node = Tenant::parse(&config.tenant).map_err(|e| error(&e.to_string()))?;
+            if config.amount == 0 {
+                return Err(error("amount must be above zero"));
+            }
+            if config.thresholds.is_empty() || config.thresholds.contains(&0) {
+                return Err(error("thresholds are percentages above zero"));
+            }
+            let same = |a: &Alert| {
+                a.node == node && a.window == config.window && a.amount == config.amount
+            };
+            if alerts.iter().any(same) {
+                return Err(error("another alert has the same window and amount"));
+            }
+            let mut thresholds = config.thresholds.clone();
+            thresholds.sort_unstable();
+            thresholds.dedup();
+            alerts.push(Alert {
+                node,
+                amount: config.amount,
+                window: config.window,
+                thresholds,
+            });
+        }
+        let redis = match (redis_url, alerts.is_empty()) {
+            (Some(url), false) => Some(super::report::connection(url, "alerts")?),
+            _ => None,
+        };
+        let webhook = match webhook {
+            Some((url, client)) => {
+                let uri: http::Uri = url
+                    .parse()
+                    .map_err(|e| ConfigError(format!("server.alert_webhook {url}: {e}")))?;
+                if !matches!(uri.scheme_str(), Some("http" | "https")) {
+                    return Err(ConfigError(format!(
+                        "server.alert_webhook {url}: an http:// or https:// URL"
+                    )));
+                }
+                let (sender, receiver) = mpsc::channel(BACKLOG);
+                tokio::spawn(deliver(uri, client, receiver));
+                Some(sender)
+            }
+            None => None,
+        };
+        Ok(Self {
+            alerts,
+            counts: Mutex::default(),
+            redis,
+            webhook,
+        })
+    }
+
+    /// Adds `spend` of an answer of `path` at `at` to the alerts over it; the events of the
+    /// thresholds it crossed, written to `audit` and sent to the webhook. With Redis, the
+    /// counting is a task of its own (the answer never waits for it).
+    pub(crate) fn add(
+        self: &std::sync::Arc<Self>,
+        path: &str,
+        spend: u64,
+        at: SystemTime,
+        audit: &super::audit::Audit,
+    ) {
+        if spend == 0 || self.alerts.is_empty() {
+            return;
+        }
+        let Ok(path) = Tenant::parse(path) else {
+            return;
+        };
+        let unix = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+        let over: Vec<(usize, u64)> = (self.alerts.iter().enumerate())
+            .filter(|(_, alert)| path.is_within(&alert.node))
+            .map(|(i, alert)| (i, alert.window.cap_window().started_at(unix)))
+            .collect();
+        if over.is_empty() {
+            return;
+        }
+        match &self.redis {
+            None => {
+                let totals: Vec<(usize, u64, u64)> = {
+                    let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+                    over.iter()
+                        .map(|&(i, period)| {
+                            let count = counts.entry((i, period)).or_default();
+                            *count = count.saturating_add(spend);
+                            (i, period, *count)
+                        })
+                        .collect()
+                };
+                for (i, _, total) in totals {
+                    self.crossed(i, unix, (total, spend), audit);
+                }
+            }
+            Some(redis) => {
+                let (alerts, audit, mut redis) =
+                    (std::sync::Arc::clone(self), audit.clone(), redis.clone());
+                tokio::spawn(async move {
+                    let mut pipe = redis::pipe();
+                    for &(i, period) in &over {
+                        let alert = &alerts.alerts[i];
+                        let window = alert.window.name();
+                        let (node, amount) = (&alert.node, alert.amount);
+                        let key = format!("{{gateway:alerts}}:{node}:{window}:{amount}:{period}");
+                        pipe.cmd("INCRBY").arg(&key).arg(spend);
+                        pipe.expire(&key, 62 * 86_400).ignore();
+                    }
+                    match pipe.query_async::<Vec<u64>>(&mut redis).await {
+                        Ok(totals) => {
+                            for (&(i, _), total) in over.iter().zip(totals) {
+                                alerts.crossed(i, unix, (total, spend), &audit);
+                            }
+                        }
+                        Err(error) => {
+                            metrics::counter!("gateway_alert_count_failures_total").increment(1);
+                            tracing::warn!(%error, "a spend alert's count was not added");
+                        }
+                    }
+                });
+            }
+        }
+    }
+
+    /// Raises each threshold of alert `i` that the count crossed going to `total` by `added`.
+    fn crossed(
+        &self,
+        i: usize,
+        unix: u64,
+        (total, added): (u64, u64),
+        audit: &super::audit::Audit,
+    ) {
+        let alert = &self.alerts[i];
+        let before = total.saturating_sub(added);
+        for &percent in &alert.thresholds {
+            let level = u128::from(alert.amount) * u128::from(percent);
+            let crossed = |count: u64| u128::from(count) * 100 >= level;
+            if crossed(before) || !crossed(total) {
+                continue;
+            }
+            let window = alert.window.cap_window();
+            let (start, end) = (window.started_at(unix), window.resets_after(unix));
+            let time = |secs: u64| super::audit::rfc3339(UNIX_EPOCH + Duration::from_secs(secs));
+            let event = AlertEvent {
+                time: super::audit::rfc3339(SystemTime::now()),
+                event: "spend_threshold",
+                tenant: alert.node.to_string(),
+                window: alert.window.name(),
+                period_start: time(start),
+                period_end: time(end),
+                threshold_percent: percent,
+                amount_nano_usd: alert.amount,
+                spent_nano_usd: total,
+            };
+            metrics::counter!(
+                "gateway_spend_alerts_total",
+                "tenant" => event.tenant.clone(),
+                "threshold" => percent.to_string(),
+            )
+            .increment(1);
+            tracing::warn!(
+                tenant = %event.tenant,
+                threshold = percent,
+                spent = total,
+                amount = alert.amount,
+                "spend alert"
+            );
+            audit.write(&event);
+            if let Some(webhook) = &self.webhook
+                && webhook.try_send(event).is_err()
+            {
+                metrics::counter!("gateway_alert_webhook_dropped_total").increment(1);
+            }
+        }
+    }
+}
+
+/// Posts each event of `events` to `uri`, retrying with backoff.
+async fn deliver(uri: http::Uri, client: Client, mut events: mpsc::Receiver<AlertEvent>) {
+    while let Some(event) = events.recv().await {
+        let body = Bytes::from(serde_json::to_vec(&event).unwrap_or_default());
+        let mut wait = FIRST_RETRY;
+        let mut delivered = false;
+        for attempt in 1..=ATTEMPTS {
+            let request = Request::post(uri.clone())
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Full::new(body.clone()))
+                .expect("a valid request");
+            let call = client.clone().oneshot(request);
+            match tokio::time::timeout(WEBHOOK_TIMEOUT, call).await {
+                Ok(Ok(response)) if response.status().is_success() => {
+                    delivered = true;
+                    break;
+                }
+                outcome => {
+                    metrics::counter!("gateway_alert_webhook_failures_total").increment(1);
+                    let reason = match outcome {
+                        Ok(Ok(response)) => response.status().to_string(),
+                        Ok(Err(error)) => error.to_string(),
+                        Err(_) => "timed out".to_owned(),
+                    };
+                    tracing::warn!(attempt, %reason, "the alert webhook failed");
+                }
+            }
+            if attempt < ATTEMPTS {
+                tokio::time::sleep(wait).await;
+                wait *= 2;
+            }
+        }
+        if !delivered {
+            metrics::counter!("gateway_alert_webhook_dropped_total").increment(1);
+        }
+    }
+}
