@@ -9,7 +9,9 @@ use http::StatusCode;
 
 use crate::error::{BoxError, Error};
 use crate::priority::Priority;
+use crate::quota::Dimension;
 use crate::retry::{Ambiguity, FailureClass, RetryReport, Transient};
+use crate::tenant::Refusal;
 
 /// A circumstance under which a fallback may serve a request instead of the route before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -40,6 +42,10 @@ pub enum Condition {
     /// ([`Route::service_tier`](super::Route::service_tier)) may serve it. Without this
     /// condition such a 429 counts as [`Condition::RateLimited`].
     TierUnavailable,
+    /// The route's budget refused the request, nothing sent, because a cap of spend of its
+    /// tenant path ([`Dimension::Spend`](crate::Dimension::Spend)) cannot pay its estimate:
+    /// a cheaper route (a cheaper model, or tier) may still fit what is left of the cap.
+    SpendCapped,
 }
 
 impl Condition {
@@ -66,6 +72,11 @@ impl Condition {
     /// [`Condition::ContextLengthNeeded`].
     pub const fn context_length_needed() -> Self {
         Self::ContextLengthNeeded
+    }
+
+    /// [`Condition::SpendCapped`].
+    pub const fn spend_capped() -> Self {
+        Self::SpendCapped
     }
 
     /// [`Condition::Degrade`].
@@ -97,6 +108,8 @@ pub enum Reason {
     Degraded,
     /// [`Condition::TierUnavailable`].
     TierUnavailable,
+    /// [`Condition::SpendCapped`].
+    SpendCapped,
 }
 
 impl Reason {
@@ -110,6 +123,7 @@ impl Reason {
             Self::ContextLength => "context_length",
             Self::Degraded => "degraded",
             Self::TierUnavailable => "tier_unavailable",
+            Self::SpendCapped => "spend_capped",
         }
     }
 
@@ -122,6 +136,7 @@ impl Reason {
             Condition::ContextLengthNeeded => Self::ContextLength,
             Condition::Degrade => Self::Degraded,
             Condition::TierUnavailable => Self::TierUnavailable,
+            Condition::SpendCapped => Self::SpendCapped,
         }
     }
 }
@@ -244,11 +259,24 @@ pub(crate) fn failed_answer(status: StatusCode, report: Option<&RetryReport>) ->
 
 /// The failure an error of a route stands for, if the request may go elsewhere: only when it
 /// never reached the provider ([`Ambiguity::may_route_elsewhere`]), and the route could not
-/// take it (its store unavailable, or its provider unreachable).
+/// take it (its store unavailable, its provider unreachable, or a cap of spend of its tenant
+/// path spent for its estimate).
 pub(crate) fn failed_error(error: &BoxError) -> Option<Reason> {
     if let Some(error) = error.downcast_ref::<Error>() {
         if error.is_store_unavailable() {
             return Some(Reason::PrimaryUnavailable);
+        }
+        let spend_capped = error.tenant_refused().is_some_and(|refused| {
+            matches!(
+                refused.reason(),
+                Refusal::PeriodCap {
+                    dimension: Dimension::Spend,
+                    ..
+                }
+            )
+        });
+        if spend_capped {
+            return Some(Reason::SpendCapped);
         }
         if error.is_local() {
             // Any other local decision (too large, deadline, queue full) is the route's
@@ -286,6 +314,29 @@ mod tests {
         );
         assert_eq!(failed_answer_of(StatusCode::BAD_REQUEST), None);
         assert_eq!(failed_answer_of(StatusCode::OK), None);
+    }
+
+    #[test]
+    fn a_spent_cap_of_spend_goes_to_a_cheaper_route_and_a_cap_of_tokens_does_not() {
+        use crate::tenant::{CapWindow, TenantRefused};
+        let capped = |dimension| -> BoxError {
+            let refused = TenantRefused {
+                scope: "team".parse().unwrap(),
+                reason: Refusal::PeriodCap {
+                    dimension,
+                    window: CapWindow::CalendarMonthUtc,
+                    cap: 100,
+                    used: 90,
+                    resets_at: std::time::UNIX_EPOCH,
+                },
+            };
+            Box::new(Error::tenant_refused_by(Box::new(refused)))
+        };
+        assert_eq!(
+            failed_error(&capped(Dimension::Spend)),
+            Some(Reason::SpendCapped)
+        );
+        assert_eq!(failed_error(&capped(Dimension::TotalTokens)), None);
     }
 
     #[test]

@@ -65,8 +65,10 @@
 //! 3. **After an answer**: a final 5xx or 429 (the route's retry layer gave up; a 429 for a
 //!    service tier without capacity is [`Condition::TierUnavailable`], or a rate limit to a
 //!    fallback that does not name it, and [`Route::service_tier`] sends it at another tier), or an error
-//!    from a route that could not take the request (its store unavailable and fail-closed, or
-//!    its provider unreachable), goes to the next fallback for that condition. Only a failure
+//!    from a route that could not take the request (its store unavailable and fail-closed, its
+//!    provider unreachable, or a cap of spend of its tenant path that cannot pay its estimate:
+//!    [`Condition::SpendCapped`], for a cheaper route), goes to the next fallback for that
+//!    condition. Only a failure
 //!    that never reached the provider ([`Ambiguity::may_route_elsewhere`]) or that the
 //!    provider answered goes elsewhere: a timeout or a reset before the response head stays
 //!    on its route. The failed answer is dropped first, which settles its reservation.

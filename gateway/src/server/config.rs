@@ -174,6 +174,9 @@ pub(crate) enum FallbackOn {
     /// The primary's service tier had no capacity (OpenAI flex's 429 "Resource
     /// Unavailable", not billed) after its retries.
     TierUnavailable,
+    /// A spend cap of the request's tenant or key cannot pay its estimate on the primary
+    /// (nothing sent): this cheaper route may still fit what is left.
+    SpendCapped,
 }
 
 /// A ramp of a model: a route taking a growing share of its traffic.

@@ -311,6 +311,7 @@ fn fallback_of(config: &FallbackConfig) -> Fallback {
         FallbackOn::ContextLength => Condition::context_length_needed(),
         FallbackOn::Degrade => Condition::degrade(),
         FallbackOn::TierUnavailable => Condition::tier_unavailable(),
+        FallbackOn::SpendCapped => Condition::spend_capped(),
     };
     let mut conditions = config.on.iter().copied().map(condition);
     let first = conditions

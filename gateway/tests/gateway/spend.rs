@@ -454,3 +454,66 @@ async fn a_spend_alert_fires_once_over_the_replicas() {
     }
     assert_eq!(taken.lock().unwrap().len(), 3, "each threshold once");
 }
+
+/// At the cap, degrade: `gpt-4o` falls back to `gpt-4o-mini` (a sixteenth of its price) for
+/// the key's requests its cap can no longer pay, saying so in `x-llm-quota-fallback`, until
+/// the cheaper one cannot be paid either; the cap holds over both.
+#[tokio::test]
+async fn at_the_cap_a_request_degrades_to_a_cheaper_model() {
+    // $0.04 a month: a few requests of the dearer model.
+    const CAP: u64 = 40_000_000;
+    let config = config_of(CAP, 100).replace(
+        "[prices.models.\"gpt-4o-mini\"]",
+        "[prices.models.\"gpt-4o\"]\n        input = \"40\"\n        output = \"160\"\n        [prices.models.\"gpt-4o-mini\"]",
+    ) + r#"
+        [[models]]
+        name = "gpt-4o"
+        account = "sim"
+        fallbacks = [{ account = "sim", model = "gpt-4o-mini", on = ["spend_capped"] }]
+        [[models]]
+        name = "gpt-4o-mini"
+        account = "sim"
+        "#;
+    let gateway = Running::start(&config).await;
+    let (mut primary, mut degraded, mut spent) = (0, 0, 0);
+    for n in 0.. {
+        let response = gateway
+            .post(
+                "/v1/chat/completions",
+                Some("caller-secret"),
+                &body(n).replace("gpt-4o-mini", "gpt-4o"),
+            )
+            .await;
+        let status = response.status().as_u16();
+        let fallback = response
+            .headers()
+            .get("x-llm-quota-fallback")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let answer: Value = serde_json::from_str(&response.text().await.unwrap()).unwrap();
+        if status == 429 {
+            assert_eq!(answer["error"]["limit"], "spend_per_month", "{answer}");
+            break;
+        }
+        assert_eq!(status, 200, "{answer}");
+        match fallback.as_deref() {
+            None => {
+                assert_eq!(degraded, 0, "the primary again after a degraded answer");
+                primary += 1;
+                // $40 and $160 a million: sixteen times the cheaper model's prices.
+                spent += spend_of(&answer) * 16;
+            }
+            Some("spend_capped") => {
+                degraded += 1;
+                spent += spend_of(&answer);
+            }
+            Some(other) => panic!("fallback for {other}"),
+        }
+    }
+    eprintln!(
+        "at the cap: {primary} answers of the primary, then {degraded} degraded; \
+         {spent} of {CAP} nano-dollars"
+    );
+    assert!(primary > 0 && degraded > 0, "{primary} then {degraded}");
+    assert!(spent <= CAP, "{spent} over {CAP}");
+    gateway.stop().await;
+}
