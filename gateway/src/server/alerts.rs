@@ -190,19 +190,21 @@ impl Alerts {
 
     /// Adds `spend` of an answer of `path` at `at` to the alerts over it; the events of the
     /// thresholds it crossed, written to `audit` and sent to the webhook. With Redis, the
-    /// counting is a task of its own (the answer never waits for it).
+    /// counting is a task of its own (the answer never waits for it); in memory, the
+    /// thresholds raised are answered (each alert's, by its index).
     pub(crate) fn add(
         self: &std::sync::Arc<Self>,
         path: &str,
         spend: u64,
         at: SystemTime,
         audit: &super::audit::Audit,
-    ) {
+    ) -> Vec<(usize, u32)> {
+        let mut raised = Vec::new();
         if spend == 0 || self.alerts.is_empty() {
-            return;
+            return raised;
         }
         let Ok(path) = Tenant::parse(path) else {
-            return;
+            return raised;
         };
         let unix = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
         let over: Vec<(usize, u64)> = (self.alerts.iter().enumerate())
@@ -210,7 +212,7 @@ impl Alerts {
             .map(|(i, alert)| (i, alert.window.cap_window().started_at(unix)))
             .collect();
         if over.is_empty() {
-            return;
+            return raised;
         }
         match &self.redis {
             None => {
@@ -225,7 +227,8 @@ impl Alerts {
                         .collect()
                 };
                 for (i, _, total) in totals {
-                    self.crossed(i, unix, (total, spend), audit);
+                    let crossed = self.crossed(i, unix, (total, spend), audit);
+                    raised.extend(crossed.into_iter().map(|percent| (i, percent)));
                 }
             }
             Some(redis) => {
@@ -244,7 +247,7 @@ impl Alerts {
                     match pipe.query_async::<Vec<u64>>(&mut redis).await {
                         Ok(totals) => {
                             for (&(i, _), total) in over.iter().zip(totals) {
-                                alerts.crossed(i, unix, (total, spend), &audit);
+                                let _raised = alerts.crossed(i, unix, (total, spend), &audit);
                             }
                         }
                         Err(error) => {
@@ -255,16 +258,19 @@ impl Alerts {
                 });
             }
         }
+        raised
     }
 
-    /// Raises each threshold of alert `i` that the count crossed going to `total` by `added`.
+    /// Raises each threshold of alert `i` that the count crossed going to `total` by `added`;
+    /// the thresholds raised.
     fn crossed(
         &self,
         i: usize,
         unix: u64,
         (total, added): (u64, u64),
         audit: &super::audit::Audit,
-    ) {
+    ) -> Vec<u32> {
+        let mut raised = Vec::new();
         let alert = &self.alerts[i];
         let before = total.saturating_sub(added);
         for &percent in &alert.thresholds {
@@ -306,7 +312,9 @@ impl Alerts {
             {
                 metrics::counter!("gateway_alert_webhook_dropped_total").increment(1);
             }
+            raised.push(percent);
         }
+        raised
     }
 }
 
@@ -345,5 +353,63 @@ async fn deliver(uri: http::Uri, client: Client, mut events: mpsc::Receiver<Aler
         if !delivered {
             metrics::counter!("gateway_alert_webhook_dropped_total").increment(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(unix: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(unix)
+    }
+
+    /// Time as an argument, the clock never read: a month of answers in a few steps. Each
+    /// threshold is raised by the answer that crosses it, once in the month, whatever the
+    /// answers after it; an answer crossing two raises both; a node's alert counts the
+    /// answers of its keys and children, not its siblings'; the next month starts again.
+    #[test]
+    fn thresholds_are_raised_once_each_per_period() {
+        let config = |tenant: &str| AlertConfig {
+            tenant: tenant.to_owned(),
+            amount: 1_000,
+            window: AlertWindow::CalendarMonthUtc,
+            thresholds: vec![100, 50, 80],
+        };
+        let alerts = std::sync::Arc::new(
+            Alerts::new(&[config("acme"), config("acme/search")], None, None).unwrap(),
+        );
+        let audit = super::super::audit::Audit::Off;
+        // 2026-12-03T12:00:00Z, then the last second of December, then January.
+        let (december, last, january) = (1_796_299_200, 1_798_761_599, 1_798_761_600);
+        let add = |path: &str, spend, unix| alerts.add(path, spend, at(unix), &audit);
+        assert_eq!(add("acme/search/key", 499, december), []);
+        assert_eq!(add("acme/search/key", 1, december), [(0, 50), (1, 50)]);
+        assert_eq!(add("acme/reports/key", 299, december), []);
+        assert_eq!(add("acme/reports/key", 1, december), [(0, 80)]);
+        assert_eq!(add("globex/key", 5_000, december), []);
+        // Crossing 100 % of the node's alert and 80 and 100 % of its child's at once.
+        assert_eq!(
+            add("acme/search/key", 500, last),
+            [(0, 100), (1, 80), (1, 100)]
+        );
+        assert_eq!(add("acme/search/key", 5_000, last), []);
+        // January: counted from nothing again.
+        assert_eq!(add("acme/key", 499, january), []);
+        assert_eq!(add("acme/key", 501, january), [(0, 50), (0, 80), (0, 100)]);
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let config = |amount, thresholds: Vec<u32>| AlertConfig {
+            tenant: "acme".to_owned(),
+            amount,
+            window: AlertWindow::CalendarDayUtc,
+            thresholds,
+        };
+        let error = |configs: &[AlertConfig]| Alerts::new(configs, None, None).unwrap_err().0;
+        assert!(error(&[config(0, vec![50])]).contains("above zero"));
+        assert!(error(&[config(5, vec![0])]).contains("percentages"));
+        assert!(error(&[config(5, vec![50]), config(5, vec![80])]).contains("same window"));
     }
 }
