@@ -188,6 +188,11 @@ impl Alerts {
         })
     }
 
+    /// Whether any alert is configured (else an answer's path need not be built).
+    pub(crate) fn watches_any(&self) -> bool {
+        !self.alerts.is_empty()
+    }
+
     /// Adds `spend` of an answer of `path` at `at` to the alerts over it; the events of the
     /// thresholds it crossed, written to `audit` and sent to the webhook. With Redis, the
     /// counting is a task of its own (the answer never waits for it); in memory, the

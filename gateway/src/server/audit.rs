@@ -276,7 +276,11 @@ impl Audited {
         }
         let now = SystemTime::now();
         gateway.report.record(&self.entry, now);
-        if let (Some(spend), Some(tenant)) = (self.entry.spend_nano_usd, &self.entry.tenant) {
+        let spend = self
+            .entry
+            .spend_nano_usd
+            .filter(|_| gateway.alerts.watches_any());
+        if let (Some(spend), Some(tenant)) = (spend, &self.entry.tenant) {
             let path = match &self.entry.key {
                 Some(key) => format!("{tenant}/{key}"),
                 None => tenant.clone(),
