@@ -54,7 +54,10 @@ pub use estimate::EstimateLayer;
 pub use idempotency::IdempotencyLayer;
 pub use priority::{Deadline, Priority, Timings, UnknownPriority};
 pub use queue::{PriorityQueueLayer, QueueConfig};
-pub use quota::{DEFAULT_BURST_FRACTION, DEFAULT_HEADROOM, Dimension, InvalidLimit, Limit, Quota};
+pub use quota::{
+    CapWindow, DEFAULT_BURST_FRACTION, DEFAULT_HEADROOM, Dimension, InvalidLimit, Limit, PeriodCap,
+    Quota,
+};
 pub use reconcile::ReconcileLayer;
 pub use retry::{RetryAfterLayer, RetryPolicy};
 pub use stack::QuotaStack;

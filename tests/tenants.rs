@@ -978,6 +978,17 @@ fn estimated_spend(body: &str) -> u64 {
 /// last second and the next month admits again.
 #[tokio::test(start_paused = true)]
 async fn a_monthly_spend_cap_is_reached_within_one_request_and_holds_until_the_month_turns() {
+    monthly_spend_cap(false).await;
+}
+
+/// The same month with the cap on the account itself ([`Quota::with_cap`]): every tenant's
+/// request counts, the refusal names the account.
+#[tokio::test(start_paused = true)]
+async fn an_account_s_monthly_spend_cap_holds_as_a_tenant_s_does() {
+    monthly_spend_cap(true).await;
+}
+
+async fn monthly_spend_cap(on_the_account: bool) {
     use tower_llm_quota::tenant::Refusal;
     let start = Instant::now();
     // 2026-01-31T12:00:00Z; February starts 12 hours later.
@@ -991,10 +1002,13 @@ async fn a_monthly_spend_cap_is_reached_within_one_request_and_holds_until_the_m
         NonZeroU64::new(CAP).unwrap(),
         CapWindow::CalendarMonthUtc,
     );
-    let tree = TenantTree::new()
-        .with_clock(WallClock::starting_at(wall))
-        .with_node(tenant("acme"), TenantNode::new().with_cap(cap));
-    let budget = Budget::with_tenants(quota(), tree).unwrap();
+    let tree = TenantTree::new().with_clock(WallClock::starting_at(wall));
+    let budget = if on_the_account {
+        Budget::with_tenants(quota().with_name("openai").with_cap(cap), tree).unwrap()
+    } else {
+        let tree = tree.with_node(tenant("acme"), TenantNode::new().with_cap(cap));
+        Budget::with_tenants(quota(), tree).unwrap()
+    };
     let sim = Simulator::new(
         SimConfig::openai(100_000, TPM * 11 / 10)
             .key("sk", "org")
@@ -1010,7 +1024,13 @@ async fn a_monthly_spend_cap_is_reached_within_one_request_and_holds_until_the_m
             tokio::spawn(async move {
                 loop {
                     let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let request = priced_chat("acme", priced_body("m", n, 300));
+                    // The account's cap counts every tenant's requests.
+                    let who = if on_the_account && n % 2 == 1 {
+                        "globex"
+                    } else {
+                        "acme"
+                    };
+                    let request = priced_chat(who, priced_body("m", n, 300));
                     match llm.clone().oneshot(request).await {
                         Ok(spend) => *spent.lock().unwrap() += spend,
                         Err(error) => return error,
@@ -1025,8 +1045,12 @@ async fn a_monthly_spend_cap_is_reached_within_one_request_and_holds_until_the_m
     }
     let spent = *spent.lock().unwrap();
     let month = |budget: &Budget| {
-        let snapshot = budget.tenants().unwrap().snapshot(&tenant("acme"));
-        snapshot.used_in_period()[0].1
+        if on_the_account {
+            budget.snapshot().used_in_period()[0].1
+        } else {
+            let snapshot = budget.tenants().unwrap().snapshot(&tenant("acme"));
+            snapshot.used_in_period()[0].1
+        }
     };
     assert_eq!(
         month(&budget),
@@ -1044,14 +1068,21 @@ async fn a_monthly_spend_cap_is_reached_within_one_request_and_holds_until_the_m
         "{spent} of {CAP}: more than one request's spend ({largest}) left"
     );
     let admitted = sim.stats().received;
+    let scope = if on_the_account {
+        "an account"
+    } else {
+        "a tenant"
+    };
     eprintln!(
-        "monthly spend cap: {spent} of {CAP} nano-dollars settled by {admitted} requests, \
-         {} short of it (one request reserves at most {largest})",
+        "monthly spend cap of {scope}: {spent} of {CAP} nano-dollars settled by {admitted} \
+         requests, {} short of it (one request reserves at most {largest})",
         CAP - spent
     );
     let is_the_month = |error: &BoxError| {
         let error = error.downcast_ref::<Error>().expect("a local refusal");
         let refused = error.tenant_refused().expect("the tenant's cap");
+        let account = on_the_account.then_some("openai");
+        assert_eq!(refused.account(), account, "{error}");
         let Refusal::PeriodCap {
             dimension,
             window,

@@ -15,7 +15,7 @@ use redis_server::cluster::RedisCluster;
 use support::limit;
 use tokio::time::Instant;
 use tower_llm_quota::budget::redis::RedisBudget;
-use tower_llm_quota::tenant::{Tenant, TenantNode, TenantTree};
+use tower_llm_quota::tenant::{CapWindow, PeriodCap, Tenant, TenantNode, TenantTree};
 use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -506,7 +506,7 @@ async fn a_resume_through_another_process_reaches_the_one_that_paused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_process_shows_the_fleet_s_day() {
     use std::num::NonZeroU64;
-    use tower_llm_quota::tenant::{CapWindow, PeriodCap};
+
     for leased in [false, true] {
         let server = RedisServer::start();
         let tree = || {
@@ -625,7 +625,6 @@ fn roomy_quota() -> Quota {
 /// `acme` may spend 2,000 tokens a calendar day (UTC), `globex` 1,000 in any 24 hours,
 /// `initech` 1,500 nano-dollars a calendar month (UTC).
 fn capped_tree() -> TenantTree {
-    use tower_llm_quota::tenant::{CapWindow, PeriodCap};
     let cap = |amount, window| {
         PeriodCap::new(
             Dimension::TotalTokens,
@@ -802,6 +801,106 @@ async fn a_cap_holds_over_every_process_of_a_cluster() {
     let cluster = RedisCluster::start(3);
     let budgets = three_on_cluster(&cluster, "capped", capped_tree).await;
     caps_hold_over_every_budget(&budgets).await;
+}
+
+/// The account's own spend cap: 1,500 nano-dollars a calendar month (UTC).
+fn account_cap() -> PeriodCap {
+    PeriodCap::new(
+        Dimension::Spend,
+        std::num::NonZeroU64::new(1_500).unwrap(),
+        CapWindow::CalendarMonthUtc,
+    )
+}
+
+/// Three budgets of an account with a monthly spend cap and no tenant tree, four callers
+/// each (tenants or none, alike to the account): together exactly the cap, every refusal
+/// naming the account and what the store counted; each budget's snapshot shows the month's
+/// spend over every process.
+async fn an_account_cap_holds_over_every_budget(budgets: &[Budget]) {
+    use tower_llm_quota::tenant::Refusal;
+    let cost = Cost::new(10, 0).with_spend(100);
+    let mut tasks = Vec::new();
+    for budget in budgets {
+        for caller in 0..4 {
+            let budget = budget.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut spent = 0;
+                loop {
+                    let reserve = budget.reserve(cost);
+                    let reserved = match caller {
+                        0 | 1 => reserve.await,
+                        _ => reserve.tenant("acme".parse().unwrap()).await,
+                    };
+                    match reserved {
+                        Ok(mut reservation) => {
+                            reservation.mark_sent();
+                            reservation.charge_estimate();
+                            spent += 100;
+                        }
+                        Err(error) => {
+                            let refused = error.tenant_refused().expect("the account's cap");
+                            assert_eq!(refused.account(), Some("capped"), "{error}");
+                            let Refusal::PeriodCap { cap, used, .. } = refused.reason() else {
+                                panic!("refused for {:?}", refused.reason());
+                            };
+                            assert_eq!(cap, 1_500);
+                            assert!(used + 100 > cap, "refused at {used} of {cap}");
+                            return spent;
+                        }
+                    }
+                }
+            }));
+        }
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    assert_eq!(total, 1_500, "spent over every budget");
+    // Each process reads the fleet's month from the store (in the background).
+    for budget in budgets {
+        let started = Instant::now();
+        while budget.snapshot().used_in_period() != [(account_cap(), 1_500)] {
+            assert!(
+                started.elapsed() < PATIENCE,
+                "{:?}",
+                budget.snapshot().used_in_period()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+async fn account_capped(builder: RedisBudget) -> Budget {
+    builder
+        .timeout(Duration::from_secs(10))
+        .connect(&roomy_quota().with_cap(account_cap()))
+        .await
+        .unwrap()
+}
+
+/// An account's cap ([`Quota::with_cap`]) over three processes: its count is the store's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_cap_holds_over_every_process() {
+    let server = RedisServer::start();
+    let mut budgets = Vec::new();
+    for _ in 0..3 {
+        budgets.push(account_capped(RedisBudget::new(server.url(), "capped")).await);
+    }
+    an_account_cap_holds_over_every_budget(&budgets).await;
+}
+
+/// The same over three leasing processes: a request of a capped account is asked of Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_account_cap_holds_over_every_leasing_process() {
+    let server = RedisServer::start();
+    let mut budgets = Vec::new();
+    for _ in 0..3 {
+        let builder =
+            RedisBudget::new(server.url(), "capped").leased_shares(Duration::from_millis(50));
+        budgets.push(account_capped(builder).await);
+    }
+    an_account_cap_holds_over_every_budget(&budgets).await;
 }
 
 /// `acme` may have three calls in flight over every process; a call that cannot have a slot

@@ -51,6 +51,7 @@ impl Budget {
             .into_iter()
             .map(|s| self.limit_snapshot(s))
             .collect();
+        let caps = (state.tenants.as_ref()).map_or_else(Vec::new, |t| t.account_caps(now));
         BudgetSnapshot {
             taken_at: now,
             limits,
@@ -58,6 +59,7 @@ impl Budget {
             queued: state.queue.queued(),
             in_flight: state.slots.used(),
             max_in_flight: state.slots.max(),
+            caps,
         }
     }
 

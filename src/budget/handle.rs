@@ -16,7 +16,7 @@ use crate::budget::tenants::shared::Tenants;
 use crate::cost::Cost;
 use crate::error::NotUntil;
 use crate::loom::{Mutex, MutexGuard};
-use crate::quota::{Limit, LimitSnapshot, Quota};
+use crate::quota::{Limit, LimitSnapshot, PeriodCap, Quota};
 use crate::tenant::Tenant;
 
 /// A shared quota budget: a cheap handle, and clones share the same buckets and queue.
@@ -47,8 +47,10 @@ pub(super) struct State {
     pub(super) queue: WaitList,
     pub(super) slots: Slots,
     pub(super) next_id: u64,
-    /// The tenant tree, when the budget has one.
+    /// The tenant tree, when the budget has one (always, when the account has caps).
     pub(super) tenants: Option<Tenants>,
+    /// The account's own caps ([`Quota::with_cap`]), counted in its tenant state.
+    pub(super) caps: Vec<PeriodCap>,
 }
 
 impl Budget {
@@ -62,7 +64,7 @@ impl Budget {
         if let Some(name) = quota.name() {
             queue.set_label(name.into());
         }
-        Self {
+        let budget = Self {
             shared: Arc::new(Shared {
                 origin: Instant::now(),
                 remote,
@@ -75,9 +77,15 @@ impl Budget {
                     slots: Slots::new(quota.max_in_flight()),
                     next_id: 0,
                     tenants: None,
+                    caps: quota.caps().to_vec(),
                 }),
             }),
+        };
+        // The account's caps are counted where its tenants' are: a tree of no nodes.
+        if !quota.caps().is_empty() {
+            budget.install_tenants(crate::tenant::TenantTree::new());
         }
+        budget
     }
 
     /// The budget's identity: equal for every clone of one budget.

@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use crate::cost::Cost;
 use crate::quota::snapshot::{find, of};
-use crate::quota::{Dimension, LimitSnapshot};
+use crate::quota::{Dimension, LimitSnapshot, PeriodCap};
 
 /// A budget's state at one instant, from [`Budget::snapshot`](crate::Budget::snapshot).
 ///
@@ -21,6 +21,7 @@ pub struct BudgetSnapshot {
     pub(crate) queued: Cost,
     pub(crate) in_flight: usize,
     pub(crate) max_in_flight: Option<NonZeroUsize>,
+    pub(crate) caps: Vec<(PeriodCap, u64)>,
 }
 
 impl BudgetSnapshot {
@@ -81,5 +82,12 @@ impl BudgetSnapshot {
     /// The cap on calls in flight, if any.
     pub fn max_in_flight(&self) -> Option<NonZeroUsize> {
         self.max_in_flight
+    }
+
+    /// Each of the account's own caps ([`Quota::with_cap`](crate::Quota::with_cap)) with what
+    /// its current period has used, reservations included (for a budget shared through a
+    /// store, the larger of this process's count and the fleet's as the store last told).
+    pub fn used_in_period(&self) -> &[(PeriodCap, u64)] {
+        &self.caps
     }
 }

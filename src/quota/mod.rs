@@ -1,9 +1,11 @@
 //! Quota configuration: which dimensions are limited, by how much, over which period.
 
 mod adaptive;
+pub(crate) mod cap;
 pub(crate) mod snapshot;
 
 pub use adaptive::AdaptiveShare;
+pub use cap::{CapWindow, PeriodCap, WallClock};
 pub use snapshot::LimitSnapshot;
 
 use std::fmt;
@@ -333,6 +335,7 @@ fn scale(amount: u64, factor: f64, round: fn(f64) -> f64) -> u64 {
 pub struct Quota {
     limits: Vec<Limit>,
     max_in_flight: Option<NonZeroUsize>,
+    caps: Vec<PeriodCap>,
     name: Option<std::sync::Arc<str>>,
 }
 
@@ -342,6 +345,7 @@ impl Quota {
         Self {
             limits: Vec::new(),
             max_in_flight: None,
+            caps: Vec::new(),
             name: None,
         }
     }
@@ -391,6 +395,55 @@ impl Quota {
     /// The limits, in the order they were added.
     pub fn limits(&self) -> &[Limit] {
         &self.limits
+    }
+
+    /// Adds a cap over a calendar period on the whole account (a monthly spend cap, a daily
+    /// token cap), replacing any of the same dimension and window. Unlike a [`Limit`], a cap
+    /// does not refill as time passes: a request that would take the period's use above it
+    /// is refused at once ([`TenantRefused`](crate::tenant::TenantRefused), naming the account
+    /// and when the period starts again), and the next period admits anew. Every request of
+    /// the budget counts, whatever its tenant; with Redis, the count is kept in the store for
+    /// every process (each admission asks the store, as for a tenant with a cap). The same
+    /// caps exist on tenant nodes ([`TenantNode::with_cap`](crate::tenant::TenantNode::with_cap)).
+    /// Defaults to none.
+    ///
+    /// # Example
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use tower_llm_quota::error::TryReserveError;
+    /// use tower_llm_quota::tenant::{CapWindow, PeriodCap};
+    /// use tower_llm_quota::{Budget, Cost, Dimension, Quota};
+    ///
+    /// // $500 a calendar month (UTC), in nano-dollars.
+    /// let month = PeriodCap::new(
+    ///     Dimension::Spend,
+    ///     NonZeroU64::new(500_000_000_000).unwrap(),
+    ///     CapWindow::CalendarMonthUtc,
+    /// );
+    /// let budget = Budget::new(Quota::new().with_name("openai").with_cap(month));
+    /// let held = budget.try_reserve(Cost::requests_only(1).with_spend(400_000_000_000))?;
+    /// // Another $200 would take the month above its cap: refused at once, naming the account.
+    /// let Err(TryReserveError::Tenant(refusal)) =
+    ///     budget.try_reserve(Cost::requests_only(1).with_spend(200_000_000_000))
+    /// else {
+    ///     panic!("admitted above the cap");
+    /// };
+    /// assert_eq!(refusal.account(), Some("openai"));
+    /// assert!(refusal.is_capped());
+    /// # drop(held);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn with_cap(mut self, cap: PeriodCap) -> Self {
+        self.caps
+            .retain(|c| (c.dimension, c.window) != (cap.dimension, cap.window));
+        self.caps.push(cap);
+        self
+    }
+
+    /// The caps over a period on the whole account, in the order they were added.
+    pub fn caps(&self) -> &[PeriodCap] {
+        &self.caps
     }
 }
 

@@ -4,10 +4,10 @@ use std::collections::HashMap;
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
 
-use super::cap::{PeriodCap, WallClock};
 use super::error::InvalidTree;
 use super::path::Tenant;
 use crate::quota::Limit;
+use crate::quota::{PeriodCap, WallClock};
 
 /// One node of a [`TenantTree`]: its own limits, its weight among its siblings, the share of
 /// its parent it is guaranteed and the most it may use when borrowing, a cap on calls in

@@ -3,9 +3,9 @@
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::cap::{CapWindow, Utc};
 use super::path::Tenant;
 use crate::quota::Dimension;
+use crate::quota::cap::{CapWindow, Utc};
 
 /// A tenant tree that cannot be enforced: a share outside `[0, 1]`, guarantees of siblings
 /// above their parent's whole, a cap below the guarantee.
@@ -48,7 +48,9 @@ impl std::error::Error for InvalidTree {}
 /// A request refused by a scope of its tenant path, locally, before anything was sent.
 ///
 /// [`scope`](TenantRefused::scope) names the node that refused (the request's path or one of
-/// its ancestors); [`reason`](TenantRefused::reason) says why.
+/// its ancestors); [`reason`](TenantRefused::reason) says why. A cap of the account itself
+/// ([`Quota::with_cap`](crate::Quota::with_cap)) refuses as a scope above every tenant:
+/// [`account`](TenantRefused::account) then names the account.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantRefused {
     pub(crate) scope: Tenant,
@@ -104,9 +106,16 @@ pub enum Refusal {
 }
 
 impl TenantRefused {
-    /// The node that refused.
+    /// The node that refused. For a cap of the account itself, `/` and the account's name
+    /// (no tenant's path): see [`account`](TenantRefused::account).
     pub fn scope(&self) -> &Tenant {
         &self.scope
+    }
+
+    /// The account, when a cap of the account itself refused
+    /// ([`Quota::with_cap`](crate::Quota::with_cap)) rather than a node of the tree.
+    pub fn account(&self) -> Option<&str> {
+        self.scope.account_name()
     }
 
     /// Why.
@@ -144,9 +153,12 @@ impl TenantRefused {
 
 impl fmt::Display for TenantRefused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let scope = &self.scope;
+        let who = match self.account() {
+            Some(account) => format!("account `{account}`"),
+            None => format!("tenant `{}`", self.scope),
+        };
         match self.reason {
-            Refusal::Paused => write!(f, "tenant `{scope}` is paused"),
+            Refusal::Paused => write!(f, "{who} is paused"),
             Refusal::PeriodCap {
                 dimension,
                 window,
@@ -157,8 +169,8 @@ impl fmt::Display for TenantRefused {
                 let unix = resets_at.duration_since(UNIX_EPOCH).unwrap_or_default();
                 write!(
                     f,
-                    "tenant `{scope}` spent its cap of {cap} {dimension} a {window} ({used} used; \
-                     starts again at {})",
+                    "{who} spent its cap of {cap} {dimension} a {window} ({used} used; starts \
+                     again at {})",
                     Utc(unix.as_secs())
                 )
             }
@@ -167,10 +179,10 @@ impl fmt::Display for TenantRefused {
                 retry_after,
             } => write!(
                 f,
-                "tenant `{scope}` is over its {dimension} limit (it could pay in {retry_after:?})"
+                "{who} is over its {dimension} limit (it could pay in {retry_after:?})"
             ),
             Refusal::InFlight { max } => {
-                write!(f, "tenant `{scope}` has its {max} calls in flight")
+                write!(f, "{who} has its {max} calls in flight")
             }
             Refusal::TooLarge {
                 dimension,
@@ -178,7 +190,7 @@ impl fmt::Display for TenantRefused {
                 capacity,
             } => write!(
                 f,
-                "a cost of {cost} {dimension} exceeds the capacity of {capacity} of tenant `{scope}`"
+                "a cost of {cost} {dimension} exceeds the capacity of {capacity} of {who}"
             ),
         }
     }

@@ -173,7 +173,6 @@
 //! [`RedisBudget`](crate::budget::redis::RedisBudget)), so between processes tenants share by
 //! their processes' turns, not by weight.
 
-pub(crate) mod cap;
 mod config;
 mod error;
 pub(crate) mod path;
@@ -182,7 +181,7 @@ mod serde;
 mod snapshot;
 
 pub use crate::budget::TenantHandle;
-pub use cap::{CapWindow, PeriodCap, WallClock};
+pub use crate::quota::{CapWindow, PeriodCap, WallClock};
 pub use config::{TenantNode, TenantTree};
 pub use error::{InvalidTree, Refusal, TenantRefused};
 pub use path::{InvalidTenant, Tenant};

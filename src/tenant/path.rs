@@ -83,6 +83,17 @@ impl Tenant {
         Ok(Tenant(text.into()))
     }
 
+    /// The scope of an account's own caps ([`Quota::with_cap`](crate::Quota::with_cap)): `/`
+    /// and the account's name, never a valid path, so that it names no node of a tree.
+    pub(crate) fn account(name: &str) -> Tenant {
+        Tenant(format!("{SEPARATOR}{name}").into())
+    }
+
+    /// The account's name, when this is the scope of an account's own caps.
+    pub(crate) fn account_name(&self) -> Option<&str> {
+        self.0.strip_prefix(SEPARATOR)
+    }
+
     /// The path as written, segments separated by `/`.
     pub fn as_str(&self) -> &str {
         &self.0

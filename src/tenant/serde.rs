@@ -8,9 +8,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use serde::de::Error as _;
 
-use super::cap::{CapWindow, PeriodCap};
 use super::config::{TenantNode, TenantTree};
 use super::path::Tenant;
+use crate::quota::{CapWindow, PeriodCap};
 use crate::quota::{Dimension, Limit};
 
 #[derive(Deserialize)]
@@ -44,7 +44,7 @@ struct Node {
     #[serde(default)]
     account: Option<String>,
     #[serde(default, alias = "daily")]
-    caps: Vec<CapConfig>,
+    caps: Vec<PeriodCap>,
 }
 
 #[derive(Deserialize)]
@@ -74,6 +74,25 @@ enum Window {
     Rolling,
 }
 
+/// A cap as `{ dimension = "spend", amount = 500000000000, window = "calendar_month_utc" }`
+/// (windows `calendar_day_utc`, `calendar_month_utc`, `rolling`): a tenant node's `caps`, or
+/// an account's.
+impl<'de> Deserialize<'de> for PeriodCap {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let cap = CapConfig::deserialize(deserializer)?;
+        let window = match cap.window {
+            Window::CalendarDayUtc => CapWindow::CalendarDayUtc,
+            Window::CalendarMonthUtc => CapWindow::CalendarMonthUtc,
+            Window::Rolling => CapWindow::Rolling,
+        };
+        Ok(PeriodCap::new(
+            dimension(&cap.dimension)?,
+            cap.amount,
+            window,
+        ))
+    }
+}
+
 fn dimension<E: serde::de::Error>(name: &str) -> Result<Dimension, E> {
     Dimension::ALL
         .into_iter()
@@ -96,16 +115,7 @@ fn node<E: serde::de::Error>(config: Node) -> Result<TenantNode, E> {
         node = node.with_limit(built);
     }
     for cap in config.caps {
-        let window = match cap.window {
-            Window::CalendarDayUtc => CapWindow::CalendarDayUtc,
-            Window::CalendarMonthUtc => CapWindow::CalendarMonthUtc,
-            Window::Rolling => CapWindow::Rolling,
-        };
-        node = node.with_cap(PeriodCap::new(
-            dimension(&cap.dimension)?,
-            cap.amount,
-            window,
-        ));
+        node = node.with_cap(cap);
     }
     if let Some(weight) = config.weight {
         node = node.with_weight(weight);
@@ -193,5 +203,23 @@ mod tests {
             "amount": 1, "period_seconds": 1 } ] } } }"#;
         assert!(serde_json::from_str::<TenantTree>(dimension).is_err());
         assert!(serde_json::from_str::<TenantTree>(r#"{ "nodes": { "a//b": {} } }"#).is_err());
+    }
+
+    #[test]
+    fn a_cap_reads_alone() {
+        let cap: PeriodCap = serde_json::from_str(
+            r#"{ "dimension": "spend", "amount": 500000000000, "window": "calendar_month_utc" }"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (cap.dimension(), cap.amount().get(), cap.window()),
+            (
+                Dimension::Spend,
+                500_000_000_000,
+                CapWindow::CalendarMonthUtc
+            )
+        );
+        let week = r#"{ "dimension": "spend", "amount": 1, "window": "week" }"#;
+        assert!(serde_json::from_str::<PeriodCap>(week).is_err());
     }
 }

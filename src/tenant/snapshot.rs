@@ -6,8 +6,8 @@ use crate::priority::Priority;
 use crate::quota::Dimension;
 use crate::quota::LimitSnapshot;
 
-use super::cap::PeriodCap;
 use super::path::Tenant;
+use crate::quota::PeriodCap;
 
 /// One node of a tenant tree at one instant, from
 /// [`TenantHandle::snapshot`](super::TenantHandle::snapshot).

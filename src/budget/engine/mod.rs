@@ -575,11 +575,13 @@ impl State {
         }
     }
 
-    /// The limits of the tenant nodes of `path`, for the shared store (none without tenants).
+    /// The limits and controls of the tenant nodes of `path` (the tree's default without one)
+    /// and of the account's own caps, for the shared store (none without tenants).
     pub(super) fn path_limits(&self, path: Option<&Tenant>) -> PathLimits {
         match (&self.tenants, path) {
             (Some(tenants), Some(path)) => tenants.shared_path(path),
-            _ => PathLimits::default(),
+            (Some(tenants), None) => tenants.shared_path(&tenants.path_of(None)),
+            (None, _) => PathLimits::default(),
         }
     }
 

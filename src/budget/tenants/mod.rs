@@ -31,7 +31,9 @@ impl Budget {
             None => state.store.limits(),
         };
         let name = state.queue.label();
-        state.tenants = Some(Tenants::new(tree, &account, name));
+        let tenants = Tenants::new(tree, &account, name);
+        tenants.set_account_caps(&state.caps);
+        state.tenants = Some(tenants);
     }
 
     /// Serves the tenant state of `other` (none, if it has none), its times shifted to this
@@ -45,6 +47,15 @@ impl Budget {
         let mut state = self.lock();
         let name = state.queue.label();
         state.tenants = theirs.map(|tenants| tenants.shared_with(later, name));
+        match &state.tenants {
+            Some(tenants) => tenants.set_account_caps(&state.caps),
+            // The account's own caps still count, in a tree of no nodes of its own.
+            None if !state.caps.is_empty() => {
+                drop(state);
+                self.install_tenants(TenantTree::new());
+            }
+            None => {}
+        }
     }
 
     pub(in crate::budget) fn same_tenants_as(&self, other: &Budget) -> bool {

@@ -8,9 +8,10 @@ use crate::budget::Floor;
 use crate::budget::memory::store::{MemoryStore, ReservationId, Store};
 use crate::cost::Cost;
 use crate::priority::Priority;
+use crate::quota::PeriodCap;
+use crate::quota::cap::CapCount;
 use crate::quota::{Dimension, Limit, Quota};
 use crate::tenant::TenantNode;
-use crate::tenant::cap::CapCount;
 use crate::tenant::{Refusal, Tenant};
 
 const MINUTE: u64 = 60_000_000_000;
@@ -151,22 +152,7 @@ impl Node {
         self.limited = !limits.is_empty();
         self.max_in_flight = config.max_in_flight;
         self.max_wait = config.max_wait.map(nanos);
-        let mut days = Vec::with_capacity(config.daily.len());
-        for cap in &config.daily {
-            let kept = self
-                .days
-                .iter()
-                .position(|d| (d.cap.dimension, d.cap.window) == (cap.dimension, cap.window));
-            days.push(match kept {
-                Some(i) => {
-                    let mut count = self.days.swap_remove(i);
-                    count.cap = *cap;
-                    count
-                }
-                None => CapCount::new(*cap),
-            });
-        }
-        self.days = days;
+        recount(&mut self.days, &config.daily);
         (self.guaranteed, self.weight, self.configured) = (guaranteed, weight, true);
     }
 
@@ -182,17 +168,8 @@ impl Node {
         if self.paused {
             return Some(Refusal::Paused);
         }
-        for day in &mut self.days {
-            let amount = cost.amount(day.cap.dimension);
-            if let Err(used) = day.fits(amount, unix) {
-                return Some(Refusal::PeriodCap {
-                    dimension: day.cap.dimension,
-                    window: day.cap.window,
-                    cap: day.cap.amount.get(),
-                    used,
-                    resets_at: day.cap.window.resets_at(unix),
-                });
-            }
+        if let Some(refusal) = cap_refusal(&mut self.days, cost, unix) {
+            return Some(refusal);
         }
         if !self.limited {
             return None;
@@ -252,9 +229,7 @@ impl Node {
         }
         self.in_flight += 1;
         self.touched_at = now;
-        for day in &mut self.days {
-            day.add(cost.amount(day.cap.dimension), unix);
-        }
+        take_caps(&mut self.days, cost, unix);
         self.meter.add(cost.amount(reference), now);
     }
 
@@ -276,17 +251,7 @@ impl Node {
                 .store
                 .settle(ReservationId(0), reserved, actual, || now);
         }
-        for day in &mut self.days {
-            let (r, a) = (
-                reserved.amount(day.cap.dimension),
-                actual.amount(day.cap.dimension),
-            );
-            if a > r {
-                day.add(a - r, unix);
-            } else {
-                day.sub(r - a, unix);
-            }
-        }
+        settle_caps(&mut self.days, (reserved, actual), unix);
         let (r, a) = (reserved.amount(reference), actual.amount(reference));
         if a > r {
             self.meter.add(a - r, now);
@@ -313,6 +278,63 @@ impl Node {
     pub(crate) fn unpark_all(&mut self) -> impl Iterator<Item = Waker> + '_ {
         self.parked.drain(..).map(|parked| parked.waker)
     }
+}
+
+/// Why caps over a period refuse `cost` (`unix`: the wall clock's seconds), if one does: the
+/// first whose period's use it would take above the cap.
+pub(crate) fn cap_refusal(days: &mut [CapCount], cost: &Cost, unix: u64) -> Option<Refusal> {
+    days.iter_mut().find_map(|day| {
+        let used = day.fits(cost.amount(day.cap.dimension), unix).err()?;
+        Some(Refusal::PeriodCap {
+            dimension: day.cap.dimension,
+            window: day.cap.window,
+            cap: day.cap.amount.get(),
+            used,
+            resets_at: day.cap.window.resets_at(unix),
+        })
+    })
+}
+
+/// Counts `cost` in each cap's period (its fit checked before, under the same lock).
+pub(crate) fn take_caps(days: &mut [CapCount], cost: &Cost, unix: u64) {
+    for day in days {
+        day.add(cost.amount(day.cap.dimension), unix);
+    }
+}
+
+/// Settles a reservation in each cap's period: `actual` replaces `reserved`.
+pub(crate) fn settle_caps(days: &mut [CapCount], (reserved, actual): (&Cost, &Cost), unix: u64) {
+    for day in days {
+        let (r, a) = (
+            reserved.amount(day.cap.dimension),
+            actual.amount(day.cap.dimension),
+        );
+        if a > r {
+            day.add(a - r, unix);
+        } else {
+            day.sub(r - a, unix);
+        }
+    }
+}
+
+/// Replaces the caps counted in `days` by `caps`, keeping the count of each that stays (same
+/// dimension and window).
+pub(crate) fn recount(days: &mut Vec<CapCount>, caps: &[PeriodCap]) {
+    let mut counts = Vec::with_capacity(caps.len());
+    for cap in caps {
+        let kept = days
+            .iter()
+            .position(|d| (d.cap.dimension, d.cap.window) == (cap.dimension, cap.window));
+        counts.push(match kept {
+            Some(i) => {
+                let mut count = days.swap_remove(i);
+                count.cap = *cap;
+                count
+            }
+            None => CapCount::new(*cap),
+        });
+    }
+    *days = counts;
 }
 
 /// A request waiting out of the ordering for a node's limits: its ticket, class and path (for

@@ -53,6 +53,16 @@ impl Tenants {
         }
     }
 
+    /// Sets the caps of this budget's account itself (none: it has none).
+    pub(crate) fn set_account_caps(&self, caps: &[PeriodCap]) {
+        self.lock().set_account_caps(&self.account, caps);
+    }
+
+    /// What this budget's account's own caps have used in their periods.
+    pub(crate) fn account_caps(&self, at: Instant) -> Vec<(PeriodCap, u64)> {
+        self.lock().account_caps(&self.account, at)
+    }
+
     /// Whether two handles are on one state.
     pub(crate) fn same(&self, other: &Tenants) -> bool {
         Arc::ptr_eq(&self.state, &other.state)

@@ -10,11 +10,14 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use super::node::{Node, NodeWait, Parked, limits_of};
+use super::node::{
+    Node, NodeWait, Parked, cap_refusal, limits_of, recount, settle_caps, take_caps,
+};
 use crate::budget::memory::store::{LimitState, Store};
 use crate::budget::remote::{Control, PathLimits, StorePath};
 use crate::cost::Cost;
 use crate::priority::Priority;
+use crate::quota::cap::CapCount;
 use crate::quota::{Dimension, Limit};
 use crate::sched::Flow;
 use crate::tenant::PeriodCap;
@@ -73,6 +76,9 @@ pub(crate) struct TenantState {
     fleet_days: HashMap<Tenant, Vec<(PeriodCap, u64)>>,
     /// See [`TenantState::keeps_any_in_store`].
     keeps_in_store: bool,
+    /// Each account's own caps ([`Quota::with_cap`](crate::Quota::with_cap)), by the
+    /// account's name: every request its budget admits counts, whatever its path.
+    accounts: HashMap<Arc<str>, Vec<CapCount>>,
 }
 
 /// A leasing budget's fleet, as its last renewal told it. A flow weighs its weight divided by
@@ -95,7 +101,7 @@ pub(crate) const FLEET_SCALE: u32 = 840;
 
 impl TenantState {
     pub(crate) fn new(tree: TenantTree, account: &[Limit]) -> Self {
-        let keeps_in_store = Self::any_kept_in_store(&tree);
+        let keeps_in_store = Self::tree_keeps_any(&tree);
         Self {
             tree,
             live: HashMap::new(),
@@ -107,7 +113,38 @@ impl TenantState {
             guarantees: HashMap::new(),
             fleet_days: HashMap::new(),
             keeps_in_store,
+            accounts: HashMap::new(),
         }
+    }
+
+    /// Sets the caps of `account` itself (none: it has none), keeping the count of each that
+    /// stays.
+    pub(crate) fn set_account_caps(&mut self, account: &Arc<str>, caps: &[PeriodCap]) {
+        if caps.is_empty() {
+            self.accounts.remove(account);
+        } else {
+            recount(self.accounts.entry(account.clone()).or_default(), caps);
+        }
+        self.keeps_in_store = self.any_kept_in_store();
+    }
+
+    /// What `account`'s own caps have used in their periods (for a budget shared through a
+    /// store, the larger of its own count and the fleet's, as the store last told).
+    pub(crate) fn account_caps(&mut self, account: &str, at: Instant) -> Vec<(PeriodCap, u64)> {
+        let unix = self.tree.clock.unix_seconds(at);
+        let scope = Tenant::account(account);
+        let fleet = self.fleet_days.get(&scope);
+        let Some(counts) = self.accounts.get_mut(account) else {
+            return Vec::new();
+        };
+        (counts.iter_mut())
+            .map(|count| {
+                let seen = (fleet.into_iter().flatten())
+                    .find(|(cap, _)| *cap == count.cap)
+                    .map_or(0, |(_, used)| *used);
+                (count.cap, count.used(unix).max(seen))
+            })
+            .collect()
     }
 
     /// Whether any node (configured by path or by depth) has limits or controls a shared
@@ -118,7 +155,11 @@ impl TenantState {
         self.keeps_in_store
     }
 
-    fn any_kept_in_store(tree: &TenantTree) -> bool {
+    fn any_kept_in_store(&self) -> bool {
+        Self::tree_keeps_any(&self.tree) || !self.accounts.is_empty()
+    }
+
+    fn tree_keeps_any(tree: &TenantTree) -> bool {
         let keeps = |node: &TenantNode| {
             !node.limits.is_empty()
                 || node.max_share.is_some()
@@ -132,6 +173,8 @@ impl TenantState {
     /// path and of the live nodes, for `account`.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn caps(&self, account: &str) -> Vec<(Tenant, PeriodCap)> {
+        let own = (self.accounts.get(account).into_iter().flatten())
+            .map(|count| (Tenant::account(account), count.cap));
         let configured = (self.tree.nodes.iter())
             .filter(|(path, _)| self.applies(path.as_str(), account))
             .flat_map(|(path, node)| node.daily.iter().map(|cap| (path.clone(), *cap)));
@@ -139,7 +182,7 @@ impl TenantState {
             .filter(|(path, _)| !self.tree.nodes.contains_key(*path))
             .filter(|(path, _)| self.applies(path.as_str(), account))
             .flat_map(|(path, node)| node.days.iter().map(|day| (path.clone(), day.cap)));
-        configured.chain(live).collect()
+        own.chain(configured).chain(live).collect()
     }
 
     /// What the store counts of `caps` for every process (`used`, in the same order).
@@ -299,6 +342,12 @@ impl TenantState {
         let waited =
             u64::try_from(at.saturating_duration_since(arrived).as_nanos()).unwrap_or(u64::MAX);
         // The first node that cannot pay yet makes the request wait; every node may refuse.
+        if let Some(counts) = self.accounts.get_mut(account) {
+            if let Some(reason) = cap_refusal(counts, cost, unix) {
+                let scope = Tenant::account(account);
+                return Check::Refused(TenantRefused { scope, reason });
+            }
+        }
         let mut blocked = None;
         for (i, prefix) in path.prefixes().enumerate() {
             if !self.applies(prefix, account) {
@@ -334,6 +383,9 @@ impl TenantState {
     ) {
         let unix = self.tree.clock.unix_seconds(at);
         let reference = self.reference.0;
+        if let Some(counts) = self.accounts.get_mut(account) {
+            take_caps(counts, cost, unix);
+        }
         for prefix in path.prefixes() {
             if !self.applies(prefix, account) {
                 continue;
@@ -356,6 +408,9 @@ impl TenantState {
     ) {
         let unix = self.tree.clock.unix_seconds(at);
         let reference = self.reference.0;
+        if let Some(counts) = self.accounts.get_mut(account) {
+            settle_caps(counts, (reserved, actual), unix);
+        }
         for prefix in path.prefixes() {
             if !self.applies(prefix, account) {
                 continue;
@@ -517,7 +572,7 @@ impl TenantState {
         wakers: &mut Vec<Waker>,
     ) {
         self.tree.nodes.insert(path.clone(), config);
-        self.keeps_in_store = Self::any_kept_in_store(&self.tree);
+        self.keeps_in_store = self.any_kept_in_store();
         // Weights, guarantees and borrowing caps of the nodes below may change too.
         let affected: Vec<Tenant> = self
             .live
@@ -544,6 +599,10 @@ impl TenantState {
     /// with its node (empty without any).
     pub(crate) fn shared_path(&self, account: &str, path: &Tenant) -> PathLimits {
         let mut shared = StorePath::default();
+        // The account's own caps first: above every node.
+        let own = (self.accounts.get(account).into_iter().flatten())
+            .map(|count| (Tenant::account(account), Control::Daily(count.cap)));
+        shared.controls.extend(own);
         for prefix in path.prefixes() {
             let Some(config) = self
                 .config(prefix)
