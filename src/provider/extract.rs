@@ -80,6 +80,18 @@ impl ProviderScan {
         }
     }
 
+    /// A scanner of the response whose head is `head`: an event stream if its content type
+    /// says so, the tier its headers name read. What [`ProviderUsage`] scans with, without
+    /// adapting a budget to the head's rate-limit headers.
+    pub fn of_response(profile: Profile, head: &Parts) -> Self {
+        let streaming = head
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        Self::new(profile, streaming).tier_from(&head.headers)
+    }
+
     /// Reads the service tier a response header names (Gemini's `x-gemini-service-tier`);
     /// the body's (OpenAI's `service_tier`, Anthropic's `usage.service_tier`) is read as it
     /// passes. The usage it settles with carries the tier ([`Usage::service_tier`]).
@@ -94,12 +106,7 @@ impl ExtractUsage for ProviderUsage {
 
     fn start(&self, head: &Parts, budget: &Budget) -> ProviderScan {
         self.profile.adapt(&head.headers, budget);
-        let streaming = head
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
-        ProviderScan::new(self.profile, streaming).tier_from(&head.headers)
+        ProviderScan::of_response(self.profile, head)
     }
 }
 

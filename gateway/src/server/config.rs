@@ -417,6 +417,12 @@ pub(crate) struct AccountConfig {
     /// shares (the provider's account-wide request limit and calls in flight), beside each
     /// scope's own limits.
     pub(crate) quota: Limits,
+    /// Caps over a calendar day or month (UTC) on the whole account, whatever the tenant or
+    /// model: `caps = [{ dimension = "spend", amount = 500000000000, window =
+    /// "calendar_month_utc" }]` ($500 a month, in nano-dollars, with `[prices]`). A request
+    /// that would take the period above a cap is refused at once, until the period ends.
+    #[serde(default)]
+    pub(crate) caps: Vec<tower_llm_quota::tenant::PeriodCap>,
     /// Models whose limits the provider pools (Anthropic's model classes) or keeps apart
     /// (OpenAI's per-model limits): each scope has buckets of its own, and a provider 429 for
     /// one of its models pauses that scope only.

@@ -13,7 +13,7 @@ use tower_llm_quota::Priority;
 use tower_llm_quota::queue::QueueSnapshot;
 
 use super::Gateway;
-use super::tenancy::{LevelView, NodeView};
+use super::tenancy::{CapView, LevelView, NodeView};
 use super::usage::{Counts, RefusalRecord};
 
 /// A tenant node with today's usage of its subtree.
@@ -29,6 +29,8 @@ pub(crate) struct TenantStatus {
 struct AccountStatus {
     name: String,
     levels: Vec<LevelView>,
+    /// The account's caps over a day or a month, with what the period used.
+    caps: Vec<CapView>,
     /// The limit with the least of its burst left now: the one that binds when requests wait.
     binding: Option<String>,
     in_flight: usize,
@@ -75,6 +77,7 @@ fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
                 .map(|l| l.limit.clone());
             AccountStatus {
                 name,
+                caps: CapView::all(snapshot.used_in_period()),
                 levels,
                 binding,
                 in_flight: snapshot.in_flight(),

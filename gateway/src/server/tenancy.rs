@@ -100,6 +100,20 @@ pub(crate) struct CapView {
     pub(crate) used: u64,
 }
 
+impl CapView {
+    /// The views of `caps`, each with what its period used.
+    pub(crate) fn all(caps: &[(tower_llm_quota::tenant::PeriodCap, u64)]) -> Vec<Self> {
+        (caps.iter())
+            .map(|(cap, used)| CapView {
+                limit: cap_name(cap.dimension().as_str(), cap.window()),
+                amount: cap.amount().get(),
+                window: cap.window().to_string(),
+                used: *used,
+            })
+            .collect()
+    }
+}
+
 /// A limit's state now: its name, its amount per its period, its burst (the most spent at
 /// once, `capacity`), and what is left of the burst now (`level`).
 #[derive(Debug, Clone, Serialize)]
@@ -431,16 +445,7 @@ impl Tenancy {
                         .map(|(name, s)| ShareView {
                             account: (*name).clone(),
                             levels: s.limits().iter().map(LevelView::from).collect(),
-                            caps: s
-                                .used_in_period()
-                                .iter()
-                                .map(|(cap, used)| CapView {
-                                    limit: cap_name(cap.dimension().as_str(), cap.window()),
-                                    amount: cap.amount().get(),
-                                    window: cap.window().to_string(),
-                                    used: *used,
-                                })
-                                .collect(),
+                            caps: CapView::all(s.used_in_period()),
                             used: s.used(),
                             guaranteed: s.guaranteed(),
                             borrowed: s.borrowed(),
@@ -492,7 +497,12 @@ pub(crate) fn refused(refusal: &TenantRefused) -> Refusal {
         Why::Paused => paused(scope),
         Why::PeriodCap { dimension, window, resets_at, .. } => {
             let wait = resets_at.duration_since(std::time::SystemTime::now()).unwrap_or_default();
-            Refusal::rate_limited(cap_name(dimension.as_str(), window), format!("tenant:{scope}"))
+            // The account's own cap, or a node's.
+            let scope = match refusal.account() {
+                Some(account) => format!("account:{account}"),
+                None => format!("tenant:{scope}"),
+            };
+            Refusal::rate_limited(cap_name(dimension.as_str(), window), scope)
                 .dimension(Some(dimension.as_str()))
                 .retry_after(Some(wait))
                 .message(refusal.to_string())

@@ -137,7 +137,7 @@ struct Maker {
     tenants_of: Budget,
     shared: (Option<String>, bool, Option<Duration>),
     /// The client under the stacks: through the gate, with scopes.
-    client: Client,
+    upstream: Upstream,
     prices: Option<Arc<PriceTable>>,
 }
 
@@ -155,7 +155,7 @@ impl Maker {
                 &self.account,
                 &quota,
                 (&budget, self.prices.as_ref()),
-                &self.client,
+                &self.upstream,
             ),
             budget,
         })
@@ -193,7 +193,7 @@ fn stacks(
     config: &AccountConfig,
     quota: &Quota,
     (budget, prices): (&Budget, Option<&Arc<PriceTable>>),
-    client: &Client,
+    upstream: &Upstream,
 ) -> Arc<[(Api, Profile, Governed)]> {
     let minute = config.quota.minute();
     config
@@ -207,30 +207,59 @@ fn stacks(
             if let Some(prices) = prices {
                 stack = stack.prices(Arc::clone(prices));
             }
-            (api, profile, stack.layer(client.clone()))
+            (api, profile, stack.layer(upstream.client(profile)))
         })
         .collect()
 }
 
-/// The gate of a scoped account in front of `client`: a reservation in the account-wide
-/// `budget` per attempt, its slot held until the answer's body ends. The request's tenant is
-/// not asked again (its scope's budget charged it).
-fn gated(budget: &Budget, client: Client) -> Client {
-    use tower_llm_quota::{ReconcileLayer, TokenBudgetLayer};
-    let gate = tower::ServiceBuilder::new()
-        .map_request(|mut request: Request<Full<Bytes>>| {
-            request
-                .extensions_mut()
-                .remove::<tower_llm_quota::tenant::Tenant>();
-            request
-        })
-        .layer(TokenBudgetLayer::new(budget.clone()))
-        .layer(ReconcileLayer::new())
-        .service(client);
-    BoxCloneSyncService::new(
-        gate.map_response(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
-            .map_err(BoxError::from),
-    )
+/// What an account's stacks call: the client, through the gate of the account-wide budget
+/// when the account has scopes.
+#[derive(Debug, Clone)]
+struct Upstream {
+    client: Client,
+    gate: Option<Budget>,
+}
+
+impl Upstream {
+    /// The client under a stack of `profile`: through the gate, if any, a reservation in
+    /// the account-wide budget per attempt, its slot held until the answer's body ends and
+    /// settled with the answer's usage (read in `profile`'s format: an account's caps of
+    /// spend count what was spent). The request's tenant is not asked again (its scope's
+    /// budget charged it).
+    fn client(&self, profile: Profile) -> Client {
+        use tower_llm_quota::{ReconcileLayer, TokenBudgetLayer};
+        let Some(budget) = &self.gate else {
+            return self.client.clone();
+        };
+        let gate = tower::ServiceBuilder::new()
+            .map_request(|mut request: Request<Full<Bytes>>| {
+                request
+                    .extensions_mut()
+                    .remove::<tower_llm_quota::tenant::Tenant>();
+                request
+            })
+            .layer(TokenBudgetLayer::new(budget.clone()))
+            .layer(ReconcileLayer::with_extractor(GateUsage(profile)))
+            .service(self.client.clone());
+        BoxCloneSyncService::new(
+            gate.map_response(|r| r.map(|b| b.map_err(BoxError::from).boxed()))
+                .map_err(BoxError::from),
+        )
+    }
+}
+
+/// The gate's reading of an answer's usage: as its profile writes it, without adapting the
+/// gate's limits to the answer's rate-limit headers (they are the scope's, which its own
+/// stack adapts).
+#[derive(Debug, Clone, Copy)]
+struct GateUsage(Profile);
+
+impl tower_llm_quota::reconcile::ExtractUsage for GateUsage {
+    type Scanner = tower_llm_quota::provider::ProviderScan;
+
+    fn start(&self, head: &http::response::Parts, _budget: &Budget) -> Self::Scanner {
+        tower_llm_quota::provider::ProviderScan::of_response(self.0, head)
+    }
 }
 
 fn profile(name: ProfileName, api: Api) -> Profile {
@@ -412,14 +441,16 @@ impl Account {
         };
         let tls = tls_config(config.ca_file.as_deref()).map_err(error)?;
         let shared = (redis_url, fail_closed, lease);
-        let mut client = client(simulator.as_ref(), tls);
+        let client = client(simulator.as_ref(), tls);
         // Named after the account: its depth gauges are its own.
-        let quota = config.quota.quota()?.with_name(config.name.as_str());
+        // The account's caps go where every request of it passes: the gate when it has one.
+        let quota = (config.caps.iter().copied())
+            .fold(config.quota.quota()?, tower_llm_quota::Quota::with_cap)
+            .with_name(config.name.as_str());
         let (main_quota, gate) = if config.is_scoped() {
             // The account-wide limits move to the gate; the models no scope names have no
             // limits of their own but the tenants'.
             let gate = budget(&config.name, &quota, shared).await?;
-            client = gated(&gate, client);
             let main = Quota::new().with_name(format!("{}/*", config.name));
             (main, Some(gate))
         } else {
@@ -438,16 +469,20 @@ impl Account {
         let queue = QuotaStack::for_profile(profile(config.profile, Api::Chat), main_quota.clone())
             .with_budget(budget.clone())
             .queue_handle();
+        let upstream = Upstream {
+            client,
+            gate: gate.clone(),
+        };
         let main = Scoped {
             name: None,
-            stacks: stacks(config, &main_quota, (&budget, prices), &client),
+            stacks: stacks(config, &main_quota, (&budget, prices), &upstream),
             budget: budget.clone(),
         };
         let maker = Maker {
             account: config.clone(),
             tenants_of: budget,
             shared: (redis_url.map(str::to_owned), fail_closed, lease),
-            client,
+            upstream,
             prices: prices.cloned(),
         };
         let mut scopes = Vec::with_capacity(config.scopes.len());

@@ -85,11 +85,16 @@ struct Caller {
 
 /// One caller: requests until the cap refuses one.
 async fn spend_until_refused(gateway: &Running, next: &AtomicU64) -> Caller {
+    spend_until_refused_as(gateway, next, "caller-secret").await
+}
+
+/// The same with the caller key `key`.
+async fn spend_until_refused_as(gateway: &Running, next: &AtomicU64, key: &str) -> Caller {
     let (mut spent, mut answered, mut unreachable) = (0, 0, 0);
     loop {
         let n = next.fetch_add(1, Ordering::Relaxed);
         let response = gateway
-            .post("/v1/chat/completions", Some("caller-secret"), &body(n))
+            .post("/v1/chat/completions", Some(key), &body(n))
             .await;
         let status = response.status().as_u16();
         let retry_after = response.headers().get("retry-after").cloned();
@@ -516,4 +521,98 @@ async fn at_the_cap_a_request_degrades_to_a_cheaper_model() {
     assert!(primary > 0 && degraded > 0, "{primary} then {degraded}");
     assert!(spent <= CAP, "{spent} over {CAP}");
     gateway.stop().await;
+}
+
+/// A simulated account with a cap of its own ($0.01 a calendar month), no tenant capped;
+/// `scoped`: each model in buckets of its own behind the account's gate.
+fn account_cap_config(scoped: bool) -> String {
+    let limits = "{ requests_per_minute = 60000, tokens_per_minute = 60000000 }";
+    let quota = if scoped {
+        format!("quota = {{ requests_per_minute = 60000 }}\n        model_quota = {limits}")
+    } else {
+        format!("quota = {limits}")
+    };
+    format!(
+        r#"
+        [server]
+        admin_token = "admin"
+        [[accounts]]
+        name = "sim"
+        base_url = "sim"
+        profile = "openai"
+        apis = ["chat"]
+        {quota}
+        caps = [{{ dimension = "spend", amount = {CAP}, window = "calendar_month_utc" }}]
+        sim = {{ base_ms = 0, per_token_ms = 0 }}
+        [prices]
+        unpriced = "refuse"
+        [prices.models."gpt-4o-mini"]
+        input = "2.50"
+        output = "10"
+        [[keys]]
+        name = "team-key"
+        key = "caller-secret"
+        tenant = "team"
+        [[keys]]
+        name = "other-key"
+        key = "other-secret"
+        tenant = "other"
+        "#
+    )
+}
+
+/// An account's monthly spend cap (`caps` of `[[accounts]]`), with per-model scopes or
+/// without: four callers of two tenants spend until refused; the spend counted from their
+/// answers never exceeds the cap and stops within a request of it; each refusal is a 429
+/// `spend_per_month` scoped to the account, with a `Retry-After` to the month's end.
+#[tokio::test]
+async fn an_account_spend_cap_refuses_at_the_cap_with_scopes_or_without() {
+    for scoped in [false, true] {
+        let gateway = Arc::new(Running::start(&account_cap_config(scoped)).await);
+        let next = Arc::new(AtomicU64::new(0));
+        let callers: Vec<_> = (0..4)
+            .map(|i| {
+                let (gateway, next) = (Arc::clone(&gateway), Arc::clone(&next));
+                tokio::spawn(async move {
+                    if i % 2 == 0 {
+                        spend_until_refused(&gateway, &next).await
+                    } else {
+                        spend_until_refused_as(&gateway, &next, "other-secret").await
+                    }
+                })
+            })
+            .collect();
+        let mut spent = 0;
+        for caller in callers {
+            let caller = caller.await.unwrap();
+            let error = &caller.refusal["error"];
+            assert_eq!(error["limit"], "spend_per_month", "{error}");
+            assert_eq!(error["scope"], "account:sim", "{error}");
+            spent += caller.spent;
+        }
+        eprintln!(
+            "account cap (scoped: {scoped}): {spent} of {CAP} nano-dollars ({:.4}x)",
+            spent as f64 / CAP as f64
+        );
+        assert!(spent <= CAP, "{spent} over {CAP}");
+        assert!(CAP - spent < 2_000_000, "{spent} of {CAP}");
+        // The status shows the account's month: what its answers spent, at their prices.
+        let status = reqwest::get(format!("{}/status.json", gateway.url))
+            .await
+            .unwrap();
+        let status: Value = serde_json::from_str(&status.text().await.unwrap()).unwrap();
+        let account = status["accounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["name"] == "sim")
+            .unwrap();
+        let cap = &account["caps"][0];
+        assert_eq!(cap["limit"], "spend_per_month", "{account}");
+        assert_eq!(
+            (cap["amount"].as_u64(), cap["used"].as_u64()),
+            (Some(CAP), Some(spent))
+        );
+        Arc::into_inner(gateway).unwrap().stop().await;
+    }
 }
