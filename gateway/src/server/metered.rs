@@ -40,21 +40,25 @@ impl Meter {
             return;
         };
         let usage = scan.finish(end, self.estimate);
-        let (input, output, tier) = match &usage {
+        let (tokens, tier) = match &usage {
             Some(usage) => (
-                usage.input_tokens(),
-                usage.output_tokens(),
+                (
+                    usage.input_tokens(),
+                    usage.output_tokens(),
+                    usage.cache_read_tokens(),
+                ),
                 usage.service_tier(),
             ),
             None => (
-                self.estimate.input_tokens(),
-                self.estimate.output_tokens(),
+                (
+                    self.estimate.input_tokens(),
+                    self.estimate.output_tokens(),
+                    0,
+                ),
                 None,
             ),
         };
-        self.gateway
-            .ledger
-            .tokens(&self.tenant, (input, output), tier);
+        self.gateway.ledger.tokens(&self.tenant, tokens, tier);
         if let Some(audited) = self.audited.take() {
             audited.finish(&self.gateway, usage.as_ref(), self.bytes);
         }

@@ -51,6 +51,11 @@ pub(crate) fn describe() {
         "Tokens the answers used, by tenant, kind (input, output) and service tier."
     );
     describe_counter!(
+        "gateway_cache_read_tokens_total",
+        metrics::Unit::Count,
+        "Input tokens the answers read from the provider's prompt cache, by tenant: what the cache keeps off an input limit that does not count cache reads (Anthropic's), or bills at the cached price."
+    );
+    describe_counter!(
         "gateway_refusals_total",
         "Requests refused, by tenant, decision (local, provider) and limit."
     );
@@ -182,11 +187,12 @@ impl Ledger {
         .increment(1);
     }
 
-    /// The tokens a finished answer used, and the service tier that served them.
+    /// The tokens a finished answer used (input, output, read from the prompt cache), and the
+    /// service tier that served them.
     pub(crate) fn tokens(
         &self,
         tenant: &str,
-        (input, output): (u64, u64),
+        (input, output, cache_read): (u64, u64, u64),
         tier: Option<ServiceTier>,
     ) {
         let tier = tier.map_or("unknown", ServiceTier::as_str);
@@ -199,9 +205,12 @@ impl Ledger {
         counter!("gateway_tokens_total", "tenant" => tenant.clone(), "kind" => "input",
             "service_tier" => tier)
         .increment(input);
-        counter!("gateway_tokens_total", "tenant" => tenant, "kind" => "output",
+        counter!("gateway_tokens_total", "tenant" => tenant.clone(), "kind" => "output",
             "service_tier" => tier)
         .increment(output);
+        if cache_read > 0 {
+            counter!("gateway_cache_read_tokens_total", "tenant" => tenant).increment(cache_read);
+        }
     }
 
     /// A refusal, local or the provider's, of a request of `tenant` (none when unauthenticated).

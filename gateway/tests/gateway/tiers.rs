@@ -53,7 +53,7 @@ async fn upstream(refuse_flex: usize) -> (String, Arc<Upstream>) {
                 "default"
             };
             let body = format!(
-                r#"{{"id":"c","object":"chat.completion","model":"m","service_tier":"{tier}","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":8,"completion_tokens":2,"total_tokens":10}}}}"#
+                r#"{{"id":"c","object":"chat.completion","model":"m","service_tier":"{tier}","choices":[{{"index":0,"message":{{"role":"assistant","content":"ok"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":8,"completion_tokens":2,"total_tokens":10,"prompt_tokens_details":{{"cached_tokens":6}}}}}}"#
             );
             ([("content-type", "application/json")], body).into_response()
         }
@@ -166,6 +166,15 @@ async fn flex_without_capacity_falls_back_for_interactive_and_waits_for_batch() 
         metrics.contains(r#"service_tier="flex""#),
         "no flex tokens in /metrics"
     );
+    // Each answer read 6 of its 8 input tokens from the prompt cache: 12 for the two (the
+    // process's other tests of this upstream add theirs).
+    let cache_reads: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(r#"gateway_cache_read_tokens_total{tenant="team"} "#))
+        .unwrap_or_else(|| panic!("no cache reads in /metrics:\n{metrics}"))
+        .parse()
+        .unwrap();
+    assert!(cache_reads >= 12 && cache_reads % 6 == 0, "{cache_reads}");
     gateway.stop().await;
 }
 
