@@ -1130,3 +1130,36 @@ async fn an_unpriced_model_is_refused_before_it_is_sent() {
     assert!(error.to_string().contains("gpt-unknown"), "{error}");
     assert_eq!(sim.stats().received, 0);
 }
+
+/// An account's caps changed at run time (`Budget::set_caps`): the period's count carries
+/// over to a lowered cap, which then refuses; removed, nothing refuses; a budget made
+/// without caps takes them.
+#[tokio::test(start_paused = true)]
+async fn an_account_s_caps_change_at_run_time_keeping_the_period_s_count() {
+    let cap = |amount| {
+        PeriodCap::new(
+            Dimension::TotalTokens,
+            NonZeroU64::new(amount).unwrap(),
+            CapWindow::CalendarDayUtc,
+        )
+    };
+    let budget = Budget::new(quota().with_name("openai").with_cap(cap(1_000)));
+    let held = budget.try_reserve(Cost::new(700, 100)).unwrap();
+    budget.set_caps(&[cap(500)]);
+    let Err(TryReserveError::Tenant(refused)) = budget.try_reserve(Cost::new(1, 0)) else {
+        panic!("admitted over a lowered cap");
+    };
+    assert_eq!(refused.account(), Some("openai"));
+    assert_eq!(budget.snapshot().used_in_period(), [(cap(500), 800)]);
+    budget.set_caps(&[]);
+    assert!(budget.snapshot().used_in_period().is_empty());
+    let _free = budget.try_reserve(Cost::new(1, 0)).expect("no cap left");
+    drop(held);
+    let plain = Budget::new(quota().with_name("anthropic"));
+    let _before = plain.try_reserve(Cost::new(300, 0)).unwrap();
+    plain.set_caps(&[cap(200)]);
+    let _after = plain
+        .try_reserve(Cost::new(200, 0))
+        .expect("counted from the change");
+    assert!(plain.try_reserve(Cost::new(1, 0)).is_err());
+}

@@ -17,7 +17,7 @@ use super::reserve::Reserve;
 use super::snapshot::BudgetSnapshot;
 use crate::cost::Cost;
 use crate::error::TryReserveError;
-use crate::quota::{Dimension, Limit, Quota};
+use crate::quota::{Dimension, Limit, PeriodCap, Quota};
 use crate::sched::QueueSnapshot;
 use crate::tenant::{InvalidTree, Tenant, TenantHandle, TenantTree};
 
@@ -101,6 +101,23 @@ impl Budget {
             state.store.set_limit(local, now);
             true
         });
+    }
+
+    /// Replaces the account's own caps over a period ([`Quota::with_cap`]) from now on,
+    /// keeping what the current period used of each cap that stays (same dimension and
+    /// window); a new cap counts from the change; an empty list removes them. A shared
+    /// budget's counts live in its store and carry over there too.
+    pub fn set_caps(&self, caps: &[PeriodCap]) {
+        let mut state = self.lock();
+        state.caps = caps.to_vec();
+        match &state.tenants {
+            Some(tenants) => tenants.set_account_caps(caps),
+            None if caps.is_empty() => {}
+            None => {
+                drop(state);
+                self.install_tenants(TenantTree::new());
+            }
+        }
     }
 
     /// Applies a provider's report on one of the limits; see [`Observation`].

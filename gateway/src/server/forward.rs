@@ -67,7 +67,8 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         output: cost.output_tokens(),
         cached: None,
     });
-    let (primary, routed) = match gateway.models.resolve(&gateway, &caller, api, &model) {
+    let models = gateway.models();
+    let (primary, routed) = match models.resolve(&gateway, &caller, api, &model) {
         Ok(resolved) => resolved,
         Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };

@@ -61,8 +61,10 @@ pub(crate) struct Gateway {
     pub(crate) tenants: Tenancy,
     pub(crate) ledger: Arc<Ledger>,
     pub(crate) accounts: Vec<Account>,
-    /// The public model names, and the account serving each.
-    pub(crate) models: models::Models,
+    /// The public model names, and the account serving each (replaced whole by a reload).
+    models: std::sync::RwLock<Arc<models::Models>>,
+    /// The idempotency layer every route shares: a reload's new routes keep its records.
+    idempotency: tower_llm_quota::IdempotencyLayer,
     pub(crate) max_body_bytes: usize,
     /// Timeouts, head size and the cap on connections, resolved at start.
     pub(crate) connection_limits: ConnectionLimits,
@@ -162,6 +164,7 @@ impl Gateway {
         let mut tenants = Tenancy::new(paths);
         let state = state::StateStore::open(redis_url, config.server.state_file.as_deref())?;
         let prices = config.prices.clone().map(Arc::new);
+        let idempotency = routes::idempotency(redis_url)?;
         let mut accounts = Vec::with_capacity(config.accounts.len());
         for account in &config.accounts {
             // Every account serves one tenant state: a tenant's limits hold over all of them.
@@ -185,11 +188,12 @@ impl Gateway {
             config_path: std::sync::OnceLock::new(),
             tenants,
             ledger: Arc::new(Ledger::default()),
-            models: models::Models::new(
+            models: std::sync::RwLock::new(Arc::new(models::Models::new(
                 &config.models,
                 &accounts,
-                &routes::idempotency(redis_url)?,
-            ),
+                &idempotency,
+            ))),
+            idempotency,
             accounts,
             max_body_bytes: config.server.max_body_bytes,
             connection_limits,
@@ -284,15 +288,27 @@ impl Gateway {
         self.config.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The public models and their routes now.
+    pub(crate) fn models(&self) -> Arc<models::Models> {
+        self.models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// The callers' keys now.
     pub(crate) fn keys(&self) -> Arc<KeyRing> {
         self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Applies the configuration `text` without a restart: the callers' keys (added, rotated,
-    /// revoked) and the tenant tree's nodes (limits, weights, guarantees, caps: their levels and
-    /// requests in flight kept). What else it changes (accounts, models, the server) needs a
-    /// restart: listed in the report, not applied. An invalid configuration changes nothing.
+    /// revoked), the admin tokens, the tenant tree's nodes (limits, weights, guarantees, caps),
+    /// the accounts' figures (their limits' amounts, calls in flight and caps, each scope's
+    /// and each model's: levels, counts and requests in flight kept) and the public models
+    /// with their routes. What else it changes (accounts added, removed or moved, which limits
+    /// an account has, prices, spend alerts, the server) needs a restart: listed in the report
+    /// with why, not applied, and the running configuration keeps it as it was. An invalid
+    /// configuration changes nothing.
     pub(crate) fn reload(&self, text: &str) -> Result<Reloaded, ConfigError> {
         let new = Config::from_toml(text)?;
         let (parsed, _) = state::parse(&self.applied_state());
@@ -302,18 +318,58 @@ impl Gateway {
         let mut current = self.config.lock().unwrap_or_else(|e| e.into_inner());
         let differs =
             |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
+        // What runs once the reload is done: the new configuration, but for what waits for a
+        // restart.
+        let mut running = new.clone();
         let mut restart = Vec::new();
-        if differs(&new.accounts, &current.accounts) {
+        let mut why = Vec::new();
+        let names = |c: &Config| {
+            c.accounts
+                .iter()
+                .map(|a| a.name.clone())
+                .collect::<Vec<_>>()
+        };
+        let mut retunes = Vec::new();
+        if names(&new) == names(&current) {
+            let pairs = current.accounts.iter().zip(&new.accounts).enumerate();
+            for (i, (old, is)) in pairs.filter(|(_, (old, is))| differs(old, is)) {
+                match upstream::Account::plan(old, is) {
+                    Ok(retune) => retunes.push((i, retune)),
+                    Err(reason) => {
+                        why.push(reason);
+                        running.accounts[i] = old.clone();
+                    }
+                }
+            }
+        } else {
+            why.push("accounts were added, removed or reordered".into());
+            running.accounts.clone_from(&current.accounts);
+        }
+        if !why.is_empty() {
             restart.push("accounts");
         }
+        // The models are routed over the running accounts: only while their names stand.
+        let mut models = None;
         if differs(&new.models, &current.models) {
-            restart.push("models");
+            if names(&new) == names(&current) {
+                models = Some(models::Models::new(
+                    &new.models,
+                    &self.accounts,
+                    &self.idempotency,
+                ));
+            } else {
+                restart.push("models");
+                why.push("models: they name accounts that need a restart".into());
+                running.models.clone_from(&current.models);
+            }
         }
         if new.prices != current.prices {
             restart.push("prices");
+            running.prices.clone_from(&current.prices);
         }
         if new.spend_alerts != current.spend_alerts {
             restart.push("spend_alerts");
+            running.spend_alerts.clone_from(&current.spend_alerts);
         }
         let mut server = new.server.clone();
         server.admin_token.clone_from(&current.server.admin_token);
@@ -322,17 +378,34 @@ impl Gateway {
             .clone_from(&current.server.admin_token_env);
         if differs(&server, &current.server) {
             restart.push("server");
+            let (token, token_env) = (
+                running.server.admin_token.take(),
+                running.server.admin_token_env.take(),
+            );
+            running.server.clone_from(&current.server);
+            (running.server.admin_token, running.server.admin_token_env) = (token, token_env);
         }
         // The nodes first: a node a new key names must exist before the key is served.
         let nodes = self.tenants.apply(&tree, &parsed.nodes)?;
         self.tenants.set_paths(&paths, &listed(&parsed, &keys));
         *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
         *self.admins.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(admins);
-        *current = new;
+        for (i, retune) in &retunes {
+            self.accounts[*i].retune(retune)?;
+        }
+        if let Some(models) = models {
+            *self.models.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(models);
+        }
+        for reason in &why {
+            tracing::warn!(reason = %reason, "a reload left this for a restart");
+        }
+        *current = running;
         Ok(Reloaded {
             keys: self.keys().list().count(),
             nodes,
+            accounts: retunes.len(),
             restart,
+            why,
         })
     }
 
@@ -502,8 +575,12 @@ pub(crate) struct Reloaded {
     pub(crate) keys: usize,
     /// The tenant nodes whose settings were applied.
     pub(crate) nodes: usize,
+    /// The accounts whose figures (limits, calls in flight, caps) were applied.
+    pub(crate) accounts: usize,
     /// The parts of the configuration that changed and need a restart.
     pub(crate) restart: Vec<&'static str>,
+    /// Why, for each: what changed that a reload cannot apply.
+    pub(crate) why: Vec<String>,
 }
 
 /// 404 with a JSON body: no such route.

@@ -144,8 +144,8 @@ pub(crate) async fn list(State(gateway): State<Arc<Gateway>>, headers: HeaderMap
     let Some(caller) = keys.authenticate(&headers) else {
         return gateway.refuse_in(dialect, None, Refusal::unauthorized());
     };
-    let data: Vec<Value> = gateway
-        .models
+    let models = gateway.models();
+    let data: Vec<Value> = models
         .visible_to(caller)
         .map(|model| entry(&gateway, model, dialect))
         .collect();
@@ -171,7 +171,7 @@ pub(crate) async fn retrieve(
     let Some(caller) = keys.authenticate(&headers) else {
         return gateway.refuse_in(dialect, None, Refusal::unauthorized());
     };
-    match gateway.models.visible_to(caller).find(|m| m.name == id) {
+    match gateway.models().visible_to(caller).find(|m| m.name == id) {
         Some(model) => axum::Json(entry(&gateway, model, dialect)).into_response(),
         None => gateway.refuse_in(
             dialect,

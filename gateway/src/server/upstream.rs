@@ -69,8 +69,8 @@ pub(crate) struct Account {
     /// With scopes: the account-wide limits every scope's requests also pass.
     gate: Option<Budget>,
     /// Every limit the configuration gives the account and its scopes, to tell them from
-    /// limits the provider reported lower since.
-    configured: Arc<[tower_llm_quota::Limit]>,
+    /// limits the provider reported lower since (replaced by a reload).
+    configured: Arc<std::sync::RwLock<Vec<tower_llm_quota::Limit>>>,
     queue: QueueHandle,
     base: Uri,
     /// The provider key's header: `authorization: Bearer`, Anthropic's `x-api-key`, Azure's
@@ -125,8 +125,28 @@ pub(crate) const MAX_MODEL_SCOPES: usize = 256;
 #[derive(Debug)]
 struct PerModel {
     maker: Maker,
-    quota: Quota,
+    /// Each model's limits (replaced by a reload).
+    quota: std::sync::RwLock<Quota>,
     made: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::OnceCell<Scoped>>>>,
+}
+
+/// A reload's change of one account's figures, checked: see [`Account::plan`].
+#[derive(Debug)]
+pub(crate) struct Retune {
+    account: AccountConfig,
+    configured: Vec<tower_llm_quota::Limit>,
+}
+
+/// Every limit `config` gives an account and its scopes.
+fn configured(config: &AccountConfig) -> Result<Vec<tower_llm_quota::Limit>, ConfigError> {
+    Ok(std::iter::once(&config.quota)
+        .chain(config.scopes.iter().map(|s| &s.quota))
+        .chain(&config.model_quota)
+        .map(super::config::Limits::limits)
+        .collect::<Result<Vec<_>, _>>()?
+        .into_iter()
+        .flatten()
+        .collect())
 }
 
 /// What a new scope of an account is made with.
@@ -492,20 +512,13 @@ impl Account {
         }
         let per_model = match &config.model_quota {
             Some(limits) => Some(Arc::new(PerModel {
-                quota: limits.quota()?,
+                quota: std::sync::RwLock::new(limits.quota()?),
                 maker,
                 made: std::sync::Mutex::default(),
             })),
             None => None,
         };
-        let configured = std::iter::once(&config.quota)
-            .chain(config.scopes.iter().map(|s| &s.quota))
-            .chain(&config.model_quota)
-            .map(super::config::Limits::limits)
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .flatten()
-            .collect();
+        let configured = Arc::new(std::sync::RwLock::new(configured(config)?));
         let key = key
             .map(|key| {
                 let (name, value) = match config.profile {
@@ -576,8 +589,13 @@ impl Account {
             }
             made.entry(model.to_owned()).or_default().clone()
         };
+        let quota = per_model
+            .quota
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let scoped = cell
-            .get_or_try_init(|| per_model.maker.make(model, &per_model.quota))
+            .get_or_try_init(|| per_model.maker.make(model, &quota))
             .await
             .map_err(ScopeError::Store)?;
         Ok(scoped.clone())
@@ -600,10 +618,89 @@ impl Account {
     /// following a limit the provider reported.
     pub(crate) fn configured_capacity(&self, dimension: tower_llm_quota::Dimension) -> Option<u64> {
         self.configured
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter(|limit| limit.dimension() == dimension)
             .map(tower_llm_quota::Limit::capacity)
             .min()
+    }
+
+    /// What a reload changing this account's configuration from `old` to `new` does in
+    /// place: new amounts for the limits it has (the account's, each scope's, each model's),
+    /// calls in flight, caps. `Err` names what needs a restart instead (where the account
+    /// is, its key, profile, APIs, scopes, which limits it has, its minute, its tier policy).
+    /// Nothing is applied here: [`Account::retune`] applies it.
+    pub(crate) fn plan(old: &AccountConfig, new: &AccountConfig) -> Result<Retune, String> {
+        let why = |what: &str| Err(format!("account `{}`: {what} changed", old.name));
+        // The same shape once the figures a reload applies are set aside.
+        let mut shape = new.clone();
+        shape.quota = old.quota;
+        shape.caps.clone_from(&old.caps);
+        shape.model_quota = old.model_quota;
+        if shape.scopes.len() == old.scopes.len() {
+            for (scope, was) in shape.scopes.iter_mut().zip(&old.scopes) {
+                scope.quota = was.quota;
+            }
+        }
+        if format!("{shape:?}") != format!("{old:?}") {
+            return why("more than its limits and caps");
+        }
+        // Which limits there are stays: a bucket is neither made nor dropped.
+        let keys = |l: &super::config::Limits| -> Result<Vec<_>, String> {
+            let limits = l.limits().map_err(|e| e.0)?;
+            Ok(limits.iter().map(|l| (l.dimension(), l.period())).collect())
+        };
+        if old.model_quota.is_some() != new.model_quota.is_some() {
+            return why("model_quota");
+        }
+        let pairs = std::iter::once((&old.quota, &new.quota))
+            .chain(
+                old.scopes
+                    .iter()
+                    .map(|s| &s.quota)
+                    .zip(new.scopes.iter().map(|s| &s.quota)),
+            )
+            .chain(old.model_quota.as_ref().zip(new.model_quota.as_ref()));
+        for (was, is) in pairs {
+            if keys(was)? != keys(is)? {
+                return why("which limits it has");
+            }
+        }
+        let configured = configured(new).map_err(|e| e.0)?;
+        Ok(Retune {
+            account: new.clone(),
+            configured,
+        })
+    }
+
+    /// Applies a reload's [`Retune`]: every budget of the account takes its new amounts at
+    /// once, keeping its levels (clamped to a lowered burst) and its requests in flight;
+    /// its caps keep what the period used.
+    pub(crate) fn retune(&self, retune: &Retune) -> Result<(), ConfigError> {
+        let config = &retune.account;
+        let apply = |budget: &Budget, limits: &super::config::Limits| -> Result<(), ConfigError> {
+            for limit in limits.limits()? {
+                budget.set_limit(limit);
+            }
+            budget.set_max_in_flight(limits.max_in_flight);
+            Ok(())
+        };
+        let account = self.gate.as_ref().unwrap_or(&self.main.budget);
+        apply(account, &config.quota)?;
+        account.set_caps(&config.caps);
+        for ((_, scoped), scope) in self.scopes.iter().zip(&config.scopes) {
+            apply(&scoped.budget, &scope.quota)?;
+        }
+        if let (Some(per_model), Some(limits)) = (&self.per_model, &config.model_quota) {
+            *per_model.quota.write().unwrap_or_else(|e| e.into_inner()) = limits.quota()?;
+            let made = per_model.made.lock().unwrap_or_else(|e| e.into_inner());
+            for scoped in made.values().filter_map(|cell| cell.get()) {
+                apply(&scoped.budget, limits)?;
+            }
+        }
+        *self.configured.write().unwrap_or_else(|e| e.into_inner()) = retune.configured.clone();
+        Ok(())
     }
 
     /// The account-wide budget every scope's requests pass, when the account has scopes.

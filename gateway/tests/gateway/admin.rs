@@ -578,3 +578,140 @@ async fn a_reload_applies_keys_and_tenants_and_refuses_a_bad_configuration() {
     );
     gateway.stop().await;
 }
+
+/// A small account for the reload of its figures: 100 requests a minute, a model `fast`, and
+/// `extra` more TOML in the account.
+fn tunable(requests: u64, extra: &str, models: &[&str]) -> String {
+    let models: String = models
+        .iter()
+        .map(|m| {
+            format!("[[models]]\nname = \"{m}\"\naccount = \"sim\"\nmodel = \"gpt-4o-mini\"\n")
+        })
+        .collect();
+    format!(
+        r#"
+[server]
+admin_token = "{ADMIN}"
+audit_log = "off"
+[[accounts]]
+name = "sim"
+base_url = "sim"
+profile = "openai"
+apis = ["chat"]
+quota = {{ requests_per_minute = {requests}, tokens_per_minute = 600000 }}
+sim = {{ base_ms = 0, per_token_ms = 0 }}
+{extra}
+[[keys]]
+name = "team-key"
+key = "team-secret"
+tenant = "team"
+{models}"#
+    )
+}
+
+/// The account `sim`'s request limit and caps, as `/status.json` shows them.
+async fn account_status(gateway: &Running) -> Value {
+    let (_, status) = gateway.get("/status.json").await;
+    let status: Value = serde_json::from_str(&status).unwrap();
+    status["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "sim")
+        .unwrap()
+        .clone()
+}
+
+/// `POST /admin/reload` changes an account's figures in place: its request limit raised (the
+/// level kept, not refilled to the new burst), a daily cap added (counting from then), a
+/// model added to its routes; what it cannot apply (the simulator's latency, a limit the
+/// account did not have) is listed as needing a restart, with why, and stays listed at the
+/// next reload of the same file (the running configuration keeps what was not applied).
+#[tokio::test]
+async fn a_reload_applies_an_account_s_limits_caps_and_models_in_place() {
+    let gateway = Running::start(&tunable(120, "", &["fast"])).await;
+    let chat = |model: &str| {
+        format!(
+            r#"{{"model":"{model}","max_tokens":20,"messages":[{{"role":"user","content":"hi"}}]}}"#
+        )
+    };
+    for _ in 0..5 {
+        let response = gateway
+            .post("/v1/chat/completions", Some("team-secret"), &chat("fast"))
+            .await;
+        assert_eq!(response.status(), 200);
+    }
+    let requests = |account: &Value| {
+        account["levels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["limit"] == "requests_per_minute")
+            .unwrap()
+            .clone()
+    };
+    let before = requests(&account_status(&gateway).await);
+    assert_eq!(before["amount"], 120, "{before}");
+    let client = reqwest::Client::new();
+    let reload = async |body: String| -> (u16, Value) {
+        let response = client
+            .post(format!("{}/admin/reload", gateway.url))
+            .bearer_auth(ADMIN)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.json_value().await)
+    };
+    let cap = r#"caps = [{ dimension = "requests", amount = 1000, window = "calendar_day_utc" }]"#;
+    let (status, reloaded) = reload(tunable(600, cap, &["fast", "faster"])).await;
+    assert_eq!(status, 200, "{reloaded}");
+    assert_eq!(reloaded["accounts"], 1, "{reloaded}");
+    assert_eq!(reloaded["restart"], json!([]), "{reloaded}");
+    let account = account_status(&gateway).await;
+    let after = requests(&account);
+    assert_eq!(after["amount"], 600, "{after}");
+    // The burst grew with the limit; what was spent before still counts.
+    let spent = |l: &Value| l["capacity"].as_i64().unwrap() - l["level"].as_i64().unwrap();
+    assert!(
+        after["capacity"].as_i64() > before["capacity"].as_i64(),
+        "{after}"
+    );
+    assert!(
+        spent(&after) > 0,
+        "refilled by the reload: before {before}, after {after}"
+    );
+    assert_eq!(account["caps"][0]["limit"], "requests_per_day", "{account}");
+    assert_eq!(account["caps"][0]["used"], 0, "{account}");
+    let response = gateway
+        .post("/v1/chat/completions", Some("team-secret"), &chat("faster"))
+        .await;
+    assert_eq!(response.status(), 200, "the new model is routed");
+    assert_eq!(account_status(&gateway).await["caps"][0]["used"], 1);
+    // What a reload cannot apply: listed, with why, and not taken as running.
+    let slower = tunable(
+        600,
+        &format!("{cap}\nsim = {{ base_ms = 1, per_token_ms = 0 }}"),
+        &["fast"],
+    );
+    let slower = slower.replacen("sim = { base_ms = 0, per_token_ms = 0 }\n", "", 1);
+    let more = tunable(600, cap, &["fast"]).replace(
+        "tokens_per_minute = 600000",
+        "tokens_per_minute = 600000, input_tokens_per_minute = 500000",
+    );
+    for (text, reason) in [(&slower, "more than its limits"), (&more, "which limits")] {
+        for _ in 0..2 {
+            let (status, reloaded) = reload(text.clone()).await;
+            assert_eq!(status, 200, "{reloaded}");
+            assert_eq!(reloaded["restart"], json!(["accounts"]), "{reloaded}");
+            let why = reloaded["why"][0].as_str().unwrap();
+            assert!(why.contains(reason), "{why}");
+        }
+    }
+    // The models did apply: `faster` is gone.
+    let response = gateway
+        .post("/v1/chat/completions", Some("team-secret"), &chat("faster"))
+        .await;
+    assert_eq!(response.status(), 404, "a removed model still routed");
+    gateway.stop().await;
+}

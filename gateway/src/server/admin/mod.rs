@@ -15,7 +15,7 @@
 //! | `DELETE /admin/keys/{name}` | revokes the key, a configured one too | its subtree's |
 //! | `GET /admin/report` | `?since=2026-11-26&until=...&format=json\|csv&table=rows\|accounts`: the review of a period (a week back by default; at most 35 days): per account, tenant and model, requests, tokens by kind, estimated against settled tokens, requests that queued, refusals by scope and limit, the provider's 429s; per account, its idle quota (what nobody used in the minutes nobody waited) | its subtree's rows, no account table |
 //! | `GET /admin/routes` | each public model's routes (the primary first, then fallbacks, then a ramp: name and account), and its ramp's share, ceiling and why it is paused | 403 |
-//! | `POST /admin/reload` | the configuration in the body (TOML), or with an empty body the file the gateway started with, applied as far as a reload can: the callers' keys, the admin tokens and the tenant nodes; `{"keys", "nodes", "restart": ["accounts", "models", "server"]}` says what changed that needs a restart; an invalid configuration is a 400 with why, and changes nothing | 403 |
+//! | `POST /admin/reload` | the configuration in the body (TOML), or with an empty body the file the gateway started with, applied as far as a reload can: the callers' keys, the admin tokens, the tenant nodes, the accounts' figures (limits' amounts, calls in flight, caps) and the models; `{"keys", "nodes", "accounts", "restart": ["accounts", "models", "prices", "spend_alerts", "server"], "why"}` says what changed that needs a restart, and why; an invalid configuration is a 400 with why, and changes nothing | 403 |
 //!
 //! Changes of limits, weights and keys are kept in the admin state ([`super::state`]): with
 //! `--redis-url` in Redis, and every replica applies them within `admin_sync_ms`; else in
@@ -191,8 +191,8 @@ async fn routes_of_models(
     if let Err(refused) = admin.operator_only("GET /admin/routes") {
         return refused.into_response();
     }
-    let models = gateway
-        .models
+    let models = gateway.models();
+    let models = models
         .routed()
         .map(|(model, routed)| {
             ModelRoutes {
