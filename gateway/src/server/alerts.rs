@@ -43,7 +43,9 @@ const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
 #[serde(deny_unknown_fields)]
 pub(crate) struct AlertConfig {
     /// The node whose spend is watched: a tenant's path, or a key's (`team/key-name`).
-    pub(crate) tenant: String,
+    pub(crate) tenant: Option<String>,
+    /// Or the account whose spend is watched, every tenant's answers on it.
+    pub(crate) account: Option<String>,
     /// The amount the thresholds are shares of, in nano-dollars.
     pub(crate) amount: u64,
     /// `calendar_day_utc` or `calendar_month_utc`.
@@ -81,10 +83,38 @@ impl AlertWindow {
     }
 }
 
+/// What an alert watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Watched {
+    /// A tenant node, with every node below it.
+    Node(Tenant),
+    /// An account, whatever the tenant.
+    Account(String),
+}
+
+impl Watched {
+    /// Whether an answer of `path` on `account` counts.
+    fn counts(&self, path: Option<&Tenant>, account: Option<&str>) -> bool {
+        match self {
+            Watched::Node(node) => path.is_some_and(|path| path.is_within(node)),
+            Watched::Account(name) => account == Some(name.as_str()),
+        }
+    }
+}
+
+impl std::fmt::Display for Watched {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Watched::Node(node) => write!(f, "tenant:{node}"),
+            Watched::Account(name) => write!(f, "account:{name}"),
+        }
+    }
+}
+
 /// An alert as the gateway runs it.
 #[derive(Debug)]
 struct Alert {
-    node: Tenant,
+    watched: Watched,
     amount: u64,
     window: AlertWindow,
     thresholds: Vec<u32>,
@@ -95,7 +125,12 @@ struct Alert {
 pub(crate) struct AlertEvent {
     pub(crate) time: String,
     pub(crate) event: &'static str,
-    pub(crate) tenant: String,
+    /// The node watched, for a node's alert.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) tenant: Option<String>,
+    /// The account watched, for an account's alert.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) account: Option<String>,
     pub(crate) window: &'static str,
     /// When the period started and when it ends (RFC 3339).
     pub(crate) period_start: String,
@@ -135,9 +170,17 @@ impl Alerts {
     ) -> Result<Self, ConfigError> {
         let mut alerts = Vec::with_capacity(configs.len());
         for config in configs {
-            let error =
-                |reason: &str| ConfigError(format!("spend_alerts `{}`: {reason}", config.tenant));
-            let node = Tenant::parse(&config.tenant).map_err(|e| error(&e.to_string()))?;
+            let name = config.tenant.as_deref().or(config.account.as_deref());
+            let error = |reason: &str| {
+                ConfigError(format!("spend_alerts `{}`: {reason}", name.unwrap_or("?")))
+            };
+            let watched = match (&config.tenant, &config.account) {
+                (Some(tenant), None) => {
+                    Watched::Node(Tenant::parse(tenant).map_err(|e| error(&e.to_string()))?)
+                }
+                (None, Some(account)) => Watched::Account(account.clone()),
+                _ => return Err(error("name a `tenant` or an `account`, one of them")),
+            };
             if config.amount == 0 {
                 return Err(error("amount must be above zero"));
             }
@@ -145,7 +188,7 @@ impl Alerts {
                 return Err(error("thresholds are percentages above zero"));
             }
             let same = |a: &Alert| {
-                a.node == node && a.window == config.window && a.amount == config.amount
+                a.watched == watched && a.window == config.window && a.amount == config.amount
             };
             if alerts.iter().any(same) {
                 return Err(error("another alert has the same window and amount"));
@@ -154,7 +197,7 @@ impl Alerts {
             thresholds.sort_unstable();
             thresholds.dedup();
             alerts.push(Alert {
-                node,
+                watched,
                 amount: config.amount,
                 window: config.window,
                 thresholds,
@@ -193,13 +236,14 @@ impl Alerts {
         !self.alerts.is_empty()
     }
 
-    /// Adds `spend` of an answer of `path` at `at` to the alerts over it; the events of the
-    /// thresholds it crossed, written to `audit` and sent to the webhook. With Redis, the
-    /// counting is a task of its own (the answer never waits for it); in memory, the
-    /// thresholds raised are answered (each alert's, by its index).
+    /// Adds `spend` of an answer of `path` on `account` at `at` to the alerts over it (its
+    /// node's and their ancestors', its account's); the events of the thresholds it crossed,
+    /// written to `audit` and sent to the webhook. With Redis, the counting is a task of its
+    /// own (the answer never waits for it); in memory, the thresholds raised are answered
+    /// (each alert's, by its index).
     pub(crate) fn add(
         self: &std::sync::Arc<Self>,
-        path: &str,
+        (path, account): (Option<&str>, Option<&str>),
         spend: u64,
         at: SystemTime,
         audit: &super::audit::Audit,
@@ -208,12 +252,10 @@ impl Alerts {
         if spend == 0 || self.alerts.is_empty() {
             return raised;
         }
-        let Ok(path) = Tenant::parse(path) else {
-            return raised;
-        };
+        let path = path.and_then(|path| Tenant::parse(path).ok());
         let unix = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
         let over: Vec<(usize, u64)> = (self.alerts.iter().enumerate())
-            .filter(|(_, alert)| path.is_within(&alert.node))
+            .filter(|(_, alert)| alert.watched.counts(path.as_ref(), account))
             .map(|(i, alert)| (i, alert.window.cap_window().started_at(unix)))
             .collect();
         if over.is_empty() {
@@ -244,8 +286,9 @@ impl Alerts {
                     for &(i, period) in &over {
                         let alert = &alerts.alerts[i];
                         let window = alert.window.name();
-                        let (node, amount) = (&alert.node, alert.amount);
-                        let key = format!("{{gateway:alerts}}:{node}:{window}:{amount}:{period}");
+                        let (watched, amount) = (&alert.watched, alert.amount);
+                        let key =
+                            format!("{{gateway:alerts}}:{watched}:{window}:{amount}:{period}");
                         pipe.cmd("INCRBY").arg(&key).arg(spend);
                         pipe.expire(&key, 62 * 86_400).ignore();
                     }
@@ -290,7 +333,14 @@ impl Alerts {
             let event = AlertEvent {
                 time: super::audit::rfc3339(SystemTime::now()),
                 event: "spend_threshold",
-                tenant: alert.node.to_string(),
+                tenant: match &alert.watched {
+                    Watched::Node(node) => Some(node.to_string()),
+                    Watched::Account(_) => None,
+                },
+                account: match &alert.watched {
+                    Watched::Account(name) => Some(name.clone()),
+                    Watched::Node(_) => None,
+                },
                 window: alert.window.name(),
                 period_start: time(start),
                 period_end: time(end),
@@ -298,14 +348,18 @@ impl Alerts {
                 amount_nano_usd: alert.amount,
                 spent_nano_usd: total,
             };
+            let (label, watched) = match &alert.watched {
+                Watched::Node(node) => ("tenant", node.to_string()),
+                Watched::Account(name) => ("account", name.clone()),
+            };
             metrics::counter!(
                 "gateway_spend_alerts_total",
-                "tenant" => event.tenant.clone(),
+                label => watched,
                 "threshold" => percent.to_string(),
             )
             .increment(1);
             tracing::warn!(
-                tenant = %event.tenant,
+                scope = %alert.watched,
                 threshold = percent,
                 spent = total,
                 amount = alert.amount,
@@ -376,7 +430,8 @@ mod tests {
     #[test]
     fn thresholds_are_raised_once_each_per_period() {
         let config = |tenant: &str| AlertConfig {
-            tenant: tenant.to_owned(),
+            tenant: Some(tenant.to_owned()),
+            account: None,
             amount: 1_000,
             window: AlertWindow::CalendarMonthUtc,
             thresholds: vec![100, 50, 80],
@@ -387,7 +442,9 @@ mod tests {
         let audit = super::super::audit::Audit::Off;
         // 2026-12-03T12:00:00Z, then the last second of December, then January.
         let (december, last, january) = (1_796_299_200, 1_798_761_599, 1_798_761_600);
-        let add = |path: &str, spend, unix| alerts.add(path, spend, at(unix), &audit);
+        let add = |path: &str, spend, unix| {
+            alerts.add((Some(path), Some("openai")), spend, at(unix), &audit)
+        };
         assert_eq!(add("acme/search/key", 499, december), []);
         assert_eq!(add("acme/search/key", 1, december), [(0, 50), (1, 50)]);
         assert_eq!(add("acme/reports/key", 299, december), []);
@@ -407,7 +464,8 @@ mod tests {
     #[test]
     fn mistakes_are_named() {
         let config = |amount, thresholds: Vec<u32>| AlertConfig {
-            tenant: "acme".to_owned(),
+            tenant: Some("acme".to_owned()),
+            account: None,
             amount,
             window: AlertWindow::CalendarDayUtc,
             thresholds,
@@ -416,5 +474,55 @@ mod tests {
         assert!(error(&[config(0, vec![50])]).contains("above zero"));
         assert!(error(&[config(5, vec![0])]).contains("percentages"));
         assert!(error(&[config(5, vec![50]), config(5, vec![80])]).contains("same window"));
+        let both = AlertConfig {
+            account: Some("openai".to_owned()),
+            ..config(5, vec![50])
+        };
+        assert!(error(std::slice::from_ref(&both)).contains("one of them"));
+        let neither = AlertConfig {
+            tenant: None,
+            account: None,
+            ..both
+        };
+        assert!(error(&[neither]).contains("one of them"));
+    }
+
+    /// An account's alert counts every tenant's answers on the account, and no other
+    /// account's; beside a node's alert, each is raised by its own count.
+    #[test]
+    fn an_account_s_alert_counts_every_tenant_on_it() {
+        let alerts = std::sync::Arc::new(
+            Alerts::new(
+                &[
+                    AlertConfig {
+                        tenant: None,
+                        account: Some("openai".to_owned()),
+                        amount: 1_000,
+                        window: AlertWindow::CalendarDayUtc,
+                        thresholds: vec![50, 100],
+                    },
+                    AlertConfig {
+                        tenant: Some("acme".to_owned()),
+                        account: None,
+                        amount: 1_000,
+                        window: AlertWindow::CalendarDayUtc,
+                        thresholds: vec![50],
+                    },
+                ],
+                None,
+                None,
+            )
+            .unwrap(),
+        );
+        let audit = super::super::audit::Audit::Off;
+        let day = 1_796_299_200;
+        let add = |path: &str, account: &str, spend| {
+            alerts.add((Some(path), Some(account)), spend, at(day), &audit)
+        };
+        assert_eq!(add("acme/key", "anthropic", 900), [(1, 50)]);
+        assert_eq!(add("acme/key", "openai", 300), []);
+        assert_eq!(add("globex/key", "openai", 200), [(0, 50)]);
+        assert_eq!(add("globex/key", "openai", 499), []);
+        assert_eq!(add("initech/key", "openai", 1), [(0, 100)]);
     }
 }

@@ -280,12 +280,15 @@ impl Audited {
             .entry
             .spend_nano_usd
             .filter(|_| gateway.alerts.watches_any());
-        if let (Some(spend), Some(tenant)) = (spend, &self.entry.tenant) {
-            let path = match &self.entry.key {
-                Some(key) => format!("{tenant}/{key}"),
-                None => tenant.clone(),
+        if let Some(spend) = spend {
+            let path = match (&self.entry.tenant, &self.entry.key) {
+                (Some(tenant), Some(key)) => Some(format!("{tenant}/{key}")),
+                (Some(tenant), None) => Some(tenant.clone()),
+                (None, _) => None,
             };
-            gateway.alerts.add(&path, spend, now, &gateway.audit);
+            let account = self.entry.account.as_deref();
+            let at = (path.as_deref(), account);
+            gateway.alerts.add(at, spend, now, &gateway.audit);
         }
         #[cfg(feature = "otel")]
         if let Some(otel) = &gateway.otel {

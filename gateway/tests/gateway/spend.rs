@@ -557,6 +557,11 @@ fn account_cap_config(scoped: bool) -> String {
         name = "other-key"
         key = "other-secret"
         tenant = "other"
+        [[spend_alerts]]
+        account = "sim"
+        amount = {CAP}
+        window = "calendar_month_utc"
+        thresholds = [50]
         "#
     )
 }
@@ -564,10 +569,11 @@ fn account_cap_config(scoped: bool) -> String {
 /// An account's monthly spend cap (`caps` of `[[accounts]]`), with per-model scopes or
 /// without: four callers of two tenants spend until refused; the spend counted from their
 /// answers never exceeds the cap and stops within a request of it; each refusal is a 429
-/// `spend_per_month` scoped to the account, with a `Retry-After` to the month's end.
+/// `spend_per_month` scoped to the account, with a `Retry-After` to the month's end; the
+/// account's spend alert at half the cap is raised once.
 #[tokio::test]
 async fn an_account_spend_cap_refuses_at_the_cap_with_scopes_or_without() {
-    for scoped in [false, true] {
+    for (run, scoped) in [false, true].into_iter().enumerate() {
         let gateway = Arc::new(Running::start(&account_cap_config(scoped)).await);
         let next = Arc::new(AtomicU64::new(0));
         let callers: Vec<_> = (0..4)
@@ -613,6 +619,13 @@ async fn an_account_spend_cap_refuses_at_the_cap_with_scopes_or_without() {
             (cap["amount"].as_u64(), cap["used"].as_u64()),
             (Some(CAP), Some(spent))
         );
+        // Once in each run (the process's recorder counts both).
+        let (_, metrics) = gateway.get("/metrics").await;
+        let alert = format!(
+            "gateway_spend_alerts_total{{account=\"sim\",threshold=\"50\"}} {}",
+            run + 1
+        );
+        assert!(metrics.contains(&alert), "{alert} missing");
         Arc::into_inner(gateway).unwrap().stop().await;
     }
 }
