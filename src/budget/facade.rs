@@ -108,16 +108,8 @@ impl Budget {
     /// window); a new cap counts from the change; an empty list removes them. A shared
     /// budget's counts live in its store and carry over there too.
     pub fn set_caps(&self, caps: &[PeriodCap]) {
-        let mut state = self.lock();
-        state.caps = caps.to_vec();
-        match &state.tenants {
-            Some(tenants) => tenants.set_account_caps(caps),
-            None if caps.is_empty() => {}
-            None => {
-                drop(state);
-                self.install_tenants(TenantTree::new());
-            }
-        }
+        self.lock().caps = caps.to_vec();
+        self.count_caps();
     }
 
     /// Applies a provider's report on one of the limits; see [`Observation`].

@@ -81,10 +81,8 @@ impl Budget {
                 }),
             }),
         };
-        // The account's caps are counted where its tenants' are: a tree of no nodes.
-        if !quota.caps().is_empty() {
-            budget.install_tenants(crate::tenant::TenantTree::new());
-        }
+        // The account's caps are counted where its tenants' are.
+        budget.count_caps();
         budget
     }
 

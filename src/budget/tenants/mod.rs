@@ -47,9 +47,16 @@ impl Budget {
         let mut state = self.lock();
         let name = state.queue.label();
         state.tenants = theirs.map(|tenants| tenants.shared_with(later, name));
+        drop(state);
+        self.count_caps();
+    }
+
+    /// Counts the account's own caps (`State::caps`) in its tenant state; without one, in a
+    /// tree of no nodes of its own, made when there is a cap to count.
+    pub(in crate::budget) fn count_caps(&self) {
+        let state = self.lock();
         match &state.tenants {
             Some(tenants) => tenants.set_account_caps(&state.caps),
-            // The account's own caps still count, in a tree of no nodes of its own.
             None if !state.caps.is_empty() => {
                 drop(state);
                 self.install_tenants(TenantTree::new());

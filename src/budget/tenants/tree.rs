@@ -78,7 +78,14 @@ pub(crate) struct TenantState {
     keeps_in_store: bool,
     /// Each account's own caps ([`Quota::with_cap`](crate::Quota::with_cap)), by the
     /// account's name: every request its budget admits counts, whatever its path.
-    accounts: HashMap<Arc<str>, Vec<CapCount>>,
+    accounts: HashMap<Arc<str>, AccountCaps>,
+}
+
+/// An account's own caps: their counts, and the scope that names them (`/<account>`).
+#[derive(Debug)]
+struct AccountCaps {
+    scope: Tenant,
+    counts: Vec<CapCount>,
 }
 
 /// A leasing budget's fleet, as its last renewal told it. A flow weighs its weight divided by
@@ -123,7 +130,14 @@ impl TenantState {
         if caps.is_empty() {
             self.accounts.remove(account);
         } else {
-            recount(self.accounts.entry(account.clone()).or_default(), caps);
+            let own = self
+                .accounts
+                .entry(account.clone())
+                .or_insert_with(|| AccountCaps {
+                    scope: Tenant::account(account),
+                    counts: Vec::new(),
+                });
+            recount(&mut own.counts, caps);
         }
         self.keeps_in_store = self.any_kept_in_store();
     }
@@ -132,12 +146,11 @@ impl TenantState {
     /// store, the larger of its own count and the fleet's, as the store last told).
     pub(crate) fn account_caps(&mut self, account: &str, at: Instant) -> Vec<(PeriodCap, u64)> {
         let unix = self.tree.clock.unix_seconds(at);
-        let scope = Tenant::account(account);
-        let fleet = self.fleet_days.get(&scope);
-        let Some(counts) = self.accounts.get_mut(account) else {
+        let Some(own) = self.accounts.get_mut(account) else {
             return Vec::new();
         };
-        (counts.iter_mut())
+        let fleet = self.fleet_days.get(&own.scope);
+        (own.counts.iter_mut())
             .map(|count| {
                 let seen = (fleet.into_iter().flatten())
                     .find(|(cap, _)| *cap == count.cap)
@@ -173,8 +186,11 @@ impl TenantState {
     /// path and of the live nodes, for `account`.
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn caps(&self, account: &str) -> Vec<(Tenant, PeriodCap)> {
-        let own = (self.accounts.get(account).into_iter().flatten())
-            .map(|count| (Tenant::account(account), count.cap));
+        let own = (self.accounts.get(account).into_iter()).flat_map(|own| {
+            own.counts
+                .iter()
+                .map(|count| (own.scope.clone(), count.cap))
+        });
         let configured = (self.tree.nodes.iter())
             .filter(|(path, _)| self.applies(path.as_str(), account))
             .flat_map(|(path, node)| node.daily.iter().map(|cap| (path.clone(), *cap)));
@@ -342,9 +358,9 @@ impl TenantState {
         let waited =
             u64::try_from(at.saturating_duration_since(arrived).as_nanos()).unwrap_or(u64::MAX);
         // The first node that cannot pay yet makes the request wait; every node may refuse.
-        if let Some(counts) = self.accounts.get_mut(account) {
-            if let Some(reason) = cap_refusal(counts, cost, unix) {
-                let scope = Tenant::account(account);
+        if let Some(own) = self.accounts.get_mut(account) {
+            if let Some(reason) = cap_refusal(&mut own.counts, cost, unix) {
+                let scope = own.scope.clone();
                 return Check::Refused(TenantRefused { scope, reason });
             }
         }
@@ -383,8 +399,8 @@ impl TenantState {
     ) {
         let unix = self.tree.clock.unix_seconds(at);
         let reference = self.reference.0;
-        if let Some(counts) = self.accounts.get_mut(account) {
-            take_caps(counts, cost, unix);
+        if let Some(own) = self.accounts.get_mut(account) {
+            take_caps(&mut own.counts, cost, unix);
         }
         for prefix in path.prefixes() {
             if !self.applies(prefix, account) {
@@ -408,8 +424,8 @@ impl TenantState {
     ) {
         let unix = self.tree.clock.unix_seconds(at);
         let reference = self.reference.0;
-        if let Some(counts) = self.accounts.get_mut(account) {
-            settle_caps(counts, (reserved, actual), unix);
+        if let Some(own) = self.accounts.get_mut(account) {
+            settle_caps(&mut own.counts, (reserved, actual), unix);
         }
         for prefix in path.prefixes() {
             if !self.applies(prefix, account) {
@@ -600,9 +616,13 @@ impl TenantState {
     pub(crate) fn shared_path(&self, account: &str, path: &Tenant) -> PathLimits {
         let mut shared = StorePath::default();
         // The account's own caps first: above every node.
-        let own = (self.accounts.get(account).into_iter().flatten())
-            .map(|count| (Tenant::account(account), Control::Daily(count.cap)));
-        shared.controls.extend(own);
+        if let Some(own) = self.accounts.get(account) {
+            let controls = own
+                .counts
+                .iter()
+                .map(|c| (own.scope.clone(), Control::Daily(c.cap)));
+            shared.controls.extend(controls);
+        }
         for prefix in path.prefixes() {
             let Some(config) = self
                 .config(prefix)
