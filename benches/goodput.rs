@@ -90,11 +90,11 @@ use tower::retry::{Policy, Retry};
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_llm_quota::budget::AdaptiveShare;
 use tower_llm_quota::estimate::{Defaults, estimate};
-use tower_llm_quota::sim::{SimConfig, SimService, Simulator};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{
     DEFAULT_HEADROOM, Dimension, Limit, Priority, QueueConfig, Quota, estimate::CharEstimator,
 };
+use tower_llm_quota_sim::{SimConfig, SimService, Simulator};
 
 use run::{Binding, Consumption, FixedRetry, Meter, Metered, Outcome, QuotaSpec, Target};
 use workload::{Item, TicketShape};
@@ -376,7 +376,7 @@ fn request_count_only(
     FixedBackoff,
     impl Service<
         Request<Full<Bytes>>,
-        Response = Response<tower_llm_quota::sim::SimBody>,
+        Response = Response<tower_llm_quota_sim::SimBody>,
         Error = std::io::Error,
     > + Clone,
 > {

@@ -20,8 +20,8 @@ use async_openai::types::chat::{
 use futures::StreamExt;
 use futures::future::join_all;
 use tower_llm_quota::async_openai::QuotaTransport;
-use tower_llm_quota::sim::{SimConfig, Simulator};
 use tower_llm_quota::{BoxError, Dimension, Limit, Priority, Quota, QuotaStack};
+use tower_llm_quota_sim::{SimConfig, Simulator};
 
 /// The simulated provider's "minute".
 const MINUTE: Duration = Duration::from_secs(1);

@@ -14,9 +14,9 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use tower::{Layer, Service, ServiceExt};
-use tower_llm_quota::sim::{SimConfig, Simulator};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{BoxError, Dimension, Limit, Quota};
+use tower_llm_quota_sim::{SimConfig, Simulator};
 
 /// The simulated provider's "minute".
 const MINUTE: Duration = Duration::from_secs(1);

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use futures::future::join_all;
 use reqwest_middleware::ClientBuilder;
 use tower_llm_quota::middleware::QuotaMiddleware;
-use tower_llm_quota::sim::{SimConfig, Simulator};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{BoxError, Dimension, Limit, Priority, Quota};
+use tower_llm_quota_sim::{SimConfig, Simulator};
 
 /// The simulated provider's "minute".
 const MINUTE: Duration = Duration::from_secs(1);

@@ -18,8 +18,8 @@ use rig_core::completion::CompletionRequest;
 use rig_core::providers::openai::OpenAIConfig;
 use rig_reqwest::ReqwestMiddlewareClient;
 use tower_llm_quota::middleware::QuotaMiddleware;
-use tower_llm_quota::sim::{SimConfig, Simulator};
 use tower_llm_quota::{BoxError, Budget, Dimension, Limit, Priority, Quota, QuotaStack};
+use tower_llm_quota_sim::{SimConfig, Simulator};
 
 /// The simulated provider's "minute".
 const MINUTE: Duration = Duration::from_secs(1);

@@ -30,8 +30,6 @@ mod sched;
 mod scope;
 #[cfg(feature = "serde")]
 mod serialize;
-#[cfg(feature = "sim")]
-pub mod sim;
 pub mod stack;
 pub mod tenant;
 #[cfg(test)]

@@ -31,8 +31,8 @@ use reqwest_middleware::{ClientBuilder, Middleware, Next};
 use support::limit;
 use tower_llm_quota::async_openai::{QuotaTransport, quota_error};
 use tower_llm_quota::middleware::QuotaMiddleware;
-use tower_llm_quota::sim::{SimConfig, SimServer, Simulator};
 use tower_llm_quota::{Budget, Dimension, Limit, Priority, Quota, QuotaStack, RetryPolicy};
+use tower_llm_quota_sim::{SimConfig, SimServer, Simulator};
 
 /// A "minute" of the simulator and the stack's quota: one second.
 const MINUTE: Duration = Duration::from_secs(1);

@@ -14,9 +14,9 @@ use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_llm_quota::group::{ApiFormat, GroupItem, Grouper};
-use tower_llm_quota::sim::{SimConfig, Simulator};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{Deadline, Dimension, Limit, Priority, Quota};
+use tower_llm_quota_sim::{SimConfig, Simulator};
 
 const TICKETS: usize = 500;
 const RPM: u64 = 500;
@@ -217,7 +217,7 @@ async fn a_flex_batch_job_loses_nothing_when_flex_sheds_calls() {
     let sim = Simulator::new(
         SimConfig::openai(RPM, 100_000)
             .latency(Duration::from_millis(500), Duration::ZERO)
-            .faults(tower_llm_quota::sim::Faults::none().flex_unavailable(0.3))
+            .faults(tower_llm_quota_sim::Faults::none().flex_unavailable(0.3))
             .seed(11),
     );
     let nz = |n| NonZeroU64::new(n).unwrap();

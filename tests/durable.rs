@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
-use tower_llm_quota::sim::{Faults, GroupFaults, SimConfig, Simulator};
+use tower_llm_quota_sim::{Faults, GroupFaults, SimConfig, Simulator};
 
 const JOBS: usize = 500;
 /// Jobs whose `max_tokens` no quota can ever pay: permanent failures.
@@ -278,7 +278,7 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
 /// A simulated provider of 10,000 requests and 1,000,000 tokens a (one-second) minute that
 /// honours idempotency keys, served over HTTP: the simulator, its server (serving while
 /// held) and its chat URL.
-async fn simulated(seed: u64) -> (Simulator, tower_llm_quota::sim::SimServer, String) {
+async fn simulated(seed: u64) -> (Simulator, tower_llm_quota_sim::SimServer, String) {
     support::serve_chat(
         SimConfig::openai(10_000, 1_000_000)
             .minute(MINUTE)

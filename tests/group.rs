@@ -16,9 +16,9 @@ use tower_llm_quota::group::{
     ApiFormat, GroupConfig, GroupItem, Grouper, Resend, ValidateFn, item_markers,
 };
 use tower_llm_quota::provider::Profile;
-use tower_llm_quota::sim::{GroupFaults, SimConfig, Simulator};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{BoxError, Cost, Deadline, Dimension, Limit, Priority, Quota};
+use tower_llm_quota_sim::{GroupFaults, SimConfig, Simulator};
 
 const MINUTE: Duration = Duration::from_secs(2);
 

@@ -20,9 +20,9 @@ use tower_llm_quota::idempotency::{
     IdempotencyError, IdempotencyLayer, IdempotencyStore, MemoryStore, Operation,
     RedisIdempotencyStore, Suppressed,
 };
-use tower_llm_quota::sim::{SimConfig, Simulator};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{BoxError, Dimension, Limit, Quota};
+use tower_llm_quota_sim::{SimConfig, Simulator};
 
 use redis_server::RedisServer;
 

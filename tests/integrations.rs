@@ -12,9 +12,9 @@ use futures::future::join_all;
 use http_body_util::{BodyExt, Full};
 use tower::{Layer, Service, ServiceExt};
 use tower_llm_quota::middleware::QuotaMiddleware;
-use tower_llm_quota::sim::{SimConfig, SimServer, SimStats, Simulator};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{Dimension, Limit, Quota};
+use tower_llm_quota_sim::{SimConfig, SimServer, SimStats, Simulator};
 
 /// The simulated provider's "minute".
 const MINUTE: Duration = Duration::from_millis(3_000);

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use redis_server::RedisServer;
 use tower_llm_quota::Dimension;
-use tower_llm_quota::sim::{SimConfig, SimServer, Simulator};
+use tower_llm_quota_sim::{SimConfig, SimServer, Simulator};
 
 const PROCESSES: usize = 4;
 /// Tickets per process: about 850 tokens each, 4 x 40 x 850 = 136,000 tokens against 40,000
@@ -199,7 +199,7 @@ async fn four_processes(leased: Option<u64>, floor: f64) {
 
 /// The tokens the provider served over its busy period (from the first admission to the
 /// last), as a share of its quota over that time.
-fn busy_utilisation(stats: &tower_llm_quota::sim::SimStats) -> f64 {
+fn busy_utilisation(stats: &tower_llm_quota_sim::SimStats) -> f64 {
     let active: Vec<_> = stats
         .series
         .iter()

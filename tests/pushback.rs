@@ -15,9 +15,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::Layer;
 use tower_llm_quota::provider::Profile;
-use tower_llm_quota::sim::{Faults, SimConfig, SimStats, Simulator};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{Dimension, Limit, Priority, Quota};
+use tower_llm_quota_sim::{Faults, SimConfig, SimStats, Simulator};
 
 use run::{Meter, Metered, Outcome, Target};
 use workload::{Item, TicketShape};

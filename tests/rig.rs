@@ -10,8 +10,8 @@ use rig_core::completion::CompletionRequest;
 use rig_core::providers::openai::OpenAIConfig;
 use rig_reqwest::ReqwestMiddlewareClient;
 use tower_llm_quota::middleware::QuotaMiddleware;
-use tower_llm_quota::sim::{SimConfig, Simulator};
 use tower_llm_quota::{Budget, Dimension, Limit, Quota, QuotaStack};
+use tower_llm_quota_sim::{SimConfig, Simulator};
 
 const METER: u64 = 10_000_000;
 

@@ -20,8 +20,8 @@ use tower_llm_quota::retry::{Ambiguity, Interrupted};
 use tower_llm_quota::routing::{
     Condition, Fallback, PauseReason, Ramp, Reason, RouteKey, Router, ServedBy, Tenant,
 };
-use tower_llm_quota::sim::{Faults, SimConfig};
 use tower_llm_quota::{BoxError, Cost, Dimension, Priority, RetryPolicy};
+use tower_llm_quota_sim::{Faults, SimConfig};
 
 #[tokio::test(start_paused = true)]
 async fn provider_5xx_sends_only_the_classes_the_fallback_serves() {

@@ -11,7 +11,7 @@ use std::time::Duration;
 use routing_support::*;
 use tower_llm_quota::Priority;
 use tower_llm_quota::routing::{Condition, Fallback, Router};
-use tower_llm_quota::sim::{Faults, SimConfig};
+use tower_llm_quota_sim::{Faults, SimConfig};
 
 /// Every routing decision is a tracing event: the route chosen, the fallback taken and why,
 /// the compatibility check's refusals, the ramp's pauses.

@@ -31,9 +31,9 @@ use tokio::time::{Instant, sleep, timeout};
 use tower::{Layer, ServiceExt};
 use tower_llm_quota::budget::FailurePolicy;
 use tower_llm_quota::budget::redis::RedisBudget;
-use tower_llm_quota::sim::{Faults, SimConfig, Simulator};
 use tower_llm_quota::stack::{QuotaService, QuotaStack};
 use tower_llm_quota::{Budget, Deadline, Dimension, Error, Limit, Priority, Quota};
+use tower_llm_quota_sim::{Faults, SimConfig, Simulator};
 
 use redis_server::RedisServer;
 
@@ -91,7 +91,7 @@ fn stack(quota: Quota) -> QuotaStack {
         .estimate(tower_llm_quota::EstimateLayer::new().include_stream_usage(true))
 }
 
-type Llm = QuotaService<tower_llm_quota::sim::SimService>;
+type Llm = QuotaService<tower_llm_quota_sim::SimService>;
 
 /// What became of the requests, counted once each.
 #[derive(Debug, Default)]

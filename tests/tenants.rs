@@ -19,12 +19,12 @@ use tokio::time::{self, Instant};
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
 use tower_llm_quota::error::TryReserveError;
-use tower_llm_quota::sim::{SimBody, SimConfig, Simulator};
 use tower_llm_quota::stack::{QuotaBody, QuotaStack};
 use tower_llm_quota::tenant::{CapWindow, PeriodCap, Tenant, TenantNode, TenantTree, WallClock};
 use tower_llm_quota::{
     BoxError, Budget, Cost, Dimension, Error, Priority, Quota, Timings, TokenBudgetLayer,
 };
+use tower_llm_quota_sim::{SimBody, SimConfig, Simulator};
 
 const MINUTE: Duration = Duration::from_secs(60);
 /// The account: tokens per minute, all of it at once.

@@ -46,8 +46,8 @@ use tower_llm_quota::idempotency::{
 };
 use tower_llm_quota::jobs::JobCounts;
 use tower_llm_quota::retry::{Failure as Failed, FailureClass, ProviderErrors};
-use tower_llm_quota::sim::Simulator;
 use tower_llm_quota::{BoxError, Priority, Timings, retry::Classify};
+use tower_llm_quota_sim::Simulator;
 
 use crate::cli::{Args, Role};
 use crate::report::{Frame, RunFigures};

@@ -29,8 +29,8 @@ use tower_llm_quota::BoxError;
 use tower_llm_quota::group::{
     ApiFormat, GroupConfig, GroupItem, GroupReport, Grouper, TextTemplate,
 };
-use tower_llm_quota::sim::{GroupFaults, SimConfig, Simulator};
 use tower_llm_quota::stack::QuotaStack;
+use tower_llm_quota_sim::{GroupFaults, SimConfig, Simulator};
 
 use crate::cli::Args;
 use crate::run::{Meter, Metered};

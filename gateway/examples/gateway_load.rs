@@ -36,7 +36,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use tower_llm_quota::sim::{SimConfig, Simulator};
+use tower_llm_quota_sim::{SimConfig, Simulator};
 
 use server::config::Config;
 use server::{Gateway, serve};

@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use clap::Parser;
-use tower_llm_quota::sim::{SimConfig, Simulator};
+use tower_llm_quota_sim::{SimConfig, Simulator};
 
 /// The key the simulator accepts.
 const SIM_KEY: &str = "sim-key";

@@ -42,8 +42,8 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! // A model that answers every item it is shown (the simulated provider, feature `sim`,
-//! // does the same, with faults on demand).
+//! // A model that answers every item it is shown (the simulated provider of the
+//! // `tower-llm-quota-sim` crate does the same, with faults on demand).
 //! let model = service_fn(|request: http::Request<Full<Bytes>>| async move {
 //!     let body = request.into_body().collect().await?.to_bytes();
 //!     let body: serde_json::Value = serde_json::from_slice(&body)?;
@@ -78,7 +78,7 @@
 //! shared part is already split ten ways at ten) while the risks grow: answers get worse, a
 //! malformed array fails the whole group, and one long answer may hit `max_tokens`. Ten is
 //! a comfortable size; measure before going higher (the simulated provider's
-//! [`GroupFaults::per_extra_item`](crate::sim::GroupFaults) shows why a group of 40 loses more
+//! `GroupFaults::per_extra_item`, in the `tower-llm-quota-sim` crate, shows why a group of 40 loses more
 //! items than ten). Keep [`max_cost`](GroupConfig::max_cost) below the budget's token
 //! capacity.
 //!

@@ -13,9 +13,9 @@ use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 use tower_llm_quota::retry::SeededJitter;
 use tower_llm_quota::routing::{Route, Router, ServedBy};
-use tower_llm_quota::sim::{SimBody, SimConfig, Simulator};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{BoxError, Dimension, Priority, Quota, RetryAfterLayer, RetryPolicy};
+use tower_llm_quota_sim::{SimBody, SimConfig, Simulator};
 
 use crate::support::limit;
 

@@ -114,15 +114,14 @@ pub fn batch_example() -> PathBuf {
 
 /// `config`'s simulated provider served on a free loopback port: the simulator, its server
 /// (it stops when dropped) and its chat URL.
-#[cfg(feature = "sim")]
 pub async fn serve_chat(
-    config: tower_llm_quota::sim::SimConfig,
+    config: tower_llm_quota_sim::SimConfig,
 ) -> (
-    tower_llm_quota::sim::Simulator,
-    tower_llm_quota::sim::SimServer,
+    tower_llm_quota_sim::Simulator,
+    tower_llm_quota_sim::SimServer,
     String,
 ) {
-    let simulator = tower_llm_quota::sim::Simulator::new(config);
+    let simulator = tower_llm_quota_sim::Simulator::new(config);
     let server = simulator
         .serve("127.0.0.1:0".parse().unwrap())
         .await

@@ -1,5 +1,5 @@
 //! The gateway: state, routes and the server loop. `main.rs` parses the command line and
-//! calls [`Gateway::new`] and [`serve`]; the tests call the same two.
+//! calls [`Gateway::new`] and [`serve()`]; the tests call the same two.
 
 pub(crate) mod admin;
 pub(crate) mod alerts;

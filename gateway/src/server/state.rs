@@ -7,7 +7,7 @@
 //! |---|---|
 //! | `limit:<dimension>:<period seconds>:<tenant path>` | the amount, or `-`: the configured limit removed |
 //! | `weight:<tenant path>` | the node's weight |
-//! | `key:<name>` | a [`KeyRecord`](super::auth::KeyRecord) in JSON: its tenant, class, secrets' digests |
+//! | `key:<name>` | a `KeyRecord` in JSON: its tenant, class, secrets' digests |
 //!
 //! One field per limit means two admins changing two limits of one node at once on two
 //! replicas both win: no field is read, changed and written back.

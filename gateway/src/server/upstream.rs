@@ -22,10 +22,10 @@ use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::pricing::PriceTable;
 use tower_llm_quota::provider::Profile;
 use tower_llm_quota::queue::QueueHandle;
-use tower_llm_quota::sim::{Faults, SimConfig, Simulator};
 use tower_llm_quota::stack::{QuotaService, QuotaStack};
 use tower_llm_quota::tenant::{TenantHandle, TenantTree};
 use tower_llm_quota::{BoxError, Budget, Quota};
+use tower_llm_quota_sim::{Faults, SimConfig, Simulator};
 
 use super::config::{AccountConfig, Api, ConfigError, ProfileName, ScopeConfig};
 

@@ -12,7 +12,7 @@ pub(crate) const MESSAGE_OVERHEAD: u64 = 4;
 /// What a reported limit says now, for the rate-limit headers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Level {
-    pub(crate) dimension: crate::quota::Dimension,
+    pub(crate) dimension: tower_llm_quota::Dimension,
     pub(crate) limit: u64,
     pub(crate) remaining: u64,
     pub(crate) until_full: Duration,
@@ -138,7 +138,7 @@ pub(crate) enum Refusal {
 pub(crate) struct RateLimited {
     pub(crate) organization: String,
     pub(crate) model: String,
-    pub(crate) dimension: crate::quota::Dimension,
+    pub(crate) dimension: tower_llm_quota::Dimension,
     /// `per min (TPM)`, `per day (RPD)`, ...: the limit's period in words.
     pub(crate) per: String,
     pub(crate) limit: u64,
@@ -150,17 +150,18 @@ pub(crate) struct RateLimited {
 /// The period of a limit in words, with the usual acronym: `per min (RPM)`, `per day (TPD)`.
 /// A day is 86 400 s or 1 440 simulated minutes.
 pub(crate) fn per(
-    dimension: crate::quota::Dimension,
+    dimension: tower_llm_quota::Dimension,
     period: Duration,
     minute: Duration,
 ) -> String {
-    use crate::quota::Dimension;
+    use tower_llm_quota::Dimension;
     let unit = match dimension {
         Dimension::Requests => "RP",
         Dimension::InputTokens => "ITP",
         Dimension::OutputTokens => "OTP",
         Dimension::TotalTokens => "TP",
-        Dimension::Spend => "spend ",
+        // Spend, and any dimension a later core adds.
+        _ => "spend ",
     };
     if period == minute {
         format!("per min ({unit}M)")
@@ -214,11 +215,11 @@ pub(crate) fn count_content(content: Option<&Value>, tokens: &mut u64, hash: &mu
 }
 
 /// The ids of the items marked in the messages' texts (see
-/// [`item_markers`](crate::group::item_markers)).
+/// [`item_markers`](tower_llm_quota::group::item_markers)).
 pub(crate) fn group_ids(messages: &[Value]) -> Vec<String> {
     let mut ids = Vec::new();
     let mut scan = |text: &str| {
-        ids.extend(crate::group::item_markers(text).map(|(id, _)| id.to_owned()));
+        ids.extend(tower_llm_quota::group::item_markers(text).map(|(id, _)| id.to_owned()));
     };
     for message in messages {
         match message.get("content") {
@@ -419,7 +420,7 @@ fn civil_date(days: u128) -> (u128, u128, u128) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::parse;
+    use tower_llm_quota::parse;
 
     #[test]
     fn go_durations_parse_back() {
@@ -474,7 +475,7 @@ mod tests {
 
     #[test]
     fn periods_read_as_the_providers_write_them() {
-        use crate::quota::Dimension;
+        use tower_llm_quota::Dimension;
         let minute = Duration::from_secs(2);
         assert_eq!(per(Dimension::Requests, minute, minute), "per min (RPM)");
         assert_eq!(per(Dimension::TotalTokens, minute, minute), "per min (TPM)");

@@ -19,7 +19,7 @@ use super::bucket::Bucket;
 use super::config::{Period, SimConfig};
 use super::stats::{Counters, Entry, Rejection};
 use super::wire::Completion;
-use crate::quota::Dimension;
+use tower_llm_quota::Dimension;
 
 mod admission;
 mod headers;
@@ -348,6 +348,7 @@ fn cost(dimension: Dimension, prompt_tokens: u64, max_tokens: u64) -> u64 {
         Dimension::InputTokens => prompt_tokens,
         Dimension::OutputTokens => max_tokens,
         Dimension::TotalTokens => prompt_tokens.saturating_add(max_tokens),
-        Dimension::Spend => 0,
+        // Spend, and any dimension a later core adds.
+        _ => 0,
     }
 }

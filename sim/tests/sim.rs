@@ -1,4 +1,4 @@
-//! The simulated provider (feature `sim`): quota enforcement, headers, bodies, streams,
+//! The simulated provider: quota enforcement, headers, bodies, streams,
 //! faults and statistics, in virtual time; and its HTTP server over loopback, in real time.
 
 use std::io;
@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 use tokio::time::{self, Instant};
 use tower::ServiceExt;
 use tower_llm_quota::provider::{Decision, LimitedBy, Profile, RateLimitError};
-use tower_llm_quota::sim::{Faults, SimConfig, SimService, Simulator, Style};
 use tower_llm_quota::usage::{RawUsage, UsageScanner, WireFormat};
 use tower_llm_quota::{Dimension, ReconcileLayer};
+use tower_llm_quota_sim::{Faults, SimConfig, SimService, Simulator, Style};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -671,7 +671,7 @@ async fn a_daily_limit_counts_over_its_own_period() {
 
 #[tokio::test(start_paused = true)]
 async fn faults_come_at_their_seeded_shares_and_repeat_with_the_seed() {
-    async fn run(seed: u64) -> (Vec<u16>, tower_llm_quota::sim::SimStats) {
+    async fn run(seed: u64) -> (Vec<u16>, tower_llm_quota_sim::SimStats) {
         let simulator = Simulator::new(
             SimConfig::anthropic(1_000_000, 100_000_000, 100_000_000)
                 .latency(Duration::from_millis(100), Duration::ZERO)
@@ -974,7 +974,7 @@ async fn over_http_a_stream_arrives_in_events_and_a_reset_closes_the_connection(
 /// Reads a response the way the reconcile layer does, with `ProviderUsage`.
 async fn provider_usage(
     profile: Profile,
-    response: http::Response<tower_llm_quota::sim::SimBody>,
+    response: http::Response<tower_llm_quota_sim::SimBody>,
 ) -> tower_llm_quota::Usage {
     use tower_llm_quota::provider::ProviderUsage;
     use tower_llm_quota::{

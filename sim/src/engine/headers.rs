@@ -5,9 +5,9 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue};
 
 use super::*;
-use crate::sim::config::Style;
-use crate::sim::wire::Level;
-use crate::sim::{anthropic, openai};
+use crate::config::Style;
+use crate::wire::Level;
+use crate::{anthropic, openai};
 
 impl Engine {
     /// The request id and, for a known organisation, the rate-limit headers.

@@ -7,10 +7,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
 
 use super::*;
-use crate::sim::config::Style;
-use crate::sim::stats::{Entry, Rejection};
-use crate::sim::wire::{self, ChatRequest, Completion, RateLimited, Refusal};
-use crate::sim::{anthropic, openai};
+use crate::config::Style;
+use crate::stats::{Entry, Rejection};
+use crate::wire::{self, ChatRequest, Completion, RateLimited, Refusal};
+use crate::{anthropic, openai};
 
 impl Engine {
     /// Decides what to do with a request: refuse it, reset it, or admit it (charging the
@@ -107,7 +107,7 @@ impl Engine {
                 Refusal::TierUnavailable,
             );
         }
-        let key = crate::sim::keys::key_of(headers);
+        let key = crate::keys::key_of(headers);
         if let (Some(ttl), Some(key)) = (self.config.idempotency_ttl, key) {
             if let Some(replay) = self.idempotency_keys.replay(key, now, style) {
                 return Outcome::Refused {
@@ -282,7 +282,7 @@ impl Engine {
             (None, tokens)
         } else {
             state.counters.grouped_answers += 1;
-            let (text, tokens) = crate::sim::group::answer(
+            let (text, tokens) = crate::group::answer(
                 &request.group,
                 request.max_tokens,
                 self.config.completion_share,

@@ -1,4 +1,4 @@
-//! A simulated LLM provider that enforces quota like the real ones (feature `sim`).
+//! A simulated LLM provider that enforces quota like the real ones.
 //!
 //! Test a quota configuration, a retry policy or a whole batch job against a provider that
 //! speaks the OpenAI Chat Completions or the Anthropic Messages API, counts tokens, answers
@@ -53,7 +53,7 @@
 //! `anthropic-ratelimit-{requests,input-tokens,output-tokens}-{limit,remaining,reset}`
 //! (resets as RFC 3339 with milliseconds: the wall clock now plus the simulated time until
 //! full). Remaining values are exact, not rounded. Both parse with
-//! [`Profile::limits`](crate::provider::Profile::limits).
+//! [`Profile::limits`](tower_llm_quota::provider::Profile::limits).
 //!
 //! # Errors and faults
 //!
@@ -88,7 +88,7 @@
 //! use std::time::Duration;
 //! use tower::ServiceExt;
 //! use tower_llm_quota::Dimension;
-//! use tower_llm_quota::sim::{SimConfig, Simulator};
+//! use tower_llm_quota_sim::{SimConfig, Simulator};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -207,3 +207,8 @@ impl Simulator {
         self.engine.config()
     }
 }
+
+// The README's example runs as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExample;

@@ -5,7 +5,7 @@ use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
 use super::wire::{self, ChatRequest, Completion, Fnv, Frame, Invalid, Level, Refusal};
-use crate::quota::Dimension;
+use tower_llm_quota::Dimension;
 
 /// The API key of `Authorization: Bearer <key>`.
 pub(crate) fn api_key(headers: &HeaderMap) -> Option<&str> {

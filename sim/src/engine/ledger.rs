@@ -3,9 +3,9 @@
 use std::time::Duration;
 
 use super::*;
-use crate::quota::Dimension;
-use crate::sim::SimStats;
-use crate::sim::stats::{self, Counters};
+use crate::SimStats;
+use crate::stats::{self, Counters};
+use tower_llm_quota::Dimension;
 
 impl Engine {
     /// Replaces the admission's `max_tokens` with the real completion.

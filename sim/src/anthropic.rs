@@ -7,7 +7,7 @@ use http::{HeaderMap, StatusCode};
 use serde_json::{Value, json};
 
 use super::wire::{self, ChatRequest, Completion, Fnv, Frame, Invalid, Level, Refusal};
-use crate::quota::Dimension;
+use tower_llm_quota::Dimension;
 
 /// The API key of `x-api-key: <key>`.
 pub(crate) fn api_key(headers: &HeaderMap) -> Option<&str> {
@@ -175,7 +175,8 @@ pub(crate) fn refusal(refusal: &Refusal) -> (StatusCode, Bytes) {
                 Dimension::InputTokens => "input tokens",
                 Dimension::OutputTokens => "output tokens",
                 Dimension::TotalTokens => "tokens",
-                Dimension::Spend => "nano-dollars",
+                // Spend, and any dimension a later core adds.
+                _ => "nano-dollars",
             };
             let message = format!(
                 "This request would exceed the rate limit for your organization ({}) of {} {} {}. \
@@ -212,7 +213,8 @@ pub(crate) fn rate_limit_headers(levels: &[Level], headers: &mut HeaderMap) {
             Dimension::InputTokens => "input-tokens",
             Dimension::OutputTokens => "output-tokens",
             Dimension::TotalTokens => "tokens",
-            Dimension::Spend => "spend",
+            // Spend, and any dimension a later core adds.
+            _ => "spend",
         };
         let mut put = |field: &str, value: String| {
             wire::insert_header(

@@ -20,7 +20,7 @@ use super::config::Style;
 use super::engine::{Admitted, Engine, Outcome, Settlement};
 use super::wire::{Frame, Refusal};
 use super::{anthropic, openai};
-use crate::error::BoxError;
+use tower_llm_quota::BoxError;
 
 /// The largest request body read; a larger one is answered 400.
 const MAX_REQUEST_BODY: usize = 32 * 1024 * 1024;

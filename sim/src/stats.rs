@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::quota::Dimension;
+use tower_llm_quota::Dimension;
 
 /// A snapshot of a simulator's statistics since it started (or since
 /// [`Simulator::reset_stats`](super::Simulator::reset_stats)).
@@ -158,7 +158,8 @@ impl Entry {
             Dimension::InputTokens => self.input,
             Dimension::OutputTokens => self.output,
             Dimension::TotalTokens => self.input.saturating_add(self.output),
-            Dimension::Spend => 0,
+            // Spend, and any dimension a later core adds.
+            _ => 0,
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::quota::Dimension;
+use tower_llm_quota::Dimension;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -66,7 +66,7 @@ pub(crate) struct NeighbourSpec {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_llm_quota::sim::Faults;
+/// use tower_llm_quota_sim::Faults;
 ///
 /// let faults = Faults::none()
 ///     .server_errors(0.05)
@@ -141,14 +141,14 @@ impl Faults {
 }
 
 /// Faults in the answers to grouped prompts (prompts whose items are marked
-/// `<item id="...">`, as [`TextTemplate`](crate::group::TextTemplate)'s default renders them).
+/// `<item id="...">`, as [`TextTemplate`](tower_llm_quota::group::TextTemplate)'s default renders them).
 /// Each share is drawn per answer or per item from the simulator's seeded generator; shares
 /// are clamped to `[0, 1]`. None by default.
 ///
 /// # Example
 ///
 /// ```
-/// use tower_llm_quota::sim::GroupFaults;
+/// use tower_llm_quota_sim::GroupFaults;
 ///
 /// // 2 % of the answers malformed; per item 1 % left out, 1 % under a wrong id; and an
 /// // answer error growing with the group: 0.5 % per item beyond the first (4.5 % at 10,
@@ -237,7 +237,7 @@ fn clamp_share(share: f64) -> f64 {
 /// ```
 /// use std::time::Duration;
 /// use tower_llm_quota::Dimension;
-/// use tower_llm_quota::sim::SimConfig;
+/// use tower_llm_quota_sim::SimConfig;
 ///
 /// let config = SimConfig::openai(60, 10_000)
 ///     .minute(Duration::from_secs(2)) // a minute lasts 2 s of (simulated) time
@@ -497,7 +497,7 @@ impl SimConfig {
     }
 
     /// The faults of the answers to grouped prompts (none by default). A prompt whose items
-    /// are marked `<item id="...">` (see [`crate::group`]) is answered with a JSON array of
+    /// are marked `<item id="...">` (see [`tower_llm_quota::group`]) is answered with a JSON array of
     /// one `{"id", "answer"}` object per item, within its `max_tokens`.
     pub fn group_faults(self, group_faults: GroupFaults) -> Self {
         Self {
