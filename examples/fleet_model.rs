@@ -1,5 +1,5 @@
 //! A virtual-time model of a fleet leasing one account
-//! ([`RedisBudget::leased_shares`](tower_llm_quota::budget::redis::RedisBudget::leased_shares)):
+//! ([`RedisBudget::leased_shares`](tower_llm_quota_redis::RedisBudget::leased_shares)):
 //! 10, 100 and 1,000 replicas, one store answering one call at a time, with the store's book
 //! of leases ([`Ledger`], the lease script's arithmetic) deciding every grant, under churn.
 //!
@@ -25,7 +25,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-use tower_llm_quota::budget::fleet::{Account, Answer, Claim, Ledger, Report, jain_index};
+use tower_llm_quota::budget::store::fleet::{Account, Answer, Claim, Ledger, Report, jain_index};
 
 /// Virtual time in microseconds.
 type Micros = u64;

@@ -53,8 +53,9 @@ impl Priority {
         }
     }
 
-    /// The position in [`Priority::ALL`].
-    pub(crate) const fn index(self) -> usize {
+    /// The position in [`Priority::ALL`]: 0 for the highest class (a store ranks requests by
+    /// it).
+    pub const fn index(self) -> usize {
         match self {
             Priority::Interactive => 0,
             Priority::Async => 1,

@@ -1,7 +1,7 @@
 //! The budget's admission rules under tokio's paused clock: exact admission times, all or
 //! nothing, FIFO, early wake-ups on refunds and limit changes, debt, and cancellation.
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! The public surface as a new user meets it: spawnable bodies, one error story, the stack's
 //! settings, validation at construction.
 
-mod redis_server;
+use tower_llm_quota_test_support::redis_server;
 
 use std::error::Error as _;
 use std::num::NonZeroU64;
@@ -10,10 +10,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use tower::{BoxError, Layer, Service, ServiceExt, service_fn};
-use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::budget::{FailurePolicy, StoreUnavailable};
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{Dimension, Error, Limit, Quota};
+use tower_llm_quota_redis::RedisBudget;
 
 fn tpm(amount: u64) -> Quota {
     Quota::new().with_limit(Limit::per_minute(

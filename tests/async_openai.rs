@@ -3,7 +3,7 @@
 //! admitted in its class, settled with the usage in its answer or stream, refunded when
 //! dropped, its errors readable.
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::convert::Infallible;
 use std::future::Future;

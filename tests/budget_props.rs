@@ -10,7 +10,7 @@
 //!   clock advances, every level, admission decision and reported time equals the model's, and
 //!   a full refill brings every level back to capacity.
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::num::NonZeroU64;
 use std::sync::{Arc, Mutex};

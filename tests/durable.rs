@@ -6,8 +6,8 @@
 //! and those whose call failed transiently (injected 5xx, one attempt per call) were
 //! rescheduled and done later.
 
-mod redis_server;
-mod support;
+use tower_llm_quota_test_support as support;
+use tower_llm_quota_test_support::redis_server;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

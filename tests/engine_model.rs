@@ -32,7 +32,7 @@
 //! question at a time ([`RedisBudget::questions_in_flight`]), and the store must admit them
 //! in the model's order (the order the budget asked, read from the reservation ids).
 //!
-//! [`RedisBudget::questions_in_flight`]: tower_llm_quota::budget::redis::RedisBudget::questions_in_flight
+//! [`RedisBudget::questions_in_flight`]: tower_llm_quota_redis::RedisBudget::questions_in_flight
 //!
 //! The grid keeps instants apart: events fall on 5 (mod 10) ms, costs and refunds are
 //! multiples of 10 tokens at one token a millisecond, and the burst is 5 (mod 10), so a head
@@ -50,8 +50,8 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
-mod redis_server;
-mod support;
+use tower_llm_quota_test_support as support;
+use tower_llm_quota_test_support::redis_server;
 
 use proptest::prelude::*;
 use support::limit;
@@ -868,7 +868,7 @@ async fn redis_budget(url: &str, key: &str, case: &Case) -> Budget {
     let quota = Quota::new()
         .with_limit(limit)
         .with_max_in_flight(std::num::NonZeroUsize::MIN);
-    tower_llm_quota::budget::redis::RedisBudget::new(url, key)
+    tower_llm_quota_redis::RedisBudget::new(url, key)
         .timeout(Duration::from_secs(5))
         // One question at a time: the store admits in the ordering's order.
         .questions_in_flight(1)

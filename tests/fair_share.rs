@@ -2,7 +2,7 @@
 //! heavier tenant, a tenant's requests of one class are admitted in the order they came
 //! whatever its standing, and a request refused by a shared store's turn moves no clock.
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};

@@ -2,7 +2,7 @@
 //! simulator and scripted clients) and across processes sharing Redis (a private
 //! `redis-server`, real time).
 
-mod redis_server;
+use tower_llm_quota_test_support::redis_server;
 
 use std::convert::Infallible;
 use std::io;
@@ -15,13 +15,13 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt, service_fn};
-use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::idempotency::{
-    IdempotencyError, IdempotencyLayer, IdempotencyStore, MemoryStore, Operation,
-    RedisIdempotencyStore, Suppressed,
+    IdempotencyError, IdempotencyLayer, IdempotencyStore, MemoryStore, Operation, Suppressed,
 };
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{BoxError, Dimension, Limit, Quota};
+use tower_llm_quota_redis::RedisBudget;
+use tower_llm_quota_redis::RedisIdempotencyStore;
 use tower_llm_quota_sim::{SimConfig, Simulator};
 
 use redis_server::RedisServer;

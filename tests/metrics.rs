@@ -2,7 +2,7 @@
 //! 10 requests, 2 refused locally, 1 provider 429 then a successful retry, known usage.
 #![cfg(feature = "metrics")]
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

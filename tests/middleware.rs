@@ -2,7 +2,7 @@
 //! budget is debited and settled, retries run the rest of the middleware chain again, the
 //! request's priority reaches the queue, and errors keep their types.
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -5,8 +5,8 @@
 //! The processes run `examples/batch` with `--url` (the simulator, served by this test) and
 //! `--redis-url` (a private `redis-server`), exactly as a user would start them side by side.
 
-mod redis_server;
-mod support;
+use tower_llm_quota_test_support as support;
+use tower_llm_quota_test_support::redis_server;
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

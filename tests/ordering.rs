@@ -2,8 +2,8 @@
 //! `tests/layers/in_flight.rs`), a class floor, a shared store, and deadline arithmetic that
 //! never overflows.
 
-mod redis_server;
-mod support;
+use tower_llm_quota_test_support as support;
+use tower_llm_quota_test_support::redis_server;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
@@ -13,11 +13,11 @@ use http::{Request, Response};
 use tokio::time::{self, Instant};
 use tower::util::BoxCloneService;
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
-use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::{
     Cost, Dimension, Error, Priority, PriorityQueueLayer, QueueConfig, Quota, TokenBudgetLayer,
     queue::EnqueuedAt,
 };
+use tower_llm_quota_redis::RedisBudget;
 
 use redis_server::RedisServer;
 use support::{budget, limit};

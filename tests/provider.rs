@@ -1,7 +1,7 @@
 //! Provider profiles end to end: the budget follows what the provider's headers say, and a
 //! stream cut before its usage is charged from what it streamed.
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};

@@ -1,7 +1,7 @@
 //! The README's tables of the batch story have the shape the example prints: the same rows,
 //! in the same order, under the same columns (the figures are the maintainers' run, pasted).
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::process::Command;
 

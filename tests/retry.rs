@@ -1,7 +1,7 @@
 //! RetryAfterLayer under tokio's paused clock: what is retried, when, how often, and what a 429
 //! does to everyone sharing the budget.
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::collections::VecDeque;
 use std::convert::Infallible;

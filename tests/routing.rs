@@ -4,7 +4,7 @@
 //! where it is, and a ramp grows, pauses and steps back on the new route's health.
 
 mod routing_support;
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::io;
 use std::time::Duration;

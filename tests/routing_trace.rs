@@ -3,7 +3,7 @@
 //! moment (tracing caches each callsite's interest across threads).
 
 mod routing_support;
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

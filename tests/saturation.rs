@@ -4,7 +4,7 @@
 //! virtual time (a few minutes of traffic in milliseconds). The same with a Redis-shared budget
 //! runs in real time, scaled down, in `tests/ordering.rs`.
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::convert::Infallible;
 use std::time::Duration;

@@ -18,7 +18,7 @@
 //! SOAK_SECS=180 cargo test --all-features --test soak -- --nocapture
 //! ```
 
-mod redis_server;
+use tower_llm_quota_test_support::redis_server;
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
@@ -30,9 +30,9 @@ use http_body_util::{BodyExt, Full};
 use tokio::time::{Instant, sleep, timeout};
 use tower::{Layer, ServiceExt};
 use tower_llm_quota::budget::FailurePolicy;
-use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::stack::{QuotaService, QuotaStack};
 use tower_llm_quota::{Budget, Deadline, Dimension, Error, Limit, Priority, Quota};
+use tower_llm_quota_redis::RedisBudget;
 use tower_llm_quota_sim::{Faults, SimConfig, Simulator};
 
 use redis_server::RedisServer;

@@ -1,7 +1,7 @@
 //! The preset stack: admission, priority, settlement from the body, retries and pauses, in the
 //! documented order.
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::convert::Infallible;
 use std::num::NonZeroU64;

@@ -4,7 +4,7 @@
 //! waiting, every level is exactly the capacity minus the net charge (no capacity leaked or
 //! created) and, with a short period, refills to capacity.
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -2,7 +2,7 @@
 //! borrowed, and refusals by scope, labelled by the tree's label depth.
 #![cfg(feature = "metrics")]
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! pause and resume, a node's own limit that does not hold up the others, idle state
 //! forgotten. No provider 429 anywhere.
 
-mod support;
+use tower_llm_quota_test_support as support;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

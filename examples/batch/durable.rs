@@ -41,12 +41,12 @@ use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 use tower_llm_quota::group::{ApiFormat, GroupConfig, GroupItem, GroupQueue, Grouper};
 use tower_llm_quota::idempotency::{
-    IdempotencyError, IdempotencyLayer, IdempotentBody, Operation, RedisIdempotencyStore,
-    Suppressed,
+    IdempotencyError, IdempotencyLayer, IdempotentBody, Operation, Suppressed,
 };
 use tower_llm_quota::jobs::JobCounts;
 use tower_llm_quota::retry::{Failure as Failed, FailureClass, ProviderErrors};
 use tower_llm_quota::{BoxError, Priority, Timings, retry::Classify};
+use tower_llm_quota_redis::RedisIdempotencyStore;
 use tower_llm_quota_sim::Simulator;
 
 use crate::cli::{Args, Role};

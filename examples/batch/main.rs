@@ -101,12 +101,12 @@ use http_body_util::Full;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::time::Instant;
 use tower::{Layer, Service};
-use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::provider::Profile;
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{
     BoxError, DEFAULT_HEADROOM, Dimension, Limit, Priority, QueueConfig, Quota, RetryPolicy,
 };
+use tower_llm_quota_redis::RedisBudget;
 use tower_llm_quota_sim::{SimConfig, SimStats, Simulator};
 
 use cli::Args;

@@ -1,7 +1,7 @@
 //! The budget's public API in one place: making a budget, admission, what it holds now,
 //! changes to its limits, its tenants, its shared store. Each method is short or delegates:
 //! admission to the wait engine (`engine/`), the arithmetic to the in-memory backend
-//! (`memory/`) or the shared store (`remote/`), the tenants' state to `tenants/`.
+//! (`memory/`) or the store kept with other processes (`store/`), the tenants' state to `tenants/`.
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use super::observation::Observation;
 use super::reservation::Reservation;
 use super::reserve::Reserve;
 use super::snapshot::BudgetSnapshot;
+use super::store::{QuotaStore, StoreOptions};
 use crate::cost::Cost;
 use crate::error::TryReserveError;
 use crate::quota::{Dimension, Limit, PeriodCap, Quota};
@@ -25,7 +26,7 @@ use crate::tenant::{InvalidTree, Tenant, TenantHandle, TenantTree};
 impl Budget {
     /// A budget enforcing every limit of `quota`, with every bucket full.
     pub fn new(quota: Quota) -> Self {
-        Self::with_store(&quota, MemoryStore::new(&quota), None, None)
+        Self::from_parts(&quota, MemoryStore::new(&quota), None, None)
     }
 
     /// Whether two handles share the same budget.
@@ -271,7 +272,7 @@ impl Budget {
 
     /// The same budget (every clone of it) enforcing `tree` for its tenants from now on,
     /// replacing any tree it had: for a budget built elsewhere, such as one shared through
-    /// Redis ([`RedisBudget`](crate::budget::redis::RedisBudget)), whose store then keeps
+    /// Redis (`tower_llm_quota_redis::RedisBudget`), whose store then keeps
     /// every node's limits beside the account's, checked and taken in the same script call.
     /// Install it before traffic: requests already waiting keep the place they had.
     ///
@@ -295,7 +296,7 @@ impl Budget {
     ///
     /// With a shared store (Redis), a node's limits are kept in the store too: per account
     /// by default, over every account of a
-    /// [tenant plane](crate::budget::redis::RedisBudget::tenant_plane) when the accounts
+    /// tenant plane (`RedisBudget::tenant_plane`) when the accounts
     /// share one, so that they hold over all of them across processes as well.
     ///
     /// # Example
@@ -341,8 +342,20 @@ impl Budget {
     }
 }
 
-/// The store shared with other processes, if any (`remote/`).
+/// The store kept with other processes, if any (`store/`).
 impl Budget {
+    /// A budget whose quota is kept in `store` for every process sharing it: the same
+    /// handle, layers and API as an in-memory budget. Named after the quota's
+    /// [name](Quota::with_name). Must be called within a tokio runtime: it spawns the task
+    /// that sends settlements (and, leasing, the one that renews the lease).
+    ///
+    /// Stores are made by their crates (`tower_llm_quota_redis::RedisBudget` makes one and
+    /// calls this); see [`store`](crate::budget::store) to write one.
+    pub fn with_store(quota: &Quota, store: Arc<dyn QuotaStore>, options: StoreOptions) -> Self {
+        let (options, reachable) = options.engine();
+        Self::with_remote(quota, store, options, reachable)
+    }
+
     /// Whether the budget is shared through a store in another process.
     pub fn is_shared(&self) -> bool {
         self.shared.remote.is_some()

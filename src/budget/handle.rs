@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::engine::{Slots, WaitList};
 use crate::budget::memory::store::{LimitState, MemoryStore, Origin, ReservationId, Store, nanos};
-use crate::budget::remote::state::{Remote, SharedState};
+use crate::budget::store::state::{Remote, SharedState};
 use crate::budget::tenants::shared::Tenants;
 use crate::cost::Cost;
 use crate::error::NotUntil;
@@ -54,7 +54,7 @@ pub(super) struct State {
 }
 
 impl Budget {
-    pub(super) fn with_store(
+    pub(super) fn from_parts(
         quota: &Quota,
         store: MemoryStore,
         shared: Option<SharedState>,

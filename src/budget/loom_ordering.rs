@@ -125,7 +125,7 @@ struct AdmittingStore {
     asked: std::sync::atomic::AtomicUsize,
 }
 
-impl crate::budget::remote::RemoteStore for AdmittingStore {
+impl crate::budget::store::QuotaStore for AdmittingStore {
     fn reserve(
         &self,
         _id: String,
@@ -133,20 +133,20 @@ impl crate::budget::remote::RemoteStore for AdmittingStore {
         _floor: super::Floor,
         _class: Priority,
         _limits: std::sync::Arc<[crate::quota::Limit]>,
-        _path: crate::budget::remote::PathLimits,
+        _path: crate::budget::store::PathLimits,
         _tenant: Option<crate::tenant::Tenant>,
-    ) -> crate::budget::remote::StoreFuture<crate::budget::remote::Decision> {
+    ) -> crate::budget::store::StoreFuture<crate::budget::store::Decision> {
         self.asked
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Box::pin(std::future::ready(Ok(
-            crate::budget::remote::Decision::Admitted,
+            crate::budget::store::Decision::Admitted,
         )))
     }
 
     fn settle(
         &self,
-        _batch: Vec<crate::budget::remote::Settle>,
-    ) -> crate::budget::remote::StoreFuture<()> {
+        _batch: Vec<crate::budget::store::Settle>,
+    ) -> crate::budget::store::StoreFuture<()> {
         Box::pin(std::future::ready(Ok(())))
     }
 
@@ -154,11 +154,11 @@ impl crate::budget::remote::RemoteStore for AdmittingStore {
         &self,
         _scope: crate::tenant::Tenant,
         _paused: bool,
-    ) -> crate::budget::remote::StoreFuture<()> {
+    ) -> crate::budget::store::StoreFuture<()> {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn paused(&self) -> crate::budget::remote::StoreFuture<Option<Vec<crate::tenant::Tenant>>> {
+    fn paused(&self) -> crate::budget::store::StoreFuture<Option<Vec<crate::tenant::Tenant>>> {
         Box::pin(std::future::ready(Ok(None)))
     }
 
@@ -167,11 +167,11 @@ impl crate::budget::remote::RemoteStore for AdmittingStore {
         _limit: crate::quota::Limit,
         _remaining: Option<u64>,
         _pause: std::time::Duration,
-    ) -> crate::budget::remote::StoreFuture<()> {
+    ) -> crate::budget::store::StoreFuture<()> {
         Box::pin(std::future::ready(Ok(())))
     }
 
-    fn lift(&self, _limits: Vec<crate::quota::Limit>) -> crate::budget::remote::StoreFuture<()> {
+    fn lift(&self, _limits: Vec<crate::quota::Limit>) -> crate::budget::store::StoreFuture<()> {
         Box::pin(std::future::ready(Ok(())))
     }
 }
@@ -184,7 +184,7 @@ impl crate::budget::remote::RemoteStore for AdmittingStore {
 fn loom_the_stores_answer_hands_the_question_over() {
     use std::sync::atomic::Ordering;
 
-    use crate::budget::remote::state::RemoteOptions;
+    use crate::budget::store::state::RemoteOptions;
 
     loom::model(|| {
         let store = std::sync::Arc::new(AdmittingStore::default());

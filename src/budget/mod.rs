@@ -71,18 +71,15 @@
 
 mod engine;
 mod facade;
-pub mod fleet;
 mod handle;
 #[cfg(all(test, loom))]
 mod loom_ordering;
 pub(crate) mod memory;
 mod observation;
-#[cfg(feature = "redis")]
-pub mod redis;
-pub(crate) mod remote;
 mod reservation;
 mod reserve;
 pub(crate) mod snapshot;
+pub mod store;
 pub(crate) mod tenants;
 
 pub use crate::error::StoreUnavailable;
@@ -93,8 +90,8 @@ pub use handle::Budget;
 pub(crate) use memory::bucket::Floor;
 pub use memory::store::ReservationId;
 pub use observation::Observation;
-pub use remote::FailurePolicy;
 pub use reservation::{Reservation, ReservationSlot, Settlement};
 pub use reserve::Reserve;
 pub use snapshot::BudgetSnapshot;
+pub use store::FailurePolicy;
 pub use tenants::TenantHandle;

@@ -12,7 +12,7 @@ use tokio::time::{Instant, Sleep, sleep_until};
 use super::{Answer, Ask, Budget, Reservation, ReservationId, Step, Waiting};
 use crate::budget::memory::bucket::Floor;
 use crate::budget::memory::store::Origin;
-use crate::budget::remote::{Decision, StoreFuture};
+use crate::budget::store::{Decision, StoreFuture};
 use crate::cost::Cost;
 use crate::error::ReserveError;
 use crate::priority::Priority;

@@ -10,7 +10,11 @@ pub struct StoreUnavailable {
 }
 
 impl StoreUnavailable {
-    pub(crate) fn new(reason: impl fmt::Display) -> Self {
+    /// The store did not answer, for `reason`: what a [`QuotaStore`] answers when its medium
+    /// fails (a timeout, a refused connection, a script error).
+    ///
+    /// [`QuotaStore`]: crate::budget::store::QuotaStore
+    pub fn new(reason: impl fmt::Display) -> Self {
         Self {
             reason: reason.to_string().into(),
         }

@@ -80,7 +80,7 @@
 //!
 //! # Across processes
 //!
-//! With the `redis` feature, [`RedisIdempotencyStore`] shares records between processes:
+//! The `tower-llm-quota-redis` crate's `RedisIdempotencyStore` shares records between processes:
 //! the claim is one Lua script (set the key in flight with a lease, or return what holds it);
 //! completing writes the record and publishes the key on one channel, in the same script. A
 //! duplicate in another process sleeps until that message arrives (each store keeps one
@@ -112,8 +112,6 @@ mod key;
 mod layer;
 mod memory;
 mod record;
-#[cfg(feature = "redis")]
-mod redis;
 mod service;
 mod shared;
 mod store;
@@ -125,8 +123,6 @@ pub use key::{IdempotencyKey, Operation};
 pub use layer::{DEFAULT_MAX_WAIT, IdempotencyLayer};
 pub use memory::{DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, MemoryStore};
 pub use record::Record;
-#[cfg(feature = "redis")]
-pub use redis::RedisIdempotencyStore;
 pub use service::Idempotency;
 pub use store::{Claim, IdempotencyStore, StoreFuture};
 

@@ -161,7 +161,7 @@
 //!
 //! # Across processes
 //!
-//! A budget shared through Redis ([`RedisBudget`](crate::budget::redis::RedisBudget)) takes
+//! A budget shared through Redis (`tower_llm_quota_redis::RedisBudget`) takes
 //! the tree with [`Budget::with_tenant_tree`](crate::Budget::with_tenant_tree): the reserve
 //! script then checks and takes the buckets of every node of the path beside the account's,
 //! all or nothing in one call under the account's hash tag, so **every node's limits (and
@@ -170,7 +170,7 @@
 //! process's next admission, and each process's own tree follows the store's pauses and
 //! resumes within a second. Daily caps and caps on calls in flight are kept by each process. Each process serves its own waiters by the weighted fair share; between
 //! processes the store gives each refused process its turn (see
-//! [`RedisBudget`](crate::budget::redis::RedisBudget)), so between processes tenants share by
+//! `tower_llm_quota_redis::RedisBudget`), so between processes tenants share by
 //! their processes' turns, not by weight.
 
 mod config;

@@ -1,7 +1,6 @@
 //! TokenBudgetLayer and ReconcileLayer around tower-test mocks, under tokio's paused clock.
 
-#[path = "../support/mod.rs"]
-mod support;
+use tower_llm_quota_test_support as support;
 
 mod in_flight;
 mod queue;

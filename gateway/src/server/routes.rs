@@ -61,7 +61,7 @@ pub(crate) fn idempotency(redis_url: Option<&str>) -> Result<IdempotencyLayer, C
     let layer = match redis_url {
         None => IdempotencyLayer::in_memory(),
         Some(url) => {
-            let store = tower_llm_quota::idempotency::RedisIdempotencyStore::open(url, "gateway")
+            let store = tower_llm_quota_redis::RedisIdempotencyStore::open(url, "gateway")
                 .map_err(|e| ConfigError(format!("redis (idempotency): {e}")))?;
             IdempotencyLayer::new(store)
         }

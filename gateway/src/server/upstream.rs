@@ -18,13 +18,13 @@ use rustls::pki_types::pem::PemObject;
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 use tower_llm_quota::budget::FailurePolicy;
-use tower_llm_quota::budget::redis::RedisBudget;
 use tower_llm_quota::pricing::PriceTable;
 use tower_llm_quota::provider::Profile;
 use tower_llm_quota::queue::QueueHandle;
 use tower_llm_quota::stack::{QuotaService, QuotaStack};
 use tower_llm_quota::tenant::{TenantHandle, TenantTree};
 use tower_llm_quota::{BoxError, Budget, Quota};
+use tower_llm_quota_redis::RedisBudget;
 use tower_llm_quota_sim::{Faults, SimConfig, Simulator};
 
 use super::config::{AccountConfig, Api, ConfigError, ProfileName, ScopeConfig};

@@ -4,8 +4,7 @@
 #[path = "../../src/server/mod.rs"]
 mod server;
 
-#[path = "../../../tests/redis_server/mod.rs"]
-mod redis_server;
+use tower_llm_quota_test_support::redis_server;
 
 mod admin;
 mod api;

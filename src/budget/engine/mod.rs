@@ -42,7 +42,7 @@ use std::task::Waker;
 use tokio::time::Instant;
 
 use super::handle::{Budget, State};
-use super::remote::{FailurePolicy, PathLimits};
+use super::store::{FailurePolicy, PathLimits};
 use crate::budget::memory::bucket::Floor;
 use crate::budget::memory::store::{Denial, Origin, ReservationId, Store};
 use crate::budget::tenants::tree::Check;

@@ -49,22 +49,23 @@ pub(crate) struct Bucket {
 }
 
 /// A share of a bucket's capacity that a request must leave untouched, so that requests of a
-/// higher class find it: in parts per million.
+/// higher class find it: in parts per million. A store reserving with a floor admits only
+/// when every bucket keeps [`Floor::of`] its capacity after the cost is taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
-pub(crate) struct Floor(u32);
+pub struct Floor(u32);
 
 impl Floor {
     /// No floor: the whole capacity may be used.
-    pub(crate) const NONE: Floor = Floor(0);
+    pub const NONE: Floor = Floor(0);
 
     /// A floor of `fraction` of the capacity, clamped to `[0, 1]` (NaN counts as 0).
-    pub(crate) fn from_fraction(fraction: f64) -> Self {
+    pub fn from_fraction(fraction: f64) -> Self {
         let ppm = (fraction.clamp(0.0, 1.0) * 1e6).round();
         Floor(if ppm.is_nan() { 0 } else { ppm as u32 })
     }
 
     /// The floor in units of a bucket of `capacity`, rounded up.
-    pub(crate) fn of(self, capacity: u64) -> u64 {
+    pub fn of(self, capacity: u64) -> u64 {
         let units = (u128::from(capacity) * u128::from(self.0)).div_ceil(1_000_000);
         u64::try_from(units).unwrap_or(u64::MAX).min(capacity)
     }

@@ -119,7 +119,6 @@ impl Budget {
 
     /// This process's pauses and resumes so far, for a budget shared through a store with a
     /// tenant tree.
-    #[cfg(any(feature = "redis", all(test, loom)))]
     pub(crate) fn pause_changes(&self) -> Option<u64> {
         let state = self.lock();
         state.tenants.as_ref()?;
@@ -136,7 +135,6 @@ impl Budget {
     /// reading is paused here (its requests refused at once), one resumed there since is
     /// resumed here. A pause made here and not in this store (a tree shared with another
     /// account's budget) stays.
-    #[cfg(any(feature = "redis", all(test, loom)))]
     pub(crate) fn sync_paused(&self, paused: &[Tenant], changes: u64) {
         let Some(remote) = &self.shared.remote else {
             return;

@@ -14,7 +14,7 @@ use std::task::Waker;
 use tokio::time::Instant;
 
 use super::tree::{Check, NodeView, TenantState};
-use crate::budget::remote::PathLimits;
+use crate::budget::store::PathLimits;
 use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::Limit;
@@ -222,13 +222,11 @@ impl Tenants {
     }
 
     /// The daily caps a store may count for every process (see `TenantState::caps`).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn caps(&self) -> Vec<(Tenant, PeriodCap)> {
         self.lock().caps(&self.account)
     }
 
     /// What the store counts of `caps` for every process.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn set_fleet_days(&self, caps: Vec<(Tenant, PeriodCap)>, used: &[u64]) {
         self.lock().set_fleet_days(caps, used);
     }

@@ -14,7 +14,7 @@ use super::node::{
     Node, NodeWait, Parked, cap_refusal, limits_of, recount, settle_caps, take_caps,
 };
 use crate::budget::memory::store::{LimitState, Store};
-use crate::budget::remote::{Control, PathLimits, StorePath};
+use crate::budget::store::{Control, PathLimits, StorePath};
 use crate::cost::Cost;
 use crate::priority::Priority;
 use crate::quota::cap::CapCount;
@@ -184,7 +184,6 @@ impl TenantState {
 
     /// The daily caps a store may count for every process: those of the nodes configured by
     /// path and of the live nodes, for `account`.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn caps(&self, account: &str) -> Vec<(Tenant, PeriodCap)> {
         let own = (self.accounts.get(account).into_iter()).flat_map(|own| {
             own.counts
@@ -202,7 +201,6 @@ impl TenantState {
     }
 
     /// What the store counts of `caps` for every process (`used`, in the same order).
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn set_fleet_days(&mut self, caps: Vec<(Tenant, PeriodCap)>, used: &[u64]) {
         self.fleet_days.clear();
         for ((path, cap), &used) in caps.into_iter().zip(used) {

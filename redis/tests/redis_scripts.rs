@@ -1,0 +1,662 @@
+//! The Redis store's scripts alone, on a private `redis-server`, with the clock argument that
+//! only tests pass: settlements duplicated, reordered and late conserve tokens, a clock
+//! stepping back never adds any, a hold (a provider's pause) admits nothing before its end and
+//! keeps the level, and a bucket in the debt an earlier version wrote for a pause refills. An
+//! exact model of one bucket and its hold is checked after every step; a plain list of every
+//! use checks a tenant node's daily counts.
+
+use tower_llm_quota_test_support::redis_server;
+
+use proptest::prelude::*;
+use redis::Script;
+
+use redis_server::RedisServer;
+use tower_llm_quota::tenant::CapWindow;
+
+const BUCKET: &str = "t:{q}:total_tokens:1000";
+const HOLD: &str = "t:{q}:total_tokens:1000:held";
+/// One unit per millisecond (num 1, den 3: a unit is 3 ticks, 3 ticks a millisecond).
+const NUM: i64 = 3;
+const DEN: i64 = 3;
+const CAP: i64 = 1_000;
+const LEASE_MS: i64 = 60_000;
+const TOMBSTONE_MS: i64 = 30_000;
+
+fn script(body: &str) -> Script {
+    Script::new(&format!(
+        "{}{}{}",
+        include_str!("../src/bucket.lua"),
+        include_str!("../src/controls.lua"),
+        body
+    ))
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Reserve(i64),
+    /// Settle, in one call, the n-th reservations (modulo) with these actual costs; a
+    /// reservation may repeat, in one call or across calls.
+    Settle(Vec<(usize, i64)>),
+    /// Its record expires (the lease passed).
+    Expire(usize),
+    Advance(i64),
+    StepBack(i64),
+    /// A provider's 429: hold for this many ms.
+    Pause(i64),
+    /// Lift the hold (what `Budget::lift_pause` sends).
+    Lift,
+    /// A provider reports this many units remaining.
+    Remaining(i64),
+    /// The previous version's pause for this many ms: the bucket emptied, the pause's refill
+    /// owed as debt (keys written before an upgrade).
+    LegacyPause(i64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (1i64..600).prop_map(Op::Reserve),
+        3 => proptest::collection::vec((0usize..8, 0i64..900), 1..4).prop_map(Op::Settle),
+        1 => (0usize..8).prop_map(Op::Expire),
+        2 => (0i64..400).prop_map(Op::Advance),
+        1 => (0i64..5_000).prop_map(Op::StepBack),
+        // At least 2 s: the key's real TTL then outlives any case, whose clock is simulated.
+        2 => (2_000i64..6_000).prop_map(Op::Pause),
+        1 => Just(Op::Lift),
+        1 => (0i64..1_200).prop_map(Op::Remaining),
+        1 => (0i64..3_000).prop_map(Op::LegacyPause),
+    ]
+}
+
+const FULL: i64 = CAP * DEN;
+
+/// The bucket as the scripts define it, in ticks; no `ts` when the key is absent (full).
+#[derive(Clone, Copy)]
+struct Model {
+    tok: i64,
+    ts: Option<i64>,
+}
+
+impl Model {
+    /// The bucket read at `now`: refilled, never by time running back.
+    fn at(self, now: i64) -> Self {
+        match self.ts {
+            None => Model {
+                tok: FULL,
+                ts: Some(now),
+            },
+            Some(ts) if now > ts => Model {
+                tok: (self.tok + (now - ts) * NUM).min(FULL),
+                ts: Some(now),
+            },
+            Some(_) => self,
+        }
+    }
+
+    /// The bucket written at `now`: a full one is deleted.
+    fn written(self, now: i64) -> Self {
+        match self.ts {
+            Some(ts) if self.tok >= FULL && ts <= now => Model {
+                tok: FULL,
+                ts: None,
+            },
+            _ => self,
+        }
+    }
+
+    fn charge(self, delta: i64, now: i64) -> Self {
+        let read = self.at(now);
+        Model {
+            tok: if delta > 0 {
+                (read.tok - delta * DEN).max(read.tok.min(-FULL))
+            } else {
+                (read.tok - delta * DEN).min(FULL)
+            },
+            ..read
+        }
+        .written(now)
+    }
+}
+
+struct Reservation {
+    id: String,
+    cost: i64,
+    settled: bool,
+    expired: bool,
+}
+
+/// The hold's end as stored, if any.
+fn held(connection: &mut redis::Connection) -> Option<i64> {
+    let value: Option<String> = redis::cmd("GET").arg(HOLD).query(connection).unwrap();
+    value.map(|v| v.parse().unwrap())
+}
+
+fn level(connection: &mut redis::Connection) -> i64 {
+    // "<units>:<ticks>:<den>:<ts>"
+    let value: Option<String> = redis::cmd("GET").arg(BUCKET).query(connection).unwrap();
+    value.map_or(FULL, |v| {
+        let parts: Vec<i64> = v.split(':').map(|p| p.parse().unwrap()).collect();
+        assert_eq!(parts[2], DEN);
+        parts[0] * DEN + parts[1]
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn settlements_conserve_tokens_and_time_never_runs_back(
+        ops in proptest::collection::vec(op(), 1..60)
+    ) {
+        thread_local! {
+            static SERVER: RedisServer = RedisServer::start();
+        }
+        let url = SERVER.with(RedisServer::url);
+        let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+        let reserve = script(include_str!("../src/reserve.lua"));
+        let settle = script(include_str!("../src/settle.lua"));
+        let lower = script(include_str!("../src/lower.lua"));
+
+        let mut now: i64 = 1_000_000;
+        let mut model = Model { tok: FULL, ts: None };
+        // The hold's end (server ms), as written: the key expires only after the case.
+        let mut hold: Option<i64> = None;
+        let mut reservations: Vec<Reservation> = Vec::new();
+        for (step, op) in ops.into_iter().enumerate() {
+            match op {
+                Op::Reserve(cost) => {
+                    let id = format!("t:{{q}}:r:{step}");
+                    let reply: Vec<i64> = reserve
+                        .key(BUCKET)
+                        .key(HOLD)
+                        .key(&id)
+                        .key("t:{q}:line")
+                        .key("t:{q}:line:at")
+                        .key("t:{q}:paused")
+                        .key("t:{q}:alive")
+                        .arg(now)
+                        .arg(LEASE_MS)
+                        // No turns: one process; one bucket, no tenant path.
+                        .arg("").arg(0).arg(1).arg(0).arg(1).arg(0)
+                        .arg(NUM).arg(DEN).arg(CAP).arg(cost).arg(0)
+                        .invoke(&mut connection)
+                        .unwrap();
+                    let read = model.at(now);
+                    let held_for = hold.map_or(0, |end| (end - now).max(0));
+                    if read.tok >= cost * DEN && held_for == 0 {
+                        prop_assert_eq!(reply[0], 1, "step {}: refused though it fits", step);
+                        model = Model { tok: read.tok - cost * DEN, ..read }.written(now);
+                        reservations.push(Reservation { id, cost, settled: false, expired: false });
+                    } else {
+                        prop_assert_eq!(reply[0], 0, "step {}: admitted beyond the level", step);
+                        let refill = if read.tok >= cost * DEN {
+                            0
+                        } else {
+                            (cost * DEN - read.tok + NUM - 1) / NUM
+                                + (read.ts.unwrap_or(now) - now).max(0)
+                        };
+                        // Nothing is written: the level stays what it was.
+                        prop_assert_eq!(reply[1], refill.max(held_for), "step {}: wrong wait", step);
+                        prop_assert_eq!(reply[3], i64::from(held_for >= refill), "step {}: held", step);
+                        // No floor in the model: only a cost the bucket lacks, or a hold, keeps it out.
+                        prop_assert_eq!(reply[4], 0, "step {}: floor only", step);
+                        // No turns: never first in a line.
+                        prop_assert_eq!(reply[5], 0, "step {}: first", step);
+                    }
+                }
+                Op::Settle(settlements) => {
+                    if reservations.is_empty() {
+                        continue;
+                    }
+                    let n = reservations.len();
+                    // KEYS: the bucket, then one record per settlement (a record may repeat).
+                    let mut invocation = settle.key(BUCKET);
+                    invocation.arg(now).arg(TOMBSTONE_MS).arg(1).arg(NUM).arg(DEN).arg(CAP);
+                    for (k, (i, actual)) in settlements.iter().enumerate() {
+                        let r = &reservations[i % n];
+                        invocation.key(&r.id).arg(k + 2).arg(1).arg(0).arg(1).arg(r.cost).arg(*actual);
+                    }
+                    let answers: Vec<i64> = invocation.invoke(&mut connection).unwrap();
+                    for ((i, actual), answer) in settlements.iter().zip(answers) {
+                        let r = &mut reservations[i % n];
+                        let delta = actual - r.cost;
+                        if r.settled {
+                            prop_assert_eq!(answer, 0, "step {}: settled twice", step);
+                        } else if r.expired {
+                            prop_assert_eq!(answer, 2, "step {}: a late settlement", step);
+                            if delta > 0 {
+                                model = model.charge(delta, now);
+                            }
+                        } else {
+                            prop_assert_eq!(answer, 1, "step {}", step);
+                            if delta != 0 {
+                                model = model.charge(delta, now);
+                            }
+                        }
+                        r.settled = true;
+                    }
+                }
+                Op::Expire(i) => {
+                    if reservations.is_empty() {
+                        continue;
+                    }
+                    let n = reservations.len();
+                    let r = &mut reservations[i % n];
+                    let _: i64 = redis::cmd("DEL").arg(&r.id).query(&mut connection).unwrap();
+                    r.expired = true;
+                    r.settled = false;
+                }
+                Op::Advance(ms) => now += ms,
+                Op::StepBack(ms) => now -= ms,
+                Op::Pause(ms) => {
+                    let _: i64 = lower
+                        .key(BUCKET).key(HOLD)
+                        .arg(now).arg(NUM).arg(DEN).arg(CAP).arg("").arg(ms)
+                        .invoke(&mut connection)
+                        .unwrap();
+                    // A later end extends the hold, an earlier one never shortens it; the
+                    // level is not touched.
+                    hold = Some(hold.map_or(now + ms, |end| end.max(now + ms)));
+                }
+                Op::Lift => {
+                    let _: i64 = redis::cmd("DEL").arg(HOLD).query(&mut connection).unwrap();
+                    hold = None;
+                }
+                Op::Remaining(units) => {
+                    let _: i64 = lower
+                        .key(BUCKET).key(HOLD)
+                        .arg(now).arg(NUM).arg(DEN).arg(CAP).arg(units.min(CAP)).arg(0)
+                        .invoke(&mut connection)
+                        .unwrap();
+                    let read = model.at(now);
+                    model = Model { tok: read.tok.min(units.min(CAP) * DEN), ..read }.written(now);
+                }
+                Op::LegacyPause(ms) => {
+                    // What the previous lower.lua stored for a pause, in the same format.
+                    let read = model.at(now);
+                    let ts = read.ts.unwrap_or(now);
+                    let tok = read.tok.min((-(ms - (ts - now).max(0)) * NUM).min(0));
+                    model = Model { tok, ..read }.written(now);
+                    if model.ts.is_some() {
+                        let value = format!(
+                            "{}:{}:{DEN}:{ts}",
+                            tok.div_euclid(DEN),
+                            tok.rem_euclid(DEN)
+                        );
+                        let _: () = redis::cmd("SET")
+                            .arg(BUCKET).arg(value).arg("PX").arg(60_000)
+                            .query(&mut connection)
+                            .unwrap();
+                    }
+                }
+            }
+            prop_assert_eq!(level(&mut connection), model.tok, "step {}: stored level", step);
+            prop_assert_eq!(held(&mut connection), hold, "step {}: stored hold", step);
+        }
+    }
+}
+
+/// One reserve call of `cost` units by process `who` (class `rank`) at `now` ms.
+fn reserve_as(
+    connection: &mut redis::Connection,
+    reserve: &Script,
+    (who, rank): (&str, i64),
+    id: &str,
+    cost: i64,
+    now: i64,
+) -> Vec<i64> {
+    reserve
+        .key(BUCKET)
+        .key(HOLD)
+        .key(format!("t:{{q}}:r:{id}"))
+        .key("t:{q}:line")
+        .key("t:{q}:line:at")
+        .key("t:{q}:paused")
+        .key("t:{q}:alive")
+        .arg(now)
+        .arg(LEASE_MS)
+        .arg(who)
+        .arg(rank)
+        .arg(1)
+        .arg(GRACE_MS)
+        // One bucket, no tenant path.
+        .arg(1)
+        .arg(0)
+        .arg(NUM)
+        .arg(DEN)
+        .arg(CAP)
+        .arg(cost)
+        .arg(0)
+        .invoke(connection)
+        .unwrap()
+}
+
+const GRACE_MS: i64 = 200;
+
+/// Turns between processes, step by step on a bucket of 1,000 units refilling one a
+/// millisecond: the process refused first gets the refill before one that asks earlier, a
+/// request that would leave it short at its turn is refused while one that leaves it its need
+/// goes (backfilling), one of a higher class goes first, and a process that does not come
+/// back loses its turn.
+#[test]
+fn processes_refused_for_capacity_take_turns() {
+    let server = RedisServer::start();
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let reserve = script(include_str!("../src/reserve.lua"));
+    let settle = script(include_str!("../src/settle.lua"));
+    let (a, b, c) = (("a", 2), ("b", 2), ("c", 0));
+    let mut t = 1_000_000;
+    let mut ask =
+        |who, id: &str, cost, now| reserve_as(&mut connection, &reserve, who, id, cost, now);
+    // `a` empties the bucket; `b` is refused for 600 units: first in line, back in 600 ms,
+    // told so exactly (`first` 1).
+    assert_eq!(ask(a, "a1", 1_000, t)[0], 1);
+    assert_eq!(ask(b, "b1", 600, t), [0, 600, 1, 0, 0, 1]);
+    // 500 ms later `a` asks for 500: they are there, but taking them would leave `b` 100 of
+    // its 600 at its turn: refused, told to come back then. Nor may one unit go: 499 + 100.
+    t += 500;
+    assert_eq!(ask(a, "a2", 500, t), [0, 100, 1, 0, 0, 0]);
+    assert_eq!(ask(a, "a3", 1, t)[0], 0);
+    // At its turn `b` finds its 600 and leaves the line; `a` is first now, for 500.
+    t += 100;
+    assert_eq!(ask(b, "b1", 600, t)[0], 1);
+    assert_eq!(ask(a, "a2", 500, t), [0, 500, 1, 0, 0, 1]);
+    // 300 ms before `a`'s turn (level 200), `b`'s 100 would leave 100 + 300 < 500; 100 ms
+    // before (level 400), one unit would leave 399 + 100 < 500: both refused.
+    t += 200;
+    assert_eq!(ask(b, "b2", 100, t)[0], 0);
+    t += 200;
+    assert_eq!(ask(b, "b3", 1, t)[0], 0);
+    t += 100;
+    assert_eq!(ask(a, "a2", 500, t)[0], 1);
+    // `b` waits for 900; `c`, interactive, ranks before it and takes 50 of the 100 there.
+    assert_eq!(ask(b, "b4", 900, t), [0, 900, 1, 0, 0, 1]);
+    t += 100;
+    assert_eq!(ask(c, "c1", 50, t)[0], 1);
+    // `a2` used none of its 500: the refund puts the level at 550. `b` needs 900 in 800 ms:
+    // `a` may take 200, and 200 again (150 + 800 of refill >= 900), not 100 more.
+    let refunded: Vec<i64> = settle
+        .key(BUCKET)
+        .key("t:{q}:r:a2")
+        .arg(t)
+        .arg(TOMBSTONE_MS)
+        .arg(1)
+        .arg(NUM)
+        .arg(DEN)
+        .arg(CAP)
+        .arg(2)
+        .arg(1)
+        .arg(0)
+        .arg(1)
+        .arg(500)
+        .arg(0)
+        .invoke(&mut connection)
+        .unwrap();
+    assert_eq!(refunded, [1]);
+    let mut ask =
+        |who, id: &str, cost, now| reserve_as(&mut connection, &reserve, who, id, cost, now);
+    assert_eq!(ask(a, "a5", 200, t)[0], 1);
+    assert_eq!(ask(a, "a6", 200, t)[0], 1);
+    assert_eq!(ask(a, "a7", 100, t), [0, 800, 1, 0, 0, 0]);
+    // `b` does not come back within its turn and grace (800 + 36 + 200 ms): it loses its
+    // place, and `a` takes what is there and leaves the line, empty now.
+    t += 800 + 36 + GRACE_MS + 1;
+    assert_eq!(ask(a, "a8", 900, t)[0], 1);
+    let line: Vec<String> = redis::cmd("ZRANGE")
+        .arg("t:{q}:line")
+        .arg(0)
+        .arg(-1)
+        .query(&mut connection)
+        .unwrap();
+    assert!(line.is_empty(), "{line:?}");
+}
+
+/// A cap's count as `controls.lua` keeps it, step by step: what a tenant node used in the
+/// current calendar day or month (UTC) or in the last 24 hours, in quarter hours; a refund
+/// comes off the current day or month, or off the latest quarter hours, never below zero.
+/// Deliberately plain: a list of every use.
+#[derive(Debug, Default)]
+struct DayModel {
+    /// (quarter hour since the epoch, units), in order.
+    uses: Vec<(i64, i64)>,
+}
+
+/// The kinds of cap window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Window {
+    Day,
+    Month,
+    Rolling,
+}
+
+impl Window {
+    fn field(self) -> &'static str {
+        match self {
+            Window::Day => "c:total_tokens",
+            Window::Month => "m:spend",
+            Window::Rolling => "r:total_tokens",
+        }
+    }
+}
+
+/// Whether two instants (ms) fall in one calendar month (UTC): the crate's next month
+/// boundary after each is the same.
+fn same_month(a: i64, b: i64) -> bool {
+    let next = |ms: i64| CapWindow::CalendarMonthUtc.resets_after((ms / 1_000) as u64);
+    next(a) == next(b)
+}
+
+const DAY_MS: i64 = 86_400_000;
+const QUARTER_MS: i64 = 900_000;
+
+impl DayModel {
+    fn in_window(&self, window: Window, now: i64) -> impl Iterator<Item = usize> + '_ {
+        let q = now / QUARTER_MS;
+        let day = now / DAY_MS;
+        (0..self.uses.len()).filter(move |&i| {
+            let used_at = self.uses[i].0;
+            match window {
+                Window::Rolling => used_at > q - 96,
+                Window::Day => used_at * QUARTER_MS / DAY_MS == day,
+                Window::Month => same_month(used_at * QUARTER_MS, now),
+            }
+        })
+    }
+
+    fn used(&self, window: Window, now: i64) -> i64 {
+        self.in_window(window, now).map(|i| self.uses[i].1).sum()
+    }
+
+    fn add(&mut self, window: Window, delta: i64, now: i64) {
+        if delta > 0 {
+            self.uses.push((now / QUARTER_MS, delta));
+            return;
+        }
+        let mut left = -delta;
+        let held: Vec<usize> = self.in_window(window, now).collect();
+        for i in held.into_iter().rev() {
+            let taken = left.min(self.uses[i].1);
+            self.uses[i].1 -= taken;
+            left -= taken;
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// `day_add` and `day_used` of `controls.lua` against the plain model, over uses,
+    /// refunds and time passing by minutes to days, for every kind of window (a month's
+    /// end among them).
+    #[test]
+    fn cap_counts_match_a_list_of_every_use(
+        window in prop_oneof![Just(Window::Day), Just(Window::Month), Just(Window::Rolling)],
+        ops in proptest::collection::vec((-300i64..500, 0i64..6 * 3_600_000), 1..60)
+    ) {
+        thread_local! {
+            static SERVER: RedisServer = RedisServer::start();
+        }
+        let url = SERVER.with(RedisServer::url);
+        let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+        let count = script(
+            "local now = tonumber(ARGV[1])
+             day_add(KEYS[1], ARGV[2], tonumber(ARGV[3]), now)
+             return day_used(KEYS[1], ARGV[2], now)",
+        );
+        let field = window.field();
+        let mut model = DayModel::default();
+        // 2026-01-25T20:00:00Z: days, and a month, end within the ops.
+        let mut now = 1_769_371_200_000;
+        for (step, (delta, wait)) in ops.into_iter().enumerate() {
+            now += wait;
+            let used: i64 = count
+                .key("t:{q}:t:acme:days")
+                .arg(now)
+                .arg(field)
+                .arg(delta)
+                .invoke(&mut connection)
+                .unwrap();
+            model.add(window, delta, now);
+            prop_assert_eq!(used, model.used(window, now), "step {}", step);
+        }
+    }
+}
+
+/// The scripts' calendar month (months since the epoch, on the server's clock) turns at the
+/// very millisecond the crate's does, for every month from 1970 to 2400: leap years, century
+/// years and the 400-year rule included.
+#[test]
+fn the_scripts_month_turns_where_the_crates_does() {
+    let server = RedisServer::start();
+    let mut connection = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let period = script("return period('m', tonumber(ARGV[1]))");
+    let mut month = |ms: u64| -> i64 { period.arg(ms).invoke(&mut connection).unwrap() };
+    assert_eq!(month(0), 0);
+    let (mut at, mut expected) = (0, 0);
+    // 2400-01-01T00:00:00Z.
+    while at < 13_569_465_600 {
+        let next = CapWindow::CalendarMonthUtc.resets_after(at);
+        assert_eq!(month(next * 1_000 - 1), expected, "before {next}");
+        expected += 1;
+        assert_eq!(month(next * 1_000), expected, "at {next}");
+        at = next;
+    }
+    assert_eq!(expected, 430 * 12);
+}
+
+/// One step of a fleet's slots on one node: a process takes a slot for a call, a call ends,
+/// a process renews its lease, time passes, or someone asks whether a slot is free.
+#[derive(Debug, Clone)]
+enum SlotOp {
+    Take(u8),
+    End(usize),
+    Renew(u8),
+    Advance(i64),
+    Full(i64),
+}
+
+fn slot_op() -> impl Strategy<Value = SlotOp> {
+    prop_oneof![
+        3 => (0u8..3).prop_map(SlotOp::Take),
+        2 => (0usize..16).prop_map(SlotOp::End),
+        2 => (0u8..3).prop_map(SlotOp::Renew),
+        2 => (0i64..1_500).prop_map(SlotOp::Advance),
+        3 => (1i64..6).prop_map(SlotOp::Full),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// `slots_held` of `controls.lua` against a plain list of the calls in flight and each
+    /// process's lease: every slot free exactly when fewer than the cap are held under leases
+    /// that still last (a lease that ended and was renewed is a new one: the slots taken
+    /// under the old one stay given back), whatever the slots it dropped before.
+    #[test]
+    fn slots_are_full_exactly_when_live_processes_hold_the_cap(
+        ops in proptest::collection::vec(slot_op(), 1..80)
+    ) {
+        const LEASE: i64 = 1_000;
+        thread_local! {
+            static SERVER: RedisServer = RedisServer::start();
+        }
+        let url = SERVER.with(RedisServer::url);
+        let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
+        let full = script(
+            "local max = tonumber(ARGV[2])
+             return slots_held(KEYS[1], KEYS[2], tonumber(ARGV[1]), max) >= max and 1 or 0",
+        );
+        // As the reserve script takes a slot (`id` given) and the heartbeat renews a lease.
+        let take = script(
+            "local start = renew(KEYS[2], ARGV[2], tonumber(ARGV[1]), tonumber(ARGV[3]))
+             if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], ARGV[4], start) end
+             return start",
+        );
+        let (slots, alive) = ("t:{q}:t:acme:slots", "t:{q}:alive");
+        // The calls in flight (id, process, the start of the lease taken under), and each
+        // process's lease (end, start).
+        let mut calls: Vec<(String, u8, i64)> = Vec::new();
+        let mut leases = [None::<(i64, i64)>; 3];
+        let mut now: i64 = 1_000_000;
+        let mut next = 0;
+        let renew = |leases: &mut [Option<(i64, i64)>; 3], process: u8, now: i64| {
+            let lease = &mut leases[usize::from(process)];
+            let start = match *lease {
+                Some((end, start)) if end > now => start,
+                _ => now,
+            };
+            *lease = Some((now + LEASE, start));
+            start
+        };
+        for (step, op) in ops.into_iter().enumerate() {
+            match op {
+                SlotOp::Take(process) => {
+                    next += 1;
+                    let id = format!("p{process}-{next}");
+                    let start: i64 = take.key(slots).key(alive)
+                        .arg(now).arg(format!("p{process}")).arg(LEASE).arg(&id)
+                        .invoke(&mut connection)
+                        .unwrap();
+                    prop_assert_eq!(start, renew(&mut leases, process, now), "step {}", step);
+                    calls.push((id, process, start));
+                }
+                SlotOp::End(i) => {
+                    if calls.is_empty() {
+                        continue;
+                    }
+                    let (id, _, _) = calls.remove(i % calls.len());
+                    let _: () = redis::cmd("HDEL").arg(slots).arg(&id).query(&mut connection).unwrap();
+                }
+                SlotOp::Renew(process) => {
+                    let start: i64 = take.key(slots).key(alive)
+                        .arg(now).arg(format!("p{process}")).arg(LEASE).arg("")
+                        .invoke(&mut connection)
+                        .unwrap();
+                    prop_assert_eq!(start, renew(&mut leases, process, now), "step {}", step);
+                }
+                SlotOp::Advance(ms) => now += ms,
+                SlotOp::Full(max) => {
+                    let answer: i64 = full.key(slots).key(alive).arg(now).arg(max)
+                        .invoke(&mut connection)
+                        .unwrap();
+                    let live = calls
+                        .iter()
+                        .filter(|(_, p, taken)| {
+                            leases[usize::from(*p)]
+                                .is_some_and(|(end, start)| end > now && start == *taken)
+                        })
+                        .count() as i64;
+                    prop_assert_eq!(answer, i64::from(live >= max), "step {}: {} live", step, live);
+                }
+            }
+        }
+    }
+}

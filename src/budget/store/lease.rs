@@ -1,0 +1,459 @@
+//! Leases: a process admits from units it was granted, held in memory, and renews its grant
+//! from the shared store every refresh instead of asking it per admission.
+//!
+//! A grant is a debit: the units leave the account's bucket in the store when they are
+//! granted, and the store counts them as held by the process until it reports them spent or
+//! gives them back, or its lease ends. The bucket refills to its capacity less what leases
+//! hold, so that the fleet never admits more than the account's burst plus its rate over any
+//! window (plus the debts its processes report, real usage beyond estimates). Locally the
+//! grant is the budget's buckets as wallets, which never refill by themselves: priority, fair
+//! share and settlement work in memory as for an in-memory budget.
+//!
+//! At each renewal a process tells the store what it keeps (a debt it owes, charged to the
+//! account), gives back what it holds beyond what it expects to spend before the next renewal,
+//! and asks for the cost of its first waiting request whole (in every limit, or nothing) and
+//! for more to spend until the next renewal. The store divides the account's rate between the
+//! processes by demand, tenants' weights and guarantees (a credit per process, in turn by
+//! deficit, so whole units reach every process even when the parts are below a unit).
+//!
+//! Every failure errs toward less: a process that dies, stalls past its lease, or loses a
+//! renewal's reply loses what it held (it stops admitting at its lease's end, measured from
+//! before the renewal was sent, a tenth early); a renewal that reaches the store after a later
+//! one changes nothing (each carries a number). What was lost comes back as the bucket
+//! refills.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::budget::Budget;
+use crate::budget::handle::{Shared, State};
+use crate::budget::memory::store::Store;
+use crate::budget::store::state::{LeaseOptions, Parting};
+use crate::budget::store::{Demand, FailurePolicy, Grant, QuotaStore, Renewal, Report};
+use crate::cost::Cost;
+use crate::quota::Limit;
+
+/// The fraction of the account a process wants, from what it spent over `elapsed`: all of it
+/// while requests wait; else what it spent, as a fraction of each limit's rate, with half
+/// again as margin, so that a growing demand asks for more before it waits.
+pub(crate) fn wanted(waiting: bool, spent: &Cost, limits: &[Limit], elapsed: Duration) -> f64 {
+    const MARGIN: f64 = 1.5;
+    if waiting {
+        return 1.0;
+    }
+    let elapsed = elapsed.as_secs_f64();
+    if elapsed <= 0.0 {
+        return 0.0;
+    }
+    let fraction = limits
+        .iter()
+        .map(|limit| {
+            let rate =
+                limit.amount().get() as f64 * limit.headroom() / limit.period().as_secs_f64();
+            spent.amount(limit.dimension()) as f64 / (rate * elapsed)
+        })
+        .fold(0.0, f64::max);
+    (fraction * MARGIN).clamp(0.0, 1.0)
+}
+
+/// A grant ends a tenth before the store's record of it, so that a process never spends units
+/// the store counts as lost already (the call's own time is counted from before it was sent).
+pub(crate) fn local_end(asked: Instant, lease: Duration) -> Instant {
+    asked + lease.mul_f64(0.9)
+}
+
+impl Budget {
+    /// Whether the budget leases from a shared store.
+    pub(in crate::budget) fn leases(&self) -> bool {
+        self.shared.remote.as_ref().is_some_and(|r| r.leases())
+    }
+
+    /// Whether an admission asks the shared store (a shared budget that does not lease).
+    pub(in crate::budget) fn asks_per_admission(&self) -> bool {
+        self.shared.remote.as_ref().is_some_and(|r| !r.leases())
+    }
+
+    /// The account's limits, and this process's renewal: what it wants of the account now
+    /// (from what it spent in the `elapsed` since the last renewal and the flows waiting), and
+    /// per limit what it keeps, gives back (taken out of its wallets now) and asks for.
+    pub(crate) fn lease_demand(&self, elapsed: Duration) -> (Arc<[Limit]>, Demand) {
+        let ns = self.nanos_since_origin(Instant::now());
+        let mut state = self.lock();
+        let state = &mut *state;
+        // The requests the lease pays: a request whose tenant path has limits or controls kept
+        // in the store is asked of it per admission and paid by the account's bucket there,
+        // so it must not make this process want the whole account (its lease would hold what
+        // that request waits for, and it would wait for ever).
+        let waiting = {
+            let state: &State = state;
+            (state.queue.order().iter())
+                .any(|(_, waiter)| !self.kept_in_store(state, waiter.tenant.as_ref()))
+        };
+        let (mut flows, mut guarantors) = (Vec::new(), Vec::new());
+        state.queue.waiting_flows(&mut flows, &mut guarantors);
+        let mut guarantees = Vec::new();
+        if let Some(tenants) = &state.tenants {
+            tenants.unspread(&mut flows);
+            guarantees = tenants.guarantees_of(&guarantors);
+        }
+        let Some(shared) = state.shared.as_mut() else {
+            return (Arc::from([]), Demand::leave(0, Vec::new()));
+        };
+        let limits = shared.limits().clone();
+        let Some(lease) = shared.lease.as_mut() else {
+            return (limits, Demand::leave(0, Vec::new()));
+        };
+        let spent = std::mem::take(&mut lease.spent);
+        lease.seq += 1;
+        let closed = lease.closed(ns);
+        let refresh = Duration::from_nanos(lease.refresh);
+        // A request waiting keeps asking; one that only tried (`try_reserve`) asks once.
+        let blocked = match waiting {
+            true => lease.blocked,
+            false => lease.blocked.take(),
+        };
+        let part = lease.part;
+        let wallets = state.store.holds_wallets();
+        let reports = (limits.iter())
+            .map(|limit| {
+                let level = match wallets {
+                    true => state.store.level_of(limit, ns),
+                    false => 0,
+                };
+                let spent = spent.amount(limit.dimension());
+                let need = blocked.map(|cost| cost.amount(limit.dimension()));
+                let refreshes = elapsed.as_secs_f64() / refresh.as_secs_f64().max(1e-9);
+                let flags = (waiting, need, closed);
+                let held = (limit.capacity(), part);
+                let report = Report::of(level, held, spent, refreshes, flags);
+                state.store.withdraw(limit, report.back, ns);
+                report
+            })
+            .collect();
+        let demand = Demand {
+            seq: lease.seq,
+            want: wanted(waiting, &spent, &limits, elapsed),
+            flows,
+            guarantees,
+            reports,
+        };
+        (limits, demand)
+    }
+
+    /// Puts `grant` (answering `demand`) in the wallets, admitting from them until `end`;
+    /// takes over the debts the store charged, holds what the provider holds, and weighs each
+    /// flow and guarantee of `demand` by its spread over the processes. A stale renewal
+    /// changes nothing.
+    pub(crate) fn apply_lease(
+        &self,
+        grant: &Grant,
+        limits: &[Limit],
+        demand: &Demand,
+        end: Instant,
+    ) {
+        if matches!(grant.renewal, Renewal::Stale | Renewal::Left) {
+            return;
+        }
+        let now = Instant::now();
+        let ns = self.nanos_since_origin(now);
+        let end = self.nanos_since_origin(end);
+        self.update_state(|state| {
+            if let Some(tenants) = &state.tenants {
+                let keys = (demand.flows.iter())
+                    .chain(&demand.guarantees)
+                    .map(|(key, _)| *key);
+                let mut spread = keys.zip(grant.spread.iter().copied());
+                let flows = spread.by_ref().take(demand.flows.len()).collect::<Vec<_>>();
+                tenants.spread(flows.into_iter(), spread, grant.part);
+            }
+            let Some(shared) = state.shared.as_mut() else {
+                return false;
+            };
+            if let Some(lease) = &mut shared.lease {
+                lease.ends = Some(end);
+                (lease.fallback, lease.unreachable) = (false, false);
+                lease.part = grant.part;
+            }
+            shared.wallets_again(&mut state.store);
+            shared.set_plans(&grant.plans, &mut state.store, ns);
+            let granted = grant.granted.iter().copied();
+            for ((limit, report), granted) in limits.iter().zip(&demand.reports).zip(granted) {
+                // The debt it reported is the account's now.
+                let debt = report.keep.min(0).unsigned_abs();
+                state.store.deposit(limit, granted.saturating_add(debt));
+            }
+            // A provider's pause the store holds is held here until the grant ends at most:
+            // each renewal extends it while the store still holds it, so a pause lifted in the
+            // store (by any process) ends here within a lease.
+            for (limit, hold) in limits.iter().zip(&grant.holds) {
+                if !hold.is_zero() {
+                    let hold = (*hold).min(grant.lease);
+                    let until = ns.saturating_add(crate::budget::memory::store::nanos(hold));
+                    state.store.pause(limit.dimension(), until, ns, false);
+                }
+            }
+            true
+        });
+    }
+
+    /// The lease ended and its renewals failed: the failure policy's local share applies until
+    /// a renewal (with [`FailurePolicy::FailClosed`], nothing).
+    pub(crate) fn lease_lost(&self, policy: FailurePolicy) {
+        let FailurePolicy::LocalFallback { share } = policy else {
+            // Closed: the waiting requests are refused as the store's unavailability.
+            self.update_state(
+                |state| match state.shared.as_mut().and_then(|s| s.lease.as_mut()) {
+                    Some(lease) if !lease.unreachable => {
+                        lease.unreachable = true;
+                        true
+                    }
+                    _ => false,
+                },
+            );
+            return;
+        };
+        let ns = self.nanos_since_origin(Instant::now());
+        self.update_state(|state| match state.shared.as_mut() {
+            Some(shared) if shared.lease.as_ref().is_some_and(|l| !l.fallback) => {
+                if let Some(lease) = &mut shared.lease {
+                    lease.fallback = true;
+                }
+                shared.set_share(share, &mut state.store, ns);
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// What a leasing process reports when it leaves: it keeps nothing (but its debts) and
+    /// gives back what its wallets hold.
+    fn parting(state: &mut crate::budget::handle::State, now: u64) -> Option<Parting> {
+        let shared = state.shared.as_mut()?;
+        let lease = shared.lease.as_mut()?;
+        lease.seq += 1;
+        let wallets = state.store.holds_wallets();
+        let reports = (shared.limits.iter())
+            .map(|limit| {
+                let level = if wallets {
+                    state.store.level_of(limit, now)
+                } else {
+                    0
+                };
+                Report {
+                    keep: level.min(0),
+                    back: u64::try_from(level).unwrap_or(0),
+                    ..Report::default()
+                }
+            })
+            .collect();
+        Some((shared.limits.clone(), Demand::leave(lease.seq, reports)))
+    }
+}
+
+impl Drop for Shared {
+    /// The last handle on a leasing budget is gone: its renewal task wakes to give back what
+    /// it holds now, rather than letting it lapse at its lease's end.
+    fn drop(&mut self) {
+        if let Some(remote) = self.remote.as_ref().filter(|r| r.leases()) {
+            let now = crate::budget::memory::store::nanos(
+                Instant::now().saturating_duration_since(self.origin),
+            );
+            let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+            let parting = Budget::parting(state, now);
+            *remote.parting.lock().unwrap_or_else(|e| e.into_inner()) = parting;
+            remote.wants_more.notify_one();
+        }
+    }
+}
+
+impl Budget {
+    /// Starts renewing the lease of a budget that leases.
+    pub(in crate::budget) fn start_leasing(&self) {
+        let Some(remote) = self.shared.remote.as_ref() else {
+            return;
+        };
+        let Some(lease) = remote.options.leases else {
+            return;
+        };
+        let budget = Leasing {
+            budget: Arc::downgrade(&self.shared),
+            wants_more: remote.wants_more.clone(),
+            parting: remote.parting.clone(),
+            spent_much: remote.spent_much.clone(),
+        };
+        let failing = (remote.options.policy, remote.options.timeout);
+        let store = remote.store.clone();
+        tokio::spawn(keep_leasing(store, budget, remote.instance, lease, failing));
+    }
+}
+
+/// What the renewal task holds of its budget: a weak handle (the task ends with the budget),
+/// its signal for more, and what it gives back when it leaves.
+struct Leasing {
+    budget: Weak<Shared>,
+    wants_more: Arc<tokio::sync::Notify>,
+    parting: Arc<std::sync::Mutex<Option<Parting>>>,
+    spent_much: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Renews the budget's lease every refresh (sooner when requests wait for more) until the
+/// budget is dropped, then gives back what it held. A renewal that fails (or whose reply comes
+/// after `timeout`) grants nothing, and what it gave back is gone; the grant held lasts until
+/// its lease ends, then the failure policy's local share applies. A lease that ends before it
+/// is renewed (this task ran late) admits nothing meanwhile: the admissions check its end.
+async fn keep_leasing(
+    store: Arc<dyn QuotaStore>,
+    leasing: Leasing,
+    process: u64,
+    options: LeaseOptions,
+    (policy, timeout): (FailurePolicy, Duration),
+) {
+    let mut last = Instant::now();
+    let mut ends: Option<Instant> = None;
+    // The last grant fell short of what was asked (the account binds): the next renewal waits
+    // until the store expects its need covered (a whole refresh at most), rather than asking
+    // sooner.
+    let mut short: Option<Duration> = None;
+    loop {
+        let Some(shared) = leasing.budget.upgrade() else {
+            return leave(&*store, &leasing, (process, options.lease), timeout).await;
+        };
+        let budget_now = Budget { shared };
+        let asked = Instant::now();
+        let (limits, demand) = budget_now.lease_demand(asked.saturating_duration_since(last));
+        last = asked;
+        let call = store.lease(process, options.lease, limits.clone(), demand.clone());
+        let answer = tokio::time::timeout(timeout, call).await;
+        let failed = match answer {
+            Ok(Ok(grant)) if grant.renewal != Renewal::Stale => {
+                let lacking = (demand.reports.iter().zip(&grant.granted))
+                    .any(|(report, &granted)| granted < report.need + report.ask);
+                short = lacking.then(|| match grant.ready.is_zero() {
+                    true => options.refresh,
+                    false => grant.ready.min(options.refresh),
+                });
+                let end = local_end(asked, grant.lease);
+                ends = Some(end);
+                budget_now.apply_lease(&grant, &limits, &demand, end);
+                false
+            }
+            Ok(Ok(_)) => {
+                tracing::debug!("a lease renewal arrived after a later one");
+                true
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "a lease was not renewed");
+                true
+            }
+            Err(_) => {
+                tracing::debug!("a lease was not renewed in time");
+                true
+            }
+        };
+        let renewed = ends.is_some_and(|end| Instant::now() < end);
+        if !renewed && failed {
+            budget_now.lease_lost(policy);
+        }
+        drop(budget_now);
+        let live = ends.is_some_and(|end| Instant::now() < end);
+        let short = short.filter(|_| live).map_or(asked, |wait| asked + wait);
+        until_next(&leasing, asked, options.refresh, short).await;
+    }
+}
+
+/// The budget is gone: gives back what it held (its parting report), within `timeout`.
+async fn leave(
+    store: &dyn QuotaStore,
+    leasing: &Leasing,
+    (process, lease): (u64, Duration),
+    timeout: Duration,
+) {
+    let parting = (leasing.parting.lock())
+        .unwrap_or_else(|e| e.into_inner())
+        .take();
+    if let Some((limits, parting)) = parting {
+        let leave = store.lease(process, lease, limits, parting);
+        let _ = tokio::time::timeout(timeout, leave).await;
+    }
+}
+
+/// Waits for the next renewal of one asked at `asked`: every `refresh`; sooner (an eighth of
+/// it at least after the last call) when requests wait for more: from `short` on (when the
+/// store expects their need covered, the last grant having fallen short), at once when a
+/// large part of the account was spent (the store should learn of it: it counts it as held
+/// until told).
+async fn until_next(leasing: &Leasing, asked: Instant, refresh: Duration, short: Instant) {
+    use std::future::Future;
+    use std::task::Poll;
+
+    tokio::time::sleep_until(asked + refresh / 8).await;
+    let due = asked + refresh;
+    let mut wanted = false;
+    loop {
+        let deadline = if wanted { short.min(due) } else { due };
+        if Instant::now() >= deadline {
+            return;
+        }
+        let mut more = std::pin::pin!(leasing.wants_more.notified());
+        let mut timer = std::pin::pin!(tokio::time::sleep_until(deadline));
+        let notified = std::future::poll_fn(|cx| {
+            if timer.as_mut().poll(cx).is_ready() {
+                Poll::Ready(false)
+            } else {
+                more.as_mut().poll(cx).map(|()| true)
+            }
+        })
+        .await;
+        if !notified
+            || leasing
+                .spent_much
+                .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            return;
+        }
+        wanted = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU64;
+
+    use super::*;
+    use crate::quota::Dimension;
+
+    fn limits() -> Vec<Limit> {
+        vec![
+            Limit::per_minute(Dimension::Requests, NonZeroU64::new(600).unwrap())
+                .with_headroom(1.0)
+                .unwrap(),
+            Limit::per_minute(Dimension::TotalTokens, NonZeroU64::new(60_000).unwrap())
+                .with_headroom(1.0)
+                .unwrap(),
+        ]
+    }
+
+    #[test]
+    fn waiting_requests_want_the_whole_account() {
+        assert_eq!(
+            wanted(true, &Cost::default(), &limits(), Duration::from_secs(1)),
+            1.0
+        );
+    }
+
+    #[test]
+    fn the_busiest_limit_sets_the_want_with_a_margin() {
+        // 2 requests of 10 a second, 300 tokens of 1,000 a second: the tokens bind.
+        let spent = Cost::new(300, 0).with_requests(2);
+        let want = wanted(false, &spent, &limits(), Duration::from_secs(1));
+        assert!((want - 0.45).abs() < 1e-9, "{want}");
+        assert_eq!(
+            wanted(false, &Cost::default(), &limits(), Duration::ZERO),
+            0.0
+        );
+        let all = Cost::new(5_000, 0);
+        assert_eq!(wanted(false, &all, &limits(), Duration::from_secs(1)), 1.0);
+    }
+}
