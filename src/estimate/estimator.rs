@@ -98,7 +98,7 @@ const TEXT_SLACK: u64 = 2 * UNIT;
 /// binding one, `o200k_base` counts fewer tokens for the same text, so the estimate is higher
 /// for it (about 1.6 times the true count in the median, against 1.4 for `cl100k_base`, and
 /// up to four or five times on Hindi, Arabic or Thai, which `o200k_base` encodes compactly). The test
-/// `tests/estimate.rs` asserts the estimate never falls below 0.9 times the true count.
+/// `tests/layers/estimate.rs` asserts the estimate never falls below 0.9 times the true count.
 ///
 /// # Example
 ///

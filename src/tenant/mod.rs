@@ -95,7 +95,7 @@
 //! the tokens admitted for them satisfy `|S_i / w_i - S_j / w_j| <= L_i / w_i + L_j / w_j`,
 //! `L` being each one's largest cost: the drift from the weights is at most one request of
 //! each, whatever the interval, so over ten minutes of a saturated account the shares stay
-//! within a fraction of a point of the weights (measured in `tests/tenants.rs`). A guarantee
+//! within a fraction of a point of the weights (measured in `tests/budget/tenants.rs`). A guarantee
 //! holds whatever the weights: a guaranteed tenant gets at least
 //! `share × S - (share × L + L_g)` of any `S` the class serves while it waits (`L` the
 //! class's largest request, `L_g` its own); with several guaranteed tenants in the class, at

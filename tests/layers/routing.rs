@@ -3,8 +3,7 @@
 //! keeps the request waiting on its route, nothing is reserved twice, a started stream stays
 //! where it is, and a ramp grows, pauses and steps back on the new route's health.
 
-mod routing_support;
-use tower_llm_quota_test_support as support;
+use crate::routing_support;
 
 use std::io;
 use std::time::Duration;

@@ -2,12 +2,7 @@
 //! simulated provider in virtual time: a 429 with a short wait, a quota halved without notice,
 //! an unseen neighbour on the key, and injected faults.
 
-#[allow(dead_code)] // Shared with the batch example, which uses more of it.
-#[path = "../examples/batch/run.rs"]
-mod run;
-#[allow(dead_code)]
-#[path = "../examples/batch/workload.rs"]
-mod workload;
+use crate::{run, workload};
 
 use std::num::NonZeroU64;
 use std::time::Duration;

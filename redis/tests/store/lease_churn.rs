@@ -198,7 +198,7 @@ impl Process {
             account.burst
         );
         let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["child_process", "--exact", "--nocapture"])
+            .args(["lease_churn::child_process", "--exact", "--nocapture"])
             .env(CHILD, spec)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

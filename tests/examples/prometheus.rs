@@ -1,7 +1,7 @@
 //! The Prometheus example's setup, scraped over HTTP on loopback: the series are there, with
 //! the values the workload implies.
 
-#[path = "../examples/prometheus.rs"]
+#[path = "../../examples/prometheus.rs"]
 #[allow(dead_code)]
 mod example;
 

@@ -2,8 +2,7 @@
 //! sees a callsite's events only if no other test's thread registers that callsite at the same
 //! moment (tracing caches each callsite's interest across threads).
 
-mod routing_support;
-use tower_llm_quota_test_support as support;
+use crate::routing_support;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -178,7 +178,7 @@ async fn until(condition: impl Fn() -> bool) {
     }
 }
 
-/// The saturation scenario of `tests/saturation.rs` with a Redis-shared budget, in real time
+/// The saturation scenario of `tests/budget/saturation.rs` with a Redis-shared budget, in real time
 /// and scaled down: a 100-item batch backlog saturates 2,000 tokens a second while an
 /// interactive request of 500 tokens arrives every second. Each interactive request waits at
 /// most its own refill plus one batch item (plus a margin for the round trips and timers of a

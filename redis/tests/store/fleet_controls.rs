@@ -110,7 +110,7 @@ async fn child(url: &str) {
 fn spawn_child(url: &str) -> (Child, std::io::Lines<BufReader<ChildStdout>>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
-            "three_processes_share_a_day_and_a_killed_one_s_slots_come_back_within_its_lease",
+            "fleet_controls::three_processes_share_a_day_and_a_killed_one_s_slots_come_back_within_its_lease",
             "--exact",
             "--nocapture",
         ])

@@ -286,8 +286,8 @@ async fn a_dead_process_s_grant_is_lost_until_its_lease_ends_never_granted_twice
     let mut connection = client.get_multiplexed_async_connection().await.unwrap();
     let script = redis::Script::new(&format!(
         "{}{}",
-        include_str!("../src/bucket.lua"),
-        include_str!("../src/lease.lua")
+        include_str!("../../src/bucket.lua"),
+        include_str!("../../src/lease.lua")
     ));
     let mut invocation = script.key("llmq:{dead}:shares");
     invocation
@@ -399,8 +399,8 @@ mod script_against_the_model {
     fn script() -> Script {
         Script::new(&format!(
             "{}{}",
-            include_str!("../src/bucket.lua"),
-            include_str!("../src/lease.lua")
+            include_str!("../../src/bucket.lua"),
+            include_str!("../../src/lease.lua")
         ))
     }
 

@@ -15,7 +15,7 @@
 //! (default 5, the CI run); the seed is `SOAK_SEED` (default 18). The long run:
 //!
 //! ```text
-//! SOAK_SECS=180 cargo test --all-features --test soak -- --nocapture
+//! SOAK_SECS=180 cargo test --all-features --test layers soak:: -- --nocapture
 //! ```
 
 use tower_llm_quota_test_support::redis_server;

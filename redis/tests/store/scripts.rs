@@ -25,8 +25,8 @@ const TOMBSTONE_MS: i64 = 30_000;
 fn script(body: &str) -> Script {
     Script::new(&format!(
         "{}{}{}",
-        include_str!("../src/bucket.lua"),
-        include_str!("../src/controls.lua"),
+        include_str!("../../src/bucket.lua"),
+        include_str!("../../src/controls.lua"),
         body
     ))
 }
@@ -153,9 +153,9 @@ proptest! {
         let url = SERVER.with(RedisServer::url);
         let mut connection = redis::Client::open(url).unwrap().get_connection().unwrap();
         let _: () = redis::cmd("FLUSHALL").query(&mut connection).unwrap();
-        let reserve = script(include_str!("../src/reserve.lua"));
-        let settle = script(include_str!("../src/settle.lua"));
-        let lower = script(include_str!("../src/lower.lua"));
+        let reserve = script(include_str!("../../src/reserve.lua"));
+        let settle = script(include_str!("../../src/settle.lua"));
+        let lower = script(include_str!("../../src/lower.lua"));
 
         let mut now: i64 = 1_000_000;
         let mut model = Model { tok: FULL, ts: None };
@@ -345,8 +345,8 @@ fn processes_refused_for_capacity_take_turns() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let reserve = script(include_str!("../src/reserve.lua"));
-    let settle = script(include_str!("../src/settle.lua"));
+    let reserve = script(include_str!("../../src/reserve.lua"));
+    let settle = script(include_str!("../../src/settle.lua"));
     let (a, b, c) = (("a", 2), ("b", 2), ("c", 0));
     let mut t = 1_000_000;
     let mut ask =

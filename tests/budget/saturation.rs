@@ -2,7 +2,7 @@
 //! interactive work never waits behind the backlog, batch work keeps its bound, and everything
 //! completes — whether the binding resource is the token bucket or the in-flight slot. Runs in
 //! virtual time (a few minutes of traffic in milliseconds). The same with a Redis-shared budget
-//! runs in real time, scaled down, in `tests/ordering.rs`.
+//! runs in real time, scaled down, in `tests/budget/ordering.rs`.
 
 use tower_llm_quota_test_support as support;
 
