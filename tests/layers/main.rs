@@ -16,7 +16,6 @@ mod reconcile;
 mod retry;
 mod routing;
 mod routing_support;
-mod routing_trace;
 mod soak;
 mod stack;
 mod token_budget;

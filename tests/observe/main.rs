@@ -1,7 +1,6 @@
 //! What the stack tells: its metrics through the `metrics` facade (feature `metrics`), per
-//! tenant and per route, and its tracing spans.
+//! tenant and per route.
 
 mod metrics;
 mod routing_metrics;
 mod tenant_metrics;
-mod tracing;

@@ -1,6 +1,4 @@
-//! Every routing decision is a tracing event. Its own test binary: a thread-scoped subscriber
-//! sees a callsite's events only if no other test's thread registers that callsite at the same
-//! moment (tracing caches each callsite's interest across threads).
+//! Every routing decision is a tracing event.
 
 use crate::routing_support;
 
