@@ -13,7 +13,7 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use super::settings::Settings;
-use super::{OutputRoute, read_embeddings, read_request};
+use super::{OutputRoute, RequestEstimate, read_embeddings, read_request};
 use crate::error::{BoxError, Error};
 use crate::pricing::NoPrice;
 
@@ -41,6 +41,7 @@ pin_project! {
     enum State<F, B> {
         Reading { #[pin] body: B },
         Calling { #[pin] future: F },
+        Refused { error: Option<Error> },
         Done,
     }
 }
@@ -51,6 +52,8 @@ struct Read<S> {
     buffer: Buffer,
     service: S,
     settings: Arc<Settings>,
+    /// What a layer above read of the body, if it did.
+    read: Option<RequestEstimate>,
 }
 
 /// The body read so far: a single frame is kept as it came (no copy), several are joined.
@@ -103,7 +106,22 @@ where
         }
     }
 
-    pub(super) fn reading(parts: Parts, body: B, service: S, settings: Arc<Settings>) -> Self {
+    /// Refused before the call: the inner service is not called.
+    pub(super) fn refused(error: Error) -> Self {
+        Self {
+            state: State::Refused { error: Some(error) },
+            read: None,
+        }
+    }
+
+    /// Reads the body, then estimates it (from `read`, what a layer above read of it, when
+    /// given) and calls `service`.
+    pub(super) fn reading(
+        (parts, body): (Parts, B),
+        service: S,
+        settings: Arc<Settings>,
+        read: Option<RequestEstimate>,
+    ) -> Self {
         Self {
             state: State::Reading { body },
             read: Some(Read {
@@ -111,6 +129,7 @@ where
                 buffer: Buffer::Empty,
                 service,
                 settings,
+                read,
             }),
         }
     }
@@ -152,14 +171,22 @@ where
                         buffer,
                         mut service,
                         settings,
+                        read,
                     } = this.read.take().expect("polled after completion");
                     let mut bytes = buffer.freeze();
-                    if settings.include_stream_usage {
-                        bytes = include_stream_usage(&mut parts, bytes);
-                    }
-                    if let Err(no_price) = estimate_into(&mut parts, &bytes, &settings) {
-                        this.state.set(State::Done);
-                        return Poll::Ready(Err(Error::unpriced(no_price.into())));
+                    match read.or_else(|| read_body(&parts, &bytes, &settings)) {
+                        Some(request) => {
+                            if settings.include_stream_usage {
+                                bytes = include_stream_usage(&mut parts, bytes, &request);
+                            }
+                            if let Err(no_price) = estimate_into(&mut parts, &request, &settings) {
+                                this.state.set(State::Done);
+                                return Poll::Ready(Err(Error::unpriced(no_price.into())));
+                            }
+                        }
+                        None => {
+                            tracing::debug!("request body not estimated: not a known JSON request")
+                        }
                     }
                     let future = service.call(Request::from_parts(parts, B::from(bytes)));
                     this.state.set(State::Calling { future });
@@ -169,62 +196,101 @@ where
                     this.state.set(State::Done);
                     return Poll::Ready(output.map_err(Error::from_inner));
                 }
+                StateProj::Refused { error } => {
+                    let error = error.take().expect("polled after completion");
+                    this.state.set(State::Done);
+                    return Poll::Ready(Err(error));
+                }
                 StateProj::Done => panic!("ResponseFuture polled after completion"),
             }
         }
     }
 }
 
+/// Whether `request` streams without asking for its usage: the layer asks for it.
+pub(super) fn lacks_stream_usage(request: &RequestEstimate) -> bool {
+    request.streams() && !request.asks_stream_usage()
+}
+
 /// Adds `stream_options.include_usage` to a streaming OpenAI-style request that lacks it, and
-/// marks the request so that the usage chunk is removed from its response.
-fn include_stream_usage(parts: &mut Parts, body: Bytes) -> Bytes {
-    let Ok(serde_json::Value::Object(mut json)) = serde_json::from_slice(&body) else {
-        return body;
-    };
-    let streaming = json.get("stream").and_then(serde_json::Value::as_bool) == Some(true);
-    let asked = json
-        .get("stream_options")
-        .and_then(|o| o.get("include_usage"))
-        .and_then(serde_json::Value::as_bool)
-        == Some(true);
-    if !streaming || asked {
+/// marks the request so that the usage chunk is removed from its response. A body without
+/// `stream_options` gets the member spliced in after its opening brace, unparsed.
+fn include_stream_usage(parts: &mut Parts, body: Bytes, request: &RequestEstimate) -> Bytes {
+    if !lacks_stream_usage(request) {
         return body;
     }
-    let options = json
-        .entry("stream_options")
-        .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
-    let Some(options) = options.as_object_mut() else {
-        return body;
+    let rewritten = match request.has_stream_options() {
+        false => splice_stream_usage(&body),
+        true => rewrite_stream_usage(&body),
     };
-    options.insert("include_usage".to_owned(), serde_json::Value::Bool(true));
-    let Ok(rewritten) = serde_json::to_vec(&json) else {
+    let Some(rewritten) = rewritten else {
         return body;
     };
     parts.headers.remove(http::header::CONTENT_LENGTH);
     parts.extensions.insert(InjectedStreamUsage);
     tracing::debug!("stream usage asked of the provider for this crate");
-    Bytes::from(rewritten)
+    rewritten
 }
 
-/// Puts the estimated cost of `body`, the route its output is learned under and its prices
-/// into the request's extensions; fails for a model the price table refuses.
-fn estimate_into(parts: &mut Parts, body: &[u8], settings: &Settings) -> Result<(), NoPrice> {
+/// `body` (a JSON object without `stream_options`) with the member as its first.
+fn splice_stream_usage(body: &[u8]) -> Option<Bytes> {
+    const MEMBER: &[u8] = br#""stream_options":{"include_usage":true}"#;
+    let open = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[open] != b'{' {
+        return None;
+    }
+    let empty = body[open + 1..]
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_none_or(|b| *b == b'}');
+    let mut out = Vec::with_capacity(body.len() + MEMBER.len() + 1);
+    out.extend_from_slice(&body[..=open]);
+    out.extend_from_slice(MEMBER);
+    if !empty {
+        out.push(b',');
+    }
+    out.extend_from_slice(&body[open + 1..]);
+    Some(Bytes::from(out))
+}
+
+/// `body` with `stream_options.include_usage` set, parsed and written again.
+fn rewrite_stream_usage(body: &[u8]) -> Option<Bytes> {
+    let serde_json::Value::Object(mut json) = serde_json::from_slice(body).ok()? else {
+        return None;
+    };
+    let options = json
+        .entry("stream_options")
+        .or_insert_with(|| serde_json::Value::Object(serde_json::Map::new()));
+    options
+        .as_object_mut()?
+        .insert("include_usage".to_owned(), serde_json::Value::Bool(true));
+    serde_json::to_vec(&json).ok().map(Bytes::from)
+}
+
+/// Reads `body` as the request `parts` names it: `None` when it is larger than the layer
+/// reads, or not a known JSON request.
+fn read_body(parts: &Parts, body: &[u8], settings: &Settings) -> Option<RequestEstimate> {
     if body.len() > settings.max_body_bytes {
-        return Ok(());
+        return None;
     }
     let estimator = settings.estimator.as_ref();
-    let read = match parts.uri.path().ends_with("/embeddings") {
+    match parts.uri.path().ends_with("/embeddings") {
         true => read_embeddings(body, estimator),
         false => read_request(body, estimator, &settings.defaults),
-    };
-    let Some(request) = read else {
-        tracing::debug!("request body not estimated: not a known JSON request");
-        return Ok(());
-    };
+    }
+}
+
+/// Puts the estimated cost of `request`, the route its output is learned under and its
+/// prices into the request's extensions; fails for a model the price table refuses.
+pub(super) fn estimate_into(
+    parts: &mut Parts,
+    request: &RequestEstimate,
+    settings: &Settings,
+) -> Result<(), NoPrice> {
     let route = settings
         .learned
         .as_ref()
-        .and_then(|learned| Some((learned, (settings.route_key)(parts, &request)?)));
+        .and_then(|learned| Some((learned, (settings.route_key)(parts, request)?)));
     let cost = match route {
         Some((learned, route)) => {
             let cost = request.cost_learned(&settings.defaults, learned, &route);
@@ -260,6 +326,7 @@ where
         let state = match &self.state {
             State::Reading { .. } => "reading",
             State::Calling { .. } => "calling",
+            State::Refused { .. } => "refused",
             State::Done => "done",
         };
         f.debug_struct("ResponseFuture")

@@ -13,7 +13,12 @@
 //!   (`o200k_base`, `cl100k_base`), chosen by the request's model.
 //! - [`read_request`] and [`estimate`]: the body reader, usable without the layer;
 //!   [`read_embeddings`] for embeddings requests (read by the layer for a path ending in
-//!   `/embeddings`).
+//!   `/embeddings`); [`read_request_json`] and [`read_embeddings_json`] over a body already
+//!   parsed.
+//! - A layer above that already read the body (with this layer's estimator and defaults) may
+//!   put its [`RequestEstimate`] in the request's extensions: the layer then prices it, learns
+//!   its output and puts its `Cost` without reading the body again (it reads a streamed
+//!   request's body only to ask for its usage). A `Cost` already there is kept as it is.
 //! - [`LearnedOutput`]: optionally reserve the p95 of a route's recent outputs instead of the
 //!   full `max_tokens`; whatever reads the real usage feeds it through the [`OutputRoute`] the
 //!   layer puts in the request's extensions.
@@ -109,7 +114,10 @@ pub use estimator::{CharEstimator, Estimator};
 pub use future::{InjectedStreamUsage, ResponseFuture};
 pub use layer::EstimateLayer;
 pub use learned::{InvalidQuantile, LearnedOutput, OutputRoute};
-pub use request::{Defaults, RequestEstimate, estimate, read_embeddings, read_request};
+pub use request::{
+    Defaults, RequestEstimate, estimate, read_embeddings, read_embeddings_json, read_request,
+    read_request_json,
+};
 pub use service::Estimate;
 #[cfg(feature = "tiktoken")]
 pub use tiktoken::{TiktokenEncoding, TiktokenEstimator};

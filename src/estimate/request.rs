@@ -127,9 +127,50 @@ pub struct RequestEstimate {
     input_tokens: u64,
     max_output_tokens: Option<u64>,
     choices: u64,
+    stream: Stream,
+}
+
+/// What a body asks of a streamed answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Stream {
+    /// `"stream": true`.
+    on: bool,
+    /// It has a `stream_options` member.
+    options: bool,
+    /// `stream_options.include_usage` is true.
+    usage: bool,
 }
 
 impl RequestEstimate {
+    /// Whether the body asks for a streamed answer (`"stream": true`).
+    pub fn streams(&self) -> bool {
+        self.stream.on
+    }
+
+    /// Whether the body asks an OpenAI-style stream for its usage
+    /// (`stream_options.include_usage`).
+    pub fn asks_stream_usage(&self) -> bool {
+        self.stream.usage
+    }
+
+    /// The same read, for the body rewritten to name `model` and `service_tier` (each when
+    /// given): what a router that retargets a request hands on. The counts are kept: the
+    /// estimator is assumed to count the text alike for both models.
+    pub(crate) fn retarget(&mut self, model: Option<&str>, service_tier: Option<&str>) {
+        if let Some(model) = model {
+            self.model = Some(model.to_owned());
+        }
+        if let Some(tier) = service_tier {
+            let tier = ServiceTier::parse(tier);
+            self.service_tier = (tier != ServiceTier::Other).then_some(tier);
+        }
+    }
+
+    /// Whether the body has a `stream_options` member.
+    pub(super) fn has_stream_options(&self) -> bool {
+        self.stream.options
+    }
+
     /// The body's `model`, when it names one.
     pub fn model(&self) -> Option<&str> {
         self.model.as_deref()
@@ -238,6 +279,17 @@ pub fn read_request(
     defaults: &Defaults,
 ) -> Option<RequestEstimate> {
     let value: Value = serde_json::from_slice(body).ok()?;
+    read_request_json(&value, estimator, defaults)
+}
+
+/// [`read_request`] over a body already parsed: a layer that parsed the body for its own
+/// checks (the gateway does) reads it here without parsing it again, and may hand the result
+/// to [`EstimateLayer`](super::EstimateLayer) as a request extension.
+pub fn read_request_json(
+    value: &Value,
+    estimator: &dyn Estimator,
+    defaults: &Defaults,
+) -> Option<RequestEstimate> {
     let object = value.as_object()?;
     let model = object.get("model").and_then(Value::as_str);
     let reader = Reader {
@@ -322,7 +374,21 @@ pub fn read_request(
         input_tokens: input,
         max_output_tokens,
         choices,
+        stream: stream(object),
     })
+}
+
+/// What the body asks of a streamed answer.
+fn stream(object: &Map<String, Value>) -> Stream {
+    let options = object.get("stream_options");
+    Stream {
+        on: object.get("stream").and_then(Value::as_bool) == Some(true),
+        options: options.is_some(),
+        usage: options
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            == Some(true),
+    }
 }
 
 /// The tier a body's `service_tier` asks for, if this crate knows it.
@@ -351,6 +417,11 @@ fn service_tier(object: &Map<String, Value>) -> Option<ServiceTier> {
 /// ```
 pub fn read_embeddings(body: &[u8], estimator: &dyn Estimator) -> Option<RequestEstimate> {
     let value: Value = serde_json::from_slice(body).ok()?;
+    read_embeddings_json(&value, estimator)
+}
+
+/// [`read_embeddings`] over a body already parsed (see [`read_request_json`]).
+pub fn read_embeddings_json(value: &Value, estimator: &dyn Estimator) -> Option<RequestEstimate> {
     let object = value.as_object()?;
     let model = object.get("model").and_then(Value::as_str);
     let count = |text: &str| match model {
@@ -376,6 +447,7 @@ pub fn read_embeddings(body: &[u8], estimator: &dyn Estimator) -> Option<Request
         input_tokens,
         max_output_tokens: Some(0),
         choices: 1,
+        stream: Stream::default(),
     })
 }
 

@@ -6,8 +6,9 @@ use http::{HeaderMap, Request, header};
 use http_body::Body;
 use tower::Service;
 
-use super::ResponseFuture;
+use super::future::{estimate_into, lacks_stream_usage};
 use super::settings::Settings;
+use super::{RequestEstimate, ResponseFuture};
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};
 
@@ -52,10 +53,10 @@ fn is_json(headers: &HeaderMap) -> bool {
             .is_some_and(|suffix| suffix.eq_ignore_ascii_case("+json"))
 }
 
-/// Whether the request's body should be read: no cost yet, a JSON (or unnamed) content type,
-/// and a size known to be between 1 byte and `max` bytes.
-fn wants_body<B: Body>(request: &Request<B>, max: usize) -> bool {
-    if request.extensions().get::<Cost>().is_some() || !is_json(request.headers()) {
+/// Whether the request's body can be read: a JSON (or unnamed) content type, and a size known
+/// to be between 1 byte and `max` bytes.
+fn readable<B: Body>(request: &Request<B>, max: usize) -> bool {
+    if !is_json(request.headers()) {
         return false;
     }
     let max = u64::try_from(max).unwrap_or(u64::MAX);
@@ -89,14 +90,35 @@ where
         self.inner.poll_ready(cx).map_err(Error::from_inner)
     }
 
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        if !wants_body(&request, self.settings.max_body_bytes) {
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        if request.extensions().get::<Cost>().is_some() {
             return ResponseFuture::calling(self.inner.call(request));
         }
-        // The ready service goes with the request; this one readies a clone for the next call.
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        let (parts, body) = request.into_parts();
-        ResponseFuture::reading(parts, body, ready, self.settings.clone())
+        let read = request.extensions_mut().remove::<RequestEstimate>();
+        let readable = readable(&request, self.settings.max_body_bytes);
+        match read {
+            // Read above, and nothing to rewrite: estimated here without the body.
+            Some(read)
+                if !(self.settings.include_stream_usage
+                    && lacks_stream_usage(&read)
+                    && readable) =>
+            {
+                let (mut parts, body) = request.into_parts();
+                if let Err(no_price) = estimate_into(&mut parts, &read, &self.settings) {
+                    return ResponseFuture::refused(Error::unpriced(no_price.into()));
+                }
+                ResponseFuture::calling(self.inner.call(Request::from_parts(parts, body)))
+            }
+            None if !readable => ResponseFuture::calling(self.inner.call(request)),
+            // The body to read: to estimate it, or to ask a stream for its usage.
+            read => {
+                // The ready service goes with the request; this one readies a clone for the
+                // next call.
+                let clone = self.inner.clone();
+                let ready = std::mem::replace(&mut self.inner, clone);
+                let settings = self.settings.clone();
+                ResponseFuture::reading(request.into_parts(), ready, settings, read)
+            }
+        }
     }
 }

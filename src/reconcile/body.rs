@@ -5,7 +5,7 @@ use std::task::{Context, Poll, ready};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use super::{BodyEnd, ScanUsage};
+use super::{BodyEnd, ScanUsage, UsageReport};
 use crate::budget::Reservation;
 use crate::cost::Usage;
 use crate::estimate::OutputRoute;
@@ -40,6 +40,9 @@ pin_project! {
     }
 }
 
+/// Who is told the usage: a learned output estimate, and the caller's report.
+pub(crate) type Told = (Option<OutputRoute>, Option<UsageReport>);
+
 /// A reservation waiting for its usage.
 pub(crate) struct Pending<X> {
     reservation: Reservation,
@@ -48,8 +51,9 @@ pub(crate) struct Pending<X> {
     from_extensions: Option<Usage>,
     /// Whether the response is an error (4xx, 5xx): providers bill no tokens for those.
     failed: bool,
-    /// A learned output estimate to feed with the real output.
-    learn: Option<OutputRoute>,
+    /// A learned output estimate to feed with the real output, and where the caller reads
+    /// the usage.
+    told: Told,
     labels: Labels,
     span: tracing::Span,
 }
@@ -60,7 +64,7 @@ impl<X> Pending<X> {
         scanner: X,
         from_extensions: Option<Usage>,
         failed: bool,
-        learn: Option<OutputRoute>,
+        told: Told,
         (labels, span): (Labels, tracing::Span),
     ) -> Self {
         Self {
@@ -68,7 +72,7 @@ impl<X> Pending<X> {
             scanner,
             from_extensions,
             failed,
-            learn,
+            told,
             labels,
             span,
         }
@@ -85,7 +89,7 @@ impl<X: ScanUsage> Pending<X> {
             Some(usage) => {
                 self.span.record("usage_input", usage.input_tokens());
                 self.span.record("usage_output", usage.output_tokens());
-                if let Some(route) = &self.learn {
+                if let Some(route) = &self.told.0 {
                     route.record(usage.output_tokens());
                 }
                 let settled = self.reservation.settle(&usage);
@@ -99,6 +103,9 @@ impl<X: ScanUsage> Pending<X> {
                 let charged = self.reservation.charge_estimate();
                 tracing::debug!(?end, ?charged, "usage missing, estimate charged");
             }
+        }
+        if let Some(report) = &self.told.1 {
+            report.set(usage);
         }
         if !self.failed {
             observe::settled(&self.labels, &reserved, usage.as_ref());

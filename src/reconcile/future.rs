@@ -6,11 +6,10 @@ use std::task::{Context, Poll, ready};
 use http::Response;
 use pin_project_lite::pin_project;
 
-use super::body::Pending;
+use super::body::{Pending, Told};
 use super::{ExtractUsage, ReconcileBody};
 use crate::budget::Reservation;
 use crate::cost::Usage;
-use crate::estimate::OutputRoute;
 use crate::observe::{self, Labels};
 
 pin_project! {
@@ -25,7 +24,7 @@ pin_project! {
         inner: F,
         reservation: Option<Reservation>,
         extract: Option<X>,
-        learn: Option<OutputRoute>,
+        told: Told,
         labels: Labels,
         span: tracing::Span,
     }
@@ -36,14 +35,14 @@ impl<F, X> ResponseFuture<F, X> {
         inner: F,
         reservation: Option<Reservation>,
         extract: Option<X>,
-        learn: Option<OutputRoute>,
+        told: Told,
         (labels, span): (Labels, tracing::Span),
     ) -> Self {
         Self {
             inner,
             reservation,
             extract,
-            learn,
+            told,
             labels,
             span,
         }
@@ -78,7 +77,7 @@ where
                     scanner,
                     from_extensions,
                     failed,
-                    this.learn.take(),
+                    std::mem::take(this.told),
                     (std::mem::take(this.labels), this.span.clone()),
                 ))
             }

@@ -14,6 +14,9 @@
 //! response (4xx or 5xx) without usage: providers bill no tokens for a rejected call, so its
 //! tokens are refunded and only its request stays counted.
 //!
+//! A caller that needs the usage too puts a [`UsageReport`] in the request's extensions and
+//! reads it when the body is done: the body is scanned once.
+//!
 //! # Example
 //!
 //! ```
@@ -54,10 +57,12 @@ mod body;
 mod extract;
 mod future;
 mod layer;
+mod report;
 mod service;
 
 pub use body::ReconcileBody;
 pub use extract::{BodyEnd, ExtensionUsage, ExtractUsage, NoScan, ScanUsage};
 pub use future::ResponseFuture;
 pub use layer::ReconcileLayer;
+pub use report::UsageReport;
 pub use service::Reconcile;

@@ -3,7 +3,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower::Service;
 
-use super::{ExtensionUsage, ExtractUsage, ReconcileBody, ResponseFuture};
+use super::{ExtensionUsage, ExtractUsage, ReconcileBody, ResponseFuture, UsageReport};
 use crate::budget::ReservationSlot;
 use crate::estimate::OutputRoute;
 use crate::observe::Labels;
@@ -57,6 +57,7 @@ where
         let extract = reservation.is_some().then(|| self.extract.clone());
         // Real output tokens feed a learned output estimate, when the request asked for one.
         let learn = request.extensions().get::<OutputRoute>().cloned();
+        let report = request.extensions().get::<UsageReport>().cloned();
         let labels = Labels::of(request.extensions());
         // The request's span, if an outer layer opened one: the usage is recorded into it when
         // the body ends, outside any poll of the layers.
@@ -65,7 +66,7 @@ where
             self.inner.call(request),
             reservation,
             extract,
-            learn,
+            (learn, report),
             (labels, span),
         )
     }

@@ -22,7 +22,7 @@ use super::shared::Inner;
 use crate::budget::Budget;
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};
-use crate::estimate::{CharEstimator, Defaults, estimate};
+use crate::estimate::{CharEstimator, Defaults, RequestEstimate, estimate};
 use crate::priority::Priority;
 use crate::retry::RetryReport;
 
@@ -238,6 +238,10 @@ fn rebuild<B: From<Bytes>>(parts: &Parts, body: &Bytes, route: &Route<impl Sized
     *request.version_mut() = parts.version;
     *request.headers_mut() = parts.headers.clone();
     *request.extensions_mut() = parts.extensions.clone();
+    // What a layer above read of the body, as rewritten for this route.
+    if let Some(read) = request.extensions_mut().get_mut::<RequestEstimate>() {
+        read.retarget(info.model(), info.service_tier());
+    }
     request
 }
 
@@ -274,11 +278,13 @@ where
         body: &body,
     };
     let class = priority_of(&parts);
-    let cost = parts
-        .extensions
-        .get::<Cost>()
-        .copied()
-        .or_else(|| estimate(&body, &CharEstimator::default(), &Defaults::default()));
+    // The caller's cost, else what a layer above read of the body, else the body's estimate.
+    let cost = parts.extensions.get::<Cost>().copied().or_else(|| {
+        match parts.extensions.get::<RequestEstimate>() {
+            Some(read) => Some(read.cost(&Defaults::default())),
+            None => estimate(&body, &CharEstimator::default(), &Defaults::default()),
+        }
+    });
 
     let first = inner.first(&parts, &view);
     let ramped = matches!(first, At::Ramped);

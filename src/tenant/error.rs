@@ -84,6 +84,8 @@ pub enum Refusal {
     RateLimited {
         /// The dimension of the limit that binds.
         dimension: Dimension,
+        /// That limit's period.
+        period: Duration,
         /// When the scope could pay the cost, from now (other requests of the scope
         /// permitting).
         retry_after: Duration,
@@ -176,10 +178,12 @@ impl fmt::Display for TenantRefused {
             }
             Refusal::RateLimited {
                 dimension,
+                period,
                 retry_after,
             } => write!(
                 f,
-                "{who} is over its {dimension} limit (it could pay in {retry_after:?})"
+                "{who} is over its {dimension} limit per {period:?} (it could pay in \
+                 {retry_after:?})"
             ),
             Refusal::InFlight { max } => {
                 write!(f, "{who} has its {max} calls in flight")

@@ -498,6 +498,128 @@ async fn a_cost_set_by_the_caller_is_left_untouched() {
     assert_eq!(cost, Some(Cost::new(1, 2)));
 }
 
+/// A body the layer must not read: polling it fails.
+struct Unreadable;
+
+impl Body for Unreadable {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Poll::Ready(Some(Err("the layer read a body it was handed".into())))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(CHAT.len() as u64)
+    }
+}
+
+impl From<Bytes> for Unreadable {
+    fn from(_: Bytes) -> Self {
+        Unreadable
+    }
+}
+
+/// `json` read as a layer above would: parsed once, with the layer's estimator.
+fn read_above(json: &str) -> estimate::RequestEstimate {
+    let value: Value = serde_json::from_str(json).unwrap();
+    estimate::read_request_json(&value, &CharEstimator::new(), &Defaults::new()).unwrap()
+}
+
+#[tokio::test]
+async fn a_body_read_above_is_estimated_without_reading_it_again() {
+    let mut request = Request::post("https://api.openai.com/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Unreadable)
+        .unwrap();
+    request.extensions_mut().insert(read_above(CHAT));
+    let mut service =
+        EstimateLayer::new().layer(service_fn(|request: Request<Unreadable>| async move {
+            let cost = request.extensions().get::<Cost>().copied();
+            let handed = request
+                .extensions()
+                .get::<estimate::RequestEstimate>()
+                .is_some();
+            Ok::<_, Infallible>(Response::new((cost, handed)))
+        }));
+    let (cost, handed) = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request)
+        .await
+        .unwrap()
+        .into_body();
+    assert_eq!(
+        cost,
+        Some(cost_of(CHAT)),
+        "the same estimate as reading the body"
+    );
+    assert!(!handed, "the read is consumed");
+}
+
+#[tokio::test]
+async fn a_body_read_above_is_priced_and_refused_unpriced_without_a_call() {
+    use tower_llm_quota::pricing::{CacheCounting, ModelPrices, PriceTable, TokenPrices, Unpriced};
+    let prices = TokenPrices::per_million_usd("2.50", "1.25", "2.50", "10").unwrap();
+    let table = PriceTable::new(Unpriced::Refuse).with_model("gpt-4o", ModelPrices::new(prices));
+    let layer = EstimateLayer::new().prices(Arc::new(table), CacheCounting::new(true, false));
+    let mut request = post(CHAT);
+    request.extensions_mut().insert(read_above(CHAT));
+    let (_, cost, _) = through(&layer, request).await;
+    assert!(cost.is_some_and(|c| c.spend() > 0), "priced: {cost:?}");
+
+    let other = r#"{"model":"unpriced","messages":[{"role":"user","content":"hi"}]}"#;
+    let mut request = post(other);
+    request.extensions_mut().insert(read_above(other));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = calls.clone();
+    let mut service = layer.layer(service_fn(move |_: Request<Full<Bytes>>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, Infallible>(Response::new(())) }
+    }));
+    let error = service
+        .ready()
+        .await
+        .unwrap()
+        .call(request)
+        .await
+        .unwrap_err();
+    assert!(error.is_unpriced(), "{error}");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn a_stream_read_above_is_asked_for_its_usage() {
+    let layer = EstimateLayer::new().include_stream_usage(true);
+    // No `stream_options`: the member is spliced in, the rest byte for byte.
+    let body = r#" {"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut request = post(body);
+    request.extensions_mut().insert(read_above(body));
+    let (bytes, cost, _) = through(&layer, request).await;
+    let expected = format!(
+        r#" {{"stream_options":{{"include_usage":true}},{}"#,
+        &body[2..]
+    );
+    assert_eq!(std::str::from_utf8(&bytes).unwrap(), expected);
+    assert_eq!(cost, Some(cost_of(body)));
+    // `stream_options` without the usage: parsed and written again.
+    let body = r#"{"model":"gpt-4o","stream":true,"stream_options":{},"messages":[{"role":"user","content":"hi"}]}"#;
+    let mut request = post(body);
+    request.extensions_mut().insert(read_above(body));
+    let (bytes, _, _) = through(&layer, request).await;
+    let json: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(json["stream_options"]["include_usage"], Value::Bool(true));
+    // Read by the layer itself, the same.
+    let (bytes, _, _) = through(&layer, post(r#"{"stream":true,"input":"hi"}"#)).await;
+    let json: Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(json["stream_options"]["include_usage"], Value::Bool(true));
+    assert_eq!(json["input"], "hi");
+}
+
 #[tokio::test]
 async fn requests_that_are_not_json_pass_without_a_cost() {
     let mut request = post(CHAT);

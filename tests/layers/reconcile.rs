@@ -272,3 +272,38 @@ async fn an_error_response_without_usage_refunds_its_tokens_but_not_its_request(
     drop(response);
     assert_eq!(levels(&budget), [9, 100]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_caller_reads_the_usage_settled_without_scanning_again() {
+    use tower_llm_quota::reconcile::UsageReport;
+    let budget = tokens_10_per_sec();
+    let stack = |client| {
+        ServiceBuilder::new()
+            .layer(TokenBudgetLayer::new(budget.clone()))
+            .layer(ReconcileLayer::with_extractor(TrailerUsage::default()))
+            .service(client)
+    };
+    let call = |report: &UsageReport| {
+        let mut request = request_with(Cost::new(10, 30));
+        request.extensions_mut().insert(report.clone());
+        request
+    };
+
+    // Read to its end: the usage its scanner found.
+    let report = UsageReport::new();
+    let (client, tx) = streaming_client(None);
+    let response = stack(client).oneshot(call(&report)).await.unwrap();
+    assert_eq!(report.settled(), None, "the body has not ended");
+    tx.unbounded_send(data("answer usage=10,4")).unwrap();
+    drop(tx);
+    response.into_body().collect().await.unwrap();
+    assert_eq!(report.settled(), Some(Some(Usage::new(10, 4))));
+
+    // Dropped before any usage: settled at its estimate, reported as no usage read.
+    let report = UsageReport::new();
+    let (client, tx) = streaming_client(None);
+    let response = stack(client).oneshot(call(&report)).await.unwrap();
+    tx.unbounded_send(data("partial")).unwrap();
+    drop(response);
+    assert_eq!(report.settled(), Some(None));
+}

@@ -837,7 +837,7 @@ impl Config {
     /// key's tenant, and their ancestors.
     pub(crate) fn tenant_tree(&self) -> Result<(TenantTree, Vec<Tenant>), ConfigError> {
         let error = |e: &dyn std::fmt::Display| ConfigError(format!("tenants: {e}"));
-        let tree = TenantTree::deserialize(toml::Value::Table(self.tenants.clone()))
+        let tree = TenantTree::deserialize(toml::Value::Table(refusing_at_once(&self.tenants)))
             .map_err(|e| error(&e))?;
         let mut paths = BTreeSet::new();
         let configured = self.tenants.get("nodes").and_then(toml::Value::as_table);
@@ -967,4 +967,23 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The `[tenants]` table with `max_wait_seconds = 0` on every node and template that sets no
+/// wait: a node refuses at once what it cannot pay now (with when it could), as a gateway's
+/// caller expects of "20 a minute"; a node may still let its requests wait by setting one.
+fn refusing_at_once(tenants: &toml::Table) -> toml::Table {
+    let mut tenants = tenants.clone();
+    for section in ["nodes", "templates"] {
+        let Some(toml::Value::Table(nodes)) = tenants.get_mut(section) else {
+            continue;
+        };
+        for (_, node) in nodes.iter_mut() {
+            if let toml::Value::Table(node) = node {
+                node.entry("max_wait_seconds")
+                    .or_insert(toml::Value::Integer(0));
+            }
+        }
+    }
+    tenants
 }

@@ -14,7 +14,9 @@ use http::{HeaderMap, Request, StatusCode, header};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde_json::Value;
 use tower::ServiceExt;
-use tower_llm_quota::estimate::{CharEstimator, Defaults, estimate, read_embeddings};
+use tower_llm_quota::estimate::{
+    CharEstimator, Defaults, RequestEstimate, read_embeddings_json, read_request_json,
+};
 use tower_llm_quota::provider::ProviderScan;
 use tower_llm_quota::provider::{LimitedBy, RateLimitError, Scope};
 use tower_llm_quota::retry::{
@@ -30,7 +32,8 @@ use super::refusal::{Dialect, Refusal};
 use super::routes::{ScopeRefused, Target};
 use super::tenancy;
 use super::upstream::{Account, Dispatched, ScopeError, Scoped};
-use tower_llm_quota::idempotency::{IdempotentBody, Operation};
+use tower_llm_quota::idempotency::{IdempotentBody, Operation, Suppressed};
+use tower_llm_quota::reconcile::UsageReport;
 use tower_llm_quota::routing::ServedBy;
 
 /// The largest provider error body read to normalize a 429.
@@ -57,7 +60,12 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         Ok(body) => body,
         Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };
-    let (cost, streaming, model) = match check_body(api, &body) {
+    let Checked {
+        read,
+        cost,
+        streaming,
+        model,
+    } = match check_body(api, &body) {
         Ok(checked) => checked,
         Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };
@@ -72,9 +80,6 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         Ok(resolved) => resolved,
         Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };
-    if let Err(refusal) = gateway.tenants.check(&primary.name, &caller.path, cost) {
-        return audit.refuse(&gateway, dialect, tenant, refusal);
-    }
     let dispatched = Dispatched::default();
     let mut upstream = primary.request(api, &parts.headers, body);
     let class = caller.class(&parts.headers);
@@ -89,11 +94,20 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         // One attempt: the caller's SDK retries, paced by the budget the answer paused.
         extensions.insert(MaxAttempts(std::num::NonZeroU32::MIN));
     }
-    if api == Api::CountTokens {
+    match read {
+        // The body as read here: the estimation layer prices it without parsing it again.
+        Some(read) => {
+            extensions.insert(read);
+        }
         // Its cost as checked: the estimation layer would reserve a reply it never has.
-        extensions.insert(cost);
+        None => {
+            extensions.insert(cost);
+        }
     }
     extensions.insert(dispatched.clone());
+    // The usage the stack settles the answer with, read when its body ends.
+    let report = UsageReport::new();
+    extensions.insert(report.clone());
     extensions.insert(caller.path.clone());
     // Idempotency keys are the tenant's own: another tenant's same key is another operation.
     extensions.insert(Operation::new(caller.tenant.clone(), api.as_str()));
@@ -181,10 +195,16 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     if let Ok(id) = http::HeaderValue::from_str(&audit.entry.request_id) {
         head.headers.insert("x-request-id", id);
     }
+    // An answer without a call of its own settled nothing: its body is read here.
+    let scan = head
+        .extensions
+        .get::<Suppressed>()
+        .map(|_| ProviderScan::new(profile, streaming).tier_from(&head.headers));
     let meter = Meter {
         gateway: gateway.clone(),
         tenant: caller.tenant.clone(),
-        scan: Some(ProviderScan::new(profile, streaming).tier_from(&head.headers)),
+        report,
+        scan,
         estimate: cost,
         audited: Some(audit),
         bytes: 0,
@@ -324,7 +344,7 @@ async fn read_body(body: Body, max: usize) -> Result<Bytes, Refusal> {
 
 /// The request's estimated cost, whether it streams and its model, or why its body is
 /// refused.
-pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool, String), Refusal> {
+pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<Checked, Refusal> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| Refusal::bad_request(format!("the body is not JSON: {e}")))?;
     let object = value
@@ -346,15 +366,44 @@ pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<(Cost, bool, String), 
         .get("stream")
         .and_then(Value::as_bool)
         .unwrap_or(false);
+    // Read as the accounts' estimation layers read it (their default estimator and defaults),
+    // from the value parsed above: the body is parsed once.
     let chars = CharEstimator::new();
-    let cost = match api {
+    let defaults = Defaults::new();
+    let read = match api {
         // Anthropic counts tokens without billing any: one request.
-        Api::CountTokens => Some(Cost::new(0, 0)),
-        Api::Embeddings => read_embeddings(body, &chars).map(|e| e.cost(&Defaults::new())),
-        _ => estimate(body, &chars, &Defaults::new()),
-    }
-    .ok_or_else(|| Refusal::bad_request(format!("the `{field}` cannot be read")))?;
-    Ok((cost, streaming, model))
+        Api::CountTokens => None,
+        Api::Embeddings => Some(read_embeddings_json(&value, &chars)),
+        _ => Some(read_request_json(&value, &chars, &defaults)),
+    };
+    let cost = match &read {
+        None => Cost::new(0, 0),
+        Some(Some(read)) => read.cost(&defaults),
+        Some(None) => {
+            return Err(Refusal::bad_request(format!(
+                "the `{field}` cannot be read"
+            )));
+        }
+    };
+    Ok(Checked {
+        read: read.flatten(),
+        cost,
+        streaming,
+        model,
+    })
+}
+
+/// A request body as the gateway checked it.
+#[derive(Debug)]
+pub(crate) struct Checked {
+    /// What the estimation layer reads of it; none for a count of tokens.
+    pub(crate) read: Option<RequestEstimate>,
+    /// Its estimated cost.
+    pub(crate) cost: Cost,
+    /// Whether it asks for a stream.
+    pub(crate) streaming: bool,
+    /// The model it names.
+    pub(crate) model: String,
 }
 
 /// The normalized refusal for an error of the governed stack.

@@ -1,6 +1,7 @@
-//! The body of a forwarded answer: passed through unchanged, its usage read on the way and
-//! counted for its tenant when it ends (or is dropped). The budget settles its own
-//! reservation, on the account and every tenant node, in the stack's body below.
+//! The body of a forwarded answer: passed through unchanged, and counted for its tenant when
+//! it ends (or is dropped) with the usage the budget settled it with, which the stack's
+//! reconciling body below reads (the body is scanned once). An answer without a call of its
+//! own (replayed or joined by the idempotency layer) settled nothing: its body is scanned here.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use tower_llm_quota::provider::ProviderScan;
-use tower_llm_quota::reconcile::{BodyEnd, ScanUsage};
+use tower_llm_quota::reconcile::{BodyEnd, ScanUsage, UsageReport};
 use tower_llm_quota::{BoxError, Cost};
 
 use super::Gateway;
@@ -22,7 +23,10 @@ pub(crate) struct Meter {
     /// Where the request is counted: its tenant's usage, the report, the audit log.
     pub(crate) gateway: Arc<Gateway>,
     pub(crate) tenant: String,
-    /// Reads the usage as the budget's own reconciliation does; taken when the answer ends.
+    /// The usage the stack settled the answer with, told when its body ends.
+    pub(crate) report: UsageReport,
+    /// Reads the usage of an answer the stack did not settle (no call of its own); taken when
+    /// the answer ends.
     pub(crate) scan: Option<ProviderScan>,
     pub(crate) estimate: Cost,
     /// The request's audit line, written when the answer ends.
@@ -36,10 +40,14 @@ impl Meter {
     /// before its final usage, the input reported (or estimated) and the output streamed; the
     /// estimate when nothing can be read.
     fn finish(&mut self, end: BodyEnd) {
-        let Some(scan) = self.scan.take() else {
+        let Some(audited) = self.audited.take() else {
             return;
         };
-        let usage = scan.finish(end, self.estimate);
+        let usage = match (self.report.settled(), self.scan.take()) {
+            (Some(settled), _) => settled,
+            (None, Some(scan)) => scan.finish(end, self.estimate),
+            (None, None) => None,
+        };
         let (tokens, tier) = match &usage {
             Some(usage) => (
                 (
@@ -59,9 +67,7 @@ impl Meter {
             ),
         };
         self.gateway.ledger.tokens(&self.tenant, tokens, tier);
-        if let Some(audited) = self.audited.take() {
-            audited.finish(&self.gateway, usage.as_ref(), self.bytes);
-        }
+        audited.finish(&self.gateway, usage.as_ref(), self.bytes);
     }
 }
 

@@ -18,7 +18,7 @@ use tower_llm_quota::budget::LimitSnapshot;
 use tower_llm_quota::tenant::{
     CapWindow, Refusal as Why, Tenant, TenantHandle, TenantNode, TenantRefused,
 };
-use tower_llm_quota::{Cost, Dimension, Limit, Priority};
+use tower_llm_quota::{Dimension, Limit, Priority};
 
 use super::config::ConfigError;
 use super::refusal::{Dialect, Refusal, limit_name};
@@ -322,33 +322,6 @@ impl Tenancy {
         headers
     }
 
-    /// Refuses `cost` for `path` on `account` when a node of the path is paused or cannot
-    /// pay it now.
-    pub(crate) fn check(&self, account: &str, path: &Tenant, cost: Cost) -> Result<(), Refusal> {
-        let Some(handle) = self.handle(account) else {
-            return Ok(());
-        };
-        for node in ancestry(path) {
-            let snapshot = handle.snapshot(&node);
-            if snapshot.is_paused() {
-                return Err(paused(&node));
-            }
-            for limit in snapshot.limits() {
-                let dimension = limit.limit().dimension();
-                let asked = cost.amount(dimension);
-                let short = i64::try_from(asked).unwrap_or(i64::MAX) - limit.level();
-                if asked == 0 || short <= 0 || asked > limit.capacity() {
-                    continue; // fits, or can never fit: the budget says which
-                }
-                let rate =
-                    limit.limit().effective_amount() as f64 / limit.limit().period().as_secs_f64();
-                let wait = Duration::from_secs_f64(short as f64 / rate.max(f64::MIN_POSITIVE));
-                return Err(over_limit(&node, limit.limit(), wait));
-            }
-        }
-        Ok(())
-    }
-
     /// Pauses (or resumes) a node on every account.
     pub(crate) fn set_paused(&self, path: &Tenant, paused: bool) {
         for (_, handle) in &self.accounts {
@@ -405,7 +378,8 @@ impl Tenancy {
             }
         }
         for (_, handle) in &self.accounts {
-            let old = handle.node(path).unwrap_or_default();
+            // A node made here refuses at once what it cannot pay, as configured ones do.
+            let old = handle.node(path).unwrap_or_else(node);
             let kept = old.limits().iter().filter(|l| {
                 !remove
                     .iter()
@@ -477,17 +451,10 @@ fn cap_name(dimension: &str, window: CapWindow) -> String {
     }
 }
 
-fn over_limit(node: &Tenant, limit: &Limit, wait: Duration) -> Refusal {
-    let dimension = limit.dimension().as_str();
-    let name = limit_name(dimension, limit.period());
-    Refusal::rate_limited(name.clone(), format!("tenant:{node}"))
-        .dimension(Some(dimension))
-        .retry_after(Some(wait))
-        .message(format!(
-            "tenant {node} is over its {}; retry in {:.1} s",
-            name.replace('_', " "),
-            wait.as_secs_f64()
-        ))
+/// A node the gateway makes (one the admin API names for the first time): it refuses at once
+/// what it cannot pay now, as the configured ones do by default.
+pub(crate) fn node() -> TenantNode {
+    TenantNode::new().with_max_wait(Duration::ZERO)
 }
 
 /// The normalized refusal of a tenant scope, from the budget.
@@ -513,8 +480,8 @@ pub(crate) fn refused(refusal: &TenantRefused) -> Refusal {
         .scope(format!("tenant:{scope}"))
         .dimension(Some(dimension.as_str())),
         // The node's own limit, past its `max_wait`: come back when it can pay.
-        Why::RateLimited { dimension, retry_after } => {
-            Refusal::rate_limited(dimension.as_str(), format!("tenant:{scope}"))
+        Why::RateLimited { dimension, period, retry_after } => {
+            Refusal::rate_limited(limit_name(dimension.as_str(), period), format!("tenant:{scope}"))
                 .dimension(Some(dimension.as_str()))
                 .retry_after(Some(retry_after))
                 .message(refusal.to_string())

@@ -52,12 +52,20 @@ async fn two_replicas_share_a_tenant_limit_through_redis() {
             .status(),
         200
     );
-    let waiting = second.post("/v1/chat/completions", Some("caller-secret"), BODY);
-    assert!(
-        tokio::time::timeout(Duration::from_secs(2), waiting)
-            .await
-            .is_err()
-    );
+    // The other replica finds the node's minute spent in Redis: refused at once, told when.
+    let refused = second
+        .post("/v1/chat/completions", Some("caller-secret"), BODY)
+        .await;
+    assert_eq!(refused.status(), 429);
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((9..=10).contains(&retry_after), "{retry_after}");
+    let body: serde_json::Value = serde_json::from_str(&refused.text().await.unwrap()).unwrap();
+    assert_eq!(body["error"]["scope"], "tenant:team");
+    assert_eq!(body["error"]["limit"], "requests_per_minute");
     assert_eq!(seen.lock().unwrap().len(), 1);
     first.stop().await;
     second.stop().await;

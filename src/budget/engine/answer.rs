@@ -254,6 +254,7 @@ impl Pass<'_> {
         let times = (self.now, ask.scheduling.enqueued_at);
         let refusal = Refusal::RateLimited {
             dimension,
+            period: node_limit.period(),
             retry_after: wait,
         };
         if let Some(refused) = tenants.refuses_after(tenant, depth, refusal, wait, times) {

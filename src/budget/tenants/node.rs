@@ -212,6 +212,7 @@ impl Node {
         if give_up.is_some_and(|g| ready - now > g) {
             return Err(Refusal::RateLimited {
                 dimension: limit.dimension(),
+                period: limit.period(),
                 retry_after: std::time::Duration::from_nanos(ready - now),
             });
         }
