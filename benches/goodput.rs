@@ -362,7 +362,7 @@ fn tuned_stack(spec: QuotaSpec) -> QuotaStack {
     QuotaStack::openai(quota(spec, Some(1.0)))
         .concurrency(std::num::NonZeroUsize::new(CONCURRENCY).expect("non-zero"))
         .queue(queue)
-        .class_headroom(Priority::Batch, BATCH_CLASS_HEADROOM)
+        .class_floor(Priority::Batch, BATCH_CLASS_HEADROOM)
 }
 
 /// tower's `Retry` (fixed backoff on 429) over `RateLimit` at the RPM over `ConcurrencyLimit`.

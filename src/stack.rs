@@ -132,7 +132,7 @@ pub struct QuotaStack {
     queue: PriorityQueueLayer,
     missing_cost: MissingCost,
     /// The share of every bucket each class leaves to higher ones, by `Priority::index`.
-    class_headroom: [f64; 3],
+    class_floor: [f64; 3],
     /// The cap on calls in flight set with [`QuotaStack::concurrency`], if any.
     concurrency: Option<NonZeroUsize>,
 }
@@ -181,7 +181,7 @@ impl QuotaStack {
             retry: RetryAfterLayer::default(),
             queue: PriorityQueueLayer::default().named(name),
             missing_cost: MissingCost::default(),
-            class_headroom: [0.0; 3],
+            class_floor: [0.0; 3],
             concurrency: None,
         }
     }
@@ -278,9 +278,9 @@ impl QuotaStack {
     }
 
     /// Makes requests of `priority` leave `fraction` of every bucket to higher classes; see
-    /// [`TokenBudgetLayer::class_headroom`]. Defaults to 0 for every class.
-    pub fn class_headroom(mut self, priority: Priority, fraction: f64) -> Self {
-        self.class_headroom[priority.index()] = fraction;
+    /// [`TokenBudgetLayer::class_floor`]. Defaults to 0 for every class.
+    pub fn class_floor(mut self, priority: Priority, fraction: f64) -> Self {
+        self.class_floor[priority.index()] = fraction;
         self
     }
 
@@ -320,7 +320,7 @@ impl<S> Layer<S> for QuotaStack {
         let reconcile = ReconcileLayer::with_extractor(ProviderUsage::new(self.profile));
         let token_budget = Priority::ALL.into_iter().fold(
             TokenBudgetLayer::new(self.budget.clone()).missing_cost(self.missing_cost),
-            |layer, priority| layer.class_headroom(priority, self.class_headroom[priority.index()]),
+            |layer, priority| layer.class_floor(priority, self.class_floor[priority.index()]),
         );
         let retry = self.retry.clone().pause_on_rate_limit(self.budget.clone());
         let service = StripUsageLayer.layer(reconcile.layer(client));

@@ -31,7 +31,7 @@ impl Budget {
 
     /// Whether two handles share the same budget.
     pub fn ptr_eq(&self, other: &Budget) -> bool {
-        Arc::ptr_eq(&self.shared, &other.shared)
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 }
 
@@ -95,7 +95,7 @@ impl Budget {
     pub fn set_limit(&self, limit: Limit) {
         let now = self.nanos_since_origin(Instant::now());
         self.update_state(|state| {
-            let local = match &mut state.shared {
+            let local = match &mut state.remote {
                 Some(shared) => shared.set_limit(limit),
                 None => limit,
             };
@@ -119,10 +119,10 @@ impl Budget {
     /// process sharing the quota sees it.
     pub fn observe(&self, observation: &Observation) {
         let now = self.nanos_since_origin(Instant::now());
-        self.update_state(|state| match &mut state.shared {
+        self.update_state(|state| match &mut state.remote {
             Some(shared) => {
                 let lowered = shared.observe(observation);
-                if let Some(remote) = self.shared.remote.as_ref() {
+                if let Some(remote) = self.inner.remote.as_ref() {
                     for &(limit, remaining) in &lowered {
                         remote.lower(limit, Some(remaining), Duration::ZERO);
                     }
@@ -168,11 +168,11 @@ impl Budget {
         let now = self.nanos_since_origin(Instant::now());
         let until = self.nanos_since_origin(until);
         self.update_state(|state| {
-            let adapt = state.shared.is_none();
+            let adapt = state.remote.is_none();
             dimensions.iter().for_each(|&d| {
                 state.store.pause(d, until, now, adapt);
             });
-            if let (Some(shared), Some(remote)) = (&state.shared, &self.shared.remote) {
+            if let (Some(shared), Some(remote)) = (&state.remote, &self.inner.remote) {
                 for &dimension in dimensions {
                     let shortest = shared
                         .limits()
@@ -200,7 +200,7 @@ impl Budget {
     pub fn lift_pause(&self, dimensions: &[Dimension]) {
         self.update_state(|state| {
             dimensions.iter().for_each(|&d| state.store.lift(d));
-            if let (Some(shared), Some(remote)) = (&state.shared, &self.shared.remote) {
+            if let (Some(shared), Some(remote)) = (&state.remote, &self.inner.remote) {
                 let lifted: Vec<Limit> = shared
                     .limits()
                     .iter()
@@ -358,7 +358,7 @@ impl Budget {
 
     /// Whether the budget is shared through a store in another process.
     pub fn is_shared(&self) -> bool {
-        self.shared.remote.is_some()
+        self.inner.remote.is_some()
     }
 
     /// Whether a shared budget admits through its store now (its circuit breaker is closed);

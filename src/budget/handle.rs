@@ -11,8 +11,8 @@ use tokio::time::Instant;
 
 use super::engine::{Slots, WaitList};
 use crate::budget::memory::store::{LimitState, MemoryStore, Origin, ReservationId, Store, nanos};
-use crate::budget::store::state::{Remote, SharedState};
-use crate::budget::tenants::shared::Tenants;
+use crate::budget::store::state::{Remote, RemoteState};
+use crate::budget::tenants::state::Tenants;
 use crate::cost::Cost;
 use crate::error::NotUntil;
 use crate::loom::{Mutex, MutexGuard};
@@ -25,10 +25,11 @@ use crate::tenant::Tenant;
 /// [module documentation](crate::budget) for the admission rules.
 #[derive(Clone)]
 pub struct Budget {
-    pub(super) shared: Arc<Shared>,
+    pub(super) inner: Arc<Inner>,
 }
 
-pub(super) struct Shared {
+/// What every clone of a budget holds.
+pub(super) struct Inner {
     /// The zero of the budget's clock; times inside are nanoseconds since it.
     pub(super) origin: Instant,
     pub(super) state: Mutex<State>,
@@ -42,8 +43,8 @@ pub(super) struct Shared {
 pub(super) struct State {
     /// The buckets of an in-memory budget; of a shared one, its local fallback share.
     pub(super) store: MemoryStore,
-    /// The limits and circuit breaker of a shared budget.
-    pub(super) shared: Option<SharedState>,
+    /// The limits and circuit breaker of a budget kept in a store.
+    pub(super) remote: Option<RemoteState>,
     pub(super) queue: WaitList,
     pub(super) slots: Slots,
     pub(super) next_id: u64,
@@ -57,7 +58,7 @@ impl Budget {
     pub(super) fn from_parts(
         quota: &Quota,
         store: MemoryStore,
-        shared: Option<SharedState>,
+        remote_state: Option<RemoteState>,
         remote: Option<Remote>,
     ) -> Self {
         let mut queue = WaitList::default();
@@ -65,14 +66,14 @@ impl Budget {
             queue.set_label(name.into());
         }
         let budget = Self {
-            shared: Arc::new(Shared {
+            inner: Arc::new(Inner {
                 origin: Instant::now(),
                 remote,
                 #[cfg(feature = "metrics")]
                 gauges_at: std::sync::atomic::AtomicU64::new(0),
                 state: Mutex::new(State {
                     store,
-                    shared,
+                    remote: remote_state,
                     queue,
                     slots: Slots::new(quota.max_in_flight()),
                     next_id: 0,
@@ -88,7 +89,7 @@ impl Budget {
 
     /// The budget's identity: equal for every clone of one budget.
     pub(crate) fn address(&self) -> usize {
-        Arc::as_ptr(&self.shared) as usize
+        Arc::as_ptr(&self.inner) as usize
     }
 
     /// The `queue` label of the depth gauge of the budget's ordering (its quota's name).
@@ -116,11 +117,11 @@ impl Budget {
                 tenants.settle(path, (reserved, actual), ns, at, &mut parked);
             }
         };
-        if let (Origin::Shared, Some(remote)) = (origin, &self.shared.remote) {
+        if let (Origin::Remote, Some(remote)) = (origin, &self.inner.remote) {
             let (mut limits, mut path) = (None, None);
             self.update_state(|state| {
                 settle_path(state);
-                limits = state.shared.as_ref().map(|shared| shared.limits().clone());
+                limits = state.remote.as_ref().map(|shared| shared.limits().clone());
                 path = Some(state.path_limits(tenant));
                 // A slot given back: the head may go (the refund reaches the store later).
                 state.slots.release_limited()
@@ -160,10 +161,10 @@ impl Budget {
     pub(crate) fn gauges_due(&self) -> bool {
         use std::sync::atomic::Ordering;
         let now = self.nanos_since_origin(Instant::now());
-        let last = self.shared.gauges_at.load(Ordering::Relaxed);
+        let last = self.inner.gauges_at.load(Ordering::Relaxed);
         (last == 0 || now.saturating_sub(last) >= 100_000_000)
             && self
-                .shared
+                .inner
                 .gauges_at
                 .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
@@ -171,18 +172,18 @@ impl Budget {
 
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // No code panics while holding the lock; recover the state rather than propagate.
-        self.shared
+        self.inner
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(super) fn nanos_since_origin(&self, now: Instant) -> u64 {
-        nanos(now.saturating_duration_since(self.shared.origin))
+        nanos(now.saturating_duration_since(self.inner.origin))
     }
 
     pub(super) fn instant(&self, ns: u64) -> Instant {
-        self.shared.origin + Duration::from_nanos(ns)
+        self.inner.origin + Duration::from_nanos(ns)
     }
 
     /// A limit's state as a snapshot shows it, its instants on tokio's clock.

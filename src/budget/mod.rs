@@ -47,7 +47,7 @@
 //! lets that happen). The trade-off is head-of-line blocking: a small request that would fit
 //! now waits behind a large one at the head, exactly as tokio's semaphore does. One exception
 //! keeps class floors honest: a head that waits only to keep its class's floor
-//! ([`Reserve::keeping`]) lets a request with a lower floor behind it go first.
+//! ([`Reserve::floor`]) lets a request with a lower floor behind it go first.
 //!
 //! Only the head sleeps, until the instant its cost becomes available; it is woken earlier
 //! when a refund, a released in-flight slot or a limit change makes that sooner. The others

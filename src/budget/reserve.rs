@@ -98,7 +98,7 @@ impl Reserve {
     /// A cost above the rest of a bucket's capacity fails at once, as a cost above the whole
     /// capacity does. While it waits only to keep its floor, requests behind it with a lower
     /// floor are admitted first.
-    pub fn keeping(mut self, fraction: f64) -> Self {
+    pub fn floor(mut self, fraction: f64) -> Self {
         // Not `..self`: the future implements `Drop`.
         self.waiting.ask.floor = Floor::from_fraction(fraction);
         self
@@ -231,7 +231,7 @@ impl Waiting {
     ) -> Result<Reservation, ReserveError> {
         let priority = self.ask.scheduling.priority;
         match answer {
-            Answer::Admitted => Ok(self.reservation(budget, id, Origin::Shared)),
+            Answer::Admitted => Ok(self.reservation(budget, id, Origin::Remote)),
             Answer::Never(e) => Err(ReserveError::TooLarge(e)),
             Answer::Refused(e) => Err(ReserveError::Tenant(e)),
             Answer::Unavailable(e) => Err(ReserveError::Unavailable(e)),

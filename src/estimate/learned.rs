@@ -35,10 +35,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 /// ```
 #[derive(Clone)]
 pub struct LearnedOutput {
-    shared: Arc<Shared>,
+    state: Arc<Inner>,
 }
 
-struct Shared {
+struct Inner {
     config: Config,
     state: Mutex<State>,
 }
@@ -89,7 +89,7 @@ impl LearnedOutput {
 
     fn with_config(config: Config) -> Self {
         Self {
-            shared: Arc::new(Shared {
+            state: Arc::new(Inner {
                 config,
                 state: Mutex::new(State {
                     routes: HashMap::new(),
@@ -101,7 +101,7 @@ impl LearnedOutput {
 
     /// A new, empty store keeping the last `window` samples of each route.
     pub fn with_window(self, window: NonZeroUsize) -> Self {
-        let config = self.shared.config;
+        let config = self.state.config;
         Self::with_config(Config {
             window: window.get(),
             ..config
@@ -110,7 +110,7 @@ impl LearnedOutput {
 
     /// A new, empty store keeping at most `max_routes` routes.
     pub fn with_max_routes(self, max_routes: NonZeroUsize) -> Self {
-        let config = self.shared.config;
+        let config = self.state.config;
         Self::with_config(Config {
             max_routes: max_routes.get(),
             ..config
@@ -124,7 +124,7 @@ impl LearnedOutput {
         if !(0.0..=1.0).contains(&quantile) {
             return Err(InvalidQuantile("the quantile must be in [0, 1]"));
         }
-        let config = self.shared.config;
+        let config = self.state.config;
         Ok(Self::with_config(Config { quantile, ..config }))
     }
 
@@ -132,7 +132,7 @@ impl LearnedOutput {
     /// A route never holds more than the window: a larger `min_samples` waits for a full
     /// window.
     pub fn with_min_samples(self, min_samples: NonZeroUsize) -> Self {
-        let config = self.shared.config;
+        let config = self.state.config;
         Self::with_config(Config {
             min_samples: min_samples.get(),
             ..config
@@ -142,7 +142,7 @@ impl LearnedOutput {
     /// Records that a response of `route` used `output_tokens` output tokens. A new route
     /// evicts the least recently used one when the store is full.
     pub fn record(&self, route: &str, output_tokens: u64) {
-        let config = &self.shared.config;
+        let config = &self.state.config;
         let mut state = self.lock();
         state.clock += 1;
         let now = state.clock;
@@ -176,7 +176,7 @@ impl LearnedOutput {
     /// while it has fewer than the minimum samples (20 by default). Counts as a use of the
     /// route for eviction.
     pub fn estimate(&self, route: &str) -> Option<u64> {
-        let config = &self.shared.config;
+        let config = &self.state.config;
         let mut state = self.lock();
         state.clock += 1;
         let now = state.clock;
@@ -204,7 +204,7 @@ impl LearnedOutput {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave the state inconsistent enough to matter:
         // at worst one sample is missing.
-        self.shared
+        self.state
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -229,7 +229,7 @@ impl Default for LearnedOutput {
 
 impl fmt::Debug for LearnedOutput {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let config = &self.shared.config;
+        let config = &self.state.config;
         f.debug_struct("LearnedOutput")
             .field("window", &config.window)
             .field("max_routes", &config.max_routes)

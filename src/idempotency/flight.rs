@@ -34,7 +34,7 @@ use crate::usage::UsageScanner;
 
 pub(crate) type Upstream = Pin<Box<dyn Body<Data = Bytes, Error = BoxError> + Send + 'static>>;
 
-/// The flights in progress, by stored key. Shared by the clones of one layer.
+/// The flights in progress, by stored key. Inner by the clones of one layer.
 #[derive(Debug, Default)]
 pub(crate) struct Flights {
     map: Mutex<HashMap<String, Arc<Flight>>>,

@@ -26,8 +26,8 @@ use super::Suppressed;
 use super::flight::{
     Flight, Handle, Head, HeadState, IdempotentBody, Recording, Upstream, same_request,
 };
+use super::inner::Inner;
 use super::key::{IdempotencyKey, Operation};
-use super::shared::Shared;
 use super::store::{Claim, StoreFuture};
 use crate::Deadline;
 use crate::error::{BoxError, Error};
@@ -52,7 +52,7 @@ pin_project! {
         #[pin]
         state: State<S::Future, B>,
         service: S,
-        layer: Shared,
+        layer: Inner,
         request: Option<Request<B>>,
         parts: Option<http::request::Parts>,
         key: Option<IdempotencyKey>,
@@ -112,7 +112,7 @@ where
     S: Service<Request<B>>,
     B: Body<Data = Bytes>,
 {
-    pub(crate) fn new(service: S, layer: &Shared, request: Request<B>) -> Self {
+    pub(crate) fn new(service: S, layer: &Inner, request: Request<B>) -> Self {
         let config = &layer.config;
         let operation = request
             .extensions()

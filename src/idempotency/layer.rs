@@ -4,9 +4,9 @@ use std::time::Duration;
 use http::HeaderName;
 use tower::Layer;
 
+use super::inner::{Config, Inner};
 use super::memory::MemoryStore;
 use super::service::Idempotency;
-use super::shared::{Config, Shared};
 use super::store::IdempotencyStore;
 use crate::usage::WireFormat;
 
@@ -16,7 +16,7 @@ use crate::usage::WireFormat;
 /// one layer joins the call of the first.
 #[derive(Debug, Clone)]
 pub struct IdempotencyLayer {
-    shared: Shared,
+    state: Inner,
 }
 
 /// How long a duplicate waits for the identical request in flight by default: 10 minutes.
@@ -29,7 +29,7 @@ impl IdempotencyLayer {
     /// A layer keeping its records in `store`.
     pub fn new(store: impl IdempotencyStore) -> Self {
         Self {
-            shared: Shared {
+            state: Inner {
                 store: Arc::new(store),
                 flights: Arc::default(),
                 config: Arc::new(Config {
@@ -54,7 +54,7 @@ impl IdempotencyLayer {
     }
 
     fn with(mut self, change: impl FnOnce(&mut Config)) -> Self {
-        change(Arc::make_mut(&mut self.shared.config));
+        change(Arc::make_mut(&mut self.state.config));
         self
     }
 
@@ -133,7 +133,7 @@ impl IdempotencyLayer {
 
     /// Operations in flight in this process (through this layer and its clones).
     pub fn in_flight(&self) -> usize {
-        self.shared.flights.len()
+        self.state.flights.len()
     }
 }
 
@@ -141,6 +141,6 @@ impl<S> Layer<S> for IdempotencyLayer {
     type Service = Idempotency<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        Idempotency::new(inner, self.shared.clone())
+        Idempotency::new(inner, self.state.clone())
     }
 }

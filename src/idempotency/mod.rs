@@ -108,12 +108,12 @@
 
 mod flight;
 mod future;
+mod inner;
 mod key;
 mod layer;
 mod memory;
 mod record;
 mod service;
-mod shared;
 mod store;
 
 pub use crate::error::idempotency::{IdempotencyError, InvalidKey};

@@ -7,7 +7,7 @@ use tower::Service;
 
 use super::flight::IdempotentBody;
 use super::future::ResponseFuture;
-use super::shared::Shared;
+use super::inner::Inner;
 use crate::error::{BoxError, Error};
 
 /// Deduplicates the operations of the requests it forwards; see the
@@ -19,11 +19,11 @@ use crate::error::{BoxError, Error};
 #[derive(Debug, Clone)]
 pub struct Idempotency<S> {
     inner: S,
-    layer: Shared,
+    layer: Inner,
 }
 
 impl<S> Idempotency<S> {
-    pub(crate) fn new(inner: S, layer: Shared) -> Self {
+    pub(crate) fn new(inner: S, layer: Inner) -> Self {
         Self { inner, layer }
     }
 

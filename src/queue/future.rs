@@ -18,7 +18,7 @@ use pin_project_lite::pin_project;
 use tokio::time::Instant;
 use tower::Service;
 
-use super::shared::Shared;
+use super::inner::Inner;
 use crate::error::{BoxError, Error};
 use crate::observe;
 use crate::priority::{Priority, Timings};
@@ -49,7 +49,7 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             if let StateProj::Waiting { wait } = this.project().state.project() {
                 if let Some(place) = wait.place {
-                    wait.shared.leave(place);
+                    wait.queue.leave(place);
                 }
             }
         }
@@ -77,7 +77,7 @@ pin_project! {
 /// A request waiting for its turn or for the inner service. Its placement (the queue's
 /// configuration for its class) is stamped into the request only when it is handed over.
 struct Wait<S, B> {
-    shared: Arc<Shared>,
+    queue: Arc<Inner>,
     // Its place in the queue's own ordering, once it had to wait there.
     place: Option<Place>,
     priority: Priority,
@@ -114,7 +114,7 @@ where
     }
 
     pub(crate) fn new(
-        shared: Arc<Shared>,
+        queue: Arc<Inner>,
         (priority, enqueued_at, not_before): (Priority, Instant, Option<Instant>),
         deadline: (Option<Instant>, bool),
         service: S,
@@ -123,7 +123,7 @@ where
         Self {
             state: State::Waiting {
                 wait: Box::new(Wait {
-                    shared,
+                    queue,
                     place: None,
                     priority,
                     enqueued_at,
@@ -152,7 +152,7 @@ where
             match state.as_mut().project() {
                 StateProj::Waiting { wait } => {
                     let Wait {
-                        shared,
+                        queue,
                         place,
                         priority,
                         enqueued_at,
@@ -164,9 +164,9 @@ where
                         ..
                     } = &mut **wait;
                     let placed = (*enqueued_at, *not_before);
-                    let scheduling = shared.config.placed(*priority, placed, *deadline);
+                    let scheduling = queue.config.placed(*priority, placed, *deadline);
                     let error = match poll_turn(
-                        shared,
+                        queue,
                         place,
                         &scheduling,
                         deadline.0,
@@ -180,7 +180,7 @@ where
                                 unreachable!("matched above")
                             };
                             let Wait {
-                                shared,
+                                queue,
                                 place,
                                 priority,
                                 mut service,
@@ -191,14 +191,14 @@ where
                             // Inner layers follow the placement: a budget orders its waiters by
                             // it, and gives up waiting at its deadline.
                             request.extensions_mut().insert(scheduling);
-                            if let Some(link) = shared.link() {
+                            if let Some(link) = queue.link() {
                                 request.extensions_mut().insert(link);
                             }
                             let queued = arrived.elapsed();
                             observe::span_record("queue_wait_ms", queued.as_millis() as u64);
                             if let Some(place) = place {
                                 // Handed over: the next in line may look.
-                                shared.leave(place);
+                                queue.leave(place);
                                 tracing::debug!(
                                     priority = priority.as_str(),
                                     queued_ms = queued.as_millis() as u64,
@@ -220,7 +220,7 @@ where
                         // deadline.
                         Turn::Wait
                             if place.is_some_and(|place| {
-                                shared.poll_deadline(place, cx).is_pending()
+                                queue.poll_deadline(place, cx).is_pending()
                             }) =>
                         {
                             return Poll::Pending;
@@ -234,7 +234,7 @@ where
                         }
                     };
                     if let Some(place) = place.take() {
-                        shared.leave(place);
+                        queue.leave(place);
                     }
                     state.set(State::Done);
                     return Poll::Ready(Err(error));
@@ -268,7 +268,7 @@ enum Turn {
 /// Whether it is this request's turn and the inner service is ready for it. A request finding
 /// the queue empty asks the inner service at once and queues only if it is not ready.
 fn poll_turn<S, B>(
-    shared: &Shared,
+    shared: &Inner,
     place: &mut Option<Place>,
     scheduling: &Scheduling,
     deadline: Option<Instant>,
@@ -333,7 +333,7 @@ where
 
 /// Joins the queue's ordering after the inner service was found not ready.
 fn join(
-    shared: &Shared,
+    shared: &Inner,
     place: &mut Option<Place>,
     scheduling: &Scheduling,
     deadline: Option<Instant>,

@@ -116,15 +116,15 @@
 
 mod config;
 mod future;
+mod inner;
 mod layer;
 mod service;
-mod shared;
 
 pub use crate::priority::{EnqueuedAt, NotBefore};
 pub use crate::sched::{ClassSnapshot, QueueSnapshot};
 pub use config::{ClassConfig, QueueConfig};
 pub use future::ResponseFuture;
+pub use inner::QueueHandle;
+pub(crate) use inner::QueueLink;
 pub use layer::PriorityQueueLayer;
 pub use service::PriorityQueue;
-pub use shared::QueueHandle;
-pub(crate) use shared::QueueLink;

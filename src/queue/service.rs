@@ -6,7 +6,7 @@ use tokio::time::Instant;
 use tower::Service;
 
 use super::ResponseFuture;
-use super::shared::{QueueHandle, Shared};
+use super::inner::{Inner, QueueHandle};
 use crate::error::{BoxError, Error};
 use crate::priority::{Deadline, EnqueuedAt, NotBefore, Priority};
 use crate::sched::saturating_deadline;
@@ -18,7 +18,7 @@ use crate::sched::saturating_deadline;
 #[derive(Debug)]
 pub struct PriorityQueue<S> {
     inner: S,
-    shared: Arc<Shared>,
+    queue: Arc<Inner>,
     /// `poll_ready` found nobody waiting here and the inner service ready: `call` may hand
     /// the request over at once.
     ready: bool,
@@ -29,24 +29,24 @@ impl<S: Clone> Clone for PriorityQueue<S> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: self.shared.clone(),
+            queue: self.queue.clone(),
             ready: false,
         }
     }
 }
 
 impl<S> PriorityQueue<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(inner: S, queue: Arc<Inner>) -> Self {
         Self {
             inner,
-            shared,
+            queue,
             ready: false,
         }
     }
 
     /// A handle for introspection.
     pub fn handle(&self) -> QueueHandle {
-        QueueHandle::new(self.shared.clone())
+        QueueHandle::new(self.queue.clone())
     }
 
     /// The inner service.
@@ -72,7 +72,7 @@ where
     /// `call` can hand the request over at once; an inner service that fails its readiness
     /// fails this one.
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        if !self.ready && self.shared.is_empty() {
+        if !self.ready && self.queue.is_empty() {
             match self.inner.poll_ready(cx) {
                 Poll::Ready(Ok(())) => self.ready = true,
                 Poll::Ready(Err(e)) => return Poll::Ready(Err(Error::from_inner(e))),
@@ -87,7 +87,7 @@ where
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         let now = Instant::now();
-        let config = &self.shared.config;
+        let config = &self.queue.config;
         let extensions = request.extensions();
         let priority = extensions
             .get::<Priority>()
@@ -110,13 +110,13 @@ where
             ),
         };
         let ready = std::mem::take(&mut self.ready);
-        if ready && self.shared.is_empty() {
+        if ready && self.queue.is_empty() {
             // Nobody waits here and the inner service is ready: hand it over now. Inner layers
             // follow the placement: a budget orders its waiters by it, and gives up waiting at
             // its deadline.
             let scheduling = config.placed(priority, (enqueued_at, not_before), deadline);
             request.extensions_mut().insert(scheduling);
-            if let Some(link) = self.shared.link() {
+            if let Some(link) = self.queue.link() {
                 request.extensions_mut().insert(link);
             }
             crate::observe::span_record("queue_wait_ms", 0);
@@ -128,7 +128,7 @@ where
             self.inner = self.inner.clone();
         }
         ResponseFuture::new(
-            self.shared.clone(),
+            self.queue.clone(),
             (priority, enqueued_at, not_before),
             deadline,
             self.inner.clone(),

@@ -16,9 +16,9 @@ use tokio::time::Instant;
 use tower::{Service, ServiceExt};
 
 use super::condition::{Condition, Reason, failed_answer, failed_error};
+use super::inner::Inner;
 use super::ramp::{position_of, position_of_sequence};
 use super::route::{RequestView, Route, RouteKey, ServedBy, Tenant, priority_of, rewrite};
-use super::shared::Inner;
 use crate::budget::Budget;
 use crate::cost::Cost;
 use crate::error::{BoxError, Error};

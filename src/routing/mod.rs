@@ -108,19 +108,19 @@
 
 mod condition;
 mod future;
+mod inner;
 mod ramp;
 mod route;
 mod service;
-mod shared;
 
 pub use condition::{Condition, Fallback, Reason};
 pub use future::ResponseFuture;
+pub use inner::RampHandle;
 pub use ramp::{InvalidRamp, PauseReason, Ramp, RampStatus};
 pub use route::{
     BoxRouteBody, BoxRouteService, RequestView, Route, RouteInfo, RouteKey, ServedBy, Tenant,
 };
 pub use service::{DEFAULT_MAX_BODY, Router, RouterBuilder};
-pub use shared::RampHandle;
 
 #[cfg(test)]
 mod tests {

@@ -12,9 +12,9 @@ use tower::Service;
 
 use super::condition::Fallback;
 use super::future::{ResponseFuture, route};
+use super::inner::{Compatible, Inner, RampHandle};
 use super::ramp::Ramp;
 use super::route::{RequestView, Route, RouteInfo};
-use super::shared::{Compatible, Inner, RampHandle};
 use crate::error::{BoxError, Error};
 
 /// The largest request body a router reads by default: 8 MiB.

@@ -11,7 +11,7 @@ use crate::priority::Priority;
 pub struct TokenBudgetLayer {
     budget: Budget,
     missing_cost: MissingCost,
-    class_headroom: [f64; 3],
+    class_floor: [f64; 3],
 }
 
 impl TokenBudgetLayer {
@@ -20,7 +20,7 @@ impl TokenBudgetLayer {
         Self {
             budget,
             missing_cost: MissingCost::default(),
-            class_headroom: [0.0; 3],
+            class_floor: [0.0; 3],
         }
     }
 
@@ -38,9 +38,9 @@ impl TokenBudgetLayer {
     /// Makes requests of `priority` leave `fraction` of every bucket untouched, so that higher
     /// classes find that share at once even while lower ones saturate the quota. `fraction` is
     /// clamped to `[0, 1]`. Defaults to 0 for every class; see
-    /// [`TokenBudget::class_headroom`].
-    pub fn class_headroom(mut self, priority: Priority, fraction: f64) -> Self {
-        self.class_headroom[priority.index()] = fraction;
+    /// [`TokenBudget::class_floor`].
+    pub fn class_floor(mut self, priority: Priority, fraction: f64) -> Self {
+        self.class_floor[priority.index()] = fraction;
         self
     }
 
@@ -56,7 +56,7 @@ impl<S> Layer<S> for TokenBudgetLayer {
     fn layer(&self, inner: S) -> Self::Service {
         let mut service =
             TokenBudget::new(inner, self.budget.clone()).missing_cost(self.missing_cost);
-        service.class_headroom = self.class_headroom;
+        service.class_floor = self.class_floor;
         service
     }
 }

@@ -65,13 +65,13 @@
 //! A request without a [`Cost`](crate::Cost) follows [`MissingCost`]: rejected by default,
 //! with an error for which [`Error::is_missing_cost`](crate::Error::is_missing_cost) holds.
 //!
-//! # Deadlines, class headroom and timings
+//! # Deadlines, class floor and timings
 //!
 //! A [`Deadline`](crate::Deadline) in the request's extensions (set by the caller, or by a
 //! [`PriorityQueueLayer`](crate::PriorityQueueLayer) in front) bounds the wait for the budget
 //! and for the inner service's readiness: past it, the request fails locally
 //! ([`Error::is_deadline_exceeded`](crate::Error::is_deadline_exceeded)), leaving the budget's
-//! queue or refunding its reservation. [`TokenBudgetLayer::class_headroom`] keeps a share of
+//! queue or refunding its reservation. [`TokenBudgetLayer::class_floor`] keeps a share of
 //! every bucket out of reach of a lower [`Priority`](crate::Priority), so that higher classes
 //! find it at once. The time waited and the time of the call are recorded apart in the
 //! response's [`Timings`](crate::Timings).

@@ -36,7 +36,7 @@ pub struct TokenBudget<S> {
     budget: Budget,
     missing_cost: MissingCost,
     /// The share of every bucket each class must leave untouched, by `Priority::index`.
-    pub(super) class_headroom: [f64; 3],
+    pub(super) class_floor: [f64; 3],
     /// `poll_ready` found the inner service ready: a request admitted at once is sent at once.
     ready: bool,
 }
@@ -48,7 +48,7 @@ impl<S: Clone> Clone for TokenBudget<S> {
             inner: self.inner.clone(),
             budget: self.budget.clone(),
             missing_cost: self.missing_cost,
-            class_headroom: self.class_headroom,
+            class_floor: self.class_floor,
             ready: false,
         }
     }
@@ -61,7 +61,7 @@ impl<S> TokenBudget<S> {
             inner,
             budget,
             missing_cost: MissingCost::default(),
-            class_headroom: [0.0; 3],
+            class_floor: [0.0; 3],
             ready: false,
         }
     }
@@ -77,8 +77,8 @@ impl<S> TokenBudget<S> {
     /// classes find that share at once even while lower ones saturate the quota (for example
     /// batch keeping 10 % of the token bucket for interactive work). `fraction` is clamped to
     /// `[0, 1]`. Defaults to 0 for every class; requests without a [`Priority`] keep nothing.
-    pub fn class_headroom(mut self, priority: Priority, fraction: f64) -> Self {
-        self.class_headroom[priority.index()] = fraction;
+    pub fn class_floor(mut self, priority: Priority, fraction: f64) -> Self {
+        self.class_floor[priority.index()] = fraction;
         self
     }
 
@@ -102,7 +102,7 @@ impl<S> TokenBudget<S> {
     }
 
     /// What the request asks of the budget, and its class if it carries one (a request that
-    /// carries none, and met no queue, keeps no class headroom).
+    /// carries none, and met no queue, keeps no class floor).
     fn ask_for<B>(&self, request: &Request<B>, cost: Cost) -> (Ask, Option<Priority>) {
         let extensions = request.extensions();
         if let Some(link) = extensions.get::<QueueLink>() {
@@ -129,7 +129,7 @@ impl<S> TokenBudget<S> {
             .get::<Priority>()
             .copied()
             .or_else(|| extensions.get::<Scheduling>().map(|s| s.priority));
-        let keep = priority.map_or(0.0, |p| self.class_headroom[p.index()]);
+        let keep = priority.map_or(0.0, |p| self.class_floor[p.index()]);
         let ask = Ask {
             cost,
             floor: Floor::from_fraction(keep),

@@ -411,13 +411,13 @@ async fn reservations_polled_by_one_task_are_admitted_at_their_refill_instants()
 async fn a_waiter_kept_by_its_floor_does_not_block_a_lower_floor_behind_it() {
     let b = budget([limit(Dimension::TotalTokens, 1_000, SEC, 1_000)]);
     let start = Instant::now();
-    let first = b.reserve(Cost::new(500, 0)).keeping(0.5).await.unwrap();
+    let first = b.reserve(Cost::new(500, 0)).floor(0.5).await.unwrap();
     first.charge_estimate();
     // 500 left: another 500 keeping half of the bucket must wait for a full bucket.
     let kept = tokio::spawn({
         let b = b.clone();
         async move {
-            let r = b.reserve(Cost::new(500, 0)).keeping(0.5).await.unwrap();
+            let r = b.reserve(Cost::new(500, 0)).floor(0.5).await.unwrap();
             r.charge_estimate();
             start.elapsed()
         }

@@ -70,7 +70,7 @@ async fn a_head_blocked_only_by_its_floor_does_not_block_a_higher_class() {
     let config = QueueConfig::new()
         .promote_after(Priority::Batch, Some(SEC))
         .promote_after(Priority::Async, Some(SEC));
-    let layer = TokenBudgetLayer::new(budget.clone()).class_headroom(Priority::Batch, 0.5);
+    let layer = TokenBudgetLayer::new(budget.clone()).class_floor(Priority::Batch, 0.5);
     let (llm, log) = governed(config, layer);
 
     // 600 left: 200 batch tokens would leave 400, under the floor of 500. It waits, and by
@@ -249,7 +249,7 @@ async fn with_a_redis_budget_a_head_blocked_only_by_its_floor_does_not_block_a_h
     let config = QueueConfig::new()
         .promote_after(Priority::Batch, Some(SEC / 2))
         .promote_after(Priority::Async, Some(SEC / 2));
-    let layer = TokenBudgetLayer::new(budget.clone()).class_headroom(Priority::Batch, 0.5);
+    let layer = TokenBudgetLayer::new(budget.clone()).class_floor(Priority::Batch, 0.5);
     let (llm, log) = governed(config, layer);
 
     // 600 left: 200 batch tokens would leave 400, under the floor of 500. By 1 s the batch
@@ -330,7 +330,7 @@ async fn waiters_blocked_by_their_floors_do_not_spin() {
         .reserve(Cost::new(200, 0))
         .priority(Priority::Batch)
         .enqueued_at(Instant::now() - 300 * SEC)
-        .keeping(0.5);
+        .floor(0.5);
     let a = tokio::spawn(Counted {
         inner: Box::pin(a),
         polls: a_polls.clone(),
@@ -339,7 +339,7 @@ async fn waiters_blocked_by_their_floors_do_not_spin() {
     let b = budget
         .reserve(Cost::new(500, 0))
         .priority(Priority::Async)
-        .keeping(0.2);
+        .floor(0.2);
     let b = tokio::spawn(Counted {
         inner: Box::pin(b),
         polls: b_polls.clone(),

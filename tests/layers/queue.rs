@@ -359,9 +359,9 @@ async fn queue_budget_and_call_times_are_told_apart() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn class_headroom_keeps_the_last_share_for_higher_classes() {
+async fn class_floor_keeps_the_last_share_for_higher_classes() {
     let budget = tokens_10_per_sec();
-    let layer = TokenBudgetLayer::new(budget.clone()).class_headroom(Priority::Batch, 0.5);
+    let layer = TokenBudgetLayer::new(budget.clone()).class_floor(Priority::Batch, 0.5);
     let stack = Stack::with_budget_layer(QueueConfig::new(), layer, Duration::ZERO);
 
     // More than the half batch may use: refused at once, naming the usable capacity.

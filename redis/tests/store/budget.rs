@@ -531,7 +531,7 @@ async fn a_class_floor_keeps_the_last_share_for_interactive_work_of_any_process(
     // Batch work keeps half of every bucket free: 1,000 of the 2,000 tokens.
     let mut taken = batch_process
         .reserve(Cost::new(900, 100))
-        .keeping(0.5)
+        .floor(0.5)
         .await
         .unwrap();
     taken.mark_sent();
@@ -539,7 +539,7 @@ async fn a_class_floor_keeps_the_last_share_for_interactive_work_of_any_process(
     let start = Instant::now();
     let more_batch = tokio::time::timeout(
         Duration::from_millis(300),
-        batch_process.reserve(Cost::new(90, 10)).keeping(0.5),
+        batch_process.reserve(Cost::new(90, 10)).floor(0.5),
     )
     .await;
     assert!(more_batch.is_err(), "batch may not dig into the floor");

@@ -8,7 +8,7 @@ use std::task::Waker;
 use super::{Pass, Waiting};
 use crate::budget::handle::Budget;
 use crate::budget::memory::store::ReservationId;
-use crate::budget::store::state::{Remote, SharedState};
+use crate::budget::store::state::{Remote, RemoteState};
 use crate::budget::store::{Control, Decision, FailurePolicy, PathLimits, StoreFuture};
 use crate::error::{InsufficientCapacity, StoreUnavailable};
 use crate::quota::Limit;
@@ -66,7 +66,7 @@ impl Budget {
     pub(crate) fn abandoned(&self, id: ReservationId, waiting: &Waiting) {
         let mut pass = Pass::new(self, Waker::noop());
         pass.state.slots.fulfil(false);
-        let shared = pass.shared();
+        let shared = pass.remote();
         shared.asking = shared.asking.saturating_sub(1);
         shared.breaker.abandoned(id.get());
         pass.give_back(id, waiting);
@@ -88,7 +88,7 @@ impl Budget {
     }
 
     fn remote(&self) -> &Remote {
-        match &self.shared.remote {
+        match &self.inner.remote {
             Some(remote) => remote,
             None => unreachable!("only a shared budget asks a shared store"),
         }
@@ -102,7 +102,7 @@ impl Pass<'_> {
         id: ReservationId,
         answer: Result<Decision, StoreUnavailable>,
     ) -> Answer {
-        let shared = self.shared();
+        let shared = self.remote();
         shared.asking = shared.asking.saturating_sub(1);
         self.state
             .slots
@@ -111,7 +111,7 @@ impl Pass<'_> {
             Ok(decision) => decision,
             Err(error) => return self.store_failed(waiting, id, error),
         };
-        self.shared().breaker.succeeded();
+        self.remote().breaker.succeeded();
         match decision {
             Decision::Admitted => self.admitted_by_store(waiting),
             Decision::Denied { wait, limit, .. } if self.is_node_limit(limit, waiting) => {
@@ -173,7 +173,7 @@ impl Pass<'_> {
         let refusal = Refusal::InFlight { max };
         if let Some(refused) = tenants.refuses_after(tenant, node.depth(), refusal, wait, times) {
             #[cfg(feature = "metrics")]
-            crate::budget::tenants::shared::refused_metric(tenants, &refused);
+            crate::budget::tenants::state::refused_metric(tenants, &refused);
             self.leave(&mut waiting.place);
             return Answer::Refused(refused);
         }
@@ -212,7 +212,7 @@ impl Pass<'_> {
     /// as in memory), and this process's part of the tree (slots, days, meters, local
     /// buckets) takes its share.
     fn admitted_by_store(&mut self, waiting: &mut Waiting) -> Answer {
-        self.shared().refused = false;
+        self.remote().refused = false;
         if let Some(mine) = waiting.place.take() {
             self.state.queue.serve_away(mine);
         }
@@ -225,7 +225,7 @@ impl Pass<'_> {
 
     /// Whether the store's `limit` (an index past the account's) is a node of the path.
     fn is_node_limit(&mut self, limit: usize, waiting: &Waiting) -> bool {
-        limit >= self.shared().limits().len()
+        limit >= self.remote().limits().len()
             && self.state.tenants.is_some()
             && !self
                 .state
@@ -244,7 +244,7 @@ impl Pass<'_> {
         limit: usize,
     ) -> Answer {
         let path = self.state.path_limits(waiting.ask.tenant.as_ref());
-        let account = self.shared().limits().len();
+        let account = self.remote().limits().len();
         let nodes = &path.limits;
         let (node, node_limit) = &nodes[(limit - account).min(nodes.len() - 1)];
         let ask = &waiting.ask;
@@ -259,7 +259,7 @@ impl Pass<'_> {
         };
         if let Some(refused) = tenants.refuses_after(tenant, depth, refusal, wait, times) {
             #[cfg(feature = "metrics")]
-            crate::budget::tenants::shared::refused_metric(tenants, &refused);
+            crate::budget::tenants::state::refused_metric(tenants, &refused);
             self.leave(&mut waiting.place);
             return Answer::Refused(refused);
         }
@@ -277,7 +277,7 @@ impl Pass<'_> {
         floor_only: bool,
         first: bool,
     ) -> Answer {
-        self.shared().refused = true;
+        self.remote().refused = true;
         if let Err(depth) = self.back(waiting) {
             return Answer::Full(depth);
         }
@@ -295,14 +295,14 @@ impl Pass<'_> {
             self.budget.remote().jittered(wait)
         };
         let at = saturating_deadline(self.now, wait);
-        Answer::RetryAt(at, self.shared().refunds)
+        Answer::RetryAt(at, self.remote().refunds)
     }
 
     /// A limit, as the store knows it (the account's or a node's), is below the cost.
     fn too_large(&mut self, waiting: &mut Waiting, limit: usize) -> Answer {
         self.leave(&mut waiting.place);
         let path = self.state.path_limits(waiting.ask.tenant.as_ref());
-        let shared = self.shared();
+        let shared = self.remote();
         let cost = &waiting.ask.cost;
         let nodes = &path.limits;
         match limit
@@ -332,7 +332,7 @@ impl Pass<'_> {
         error: StoreUnavailable,
     ) -> Answer {
         let ns = self.ns;
-        self.shared().breaker.failed(ns);
+        self.remote().breaker.failed(ns);
         self.give_back(id, waiting);
         tracing::warn!(%error, "the shared quota store did not answer");
         match self.budget.remote().policy() {
@@ -350,7 +350,7 @@ impl Pass<'_> {
     /// Releases in the store whatever question `id` may have taken.
     fn give_back(&mut self, id: ReservationId, waiting: &Waiting) {
         let path = self.state.path_limits(waiting.ask.tenant.as_ref());
-        let limits = self.shared().limits().clone();
+        let limits = self.remote().limits().clone();
         self.budget
             .remote()
             .release(id, waiting.ask.cost, limits, path);
@@ -375,10 +375,10 @@ impl Pass<'_> {
         }
     }
 
-    fn shared(&mut self) -> &mut SharedState {
+    fn remote(&mut self) -> &mut RemoteState {
         self.state
-            .shared
+            .remote
             .as_mut()
-            .expect("a shared budget has shared state")
+            .expect("a budget kept in a store has its remote state")
     }
 }

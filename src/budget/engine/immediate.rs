@@ -88,10 +88,10 @@ impl Budget {
                 _ => Err(TryReserveError::NoSlot),
             },
             Err(Unpaid::Buckets(Denial::NotUntil { at, limit })) => {
-                if let Some(lease) = state.shared.as_mut().and_then(|s| s.lease.as_mut()) {
+                if let Some(lease) = state.remote.as_mut().and_then(|s| s.lease.as_mut()) {
                     // Its wallets lack it: the next renewal (sooner) asks for it whole.
                     lease.blocked = Some(cost);
-                    if let Some(remote) = &self.shared.remote {
+                    if let Some(remote) = &self.inner.remote {
                         remote.wants_more.notify_one();
                     }
                 }

@@ -219,7 +219,7 @@ impl<'a> Pass<'a> {
         match tenants.check(path, &ask.cost, self.ns, self.now, arrived) {
             Check::Refused(refused) => {
                 #[cfg(feature = "metrics")]
-                crate::budget::tenants::shared::refused_metric(tenants, &refused);
+                crate::budget::tenants::state::refused_metric(tenants, &refused);
                 self.leave(&mut waiting.place);
                 Break(Step::Refused(refused))
             }
@@ -248,7 +248,7 @@ impl<'a> Pass<'a> {
         else {
             return Continue(());
         };
-        if self.state.shared.is_some() || self.state.check_capacity(&ask.cost, ask.floor).is_err() {
+        if self.state.remote.is_some() || self.state.check_capacity(&ask.cost, ask.floor).is_err() {
             // A cost that never fits is refused as such when it is paid.
             return Continue(());
         }
@@ -391,7 +391,7 @@ impl<'a> Pass<'a> {
         // A lease is no fallback.
         let shared = self
             .state
-            .shared
+            .remote
             .as_ref()
             .is_some_and(|s| s.lease.is_none());
         let fallback = match (shared && !ask_store, waiting.local) {
@@ -463,7 +463,7 @@ impl<'a> Pass<'a> {
     /// while the store admits; while the store refuses, one asks at a time. `Continue`: the
     /// breaker is open and the policy fails open, the local fallback share pays.
     fn ask_store(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
-        let (Some(remote), Some(shared)) = (&self.budget.shared.remote, &self.state.shared) else {
+        let (Some(remote), Some(shared)) = (&self.budget.inner.remote, &self.state.remote) else {
             return Continue(());
         };
         // The store's wait, unless a refund reached the store since it told it.
@@ -479,7 +479,7 @@ impl<'a> Pass<'a> {
             });
         }
         let id = self.state.peek_id();
-        let shared = self.state.shared.as_mut().expect("checked above");
+        let shared = self.state.remote.as_mut().expect("checked above");
         if !shared.may_ask() {
             // Another question is on its way while the store refuses.
             return Break(self.wait(waiting));
@@ -506,10 +506,10 @@ impl<'a> Pass<'a> {
     /// reorder the fronts). Blocked only by its floor, it lets whoever may go instead look.
     fn wait_for_buckets(&mut self, waiting: &mut Waiting, at: u64) -> Step {
         let step = self.wait(waiting);
-        if let Some(remote) = self.budget.shared.remote.as_ref().filter(|r| r.leases()) {
+        if let Some(remote) = self.budget.inner.remote.as_ref().filter(|r| r.leases()) {
             // Its wallets do not cover it (or the lease ended): the next renewal, sooner, asks
             // for its cost whole.
-            if let Some(lease) = self.state.shared.as_mut().and_then(|s| s.lease.as_mut()) {
+            if let Some(lease) = self.state.remote.as_mut().and_then(|s| s.lease.as_mut()) {
                 lease.blocked = Some(waiting.ask.cost);
             }
             remote.wants_more.notify_one();
@@ -560,7 +560,7 @@ impl State {
         cost: &crate::cost::Cost,
         floor: Floor,
     ) -> Result<(), InsufficientCapacity> {
-        match &self.shared {
+        match &self.remote {
             Some(shared) => shared.check_capacity(cost, floor),
             None => self.store.check_capacity(cost, floor),
         }

@@ -143,7 +143,7 @@ struct Buckets;
 impl Way for Buckets {
     fn can_pay(&self, state: &State, bill: &Bill<'_>) -> Result<(), Unpaid> {
         let too_large = |state: &State| state.store.check_capacity(bill.cost, bill.floor).is_err();
-        let leasing = state.shared.as_ref().filter(|s| s.lease.is_some());
+        let leasing = state.remote.as_ref().filter(|s| s.lease.is_some());
         if let Some((shared, lease)) = leasing.and_then(|s| Some((s, s.lease.as_ref()?))) {
             // Larger than the account: never (a store asked per admission says so itself).
             shared
@@ -178,7 +178,7 @@ impl Way for Buckets {
                     });
             }
         }
-        if state.shared.is_some() && too_large(state) {
+        if state.remote.is_some() && too_large(state) {
             return Err(Unpaid::Unavailable(StoreUnavailable::new(
                 "the shared store is out of reach and the cost exceeds the local fallback share",
             )));
@@ -190,7 +190,7 @@ impl Way for Buckets {
     }
 
     fn take(&self, state: &mut State, bill: &Bill<'_>) {
-        if let Some(shared) = state.shared.as_mut() {
+        if let Some(shared) = state.remote.as_mut() {
             if let Some(lease) = shared.lease.as_mut() {
                 lease.spent = lease.spent.saturating_add(*bill.cost);
                 lease.blocked = None;

@@ -21,7 +21,7 @@ pub(crate) enum Origin {
     /// The budget's own buckets (for a shared budget, its local fallback share).
     Local,
     /// The store shared with other processes.
-    Shared,
+    Remote,
 }
 
 /// A reservation's identity, unique within its budget; a shared store settles by it.

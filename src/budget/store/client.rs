@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 
 use crate::budget::memory::bucket::Floor;
 use crate::budget::memory::store::{MemoryStore, Store};
-use crate::budget::store::state::{Command, LeaseState, Remote, RemoteOptions, SharedState};
+use crate::budget::store::state::{Command, LeaseState, Remote, RemoteOptions, RemoteState};
 use crate::budget::store::{
     Breaker, Decision, FailurePolicy, PathLimits, QuotaStore, Settle, StoreFuture,
 };
@@ -25,17 +25,17 @@ use crate::tenant::Tenant;
 
 /// Tells the budget, if it still exists, that a refund reached the store.
 #[derive(Debug, Clone)]
-struct Refunded(std::sync::Weak<crate::budget::handle::Shared>);
+struct Refunded(std::sync::Weak<crate::budget::handle::Inner>);
 
 impl Refunded {
     fn notify(&self) {
-        if let Some(shared) = self.0.upgrade() {
-            Budget { shared }.refunded_remotely();
+        if let Some(inner) = self.0.upgrade() {
+            Budget { inner }.refunded_remotely();
         }
     }
 
     fn budget(&self) -> Option<Budget> {
-        self.0.upgrade().map(|shared| Budget { shared })
+        self.0.upgrade().map(|inner| Budget { inner })
     }
 }
 
@@ -49,7 +49,7 @@ async fn sync_pauses(store: &Arc<dyn QuotaStore>, budget: &Refunded, timeout: Du
     // The slots this process holds on its nodes' caps stay its own while it lives.
     let instance = budget
         .budget()
-        .and_then(|b| b.shared.remote.as_ref().map(|r| r.instance));
+        .and_then(|b| b.inner.remote.as_ref().map(|r| r.instance));
     if let Some(instance) = instance {
         let _ = bounded(timeout, store.heartbeat(instance)).await;
     }
@@ -110,7 +110,7 @@ impl Budget {
         if !reachable {
             breaker.open(0);
         }
-        let shared = SharedState {
+        let shared = RemoteState {
             limits: quota.limits().into(),
             share,
             breaker,
@@ -131,7 +131,7 @@ impl Budget {
             None => MemoryStore::new(&fallback),
         };
         let budget = Self::from_parts(quota, store, Some(shared), Some(remote));
-        let refunded = Refunded(Arc::downgrade(&budget.shared));
+        let refunded = Refunded(Arc::downgrade(&budget.inner));
         let sending = send_in_background(worker, receiver, options, refunded);
         #[cfg(not(all(test, loom)))]
         tokio::spawn(sending);
@@ -145,7 +145,7 @@ impl Budget {
     /// Whether the circuit breaker lets admissions ask the store.
     pub(in crate::budget) fn store_reachable(&self) -> bool {
         self.lock()
-            .shared
+            .remote
             .as_ref()
             .is_some_and(|shared| shared.breaker.is_closed())
     }
@@ -154,7 +154,7 @@ impl Budget {
     /// when the store's last wait is over.
     fn refunded_remotely(&self) {
         let mut state = self.lock();
-        let head = match state.shared.as_mut() {
+        let head = match state.remote.as_mut() {
             Some(shared) => {
                 shared.refunds = shared.refunds.wrapping_add(1);
                 shared.refused = false;
@@ -289,7 +289,7 @@ impl Remote {
     }
 }
 
-impl SharedState {
+impl RemoteState {
     pub(crate) fn limits(&self) -> &Arc<[Limit]> {
         &self.limits
     }

@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::budget::Budget;
-use crate::budget::handle::{Shared, State};
+use crate::budget::handle::{Inner, State};
 use crate::budget::memory::store::Store;
 use crate::budget::store::state::{LeaseOptions, Parting};
 use crate::budget::store::{Demand, FailurePolicy, Grant, QuotaStore, Renewal, Report};
@@ -67,12 +67,12 @@ pub(crate) fn local_end(asked: Instant, lease: Duration) -> Instant {
 impl Budget {
     /// Whether the budget leases from a shared store.
     pub(in crate::budget) fn leases(&self) -> bool {
-        self.shared.remote.as_ref().is_some_and(|r| r.leases())
+        self.inner.remote.as_ref().is_some_and(|r| r.leases())
     }
 
     /// Whether an admission asks the shared store (a shared budget that does not lease).
     pub(in crate::budget) fn asks_per_admission(&self) -> bool {
-        self.shared.remote.as_ref().is_some_and(|r| !r.leases())
+        self.inner.remote.as_ref().is_some_and(|r| !r.leases())
     }
 
     /// The account's limits, and this process's renewal: what it wants of the account now
@@ -98,7 +98,7 @@ impl Budget {
             tenants.unspread(&mut flows);
             guarantees = tenants.guarantees_of(&guarantors);
         }
-        let Some(shared) = state.shared.as_mut() else {
+        let Some(shared) = state.remote.as_mut() else {
             return (Arc::from([]), Demand::leave(0, Vec::new()));
         };
         let limits = shared.limits().clone();
@@ -168,7 +168,7 @@ impl Budget {
                 let flows = spread.by_ref().take(demand.flows.len()).collect::<Vec<_>>();
                 tenants.spread(flows.into_iter(), spread, grant.part);
             }
-            let Some(shared) = state.shared.as_mut() else {
+            let Some(shared) = state.remote.as_mut() else {
                 return false;
             };
             if let Some(lease) = &mut shared.lease {
@@ -204,7 +204,7 @@ impl Budget {
         let FailurePolicy::LocalFallback { share } = policy else {
             // Closed: the waiting requests are refused as the store's unavailability.
             self.update_state(
-                |state| match state.shared.as_mut().and_then(|s| s.lease.as_mut()) {
+                |state| match state.remote.as_mut().and_then(|s| s.lease.as_mut()) {
                     Some(lease) if !lease.unreachable => {
                         lease.unreachable = true;
                         true
@@ -215,7 +215,7 @@ impl Budget {
             return;
         };
         let ns = self.nanos_since_origin(Instant::now());
-        self.update_state(|state| match state.shared.as_mut() {
+        self.update_state(|state| match state.remote.as_mut() {
             Some(shared) if shared.lease.as_ref().is_some_and(|l| !l.fallback) => {
                 if let Some(lease) = &mut shared.lease {
                     lease.fallback = true;
@@ -230,7 +230,7 @@ impl Budget {
     /// What a leasing process reports when it leaves: it keeps nothing (but its debts) and
     /// gives back what its wallets hold.
     fn parting(state: &mut crate::budget::handle::State, now: u64) -> Option<Parting> {
-        let shared = state.shared.as_mut()?;
+        let shared = state.remote.as_mut()?;
         let lease = shared.lease.as_mut()?;
         lease.seq += 1;
         let wallets = state.store.holds_wallets();
@@ -252,7 +252,7 @@ impl Budget {
     }
 }
 
-impl Drop for Shared {
+impl Drop for Inner {
     /// The last handle on a leasing budget is gone: its renewal task wakes to give back what
     /// it holds now, rather than letting it lapse at its lease's end.
     fn drop(&mut self) {
@@ -271,14 +271,14 @@ impl Drop for Shared {
 impl Budget {
     /// Starts renewing the lease of a budget that leases.
     pub(in crate::budget) fn start_leasing(&self) {
-        let Some(remote) = self.shared.remote.as_ref() else {
+        let Some(remote) = self.inner.remote.as_ref() else {
             return;
         };
         let Some(lease) = remote.options.leases else {
             return;
         };
         let budget = Leasing {
-            budget: Arc::downgrade(&self.shared),
+            budget: Arc::downgrade(&self.inner),
             wants_more: remote.wants_more.clone(),
             parting: remote.parting.clone(),
             spent_much: remote.spent_much.clone(),
@@ -292,7 +292,7 @@ impl Budget {
 /// What the renewal task holds of its budget: a weak handle (the task ends with the budget),
 /// its signal for more, and what it gives back when it leaves.
 struct Leasing {
-    budget: Weak<Shared>,
+    budget: Weak<Inner>,
     wants_more: Arc<tokio::sync::Notify>,
     parting: Arc<std::sync::Mutex<Option<Parting>>>,
     spent_much: Arc<std::sync::atomic::AtomicBool>,
@@ -317,10 +317,10 @@ async fn keep_leasing(
     // sooner.
     let mut short: Option<Duration> = None;
     loop {
-        let Some(shared) = leasing.budget.upgrade() else {
+        let Some(inner) = leasing.budget.upgrade() else {
             return leave(&*store, &leasing, (process, options.lease), timeout).await;
         };
-        let budget_now = Budget { shared };
+        let budget_now = Budget { inner };
         let asked = Instant::now();
         let (limits, demand) = budget_now.lease_demand(asked.saturating_duration_since(last));
         last = asked;

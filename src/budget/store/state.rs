@@ -81,7 +81,7 @@ impl Remote {
 
 /// The limits and breaker of a shared budget, under the budget's lock.
 #[derive(Debug)]
-pub(crate) struct SharedState {
+pub(crate) struct RemoteState {
     pub(crate) limits: Arc<[Limit]>,
     pub(crate) share: f64,
     pub(crate) breaker: Breaker,

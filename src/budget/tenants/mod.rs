@@ -5,7 +5,7 @@ mod handle;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod node;
-pub(crate) mod shared;
+pub(crate) mod state;
 pub(crate) mod tree;
 
 pub use handle::TenantHandle;
@@ -19,14 +19,14 @@ use super::handle::State;
 use crate::budget::engine::Ask;
 use crate::quota::Limit;
 use crate::tenant::{InvalidTree, Tenant, TenantNode, TenantSnapshot, TenantTree};
-use shared::Tenants;
+use state::Tenants;
 use tree::NodeView;
 
 impl Budget {
     /// Installs `tree` (validated) as the budget's tenant state, replacing any it had.
     pub(in crate::budget) fn install_tenants(&self, tree: TenantTree) {
         let mut state = self.lock();
-        let account: Vec<Limit> = match &state.shared {
+        let account: Vec<Limit> = match &state.remote {
             Some(shared) => shared.limits().to_vec(),
             None => state.store.limits(),
         };
@@ -41,7 +41,7 @@ impl Budget {
     pub(in crate::budget) fn serve_tenants_of(&self, other: &Budget) {
         let theirs = other.lock().tenants.clone();
         let nanos = |d: std::time::Duration| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX);
-        let (mine, their) = (self.shared.origin, other.shared.origin);
+        let (mine, their) = (self.inner.origin, other.inner.origin);
         let later = nanos(mine.saturating_duration_since(their))
             - nanos(their.saturating_duration_since(mine));
         let mut state = self.lock();
@@ -95,7 +95,7 @@ impl Budget {
         let mut state = self.lock();
         // Told to the store under the lock: a reading of the store's pauses under way does
         // not undo it.
-        if let Some(remote) = &self.shared.remote {
+        if let Some(remote) = &self.inner.remote {
             remote.set_paused(scope.clone(), paused);
             // What the store will hold once the change lands: a later reading that finds the
             // pause gone (resumed by another process) resumes it here too.
@@ -122,7 +122,7 @@ impl Budget {
     pub(crate) fn pause_changes(&self) -> Option<u64> {
         let state = self.lock();
         state.tenants.as_ref()?;
-        let remote = self.shared.remote.as_ref()?;
+        let remote = self.inner.remote.as_ref()?;
         Some(
             remote
                 .pause_changes
@@ -136,7 +136,7 @@ impl Budget {
     /// resumed here. A pause made here and not in this store (a tree shared with another
     /// account's budget) stays.
     pub(crate) fn sync_paused(&self, paused: &[Tenant], changes: u64) {
-        let Some(remote) = &self.shared.remote else {
+        let Some(remote) = &self.inner.remote else {
             return;
         };
         let now = Instant::now();

@@ -52,7 +52,7 @@ pub(crate) enum Check {
 }
 
 /// The tenants' run-time state, shared by every budget that serves them (see
-/// [`Tenants`](super::shared::Tenants), the handle each budget holds). Times are nanoseconds
+/// [`Tenants`](super::state::Tenants), the handle each budget holds). Times are nanoseconds
 /// on the clock of the budget that made it.
 #[derive(Debug)]
 pub(crate) struct TenantState {

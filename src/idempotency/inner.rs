@@ -12,7 +12,7 @@ use crate::usage::WireFormat;
 
 /// The state every clone of a layer shares.
 #[derive(Debug, Clone)]
-pub(crate) struct Shared {
+pub(crate) struct Inner {
     pub(crate) store: Arc<dyn IdempotencyStore>,
     pub(crate) flights: Arc<Flights>,
     pub(crate) config: Arc<Config>,

@@ -15,7 +15,7 @@ use crate::sched::order::{Order, Place};
 
 /// The ordering behind a mutex, with the wake-up rules and the deadline alarm around it.
 #[derive(Debug)]
-pub(crate) struct Shared {
+pub(crate) struct Inner {
     pub(crate) config: QueueConfig,
     state: Mutex<State>,
     /// How many requests wait, readable without the lock (written under it).
@@ -35,7 +35,7 @@ const LINK_EVERY: usize = 256;
 /// A request extension naming the queue that placed it, so that a budget it waits in next
 /// makes itself known to the queue (whose snapshot then counts the budget's waiters).
 #[derive(Debug, Clone)]
-pub(crate) struct QueueLink(pub(crate) Arc<Shared>);
+pub(crate) struct QueueLink(pub(crate) Arc<Inner>);
 
 #[derive(Debug)]
 pub(crate) struct State {
@@ -46,7 +46,7 @@ pub(crate) struct State {
     sentinel: Option<Place>,
 }
 
-impl Shared {
+impl Inner {
     pub(crate) fn new(config: QueueConfig) -> Self {
         Self {
             config,
@@ -164,14 +164,14 @@ impl Shared {
 /// view.
 #[derive(Debug, Clone)]
 pub struct QueueHandle {
-    shared: Arc<Shared>,
+    queue: Arc<Inner>,
     budget: Option<Budget>,
 }
 
 impl QueueHandle {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+    pub(crate) fn new(queue: Arc<Inner>) -> Self {
         Self {
-            shared,
+            queue,
             budget: None,
         }
     }
@@ -187,7 +187,7 @@ impl QueueHandle {
     /// The depth and oldest wait of every class, now, over everyone waiting (see above).
     pub fn snapshot(&self) -> QueueSnapshot {
         let mut budgets: Vec<Budget> = self
-            .shared
+            .queue
             .linked
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -205,6 +205,6 @@ impl QueueHandle {
     /// The depth and oldest wait of the requests waiting in the queue's own ordering only
     /// (for an inner service that is not ready), now.
     pub fn own_snapshot(&self) -> QueueSnapshot {
-        self.shared.lock().order.snapshot(Instant::now())
+        self.queue.lock().order.snapshot(Instant::now())
     }
 }

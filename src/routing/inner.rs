@@ -42,10 +42,10 @@ impl<S> Inner<S> {
 /// share the ramp.
 #[derive(Clone)]
 pub struct RampHandle {
-    shared: Arc<RampShared>,
+    inner: Arc<RampInner>,
 }
 
-struct RampShared {
+struct RampInner {
     route: Arc<str>,
     budget: Option<Budget>,
     state: Mutex<RampState>,
@@ -54,7 +54,7 @@ struct RampShared {
 impl RampHandle {
     pub(crate) fn new(route: &str, budget: Option<Budget>, ramp: Ramp) -> Self {
         let handle = Self {
-            shared: Arc::new(RampShared {
+            inner: Arc::new(RampInner {
                 route: route.into(),
                 budget,
                 state: Mutex::new(RampState::new(ramp, Instant::now())),
@@ -67,7 +67,7 @@ impl RampHandle {
 
     fn with<T>(&self, f: impl FnOnce(&mut RampState) -> T) -> T {
         let mut state = self
-            .shared
+            .inner
             .state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -76,23 +76,23 @@ impl RampHandle {
 
     /// Evaluates the periods that ended, then runs `f` on the state.
     pub(crate) fn ticked<T>(&self, f: impl FnOnce(&mut RampState) -> T) -> T {
-        let depth = self.shared.budget.as_ref().map_or(0, Budget::waiters);
+        let depth = self.inner.budget.as_ref().map_or(0, Budget::waiters);
         let now = Instant::now();
         let (changed, status, out) = self.with(|state| {
             let changed = state.tick(now, depth);
             (changed, state.status(), f(state))
         });
         if changed {
-            crate::observe::ramp(&self.shared.route, status.share, status.paused.is_some());
+            crate::observe::ramp(&self.inner.route, status.share, status.paused.is_some());
             match status.paused {
                 Some(reason) => tracing::debug!(
-                    route = %self.shared.route,
+                    route = %self.inner.route,
                     share = status.share,
                     reason = reason.as_str(),
                     "ramp paused"
                 ),
                 None => tracing::debug!(
-                    route = %self.shared.route,
+                    route = %self.inner.route,
                     share = status.share,
                     "ramp growing"
                 ),
@@ -109,14 +109,14 @@ impl RampHandle {
 
     /// The ramped route's name.
     pub fn route(&self) -> &str {
-        &self.shared.route
+        &self.inner.route
     }
 }
 
 impl fmt::Debug for RampHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RampHandle")
-            .field("route", &self.shared.route)
+            .field("route", &self.inner.route)
             .field("status", &self.with(|state| state.status()))
             .finish()
     }
