@@ -91,9 +91,7 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_llm_quota::budget::AdaptiveShare;
 use tower_llm_quota::estimate::{Defaults, estimate};
 use tower_llm_quota::stack::QuotaStack;
-use tower_llm_quota::{
-    DEFAULT_HEADROOM, Dimension, Limit, Priority, QueueConfig, Quota, estimate::CharEstimator,
-};
+use tower_llm_quota::{Dimension, Limit, Priority, QueueConfig, Quota, estimate::CharEstimator};
 use tower_llm_quota_sim::{SimConfig, SimService, Simulator};
 
 use run::{Binding, Consumption, FixedRetry, Meter, Metered, Outcome, QuotaSpec, Target};
@@ -304,7 +302,7 @@ async fn run_client(workload: &Workload, client: Client, config: SimConfig) -> C
             run::run_all(stack.layer(raw), items, &target, None, start, &|_| {}).await
         }
         Client::GovernedFixed => {
-            let stack = QuotaStack::openai(quota(workload.quota, Some(DEFAULT_HEADROOM)));
+            let stack = QuotaStack::openai(quota(workload.quota, Some(Limit::DEFAULT_HEADROOM)));
             run::run_all(stack.layer(raw), items, &target, None, start, &|_| {}).await
         }
         Client::Naive => run::run_all(raw, items, &target, Some(FIXED_RETRY), start, &|_| {}).await,

@@ -48,7 +48,8 @@
 //!   spend in nano-dollars; [`group`]: many items in one call.
 //! - Client seams: [`middleware`] (`reqwest_middleware`, feature `reqwest`), [`async_openai`]
 //!   (feature `async-openai`), and the snippets of [`clients`].
-//! - [`prelude`]: the names most programs use, in one import.
+//! - The crate root holds the names most programs write: the budget, the quota and its
+//!   limits, a request's cost, class and deadline, the error, the layers and the stack.
 //!
 //! The README (on the repository and crates.io) tells the whole story with figures:
 //! waiting, Redis fleets, tenants, spend, the gateway. Every async API documents its
@@ -70,8 +71,11 @@ mod loom;
 #[cfg(feature = "reqwest")]
 pub mod middleware;
 mod observe;
+#[cfg(not(fuzzing))]
+mod parse;
+// The fuzz targets call the parsers directly.
+#[cfg(fuzzing)]
 pub mod parse;
-pub mod prelude;
 pub mod pricing;
 mod priority;
 pub mod provider;
@@ -93,7 +97,6 @@ pub mod token_budget;
 pub mod usage;
 
 pub mod idempotency;
-pub mod jobs;
 
 // The names users write: the budget and its quota, a request's cost and class, the crate's
 // error, the layers and the stack. Seam types (bodies, futures, extractor traits, snapshots,
@@ -106,10 +109,7 @@ pub use estimate::EstimateLayer;
 pub use idempotency::IdempotencyLayer;
 pub use priority::{Deadline, Priority, Timings, UnknownPriority};
 pub use queue::{PriorityQueueLayer, QueueConfig};
-pub use quota::{
-    CapWindow, DEFAULT_BURST_FRACTION, DEFAULT_HEADROOM, Dimension, InvalidLimit, Limit, PeriodCap,
-    Quota,
-};
+pub use quota::{CapWindow, Dimension, InvalidLimit, Limit, PeriodCap, Quota};
 pub use reconcile::ReconcileLayer;
 pub use retry::{RetryAfterLayer, RetryPolicy};
 pub use stack::QuotaStack;

@@ -202,10 +202,6 @@ mod enabled {
         );
         describe_counter!("llm_retries_total", "Retries, by failure class.");
         describe_gauge!("llm_queue_depth", "Requests waiting in the priority queue.");
-        describe_gauge!(
-            "llm_jobs",
-            "Jobs of a durable batch queue by state: queued, delayed, done, dead."
-        );
         describe_histogram!(
             "llm_queue_wait_seconds",
             Unit::Seconds,
@@ -470,15 +466,5 @@ pub(crate) fn duplicate_suppressed(task: Option<&str>) {
     when_enabled! {
         let task = task.map_or(SharedString::const_str("unknown"), |t| SharedString::from(t.to_owned()));
         enabled::counter("llm_duplicate_suppressed_total", &[("task_type", task)], |h| h.increment(1));
-    }
-}
-
-/// Jobs of a durable queue by state.
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn jobs(queued: u64, delayed: u64, done: u64, dead: u64) {
-    when_enabled! {
-        for (state, count) in [("queued", queued), ("delayed", delayed), ("done", done), ("dead", dead)] {
-            enabled::gauge("llm_jobs", &[("state", SharedString::const_str(state))], |g| g.set(count as f64));
-        }
     }
 }

@@ -43,7 +43,6 @@ use tower_llm_quota::group::{ApiFormat, GroupConfig, GroupItem, GroupQueue, Grou
 use tower_llm_quota::idempotency::{
     IdempotencyError, IdempotencyLayer, IdempotentBody, Operation, Suppressed,
 };
-use tower_llm_quota::jobs::JobCounts;
 use tower_llm_quota::retry::{Failure as Failed, FailureClass, ProviderErrors};
 use tower_llm_quota::{BoxError, Priority, Timings, retry::Classify};
 use tower_llm_quota_redis::RedisIdempotencyStore;
@@ -138,6 +137,38 @@ async fn enqueue(
 
 fn total_key(queue: &str) -> String {
     format!("{queue}:total")
+}
+
+/// How many jobs are in each state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct JobCounts {
+    /// Ready, waiting for a worker.
+    queued: u64,
+    /// Waiting for a not-before time (a transient failure rescheduled).
+    delayed: u64,
+    /// Completed, with a stored result.
+    done: u64,
+    /// Failed permanently, in the dead-letter set with their error.
+    dead: u64,
+}
+
+impl JobCounts {
+    /// Whether every one of `enqueued` jobs has ended, done or dead.
+    fn settled(&self, enqueued: u64) -> bool {
+        self.done + self.dead >= enqueued
+    }
+
+    /// Sets the gauge `llm_jobs{state}` to each count, beside the quota's own series.
+    fn record(&self) {
+        for (state, count) in [
+            ("queued", self.queued),
+            ("delayed", self.delayed),
+            ("done", self.done),
+            ("dead", self.dead),
+        ] {
+            metrics::gauge!("llm_jobs", "state" => state).set(count as f64);
+        }
+    }
 }
 
 /// Jobs by state, read from apalis-redis's keys: its scheduled set holds every job pushed

@@ -103,9 +103,7 @@ use tokio::time::Instant;
 use tower::{Layer, Service};
 use tower_llm_quota::provider::Profile;
 use tower_llm_quota::stack::QuotaStack;
-use tower_llm_quota::{
-    BoxError, DEFAULT_HEADROOM, Dimension, Limit, Priority, QueueConfig, Quota, RetryPolicy,
-};
+use tower_llm_quota::{BoxError, Dimension, Limit, Priority, QueueConfig, Quota, RetryPolicy};
 use tower_llm_quota_redis::RedisBudget;
 use tower_llm_quota_sim::{SimConfig, SimStats, Simulator};
 
@@ -219,7 +217,9 @@ impl Settings {
         }
         // One call per admission plans a fixed share: its buckets in Redis do not adapt.
         let per_admission = args.redis_url.is_some() && args.call_per_admission;
-        let headroom = args.headroom.or(per_admission.then_some(DEFAULT_HEADROOM));
+        let headroom = args
+            .headroom
+            .or(per_admission.then_some(Limit::DEFAULT_HEADROOM));
         if headroom.is_some_and(|h| !(h > 0.0 && h <= 1.0)) {
             return Err("--headroom must be in (0, 1]".into());
         }

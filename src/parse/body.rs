@@ -24,9 +24,8 @@ use super::number::{Decimal, SECOND, clamp};
 ///
 /// # Example
 ///
-/// ```
+/// ```text
 /// use std::time::Duration;
-/// use tower_llm_quota::parse::body_retry_delay;
 ///
 /// let gemini = br#"{"error":{"code":429,"details":[
 ///     {"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"3.957525076s"}]}}"#;

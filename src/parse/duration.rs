@@ -18,9 +18,8 @@ const DAY: u64 = 24 * HOUR;
 ///
 /// # Example
 ///
-/// ```
+/// ```text
 /// use std::time::Duration;
-/// use tower_llm_quota::parse::go_duration;
 ///
 /// assert_eq!(go_duration("6m0s"), Some(Duration::from_secs(360)));
 /// assert_eq!(go_duration("12ms"), Some(Duration::from_millis(12)));
@@ -39,13 +38,12 @@ pub fn go_duration(s: &str) -> Option<Duration> {
 ///
 /// Returns `None` for anything else, such as `-1`; clamped to [`MAX_WAIT`](super::MAX_WAIT).
 /// Anthropic's resets are instants instead: see [`rfc3339`](super::rfc3339) and
-/// [`epoch_seconds`](super::epoch_seconds).
+/// `epoch_seconds`.
 ///
 /// # Example
 ///
-/// ```
+/// ```text
 /// use std::time::Duration;
-/// use tower_llm_quota::parse::reset_duration;
 ///
 /// assert_eq!(reset_duration("1.28s"), Some(Duration::from_millis(1_280)));
 /// assert_eq!(reset_duration("37"), Some(Duration::from_secs(37)));
@@ -65,9 +63,8 @@ pub fn reset_duration(s: &str) -> Option<Duration> {
 ///
 /// # Example
 ///
-/// ```
+/// ```text
 /// use std::time::Duration;
-/// use tower_llm_quota::parse::timespan;
 ///
 /// assert_eq!(timespan("00:00:00.033"), Some(Duration::from_millis(33)));
 /// assert_eq!(timespan("01:02:03"), Some(Duration::from_secs(3_723)));

@@ -6,7 +6,9 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 
 use super::MAX_WAIT;
-use super::number::{Decimal, SECOND, duration, trim};
+#[cfg(any(test, fuzzing))]
+use super::number::{Decimal, SECOND};
+use super::number::{duration, trim};
 
 /// Parses an RFC 3339 timestamp, as in Anthropic's `anthropic-ratelimit-*-reset` headers.
 ///
@@ -17,9 +19,8 @@ use super::number::{Decimal, SECOND, duration, trim};
 ///
 /// # Example
 ///
-/// ```
+/// ```text
 /// use std::time::{Duration, UNIX_EPOCH};
-/// use tower_llm_quota::parse::rfc3339;
 ///
 /// let at = UNIX_EPOCH + Duration::from_secs(1_740_435_947);
 /// assert_eq!(rfc3339("2025-02-24T22:25:47Z"), Some(at));
@@ -46,13 +47,13 @@ pub fn rfc3339(s: &str) -> Option<SystemTime> {
 ///
 /// # Example
 ///
-/// ```
+/// ```text
 /// use std::time::{Duration, UNIX_EPOCH};
-/// use tower_llm_quota::parse::epoch_seconds;
 ///
 /// assert_eq!(epoch_seconds("1767225600"), Some(UNIX_EPOCH + Duration::from_secs(1_767_225_600)));
 /// assert_eq!(epoch_seconds("-1"), None);
 /// ```
+#[cfg(any(test, fuzzing))]
 pub fn epoch_seconds(s: &str) -> Option<SystemTime> {
     let nanos = Decimal::whole(trim(s).as_bytes())?.nanos(SECOND);
     UNIX_EPOCH.checked_add(duration(nanos)?)
@@ -63,9 +64,8 @@ pub fn epoch_seconds(s: &str) -> Option<SystemTime> {
 ///
 /// # Example
 ///
-/// ```
+/// ```text
 /// use std::time::{Duration, UNIX_EPOCH};
-/// use tower_llm_quota::parse::{epoch_seconds, until};
 ///
 /// let now = UNIX_EPOCH + Duration::from_secs(1_767_225_590);
 /// let at = epoch_seconds("1767225600").unwrap();

@@ -109,8 +109,7 @@ pub const MAX_WAIT: Duration = Duration::from_secs(7 * 24 * 60 * 60);
 ///
 /// # Example
 ///
-/// ```
-/// use tower_llm_quota::parse::count;
+/// ```text
 ///
 /// assert_eq!(count("149984"), Some(149_984));
 /// assert_eq!(count("-1"), None);

@@ -27,7 +27,7 @@ use super::number::trim;
 /// ```
 /// use std::time::{Duration, SystemTime};
 /// use http::HeaderMap;
-/// use tower_llm_quota::parse::retry_after;
+/// use tower_llm_quota::provider::retry_after;
 ///
 /// let mut headers = HeaderMap::new();
 /// headers.insert("retry-after", "60".parse().unwrap());

@@ -16,6 +16,7 @@ mod rate_limit;
 mod strip;
 
 pub use crate::estimate::InjectedStreamUsage;
+pub use crate::parse::retry_after;
 pub use crate::scope::Scope;
 pub use extract::{ProviderScan, ProviderUsage};
 pub(crate) use profile::reports_of_any_provider;

@@ -66,28 +66,6 @@ impl fmt::Display for Dimension {
     }
 }
 
-/// The fixed share of a nominal limit the articles recommend: 85 %, for
-/// [`Limit::with_headroom`].
-///
-/// Provider accounting and ours never match exactly (tokenizers differ, other clients share the
-/// key), so calibrating below the nominal limit turns most would-be 429s into short local waits.
-/// A [`Limit`] no longer uses it by default: it plans with an [`AdaptiveShare`], the whole quota
-/// while the provider's headers show nobody else spending it.
-pub const DEFAULT_HEADROOM: f64 = 0.85;
-
-/// The burst a [`Limit`] accepts at once by default: a sixth of its (headroom-adjusted) amount,
-/// i.e. 10 seconds' worth of a per-minute limit.
-///
-/// Providers enforce their per-minute limits over shorter windows too (Azure counts RPM over
-/// 10-second windows), so a minute's quota must not be spent in its first second. A provider
-/// counting with a token bucket (OpenAI, Anthropic) holds the whole minute's amount: a budget
-/// whose burst is a sixth of it and whose refill is at most the provider's rate keeps five
-/// sixths of the provider's bucket in reserve, so it never meets a 429 while it is alone on the
-/// key. Against a provider counting over a sliding window of the full period, a fixed
-/// [`DEFAULT_HEADROOM`] keeps a burst plus a period of refill below the nominal limit
-/// (`0.85 × (1 + 1/6) ≈ 0.99`).
-pub const DEFAULT_BURST_FRACTION: f64 = 1.0 / 6.0;
-
 /// One limit: at most `amount` of a [`Dimension`] per `period`, as a token bucket.
 ///
 /// The bucket refills continuously at `amount × share` per `period` and holds at most its
@@ -129,7 +107,7 @@ pub struct Limit {
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Burst {
-    /// Not set: [`DEFAULT_BURST_FRACTION`] for an account's limit, the whole amount for a
+    /// Not set: [`Limit::DEFAULT_BURST_FRACTION`] for an account's limit, the whole amount for a
     /// tenant node's (see [`Limit::for_node`]).
     Default,
     Fraction(f64),
@@ -137,6 +115,28 @@ enum Burst {
 }
 
 impl Limit {
+    /// The fixed share of a nominal limit the articles recommend: 85 %, for
+    /// [`Limit::with_headroom`].
+    ///
+    /// Provider accounting and ours never match exactly (tokenizers differ, other clients share the
+    /// key), so calibrating below the nominal limit turns most would-be 429s into short local waits.
+    /// A [`Limit`] no longer uses it by default: it plans with an [`AdaptiveShare`], the whole quota
+    /// while the provider's headers show nobody else spending it.
+    pub const DEFAULT_HEADROOM: f64 = 0.85;
+
+    /// The burst a [`Limit`] accepts at once by default: a sixth of its (headroom-adjusted) amount,
+    /// i.e. 10 seconds' worth of a per-minute limit.
+    ///
+    /// Providers enforce their per-minute limits over shorter windows too (Azure counts RPM over
+    /// 10-second windows), so a minute's quota must not be spent in its first second. A provider
+    /// counting with a token bucket (OpenAI, Anthropic) holds the whole minute's amount: a budget
+    /// whose burst is a sixth of it and whose refill is at most the provider's rate keeps five
+    /// sixths of the provider's bucket in reserve, so it never meets a 429 while it is alone on the
+    /// key. Against a provider counting over a sliding window of the full period, a fixed
+    /// [`Limit::DEFAULT_HEADROOM`] keeps a burst plus a period of refill below the nominal limit
+    /// (`0.85 × (1 + 1/6) ≈ 0.99`).
+    pub const DEFAULT_BURST_FRACTION: f64 = 1.0 / 6.0;
+
     /// At most `amount` of `dimension` per `period`.
     ///
     /// Fails when `period` is zero.
@@ -182,7 +182,7 @@ impl Limit {
     }
 
     /// Uses a fixed `headroom` (in `(0, 1]`) of the nominal amount, for example
-    /// [`DEFAULT_HEADROOM`], instead of the adaptive share. Defaults to an adaptive share.
+    /// [`Limit::DEFAULT_HEADROOM`], instead of the adaptive share. Defaults to an adaptive share.
     pub fn with_headroom(self, headroom: f64) -> Result<Self, InvalidLimit> {
         if !(headroom > 0.0 && headroom <= 1.0) {
             return Err(InvalidLimit("headroom must be in (0, 1]"));
@@ -217,7 +217,7 @@ impl Limit {
         }
     }
 
-    /// Accepts at most `burst` at once. Defaults to [`DEFAULT_BURST_FRACTION`] of the effective
+    /// Accepts at most `burst` at once. Defaults to [`Limit::DEFAULT_BURST_FRACTION`] of the effective
     /// amount.
     ///
     /// The burst is also the largest single cost this limit can ever admit.
@@ -229,7 +229,7 @@ impl Limit {
     }
 
     /// Accepts at most `fraction` (in `(0, 1]`) of the effective amount at once. Defaults to
-    /// [`DEFAULT_BURST_FRACTION`].
+    /// [`Limit::DEFAULT_BURST_FRACTION`].
     pub fn with_burst_fraction(self, fraction: f64) -> Result<Self, InvalidLimit> {
         if !(fraction > 0.0 && fraction <= 1.0) {
             return Err(InvalidLimit("burst fraction must be in (0, 1]"));
@@ -278,7 +278,7 @@ impl Limit {
     pub fn capacity(&self) -> u64 {
         let fraction = match self.burst {
             Burst::Exact(burst) => return burst.get(),
-            Burst::Default => DEFAULT_BURST_FRACTION,
+            Burst::Default => Self::DEFAULT_BURST_FRACTION,
             Burst::Fraction(fraction) => fraction,
         };
         let base = match self.adaptive {
@@ -478,7 +478,7 @@ mod tests {
         let limit = Limit::per_minute(Dimension::Requests, nz(500));
         assert_eq!((limit.effective_amount(), limit.capacity()), (500, 84));
         assert!(limit.adaptive_share().is_some());
-        let limit = limit.with_headroom(DEFAULT_HEADROOM).unwrap();
+        let limit = limit.with_headroom(Limit::DEFAULT_HEADROOM).unwrap();
         assert_eq!(limit.adaptive_share(), None);
         assert_eq!(limit.effective_amount(), 425);
         assert_eq!(limit.capacity(), 71);

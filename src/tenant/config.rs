@@ -54,7 +54,7 @@ impl TenantNode {
     /// (a node's limits are its operator's, not a provider's: they do not adapt), which the
     /// tenant snapshot reports. Unless the limit sets a burst, the node's bucket holds its
     /// whole amount: "20 requests a minute" admits 20 requests sent together (an account's
-    /// limit holds a sixth, [`DEFAULT_BURST_FRACTION`](crate::DEFAULT_BURST_FRACTION),
+    /// limit holds a sixth, [`Limit::DEFAULT_BURST_FRACTION`](crate::Limit::DEFAULT_BURST_FRACTION),
     /// to protect the provider). Defaults to none.
     pub fn with_limit(mut self, limit: Limit) -> Self {
         self.limits.retain(|l| !l.same_bucket(&limit));

@@ -1,6 +1,5 @@
-//! What providers send: header and body parsing, the usage scanner against fixtures of each
-//! provider's formats, and the provider profiles.
+//! What providers send: the usage scanner against fixtures of each provider's formats, and
+//! the provider profiles. (The wait-hint parsers are tested in the crate: `src/parse/tests.rs`.)
 
-mod parse;
 mod provider;
 mod usage;

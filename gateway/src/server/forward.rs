@@ -533,7 +533,7 @@ fn provider_refusal(
         // Not a rate limit: the tier asked for has no capacity now, and the call was not
         // billed. Retry later, or ask for another tier.
         let wait =
-            tower_llm_quota::parse::retry_after(head.headers(), std::time::SystemTime::now());
+            tower_llm_quota::provider::retry_after(head.headers(), std::time::SystemTime::now());
         return Refusal::rate_limited("service_tier", scope)
             .provider()
             .retry_after(Some(wait.unwrap_or(Duration::from_secs(1))))
@@ -600,7 +600,7 @@ fn is_overloaded(status: StatusCode) -> bool {
 /// provider's, else a second), in the caller's API's schema (for Anthropic's, its 529
 /// `overloaded_error`).
 fn overloaded(account: &Account, headers: &HeaderMap) -> Refusal {
-    let retry_after = tower_llm_quota::parse::retry_after(headers, std::time::SystemTime::now())
+    let retry_after = tower_llm_quota::provider::retry_after(headers, std::time::SystemTime::now())
         .unwrap_or(Duration::from_secs(1));
     Refusal::unavailable(
         super::refusal::OVERLOADED,

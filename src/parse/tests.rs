@@ -4,12 +4,12 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::{HeaderMap, HeaderValue};
-use proptest::prelude::*;
-use tower_llm_quota::parse::{
+use crate::parse::{
     self, MAX_WAIT, body_retry_delay, count, epoch_seconds, go_duration, reset_duration,
     retry_after, rfc3339, timespan, until,
 };
+use http::{HeaderMap, HeaderValue};
+use proptest::prelude::*;
 
 fn secs(s: u64) -> Option<Duration> {
     Some(Duration::from_secs(s))
