@@ -11,16 +11,15 @@ use super::number::trim;
 /// The wait a response's headers ask for, from the first of these that parses:
 ///
 /// 1. `retry-after-ms`: milliseconds, fractions allowed (`"20.5"`; Azure OpenAI).
-/// 2. `x-ms-retry-after-ms`: milliseconds (`"100"`) or a [`timespan`](super::timespan)
+/// 2. `x-ms-retry-after-ms`: milliseconds (`"100"`) or a .NET timespan
 ///    (`"00:00:00.033"`; Azure services).
 /// 3. `retry-after`: seconds, fractions allowed (`"60"`, `"1.5"`), or an HTTP-date in any of
 ///    the three forms of RFC 9110 (its weekday must match), giving
-///    [`until`](super::until)`(date, now)`: zero if the date has passed.
+///    the wait from `now` until the date: zero if the date has passed.
 ///
 /// A header that is absent, malformed (negative, `NaN`, an exponent, not ASCII…) or repeated
 /// with differing values is skipped for the next one. Numbers are `\d+(\.\d+)?`, truncated to
-/// the nanosecond; the result is at most [`MAX_WAIT`](super::MAX_WAIT), to which larger values
-/// are clamped.
+/// the nanosecond; the result is at most a week, to which larger values are clamped.
 ///
 /// # Example
 ///
