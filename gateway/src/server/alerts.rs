@@ -20,12 +20,12 @@ use bytes::Bytes;
 use http::Request;
 use http_body_util::Full;
 use redis::aio::ConnectionManager;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::mpsc;
 use tower::ServiceExt;
-use tower_llm_quota::tenant::{CapWindow, Tenant};
+use tower_llm_quota::tenant::Tenant;
 
-use super::config::ConfigError;
+use super::config::{AlertConfig, AlertWindow, ConfigError};
 use super::upstream::Client;
 
 /// Events waiting for the webhook, at most.
@@ -37,51 +37,6 @@ const FIRST_RETRY: Duration = Duration::from_millis(500);
 
 /// How long one webhook call may take.
 const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// One `[[spend_alerts]]` entry.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct AlertConfig {
-    /// The node whose spend is watched: a tenant's path, or a key's (`team/key-name`).
-    pub(crate) tenant: Option<String>,
-    /// Or the account whose spend is watched, every tenant's answers on it.
-    pub(crate) account: Option<String>,
-    /// The amount the thresholds are shares of, in nano-dollars.
-    pub(crate) amount: u64,
-    /// `calendar_day_utc` or `calendar_month_utc`.
-    pub(crate) window: AlertWindow,
-    /// Percentages of `amount`, each raised once per period.
-    #[serde(default = "default_thresholds")]
-    pub(crate) thresholds: Vec<u32>,
-}
-
-fn default_thresholds() -> Vec<u32> {
-    vec![50, 80, 100]
-}
-
-/// The period an alert counts over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum AlertWindow {
-    CalendarDayUtc,
-    CalendarMonthUtc,
-}
-
-impl AlertWindow {
-    fn cap_window(self) -> CapWindow {
-        match self {
-            Self::CalendarDayUtc => CapWindow::CalendarDayUtc,
-            Self::CalendarMonthUtc => CapWindow::CalendarMonthUtc,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Self::CalendarDayUtc => "calendar_day_utc",
-            Self::CalendarMonthUtc => "calendar_month_utc",
-        }
-    }
-}
 
 /// What an alert watches.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -213,9 +213,9 @@ pub(crate) struct Audited {
     /// The prices the answer's request was reserved at (from its response), to price its
     /// usage as the budget settles it.
     pub(crate) prices: Option<tower_llm_quota::pricing::Priced>,
-    /// The caller's trace context, for the request's span.
+    /// The caller's trace context, for the request's span (set by the handler that has it).
     #[cfg(feature = "otel")]
-    parent: Option<opentelemetry::Context>,
+    pub(crate) parent: Option<opentelemetry::Context>,
 }
 
 impl Audited {
@@ -231,7 +231,7 @@ impl Audited {
             started: std::time::Instant::now(),
             prices: None,
             #[cfg(feature = "otel")]
-            parent: super::otel::parent(headers),
+            parent: None,
         }
     }
 
@@ -242,67 +242,6 @@ impl Audited {
         self.entry.provider_error = provider_error(body);
         let headers = rate_limit_headers(head.headers());
         self.entry.rate_limit_headers = (!headers.is_empty()).then_some(headers);
-    }
-
-    /// Counts the request in the gateway's report and writes its audit line, with the usage
-    /// the answer reported (if any) and the bytes it sent.
-    pub(crate) fn finish(
-        mut self,
-        gateway: &super::Gateway,
-        used: Option<&tower_llm_quota::Usage>,
-        bytes: u64,
-    ) {
-        let duration = self.started.elapsed();
-        metrics::histogram!(
-            "gateway_request_duration_seconds",
-            "api" => self.entry.api,
-            "decision" => self.entry.decision,
-        )
-        .record(duration.as_secs_f64());
-        if let Some(usage) = used {
-            self.entry.used = Some(Tokens {
-                input: usage.input_tokens(),
-                output: usage.output_tokens(),
-                cached: Some(usage.cache_read_tokens()),
-            });
-            self.entry.service_tier = usage.service_tier().map(|t| t.as_str());
-            if let Some(prices) = &self.prices {
-                self.entry.spend_nano_usd = Some(prices.spend(usage));
-                self.entry.priced = Some(prices.tokens(usage));
-                // The tier it was priced at: the provider's word, else the one asked.
-                let tier = usage.service_tier().or(prices.tier());
-                self.entry.service_tier = tier.map(|t| t.as_str());
-            }
-        }
-        let now = SystemTime::now();
-        gateway.report.record(&self.entry, now);
-        let spend = self
-            .entry
-            .spend_nano_usd
-            .filter(|_| gateway.alerts.watches_any());
-        if let Some(spend) = spend {
-            let path = match (&self.entry.tenant, &self.entry.key) {
-                (Some(tenant), Some(key)) => Some(format!("{tenant}/{key}")),
-                (Some(tenant), None) => Some(tenant.clone()),
-                (None, _) => None,
-            };
-            let account = self.entry.account.as_deref();
-            let at = (path.as_deref(), account);
-            gateway.alerts.add(at, spend, now, &gateway.audit);
-        }
-        #[cfg(feature = "otel")]
-        if let Some(otel) = &gateway.otel {
-            let started = now.checked_sub(duration).unwrap_or(now);
-            otel.span(&self.entry, self.parent.as_ref(), (started, now));
-        }
-        let audit = &gateway.audit;
-        if let Audit::Off = audit {
-            return;
-        }
-        self.entry.time = rfc3339(now);
-        self.entry.duration_ms = millis(duration);
-        self.entry.bytes = bytes;
-        audit.write(&self.entry);
     }
 }
 

@@ -57,6 +57,7 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 
 use serde::Deserialize;
+use tower_llm_quota::CapWindow;
 use tower_llm_quota::tenant::{Tenant, TenantTree};
 use tower_llm_quota::{Dimension, Limit, Priority, Quota};
 
@@ -85,7 +86,7 @@ pub(crate) struct Config {
     pub(crate) prices: Option<tower_llm_quota::pricing::PriceTable>,
     /// Thresholds of a node's spend over a day or a month, raised once per period.
     #[serde(default)]
-    pub(crate) spend_alerts: Vec<super::alerts::AlertConfig>,
+    pub(crate) spend_alerts: Vec<AlertConfig>,
 }
 
 /// One public model name: the account that serves it, its fallbacks, a ramp.
@@ -986,4 +987,49 @@ fn refusing_at_once(tenants: &toml::Table) -> toml::Table {
         }
     }
     tenants
+}
+
+/// One `[[spend_alerts]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AlertConfig {
+    /// The node whose spend is watched: a tenant's path, or a key's (`team/key-name`).
+    pub(crate) tenant: Option<String>,
+    /// Or the account whose spend is watched, every tenant's answers on it.
+    pub(crate) account: Option<String>,
+    /// The amount the thresholds are shares of, in nano-dollars.
+    pub(crate) amount: u64,
+    /// `calendar_day_utc` or `calendar_month_utc`.
+    pub(crate) window: AlertWindow,
+    /// Percentages of `amount`, each raised once per period.
+    #[serde(default = "default_thresholds")]
+    pub(crate) thresholds: Vec<u32>,
+}
+
+fn default_thresholds() -> Vec<u32> {
+    vec![50, 80, 100]
+}
+
+/// The period an alert counts over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum AlertWindow {
+    CalendarDayUtc,
+    CalendarMonthUtc,
+}
+
+impl AlertWindow {
+    pub(crate) fn cap_window(self) -> CapWindow {
+        match self {
+            Self::CalendarDayUtc => CapWindow::CalendarDayUtc,
+            Self::CalendarMonthUtc => CapWindow::CalendarMonthUtc,
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::CalendarDayUtc => "calendar_day_utc",
+            Self::CalendarMonthUtc => "calendar_month_utc",
+        }
+    }
 }

@@ -44,6 +44,10 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let dialect = dialect_of(api);
     let (parts, body) = request.into_parts();
     let mut audit = Audited::new(api, &parts.headers);
+    #[cfg(feature = "otel")]
+    {
+        audit.parent = super::otel::parent(&parts.headers);
+    }
     let Some(caller) = gateway.keys().authenticate(&parts.headers).cloned() else {
         return audit.refuse(&gateway, dialect, None, Refusal::unauthorized());
     };
@@ -76,7 +80,7 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         cached: None,
     });
     let models = gateway.models();
-    let (primary, routed) = match models.resolve(&gateway, &caller, api, &model) {
+    let (primary, routed) = match models.resolve(&gateway.accounts, &caller, api, &model) {
         Ok(resolved) => resolved,
         Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };

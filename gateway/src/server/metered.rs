@@ -6,6 +6,7 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::SystemTime;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -15,7 +16,7 @@ use tower_llm_quota::reconcile::{BodyEnd, ScanUsage, UsageReport};
 use tower_llm_quota::{BoxError, Cost};
 
 use super::Gateway;
-use super::audit::Audited;
+use super::audit::{Audit, Audited, Tokens, millis, rfc3339};
 
 /// What is counted when the answer ends.
 #[derive(Debug)]
@@ -133,5 +134,69 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+/// The request's end, where the gateway's state is at hand (the audit module knows none of it).
+impl Audited {
+    /// Counts the request in the gateway's report and writes its audit line, with the usage
+    /// the answer reported (if any) and the bytes it sent.
+    pub(crate) fn finish(
+        mut self,
+        gateway: &Gateway,
+        used: Option<&tower_llm_quota::Usage>,
+        bytes: u64,
+    ) {
+        let duration = self.started.elapsed();
+        metrics::histogram!(
+            "gateway_request_duration_seconds",
+            "api" => self.entry.api,
+            "decision" => self.entry.decision,
+        )
+        .record(duration.as_secs_f64());
+        if let Some(usage) = used {
+            self.entry.used = Some(Tokens {
+                input: usage.input_tokens(),
+                output: usage.output_tokens(),
+                cached: Some(usage.cache_read_tokens()),
+            });
+            self.entry.service_tier = usage.service_tier().map(|t| t.as_str());
+            if let Some(prices) = &self.prices {
+                self.entry.spend_nano_usd = Some(prices.spend(usage));
+                self.entry.priced = Some(prices.tokens(usage));
+                // The tier it was priced at: the provider's word, else the one asked.
+                let tier = usage.service_tier().or(prices.tier());
+                self.entry.service_tier = tier.map(|t| t.as_str());
+            }
+        }
+        let now = SystemTime::now();
+        gateway.report.record(&self.entry, now);
+        let spend = self
+            .entry
+            .spend_nano_usd
+            .filter(|_| gateway.alerts.watches_any());
+        if let Some(spend) = spend {
+            let path = match (&self.entry.tenant, &self.entry.key) {
+                (Some(tenant), Some(key)) => Some(format!("{tenant}/{key}")),
+                (Some(tenant), None) => Some(tenant.clone()),
+                (None, _) => None,
+            };
+            let account = self.entry.account.as_deref();
+            let at = (path.as_deref(), account);
+            gateway.alerts.add(at, spend, now, &gateway.audit);
+        }
+        #[cfg(feature = "otel")]
+        if let Some(otel) = &gateway.otel {
+            let started = now.checked_sub(duration).unwrap_or(now);
+            otel.span(&self.entry, self.parent.as_ref(), (started, now));
+        }
+        let audit = &gateway.audit;
+        if let Audit::Off = audit {
+            return;
+        }
+        self.entry.time = rfc3339(now);
+        self.entry.duration_ms = millis(duration);
+        self.entry.bytes = bytes;
+        audit.write(&self.entry);
     }
 }

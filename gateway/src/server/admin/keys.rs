@@ -24,7 +24,7 @@ use super::super::audit::{AdminEntry, rfc3339};
 use super::super::auth::{Admin, KeyRecord, Origin, SecretDigest, configured_secret, new_secret};
 use super::super::config::{Class, Retries};
 use super::super::state;
-use super::{Refused, error, not_found, store, unreadable};
+use super::answers::{Refused, error, not_found, store, unreadable};
 
 /// The overlap of a rotation when none is asked: an hour.
 const DEFAULT_OVERLAP: Duration = Duration::from_secs(3_600);

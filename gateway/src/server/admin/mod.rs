@@ -30,6 +30,7 @@
 //! "authentication" | "unavailable", "message": ...}}`. Every change is an audit line naming the
 //! admin token that made it, with the node or key before and after.
 
+mod answers;
 mod keys;
 mod report;
 
@@ -56,6 +57,7 @@ use super::state;
 use super::status;
 use super::tenancy::{LimitChange, LimitKey, dimension};
 use super::usage::Counts;
+use answers::{Refused, error, not_found, store, unreadable};
 
 pub(crate) fn routes(gateway: Arc<Gateway>) -> Router<Arc<Gateway>> {
     Router::new()
@@ -147,32 +149,6 @@ impl Admin {
         }
         Ok(())
     }
-}
-
-/// An error of the admin API, in JSON.
-fn error(status: StatusCode, kind: &'static str, message: impl std::fmt::Display) -> Response {
-    Refused(status, kind, message.to_string()).into_response()
-}
-
-/// An admin request refused: its status, the error's type and message.
-#[derive(Debug)]
-struct Refused(StatusCode, &'static str, String);
-
-impl IntoResponse for Refused {
-    fn into_response(self) -> Response {
-        let Self(status, kind, message) = self;
-        let body = serde_json::json!({"error": {"type": kind, "message": message}});
-        (status, Json(body)).into_response()
-    }
-}
-
-/// A body the admin API cannot read: a 400 with axum's reason.
-fn unreadable(rejection: &JsonRejection) -> Response {
-    error(
-        StatusCode::BAD_REQUEST,
-        "invalid_request",
-        rejection.body_text(),
-    )
 }
 
 /// One public model's routes, for `GET /admin/routes`.
@@ -289,27 +265,6 @@ async fn limits(
     }
     audit_change(&gateway, &admin, "limits", path, before);
     StatusCode::NO_CONTENT.into_response()
-}
-
-/// Writes `change` to the admin state and applies every field after it; when the store
-/// refuses it, the state as last applied is applied again (undoing what was applied ahead of
-/// the write) and the answer is a 503.
-async fn store(gateway: &Gateway, change: state::Change) -> Result<(), Refused> {
-    let written = gateway.state.write(change).await;
-    let fields = match &written {
-        Ok(fields) => fields.clone(),
-        Err(_) => gateway.applied_state(),
-    };
-    if let Err(reason) = gateway.apply_state(&fields) {
-        tracing::error!(%reason, "the admin state does not apply");
-    }
-    written.map(drop).map_err(|reason| {
-        Refused(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
-            format!("{reason}; nothing changed"),
-        )
-    })
 }
 
 /// For a delegated admin: each limit at most its own node's of the same dimension and period
@@ -478,13 +433,4 @@ async fn usage(
 /// key's own path.
 fn known(gateway: &Gateway, path: &Tenant) -> bool {
     gateway.tenants.knows(path) || gateway.keys().is_key_path(path)
-}
-
-/// 404: the gateway knows no `what` (tenant, key) of this name.
-fn not_found(what: &str, name: &str) -> Response {
-    error(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        format!("no {what} named `{name}`"),
-    )
 }

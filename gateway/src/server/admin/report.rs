@@ -18,7 +18,7 @@ use super::super::Gateway;
 use super::super::auth::Admin;
 use super::super::refusal::limit_name;
 use super::super::report::{AccountLimits, Row, SpendRow};
-use super::error;
+use super::answers::error;
 
 /// A week: the default period.
 const WEEK: Duration = Duration::from_secs(7 * 86_400);

@@ -1,0 +1,85 @@
+//! `GET /v1/models` and `GET /v1/models/{id}`: the models a caller's key may use, in its SDK's
+//! format (OpenAI's list, or Anthropic's when the request carries `anthropic-version`).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use http::HeaderMap;
+use serde_json::{Value, json};
+
+use super::Gateway;
+use super::models::Model;
+use super::refusal::{Dialect, Refusal};
+use super::upstream::Account;
+
+/// Whose format a models request reads: Anthropic's SDK sends `anthropic-version`.
+fn dialect(headers: &HeaderMap) -> Dialect {
+    if headers.contains_key("anthropic-version") {
+        Dialect::Anthropic
+    } else {
+        Dialect::OpenAi
+    }
+}
+
+/// One model in the caller's format.
+fn entry(accounts: &[Account], model: &Model, dialect: Dialect) -> Value {
+    match dialect {
+        Dialect::OpenAi => json!({
+            "id": model.name,
+            "object": "model",
+            "created": 0,
+            "owned_by": accounts[model.account].name,
+        }),
+        Dialect::Anthropic => json!({
+            "type": "model",
+            "id": model.name,
+            "display_name": model.name,
+            "created_at": "1970-01-01T00:00:00Z",
+        }),
+    }
+}
+
+/// `GET /v1/models`: the models the caller's key may use.
+pub(crate) async fn list(State(gateway): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let dialect = dialect(&headers);
+    let keys = gateway.keys();
+    let Some(caller) = keys.authenticate(&headers) else {
+        return gateway.refuse_in(dialect, None, Refusal::unauthorized());
+    };
+    let models = gateway.models();
+    let data: Vec<Value> = models
+        .visible_to(caller)
+        .map(|model| entry(&gateway.accounts, model, dialect))
+        .collect();
+    let body = match dialect {
+        Dialect::OpenAi => json!({"object": "list", "data": data}),
+        Dialect::Anthropic => {
+            let first = data.first().map(|m| m["id"].clone());
+            let last = data.last().map(|m| m["id"].clone());
+            json!({"data": data, "has_more": false, "first_id": first, "last_id": last})
+        }
+    };
+    axum::Json(body).into_response()
+}
+
+/// `GET /v1/models/{id}`: one model the caller's key may use, or a 404 naming it.
+pub(crate) async fn retrieve(
+    State(gateway): State<Arc<Gateway>>,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let dialect = dialect(&headers);
+    let keys = gateway.keys();
+    let Some(caller) = keys.authenticate(&headers) else {
+        return gateway.refuse_in(dialect, None, Refusal::unauthorized());
+    };
+    match gateway.models().visible_to(caller).find(|m| m.name == id) {
+        Some(model) => axum::Json(entry(&gateway.accounts, model, dialect)).into_response(),
+        None => gateway.refuse_in(
+            dialect,
+            Some(caller.tenant.as_str()),
+            Refusal::model_not_found(&id),
+        ),
+    }
+}

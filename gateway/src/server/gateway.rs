@@ -1,0 +1,507 @@
+//! The gateway's state: everything a request handler reads, how it is built from a
+//! configuration, reloaded, and changed by the admin state; the handlers are in the modules
+//! around it, the routes in `mod.rs`.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use tokio_util::sync::CancellationToken;
+
+use super::auth::{Admin, AdminRing, KeyRing};
+use super::config::{self, Api, Config, ConfigError};
+#[cfg(feature = "otel")]
+use super::otel;
+use super::refusal::Refusal;
+use super::serve::limits::{ConnectionLimits, open_files_limit};
+use super::tenancy::Tenancy;
+use super::upstream::{self, Account};
+use super::usage::{self, Ledger};
+use super::{alerts, audit, models, report, routes, state};
+
+use tower_llm_quota::tenant::Tenant;
+
+/// Everything a request handler reads.
+#[derive(Debug)]
+pub(crate) struct Gateway {
+    /// The callers' keys, replaced whole by a reload and by the admin API.
+    keys: std::sync::RwLock<Arc<KeyRing>>,
+    /// The admin tokens, replaced whole by a reload.
+    admins: std::sync::RwLock<Arc<AdminRing>>,
+    /// The admin API's changes, kept apart from the configuration and applied over it.
+    pub(crate) state: state::StateStore,
+    /// The admin state as last applied.
+    applied: std::sync::Mutex<state::Fields>,
+    /// The configuration running, to tell a reload what it changes.
+    config: std::sync::Mutex<Config>,
+    /// The file the configuration was read from, which a reload reads again.
+    pub(crate) config_path: std::sync::OnceLock<std::path::PathBuf>,
+    pub(crate) tenants: Tenancy,
+    pub(crate) ledger: Arc<Ledger>,
+    pub(crate) accounts: Vec<Account>,
+    /// The public model names, and the account serving each (replaced whole by a reload).
+    models: std::sync::RwLock<Arc<models::Models>>,
+    /// The idempotency layer every route shares: a reload's new routes keep its records.
+    idempotency: tower_llm_quota::IdempotencyLayer,
+    pub(crate) max_body_bytes: usize,
+    /// Timeouts, head size and the cap on connections, resolved at start.
+    pub(crate) connection_limits: ConnectionLimits,
+    /// Cancelled when the gateway stops: queued requests are answered 503.
+    pub(crate) shutdown: CancellationToken,
+    pub(crate) metrics: PrometheusHandle,
+    /// The audit log: a line per request and per admin change.
+    pub(crate) audit: audit::Audit,
+    /// The counters of `GET /admin/report`.
+    pub(crate) report: Arc<report::Report>,
+    /// The spend alerts, and their webhook's queue.
+    pub(crate) alerts: Arc<alerts::Alerts>,
+    /// The exporter of a span per request (`server.otlp_endpoint`).
+    #[cfg(feature = "otel")]
+    pub(crate) otel: Option<otel::Otel>,
+    /// The bearer token `/status.json` and `/metrics` require, if any.
+    pub(crate) status_token: Option<String>,
+}
+
+/// The buckets of the latency histograms, in seconds: from 5 ms (a call answered at once, the
+/// gateway's own time) to 15 minutes (batch work waiting for its quota).
+const SECONDS_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0,
+];
+
+/// The buckets of `gateway_added_seconds`, the gateway's own time: from 50 µs to a second.
+const ADDED_BUCKETS: [f64; 12] = [
+    0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.1, 0.25, 1.0,
+];
+
+/// The buckets of `llm_estimate_error_ratio` (reserved ÷ used): 1 is an exact estimate.
+const RATIO_BUCKETS: [f64; 12] = [
+    0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0,
+];
+
+/// The process's Prometheus recorder, installed on first use: every histogram rendered as a
+/// Prometheus histogram (buckets add up across replicas; summaries do not).
+pub(crate) fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            use metrics_exporter_prometheus::Matcher;
+            let recorder = PrometheusBuilder::new()
+                .set_buckets(&SECONDS_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("llm_estimate_error_ratio".into()),
+                        &RATIO_BUCKETS,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full("gateway_added_seconds".into()),
+                        &ADDED_BUCKETS,
+                    )
+                })
+                .expect("non-empty buckets")
+                .build_recorder();
+            let handle = recorder.handle();
+            // Another recorder already installed (a test's): this one still renders its own.
+            if metrics::set_global_recorder(recorder).is_ok() {
+                usage::describe();
+            }
+            handle
+        })
+        .clone()
+}
+
+impl Gateway {
+    /// Builds the gateway of `config`; with `redis_url`, every account's budget is shared
+    /// through Redis with the other replicas.
+    pub(crate) async fn new(
+        config: &Config,
+        redis_url: Option<&str>,
+    ) -> Result<Arc<Self>, ConfigError> {
+        config.check()?;
+        let (connection_limits, lowered) =
+            ConnectionLimits::new(&config.server, open_files_limit())?;
+        if let Some(note) = lowered {
+            tracing::warn!("{note}");
+        }
+        let admin_token = root_token(config)?;
+        if cfg!(not(feature = "otel")) && config.server.otlp_endpoint.is_some() {
+            return Err(ConfigError(
+                "server.otlp_endpoint: this gateway was built without the `otel` feature \
+                 (cargo install --features otel)"
+                    .into(),
+            ));
+        }
+        let server = &config.server;
+        let status_token = config::secret(
+            server.status_token.as_ref(),
+            server.status_token_env.as_ref(),
+            "the status token",
+        )?;
+        let (tree, paths) = config.tenant_tree()?;
+        let mut tenants = Tenancy::new(paths);
+        let state = state::StateStore::open(redis_url, config.server.state_file.as_deref())?;
+        let prices = config.prices.clone().map(Arc::new);
+        let idempotency = routes::idempotency(redis_url)?;
+        let mut accounts = Vec::with_capacity(config.accounts.len());
+        for account in &config.accounts {
+            // Every account serves one tenant state: a tenant's limits hold over all of them.
+            let before = accounts.first().map(Account::budget);
+            let lease = Some(config.server.lease_refresh_ms)
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis);
+            let shared = (redis_url, config.server.fail_closed, lease);
+            let account = Account::new(account, (&tree, before), shared, prices.as_ref()).await?;
+            if let Some(handle) = account.tenants() {
+                tenants.attach(&account.name, handle);
+            }
+            accounts.push(account);
+        }
+        let gateway = Arc::new(Self {
+            keys: std::sync::RwLock::new(Arc::new(KeyRing::new(&config.keys, &[])?)),
+            admins: std::sync::RwLock::new(Arc::new(AdminRing::new(&admin_token, &config.admins)?)),
+            state,
+            applied: std::sync::Mutex::default(),
+            config: std::sync::Mutex::new(config.clone()),
+            config_path: std::sync::OnceLock::new(),
+            tenants,
+            ledger: Arc::new(Ledger::default()),
+            models: std::sync::RwLock::new(Arc::new(models::Models::new(
+                &config.models,
+                &accounts,
+                &idempotency,
+            ))),
+            idempotency,
+            accounts,
+            max_body_bytes: config.server.max_body_bytes,
+            connection_limits,
+            shutdown: CancellationToken::new(),
+            metrics: metrics_handle(),
+            status_token,
+            audit: {
+                let target = config.server.audit_log.as_deref().unwrap_or("stdout");
+                audit::Audit::open(target)
+                    .map_err(|e| ConfigError(format!("server.audit_log {target}: {e}")))?
+            },
+            report: Arc::new(report::Report::open(redis_url)?),
+            alerts: Arc::new(alerts::Alerts::new(
+                &config.spend_alerts,
+                redis_url,
+                config
+                    .server
+                    .alert_webhook
+                    .clone()
+                    .map(|url| (url, upstream::webhook_client())),
+            )?),
+            #[cfg(feature = "otel")]
+            otel: match &config.server.otlp_endpoint {
+                Some(endpoint) => Some(otel::Otel::start(endpoint.clone()).await?),
+                None => None,
+            },
+        });
+        tokio::spawn(every(
+            Arc::downgrade(&gateway),
+            report::FLUSH_EVERY,
+            async |gateway: &Gateway| keep_report(gateway).await,
+        ));
+        // The admin API's changes over the configuration: an unreachable shared store is read
+        // again at the next sync; a state that does not apply stops the start.
+        match gateway.state.read_all().await {
+            Ok(fields) => gateway.apply_state(&fields.unwrap_or_default())?,
+            Err(error) => tracing::warn!(%error, "the admin state is read again at the next sync"),
+        }
+        if gateway.state.is_shared() {
+            let period = Duration::from_millis(config.server.admin_sync_ms);
+            tokio::spawn(every(
+                Arc::downgrade(&gateway),
+                period,
+                async |gateway: &Gateway| sync_state(gateway).await,
+            ));
+        }
+        Ok(gateway)
+    }
+
+    /// Applies the admin state `fields` over the running configuration: node limits and
+    /// weights, keys created, rotated or revoked. A field that cannot be read is skipped with
+    /// a warning.
+    pub(crate) fn apply_state(&self, fields: &state::Fields) -> Result<(), ConfigError> {
+        let (parsed, skipped) = state::parse(fields);
+        if !skipped.is_empty() {
+            tracing::warn!(?skipped, "admin state fields not understood, skipped");
+        }
+        let config = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        let (tree, paths) = config.tenant_tree()?;
+        let keys = KeyRing::new(&config.keys, &parsed.keys)?;
+        self.tenants.apply(&tree, &parsed.nodes)?;
+        self.tenants.set_paths(&paths, &listed(&parsed, &keys));
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
+        *self.applied.lock().unwrap_or_else(|e| e.into_inner()) = fields.clone();
+        Ok(())
+    }
+
+    /// Once every request has been answered at a stop: the report's last counters added,
+    /// the spans waiting exported.
+    pub(crate) async fn stopped(&self) {
+        let accounts = self.accounts.iter().map(|a| a.name.as_str());
+        self.report.mark_up(accounts, std::time::SystemTime::now());
+        if let Err(error) = self.report.flush().await {
+            tracing::warn!(%error, "the report's last counters were not added");
+        }
+        #[cfg(feature = "otel")]
+        if let Some(otel) = &self.otel {
+            otel.shutdown().await;
+        }
+    }
+
+    /// The admin state as last applied.
+    pub(crate) fn applied_state(&self) -> state::Fields {
+        self.applied
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The running configuration.
+    pub(crate) fn config(&self) -> std::sync::MutexGuard<'_, Config> {
+        self.config.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The public models and their routes now.
+    pub(crate) fn models(&self) -> Arc<models::Models> {
+        self.models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The callers' keys now.
+    pub(crate) fn keys(&self) -> Arc<KeyRing> {
+        self.keys.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Applies the configuration `text` without a restart: the callers' keys (added, rotated,
+    /// revoked), the admin tokens, the tenant tree's nodes (limits, weights, guarantees, caps),
+    /// the accounts' figures (their limits' amounts, calls in flight and caps, each scope's
+    /// and each model's: levels, counts and requests in flight kept) and the public models
+    /// with their routes. What else it changes (accounts added, removed or moved, which limits
+    /// an account has, prices, spend alerts, the server) needs a restart: listed in the report
+    /// with why, not applied, and the running configuration keeps it as it was. An invalid
+    /// configuration changes nothing.
+    pub(crate) fn reload(&self, text: &str) -> Result<Reloaded, ConfigError> {
+        let new = Config::from_toml(text)?;
+        let (parsed, _) = state::parse(&self.applied_state());
+        let keys = KeyRing::new(&new.keys, &parsed.keys)?;
+        let admins = AdminRing::new(&root_token(&new)?, &new.admins)?;
+        let (tree, paths) = new.tenant_tree()?;
+        let mut current = self.config.lock().unwrap_or_else(|e| e.into_inner());
+        let differs =
+            |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
+        // What runs once the reload is done: the new configuration, but for what waits for a
+        // restart.
+        let mut running = new.clone();
+        let mut restart = Vec::new();
+        let mut why = Vec::new();
+        let names = |c: &Config| {
+            c.accounts
+                .iter()
+                .map(|a| a.name.clone())
+                .collect::<Vec<_>>()
+        };
+        let mut retunes = Vec::new();
+        if names(&new) == names(&current) {
+            let pairs = current.accounts.iter().zip(&new.accounts).enumerate();
+            for (i, (old, is)) in pairs.filter(|(_, (old, is))| differs(old, is)) {
+                match upstream::Account::plan(old, is) {
+                    Ok(retune) => retunes.push((i, retune)),
+                    Err(reason) => {
+                        why.push(reason);
+                        running.accounts[i] = old.clone();
+                    }
+                }
+            }
+        } else {
+            why.push("accounts were added, removed or reordered".into());
+            running.accounts.clone_from(&current.accounts);
+        }
+        if !why.is_empty() {
+            restart.push("accounts");
+        }
+        // The models are routed over the running accounts: only while their names stand.
+        let mut models = None;
+        if differs(&new.models, &current.models) {
+            if names(&new) == names(&current) {
+                models = Some(models::Models::new(
+                    &new.models,
+                    &self.accounts,
+                    &self.idempotency,
+                ));
+            } else {
+                restart.push("models");
+                why.push("models: they name accounts that need a restart".into());
+                running.models.clone_from(&current.models);
+            }
+        }
+        if new.prices != current.prices {
+            restart.push("prices");
+            running.prices.clone_from(&current.prices);
+        }
+        if new.spend_alerts != current.spend_alerts {
+            restart.push("spend_alerts");
+            running.spend_alerts.clone_from(&current.spend_alerts);
+        }
+        let mut server = new.server.clone();
+        server.admin_token.clone_from(&current.server.admin_token);
+        server
+            .admin_token_env
+            .clone_from(&current.server.admin_token_env);
+        if differs(&server, &current.server) {
+            restart.push("server");
+            let (token, token_env) = (
+                running.server.admin_token.take(),
+                running.server.admin_token_env.take(),
+            );
+            running.server.clone_from(&current.server);
+            (running.server.admin_token, running.server.admin_token_env) = (token, token_env);
+        }
+        // The nodes first: a node a new key names must exist before the key is served.
+        let nodes = self.tenants.apply(&tree, &parsed.nodes)?;
+        self.tenants.set_paths(&paths, &listed(&parsed, &keys));
+        *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
+        *self.admins.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(admins);
+        for (i, retune) in &retunes {
+            self.accounts[*i].retune(retune)?;
+        }
+        if let Some(models) = models {
+            *self.models.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(models);
+        }
+        for reason in &why {
+            tracing::warn!(reason = %reason, "a reload left this for a restart");
+        }
+        *current = running;
+        Ok(Reloaded {
+            keys: self.keys().list().count(),
+            nodes,
+            accounts: retunes.len(),
+            restart,
+            why,
+        })
+    }
+
+    /// [`reload`](Self::reload) from the file the gateway was started with.
+    pub(crate) fn reload_file(&self) -> Result<Reloaded, ConfigError> {
+        let path = self.config_path.get().ok_or_else(|| {
+            ConfigError("the gateway runs the built-in demo: send the TOML to reload".into())
+        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        self.reload(&text)
+    }
+
+    /// The account serving `api`.
+    pub(crate) fn account(&self, api: Api) -> Option<&Account> {
+        self.accounts.iter().find(|a| a.profile_of(api).is_some())
+    }
+
+    /// Answers a refusal, recording it for the status page and the metrics.
+    pub(crate) fn refuse(&self, tenant: Option<&str>, refusal: Refusal) -> Response {
+        self.ledger.refused(tenant, &refusal);
+        refusal.into_response()
+    }
+
+    /// [`refuse`](Self::refuse), in the error schema of `dialect`.
+    pub(crate) fn refuse_in(
+        &self,
+        dialect: super::refusal::Dialect,
+        tenant: Option<&str>,
+        refusal: Refusal,
+    ) -> Response {
+        self.refuse(tenant, refusal.dialect(dialect))
+    }
+
+    /// The admin whose token a request carries.
+    pub(crate) fn admin(&self, headers: &http::HeaderMap) -> Option<Admin> {
+        self.admins
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .authenticate(headers)
+            .cloned()
+    }
+}
+
+/// Runs `tick` every `every` until the gateway stops or is dropped (the task holds it weakly).
+async fn every(
+    gateway: std::sync::Weak<Gateway>,
+    every: Duration,
+    mut tick: impl AsyncFnMut(&Gateway),
+) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let Some(gateway) = gateway.upgrade() else {
+            return;
+        };
+        if gateway.shutdown.is_cancelled() {
+            return;
+        }
+        tick(&gateway).await;
+    }
+}
+
+/// Marks the accounts served and, with Redis, adds the report's counters there (each
+/// [`report::FLUSH_EVERY`]; [`Gateway::stopped`] adds the last).
+async fn keep_report(gateway: &Gateway) {
+    let accounts = gateway.accounts.iter().map(|a| a.name.as_str());
+    gateway
+        .report
+        .mark_up(accounts, std::time::SystemTime::now());
+    if let Err(error) = gateway.report.flush().await {
+        tracing::warn!(%error, "the report's counters wait for the next flush");
+    }
+}
+
+/// The operator's admin token of `config` (`server.admin_token_env`, else `admin_token`).
+fn root_token(config: &Config) -> Result<String, ConfigError> {
+    let server = &config.server;
+    config::secret(
+        server.admin_token.as_ref(),
+        server.admin_token_env.as_ref(),
+        "the admin token",
+    )?
+    .ok_or_else(|| ConfigError("no admin token: set `admin_token_env`".into()))
+}
+
+/// The nodes the admin state adds to the views: those it changed, and its keys' tenants.
+fn listed(parsed: &state::Parsed, keys: &KeyRing) -> Vec<Tenant> {
+    let tenants = keys.list().filter_map(|(caller, ..)| caller.path.parent());
+    parsed.nodes.keys().cloned().chain(tenants).collect()
+}
+
+/// Reads the admin state and applies another replica's changes.
+async fn sync_state(gateway: &Gateway) {
+    match gateway.state.read_all().await {
+        Ok(Some(fields)) => {
+            if let Err(error) = gateway.apply_state(&fields) {
+                tracing::error!(%error, "the admin state read from the store does not apply");
+            }
+        }
+        Ok(None) => {}
+        Err(error) => tracing::warn!(%error, "the admin state was not read"),
+    }
+}
+
+/// What a reload applied, and what waits for a restart.
+#[derive(Debug, serde::Serialize)]
+pub(crate) struct Reloaded {
+    /// The callers' keys now served.
+    pub(crate) keys: usize,
+    /// The tenant nodes whose settings were applied.
+    pub(crate) nodes: usize,
+    /// The accounts whose figures (limits, calls in flight, caps) were applied.
+    pub(crate) accounts: usize,
+    /// The parts of the configuration that changed and need a restart.
+    pub(crate) restart: Vec<&'static str>,
+    /// Why, for each: what changed that a reload cannot apply.
+    pub(crate) why: Vec<String>,
+}
