@@ -95,13 +95,13 @@ where
             return ResponseFuture::calling(self.inner.call(request));
         }
         let read = request.extensions_mut().remove::<RequestEstimate>();
-        let readable = readable(&request, self.settings.max_body_bytes);
+        let max = self.settings.max_body_bytes;
         match read {
             // Read above, and nothing to rewrite: estimated here without the body.
             Some(read)
                 if !(self.settings.include_stream_usage
                     && lacks_stream_usage(&read)
-                    && readable) =>
+                    && readable(&request, max)) =>
             {
                 let (mut parts, body) = request.into_parts();
                 if let Err(no_price) = estimate_into(&mut parts, &read, &self.settings) {
@@ -109,7 +109,7 @@ where
                 }
                 ResponseFuture::calling(self.inner.call(Request::from_parts(parts, body)))
             }
-            None if !readable => ResponseFuture::calling(self.inner.call(request)),
+            None if !readable(&request, max) => ResponseFuture::calling(self.inner.call(request)),
             // The body to read: to estimate it, or to ask a stream for its usage.
             read => {
                 // The ready service goes with the request; this one readies a clone for the
