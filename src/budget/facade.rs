@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::handle::Budget;
+use super::engine::Ask;
+use super::handle::{Budget, Engine};
 use super::memory::store::{MemoryStore, Store};
 use super::observation::Observation;
 use super::reservation::Reservation;
@@ -18,6 +19,7 @@ use super::snapshot::BudgetSnapshot;
 use super::store::{QuotaStore, StoreOptions};
 use crate::cost::Cost;
 use crate::error::TryReserveError;
+use crate::priority::Priority;
 use crate::quota::{Dimension, Limit, PeriodCap, Quota};
 use crate::sched::QueueSnapshot;
 use crate::tenant::{InvalidTree, Tenant, TenantHandle, TenantTree};
@@ -26,12 +28,14 @@ use crate::tenant::{InvalidTree, Tenant, TenantHandle, TenantTree};
 impl Budget {
     /// A budget enforcing every limit of `quota`, with every bucket full.
     pub fn new(quota: Quota) -> Self {
-        Self::from_parts(&quota, MemoryStore::new(&quota), None, None)
+        Self {
+            engine: Engine::new(&quota, MemoryStore::new(&quota), None, None),
+        }
     }
 
     /// Whether two handles share the same budget.
     pub fn ptr_eq(&self, other: &Budget) -> bool {
-        Arc::ptr_eq(&self.inner, &other.inner)
+        Arc::ptr_eq(&self.engine, &other.engine)
     }
 }
 
@@ -44,13 +48,13 @@ impl Budget {
     /// store was out of reach; the shared levels live in the store.
     pub fn snapshot(&self) -> BudgetSnapshot {
         let now = Instant::now();
-        let ns = self.nanos_since_origin(now);
-        let state = self.lock();
+        let ns = self.engine.nanos_since_origin(now);
+        let state = self.engine.lock();
         let limits = state
             .store
             .snapshot(ns)
             .into_iter()
-            .map(|s| self.limit_snapshot(s))
+            .map(|s| self.engine.limit_snapshot(s))
             .collect();
         let caps = (state.tenants.as_ref()).map_or_else(Vec::new, |t| t.account_caps(now));
         BudgetSnapshot {
@@ -66,12 +70,12 @@ impl Budget {
 
     /// The requests waiting for admission, by class (the budget's ordering).
     pub fn queue_snapshot(&self) -> QueueSnapshot {
-        self.lock().queue.order().snapshot(Instant::now())
+        self.engine.lock().queue.order().snapshot(Instant::now())
     }
 
     /// How many requests wait for admission.
     pub fn waiters(&self) -> usize {
-        self.lock().queue.len()
+        self.engine.lock().queue.len()
     }
 }
 
@@ -83,7 +87,7 @@ impl Budget {
     /// enough of them end. Defaults to the quota's
     /// [`max_in_flight`](Quota::with_max_in_flight).
     pub fn set_max_in_flight(&self, max: Option<NonZeroUsize>) {
-        self.update_state(|state| {
+        self.engine.update_state(|state| {
             state.slots.set_max(max);
             true
         });
@@ -93,8 +97,8 @@ impl Budget {
     /// current level, clamped to the new capacity. Waiters are re-examined at once (for a
     /// shared budget, the head asks the store again when the store's last wait is over).
     pub fn set_limit(&self, limit: Limit) {
-        let now = self.nanos_since_origin(Instant::now());
-        self.update_state(|state| {
+        let now = self.engine.nanos_since_origin(Instant::now());
+        self.engine.update_state(|state| {
             let local = match &mut state.remote {
                 Some(shared) => shared.set_limit(limit),
                 None => limit,
@@ -109,8 +113,8 @@ impl Budget {
     /// window); a new cap counts from the change; an empty list removes them. A shared
     /// budget's counts live in its store and carry over there too.
     pub fn set_caps(&self, caps: &[PeriodCap]) {
-        self.lock().caps = caps.to_vec();
-        self.count_caps();
+        self.engine.lock().caps = caps.to_vec();
+        self.engine.count_caps();
     }
 
     /// Applies a provider's report on one of the limits; see [`Observation`].
@@ -118,11 +122,11 @@ impl Budget {
     /// A shared budget writes it to the shared store too, in the background, so that every
     /// process sharing the quota sees it.
     pub fn observe(&self, observation: &Observation) {
-        let now = self.nanos_since_origin(Instant::now());
-        self.update_state(|state| match &mut state.remote {
+        let now = self.engine.nanos_since_origin(Instant::now());
+        self.engine.update_state(|state| match &mut state.remote {
             Some(shared) => {
                 let lowered = shared.observe(observation);
-                if let Some(remote) = self.inner.remote.as_ref() {
+                if let Some(remote) = self.engine.remote.as_ref() {
                     for &(limit, remaining) in &lowered {
                         remote.lower(limit, Some(remaining), Duration::ZERO);
                     }
@@ -165,14 +169,14 @@ impl Budget {
     /// level keeps refilling meanwhile.
     pub fn pause(&self, dimensions: &[Dimension], until: Instant) {
         let pause = until.saturating_duration_since(Instant::now());
-        let now = self.nanos_since_origin(Instant::now());
-        let until = self.nanos_since_origin(until);
-        self.update_state(|state| {
+        let now = self.engine.nanos_since_origin(Instant::now());
+        let until = self.engine.nanos_since_origin(until);
+        self.engine.update_state(|state| {
             let adapt = state.remote.is_none();
             dimensions.iter().for_each(|&d| {
                 state.store.pause(d, until, now, adapt);
             });
-            if let (Some(shared), Some(remote)) = (&state.remote, &self.inner.remote) {
+            if let (Some(shared), Some(remote)) = (&state.remote, &self.engine.remote) {
                 for &dimension in dimensions {
                     let shortest = shared
                         .limits()
@@ -198,9 +202,9 @@ impl Budget {
     /// processes within a second, as a process waiting for a hold asks the store again at
     /// least once a second.
     pub fn lift_pause(&self, dimensions: &[Dimension]) {
-        self.update_state(|state| {
+        self.engine.update_state(|state| {
             dimensions.iter().for_each(|&d| state.store.lift(d));
-            if let (Some(shared), Some(remote)) = (&state.remote, &self.inner.remote) {
+            if let (Some(shared), Some(remote)) = (&state.remote, &self.engine.remote) {
                 let lifted: Vec<Limit> = shared
                     .limits()
                     .iter()
@@ -242,7 +246,7 @@ impl Budget {
     /// without a round trip: its `try_reserve` fails with [`TryReserveError::Unavailable`];
     /// use [`Budget::reserve`].
     pub fn try_reserve(&self, cost: Cost) -> Result<Reservation, TryReserveError> {
-        self.try_reserve_as(cost, None, None)
+        self.engine.try_reserve_as(cost, None, None)
     }
 
     /// [`Budget::try_reserve`] for `tenant`: the account and every node of its path must pay
@@ -253,7 +257,7 @@ impl Budget {
         cost: Cost,
         tenant: &Tenant,
     ) -> Result<Reservation, TryReserveError> {
-        self.try_reserve_as(cost, Some(tenant), None)
+        self.engine.try_reserve_as(cost, Some(tenant), None)
     }
 }
 
@@ -279,7 +283,7 @@ impl Budget {
     /// Fails when the tree cannot be enforced.
     pub fn with_tenant_tree(self, tree: TenantTree) -> Result<Self, InvalidTree> {
         tree.validate()?;
-        self.install_tenants(tree);
+        self.engine.install_tenants(tree);
         Ok(self)
     }
 
@@ -325,20 +329,23 @@ impl Budget {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn with_tenants_of(self, other: &Budget) -> Self {
-        self.serve_tenants_of(other);
+        self.engine.serve_tenants_of(&other.engine);
         self
     }
 
     /// Whether this budget and `other` serve one tenant state
     /// ([`with_tenants_of`](Budget::with_tenants_of)).
     pub fn shares_tenants_with(&self, other: &Budget) -> bool {
-        self.same_tenants_as(other)
+        self.engine.same_tenants_as(&other.engine)
     }
 
     /// The handle on the budget's tenant tree (pause, resume, limits, snapshots), when it has
     /// one.
     pub fn tenants(&self) -> Option<TenantHandle> {
-        self.tenant_handle()
+        self.engine.lock().tenants.as_ref()?;
+        Some(TenantHandle {
+            budget: self.clone(),
+        })
     }
 }
 
@@ -353,17 +360,55 @@ impl Budget {
     /// calls this); see [`store`](crate::budget::store) to write one.
     pub fn with_store(quota: &Quota, store: Arc<dyn QuotaStore>, options: StoreOptions) -> Self {
         let (options, reachable) = options.engine();
-        Self::with_remote(quota, store, options, reachable)
+        Self {
+            engine: Engine::with_remote(quota, store, options, reachable),
+        }
     }
 
     /// Whether the budget is shared through a store in another process.
     pub fn is_shared(&self) -> bool {
-        self.inner.remote.is_some()
+        self.engine.remote.is_some()
     }
 
     /// Whether a shared budget admits through its store now (its circuit breaker is closed);
     /// `false` while it falls back or refuses. Always `false` for an in-memory budget.
     pub fn is_store_reachable(&self) -> bool {
-        self.store_reachable()
+        self.engine.store_reachable()
+    }
+}
+
+/// What the crate's layers ask of a budget beyond its public API, each from the engine.
+impl Budget {
+    /// The budget's identity: equal for every clone of one budget.
+    pub(crate) fn address(&self) -> usize {
+        Arc::as_ptr(&self.engine) as usize
+    }
+
+    /// The `queue` label of the depth gauge of the budget's ordering (its quota's name).
+    pub(crate) fn queue_label(&self) -> Arc<str> {
+        self.engine.queue_label()
+    }
+
+    /// Whether the level gauges are due (at most ten recordings a second per budget).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn gauges_due(&self) -> bool {
+        self.engine.gauges_due()
+    }
+
+    /// What a request of `class` (and `tenant`) would wait now; see the engine's
+    /// `would_wait`. The router's would-wait condition asks it.
+    pub(crate) fn would_wait(
+        &self,
+        cost: Cost,
+        class: Priority,
+        tenant: Option<&Tenant>,
+    ) -> Option<Duration> {
+        self.engine.would_wait(cost, class, tenant)
+    }
+
+    /// Admits `ask` at once when nobody waits and the in-memory buckets can pay (the layers'
+    /// fast path); `None` otherwise, having changed nothing.
+    pub(crate) fn admit_now(&self, ask: &Ask, now: Instant) -> Option<Reservation> {
+        self.engine.admit_now(ask, now)
     }
 }

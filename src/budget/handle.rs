@@ -1,6 +1,6 @@
-//! The [`Budget`] handle and the state its clones share, with what the other parts of the
-//! budget use of it: the lock, the clock, settlement. The public API is in `facade.rs`;
-//! admission in `engine/`.
+//! The [`Budget`] handle and the [`Engine`] behind it: the state its clones share, with what
+//! every part of the budget uses of it (the lock, the clock, settlement). The public API is
+//! in `facade.rs`, the only `impl Budget`; admission in `engine/`.
 
 use std::fmt;
 use std::sync::{Arc, PoisonError};
@@ -25,11 +25,14 @@ use crate::tenant::Tenant;
 /// [module documentation](crate::budget) for the admission rules.
 #[derive(Clone)]
 pub struct Budget {
-    pub(super) inner: Arc<Inner>,
+    pub(super) engine: Arc<Engine>,
 }
 
-/// What every clone of a budget holds.
-pub(super) struct Inner {
+/// The engine behind every clone of a budget: its state under one lock, its clock, and the
+/// store it shares with other processes. `facade.rs` is its public face; its methods are
+/// spread by subject: admission in `engine/`, the shared store in `store/`, tenants in
+/// `tenants/`, and here what all of them use (the lock, the clock, settlement).
+pub(crate) struct Engine {
     /// The zero of the budget's clock; times inside are nanoseconds since it.
     pub(super) origin: Instant,
     pub(super) state: Mutex<State>,
@@ -54,42 +57,35 @@ pub(super) struct State {
     pub(super) caps: Vec<PeriodCap>,
 }
 
-impl Budget {
-    pub(super) fn from_parts(
+impl Engine {
+    pub(super) fn new(
         quota: &Quota,
         store: MemoryStore,
         remote_state: Option<RemoteState>,
         remote: Option<Remote>,
-    ) -> Self {
+    ) -> Arc<Self> {
         let mut queue = WaitList::default();
         if let Some(name) = quota.name() {
             queue.set_label(name.into());
         }
-        let budget = Self {
-            inner: Arc::new(Inner {
-                origin: Instant::now(),
-                remote,
-                #[cfg(feature = "metrics")]
-                gauges_at: std::sync::atomic::AtomicU64::new(0),
-                state: Mutex::new(State {
-                    store,
-                    remote: remote_state,
-                    queue,
-                    slots: Slots::new(quota.max_in_flight()),
-                    next_id: 0,
-                    tenants: None,
-                    caps: quota.caps().to_vec(),
-                }),
+        let engine = Arc::new(Engine {
+            origin: Instant::now(),
+            remote,
+            #[cfg(feature = "metrics")]
+            gauges_at: std::sync::atomic::AtomicU64::new(0),
+            state: Mutex::new(State {
+                store,
+                remote: remote_state,
+                queue,
+                slots: Slots::new(quota.max_in_flight()),
+                next_id: 0,
+                tenants: None,
+                caps: quota.caps().to_vec(),
             }),
-        };
+        });
         // The account's caps are counted where its tenants' are.
-        budget.count_caps();
-        budget
-    }
-
-    /// The budget's identity: equal for every clone of one budget.
-    pub(crate) fn address(&self) -> usize {
-        Arc::as_ptr(&self.inner) as usize
+        engine.count_caps();
+        engine
     }
 
     /// The `queue` label of the depth gauge of the budget's ordering (its quota's name).
@@ -117,7 +113,7 @@ impl Budget {
                 tenants.settle(path, (reserved, actual), ns, at, &mut parked);
             }
         };
-        if let (Origin::Remote, Some(remote)) = (origin, &self.inner.remote) {
+        if let (Origin::Remote, Some(remote)) = (origin, &self.remote) {
             let (mut limits, mut path) = (None, None);
             self.update_state(|state| {
                 settle_path(state);
@@ -161,10 +157,9 @@ impl Budget {
     pub(crate) fn gauges_due(&self) -> bool {
         use std::sync::atomic::Ordering;
         let now = self.nanos_since_origin(Instant::now());
-        let last = self.inner.gauges_at.load(Ordering::Relaxed);
+        let last = self.gauges_at.load(Ordering::Relaxed);
         (last == 0 || now.saturating_sub(last) >= 100_000_000)
             && self
-                .inner
                 .gauges_at
                 .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
@@ -172,18 +167,15 @@ impl Budget {
 
     pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // No code panics while holding the lock; recover the state rather than propagate.
-        self.inner
-            .state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(super) fn nanos_since_origin(&self, now: Instant) -> u64 {
-        nanos(now.saturating_duration_since(self.inner.origin))
+        nanos(now.saturating_duration_since(self.origin))
     }
 
     pub(super) fn instant(&self, ns: u64) -> Instant {
-        self.inner.origin + Duration::from_nanos(ns)
+        self.origin + Duration::from_nanos(ns)
     }
 
     /// A limit's state as a snapshot shows it, its instants on tokio's clock.
@@ -209,7 +201,7 @@ impl Budget {
 
 impl fmt::Debug for Budget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.lock();
+        let state = self.engine.lock();
         f.debug_struct("Budget")
             .field("store", &state.store)
             .field("waiters", &state.queue.len())

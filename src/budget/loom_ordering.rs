@@ -201,7 +201,8 @@ fn loom_the_stores_answer_hands_the_question_over() {
             crate::quota::Dimension::Requests,
             std::num::NonZeroU64::new(1_000).unwrap(),
         ));
-        let budget = Budget::with_remote(&quota, store.clone(), options, true);
+        let engine = super::handle::Engine::with_remote(&quota, store.clone(), options, true);
+        let budget = Budget { engine };
         let other = {
             let budget = budget.clone();
             thread::spawn(move || drop(block_on(budget.reserve(Cost::new(1, 0))).unwrap()))

@@ -133,7 +133,7 @@ impl Reservation {
 
     fn finish(mut self, actual: Cost) -> Settlement {
         self.finished = true;
-        self.budget.settle(
+        self.budget.engine.settle(
             self.id,
             self.origin,
             &self.cost,
@@ -156,7 +156,7 @@ impl Drop for Reservation {
             } else {
                 Cost::default()
             };
-            self.budget.settle(
+            self.budget.engine.settle(
                 self.id,
                 self.origin,
                 &self.cost,

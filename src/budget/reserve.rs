@@ -19,8 +19,6 @@ use crate::priority::Priority;
 use crate::sched::Scheduling;
 use crate::tenant::Tenant;
 
-impl Budget {}
-
 pin_project! {
     /// Waits for a [`Budget`] to admit a cost; see [`Budget::reserve`].
     ///
@@ -46,13 +44,13 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             if let Some((id, _)) = this.asking.take() {
-                this.budget.abandoned(id, this.waiting);
+                this.budget.engine.abandoned(id, this.waiting);
             }
             if let Some(parked) = this.waiting.parked.take() {
-                this.budget.unpark(&this.waiting.ask, parked);
+                this.budget.engine.unpark(&this.waiting.ask, parked);
             }
             if let Some(place) = this.waiting.place.take() {
-                this.budget.cancel(place);
+                this.budget.engine.cancel(place);
             }
         }
     }
@@ -146,7 +144,10 @@ impl Future for Reserve {
                 };
                 let id = *id;
                 *this.asking = None;
-                let answer = this.budget.answered(this.waiting, id, answer, cx.waker());
+                let answer = this
+                    .budget
+                    .engine
+                    .answered(this.waiting, id, answer, cx.waker());
                 let at = match answer {
                     Answer::RetryAt(at, refunds) => {
                         this.waiting.retry_at = Some((at, refunds));
@@ -169,10 +170,13 @@ impl Future for Reserve {
                     }
                 }
             }
-            match this.budget.poll_admission(this.waiting, cx.waker()) {
+            match this.budget.engine.poll_admission(this.waiting, cx.waker()) {
                 Step::Ask(id, limits, path) => {
                     this.waiting.retry_at = None;
-                    let question = this.budget.ask(id, &this.waiting.ask, (limits, path));
+                    let question = this
+                        .budget
+                        .engine
+                        .ask(id, &this.waiting.ask, (limits, path));
                     *this.asking = Some((id, SyncWrapper::new(question)));
                 }
                 Step::Queued | Step::Parked(None) => return Poll::Pending,

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::Waker;
 
 use super::{Pass, Waiting};
-use crate::budget::handle::Budget;
+use crate::budget::handle::Engine;
 use crate::budget::memory::store::ReservationId;
 use crate::budget::store::state::{Remote, RemoteState};
 use crate::budget::store::{Control, Decision, FailurePolicy, PathLimits, StoreFuture};
@@ -40,7 +40,7 @@ pub(crate) enum Answer {
     Unavailable(StoreUnavailable),
 }
 
-impl Budget {
+impl Engine {
     /// What the shared store answered to the question `id` of `waiting`.
     pub(crate) fn answered(
         &self,
@@ -88,7 +88,7 @@ impl Budget {
     }
 
     fn remote(&self) -> &Remote {
-        match &self.inner.remote {
+        match &self.remote {
             Some(remote) => remote,
             None => unreachable!("only a shared budget asks a shared store"),
         }
@@ -264,7 +264,7 @@ impl Pass<'_> {
             return Answer::Refused(refused);
         }
         let ticket = tenants.park(tenant, depth, ask.scheduling.priority, self.waker);
-        let at = saturating_deadline(self.now, self.budget.remote().jittered(wait));
+        let at = saturating_deadline(self.now, self.engine.remote().jittered(wait));
         Answer::Parked(at, (depth, ticket))
     }
 
@@ -292,7 +292,7 @@ impl Pass<'_> {
         let wait = if first {
             wait
         } else {
-            self.budget.remote().jittered(wait)
+            self.engine.remote().jittered(wait)
         };
         let at = saturating_deadline(self.now, wait);
         Answer::RetryAt(at, self.remote().refunds)
@@ -335,7 +335,7 @@ impl Pass<'_> {
         self.remote().breaker.failed(ns);
         self.give_back(id, waiting);
         tracing::warn!(%error, "the shared quota store did not answer");
-        match self.budget.remote().policy() {
+        match self.engine.remote().policy() {
             FailurePolicy::LocalFallback { .. } => match self.back(waiting) {
                 Ok(()) => Answer::Fallback,
                 Err(depth) => Answer::Full(depth),
@@ -351,7 +351,7 @@ impl Pass<'_> {
     fn give_back(&mut self, id: ReservationId, waiting: &Waiting) {
         let path = self.state.path_limits(waiting.ask.tenant.as_ref());
         let limits = self.remote().limits().clone();
-        self.budget
+        self.engine
             .remote()
             .release(id, waiting.ask.cost, limits, path);
     }

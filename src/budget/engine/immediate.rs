@@ -7,7 +7,9 @@ use tokio::time::Instant;
 
 use super::Ask;
 use super::ways::{Bill, Unpaid};
-use crate::budget::handle::{Budget, State};
+use std::sync::Arc;
+
+use crate::budget::handle::{Budget, Engine, State};
 use crate::budget::memory::bucket::Floor;
 use crate::budget::memory::store::{Denial, Origin, ReservationId, Store};
 use crate::budget::reservation::Reservation;
@@ -17,7 +19,7 @@ use crate::error::{StoreUnavailable, TryReserveError};
 use crate::priority::Priority;
 use crate::tenant::Tenant;
 
-impl Budget {
+impl Engine {
     /// What a request of `class` (and `tenant`) would wait now: zero when it would be
     /// admitted at once, the time until its cost fits behind the requests that would be
     /// admitted before it (its class and the classes above, and lower fronts aging has lifted
@@ -25,7 +27,7 @@ impl Budget {
     /// free; `None` when it cannot tell (a shared store, a cost that never fits, a refused
     /// tenant). The router's would-wait condition asks it.
     pub(crate) fn would_wait(
-        &self,
+        self: &Arc<Self>,
         cost: Cost,
         class: Priority,
         tenant: Option<&Tenant>,
@@ -47,7 +49,7 @@ impl Budget {
     /// `try_reserve` behind every waiting request (`class` `None`), or behind those a request
     /// of `class` would wait behind.
     pub(in crate::budget) fn try_reserve_as(
-        &self,
+        self: &Arc<Self>,
         cost: Cost,
         tenant: Option<&Tenant>,
         class: Option<Priority>,
@@ -76,7 +78,15 @@ impl Budget {
         match state.pay(&bill) {
             Ok(id) => {
                 drop(state);
-                Ok(Reservation::new(self.clone(), id, cost, Origin::Local).with_tenant(path))
+                Ok(Reservation::new(
+                    Budget {
+                        engine: Arc::clone(self),
+                    },
+                    id,
+                    cost,
+                    Origin::Local,
+                )
+                .with_tenant(path))
             }
             Err(Unpaid::NoSlot) => Err(TryReserveError::NoSlot),
             Err(Unpaid::Node) => match check {
@@ -91,7 +101,7 @@ impl Budget {
                 if let Some(lease) = state.remote.as_mut().and_then(|s| s.lease.as_mut()) {
                     // Its wallets lack it: the next renewal (sooner) asks for it whole.
                     lease.blocked = Some(cost);
-                    if let Some(remote) = &self.inner.remote {
+                    if let Some(remote) = &self.remote {
                         remote.wants_more.notify_one();
                     }
                 }
@@ -142,9 +152,19 @@ impl Budget {
     /// Admits `ask` at once, when nobody waits, a slot is free and the in-memory buckets can
     /// pay; changes nothing otherwise. A shared budget always answers `None`: it must ask its
     /// store.
-    pub(crate) fn admit_now(&self, ask: &Ask, now: Instant) -> Option<Reservation> {
+    pub(crate) fn admit_now(self: &Arc<Self>, ask: &Ask, now: Instant) -> Option<Reservation> {
         let (id, tenant) = self.admit_id_now(ask, now)?;
-        Some(Reservation::new(self.clone(), id, ask.cost, Origin::Local).with_tenant(tenant))
+        Some(
+            Reservation::new(
+                Budget {
+                    engine: Arc::clone(self),
+                },
+                id,
+                ask.cost,
+                Origin::Local,
+            )
+            .with_tenant(tenant),
+        )
     }
 
     fn admit_id_now(&self, ask: &Ask, now: Instant) -> Option<(ReservationId, Option<Tenant>)> {
@@ -181,7 +201,7 @@ impl Budget {
 }
 
 /// What `try_reserve` answers for a shared budget: it admits through `reserve`.
-impl Budget {
+impl Engine {
     /// Whether a leasing budget asks its store for a request of `tenant`: its path has
     /// limits or controls kept there (see `Pass::kept_in_store`).
     pub(in crate::budget) fn kept_in_store(&self, state: &State, tenant: Option<&Tenant>) -> bool {

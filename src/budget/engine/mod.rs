@@ -1,6 +1,6 @@
 //! The wait engine: how a waiting request is admitted, read top to bottom.
 //!
-//! Every admission of a budget goes through [`Budget::poll_admission`], one *pass* under the
+//! Every admission of a budget goes through [`Engine::poll_admission`], one *pass* under the
 //! budget's lock. A pass asks, in this order:
 //!
 //! 1. **the tenant path** ([`Pass::check_path`]): a node that refuses the request (paused,
@@ -41,7 +41,7 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use super::handle::{Budget, State};
+use super::handle::{Engine, State};
 use super::store::{FailurePolicy, PathLimits};
 use crate::budget::memory::bucket::Floor;
 use crate::budget::memory::store::{Denial, Origin, ReservationId, Store};
@@ -120,7 +120,7 @@ pub(crate) enum Step {
     Parked(Option<Instant>),
 }
 
-impl Budget {
+impl Engine {
     /// One pass of [`Reserve`](super::Reserve): admit, queue, or say when to look again. See
     /// the [module documentation](self) for the order of the questions.
     pub(crate) fn poll_admission(&self, waiting: &mut Waiting, waker: &Waker) -> Step {
@@ -143,7 +143,7 @@ impl Budget {
 
 /// One pass under the budget's lock, and the wakers to wake once it is released.
 pub(crate) struct Pass<'a> {
-    budget: &'a Budget,
+    engine: &'a Engine,
     state: MutexGuard<'a, State>,
     waker: &'a Waker,
     now: Instant,
@@ -153,12 +153,12 @@ pub(crate) struct Pass<'a> {
 }
 
 impl<'a> Pass<'a> {
-    pub(crate) fn new(budget: &'a Budget, waker: &'a Waker) -> Self {
+    pub(crate) fn new(engine: &'a Engine, waker: &'a Waker) -> Self {
         let now = Instant::now();
         Self {
-            budget,
-            ns: budget.nanos_since_origin(now),
-            state: budget.lock(),
+            engine,
+            ns: engine.nanos_since_origin(now),
+            state: engine.lock(),
             waker,
             now,
             wake: [None, None, None],
@@ -258,7 +258,7 @@ impl<'a> Pass<'a> {
             return Continue(());
         };
         let from = ask.scheduling.not_before.unwrap_or(self.now);
-        let at = self.budget.instant(at).max(from);
+        let at = self.engine.instant(at).max(from);
         if at <= deadline {
             return Continue(());
         }
@@ -350,7 +350,7 @@ impl<'a> Pass<'a> {
     ///    whose store answers asks it; out of its reach, the local fallback share pays.
     fn pay(&mut self, waiting: &mut Waiting, path: Option<Check>) -> Step {
         let ask_store =
-            !waiting.local && (self.budget.asks_per_admission() || self.kept_in_store(waiting));
+            !waiting.local && (self.engine.asks_per_admission() || self.kept_in_store(waiting));
         let unpaid = match self.pay_every_way(waiting, path.as_ref(), ask_store) {
             Err(Unpaid::Store) => match self.ask_store(waiting) {
                 Break(step) => return step,
@@ -376,7 +376,7 @@ impl<'a> Pass<'a> {
     /// limits or controls (daily caps, caps on calls in flight) kept there: so they hold over
     /// every process. The account's bucket pays it, beside what the leases hold of it.
     fn kept_in_store(&self, waiting: &Waiting) -> bool {
-        self.budget
+        self.engine
             .kept_in_store(&self.state, waiting.ask.tenant.as_ref())
     }
 
@@ -455,7 +455,7 @@ impl<'a> Pass<'a> {
         let path = waiting.ask.tenant.as_ref().expect("resolved");
         let priority = waiting.ask.scheduling.priority;
         waiting.parked = Some((depth, tenants.park(path, depth, priority, self.waker)));
-        Step::Parked(wake.map(|at| self.budget.instant(at)))
+        Step::Parked(wake.map(|at| self.engine.instant(at)))
     }
 
     /// The shared store, for a shared budget whose store answers: the head leaves the
@@ -463,7 +463,7 @@ impl<'a> Pass<'a> {
     /// while the store admits; while the store refuses, one asks at a time. `Continue`: the
     /// breaker is open and the policy fails open, the local fallback share pays.
     fn ask_store(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
-        let (Some(remote), Some(shared)) = (&self.budget.inner.remote, &self.state.remote) else {
+        let (Some(remote), Some(shared)) = (&self.engine.remote, &self.state.remote) else {
             return Continue(());
         };
         // The store's wait, unless a refund reached the store since it told it.
@@ -506,7 +506,7 @@ impl<'a> Pass<'a> {
     /// reorder the fronts). Blocked only by its floor, it lets whoever may go instead look.
     fn wait_for_buckets(&mut self, waiting: &mut Waiting, at: u64) -> Step {
         let step = self.wait(waiting);
-        if let Some(remote) = self.budget.inner.remote.as_ref().filter(|r| r.leases()) {
+        if let Some(remote) = self.engine.remote.as_ref().filter(|r| r.leases()) {
             // Its wallets do not cover it (or the lease ended): the next renewal, sooner, asks
             // for its cost whole.
             if let Some(lease) = self.state.remote.as_mut().and_then(|s| s.lease.as_mut()) {
@@ -531,7 +531,7 @@ impl<'a> Pass<'a> {
         self.wake(other);
         match step {
             Step::Queued => {
-                Step::WaitUntil(self.state.until_reorder(self.budget.instant(at), self.now))
+                Step::WaitUntil(self.state.until_reorder(self.engine.instant(at), self.now))
             }
             other => other,
         }

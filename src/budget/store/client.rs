@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
+use crate::budget::handle::Engine;
 use crate::budget::memory::bucket::Floor;
 use crate::budget::memory::store::{MemoryStore, Store};
 use crate::budget::store::state::{Command, LeaseState, Remote, RemoteOptions, RemoteState};
 use crate::budget::store::{
     Breaker, Decision, FailurePolicy, PathLimits, QuotaStore, Settle, StoreFuture,
 };
-use crate::budget::{Budget, Observation, ReservationId};
+use crate::budget::{Observation, ReservationId};
 use crate::cost::Cost;
 use crate::error::InsufficientCapacity;
 use crate::error::StoreUnavailable;
@@ -25,17 +26,17 @@ use crate::tenant::Tenant;
 
 /// Tells the budget, if it still exists, that a refund reached the store.
 #[derive(Debug, Clone)]
-struct Refunded(std::sync::Weak<crate::budget::handle::Inner>);
+struct Refunded(std::sync::Weak<Engine>);
 
 impl Refunded {
     fn notify(&self) {
-        if let Some(inner) = self.0.upgrade() {
-            Budget { inner }.refunded_remotely();
+        if let Some(engine) = self.0.upgrade() {
+            engine.refunded_remotely();
         }
     }
 
-    fn budget(&self) -> Option<Budget> {
-        self.0.upgrade().map(|inner| Budget { inner })
+    fn budget(&self) -> Option<Arc<Engine>> {
+        self.0.upgrade()
     }
 }
 
@@ -49,7 +50,7 @@ async fn sync_pauses(store: &Arc<dyn QuotaStore>, budget: &Refunded, timeout: Du
     // The slots this process holds on its nodes' caps stay its own while it lives.
     let instance = budget
         .budget()
-        .and_then(|b| b.inner.remote.as_ref().map(|r| r.instance));
+        .and_then(|b| b.remote.as_ref().map(|r| r.instance));
     if let Some(instance) = instance {
         let _ = bounded(timeout, store.heartbeat(instance)).await;
     }
@@ -68,7 +69,7 @@ async fn sync_pauses(store: &Arc<dyn QuotaStore>, budget: &Refunded, timeout: Du
     }
 }
 
-impl Budget {
+impl Engine {
     /// A budget whose buckets live in `store`, shared with other processes. Must be called
     /// within a tokio runtime: it spawns the task that sends settlements (the loom models,
     /// which have none, send none).
@@ -80,7 +81,7 @@ impl Budget {
         store: Arc<dyn QuotaStore>,
         options: RemoteOptions,
         reachable: bool,
-    ) -> Self {
+    ) -> Arc<Self> {
         let share = match (options.leases, options.policy) {
             // Wallets of the account's limits, empty until the first grant (one round trip).
             (Some(_), _) => 1.0,
@@ -130,8 +131,8 @@ impl Budget {
             Some(_) => MemoryStore::wallets(quota),
             None => MemoryStore::new(&fallback),
         };
-        let budget = Self::from_parts(quota, store, Some(shared), Some(remote));
-        let refunded = Refunded(Arc::downgrade(&budget.inner));
+        let budget = Self::new(quota, store, Some(shared), Some(remote));
+        let refunded = Refunded(Arc::downgrade(&budget));
         let sending = send_in_background(worker, receiver, options, refunded);
         #[cfg(not(all(test, loom)))]
         tokio::spawn(sending);
@@ -634,6 +635,7 @@ mod tests {
     use tokio::time::Instant;
 
     use super::*;
+    use crate::budget::Budget;
     use crate::quota::Dimension;
 
     /// What the scripted store does with the next reservation.
@@ -784,7 +786,9 @@ mod tests {
             heartbeat: 1_000 * MS,
         };
         let store: Arc<dyn QuotaStore> = store.clone();
-        Budget::with_remote(&Quota::new().with_limit(limit), store, options, true)
+        Budget {
+            engine: Engine::with_remote(&Quota::new().with_limit(limit), store, options, true),
+        }
     }
 
     /// A budget leasing its share from `store`, renewed every 100 ms (a grant lasts 300).
@@ -811,7 +815,9 @@ mod tests {
             heartbeat: 1_000 * MS,
         };
         let store: Arc<dyn QuotaStore> = store.clone();
-        Budget::with_remote(&Quota::new().with_limit(limit), store, options, true)
+        Budget {
+            engine: Engine::with_remote(&Quota::new().with_limit(limit), store, options, true),
+        }
     }
 
     #[tokio::test(start_paused = true)]

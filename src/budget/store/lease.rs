@@ -27,8 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::budget::Budget;
-use crate::budget::handle::{Inner, State};
+use crate::budget::handle::{Engine, State};
 use crate::budget::memory::store::Store;
 use crate::budget::store::state::{LeaseOptions, Parting};
 use crate::budget::store::{Demand, FailurePolicy, Grant, QuotaStore, Renewal, Report};
@@ -64,15 +63,15 @@ pub(crate) fn local_end(asked: Instant, lease: Duration) -> Instant {
     asked + lease.mul_f64(0.9)
 }
 
-impl Budget {
+impl Engine {
     /// Whether the budget leases from a shared store.
     pub(in crate::budget) fn leases(&self) -> bool {
-        self.inner.remote.as_ref().is_some_and(|r| r.leases())
+        self.remote.as_ref().is_some_and(|r| r.leases())
     }
 
     /// Whether an admission asks the shared store (a shared budget that does not lease).
     pub(in crate::budget) fn asks_per_admission(&self) -> bool {
-        self.inner.remote.as_ref().is_some_and(|r| !r.leases())
+        self.remote.as_ref().is_some_and(|r| !r.leases())
     }
 
     /// The account's limits, and this process's renewal: what it wants of the account now
@@ -252,7 +251,7 @@ impl Budget {
     }
 }
 
-impl Drop for Inner {
+impl Drop for Engine {
     /// The last handle on a leasing budget is gone: its renewal task wakes to give back what
     /// it holds now, rather than letting it lapse at its lease's end.
     fn drop(&mut self) {
@@ -261,24 +260,24 @@ impl Drop for Inner {
                 Instant::now().saturating_duration_since(self.origin),
             );
             let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-            let parting = Budget::parting(state, now);
+            let parting = Engine::parting(state, now);
             *remote.parting.lock().unwrap_or_else(|e| e.into_inner()) = parting;
             remote.wants_more.notify_one();
         }
     }
 }
 
-impl Budget {
+impl Engine {
     /// Starts renewing the lease of a budget that leases.
-    pub(in crate::budget) fn start_leasing(&self) {
-        let Some(remote) = self.inner.remote.as_ref() else {
+    pub(in crate::budget) fn start_leasing(self: &Arc<Self>) {
+        let Some(remote) = self.remote.as_ref() else {
             return;
         };
         let Some(lease) = remote.options.leases else {
             return;
         };
         let budget = Leasing {
-            budget: Arc::downgrade(&self.inner),
+            budget: Arc::downgrade(self),
             wants_more: remote.wants_more.clone(),
             parting: remote.parting.clone(),
             spent_much: remote.spent_much.clone(),
@@ -292,7 +291,7 @@ impl Budget {
 /// What the renewal task holds of its budget: a weak handle (the task ends with the budget),
 /// its signal for more, and what it gives back when it leaves.
 struct Leasing {
-    budget: Weak<Inner>,
+    budget: Weak<Engine>,
     wants_more: Arc<tokio::sync::Notify>,
     parting: Arc<std::sync::Mutex<Option<Parting>>>,
     spent_much: Arc<std::sync::atomic::AtomicBool>,
@@ -317,10 +316,9 @@ async fn keep_leasing(
     // sooner.
     let mut short: Option<Duration> = None;
     loop {
-        let Some(inner) = leasing.budget.upgrade() else {
+        let Some(budget_now) = leasing.budget.upgrade() else {
             return leave(&*store, &leasing, (process, options.lease), timeout).await;
         };
-        let budget_now = Budget { inner };
         let asked = Instant::now();
         let (limits, demand) = budget_now.lease_demand(asked.saturating_duration_since(last));
         last = asked;

@@ -26,12 +26,12 @@ impl TenantHandle {
     /// nothing of it is sent until [`resume`](TenantHandle::resume). Calls already sent run
     /// to their end. Other tenants are unaffected.
     pub fn pause(&self, scope: &Tenant) {
-        self.budget.set_tenant_paused(scope, true);
+        self.budget.engine.set_tenant_paused(scope, true);
     }
 
     /// Ends a pause of `scope`.
     pub fn resume(&self, scope: &Tenant) {
-        self.budget.set_tenant_paused(scope, false);
+        self.budget.engine.set_tenant_paused(scope, false);
     }
 
     /// Replaces the configuration of the node at `path` (limits, weight, guarantee, caps).
@@ -42,7 +42,7 @@ impl TenantHandle {
     /// range, siblings' guarantees above the whole, a cap below the guarantee): nothing
     /// changes.
     pub fn set_node(&self, path: &Tenant, node: TenantNode) -> Result<(), InvalidTree> {
-        self.budget.set_tenant_node(path, node)
+        self.budget.engine.set_tenant_node(path, node)
     }
 
     /// Adds or replaces one limit of the node at `path` (of the same dimension and period),
@@ -69,13 +69,13 @@ impl TenantHandle {
 
     /// The configuration of the node at `path`: its own, else its depth's template.
     pub fn node(&self, path: &Tenant) -> Option<TenantNode> {
-        self.budget.tenant_config(path)
+        self.budget.engine.tenant_config(path)
     }
 
     /// The node at `path` now: limits and levels, use, guarantee, borrowing, queue, the day's
     /// use. A node with no traffic and no state of its own reads as fresh.
     pub fn snapshot(&self, path: &Tenant) -> TenantSnapshot {
-        self.budget.tenant_snapshot(path)
+        self.budget.engine.tenant_snapshot(path)
     }
 
     /// How many nodes hold state now: those with traffic in flight or recent, a pause, a
@@ -83,7 +83,7 @@ impl TenantHandle {
     /// (one looked at per admission), and all at once by this call, which looks at every
     /// live node.
     pub fn live_nodes(&self) -> usize {
-        self.budget.tenant_live_nodes()
+        self.budget.engine.tenant_live_nodes()
     }
 }
 

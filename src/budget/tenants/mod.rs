@@ -14,15 +14,14 @@ use std::task::Waker;
 
 use tokio::time::Instant;
 
-use super::Budget;
-use super::handle::State;
+use super::handle::{Engine, State};
 use crate::budget::engine::Ask;
 use crate::quota::Limit;
 use crate::tenant::{InvalidTree, Tenant, TenantNode, TenantSnapshot, TenantTree};
 use state::Tenants;
 use tree::NodeView;
 
-impl Budget {
+impl Engine {
     /// Installs `tree` (validated) as the budget's tenant state, replacing any it had.
     pub(in crate::budget) fn install_tenants(&self, tree: TenantTree) {
         let mut state = self.lock();
@@ -38,10 +37,10 @@ impl Budget {
 
     /// Serves the tenant state of `other` (none, if it has none), its times shifted to this
     /// budget's clock.
-    pub(in crate::budget) fn serve_tenants_of(&self, other: &Budget) {
+    pub(in crate::budget) fn serve_tenants_of(&self, other: &Engine) {
         let theirs = other.lock().tenants.clone();
         let nanos = |d: std::time::Duration| i128::try_from(d.as_nanos()).unwrap_or(i128::MAX);
-        let (mine, their) = (self.inner.origin, other.inner.origin);
+        let (mine, their) = (self.origin, other.origin);
         let later = nanos(mine.saturating_duration_since(their))
             - nanos(their.saturating_duration_since(mine));
         let mut state = self.lock();
@@ -65,17 +64,10 @@ impl Budget {
         }
     }
 
-    pub(in crate::budget) fn same_tenants_as(&self, other: &Budget) -> bool {
+    pub(in crate::budget) fn same_tenants_as(&self, other: &Engine) -> bool {
         let mine = self.lock().tenants.clone();
         let theirs = other.lock().tenants.clone();
         matches!((mine, theirs), (Some(a), Some(b)) if a.same(&b))
-    }
-
-    pub(in crate::budget) fn tenant_handle(&self) -> Option<TenantHandle> {
-        self.lock().tenants.as_ref()?;
-        Some(TenantHandle {
-            budget: self.clone(),
-        })
     }
 
     /// Ends a parking (its request was dropped).
@@ -95,7 +87,7 @@ impl Budget {
         let mut state = self.lock();
         // Told to the store under the lock: a reading of the store's pauses under way does
         // not undo it.
-        if let Some(remote) = &self.inner.remote {
+        if let Some(remote) = &self.remote {
             remote.set_paused(scope.clone(), paused);
             // What the store will hold once the change lands: a later reading that finds the
             // pause gone (resumed by another process) resumes it here too.
@@ -122,7 +114,7 @@ impl Budget {
     pub(crate) fn pause_changes(&self) -> Option<u64> {
         let state = self.lock();
         state.tenants.as_ref()?;
-        let remote = self.inner.remote.as_ref()?;
+        let remote = self.remote.as_ref()?;
         Some(
             remote
                 .pause_changes
@@ -136,7 +128,7 @@ impl Budget {
     /// resumed here. A pause made here and not in this store (a tree shared with another
     /// account's budget) stays.
     pub(crate) fn sync_paused(&self, paused: &[Tenant], changes: u64) {
-        let Some(remote) = &self.inner.remote else {
+        let Some(remote) = &self.remote else {
             return;
         };
         let now = Instant::now();
