@@ -110,14 +110,19 @@ pub fn request_with(cost: tower_llm_quota::Cost) -> http::Request<&'static str> 
 
 /// The batch example's binary, built beside the calling test (same profile, same target
 /// directory), for tests that run it as separate processes.
+///
+/// Built for the whole workspace with every feature, as the README's test command builds:
+/// the same feature resolution, so the build reuses the core and its dependencies as the test
+/// run compiled them (built for one package alone, they would be compiled again, with other
+/// features, inside the first test that asks).
 pub fn batch_example() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
         .args([
             "build",
             "--quiet",
-            "-p",
-            "tower-llm-quota",
+            "--workspace",
+            "--all-features",
             "--example",
             "batch",
         ])

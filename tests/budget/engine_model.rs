@@ -208,6 +208,9 @@ struct Model {
     next_ticket: u64,
     held: Vec<(usize, u64)>,
     admitted: Vec<(usize, u64)>,
+    /// A planted violation for the oracle's self-test: heads ranked by arrival alone, as if
+    /// classes did not exist.
+    classless: bool,
 }
 
 impl Model {
@@ -224,6 +227,7 @@ impl Model {
             next_ticket: 0,
             held: Vec::new(),
             admitted: Vec::new(),
+            classless: true,
         }
     }
 
@@ -287,7 +291,10 @@ impl Model {
     fn head(&self, t: u64) -> Option<Waiting> {
         (0..3)
             .filter_map(|class| self.front(class).map(|f| (class, f)))
-            .min_by_key(|(class, f)| (self.effective(*class, t), f.at, f.ticket))
+            .min_by_key(|(class, f)| match self.classless {
+                true => (0, f.at, f.ticket),
+                false => (self.effective(*class, t), f.at, f.ticket),
+            })
             .map(|(_, f)| f.clone())
     }
 
@@ -499,7 +506,10 @@ impl Model {
 
 /// The model's admissions: `(request, ms)`, in order.
 fn model(case: &Case) -> Vec<(usize, u64)> {
-    let mut model = Model::new(case);
+    run_model(Model::new(case), case)
+}
+
+fn run_model(mut model: Model, case: &Case) -> Vec<(usize, u64)> {
     let mut t = PHASE_MS;
     for (id, event) in case.events.iter().enumerate() {
         model.run_until(t);
@@ -856,12 +866,13 @@ fn burst_case() -> impl Strategy<Value = Case> {
     })
 }
 
-/// The store's budget: 10 tokens a millisecond (only the order is compared), the case's
-/// burst, one call in flight, under a key of its own.
+/// The store's budget: 100 tokens a millisecond (only the order is compared, and a case's
+/// waits for the refill, in real time, stay a few milliseconds), the case's burst, one call
+/// in flight, under a key of its own.
 async fn redis_budget(url: &str, key: &str, case: &Case) -> Budget {
     let limit = limit(
         Dimension::TotalTokens,
-        10_000,
+        100_000,
         Duration::from_secs(1),
         case.burst,
     );
@@ -953,4 +964,25 @@ proptest! {
         prop_assert!(tasks.is_some(), "a request waits forever (a task per reservation)");
         agree("a task per reservation", &expected, &tasks.unwrap())?;
     }
+}
+
+/// The oracle's self-test: a model with a planted violation (classes ignored) disagrees with
+/// the engine on some of the generated cases, so the comparison can fail.
+#[test]
+fn the_comparison_catches_a_model_that_ignores_classes() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::{Config, TestRng, TestRunner};
+    let rng = TestRng::deterministic_rng(Config::default().rng_algorithm);
+    let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+    let caught = (0..200).any(|_| {
+        let case = case().new_tree(&mut runner).unwrap().current();
+        let planted = Model {
+            classless: true,
+            ..Model::new(&case)
+        };
+        let planted = run_model(planted, &case);
+        let engine = paused(engine_one_task(&case)).expect("every request admitted");
+        agree("one task for all", &planted, &engine).is_err()
+    });
+    assert!(caught, "no case told a classless model from the engine");
 }
