@@ -227,7 +227,7 @@ impl Model {
             next_ticket: 0,
             held: Vec::new(),
             admitted: Vec::new(),
-            classless: true,
+            classless: false,
         }
     }
 
