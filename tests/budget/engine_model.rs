@@ -931,8 +931,6 @@ fn cases() -> u32 {
         .unwrap_or(1_000)
 }
 
-static REDIS: std::sync::OnceLock<redis_server::RedisServer> = std::sync::OnceLock::new();
-
 proptest! {
     #![proptest_config(ProptestConfig {
         cases: cases(),
@@ -943,14 +941,19 @@ proptest! {
     #[test]
     fn over_redis_the_engine_asks_in_the_model_s_order(case in burst_case()) {
         let expected: Vec<usize> = model(&case).into_iter().map(|(id, _)| id).collect();
-        let server = REDIS.get_or_init(redis_server::RedisServer::start);
+        // One server for the cases, stopped with the test's thread (a process-wide static
+        // is never dropped: the server would outlive the test binary).
+        thread_local! {
+            static SERVER: redis_server::RedisServer = redis_server::RedisServer::start();
+        }
+        let url = SERVER.with(redis_server::RedisServer::url);
         static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let key = format!("model-{}", NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         let order = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap()
-            .block_on(redis_order(&server.url(), &key, &case));
+            .block_on(redis_order(&url, &key, &case));
         prop_assert_eq!(order, expected);
     }
 
