@@ -1,6 +1,8 @@
 //! A route: a governed client, with what the router needs to know about it.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -9,6 +11,7 @@ use http::{Request, Response};
 use http_body::Body;
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
+use serde_json::value::RawValue;
 use tower::util::BoxCloneSyncService;
 use tower::{Service, ServiceExt};
 
@@ -314,29 +317,70 @@ pub(crate) fn priority_of(parts: &Parts) -> Priority {
         .unwrap_or(Priority::Async)
 }
 
-/// `body` with its top-level `model` set to `model`; unchanged when it is not a JSON object
-/// or already names `model`. The object is written again by serde_json, so the order of its
-/// fields may change; their values do not.
 /// `body` with each of `fields` (a top-level key and its string value) set, when it is a JSON
 /// object that does not hold them already; anything else unchanged.
+///
+/// Only the values set change: the body is read once for the spans of its top-level values
+/// (without building its tree), each value named is written over its span, and a key the body
+/// lacks is added first in the object. Every other byte, and the order of the fields, stays
+/// as it came.
 pub(crate) fn rewrite(body: &Bytes, fields: &[(&str, &str)]) -> Bytes {
-    let Ok(mut object) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body)
-    else {
+    let Ok(object) = serde_json::from_slice::<HashMap<String, &RawValue>>(body) else {
         return body.clone();
     };
-    if fields
-        .iter()
-        .all(|(key, value)| object.get(*key).and_then(|v| v.as_str()) == Some(*value))
-    {
+    let holds = |key: &str, value: &str| {
+        object
+            .get(key)
+            .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok())
+            .is_some_and(|current| current == value)
+    };
+    if fields.iter().all(|(key, value)| holds(key, value)) {
         return body.clone();
     }
+    let json = |text: &str| serde_json::Value::from(text).to_string();
+    // The values written over their spans, in the body's order; the fields added after `{`.
+    let mut edits: Vec<(Range<usize>, String)> = Vec::with_capacity(fields.len());
+    let mut added = String::new();
     for (key, value) in fields {
-        object.insert((*key).into(), serde_json::Value::from(*value));
+        match object.get(*key) {
+            // A borrowed raw value is a slice of the body: its place is its offset.
+            Some(raw) => match span_in(body, raw.get()) {
+                Some(span) => edits.push((span, json(value))),
+                None => return body.clone(),
+            },
+            None => {
+                added.push_str(&json(key));
+                added.push(':');
+                added.push_str(&json(value));
+                added.push(',');
+            }
+        }
     }
-    match serde_json::to_vec(&object) {
-        Ok(bytes) => Bytes::from(bytes),
-        Err(_) => body.clone(),
+    edits.sort_by_key(|(span, _)| span.start);
+    if object.is_empty() {
+        // `{}`: no field follows the added ones.
+        added.pop();
     }
+    // Only whitespace comes before the object's `{`.
+    let open = body.iter().position(|&b| b == b'{').map_or(0, |at| at + 1);
+    let mut out = Vec::with_capacity(body.len() + added.len() + 64);
+    out.extend_from_slice(&body[..open]);
+    out.extend_from_slice(added.as_bytes());
+    let mut at = open;
+    for (span, value) in edits {
+        out.extend_from_slice(&body[at..span.start]);
+        out.extend_from_slice(value.as_bytes());
+        at = span.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    Bytes::from(out)
+}
+
+/// Where `part`, a slice of `body`, lies in it.
+fn span_in(body: &[u8], part: &str) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= body.len()).then_some(start..end)
 }
 
 #[cfg(test)]
@@ -354,6 +398,81 @@ mod tests {
         assert_eq!(rewrite_model(&body, "a"), body);
         let text = Bytes::from_static(b"not json");
         assert_eq!(rewrite_model(&text, "b"), text);
+    }
+
+    #[test]
+    fn only_the_values_set_change() {
+        let body = Bytes::from_static(
+            b"{ \"stream\": true,\n  \"model\" : \"a\\u0041\", \"messages\": [{\"model\": \"inner\"}] }",
+        );
+        let rewritten = rewrite(&body, &[("model", "b\"c")]);
+        assert_eq!(
+            &rewritten[..],
+            b"{ \"stream\": true,\n  \"model\" : \"b\\\"c\", \"messages\": [{\"model\": \"inner\"}] }"
+        );
+        // An escaped value equal to the one asked is left as it is.
+        assert_eq!(rewrite(&body, &[("model", "aA")]), body);
+        // A key the body lacks comes first; an empty object gets it alone.
+        let added = rewrite(&body, &[("service_tier", "flex")]);
+        assert!(added.starts_with(b"{\"service_tier\":\"flex\", \"stream\""));
+        let empty = rewrite(&Bytes::from_static(b" {} "), &[("model", "m")]);
+        assert_eq!(&empty[..], b" {\"model\":\"m\"} ");
+        // Not an object: unchanged.
+        let array = Bytes::from_static(b"[{\"model\":\"a\"}]");
+        assert_eq!(rewrite(&array, &[("model", "b")]), array);
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i32>().prop_map(serde_json::Value::from),
+            "[a-z\"\\\\ é\n]{0,6}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(2, 12, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                proptest::collection::btree_map("(model|x|service_tier)", inner, 0..3)
+                    .prop_map(|map| serde_json::Value::Object(map.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// Against the reference (the object parsed, the fields inserted): the same object,
+        /// whatever the body's spacing, escapes, nesting and fields.
+        #[test]
+        fn rewriting_agrees_with_inserting_the_fields(
+            object in proptest::collection::btree_map(
+                "(model|service_tier|messages|stream|[a-z]{1,3})", json_value(), 0..5),
+            pretty in proptest::bool::ANY,
+            model in "[a-z\"\\\\ é-]{0,8}",
+            tier in proptest::option::of("(flex|default|priority)"),
+            tier_first in proptest::bool::ANY,
+        ) {
+            let object: serde_json::Map<String, serde_json::Value> = object.into_iter().collect();
+            let body = Bytes::from(match pretty {
+                true => serde_json::to_vec_pretty(&object).unwrap(),
+                false => serde_json::to_vec(&object).unwrap(),
+            });
+            let mut fields = vec![("model", model.as_str())];
+            fields.extend(tier.as_deref().map(|tier| ("service_tier", tier)));
+            if tier_first {
+                fields.reverse();
+            }
+            let mut expected = object.clone();
+            for (key, value) in &fields {
+                expected.insert((*key).into(), (*value).into());
+            }
+            let rewritten = rewrite(&body, &fields);
+            let read: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_slice(&rewritten).unwrap();
+            proptest::prop_assert_eq!(read, expected.clone());
+            if expected == object {
+                proptest::prop_assert_eq!(rewritten, body);
+            }
+        }
     }
 
     #[test]
