@@ -93,6 +93,7 @@ impl Engine {
             .iter()
             .fold(Quota::new(), |q, limit| q.with_limit(scaled(*limit, share)));
         let (commands, receiver) = mpsc::unbounded_channel();
+        let (parting, departure) = tokio::sync::oneshot::channel();
         let worker = store.clone();
         let wants_more: Arc<tokio::sync::Notify> = Arc::default();
         let spent_much: Arc<std::sync::atomic::AtomicBool> = Arc::default();
@@ -104,7 +105,7 @@ impl Engine {
             pause_changes: std::sync::atomic::AtomicU64::new(0),
             pauses_seen: std::sync::Mutex::default(),
             wants_more: wants_more.clone(),
-            parting: Arc::default(),
+            parting: options.leases.map(|_| parting),
             spent_much: spent_much.clone(),
         };
         let mut breaker = Breaker::new(options.breaker_threshold, options.breaker_open_for);
@@ -136,7 +137,7 @@ impl Engine {
         let sending = send_in_background(worker, receiver, options, refunded);
         #[cfg(not(all(test, loom)))]
         tokio::spawn(sending);
-        budget.start_leasing();
+        budget.start_leasing(departure);
         // Made but never run: the models send nothing.
         #[cfg(all(test, loom))]
         drop(sending);
@@ -866,6 +867,54 @@ mod tests {
         let last = renewals.last().unwrap().1.reports[0];
         assert_eq!((last.keep, last.need, last.ask), (100, 0, 0), "{last:?}");
         assert_eq!(renewals.last().unwrap().1.want, 0.0);
+    }
+
+    /// The renewal task finds its budget gone (the last handle's count at zero) a moment
+    /// before the budget's drop has made its parting report, which may run on another thread:
+    /// the task waits for the report rather than leave with nothing, and what the budget held
+    /// reaches the store.
+    #[tokio::test(start_paused = true)]
+    async fn a_budget_found_gone_before_its_drop_reported_still_gives_back_what_it_held() {
+        use super::super::lease::leave;
+        use super::super::state::Parting;
+        use super::super::{Demand, Report};
+
+        let store = Arc::new(ScriptedStore::default());
+        store.renew_with(Some(0));
+        let limits: Arc<[Limit]> = Arc::from([Limit::per_second(
+            Dimension::TotalTokens,
+            NonZeroU64::new(1_000).unwrap(),
+        )]);
+        let (parting, departure) = tokio::sync::oneshot::channel();
+        let leaving = tokio::spawn({
+            let store: Arc<dyn QuotaStore> = store.clone();
+            async move { leave(&*store, departure, (7, 300 * MS), 50 * MS).await }
+        });
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!leaving.is_finished(), "it waits for the report");
+        assert!(store.renewals.lock().unwrap().is_empty());
+        // The drop reports: 400 held, given back.
+        let report = Report {
+            back: 400,
+            ..Report::default()
+        };
+        let demand = Demand::leave(9, vec![report]);
+        parting.send(Some((limits, demand.clone()))).unwrap();
+        leaving.await.unwrap();
+        {
+            let renewals = store.renewals.lock().unwrap();
+            assert_eq!(renewals.len(), 1);
+            assert_eq!(renewals[0].1, demand);
+        }
+
+        // A budget that had nothing to report (its sender gone unsent): it leaves at once.
+        let (parting, departure) = tokio::sync::oneshot::channel::<Option<Parting>>();
+        drop(parting);
+        let dyn_store: Arc<dyn QuotaStore> = store.clone();
+        leave(&*dyn_store, departure, (8, 300 * MS), 50 * MS).await;
+        assert_eq!(store.renewals.lock().unwrap().len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -255,21 +255,29 @@ impl Drop for Engine {
     /// The last handle on a leasing budget is gone: its renewal task wakes to give back what
     /// it holds now, rather than letting it lapse at its lease's end.
     fn drop(&mut self) {
-        if let Some(remote) = self.remote.as_ref().filter(|r| r.leases()) {
-            let now = crate::budget::memory::store::nanos(
-                Instant::now().saturating_duration_since(self.origin),
-            );
-            let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-            let parting = Engine::parting(state, now);
-            *remote.parting.lock().unwrap_or_else(|e| e.into_inner()) = parting;
-            remote.wants_more.notify_one();
-        }
+        let Some(remote) = self.remote.as_mut() else {
+            return;
+        };
+        let Some(parting) = remote.parting.take() else {
+            return;
+        };
+        let now = crate::budget::memory::store::nanos(
+            Instant::now().saturating_duration_since(self.origin),
+        );
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        // The task may have gone already (its runtime shut down): nobody to give it to.
+        let _ = parting.send(Engine::parting(state, now));
+        remote.wants_more.notify_one();
     }
 }
 
 impl Engine {
-    /// Starts renewing the lease of a budget that leases.
-    pub(in crate::budget) fn start_leasing(self: &Arc<Self>) {
+    /// Starts renewing the lease of a budget that leases; `parting` receives the report its
+    /// drop sends (see `Remote::parting`).
+    pub(in crate::budget) fn start_leasing(
+        self: &Arc<Self>,
+        parting: tokio::sync::oneshot::Receiver<Option<Parting>>,
+    ) {
         let Some(remote) = self.remote.as_ref() else {
             return;
         };
@@ -279,7 +287,7 @@ impl Engine {
         let budget = Leasing {
             budget: Arc::downgrade(self),
             wants_more: remote.wants_more.clone(),
-            parting: remote.parting.clone(),
+            parting,
             spent_much: remote.spent_much.clone(),
         };
         let failing = (remote.options.policy, remote.options.timeout);
@@ -289,11 +297,11 @@ impl Engine {
 }
 
 /// What the renewal task holds of its budget: a weak handle (the task ends with the budget),
-/// its signal for more, and what it gives back when it leaves.
+/// its signal for more, and where the budget's drop sends what it gives back.
 struct Leasing {
     budget: Weak<Engine>,
     wants_more: Arc<tokio::sync::Notify>,
-    parting: Arc<std::sync::Mutex<Option<Parting>>>,
+    parting: tokio::sync::oneshot::Receiver<Option<Parting>>,
     spent_much: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -317,7 +325,7 @@ async fn keep_leasing(
     let mut short: Option<Duration> = None;
     loop {
         let Some(budget_now) = leasing.budget.upgrade() else {
-            return leave(&*store, &leasing, (process, options.lease), timeout).await;
+            return leave(&*store, leasing.parting, (process, options.lease), timeout).await;
         };
         let asked = Instant::now();
         let (limits, demand) = budget_now.lease_demand(asked.saturating_duration_since(last));
@@ -362,16 +370,18 @@ async fn keep_leasing(
 }
 
 /// The budget is gone: gives back what it held (its parting report), within `timeout`.
-async fn leave(
+///
+/// The report is awaited, not read: the weak handle fails to upgrade as soon as the last
+/// handle's count reaches zero, a moment before the budget's drop makes the report (on
+/// another thread, maybe). It always comes: the drop sends it, or the sender goes with the
+/// budget (it then had nothing to give back).
+pub(super) async fn leave(
     store: &dyn QuotaStore,
-    leasing: &Leasing,
+    parting: tokio::sync::oneshot::Receiver<Option<Parting>>,
     (process, lease): (u64, Duration),
     timeout: Duration,
 ) {
-    let parting = (leasing.parting.lock())
-        .unwrap_or_else(|e| e.into_inner())
-        .take();
-    if let Some((limits, parting)) = parting {
+    if let Ok(Some((limits, parting))) = parting.await {
         let leave = store.lease(process, lease, limits, parting);
         let _ = tokio::time::timeout(timeout, leave).await;
     }

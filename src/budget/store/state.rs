@@ -57,9 +57,9 @@ pub(crate) struct Remote {
     pub(crate) pauses_seen: std::sync::Mutex<Vec<crate::tenant::Tenant>>,
     /// Woken when requests wait for a grant: the lease is renewed sooner.
     pub(crate) wants_more: Arc<tokio::sync::Notify>,
-    /// A leasing budget's last report, made as its last handle goes: what it gives back, on
-    /// which limits.
-    pub(crate) parting: Arc<std::sync::Mutex<Option<Parting>>>,
+    /// Where a leasing budget sends its last report, made as its last handle goes (what it
+    /// gives back, on which limits): to its renewal task, which gives it to the store.
+    pub(crate) parting: Option<tokio::sync::oneshot::Sender<Option<Parting>>>,
     /// A large part of the account was spent at once (see `LeaseState::spent_much`).
     pub(crate) spent_much: Arc<std::sync::atomic::AtomicBool>,
 }
