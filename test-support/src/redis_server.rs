@@ -4,9 +4,11 @@
 pub mod cluster;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
+
+use crate::port::free_port;
 
 /// A `redis-server` child process; killed when dropped.
 #[derive(Debug)]
@@ -15,14 +17,6 @@ pub struct RedisServer {
     /// Options after the port and before the defaults, kept for a restart.
     options: Vec<String>,
     child: Option<Child>,
-}
-
-/// A loopback port nobody listens on now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free loopback port")
-        .port()
 }
 
 impl RedisServer {

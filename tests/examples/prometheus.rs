@@ -5,19 +5,11 @@
 #[allow(dead_code)]
 mod example;
 
-use std::net::TcpListener;
 use std::num::NonZeroU64;
 
 use metrics_exporter_prometheus::PrometheusBuilder;
 use tower_llm_quota::{Budget, Dimension, Limit, Priority, Quota};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use tower_llm_quota_test_support::port::free_port;
 
 /// The value of the series `name{labels}` in a Prometheus text exposition.
 fn value(text: &str, series: &str) -> Option<f64> {

@@ -598,10 +598,7 @@ async fn bodies_dropped_mid_stream_release_the_call_and_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_redis_store_sends_uncoordinated_and_still_coalesces_locally() {
     // A port nobody listens on.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
+    let port = tower_llm_quota_test_support::port::free_port();
     let store = RedisIdempotencyStore::open_with_timeout(
         &format!("redis://127.0.0.1:{port}"),
         "down",

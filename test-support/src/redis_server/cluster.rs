@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{RedisServer, free_port};
+use super::RedisServer;
+use crate::port::free_port;
 
 /// How long a node may be unreachable before the others count it failed: short, so that a
 /// test of a killed node takes seconds.
