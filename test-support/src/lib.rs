@@ -115,24 +115,50 @@ pub fn request_with(cost: tower_llm_quota::Cost) -> http::Request<&'static str> 
 /// Built for the whole workspace with every feature, as the README's test command builds:
 /// the same feature resolution, so the build reuses the core and its dependencies as the test
 /// run compiled them (built for one package alone, they would be compiled again, with other
-/// features, inside the first test that asks).
+/// features, inside the first test that asks). It runs without the variables Cargo sets for
+/// the running test (`CARGO_MANIFEST_DIR`, `CARGO_PKG_*`...): build scripts that watch them
+/// (ring's does) would run again, and the test run's next build would compile their crates
+/// and everything above them once more.
 pub fn batch_example() -> PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args([
-            "build",
-            "--quiet",
-            "--workspace",
-            "--all-features",
-            "--example",
-            "batch",
-        ])
-        .status()
-        .expect("cargo runs");
+    let mut build = Command::new(cargo);
+    build.args([
+        "build",
+        "--quiet",
+        "--workspace",
+        "--all-features",
+        "--example",
+        "batch",
+    ]);
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_for_the_test) {
+            build.env_remove(name);
+        }
+    }
+    let status = build.status().expect("cargo runs");
     assert!(status.success(), "the example builds");
     let test = std::env::current_exe().unwrap();
     let profile_dir = test.parent().and_then(|deps| deps.parent()).unwrap();
     profile_dir.join("examples").join("batch")
+}
+
+/// Whether Cargo sets the variable `name` for the crate it runs (a test), rather than for
+/// every build (`CARGO_HOME`, `CARGO_TARGET_DIR`, ... stay).
+fn set_for_the_test(name: &str) -> bool {
+    const SET: [&str; 8] = [
+        "CARGO_MANIFEST_DIR",
+        "CARGO_MANIFEST_PATH",
+        "CARGO_MANIFEST_LINKS",
+        "CARGO_CRATE_NAME",
+        "CARGO_BIN_NAME",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+    ];
+    SET.contains(&name)
+        || name.starts_with("CARGO_PKG_")
+        || name.starts_with("CARGO_BIN_EXE_")
+        || name == "OUT_DIR"
 }
 
 /// `config`'s simulated provider served on a free loopback port: the simulator, its server
