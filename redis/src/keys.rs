@@ -1,4 +1,4 @@
-//! Key names, and a limit's rate as the integer fraction the scripts compute with.
+//! Key names.
 
 use tower_llm_quota::Limit;
 use tower_llm_quota::tenant::Tenant;
@@ -126,51 +126,10 @@ fn tag(name: &str) -> String {
     tag
 }
 
-/// A limit in the scripts' integer arithmetic: a unit is `den` ticks, a millisecond adds `num`
-/// ticks, and the bucket holds `capacity` units.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Rate {
-    pub(super) num: u64,
-    pub(super) den: u64,
-    pub(super) capacity: u64,
-}
-
-/// Lua numbers are doubles: a bucket's ticks, debt included, must stay below 2^53.
-const MAX_TICKS: u64 = 1 << 51;
-
-impl Rate {
-    pub(super) fn of(limit: &Limit) -> Self {
-        let amount = limit.effective_amount().max(1);
-        let period_ms = u64::try_from(limit.period().as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let g = gcd(amount, period_ms);
-        let (mut num, mut den) = (amount / g, period_ms / g);
-        let capacity = limit.capacity();
-        if capacity.saturating_mul(den) > MAX_TICKS {
-            // Too fine for doubles: a coarser denominator, the rate rounded down (slower, never
-            // faster, than the limit).
-            let coarse = (MAX_TICKS / capacity.max(1)).max(1);
-            let scaled = u128::from(num) * u128::from(coarse) / u128::from(den);
-            num = u64::try_from(scaled).unwrap_or(u64::MAX).max(1);
-            den = coarse;
-        }
-        Self { num, den, capacity }
-    }
-}
-
-fn gcd(mut a: u64, mut b: u64) -> u64 {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::num::NonZeroU64;
-    use std::time::Duration;
     use tower_llm_quota::Dimension;
 
     fn nz(n: u64) -> NonZeroU64 {
@@ -209,34 +168,6 @@ mod tests {
         assert_eq!(
             openai.node_bucket(&node, &rpm),
             anthropic.node_bucket(&node, &rpm)
-        );
-    }
-
-    #[test]
-    fn rates_are_exact_fractions() {
-        // 500 RPM at 85 %: 425 per 60,000 ms = 17 per 2,400 ms.
-        let rpm = Limit::per_minute(Dimension::Requests, nz(500))
-            .with_headroom(0.85)
-            .unwrap();
-        let rate = Rate::of(&rpm);
-        assert_eq!((rate.num, rate.den, rate.capacity), (17, 2_400, 71));
-    }
-
-    #[test]
-    fn huge_daily_limits_stay_below_2_pow_53() {
-        let tpd = Limit::new(
-            Dimension::TotalTokens,
-            nz(10_000_000_007),
-            Duration::from_secs(86_401),
-        )
-        .unwrap();
-        let rate = Rate::of(&tpd);
-        assert!(u128::from(rate.capacity) * u128::from(rate.den) * 2 < 1 << 53);
-        let exact = tpd.effective_amount() as f64 / 86_401_000.0;
-        let coarse = rate.num as f64 / rate.den as f64;
-        assert!(
-            coarse <= exact && coarse > exact * 0.999,
-            "{coarse} vs {exact}"
         );
     }
 }

@@ -6,8 +6,9 @@ use std::time::Duration;
 use ::redis::Script;
 
 use super::connection::Connection;
-use super::keys::{Keys, Rate};
+use super::keys::Keys;
 use tower_llm_quota::budget::StoreUnavailable;
+use tower_llm_quota::budget::store::fleet::Account;
 use tower_llm_quota::budget::store::{
     Control, Decision, Demand, Floor, Grant, PathLimits, QuotaStore, Renewal, Settle, StoreFuture,
     StorePath,
@@ -215,7 +216,7 @@ impl RedisStore {
             .arg(tenant.map_or(0, Tenant::depth));
         for &i in &touched {
             let (node, limit) = limit_of(i);
-            let rate = Rate::of(limit);
+            let rate = Account::of(limit);
             call.keys.push(match node {
                 None => self.keys.bucket(limit),
                 Some(node) => self.keys.node_bucket(node, limit),
@@ -303,8 +304,8 @@ impl RedisStore {
     fn settled_buckets(
         &self,
         batch: &[Settle],
-    ) -> (Vec<(String, Rate)>, Vec<Vec<(usize, u64, u64)>>) {
-        let mut buckets: Vec<(String, Rate)> = Vec::new();
+    ) -> (Vec<(String, Account)>, Vec<Vec<(usize, u64, u64)>>) {
+        let mut buckets: Vec<(String, Account)> = Vec::new();
         let mut index = |node: Option<&Tenant>, limit: &Limit| {
             let key = match node {
                 None => self.keys.bucket(limit),
@@ -313,7 +314,7 @@ impl RedisStore {
             match buckets.iter().position(|(k, _)| *k == key) {
                 Some(i) => i + 1,
                 None => {
-                    buckets.push((key, Rate::of(limit)));
+                    buckets.push((key, Account::of(limit)));
                     buckets.len()
                 }
             }
@@ -436,7 +437,7 @@ impl QuotaStore for RedisStore {
     }
 
     fn lower(&self, limit: Limit, remaining: Option<u64>, pause: Duration) -> StoreFuture<()> {
-        let rate = Rate::of(&limit);
+        let rate = Account::of(&limit);
         let mut call = Call::new();
         call.keys.push(self.keys.bucket(&limit));
         call.keys.push(self.keys.hold(&limit));
@@ -486,7 +487,7 @@ impl QuotaStore for RedisStore {
             .arg(demand.seq);
         for (i, limit) in limits.iter().enumerate() {
             let (increase, _) = adaptive_args(limit);
-            let rate = Rate::of(limit);
+            let rate = Account::of(limit);
             let report = demand.reports.get(i).copied().unwrap_or_default();
             // A debt of one capacity at most, as the store charges anywhere.
             let cap = i64::try_from(rate.capacity).unwrap_or(i64::MAX);

@@ -35,6 +35,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::quota::Limit;
+
 /// What a process claims of the account at a renewal.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Claim {
@@ -225,6 +227,53 @@ pub struct Account {
     pub den: u64,
     /// The burst: the most the bucket and the leases together hold.
     pub capacity: u64,
+}
+
+/// A bucket's ticks, a debt of one capacity included, stay below this: a store computing in
+/// doubles (Lua, PL/pgSQL) then computes exactly.
+const MAX_TICKS: u64 = 1 << 51;
+
+impl Account {
+    /// `limit` in a store's integer arithmetic: its rate reduced to lowest terms (a unit is
+    /// `den` ticks, a millisecond adds `num` ticks, so refill never drifts), its burst the
+    /// capacity. A denominator too fine for doubles is made coarser, the rate rounded down
+    /// (slower, never faster, than the limit).
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use tower_llm_quota::budget::store::fleet::Account;
+    /// use tower_llm_quota::{Dimension, Limit};
+    ///
+    /// // 500 requests a minute at 85 %: 425 per 60,000 ms, 17 per 2,400 ms.
+    /// let rpm = Limit::per_minute(Dimension::Requests, NonZeroU64::new(500).unwrap())
+    ///     .with_headroom(0.85)
+    ///     .unwrap();
+    /// let account = Account::of(&rpm);
+    /// assert_eq!((account.num, account.den, account.capacity), (17, 2_400, 71));
+    /// ```
+    pub fn of(limit: &Limit) -> Self {
+        let amount = limit.effective_amount().max(1);
+        let period_ms = u64::try_from(limit.period().as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let g = gcd(amount, period_ms);
+        let (mut num, mut den) = (amount / g, period_ms / g);
+        let capacity = limit.capacity();
+        if capacity.saturating_mul(den) > MAX_TICKS {
+            let coarse = (MAX_TICKS / capacity.max(1)).max(1);
+            let scaled = u128::from(num) * u128::from(coarse) / u128::from(den);
+            num = u64::try_from(scaled).unwrap_or(u64::MAX).max(1);
+            den = coarse;
+        }
+        Self { num, den, capacity }
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// A leasing process's report on one limit at a renewal: what it keeps, gives back and asks
@@ -801,6 +850,24 @@ mod tests {
         assert_eq!(Claim::new(f64::NAN).want(), 0.0);
         assert_eq!(Claim::new(7.0).want(), 1.0);
         assert_eq!(Claim::new(-1.0).want(), 0.0);
+    }
+
+    #[test]
+    fn huge_daily_limits_stay_below_2_pow_53() {
+        let tpd = Limit::new(
+            crate::Dimension::TotalTokens,
+            std::num::NonZeroU64::new(10_000_000_007).unwrap(),
+            std::time::Duration::from_secs(86_401),
+        )
+        .unwrap();
+        let account = Account::of(&tpd);
+        assert!(u128::from(account.capacity) * u128::from(account.den) * 2 < 1 << 53);
+        let exact = tpd.effective_amount() as f64 / 86_401_000.0;
+        let coarse = account.num as f64 / account.den as f64;
+        assert!(
+            coarse <= exact && coarse > exact * 0.999,
+            "{coarse} vs {exact}"
+        );
     }
 
     #[test]
