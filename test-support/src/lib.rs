@@ -1,10 +1,12 @@
 //! What the workspace's tests share: budgets and limits in a line, a service counting its
 //! readiness polls, the simulated provider on a loopback port, a private `redis-server` (or
-//! Redis Cluster) on a port of its own, a loopback proxy that holds replies back, and the batch
-//! example's binary; the suite every quota store must pass. Not published.
+//! Redis Cluster) on a port of its own, a database of its own or a private Postgres cluster, a
+//! loopback proxy that holds replies back or cuts connections, and the batch example's
+//! binary; the suite every quota store must pass. Not published.
 
 pub mod loopback_proxy;
 pub mod port;
+pub mod postgres_server;
 pub mod redis_server;
 pub mod store_suite;
 

@@ -1,10 +1,11 @@
-//! A loopback TCP proxy in front of a server, whose replies can be held back for a while: a
-//! latency spike that makes a client's timeout fire after the server did the work.
+//! A loopback TCP proxy in front of a server, whose replies can be held back for a while (a
+//! latency spike that makes a client's timeout fire after the server did the work) and whose
+//! connections can be cut (a reset on the network).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::Duration;
 
@@ -15,6 +16,8 @@ pub struct LoopbackProxy {
     /// How long each chunk of a reply is held before it is passed on (ms).
     delay_ms: Arc<AtomicU64>,
     stop: Arc<AtomicBool>,
+    /// Every connection accepted, its two ends: cut by [`LoopbackProxy::reset_connections`].
+    open: Arc<Mutex<Vec<TcpStream>>>,
 }
 
 impl LoopbackProxy {
@@ -24,7 +27,8 @@ impl LoopbackProxy {
         let port = listener.local_addr().expect("bound").port();
         let delay_ms = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
-        let (delay, stopped) = (delay_ms.clone(), stop.clone());
+        let open: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (delay, stopped, opened) = (delay_ms.clone(), stop.clone(), open.clone());
         thread::spawn(move || {
             for client in listener.incoming() {
                 if stopped.load(Ordering::Relaxed) {
@@ -37,6 +41,12 @@ impl LoopbackProxy {
                     continue;
                 };
                 let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                if let (Ok(a), Ok(b)) = (client.try_clone(), server.try_clone()) {
+                    let mut opened = opened.lock().unwrap_or_else(|e| e.into_inner());
+                    // Ends already shut are dropped as new ones come.
+                    opened.retain(|s| s.peer_addr().is_ok());
+                    opened.extend([a, b]);
+                }
                 pipe(client.try_clone(), server.try_clone(), None);
                 pipe(server.try_clone(), client.try_clone(), Some(delay.clone()));
             }
@@ -45,6 +55,21 @@ impl LoopbackProxy {
             port,
             delay_ms,
             stop,
+            open,
+        }
+    }
+
+    /// Its port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Cuts every connection open now, both ends (the clients see a reset or an end of
+    /// stream, and connect again).
+    pub fn reset_connections(&self) {
+        let open = std::mem::take(&mut *self.open.lock().unwrap_or_else(|e| e.into_inner()));
+        for stream in open {
+            let _ = stream.shutdown(Shutdown::Both);
         }
     }
 

@@ -1,0 +1,5 @@
+//! The Postgres store against a database of its own on the machine's server (and private
+//! clusters it kills and restarts): the shared-store suite, per admission and leasing.
+
+mod suite;
+mod support;
