@@ -54,9 +54,12 @@ local function load(value, now, num, den, full)
   return tok, ts, held
 end
 
--- Writes the bucket with a TTL of its time to full (an absent key is a full bucket). While
--- leases hold some of it (`held`, units), the key is kept at least `keep` ms (the leases' own
--- time), and never less than it already had.
+-- Writes the bucket with a TTL of its time to full (an absent key is a full bucket): the
+-- time its level takes to refill to the whole capacity, the units leases hold counted as
+-- refilling (they were taken when granted: once their holders are gone, the bucket refills
+-- them; expiring sooner would hand them out again). While leases hold some of it (`held`,
+-- units), the key is also kept at least `keep` ms (the leases' own time), and never less than
+-- it already had.
 local function store(key, tok, ts, now, num, den, full, held, keep)
   held = held or 0
   if tok >= full and ts <= now and held <= 0 then
@@ -70,7 +73,7 @@ local function store(key, tok, ts, now, num, den, full, held, keep)
   elseif ticks >= den then
     units, ticks = units + 1, ticks - den
   end
-  local ttl = math.ceil(math.max(full - held * den - tok, 0) / num) + math.max(ts - now, 0) + 1000
+  local ttl = math.ceil(math.max(full - tok, 0) / num) + math.max(ts - now, 0) + 1000
   if held > 0 then
     ttl = math.max(ttl, keep or 0, redis.call('PTTL', key))
   end

@@ -324,6 +324,68 @@ async fn a_dead_process_s_grant_is_lost_until_its_lease_ends_never_granted_twice
     );
 }
 
+/// A process is granted the whole burst of an account that refills slowly (200 tokens, one
+/// every 100 s) and dies before it reports anything; nobody renews for longer than the bucket
+/// key is kept past its leases. The grant was a debit: a newcomer then finds the burst spent,
+/// however long the account stayed silent (the key lives until the bucket would be full, the
+/// units the dead process held counted as refilling).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_holder_s_grant_is_not_granted_again_after_a_silence() {
+    let server = RedisServer::start();
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let script = redis::Script::new(&format!(
+        "{}{}",
+        include_str!("../../src/bucket.lua"),
+        include_str!("../../src/lease.lua")
+    ));
+    let mut invocation = script.key("llmq:{silent}:shares");
+    invocation
+        .key("llmq:{silent}:total_tokens:20000000:held")
+        .key("llmq:{silent}:total_tokens:20000000:plan")
+        .key("llmq:{silent}:total_tokens:20000000")
+        .arg("")
+        .arg("dead")
+        // A lease of 150 ms: the bucket key is kept at least four of them.
+        .arg(150)
+        .arg("1.000000")
+        .arg(25)
+        .arg(1);
+    // 200 tokens per 20,000 s (num 1, den 100,000 ms a unit), 200 at once; it needs them all.
+    for arg in [0, 20_000_000, 1, 100_000, 200, 0, 0, 200, 0] {
+        invocation.arg(arg);
+    }
+    let reply: Vec<i64> = invocation.invoke_async(&mut connection).await.unwrap();
+    assert_eq!(reply[5], 200, "the dead process was granted the burst");
+    // Silence: twice as long as the key used to be kept (four leases and a second).
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    let quota = Quota::new().with_limit(limit(
+        Dimension::TotalTokens,
+        200,
+        Duration::from_secs(20_000),
+        200,
+    ));
+    let newcomer = RedisBudget::new(server.url(), "silent")
+        .timeout(Duration::from_millis(500))
+        .leased_shares(REFRESH)
+        .connect(&quota)
+        .await
+        .unwrap();
+    let mut admitted = 0;
+    let end = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < end {
+        match newcomer.try_reserve(Cost::new(10, 0)) {
+            Ok(mut reservation) => {
+                reservation.mark_sent();
+                reservation.charge_estimate();
+                admitted += 10;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+        }
+    }
+    assert_eq!(admitted, 0, "the burst was granted twice");
+}
+
 /// The lease script alone, with the clock argument only tests pass, against the crate's book
 /// of leases ([`tower_llm_quota::budget::store::fleet::Ledger`]) over generated sequences of
 /// renewals (with any report: debts, units given back, needs, asks), renewals that arrive
