@@ -226,8 +226,11 @@ BEGIN
     END IF;
 END $$;
 
--- Writes the bucket, to expire at its time to full (an absent bucket is a full one). While
--- leases hold some of it, it is kept at least `keep` ms, and never less than it already was.
+-- Writes the bucket, to expire at its time to full (an absent bucket is a full one): the time
+-- its level takes to refill to the whole capacity, the units leases hold counted as refilling
+-- (taken when granted, they come back by refill once their holders are gone; expiring sooner
+-- would hand them out again). While leases hold some of it, it is also kept at least `keep`
+-- ms, and never less than it already was.
 CREATE FUNCTION llm_quota.store(p_tag text, p_key text, tok double precision, ts bigint,
     now bigint, num double precision, den double precision, full_ double precision,
     held double precision, keep double precision) RETURNS void
@@ -251,7 +254,7 @@ BEGIN
     ELSIF ticks >= den THEN
         units := units + 1; ticks := ticks - den;
     END IF;
-    ttl := ceil(greatest(full_ - held * den - tok, 0) / num) + greatest(ts - now, 0) + 1000;
+    ttl := ceil(greatest(full_ - tok, 0) / num) + greatest(ts - now, 0) + 1000;
     IF held > 0 THEN
         SELECT b.expires - now INTO kept FROM llm_quota.buckets b
         WHERE b.key = p_key AND b.expires > now;

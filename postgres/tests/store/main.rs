@@ -1,5 +1,6 @@
 //! The Postgres store against a database of its own on the machine's server (and private
 //! clusters it kills and restarts): the shared-store suite, per admission and leasing.
 
+mod functions;
 mod suite;
 mod support;
