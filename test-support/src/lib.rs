@@ -2,8 +2,9 @@
 //! readiness polls, the simulated provider on a loopback port, a private `redis-server` (or
 //! Redis Cluster) on a port of its own, a database of its own or a private Postgres cluster, a
 //! loopback proxy that holds replies back or cuts connections, and the batch example's
-//! binary; the suite every quota store must pass. Not published.
+//! binary; the suites every quota store must pass (and every store that leases). Not published.
 
+pub mod fleet_suite;
 pub mod loopback_proxy;
 pub mod port;
 pub mod postgres_server;

@@ -1,669 +1,124 @@
-//! A fleet on leases never spends more than its account, whatever becomes of its processes:
-//! real processes (this test binary started again as children) and budgets on a private
-//! `redis-server`, counted from outside.
-//!
-//! - The scenarios where a design that reports spending only at the next renewal admitted
-//!   twice the burst: a process spends the burst, then leaves, is SIGKILLed, loses its
-//!   renewal's reply, or fails to write; then a newcomer joins. Rolling restarts of short-lived
-//!   processes, a process's overrun, and five processes each waiting for a unit of an account
-//!   of four.
-//! - A randomized churn: processes join, leave, are SIGKILLed, are stopped past their lease
-//!   (SIGSTOP, then SIGCONT), see their renewals' replies delayed past the timeout (a loopback
-//!   proxy), while Redis refuses writes and restarts (from its append-only file). Each child
-//!   logs every admission with the instants just before and just after it; the oracle counts,
-//!   for every window, the admissions certainly inside it and checks them against the
-//!   account's burst plus its rate over the window. The oracle is checked first on a planted
-//!   violation.
+//! The fleet suite ([`fleet_suite`]) on a private `redis-server`: a fleet on leases never
+//! spends more than its account, whatever becomes of its processes, counted from outside.
 
-use tower_llm_quota_test_support as support;
-use tower_llm_quota_test_support::loopback_proxy;
-use tower_llm_quota_test_support::redis_server;
+use std::time::Duration;
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use loopback_proxy::LoopbackProxy;
-use redis_server::RedisServer;
-use support::limit;
-use tower_llm_quota::budget::{FailurePolicy, Observation};
-use tower_llm_quota::{Budget, Cost, Dimension, Quota};
+use tower_llm_quota::Quota;
+use tower_llm_quota::budget::FailurePolicy;
 use tower_llm_quota_redis::RedisBudget;
+use tower_llm_quota_test_support::fleet_suite::{self, Connecting, Fleet, Spec};
+use tower_llm_quota_test_support::redis_server::RedisServer;
 
-/// Set in a child: the Redis URL, the account key, the account ("rate/period_ms/burst"), and
-/// what it does (see [`child`]).
-const CHILD: &str = "LEASE_CHURN_CHILD";
-const REFRESH: Duration = Duration::from_millis(50);
-/// Each renewal's timeout: long enough for a loaded machine's round trip to Redis (a reply
-/// that comes later is lost, and so is what it granted); the proxy delays replies past it.
+/// A private `redis-server` keeping an append-only file (a restart finds what it
+/// acknowledged).
+struct OverRedis {
+    server: RedisServer,
+}
+
+impl OverRedis {
+    fn start() -> Self {
+        Self {
+            server: RedisServer::start_persistent(),
+        }
+    }
+}
+
+/// Each renewal's timeout: long enough for a loaded machine's round trip to Redis.
 const TIMEOUT: Duration = Duration::from_millis(150);
 
-/// An account: `rate` tokens per `period`, `burst` at once.
-#[derive(Debug, Clone, Copy)]
-struct Account {
-    rate: u64,
-    period: Duration,
-    burst: u64,
+fn leased(url: &str, key: &str, quota: &Quota) -> Connecting {
+    let redis = RedisBudget::new(url, key)
+        .timeout(TIMEOUT)
+        .failure_policy(FailurePolicy::FailClosed)
+        .leased_shares(fleet_suite::REFRESH);
+    let quota = quota.clone();
+    Box::pin(async move { redis.connect(&quota).await.map_err(|e| e.to_string()) })
 }
 
-impl Account {
-    fn quota(self) -> Quota {
-        Quota::new().with_limit(limit(
-            Dimension::TotalTokens,
-            self.rate,
-            self.period,
-            self.burst,
-        ))
+impl Fleet for OverRedis {
+    fn port(&self) -> u16 {
+        self.server.port()
     }
 
-    /// The most a fleet may admit over `window`: the burst and the rate over it.
-    fn allows(self, window: Duration) -> f64 {
-        self.burst as f64 + self.rate as f64 * window.as_secs_f64() / self.period.as_secs_f64()
+    fn url_via(&self, port: u16) -> String {
+        format!("redis://127.0.0.1:{port}")
     }
-}
 
-/// A burst of 1,000 tokens refilled at about 0.03 tokens a second: nothing more may be
-/// admitted over a test.
-const STILL: Account = Account {
-    rate: 1_000,
-    period: Duration::from_secs(9 * 3_600),
-    burst: 1_000,
-};
-
-async fn leased(url: &str, key: &str, account: Account) -> Budget {
-    // A store that refuses writes or restarts at the moment a process starts: it tries again.
-    let quota = account.quota();
-    loop {
-        let connecting = RedisBudget::new(url, key)
-            .timeout(TIMEOUT)
-            .failure_policy(FailurePolicy::FailClosed)
-            .leased_shares(REFRESH)
-            .connect(&quota);
-        match connecting.await {
-            Ok(budget) => return budget,
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+    fn refuse_writes(&self, refused: bool) {
+        if refused {
+            self.server
+                .command("CONFIG SET maxmemory-policy noeviction");
+            self.server.command("CONFIG SET maxmemory 1");
+        } else {
+            self.server.command("CONFIG SET maxmemory 0");
         }
     }
-}
 
-/// Microseconds on the wall clock: every process of the test reads the same one.
-fn micros() -> u64 {
-    let since = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
-    u64::try_from(since.as_micros()).unwrap()
-}
-
-/// Reserves `cost` now if the budget can (settled at its estimate): the instants just before
-/// and just after, when admitted.
-fn admit(budget: &Budget, cost: u64) -> Option<(u64, u64)> {
-    let before = micros();
-    let mut reservation = budget.try_reserve(Cost::new(cost, 0)).ok()?;
-    let after = micros();
-    reservation.mark_sent();
-    reservation.charge_estimate();
-    Some((before, after))
-}
-
-/// Reserves `amount` in requests of 100, each waiting its turn, settled at its estimate:
-/// `amount`.
-async fn spend_in_hundreds(budget: &Budget, amount: u64) -> u64 {
-    for _ in 0..amount / 100 {
-        let mut reservation = budget.reserve(Cost::new(100, 0)).await.unwrap();
-        reservation.mark_sent();
-        reservation.charge_estimate();
-    }
-    amount
-}
-
-/// Tries to admit `cost` every millisecond for `during`: the tokens admitted.
-async fn spend_for(budget: &Budget, cost: u64, during: Duration) -> u64 {
-    let end = tokio::time::Instant::now() + during;
-    let mut spent = 0;
-    while tokio::time::Instant::now() < end {
-        match admit(budget, cost) {
-            Some(_) => spent += cost,
-            None => tokio::time::sleep(Duration::from_millis(1)).await,
-        }
-    }
-    spent
-}
-
-/// Tries to admit `cost` every millisecond until `enough` is admitted (however long a busy
-/// machine takes to renew the lease, up to a minute), then for `more` beyond: the tokens
-/// admitted, so that a test expecting `enough` also sees anything admitted beyond it.
-async fn spend_until(budget: &Budget, cost: u64, enough: u64, more: Duration) -> u64 {
-    let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
-    let mut spent = 0;
-    while spent < enough && tokio::time::Instant::now() < give_up {
-        match admit(budget, cost) {
-            Some(_) => spent += cost,
-            None => tokio::time::sleep(Duration::from_millis(1)).await,
-        }
-    }
-    spent + spend_for(budget, cost, more).await
-}
-
-/// A child process: leases the account and admits `cost` tokens whenever it can, printing
-/// `A <before> <after> <cost>` per admission, until its stdin closes (then it drops its
-/// budget, giving back what it holds, and exits) or it is killed.
-async fn child(spec: &str) {
-    let parts: Vec<&str> = spec.split(' ').collect();
-    let [url, key, account, cost] = parts[..] else {
-        panic!("a child spec: {spec}")
-    };
-    let numbers: Vec<u64> = account.split('/').map(|n| n.parse().unwrap()).collect();
-    let account = Account {
-        rate: numbers[0],
-        period: Duration::from_millis(numbers[1]),
-        burst: numbers[2],
-    };
-    let cost: u64 = cost.parse().unwrap();
-    let budget = leased(url, key, account).await;
-    println!("ready");
-    let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let watcher = closed.clone();
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut std::io::stdin(), &mut std::io::sink());
-        watcher.store(true, std::sync::atomic::Ordering::Relaxed);
-    });
-    let mut out = std::io::stdout();
-    while !closed.load(std::sync::atomic::Ordering::Relaxed) {
-        match admit(&budget, cost) {
-            Some((before, after)) => {
-                writeln!(out, "A {before} {after} {cost}").unwrap();
-                out.flush().unwrap();
-            }
-            None => tokio::time::sleep(Duration::from_millis(1)).await,
-        }
-    }
-    drop(budget);
-    // The renewal task gives back what the budget held before the runtime ends.
-    tokio::time::sleep(Duration::from_millis(200)).await;
-}
-
-/// Every admission a child logged: before, after, tokens.
-type Log = Arc<Mutex<Vec<(u64, u64, u64)>>>;
-
-/// A child process of the fleet, its admissions logged into `log`.
-struct Process {
-    child: Child,
-}
-
-impl Process {
-    fn spawn(url: &str, key: &str, account: Account, cost: u64, log: &Log) -> Self {
-        let spec = format!(
-            "{url} {key} {}/{}/{} {cost}",
-            account.rate,
-            account.period.as_millis(),
-            account.burst
-        );
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["lease_churn::child_process", "--exact", "--nocapture"])
-            .env(CHILD, spec)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (log, (ready, ready_rx)) = (log.clone(), std::sync::mpsc::channel());
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line == "ready" {
-                    let _ = ready.send(());
-                }
-                let fields: Vec<&str> = line.split(' ').collect();
-                if let ["A", before, after, cost] = fields[..] {
-                    let entry = (
-                        before.parse().unwrap(),
-                        after.parse().unwrap(),
-                        cost.parse().unwrap(),
-                    );
-                    log.lock().unwrap().push(entry);
-                }
-            }
-        });
-        // Condition, not sleep: the child says when its budget is connected.
-        ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("a child connects");
-        Self { child }
+    fn restart(&mut self) {
+        // SIGKILL, then a start from its append-only file.
+        self.server.restart();
     }
 
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {signal}");
+    fn timeout(&self) -> Duration {
+        TIMEOUT
     }
 
-    /// Closes its stdin: it gives back what it holds and exits.
-    fn leave(mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.wait();
+    fn leased(&self, url: &str, key: &str, quota: &Quota) -> Connecting {
+        leased(url, key, quota)
     }
 
-    fn kill(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    fn child_test(&self) -> &'static str {
+        "lease_churn::child_process"
     }
 }
 
 /// The entry point of the children: does nothing unless started as one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn child_process() {
-    if let Ok(spec) = std::env::var(CHILD) {
-        child(&spec).await;
+    if let Some(spec) = Spec::of_child() {
+        let budget = loop {
+            match leased(&spec.url, &spec.key, &spec.account.quota()).await {
+                Ok(budget) => break budget,
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        fleet_suite::child(budget, spec.cost).await;
     }
-}
-
-/// The worst excess over `account` of `admissions` (before, after, tokens; microseconds) in
-/// any window: for every window from an admission's `before` to another's `after`, the tokens
-/// of the admissions certainly inside it (both instants within) less what the account allows
-/// over it (lengthened by `slack`). Positive is a violation.
-fn worst_excess(admissions: &[(u64, u64, u64)], account: Account, slack: Duration) -> f64 {
-    let mut by_start = admissions.to_vec();
-    by_start.sort_unstable();
-    let mut worst = f64::MIN;
-    let mut inside: Vec<(u64, u64)> = Vec::with_capacity(by_start.len());
-    for (i, &(start, _, _)) in by_start.iter().enumerate() {
-        inside.clear();
-        inside.extend(
-            by_start[i..]
-                .iter()
-                .map(|&(_, after, tokens)| (after, tokens)),
-        );
-        inside.sort_unstable();
-        let mut sum = 0;
-        for &(end, tokens) in &inside {
-            sum += tokens;
-            let window = Duration::from_micros(end.saturating_sub(start)) + slack;
-            worst = worst.max(sum as f64 - account.allows(window));
-        }
-    }
-    worst
-}
-
-/// The oracle sees a violation planted in a log that holds none.
-#[test]
-fn the_oracle_finds_a_planted_violation() {
-    let account = Account {
-        rate: 1_000,
-        period: Duration::from_secs(1),
-        burst: 100,
-    };
-    // 10 tokens every 10 ms: exactly the rate, after the burst.
-    let mut log: Vec<(u64, u64, u64)> = (1..=1_000)
-        .map(|i| (i * 10_000, i * 10_000 + 5, 10))
-        .collect();
-    log.extend((0..10).map(|i| (i * 10, i * 10 + 5, 10)));
-    let clean = worst_excess(&log, account, Duration::ZERO);
-    assert!(clean <= 0.0, "{clean}");
-    // Planted: another burst's worth at 5 s.
-    log.extend((0..11).map(|i| (5_000_000 + i, 5_000_001 + i, 10)));
-    let planted = worst_excess(&log, account, Duration::ZERO);
-    assert!(planted > 0.0, "{planted}");
-    // An admission whose instants straddle the window counts in no shorter one.
-    let stalled = [(0, 0, 100), (0, 2_000_000, 100)];
-    assert!(worst_excess(&stalled, account, Duration::ZERO) <= 0.0);
-}
-
-/// Waits until `condition` holds, polling every 5 ms for at most `within` (the children are
-/// real processes on the wall clock: a condition, not a fixed sleep, and a generous bound).
-fn eventually(within: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let end = std::time::Instant::now() + within;
-    while std::time::Instant::now() < end {
-        if condition() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    condition()
-}
-
-/// The first process spends the burst in 100s, then `fate` happens to it; a newcomer then
-/// tries for a second. What the two admitted.
-async fn burst_then(fate: &str) -> (u64, u64) {
-    let server = RedisServer::start();
-    let proxy = LoopbackProxy::start(server.port());
-    let key = "scenario";
-    let log: Log = Arc::default();
-    let first = Process::spawn(&proxy.url(), key, STILL, 100, &log);
-    assert!(
-        eventually(Duration::from_secs(10), || log.lock().unwrap().len() >= 10),
-        "the first process spends the burst"
-    );
-    match fate {
-        "leaves" => first.leave(),
-        "is killed" => first.kill(),
-        "loses its renewal's reply" => {
-            // Replies held past the timeout: its next renewal runs in Redis, and the reply
-            // comes too late.
-            proxy.delay_replies(TIMEOUT * 4);
-            tokio::time::sleep(REFRESH * 3).await;
-            proxy.delay_replies(Duration::ZERO);
-            drop(first);
-        }
-        "fails to write" => {
-            server.command("CONFIG SET maxmemory-policy noeviction");
-            server.command("CONFIG SET maxmemory 1");
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            server.command("CONFIG SET maxmemory 0");
-            drop(first);
-        }
-        _ => unreachable!(),
-    }
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let newcomer = leased(&server.url(), key, STILL).await;
-    let second = spend_for(&newcomer, 100, Duration::from_secs(1)).await;
-    let first: u64 = log.lock().unwrap().iter().map(|a| a.2).sum();
-    (first, second)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_is_spent_once_whatever_becomes_of_its_first_holder() {
-    for fate in [
-        "leaves",
-        "is killed",
-        "loses its renewal's reply",
-        "fails to write",
-    ] {
-        let (first, second) = burst_then(fate).await;
-        println!("the first process {fate}: it admitted {first}, the newcomer {second}");
-        assert_eq!(first, STILL.burst, "{fate}");
-        assert_eq!(second, 0, "{fate}: the burst admitted twice");
-    }
+    fleet_suite::a_burst_is_spent_once_whatever_becomes_of_its_first_holder(&OverRedis::start())
+        .await;
 }
 
-/// A process that leaves cleanly gives back what it holds beyond what it spent: the newcomer
-/// spends the rest of the burst, and the two together spend it exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_leaving_gives_back_what_it_holds() {
-    let server = RedisServer::start();
-    let first = leased(&server.url(), "leaving", STILL).await;
-    // Three requests of 100: the lease holds more than that (its part of the burst).
-    let spent = spend_in_hundreds(&first, 300).await;
-    tokio::time::sleep(REFRESH * 2).await;
-    drop(first);
-    tokio::time::sleep(REFRESH * 2).await;
-    let newcomer = leased(&server.url(), "leaving", STILL).await;
-    let rest = STILL.burst - spent;
-    let second = spend_until(&newcomer, 100, rest, Duration::from_millis(500)).await;
-    println!("the first spent {spent} and left; the newcomer spent {second}");
-    assert!(spent > 0);
-    assert_eq!(spent + second, STILL.burst, "what the first held came back");
+    fleet_suite::a_process_leaving_gives_back_what_it_holds(&OverRedis::start()).await;
 }
 
-/// The provider reports less left than the fleet holds (an unseen client spent the rest):
-/// what the leases hold unspent is part of that report, so the account's bucket keeps only
-/// the rest and each wallet at most the report. After it, the holder and a newcomer (once the
-/// holder has left and given its lease back) admit no more than the provider said was left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_report_counts_what_the_leases_hold_once() {
-    const LEFT: u64 = 500;
-    let server = RedisServer::start();
-    let first = leased(&server.url(), "reported", STILL).await;
-    let spent = spend_in_hundreds(&first, 300).await;
-    // Of the 700 the fleet holds, the provider has 500 left.
-    let report = Observation::new(Dimension::TotalTokens, STILL.period).with_remaining(LEFT);
-    first.observe(&report);
-    // Lowering the account's bucket is written in the background: wait until the store shows
-    // it (a renewal reads it back), then spend what the holder still may and leave.
-    tokio::time::sleep(REFRESH * 2).await;
-    let before_leaving = spend_for(&first, 100, Duration::from_millis(200)).await;
-    drop(first);
-    tokio::time::sleep(REFRESH * 2).await;
-    let newcomer = leased(&server.url(), "reported", STILL).await;
-    let after = spend_for(&newcomer, 100, Duration::from_millis(800)).await;
-    println!(
-        "spent {spent}; the provider reported {LEFT} left; then the holder admitted \
-         {before_leaving} and the newcomer {after}"
-    );
-    assert!(
-        before_leaving + after <= LEFT,
-        "{} admitted after a report of {LEFT} left",
-        before_leaving + after
-    );
-    assert!(before_leaving + after > 0, "what was left is spent");
+    fleet_suite::a_provider_report_counts_what_the_leases_hold_once(&OverRedis::start()).await;
 }
 
-/// A process reserves 100 and uses 1,000 (an overrun), staying alive: its debt reaches the
-/// store, and a newcomer finds nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overrun_is_charged_to_the_account() {
-    let server = RedisServer::start();
-    let first = leased(&server.url(), "overrun", STILL).await;
-    let mut reservation = first.reserve(Cost::new(100, 0)).await.expect("admitted");
-    reservation.mark_sent();
-    reservation.settle_cost(Cost::new(1_000, 0));
-    tokio::time::sleep(REFRESH * 3).await;
-    let newcomer = leased(&server.url(), "overrun", STILL).await;
-    let second = spend_for(&newcomer, 100, Duration::from_secs(1)).await;
-    let third = spend_for(&first, 100, Duration::from_millis(200)).await;
-    println!(
-        "used 1,000 of a reservation of 100; then the newcomer admitted {second}, the first {third}"
-    );
-    assert_eq!(second + third, 0);
+    fleet_suite::an_overrun_is_charged_to_the_account(&OverRedis::start()).await;
 }
 
-/// Three fleets of short-lived processes, each replaced ten times over four seconds (every
-/// incarnation spends what it can for its life, then leaves): the account's burst and rate
-/// over the four seconds at most.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_restarts_never_admit_beyond_the_account() {
-    let server = RedisServer::start();
-    // A burst of 1,000 and 100 a second: 1,400 over four seconds.
-    let account = Account {
-        rate: 100,
-        period: Duration::from_secs(1),
-        burst: 1_000,
-    };
-    let start = tokio::time::Instant::now();
-    let mut fleets = Vec::new();
-    for fleet in 0..3u64 {
-        let url = server.url();
-        fleets.push(tokio::spawn(async move {
-            let mut spent = 0;
-            tokio::time::sleep(Duration::from_millis(fleet * 130)).await;
-            for _ in 0..10 {
-                let budget = leased(&url, "rolling", account).await;
-                spent += spend_for(&budget, 10, Duration::from_millis(350)).await;
-                drop(budget);
-                tokio::time::sleep(Duration::from_millis(40)).await;
-            }
-            spent
-        }));
-    }
-    let mut admitted = 0;
-    for fleet in fleets {
-        admitted += fleet.await.unwrap();
-    }
-    let allowed = account.allows(start.elapsed());
-    println!(
-        "30 incarnations over {:?}: {admitted} admitted, {allowed:.0} allowed",
-        start.elapsed()
-    );
-    assert!(admitted as f64 <= allowed, "{admitted} > {allowed}");
-    assert!(
-        admitted as f64 >= 0.8 * allowed,
-        "only {admitted} of {allowed}"
-    );
+    fleet_suite::rolling_restarts_never_admit_beyond_the_account(&OverRedis::start()).await;
 }
 
-/// Twenty requests a minute (a burst of four), five processes each with a request waiting:
-/// four are admitted at once, whole units, and the fifth when the account has refilled one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_processes_share_an_account_of_four_units_in_turn() {
-    let server = RedisServer::start();
-    let account = Account {
-        rate: 20,
-        period: Duration::from_secs(60),
-        burst: 4,
-    };
-    let quota = Quota::new().with_limit(limit(
-        Dimension::Requests,
-        account.rate,
-        account.period,
-        account.burst,
-    ));
-    let start = tokio::time::Instant::now();
-    let mut waiting = Vec::new();
-    for _ in 0..5 {
-        let budget = RedisBudget::new(server.url(), "units")
-            .timeout(TIMEOUT)
-            .leased_shares(REFRESH)
-            .connect(&quota)
-            .await
-            .unwrap();
-        waiting.push(tokio::spawn(async move {
-            let mut reservation = budget
-                .reserve(Cost::default().with_requests(1))
-                .await
-                .unwrap();
-            reservation.mark_sent();
-            reservation.charge_estimate();
-            start.elapsed()
-        }));
-    }
-    let mut admitted = Vec::new();
-    for request in waiting {
-        admitted.push(request.await.unwrap());
-    }
-    admitted.sort();
-    println!("admitted after {admitted:?}");
-    assert!(
-        admitted[3] <= Duration::from_secs(1),
-        "four at once: {admitted:?}"
-    );
-    // The fifth when one unit has refilled (3 s), within a few refreshes.
-    assert!(admitted[4] >= Duration::from_millis(2_900), "{admitted:?}");
-    assert!(admitted[4] <= Duration::from_secs(5), "{admitted:?}");
+    fleet_suite::five_processes_share_an_account_of_four_units_in_turn(&OverRedis::start()).await;
 }
 
-/// What one churning run did, and what it measured.
-#[derive(Debug, Default)]
-struct Churned {
-    joined: u32,
-    left: u32,
-    killed: u32,
-    stopped: u32,
-    delayed: u32,
-    refused: u32,
-    restarted: u32,
-    admitted: u64,
-    allowed: f64,
-    worst: f64,
-}
-
-/// One run of the churn, `seed` choosing what happens when, for about `seconds`.
-fn churn(seed: u64, seconds: u64) -> Churned {
-    let account = Account {
-        rate: 1_000,
-        period: Duration::from_secs(1),
-        burst: 1_000,
-    };
-    let mut server = RedisServer::start_persistent();
-    let proxy = LoopbackProxy::start(server.port());
-    let (url, key, cost) = (proxy.url(), "churn", 10);
-    let log: Log = Arc::default();
-    let mut rng = fastrand::Rng::with_seed(seed);
-    let mut done = Churned::default();
-    let from = micros();
-    let mut fleet: Vec<Process> = (0..3)
-        .map(|_| Process::spawn(&url, key, account, cost, &log))
-        .collect();
-    // The faults' schedule: real processes and a real Redis run on the wall clock, and no
-    // assertion rests on these intervals (the oracle reads the children's own instants).
-    let pause = |rng: &mut fastrand::Rng, from: u64, to: u64| {
-        std::thread::sleep(Duration::from_millis(rng.u64(from..to)));
-    };
-    let end = std::time::Instant::now() + Duration::from_secs(seconds);
-    while std::time::Instant::now() < end {
-        pause(&mut rng, 100, 300);
-        match rng.u32(..9) {
-            0 | 1 if fleet.len() < 6 => {
-                fleet.push(Process::spawn(&url, key, account, cost, &log));
-                done.joined += 1;
-            }
-            2 if fleet.len() > 2 => {
-                fleet.swap_remove(rng.usize(..fleet.len())).leave();
-                done.left += 1;
-            }
-            3 if fleet.len() > 2 => {
-                fleet.swap_remove(rng.usize(..fleet.len())).kill();
-                done.killed += 1;
-            }
-            4 => {
-                // Stopped past its lease (150 ms), then let go on.
-                let process = &fleet[rng.usize(..fleet.len())];
-                process.signal("-STOP");
-                pause(&mut rng, 200, 500);
-                process.signal("-CONT");
-                done.stopped += 1;
-            }
-            5 => {
-                // Every reply held past the renewals' timeout for a while.
-                proxy.delay_replies(Duration::from_millis(rng.u64(200..400)));
-                pause(&mut rng, 200, 400);
-                proxy.delay_replies(Duration::ZERO);
-                done.delayed += 1;
-            }
-            6 => {
-                server.command("CONFIG SET maxmemory-policy noeviction");
-                server.command("CONFIG SET maxmemory 1");
-                pause(&mut rng, 150, 300);
-                server.command("CONFIG SET maxmemory 0");
-                done.refused += 1;
-            }
-            7 if done.restarted < 2 => {
-                // SIGKILL, then a start from its append-only file.
-                server.restart();
-                done.restarted += 1;
-            }
-            _ => {}
-        }
-    }
-    for process in fleet {
-        process.leave();
-    }
-    let to = micros();
-    let log = log.lock().unwrap().clone();
-    done.admitted = log.iter().map(|a| a.2).sum();
-    done.allowed = account.allows(Duration::from_micros(to - from));
-    // Two milliseconds for the store's clock, read in whole milliseconds.
-    done.worst = worst_excess(&log, account, Duration::from_millis(2));
-    done
-}
-
-/// The randomized churn (see the module's docs): no window of any length holds more than the
-/// account's burst and rate over it, in every run. `LEASE_CHURN_RUNS` and
-/// `LEASE_CHURN_SECONDS` lengthen it; `LEASE_CHURN_SEED` replays a run.
+/// The randomized churn (see [`fleet_suite`]), Redis restarted twice a run at most.
 #[test]
 fn a_churning_fleet_never_admits_beyond_the_account() {
-    let runs: u64 = std::env::var("LEASE_CHURN_RUNS").map_or(2, |r| r.parse().unwrap());
-    let seconds: u64 = std::env::var("LEASE_CHURN_SECONDS").map_or(8, |s| s.parse().unwrap());
-    let first: u64 = std::env::var("LEASE_CHURN_SEED")
-        .map_or_else(|_| fastrand::u64(..), |s| s.parse().unwrap());
-    for run in 0..runs {
-        let seed = first.wrapping_add(run);
-        let churned = churn(seed, seconds);
-        println!(
-            "seed {seed}: {churned:?}; used {:.1} % of what the account allows",
-            churned.admitted as f64 / churned.allowed * 100.0
-        );
-        assert!(
-            churned.worst <= 0.0,
-            "seed {seed}: a window {:.0} tokens over the account",
-            churned.worst
-        );
-        assert!(churned.admitted > 0, "seed {seed}: nothing admitted");
-    }
+    fleet_suite::a_churning_fleet_never_admits_beyond_the_account(&mut OverRedis::start(), 2);
 }
