@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::time::Duration;
 
 use tower_llm_quota::{Budget, Quota};
 use tower_llm_quota_test_support::postgres_server::TestDatabase;
@@ -27,6 +28,10 @@ impl Processes for OverPostgres {
             support::budget(self.database.url(), &account, &quota, self.leasing).await
         })
     }
+
+    fn slot_lease(&self) -> Duration {
+        support::SLOT_LEASE
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -43,6 +48,26 @@ async fn postgres_passes_the_shared_store_suite() {
 async fn postgres_leasing_shares_passes_the_shared_store_suite() {
     let database = support::migrated().await;
     store_suite::run(&OverPostgres {
+        database,
+        leasing: true,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_s_controls_hold_over_every_process() {
+    let database = support::migrated().await;
+    store_suite::run_controls(&OverPostgres {
+        database,
+        leasing: false,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_s_controls_hold_over_every_leasing_process() {
+    let database = support::migrated().await;
+    store_suite::run_controls(&OverPostgres {
         database,
         leasing: true,
     })

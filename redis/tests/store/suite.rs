@@ -22,14 +22,22 @@ impl Processes for OverRedis {
         account: &str,
         quota: Quota,
     ) -> Pin<Box<dyn Future<Output = Budget> + Send + '_>> {
-        let mut redis =
-            RedisBudget::new(self.server.url(), account).timeout(Duration::from_secs(1));
+        let mut redis = RedisBudget::new(self.server.url(), account)
+            .timeout(Duration::from_secs(1))
+            .slot_lease(SLOT_LEASE);
         if self.leasing {
             redis = redis.leased_shares(Duration::from_millis(100));
         }
         Box::pin(async move { redis.connect(&quota).await.expect("connected") })
     }
+
+    fn slot_lease(&self) -> Duration {
+        SLOT_LEASE
+    }
 }
+
+/// How long a process's slots outlive its last heartbeat.
+const SLOT_LEASE: Duration = Duration::from_secs(1);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_passes_the_shared_store_suite() {
@@ -47,6 +55,16 @@ async fn redis_leasing_shares_passes_the_shared_store_suite() {
     store_suite::run(&OverRedis {
         server,
         leasing: true,
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_process_s_slots_come_back_within_their_lease() {
+    let server = RedisServer::start();
+    store_suite::a_dead_process_s_slots_come_back_within_their_lease(&OverRedis {
+        server,
+        leasing: false,
     })
     .await;
 }

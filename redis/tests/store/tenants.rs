@@ -17,6 +17,10 @@ use tokio::time::Instant;
 use tower_llm_quota::tenant::{CapWindow, PeriodCap, Tenant, TenantNode, TenantTree};
 use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota};
 use tower_llm_quota_redis::RedisBudget;
+use tower_llm_quota_test_support::store_suite::{
+    account_cap, an_account_cap_holds_over_every_budget, capped_tree, caps_hold_over_every_budget,
+    in_flight_caps_hold_over_every_budget, roomy_quota, slotted_tree,
+};
 
 const SECOND: Duration = Duration::from_secs(1);
 /// The account: tokens a second, and at once.
@@ -610,121 +614,6 @@ async fn a_tenant_plane_holds_a_node_s_limit_over_every_account() {
     }
 }
 
-/// The account of the control tests: far above what they spend, so only the tenants'
-/// controls bind.
-fn roomy_quota() -> Quota {
-    let per_minute = limit(
-        Dimension::TotalTokens,
-        1_000_000,
-        Duration::from_secs(60),
-        1_000_000,
-    );
-    Quota::new().with_limit(per_minute)
-}
-
-/// `acme` may spend 2,000 tokens a calendar day (UTC), `globex` 1,000 in any 24 hours,
-/// `initech` 1,500 nano-dollars a calendar month (UTC).
-fn capped_tree() -> TenantTree {
-    let cap = |amount, window| {
-        PeriodCap::new(
-            Dimension::TotalTokens,
-            std::num::NonZeroU64::new(amount).unwrap(),
-            window,
-        )
-    };
-    let spend = PeriodCap::new(
-        Dimension::Spend,
-        std::num::NonZeroU64::new(1_500).unwrap(),
-        CapWindow::CalendarMonthUtc,
-    );
-    TenantTree::new()
-        .with_node(
-            "acme".parse().unwrap(),
-            TenantNode::new().with_cap(cap(2_000, CapWindow::CalendarDayUtc)),
-        )
-        .with_node(
-            "globex".parse().unwrap(),
-            TenantNode::new().with_cap(cap(1_000, CapWindow::Rolling)),
-        )
-        .with_node(
-            "initech".parse().unwrap(),
-            TenantNode::new().with_cap(spend),
-        )
-}
-
-/// Three budgets each spend 100 tokens (and 100 nano-dollars) at a time for each tenant until
-/// refused: together exactly each tenant's cap, whatever each budget's own count (a third of
-/// it); every refusal names the cap and what the store counted. A reservation of 300 settled
-/// at 100 first: the refund gives 200 back to the period, for every budget.
-async fn caps_hold_over_every_budget(budgets: &[Budget]) {
-    use tower_llm_quota::tenant::Refusal;
-    let cost = |units| Cost::new(units, 0).with_spend(units);
-    for (tenant, cap) in [("acme", 2_000), ("globex", 1_000), ("initech", 1_500)] {
-        let mut first = budgets[0]
-            .reserve(cost(300))
-            .tenant(tenant.parse().unwrap())
-            .await
-            .unwrap();
-        first.mark_sent();
-        first.settle_cost(cost(100));
-        // The settlement is written in the background: the store's count shows it. Every
-        // budget must read 100: the others' figure is the store's alone (they spent nothing
-        // of it here), so the refund has reached the store; the first budget's own count
-        // says 100 at once, before the store has it.
-        let path: Tenant = tenant.parse().unwrap();
-        let started = Instant::now();
-        let used =
-            |budget: &Budget| budget.tenants().unwrap().snapshot(&path).used_in_period()[0].1;
-        while !budgets.iter().all(|budget| used(budget) == 100) {
-            assert!(
-                started.elapsed() < PATIENCE,
-                "the settlement never reached the store"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let mut tasks = Vec::new();
-        for budget in budgets {
-            for _ in 0..4 {
-                let budget = budget.clone();
-                tasks.push(tokio::spawn(async move {
-                    let mut spent = 0;
-                    loop {
-                        let reserved = budget
-                            .reserve(cost(100))
-                            .tenant(tenant.parse().unwrap())
-                            .await;
-                        match reserved {
-                            Ok(mut reservation) => {
-                                reservation.mark_sent();
-                                reservation.charge_estimate();
-                                spent += 100;
-                            }
-                            Err(error) => {
-                                let refused = error.tenant_refused().expect("a tenant refusal");
-                                assert_eq!(refused.scope().as_str(), tenant);
-                                let Refusal::PeriodCap {
-                                    cap: told, used, ..
-                                } = refused.reason()
-                                else {
-                                    panic!("refused for {:?}", refused.reason());
-                                };
-                                assert_eq!(told, cap);
-                                assert!(used + 100 > cap, "refused at {used} of {cap}");
-                                return spent;
-                            }
-                        }
-                    }
-                }));
-            }
-        }
-        let mut total = 100;
-        for task in tasks {
-            total += task.await.unwrap();
-        }
-        assert_eq!(total, cap, "{tenant}: spent over every budget");
-    }
-}
-
 /// Three budgets (as three processes would) of the account `name` with `tree`, on `server`.
 async fn three_on_server(
     server: &RedisServer,
@@ -801,74 +690,6 @@ async fn a_cap_holds_over_every_process_of_a_cluster() {
     caps_hold_over_every_budget(&budgets).await;
 }
 
-/// The account's own spend cap: 1,500 nano-dollars a calendar month (UTC).
-fn account_cap() -> PeriodCap {
-    PeriodCap::new(
-        Dimension::Spend,
-        std::num::NonZeroU64::new(1_500).unwrap(),
-        CapWindow::CalendarMonthUtc,
-    )
-}
-
-/// Three budgets of an account with a monthly spend cap and no tenant tree, four callers
-/// each (tenants or none, alike to the account): together exactly the cap, every refusal
-/// naming the account and what the store counted; each budget's snapshot shows the month's
-/// spend over every process.
-async fn an_account_cap_holds_over_every_budget(budgets: &[Budget]) {
-    use tower_llm_quota::tenant::Refusal;
-    let cost = Cost::new(10, 0).with_spend(100);
-    let mut tasks = Vec::new();
-    for budget in budgets {
-        for caller in 0..4 {
-            let budget = budget.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut spent = 0;
-                loop {
-                    let reserve = budget.reserve(cost);
-                    let reserved = match caller {
-                        0 | 1 => reserve.await,
-                        _ => reserve.tenant("acme".parse().unwrap()).await,
-                    };
-                    match reserved {
-                        Ok(mut reservation) => {
-                            reservation.mark_sent();
-                            reservation.charge_estimate();
-                            spent += 100;
-                        }
-                        Err(error) => {
-                            let refused = error.tenant_refused().expect("the account's cap");
-                            assert_eq!(refused.account(), Some("capped"), "{error}");
-                            let Refusal::PeriodCap { cap, used, .. } = refused.reason() else {
-                                panic!("refused for {:?}", refused.reason());
-                            };
-                            assert_eq!(cap, 1_500);
-                            assert!(used + 100 > cap, "refused at {used} of {cap}");
-                            return spent;
-                        }
-                    }
-                }
-            }));
-        }
-    }
-    let mut total = 0;
-    for task in tasks {
-        total += task.await.unwrap();
-    }
-    assert_eq!(total, 1_500, "spent over every budget");
-    // Each process reads the fleet's month from the store (in the background).
-    for budget in budgets {
-        let started = Instant::now();
-        while budget.snapshot().used_in_period() != [(account_cap(), 1_500)] {
-            assert!(
-                started.elapsed() < PATIENCE,
-                "{:?}",
-                budget.snapshot().used_in_period()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-}
-
 async fn account_capped(builder: RedisBudget) -> Budget {
     builder
         .timeout(Duration::from_secs(10))
@@ -885,7 +706,7 @@ async fn an_account_cap_holds_over_every_process() {
     for _ in 0..3 {
         budgets.push(account_capped(RedisBudget::new(server.url(), "capped")).await);
     }
-    an_account_cap_holds_over_every_budget(&budgets).await;
+    an_account_cap_holds_over_every_budget(&budgets, "capped").await;
 }
 
 /// The same over three leasing processes: a request of a capped account is asked of Redis.
@@ -898,53 +719,7 @@ async fn an_account_cap_holds_over_every_leasing_process() {
             RedisBudget::new(server.url(), "capped").leased_shares(Duration::from_millis(50));
         budgets.push(account_capped(builder).await);
     }
-    an_account_cap_holds_over_every_budget(&budgets).await;
-}
-
-/// `acme` may have three calls in flight over every process; a call that cannot have a slot
-/// within two seconds is refused.
-fn slotted_tree() -> TenantTree {
-    TenantTree::new().with_node(
-        "acme".parse().unwrap(),
-        TenantNode::new()
-            .with_max_in_flight(std::num::NonZeroUsize::new(3).unwrap())
-            .with_max_wait(Duration::from_secs(2)),
-    )
-}
-
-/// Three budgets, four callers each, every call 20 ms in flight: never more than three in
-/// flight over the budgets (each budget alone would allow three), and every call served.
-async fn in_flight_caps_hold_over_every_budget(budgets: &[Budget]) {
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let in_flight = Arc::new(AtomicUsize::new(0));
-    let most = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for budget in budgets {
-        for _ in 0..4 {
-            let (budget, in_flight, most) = (budget.clone(), in_flight.clone(), most.clone());
-            tasks.push(tokio::spawn(async move {
-                for _ in 0..8 {
-                    let mut reservation = budget
-                        .reserve(Cost::new(10, 0))
-                        .tenant("acme".parse().unwrap())
-                        .await
-                        .expect("a slot within the node's max_wait");
-                    reservation.mark_sent();
-                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-                    most.fetch_max(now, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    in_flight.fetch_sub(1, Ordering::SeqCst);
-                    reservation.charge_estimate();
-                }
-            }));
-        }
-    }
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let most = most.load(Ordering::SeqCst);
-    assert!(most <= 3, "{most} calls in flight over the budgets");
-    assert!(most >= 2, "the cap is used: {most} at most");
+    an_account_cap_holds_over_every_budget(&budgets, "capped").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
