@@ -1,6 +1,6 @@
 //! `IdempotencyLayer`: one provider call per operation, in process (paused clock, against the
 //! simulator and scripted clients) and across processes sharing Redis (a private
-//! `redis-server`, real time).
+//! `redis-server`) or Postgres (a database of its own), in real time.
 
 use tower_llm_quota_test_support::redis_server;
 
@@ -20,9 +20,11 @@ use tower_llm_quota::idempotency::{
 };
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{BoxError, Dimension, Limit, Quota};
+use tower_llm_quota_postgres::{PostgresBudget, PostgresIdempotencyStore};
 use tower_llm_quota_redis::RedisBudget;
 use tower_llm_quota_redis::RedisIdempotencyStore;
 use tower_llm_quota_sim::{SimConfig, Simulator};
+use tower_llm_quota_test_support::postgres_server::TestDatabase;
 
 use redis_server::RedisServer;
 
@@ -433,25 +435,27 @@ async fn keys_from_the_header_are_validated_forwarded_and_scoped_by_tenant() {
     assert!(seen.iter().all(|key| key.as_ref().unwrap() == "job-1"));
 }
 
-/// Two instances, each with its own Redis connections, budget and layer, as two processes
-/// would be, against one simulated provider.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hundred_duplicates_across_two_instances_sharing_redis_make_one_call() {
-    let redis = RedisServer::start();
+/// Two instances, each with its own connections, budget and layer, as two processes would be,
+/// against one simulated provider: a hundred duplicates make one call, and a third instance
+/// later replays it. `open(round)` opens a store shared by the round's instances,
+/// `budget(round)` a budget of the round's account.
+async fn a_hundred_duplicates_across_two_instances_make_one_call<S, B>(
+    open: impl Fn(usize) -> S,
+    budget: impl Fn(usize) -> B,
+) where
+    S: IdempotencyStore,
+    B: std::future::Future<Output = tower_llm_quota::Budget>,
+{
     for (round, stream) in [false, true].into_iter().enumerate() {
         let simulator = simulator();
         let mut services = Vec::new();
         let mut budgets = Vec::new();
         for _ in 0..2 {
-            let budget = RedisBudget::new(redis.url(), format!("account-{round}"))
-                .connect(&quota())
-                .await
-                .unwrap();
-            let store = RedisIdempotencyStore::open(&redis.url(), &format!("t{round}")).unwrap();
+            let budget = budget(round).await;
             let stack = QuotaStack::openai(quota()).with_budget(budget.clone());
             budgets.push(budget);
             // A lost wake-up would show as a 30 s wait.
-            let layer = IdempotencyLayer::new(store).recheck(Duration::from_secs(30));
+            let layer = IdempotencyLayer::new(open(round)).recheck(Duration::from_secs(30));
             services.push(layer.layer(stack.layer(simulator.service())));
         }
         let started = std::time::Instant::now();
@@ -475,8 +479,7 @@ async fn a_hundred_duplicates_across_two_instances_sharing_redis_make_one_call()
         assert_eq!(keys.values().copied().collect::<Vec<_>>(), [1]);
 
         // A third instance, later: the stored response.
-        let store = RedisIdempotencyStore::open(&redis.url(), &format!("t{round}")).unwrap();
-        let late = IdempotencyLayer::new(store)
+        let late = IdempotencyLayer::new(open(round))
             .layer(QuotaStack::openai(quota()).layer(simulator.service()));
         let replayed = receive(late, chat(stream)).await.unwrap();
         assert_eq!(replayed.suppressed, Some(Suppressed::Replayed));
@@ -486,15 +489,64 @@ async fn a_hundred_duplicates_across_two_instances_sharing_redis_make_one_call()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_records_expire_and_failed_claims_are_released() {
+async fn a_hundred_duplicates_across_two_instances_sharing_redis_make_one_call() {
     let redis = RedisServer::start();
-    let store = RedisIdempotencyStore::open(&redis.url(), "ttl").unwrap();
+    let url = redis.url();
+    a_hundred_duplicates_across_two_instances_make_one_call(
+        |round| RedisIdempotencyStore::open(&url, &format!("t{round}")).unwrap(),
+        |round| {
+            let url = url.clone();
+            async move {
+                RedisBudget::new(url, format!("account-{round}"))
+                    .connect(&quota())
+                    .await
+                    .unwrap()
+            }
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_duplicates_across_two_instances_sharing_postgres_make_one_call() {
+    let database = migrated_database().await;
+    let url = database.url().to_owned();
+    a_hundred_duplicates_across_two_instances_make_one_call(
+        // One table for every round: each round's operation is told apart by its account.
+        |_| PostgresIdempotencyStore::open(&url).unwrap(),
+        |round| {
+            let url = url.clone();
+            async move {
+                PostgresBudget::new(url, format!("account-{round}"))
+                    .connect(&quota())
+                    .await
+                    .unwrap()
+            }
+        },
+    )
+    .await;
+}
+
+/// A database of its own on the machine's Postgres, migrated.
+async fn migrated_database() -> TestDatabase {
+    let database = TestDatabase::create();
+    tower_llm_quota_postgres::migrate(database.url())
+        .await
+        .unwrap();
+    database
+}
+
+/// A shared store's records: a claim released wakes a waiter of another instance (not its
+/// timeout), a completed record is replayed, and expires with its time to live. `open()` opens
+/// the store as another process would.
+async fn records_expire_and_failed_claims_are_released<S: IdempotencyStore>(open: impl Fn() -> S) {
+    let store = open();
     let lease = Duration::from_secs(30);
     use tower_llm_quota::idempotency::Claim;
     assert_eq!(store.claim("k", "a", lease).await.unwrap(), Claim::Claimed);
     assert_eq!(store.claim("k", "b", lease).await.unwrap(), Claim::InFlight);
     // A waiter in "another process" is woken by the release, not by its timeout.
-    let other = RedisIdempotencyStore::open(&redis.url(), "ttl").unwrap();
+    let other = open();
     let started = std::time::Instant::now();
     let waiter = tokio::spawn(other.changed("k", Duration::from_secs(20)));
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -526,6 +578,24 @@ async fn redis_records_expire_and_failed_claims_are_released() {
     assert_eq!(claim, Claim::Completed(Box::new(record)));
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(store.claim("k", "c", lease).await.unwrap(), Claim::Claimed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_records_expire_and_failed_claims_are_released() {
+    let redis = RedisServer::start();
+    records_expire_and_failed_claims_are_released(|| {
+        RedisIdempotencyStore::open(&redis.url(), "ttl").unwrap()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_records_expire_and_failed_claims_are_released() {
+    let database = migrated_database().await;
+    records_expire_and_failed_claims_are_released(|| {
+        PostgresIdempotencyStore::open(database.url()).unwrap()
+    })
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -717,13 +787,10 @@ async fn a_claim_outlasts_its_lease_while_its_call_is_alive() {
     assert_eq!(key, Claim::Claimed);
 }
 
-/// Renewal in Redis: only the owner extends its claim; a renewed claim outlives its first
-/// lease, and one not renewed lapses.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_claims_are_renewed_by_their_owner_only() {
+/// Renewal in a shared store: only the owner extends its claim; a renewed claim outlives its
+/// first lease, and one not renewed lapses.
+async fn claims_are_renewed_by_their_owner_only(store: impl IdempotencyStore) {
     use tower_llm_quota::idempotency::Claim;
-    let redis = RedisServer::start();
-    let store = RedisIdempotencyStore::open(&redis.url(), "renew").unwrap();
     let lease = Duration::from_millis(400);
     assert_eq!(store.claim("k", "a", lease).await.unwrap(), Claim::Claimed);
     assert!(!store.renew("k", "b", lease).await.unwrap());
@@ -736,6 +803,22 @@ async fn redis_claims_are_renewed_by_their_owner_only() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(store.claim("k", "b", lease).await.unwrap(), Claim::Claimed);
     assert!(!store.renew("k", "a", lease).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_claims_are_renewed_by_their_owner_only() {
+    let redis = RedisServer::start();
+    claims_are_renewed_by_their_owner_only(
+        RedisIdempotencyStore::open(&redis.url(), "renew").unwrap(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_claims_are_renewed_by_their_owner_only() {
+    let database = migrated_database().await;
+    claims_are_renewed_by_their_owner_only(PostgresIdempotencyStore::open(database.url()).unwrap())
+        .await;
 }
 
 /// A duplicate waits for the identical request in flight at most its layer's `max_wait`, or
