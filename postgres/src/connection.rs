@@ -145,10 +145,19 @@ impl fmt::Display for Failure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Failure::Pool(deadpool_postgres::PoolError::Backend(error))
-            | Failure::Postgres(error) => match error.as_db_error() {
-                Some(db) => write!(f, "{}: {}", db.code().code(), db.message()),
-                None => write!(f, "{error}"),
-            },
+            | Failure::Postgres(error) => {
+                if let Some(db) = error.as_db_error() {
+                    return write!(f, "{}: {}", db.code().code(), db.message());
+                }
+                // The cause too: "error connecting to server: Connection refused".
+                write!(f, "{error}")?;
+                let mut source = std::error::Error::source(error);
+                while let Some(cause) = source {
+                    write!(f, ": {cause}")?;
+                    source = cause.source();
+                }
+                Ok(())
+            }
             Failure::Pool(error) => write!(f, "{error}"),
             Failure::NoRow => f.write_str("the statement answered no row"),
         }

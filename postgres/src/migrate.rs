@@ -57,21 +57,23 @@ pub async fn migrate(url: &str) -> Result<i32, Error> {
 pub(crate) async fn apply(database: &Database) -> Result<i32, Error> {
     let unreachable = |failure: Failure| Error::unreachable(database.address(), failure);
     let mut client = database.client().await.map_err(unreachable)?;
-    let refused = |e: tokio_postgres::Error| Error::migration(database.address(), e);
-    client
-        .batch_execute(
-            "CREATE SCHEMA IF NOT EXISTS llm_quota;
-             CREATE TABLE IF NOT EXISTS llm_quota.schema_migrations (
-                 version integer PRIMARY KEY,
-                 name text NOT NULL,
-                 applied_at timestamptz NOT NULL DEFAULT now()
-             );",
-        )
-        .await
-        .map_err(refused)?;
+    let refused =
+        |e: tokio_postgres::Error| Error::migration(database.address(), Failure::Postgres(e));
     loop {
         let transaction = client.transaction().await.map_err(refused)?;
         transaction.execute(LOCK, &[]).await.map_err(refused)?;
+        // Under the lock: two processes creating the schema at once would collide.
+        transaction
+            .batch_execute(
+                "CREATE SCHEMA IF NOT EXISTS llm_quota;
+                 CREATE TABLE IF NOT EXISTS llm_quota.schema_migrations (
+                     version integer PRIMARY KEY,
+                     name text NOT NULL,
+                     applied_at timestamptz NOT NULL DEFAULT now()
+                 );",
+            )
+            .await
+            .map_err(refused)?;
         let current: i32 = transaction
             .query_one(VERSION, &[])
             .await
@@ -82,7 +84,7 @@ pub(crate) async fn apply(database: &Database) -> Result<i32, Error> {
             transaction.commit().await.map_err(refused)?;
             return Ok(current);
         };
-        // The schema itself may exist already (created above): the first migration's
+        // The schema exists already (created above): the first migration's
         // `CREATE SCHEMA IF NOT EXISTS` is harmless.
         transaction.batch_execute(sql).await.map_err(refused)?;
         transaction

@@ -1,6 +1,7 @@
 //! The Postgres store against a database of its own on the machine's server (and private
 //! clusters it kills and restarts): the shared-store suite, per admission and leasing.
 
+mod failures;
 mod functions;
 mod lease_churn;
 mod suite;
