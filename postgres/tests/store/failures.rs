@@ -12,7 +12,7 @@ use tower_llm_quota::budget::FailurePolicy;
 use tower_llm_quota::error::ReserveError;
 use tower_llm_quota::idempotency::{Claim, IdempotencyStore, Record};
 use tower_llm_quota::tenant::{Tenant, TenantNode, TenantTree};
-use tower_llm_quota::{Budget, Cost, Dimension, Quota};
+use tower_llm_quota::{Cost, Dimension, Quota};
 use tower_llm_quota_postgres::{PostgresBudget, PostgresIdempotencyStore, SCHEMA_VERSION};
 use tower_llm_quota_test_support::limit;
 use tower_llm_quota_test_support::loopback_proxy::LoopbackProxy;
@@ -95,7 +95,7 @@ async fn a_budget_started_without_its_database_moves_to_it_when_it_answers() {
         if let Ok(Ok(reservation)) =
             tokio::time::timeout(Duration::from_secs(1), budget.reserve(Cost::new(1, 0))).await
         {
-            drop(reservation.refund());
+            let _ = reservation.refund();
         }
         assert!(started.elapsed() < Duration::from_secs(30), "never back");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -267,7 +267,9 @@ async fn a_database_refusing_writes_is_refused_clearly_and_nothing_is_half_writt
     let mut refused = None;
     for _ in 0..50 {
         match closed.reserve(Cost::requests_only(1)).await {
-            Ok(reservation) => drop(reservation.refund()),
+            Ok(reservation) => {
+                let _ = reservation.refund();
+            }
             Err(error) => {
                 refused = Some(error);
                 break;
