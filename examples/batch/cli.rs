@@ -2,12 +2,13 @@
 
 use std::path::PathBuf;
 
-use clap::{Parser, ValueEnum};
+use clap::{ArgGroup, Parser, ValueEnum};
 
 /// Classify support tickets against a rate-limited LLM provider, first naively, then through
 /// the governed stack, and compare.
 #[derive(Debug, Parser)]
 #[command(name = "batch", version, about)]
+#[command(group(ArgGroup::new("shared_store").args(["redis_url", "postgres_url"])))]
 pub(crate) struct Args {
     /// An OpenAI-compatible endpoint (plain HTTP) instead of the embedded simulated provider:
     /// a base URL as OpenAI's SDKs take it (`http://host/v1`), or the full chat completions
@@ -68,34 +69,38 @@ pub(crate) struct Args {
     /// Share the governed run's quota with other processes through this Redis server.
     #[arg(long, value_name = "URL")]
     pub(crate) redis_url: Option<String>,
-    /// The name of the shared quota in Redis: processes naming the same key share it.
+    /// Share the governed run's quota with other processes through this Postgres database
+    /// (its schema migrated at start), instead of Redis.
+    #[arg(long, value_name = "URL", conflicts_with = "redis_url")]
+    pub(crate) postgres_url: Option<String>,
+    /// The name of the shared quota in its store: processes naming the same key share it.
     #[arg(long, value_name = "NAME", default_value = "batch-example")]
     pub(crate) quota_key: String,
-    /// How many processes share the quota: while Redis is out of reach each falls back to
-    /// this share of it.
+    /// How many processes share the quota: while its store is out of reach each falls back
+    /// to this share of it.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub(crate) instances: u32,
-    /// With --redis-url: renew the process's leased share of the quota every MS milliseconds
-    /// [default: 100].
+    /// With --redis-url or --postgres-url: renew the process's leased share of the quota
+    /// every MS milliseconds [default: 100].
     #[arg(
         long,
         value_name = "MS",
-        requires = "redis_url",
+        requires = "shared_store",
         conflicts_with = "call_per_admission"
     )]
     pub(crate) leased_shares: Option<u64>,
-    /// With --redis-url: one Redis call per admission instead of a leased share (planning a
-    /// fixed 85 % of the quota unless --headroom says otherwise).
-    #[arg(long, requires = "redis_url")]
+    /// With --redis-url or --postgres-url: one store call per admission instead of a leased
+    /// share (planning a fixed 85 % of the quota unless --headroom says otherwise).
+    #[arg(long, requires = "shared_store")]
     pub(crate) call_per_admission: bool,
     /// Attempts per call in the governed stack, the first included, for every class
     /// [default: the crate's, 8 for batch work]; with --durable, a job whose call fails
     /// transiently that often is rescheduled.
     #[arg(long, value_name = "N")]
     pub(crate) retry_attempts: Option<std::num::NonZeroU32>,
-    /// Run the batch as durable jobs in Redis (apalis), shared by every worker process of the
-    /// same --queue; needs --redis-url.
-    #[arg(long, requires = "redis_url")]
+    /// Run the batch as durable jobs (apalis) in Redis or Postgres, shared by every worker
+    /// process of the same --queue; needs --redis-url or --postgres-url.
+    #[arg(long, requires = "shared_store")]
     pub(crate) durable: bool,
     /// With --durable: enqueue the items, work the queue, or both (enqueue, then work).
     #[arg(long, value_enum, default_value = "both")]
@@ -129,8 +134,8 @@ pub(crate) struct Args {
     /// a group (answers get worse as groups grow).
     #[arg(long, value_name = "SHARE", default_value_t = 0.01)]
     pub(crate) answer_errors: f64,
-    /// With --durable: the worker heartbeat, in whole seconds (apalis-redis keeps heartbeats
-    /// in seconds); a worker silent for two beats is dead, and its jobs are re-enqueued.
+    /// With --durable: the worker heartbeat, in whole seconds (apalis keeps heartbeats in
+    /// seconds); a worker silent for two beats is dead, and its jobs are re-enqueued.
     #[arg(long, value_name = "SECS", default_value_t = 5)]
     pub(crate) heartbeat_secs: u64,
 }
@@ -191,6 +196,15 @@ impl Args {
     /// The prices of `--prices` or `--prices-file`, if given.
     pub(crate) fn prices(&self) -> Option<tower_llm_quota::pricing::TokenPrices> {
         self.prices.or(self.prices_file)
+    }
+
+    /// The store sharing the quota (`Redis` or `Postgres`) and its URL, if one is given.
+    pub(crate) fn shared_store(&self) -> Option<(&'static str, &str)> {
+        match (&self.redis_url, &self.postgres_url) {
+            (Some(url), _) => Some(("Redis", url)),
+            (None, Some(url)) => Some(("Postgres", url)),
+            (None, None) => None,
+        }
     }
 }
 

@@ -1,10 +1,13 @@
-//! `--durable`: the batch as jobs in Redis, through apalis, worked by one or several processes.
+//! `--durable`: the batch as jobs, through apalis, in Redis (`--redis-url`) or Postgres
+//! (`--postgres-url`), worked by one or several processes.
 //!
-//! `--role enqueue` pushes one job per item into the apalis queue `--queue` (and adds their
-//! number to `<queue>:total`); `--role work` works the queue until every enqueued job is done
-//! or dead; `--role both` (the default) does one, then the other. Each worker's calls go
-//! through [`IdempotencyLayer`] (records in Redis) around the governed stack, whose budget is
-//! the shared `RedisBudget` of `--quota-key`, so any number of workers spend one quota:
+//! `--role enqueue` pushes one job per item into the apalis queue `--queue` (in Redis, adding
+//! their number to `<queue>:total`; in Postgres, the queue's rows of `apalis.jobs` are its
+//! total); `--role work` works the queue until every enqueued job is done or dead; `--role
+//! both` (the default) does one, then the other. Each worker's calls go through
+//! [`IdempotencyLayer`] (records in the same store) around the governed stack, whose budget
+//! is the shared budget of `--quota-key` in that store, so any number of workers spend one
+//! quota:
 //!
 //! - the **job id is the idempotency key**: a job run again after its worker died is answered
 //!   from the record, or waits for the dead claim's lease to lapse (a live worker renews its
@@ -15,8 +18,10 @@
 //!   its stored result;
 //! - a **transient failure** the stack's retry layer gave up on is returned as a
 //!   `RetryAfterError`: apalis-redis reschedules the job in its scheduled set with a
-//!   not-before time (its own backoff: the attempt number in seconds) rather than at once;
-//! - a **result** (tokens, waits) is stored with each job by apalis (`<queue>:meta:<id>`).
+//!   not-before time (its own backoff: the attempt number in seconds), apalis-postgres sets it
+//!   pending again with its attempt counted;
+//! - a **result** (tokens, waits) is stored with each job by apalis (`<queue>:meta:<id>` in
+//!   Redis, `apalis.jobs.last_result` in Postgres).
 //!
 //! A worker killed mid-run loses nothing: the jobs it held are re-enqueued by the other
 //! workers (or by itself, restarted under another `--worker-name`) once its heartbeats have
@@ -27,6 +32,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use apalis::prelude::*;
+use apalis_postgres::{PgPool, PostgresStorage};
 use apalis_redis::{Config, ConnectionManager, RedisStorage};
 use bytes::Bytes;
 use http::{Request, Response};
@@ -45,6 +51,7 @@ use tower_llm_quota::idempotency::{
 };
 use tower_llm_quota::retry::{Failure as Failed, FailureClass, ProviderErrors};
 use tower_llm_quota::{BoxError, Priority, Timings, retry::Classify};
+use tower_llm_quota_postgres::PostgresIdempotencyStore;
 use tower_llm_quota_redis::RedisIdempotencyStore;
 use tower_llm_quota_sim::Simulator;
 
@@ -86,53 +93,258 @@ pub(crate) async fn run(
     provider: &Provider,
     items: &[Item],
 ) -> Result<ExitCode, Failure> {
-    let url = args
-        .redis_url
-        .as_deref()
-        .ok_or("--durable needs --redis-url")?;
-    let connection = apalis_redis::connect(url)
-        .await
-        .map_err(|error| format!("cannot reach Redis at {url}: {error}"))?;
-    let config = Config::default()
-        .queue(&args.queue)
-        .heartbeat_interval(Duration::from_secs(args.heartbeat_secs.max(1)))
-        .missed_heartbeats(2);
-    let storage = RedisStorage::<Job>::new(connection.clone()).with_config(config.clone());
+    let mut jobs = Jobs::open(args).await?;
     if matches!(args.role, Role::Enqueue | Role::Both) {
-        enqueue(storage.clone(), connection.clone(), &args.queue, items).await?;
+        let batch: Vec<Job> = items
+            .iter()
+            .map(|item| Job {
+                item: item.id.clone(),
+                priority: item.priority.as_str().to_owned(),
+                body: String::from_utf8_lossy(&item.body).into_owned(),
+            })
+            .collect();
+        let count = batch.len();
+        let total = jobs.enqueue(batch).await?;
+        println!("enqueued {count} jobs in `{}` ({total} in all)", args.queue);
     }
     if matches!(args.role, Role::Work | Role::Both) {
-        return work(args, settings, provider, storage, connection, &config).await;
+        return work(args, settings, provider, jobs).await;
     }
     Ok(ExitCode::SUCCESS)
 }
 
-async fn enqueue(
-    mut storage: RedisStorage<Job>,
-    mut connection: ConnectionManager,
-    queue: &str,
-    items: &[Item],
-) -> Result<(), Failure> {
-    let jobs: Vec<Job> = items
-        .iter()
-        .map(|item| Job {
-            item: item.id.clone(),
-            priority: item.priority.as_str().to_owned(),
-            body: String::from_utf8_lossy(&item.body).into_owned(),
+/// Where the jobs live: apalis's Redis backend, or its Postgres one.
+#[derive(Clone)]
+enum Jobs {
+    Redis {
+        storage: RedisStorage<Job>,
+        connection: ConnectionManager,
+        config: Config,
+        queue: String,
+    },
+    Postgres {
+        storage: PostgresStorage<Job>,
+        pool: PgPool,
+        queue: String,
+    },
+}
+
+impl Jobs {
+    /// The queue `--queue` in the store `--redis-url` or `--postgres-url` names (apalis's
+    /// schema migrated in Postgres).
+    async fn open(args: &Args) -> Result<Self, Failure> {
+        let heartbeat = Duration::from_secs(args.heartbeat_secs.max(1));
+        if let Some(url) = &args.redis_url {
+            let connection = apalis_redis::connect(url.as_str())
+                .await
+                .map_err(|error| format!("cannot reach Redis at {url}: {error}"))?;
+            let config = Config::default()
+                .queue(&args.queue)
+                .heartbeat_interval(heartbeat)
+                .missed_heartbeats(2);
+            let storage = RedisStorage::<Job>::new(connection.clone()).with_config(config.clone());
+            return Ok(Jobs::Redis {
+                storage,
+                connection,
+                config,
+                queue: args.queue.clone(),
+            });
+        }
+        let url = args
+            .postgres_url
+            .as_deref()
+            .ok_or("--durable needs --redis-url or --postgres-url")?;
+        let pool = PgPool::connect(url)
+            .await
+            .map_err(|error| format!("cannot reach Postgres: {error}"))?;
+        PostgresStorage::<()>::setup(&pool).await?;
+        let config = apalis_postgres::Config::default()
+            .queue(&args.queue)
+            .heartbeat_interval(heartbeat)
+            .missed_heartbeats(2)
+            .persist_results(true);
+        let storage = PostgresStorage::<Job>::new(&pool).with_config(config);
+        Ok(Jobs::Postgres {
+            storage,
+            pool,
+            queue: args.queue.clone(),
         })
-        .collect();
-    let count = jobs.len();
-    storage
-        .push_bulk(jobs)
-        .await
-        .map_err(|error| format!("cannot enqueue: {error}"))?;
-    let total: u64 = redis::cmd("INCRBY")
-        .arg(total_key(queue))
-        .arg(count)
-        .query_async(&mut connection)
-        .await?;
-    println!("enqueued {count} jobs in `{queue}` ({total} in all)");
-    Ok(())
+    }
+
+    /// Pushes `batch`: how many jobs the queue has had in all.
+    async fn enqueue(&mut self, batch: Vec<Job>) -> Result<u64, Failure> {
+        let count = batch.len();
+        match self {
+            Jobs::Redis {
+                storage,
+                connection,
+                queue,
+                ..
+            } => {
+                storage
+                    .push_bulk(batch)
+                    .await
+                    .map_err(|error| format!("cannot enqueue: {error}"))?;
+                Ok(redis::cmd("INCRBY")
+                    .arg(total_key(queue))
+                    .arg(count)
+                    .query_async(connection)
+                    .await?)
+            }
+            Jobs::Postgres { storage, .. } => {
+                storage
+                    .push_bulk(batch)
+                    .await
+                    .map_err(|error| format!("cannot enqueue: {error}"))?;
+                self.total().await
+            }
+        }
+    }
+
+    /// How many jobs the queue has had in all.
+    async fn total(&self) -> Result<u64, Failure> {
+        match self {
+            Jobs::Redis {
+                connection, queue, ..
+            } => Ok(redis::cmd("GET")
+                .arg(total_key(queue))
+                .query_async::<Option<u64>>(&mut connection.clone())
+                .await?
+                .unwrap_or(0)),
+            Jobs::Postgres { pool, queue, .. } => {
+                let (total,): (i64,) =
+                    sqlx::query_as("SELECT count(*) FROM apalis.jobs WHERE job_type = $1")
+                        .bind(queue)
+                        .fetch_one(pool)
+                        .await?;
+                Ok(u64::try_from(total).unwrap_or(0))
+            }
+        }
+    }
+
+    /// How many jobs are in each state.
+    async fn counts(&self) -> Result<JobCounts, Failure> {
+        match self {
+            Jobs::Redis {
+                connection, config, ..
+            } => Ok(redis_counts(&mut connection.clone(), config).await?),
+            Jobs::Postgres { pool, queue, .. } => {
+                // Failed, below its attempts, is fetched again: queued. Killed (an
+                // `AbortError`), or failed at its last attempt, is dead.
+                let (queued, delayed, done, dead): (i64, i64, i64, i64) = sqlx::query_as(
+                    "SELECT \
+                       count(*) FILTER (WHERE (status IN ('Pending', 'Queued', 'Running') \
+                         OR (status = 'Failed' AND attempts < max_attempts)) AND run_at <= now()), \
+                       count(*) FILTER (WHERE (status = 'Pending' \
+                         OR (status = 'Failed' AND attempts < max_attempts)) AND run_at > now()), \
+                       count(*) FILTER (WHERE status = 'Done'), \
+                       count(*) FILTER (WHERE status = 'Killed' \
+                         OR (status = 'Failed' AND attempts >= max_attempts)) \
+                     FROM apalis.jobs WHERE job_type = $1",
+                )
+                .bind(queue)
+                .fetch_one(pool)
+                .await?;
+                let n = |v: i64| u64::try_from(v).unwrap_or(0);
+                Ok(JobCounts {
+                    queued: n(queued),
+                    delayed: n(delayed),
+                    done: n(done),
+                    dead: n(dead),
+                })
+            }
+        }
+    }
+
+    /// Every ended job: its id, whether it is done (else dead), and the result apalis stored
+    /// (`{"Ok": ...}` or `{"Err": "..."}`).
+    async fn ended(&self) -> Result<Vec<(String, bool, Value)>, Failure> {
+        let mut ended = Vec::new();
+        match self {
+            Jobs::Redis {
+                connection, config, ..
+            } => {
+                let mut connection = connection.clone();
+                for (set, done) in [
+                    (config.done_jobs_set(), true),
+                    (config.dead_jobs_set(), false),
+                ] {
+                    let ids: Vec<String> = redis::cmd("SMEMBERS")
+                        .arg(set)
+                        .query_async(&mut connection)
+                        .await?;
+                    for id in ids {
+                        let result: Option<String> = redis::cmd("HGET")
+                            .arg(format!("{}:{id}", config.job_meta_hash()))
+                            .arg("result")
+                            .query_async(&mut connection)
+                            .await?;
+                        let value = result
+                            .and_then(|r| serde_json::from_str(&r).ok())
+                            .unwrap_or(Value::Null);
+                        ended.push((id, done, value));
+                    }
+                }
+            }
+            Jobs::Postgres { pool, queue, .. } => {
+                let rows: Vec<(String, String, Option<sqlx::types::JsonValue>)> = sqlx::query_as(
+                    "SELECT id, status, last_result FROM apalis.jobs WHERE job_type = $1 \
+                     AND (status IN ('Done', 'Killed') \
+                       OR (status = 'Failed' AND attempts >= max_attempts))",
+                )
+                .bind(queue)
+                .fetch_all(pool)
+                .await?;
+                for (id, status, result) in rows {
+                    ended.push((id, status == "Done", result.unwrap_or(Value::Null)));
+                }
+            }
+        }
+        Ok(ended)
+    }
+
+    /// An idempotency store in the same place as the jobs.
+    fn idempotency(&self, args: &Args) -> Result<IdempotencyLayer, Failure> {
+        Ok(match self {
+            Jobs::Redis { .. } => IdempotencyLayer::new(RedisIdempotencyStore::open(
+                args.redis_url.as_deref().unwrap_or_default(),
+                &args.queue,
+            )?),
+            Jobs::Postgres { .. } => IdempotencyLayer::new(PostgresIdempotencyStore::open(
+                args.postgres_url.as_deref().unwrap_or_default(),
+            )?),
+        })
+    }
+
+    /// Works the queue as `name` until `until` resolves (every job ended).
+    async fn work_until(
+        &self,
+        name: &str,
+        worker: &Arc<Worker>,
+        concurrency: usize,
+        until: impl std::future::Future<Output = Result<(), WorkerError>> + Send + 'static,
+    ) -> Result<(), WorkerError> {
+        match self {
+            Jobs::Redis { storage, .. } => {
+                WorkerBuilder::new(name)
+                    .backend(storage.clone())
+                    .data(Arc::clone(worker))
+                    .concurrency(concurrency)
+                    .build(work_job)
+                    .run_until(until)
+                    .await
+            }
+            Jobs::Postgres { storage, .. } => {
+                WorkerBuilder::new(name)
+                    .backend(storage.clone())
+                    .data(Arc::clone(worker))
+                    .concurrency(concurrency)
+                    .build(work_job)
+                    .run_until(until)
+                    .await
+            }
+        }
+    }
 }
 
 fn total_key(queue: &str) -> String {
@@ -173,7 +385,7 @@ impl JobCounts {
 
 /// Jobs by state, read from apalis-redis's keys: its scheduled set holds every job pushed
 /// (due now, or later), its active list the jobs due and fetched for a worker.
-async fn counts(
+async fn redis_counts(
     connection: &mut ConnectionManager,
     config: &Config,
 ) -> Result<JobCounts, redis::RedisError> {
@@ -213,20 +425,12 @@ async fn work(
     args: &Args,
     settings: &Settings,
     provider: &Provider,
-    storage: RedisStorage<Job>,
-    mut connection: ConnectionManager,
-    config: &Config,
+    jobs: Jobs,
 ) -> Result<ExitCode, Failure> {
-    let redis_url = args.redis_url.as_deref().unwrap_or_default();
-    let total: u64 = redis::cmd("GET")
-        .arg(total_key(&args.queue))
-        .query_async::<Option<u64>>(&mut connection)
-        .await?
-        .unwrap_or(0);
+    let total = jobs.total().await?;
     let start = Instant::now();
     let meter = Meter::new(start);
     let stack = crate::governed_stack(args, settings).await?;
-    let store = RedisIdempotencyStore::open(redis_url, &args.queue)?;
     // Claims live as long as their worker: renewed while a call is alive, lapsing within two
     // heartbeats of the worker dying; a job waiting on a dead claim looks again every half
     // heartbeat.
@@ -235,9 +439,7 @@ async fn work(
         .lease_ms
         .map_or(heartbeat * 2, Duration::from_millis)
         .max(Duration::from_millis(1));
-    let idempotency = IdempotencyLayer::new(store)
-        .lease(lease)
-        .recheck(heartbeat / 2);
+    let idempotency = jobs.idempotency(args)?.lease(lease).recheck(heartbeat / 2);
     let mut simulator = None;
     let llm: Llm = match provider {
         Provider::Embedded(config) => {
@@ -293,12 +495,12 @@ async fn work(
         bar.set_style(style);
     }
     let watch = || {
-        let (bar, mut connection, config) = (bar.clone(), connection.clone(), config.clone());
+        let (bar, jobs) = (bar.clone(), jobs.clone());
         async move {
             let mut tick = tokio::time::interval(Duration::from_millis(200));
             loop {
                 tick.tick().await;
-                let Ok(counts) = counts(&mut connection, &config).await else {
+                let Ok(counts) = jobs.counts().await else {
                     continue;
                 };
                 counts.record();
@@ -319,12 +521,13 @@ async fn work(
     // most, rather than leaving its share of the queue to the others.
     let mut rejoined = 0;
     loop {
-        let run = WorkerBuilder::new(args.worker_name.as_str())
-            .backend(storage.clone())
-            .data(Arc::clone(&worker))
-            .concurrency(settings.concurrency.get())
-            .build(work_job)
-            .run_until(watch())
+        let run = jobs
+            .work_until(
+                &args.worker_name,
+                &worker,
+                settings.concurrency.get(),
+                watch(),
+            )
             .await;
         match run {
             Ok(()) => break,
@@ -337,15 +540,7 @@ async fn work(
     }
     bar.finish();
 
-    let figures = report(
-        &mut connection,
-        config,
-        settings,
-        &meter,
-        start,
-        simulator.as_ref(),
-    )
-    .await?;
+    let figures = report(&jobs, settings, &meter, start, simulator.as_ref()).await?;
     let frame = Frame::of(settings.quota, &figures);
     crate::report::print_table(&frame, None, &figures);
     crate::write_outputs(args, settings, &frame, None, &figures)?;
@@ -483,61 +678,42 @@ fn job_error(error: BoxError) -> BoxDynError {
 }
 
 /// The same report as the other modes, over every job of the queue (each worker's results,
-/// read back from Redis).
+/// read back from the store).
 async fn report(
-    connection: &mut ConnectionManager,
-    config: &Config,
+    jobs: &Jobs,
     settings: &Settings,
     meter: &Meter,
     start: Instant,
     simulator: Option<&Simulator>,
 ) -> Result<RunFigures, Failure> {
-    let done: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(config.done_jobs_set())
-        .query_async(connection)
-        .await?;
-    let dead: Vec<String> = redis::cmd("SMEMBERS")
-        .arg(config.dead_jobs_set())
-        .query_async(connection)
-        .await?;
-    let mut outcomes = Vec::with_capacity(done.len() + dead.len());
-    for (ids, ok) in [(&done, true), (&dead, false)] {
-        for id in ids {
-            let result: Option<String> = redis::cmd("HGET")
-                .arg(format!("{}:{id}", config.job_meta_hash()))
-                .arg("result")
-                .query_async(connection)
-                .await?;
-            let value: Value = result
-                .and_then(|r| serde_json::from_str(&r).ok())
-                .unwrap_or(Value::Null);
-            // apalis stores `Result<Value, String>` as {"Ok": ...} or {"Err": "..."}.
-            let outcome = if ok {
-                let done = &value["Ok"];
-                let priority = done["priority"].as_str().unwrap_or("batch");
-                Outcome {
-                    id: done["item"].as_str().unwrap_or(id).to_owned(),
-                    priority: Priority::ALL
-                        .into_iter()
-                        .find(|p| p.as_str() == priority)
-                        .unwrap_or(Priority::Batch),
-                    result: Ok(Done {
-                        tokens: done["tokens"].as_u64().unwrap_or(0),
-                        input: done["input"].as_u64().unwrap_or(0),
-                        output: done["output"].as_u64().unwrap_or(0),
-                        waited: Duration::from_millis(done["waited_ms"].as_u64().unwrap_or(0)),
-                        sent_at: Duration::from_millis(done["sent_at_ms"].as_u64().unwrap_or(0)),
-                    }),
-                }
-            } else {
-                Outcome {
-                    id: id.clone(),
-                    priority: Priority::Batch,
-                    result: Err(value["Err"].as_str().unwrap_or("failed").to_owned()),
-                }
-            };
-            outcomes.push(outcome);
-        }
+    let mut outcomes = Vec::new();
+    for (id, ok, value) in jobs.ended().await? {
+        // apalis stores `Result<Value, String>` as {"Ok": ...} or {"Err": "..."}.
+        let outcome = if ok {
+            let done = &value["Ok"];
+            let priority = done["priority"].as_str().unwrap_or("batch");
+            Outcome {
+                id: done["item"].as_str().unwrap_or(&id).to_owned(),
+                priority: Priority::ALL
+                    .into_iter()
+                    .find(|p| p.as_str() == priority)
+                    .unwrap_or(Priority::Batch),
+                result: Ok(Done {
+                    tokens: done["tokens"].as_u64().unwrap_or(0),
+                    input: done["input"].as_u64().unwrap_or(0),
+                    output: done["output"].as_u64().unwrap_or(0),
+                    waited: Duration::from_millis(done["waited_ms"].as_u64().unwrap_or(0)),
+                    sent_at: Duration::from_millis(done["sent_at_ms"].as_u64().unwrap_or(0)),
+                }),
+            }
+        } else {
+            Outcome {
+                id,
+                priority: Priority::Batch,
+                result: Err(value["Err"].as_str().unwrap_or("failed").to_owned()),
+            }
+        };
+        outcomes.push(outcome);
     }
     let served = || outcomes.iter().filter_map(|o| o.result.as_ref().ok());
     let used = Consumption::of(served());

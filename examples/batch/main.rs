@@ -62,7 +62,8 @@
 //!   `--url`, all of them against one provider); `--instances` is each process's fallback share
 //!   while Redis is out of reach. Each process admits from a share of the quota leased from
 //!   Redis and renewed every 100 ms (`--leased-shares MS`), or with `--call-per-admission`
-//!   asks Redis for every admission.
+//!   asks Redis for every admission. `--postgres-url postgres://...` does the same through a
+//!   Postgres database (its schema migrated at start).
 //! - `--report FILE.json`, `--plot FILE.svg`: the figures as JSON; tokens admitted per
 //!   simulated second against the quota, with the 429s marked.
 //! - `--prices INPUT,OUTPUT`: dollars per million input and output tokens (your model's: none
@@ -75,7 +76,8 @@
 //!   re-sent alone, items failed); see `grouped.rs`.
 //! - `--durable --redis-url URL [--role enqueue|work|both] [--worker-name NAME]`: the items as
 //!   jobs in Redis (apalis), worked by any number of processes through `IdempotencyLayer` and
-//!   the governed stack; see `durable.rs`.
+//!   the governed stack; with `--postgres-url URL`, jobs, quota and idempotency records in
+//!   Postgres (apalis-postgres); see `durable.rs`.
 
 mod cli;
 mod durable;
@@ -104,6 +106,7 @@ use tower::{Layer, Service};
 use tower_llm_quota::provider::Profile;
 use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::{BoxError, Dimension, Limit, Priority, QueueConfig, Quota, RetryPolicy};
+use tower_llm_quota_postgres::PostgresBudget;
 use tower_llm_quota_redis::RedisBudget;
 use tower_llm_quota_sim::{SimConfig, SimStats, Simulator};
 
@@ -216,7 +219,7 @@ impl Settings {
             return Err("--rpm, --tpm and --minute-ms must be positive".into());
         }
         // One call per admission plans a fixed share: its buckets in Redis do not adapt.
-        let per_admission = args.redis_url.is_some() && args.call_per_admission;
+        let per_admission = args.shared_store().is_some() && args.call_per_admission;
         let headroom = args
             .headroom
             .or(per_admission.then_some(Limit::DEFAULT_HEADROOM));
@@ -283,12 +286,13 @@ impl Settings {
         println!(
             "governed budget: {share}; at most {} calls in flight{}",
             self.concurrency,
-            match &args.redis_url {
-                Some(url) => format!("; shared through Redis at {url} as `{}`", args.quota_key),
+            match args.shared_store() {
+                Some((store, url)) =>
+                    format!("; shared through {store} at {url} as `{}`", args.quota_key),
                 None => String::new(),
             }
         );
-        if args.redis_url.is_some() && args.url.is_none() {
+        if args.shared_store().is_some() && args.url.is_none() {
             println!(
                 "note: without --url each process calls its own embedded provider; give every \
                  process the same --url to share one provider"
@@ -312,7 +316,7 @@ fn simulator_config(quota: QuotaSpec, seed: u64) -> SimConfig {
 /// How often a process renews its leased share of a quota shared through Redis (ms).
 const DEFAULT_REFRESH_MS: u64 = 100;
 
-/// The governed stack for the quota, its budget in memory or in Redis.
+/// The governed stack for the quota, its budget in memory, in Redis or in Postgres.
 async fn governed_stack(args: &Args, settings: &Settings) -> Result<QuotaStack, Failure> {
     let spec = settings.quota;
     let limit = |dimension, amount| -> Result<Limit, Failure> {
@@ -344,22 +348,32 @@ async fn governed_stack(args: &Args, settings: &Settings) -> Result<QuotaStack, 
             });
         stack = stack.retry(policy);
     }
-    Ok(match &args.redis_url {
-        Some(url) => {
-            let mut budget = RedisBudget::new(url.as_str(), args.quota_key.as_str())
-                .expected_instances(args.instances.max(1));
-            if !args.call_per_admission {
-                let refresh = args.leased_shares.unwrap_or(DEFAULT_REFRESH_MS);
-                budget = budget.leased_shares(std::time::Duration::from_millis(refresh));
-            }
-            let budget = budget
-                .connect(&quota)
-                .await
-                .map_err(|error| format!("cannot use Redis at {url}: {error}"))?;
-            stack.with_budget(budget)
+    let refresh = (!args.call_per_admission).then(|| {
+        std::time::Duration::from_millis(args.leased_shares.unwrap_or(DEFAULT_REFRESH_MS))
+    });
+    let instances = args.instances.max(1);
+    if let Some(url) = &args.redis_url {
+        let mut budget =
+            RedisBudget::new(url.as_str(), args.quota_key.as_str()).expected_instances(instances);
+        if let Some(refresh) = refresh {
+            budget = budget.leased_shares(refresh);
         }
-        None => stack,
-    })
+        let budget = budget
+            .connect(&quota)
+            .await
+            .map_err(|error| format!("cannot use Redis at {url}: {error}"))?;
+        return Ok(stack.with_budget(budget));
+    }
+    if let Some(url) = &args.postgres_url {
+        tower_llm_quota_postgres::migrate(url).await?;
+        let mut budget = PostgresBudget::new(url.as_str(), args.quota_key.as_str())
+            .expected_instances(instances);
+        if let Some(refresh) = refresh {
+            budget = budget.leased_shares(refresh);
+        }
+        return Ok(stack.with_budget(budget.connect(&quota).await?));
+    }
+    Ok(stack)
 }
 
 /// What a run needs to know to drive a client.

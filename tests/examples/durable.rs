@@ -1,10 +1,10 @@
-//! Durable batch jobs survive a worker killed mid-run: 500 jobs in a private `redis-server`
-//! (apalis), two worker processes of the batch example sharing one quota against the
-//! simulator over HTTP, one killed with SIGKILL and restarted. Every job completes exactly
-//! once (the simulator bills no idempotency key twice), nothing is lost, the provider never
-//! answers 429, the jobs that can never succeed are in the dead-letter set with their error,
-//! and those whose call failed transiently (injected 5xx, one attempt per call) were
-//! rescheduled and done later.
+//! Durable batch jobs survive a worker killed mid-run: 500 jobs (apalis) in a private
+//! `redis-server`, or in a Postgres database of their own, two worker processes of the batch
+//! example sharing one quota (in the same store) against the simulator over HTTP, one killed
+//! with SIGKILL and restarted. Every job completes exactly once (the simulator bills no
+//! idempotency key twice), nothing is lost, the provider never answers 429, the jobs that can
+//! never succeed are dead with their error, and those whose call failed transiently (injected
+//! 5xx, one attempt per call) were rescheduled and done later.
 
 use tower_llm_quota_test_support as support;
 use tower_llm_quota_test_support::redis_server;
@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use redis_server::RedisServer;
 use tower_llm_quota_sim::{Faults, GroupFaults, SimConfig, Simulator};
+use tower_llm_quota_test_support::postgres_server::TestDatabase;
 
 const JOBS: usize = 500;
 /// Jobs whose `max_tokens` no quota can ever pay: permanent failures.
@@ -143,10 +144,126 @@ fn count(redis: &RedisServer, command: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Where a durable run keeps its jobs (and its quota and idempotency records), as the tests
+/// read it.
+trait JobStore {
+    /// The example's argument naming the store.
+    fn arg(&self) -> String;
+    /// Jobs of `queue` waiting for a worker.
+    fn queued(&self, queue: &str) -> u64;
+    /// Jobs of `queue` done.
+    fn done(&self, queue: &str) -> u64;
+    /// Jobs of `queue` dead.
+    fn dead(&self, queue: &str) -> u64;
+    /// Every ended job of `queue`: whether it is done, the result apalis stored, and how
+    /// many attempts it took.
+    fn ended(&self, queue: &str) -> Vec<(bool, serde_json::Value, u64)>;
+}
+
+impl JobStore for RedisServer {
+    fn arg(&self) -> String {
+        format!("--redis-url {}", self.url())
+    }
+
+    fn queued(&self, queue: &str) -> u64 {
+        count(self, &format!("LLEN {queue}:active"))
+            + count(self, &format!("ZCARD {queue}:scheduled"))
+    }
+
+    fn done(&self, queue: &str) -> u64 {
+        count(self, &format!("SCARD {queue}:done"))
+    }
+
+    fn dead(&self, queue: &str) -> u64 {
+        count(self, &format!("SCARD {queue}:dead"))
+    }
+
+    fn ended(&self, queue: &str) -> Vec<(bool, serde_json::Value, u64)> {
+        let mut conn = redis::Client::open(self.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let mut ended = Vec::new();
+        for (set, done) in [("done", true), ("dead", false)] {
+            let ids: Vec<String> = redis::cmd("SMEMBERS")
+                .arg(format!("{queue}:{set}"))
+                .query(&mut conn)
+                .unwrap();
+            for id in ids {
+                let mut meta = |field: &str| -> String {
+                    redis::cmd("HGET")
+                        .arg(format!("{queue}:meta:{id}"))
+                        .arg(field)
+                        .query(&mut conn)
+                        .unwrap()
+                };
+                let result = serde_json::from_str(&meta("result")).unwrap();
+                let attempts = meta("attempts").parse().unwrap();
+                ended.push((done, result, attempts));
+            }
+        }
+        ended
+    }
+}
+
+impl JobStore for TestDatabase {
+    fn arg(&self) -> String {
+        format!("--postgres-url {}", self.url())
+    }
+
+    fn queued(&self, queue: &str) -> u64 {
+        let sql = format!(
+            "SELECT count(*) FROM apalis.jobs WHERE job_type = '{queue}' AND status = 'Pending'"
+        );
+        self.psql(&sql).parse().unwrap_or(0)
+    }
+
+    fn done(&self, queue: &str) -> u64 {
+        let sql = format!(
+            "SELECT count(*) FROM apalis.jobs WHERE job_type = '{queue}' AND status = 'Done'"
+        );
+        self.psql(&sql).parse().unwrap_or(0)
+    }
+
+    fn dead(&self, queue: &str) -> u64 {
+        let sql = format!(
+            "SELECT count(*) FROM apalis.jobs WHERE job_type = '{queue}' AND (status = 'Killed' \
+             OR (status = 'Failed' AND attempts >= max_attempts))"
+        );
+        self.psql(&sql).parse().unwrap_or(0)
+    }
+
+    fn ended(&self, queue: &str) -> Vec<(bool, serde_json::Value, u64)> {
+        let sql = format!(
+            "SELECT json_build_array(status = 'Done', last_result, attempts) FROM apalis.jobs \
+             WHERE job_type = '{queue}' AND status IN ('Done', 'Killed', 'Failed')"
+        );
+        self.psql(&sql)
+            .lines()
+            .map(|line| {
+                let row: serde_json::Value = serde_json::from_str(line).unwrap();
+                (
+                    row[0].as_bool().unwrap(),
+                    row[1].clone(),
+                    row[2].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
+async fn jobs_in_redis_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
+    jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice(&RedisServer::start()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_in_postgres_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
+    jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice(&TestDatabase::create()).await;
+}
+
+async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice(store: &impl JobStore) {
     let binary = support::batch_example();
-    let redis = RedisServer::start();
     let (simulator, _server, url) = support::serve_chat(
         SimConfig::openai(RPM, TPM)
             .minute(MINUTE)
@@ -161,9 +278,9 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
     let args = format!(
         "--queue {QUEUE} --lease-ms 2000 --heartbeat-secs 1 --instances 2 --concurrency 16 \
          --retry-attempts 1 --rpm {RPM} --tpm {TPM} --minute-ms {} --quota-key shared \
-         --url {url} --api-key-env SIM_API_KEY --redis-url {} --input {}",
+         --url {url} --api-key-env SIM_API_KEY {} --input {}",
         MINUTE.as_millis(),
-        redis.url(),
+        store.arg(),
         input.display()
     );
     let fleet = Fleet {
@@ -183,19 +300,17 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
             "enqueue failed: {}",
             log("enqueuer")
         );
-        let queued = count(&redis, &format!("LLEN {QUEUE}:active"))
-            + count(&redis, &format!("ZCARD {QUEUE}:scheduled"));
-        assert_eq!(queued, JOBS as u64);
+        assert_eq!(store.queued(QUEUE), JOBS as u64);
 
         let mut first = start("work", "w1");
         let mut second = start("work", "w2");
-        // Kill the first mid-run: another process's progress, read from Redis every 20 ms.
-        while count(&redis, &format!("SCARD {QUEUE}:done")) < KILL_AFTER {
+        // Kill the first mid-run: another process's progress, read from the store every 20 ms.
+        while store.done(QUEUE) < KILL_AFTER {
             assert!(Instant::now() < deadline, "no progress: {}", log("w1"));
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         first.kill();
-        let done_at_kill = count(&redis, &format!("SCARD {QUEUE}:done"));
+        let done_at_kill = store.done(QUEUE);
         assert!(
             done_at_kill < (JOBS - POISONED) as u64,
             "killed mid-run, not after it ({done_at_kill} done)"
@@ -216,47 +331,23 @@ async fn jobs_survive_a_worker_killed_mid_run_and_none_is_billed_twice() {
     }
 
     // Nothing lost: every job done or dead.
-    let done = count(&redis, &format!("SCARD {QUEUE}:done"));
-    let dead = count(&redis, &format!("SCARD {QUEUE}:dead"));
+    let (done, dead) = (store.done(QUEUE), store.dead(QUEUE));
     assert_eq!((done, dead), ((JOBS - POISONED) as u64, POISONED as u64));
     // Every completed job has its result stored, every dead one its error.
-    let members = |set: &str| -> Vec<String> {
-        let mut conn = redis::Client::open(redis.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
-        redis::cmd("SMEMBERS").arg(set).query(&mut conn).unwrap()
-    };
-    let mut conn = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let mut meta = |id: &str, field: &str| -> String {
-        redis::cmd("HGET")
-            .arg(format!("{QUEUE}:meta:{id}"))
-            .arg(field)
-            .query(&mut conn)
-            .unwrap()
-    };
     let mut rescheduled = 0;
-    for id in members(&format!("{QUEUE}:done")) {
-        let result: serde_json::Value = serde_json::from_str(&meta(&id, "result")).unwrap();
-        assert!(
-            result["Ok"]["tokens"].as_u64().unwrap() > 0,
-            "{id}: {result}"
-        );
-        let attempts: u64 = meta(&id, "attempts").parse().unwrap();
-        rescheduled += u64::from(attempts > 1);
+    for (done, result, attempts) in store.ended(QUEUE) {
+        if done {
+            assert!(result["Ok"]["tokens"].as_u64().unwrap() > 0, "{result}");
+            rescheduled += u64::from(attempts > 1);
+        } else {
+            let error = result["Err"].as_str().unwrap_or_default();
+            assert!(error.contains("exceeds the capacity"), "{result}");
+        }
     }
     // Injected server errors failed some calls: their jobs were rescheduled, then done.
     let server_errors = simulator.stats().server_errors;
     println!("{server_errors} injected server errors, {rescheduled} jobs done after a reschedule");
     assert!(server_errors > 0 && rescheduled > 0);
-    for id in members(&format!("{QUEUE}:dead")) {
-        let result: serde_json::Value = serde_json::from_str(&meta(&id, "result")).unwrap();
-        let error = result["Err"].as_str().unwrap_or_default();
-        assert!(error.contains("exceeds the capacity"), "{id}: {result}");
-    }
 
     // Exactly once at the provider: each job's key billed once, no 429.
     let stats = simulator.stats();
@@ -294,21 +385,29 @@ async fn simulated(seed: u64) -> (Simulator, tower_llm_quota_sim::SimServer, Str
 /// alive) the other finishes within the work left at the quota's rate plus three heartbeats
 /// (with a fixed 60 s lease it took 60 s); nothing lost, no key billed twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_killed_worker_costs_heartbeats_not_a_lease() {
+async fn a_killed_worker_costs_heartbeats_not_a_lease_in_redis() {
+    a_killed_worker_costs_heartbeats_not_a_lease(&RedisServer::start()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_costs_heartbeats_not_a_lease_in_postgres() {
+    a_killed_worker_costs_heartbeats_not_a_lease(&TestDatabase::create()).await;
+}
+
+async fn a_killed_worker_costs_heartbeats_not_a_lease(store: &impl JobStore) {
     const CRASH_JOBS: usize = 300;
     /// Requests a second, for both workers together: the rate that binds.
     const RATE: u64 = 20;
     const HEARTBEAT: Duration = Duration::from_secs(1);
     let binary = support::batch_example();
-    let redis = RedisServer::start();
     let (simulator, _server, url) = simulated(7).await;
     let dir = tempdir();
     let input = input(&dir, CRASH_JOBS, 0);
     let args = format!(
         "--queue crash --heartbeat-secs 1 --concurrency 16 --rpm {RATE} --tpm 1000000 \
          --minute-ms 1000 --quota-key crash \
-         --url {url} --api-key-env SIM_API_KEY --redis-url {} --input {}",
-        redis.url(),
+         --url {url} --api-key-env SIM_API_KEY {} --input {}",
+        store.arg(),
         input.display()
     );
     let fleet = Fleet {
@@ -330,7 +429,7 @@ async fn a_killed_worker_costs_heartbeats_not_a_lease() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     first.kill();
     let killed = Instant::now();
-    let left = CRASH_JOBS as u64 - count(&redis, "SCARD crash:done");
+    let left = CRASH_JOBS as u64 - store.done("crash");
     assert!(second.wait(deadline).await, "c2 failed: {}", log("c2"));
     let took = killed.elapsed();
     let bound = Duration::from_secs_f64(left as f64 / RATE as f64) + HEARTBEAT * 3;
@@ -341,7 +440,7 @@ async fn a_killed_worker_costs_heartbeats_not_a_lease() {
         took.as_secs_f64() / bound.as_secs_f64(),
         began.elapsed()
     );
-    assert_eq!(count(&redis, "SCARD crash:done"), CRASH_JOBS as u64);
+    assert_eq!(store.done("crash"), CRASH_JOBS as u64);
     let keys = simulator.calls_by_idempotency_key();
     assert_eq!(keys.len(), CRASH_JOBS);
     assert!(keys.values().all(|&n| n == 1), "a key billed twice");
