@@ -55,6 +55,18 @@ impl CapWindow {
         }
     }
 
+    /// The first second (since the epoch) of the calendar `period` (days or months since the
+    /// epoch; for a rolling window, quarter hours).
+    pub(crate) const fn first_second(self, period: u64) -> u64 {
+        match self {
+            CapWindow::CalendarDayUtc => period * DAY,
+            CapWindow::CalendarMonthUtc => {
+                days_from_civil(1970 + period / 12, period % 12 + 1) * DAY
+            }
+            CapWindow::Rolling => period * SLOT,
+        }
+    }
+
     /// When a window that is spent at `unix` admits again, in seconds since the epoch: the
     /// next calendar day or month; for a rolling window, the next quarter hour, when its
     /// oldest quarter hour leaves it (which may not free enough).
@@ -211,6 +223,9 @@ impl WallClock {
 pub(crate) struct CapCount {
     pub(crate) cap: PeriodCap,
     state: State,
+    /// The periods changed since the last [`CapCount::report`]: the calendar period (bit 0),
+    /// or the rolling window's quarter hours (by their place in the ring).
+    changed: u128,
 }
 
 #[derive(Debug, Clone)]
@@ -233,7 +248,58 @@ impl CapCount {
                 last: 0,
             },
         };
-        Self { cap, state }
+        Self {
+            cap,
+            state,
+            changed: 0,
+        }
+    }
+
+    /// Reports each period changed since the last report, its first second since the epoch
+    /// and what it holds now (a calendar day or month: its use; a rolling window: each
+    /// quarter hour's), to `to`.
+    pub(crate) fn report(&mut self, mut to: impl FnMut(u64, u64)) {
+        if self.changed == 0 {
+            return;
+        }
+        match &self.state {
+            State::Calendar { period, used } => {
+                to(self.cap.window.first_second(*period), *used);
+            }
+            State::Rolling { slots, last } => {
+                for back in 0..SLOTS as u64 {
+                    let Some(q) = last.checked_sub(back) else {
+                        break;
+                    };
+                    let place = (q % SLOTS as u64) as usize;
+                    if self.changed & (1 << place) != 0 {
+                        to(q * SLOT, slots[place]);
+                    }
+                }
+            }
+        }
+        self.changed = 0;
+    }
+
+    /// Counts at least `used` in the period whose first second is `since` (a count kept
+    /// elsewhere, restored): raised to it, never lowered; a period that has ended is
+    /// ignored. `unix` is now.
+    pub(crate) fn restore(&mut self, since: u64, used: u64, unix: u64) {
+        self.roll(unix);
+        match &mut self.state {
+            State::Calendar { period, used: own } => {
+                if self.cap.window.period(since) == *period {
+                    *own = (*own).max(used);
+                }
+            }
+            State::Rolling { slots, last } => {
+                let q = since / SLOT;
+                if q <= *last && *last - q < SLOTS as u64 {
+                    let slot = &mut slots[(q % SLOTS as u64) as usize];
+                    *slot = (*slot).max(used);
+                }
+            }
+        }
     }
 
     /// What the window holding `unix` (seconds) has used.
@@ -259,10 +325,14 @@ impl CapCount {
     pub(crate) fn add(&mut self, amount: u64, unix: u64) {
         self.roll(unix);
         match &mut self.state {
-            State::Calendar { used, .. } => *used = used.saturating_add(amount),
+            State::Calendar { used, .. } => {
+                *used = used.saturating_add(amount);
+                self.changed |= 1;
+            }
             State::Rolling { slots, last } => {
-                let slot = &mut slots[(*last % SLOTS as u64) as usize];
-                *slot = slot.saturating_add(amount);
+                let place = (*last % SLOTS as u64) as usize;
+                slots[place] = slots[place].saturating_add(amount);
+                self.changed |= 1 << place;
             }
         }
     }
@@ -273,7 +343,10 @@ impl CapCount {
     pub(crate) fn sub(&mut self, mut amount: u64, unix: u64) {
         self.roll(unix);
         match &mut self.state {
-            State::Calendar { used, .. } => *used = used.saturating_sub(amount),
+            State::Calendar { used, .. } => {
+                *used = used.saturating_sub(amount);
+                self.changed |= 1;
+            }
             State::Rolling { slots, last } => {
                 for back in 0..SLOTS as u64 {
                     if amount == 0 {
@@ -282,10 +355,13 @@ impl CapCount {
                     let Some(q) = last.checked_sub(back) else {
                         break;
                     };
-                    let slot = &mut slots[(q % SLOTS as u64) as usize];
-                    let taken = amount.min(*slot);
-                    *slot -= taken;
+                    let place = (q % SLOTS as u64) as usize;
+                    let taken = amount.min(slots[place]);
+                    slots[place] -= taken;
                     amount -= taken;
+                    if taken > 0 {
+                        self.changed |= 1 << place;
+                    }
                 }
             }
         }
@@ -324,6 +400,47 @@ impl CapCount {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn changes_are_reported_and_restored_counts_only_raise() {
+        let day = PeriodCap::new(
+            Dimension::Spend,
+            NonZeroU64::new(1_000).unwrap(),
+            CapWindow::CalendarMonthUtc,
+        );
+        // 2026-12-04T20:00:00Z.
+        let now = 1_796_414_400;
+        let mut count = CapCount::new(day);
+        count.add(300, now);
+        count.sub(100, now);
+        let mut seen = Vec::new();
+        count.report(|since, used| seen.push((since, used)));
+        // The month began 2026-12-01T00:00:00Z.
+        assert_eq!(seen, [(1_796_083_200, 200)]);
+        count.report(|_, _| panic!("nothing changed since"));
+        count.restore(1_796_083_200, 150, now);
+        assert_eq!(count.used(now), 200, "never lowered");
+        count.restore(1_796_083_200, 700, now);
+        assert_eq!(count.used(now), 700);
+        count.restore(1_793_491_200, 5_000, now);
+        assert_eq!(count.used(now), 700, "November's count is not December's");
+
+        let mut rolling = CapCount::new(PeriodCap::new(
+            Dimension::TotalTokens,
+            NonZeroU64::new(1_000).unwrap(),
+            CapWindow::Rolling,
+        ));
+        rolling.add(50, now - 1_800);
+        rolling.add(70, now);
+        rolling.sub(90, now);
+        let mut seen = Vec::new();
+        rolling.report(|since, used| seen.push((since, used)));
+        assert_eq!(seen, [(now, 0), (now - 1_800, 30)]);
+        let mut restored = CapCount::new(rolling.cap);
+        restored.restore(now - 1_800, 30, now);
+        restored.restore(now - 2 * DAY, 500, now);
+        assert_eq!(restored.used(now), 30, "a quarter hour a day old is gone");
+    }
 
     fn cap(window: CapWindow) -> CapCount {
         CapCount::new(PeriodCap::new(

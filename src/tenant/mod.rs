@@ -176,6 +176,7 @@
 mod config;
 mod error;
 pub(crate) mod path;
+mod record;
 #[cfg(feature = "serde")]
 mod serde;
 mod snapshot;
@@ -185,4 +186,5 @@ pub use crate::quota::{CapWindow, PeriodCap, WallClock};
 pub use config::{TenantNode, TenantTree};
 pub use error::{InvalidTree, Refusal, TenantRefused};
 pub use path::{InvalidTenant, Tenant};
+pub use record::{CapRecord, CapScope};
 pub use snapshot::TenantSnapshot;

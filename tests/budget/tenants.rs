@@ -1163,3 +1163,138 @@ async fn an_account_s_caps_change_at_run_time_keeping_the_period_s_count() {
         .expect("counted from the change");
     assert!(plain.try_reserve(Cost::new(1, 0)).is_err());
 }
+
+/// Keeps the last count of each period a budget records, as a database table would.
+#[derive(Debug, Default)]
+struct Kept(Mutex<HashMap<(String, u64), u64>>);
+
+impl tower_llm_quota::tenant::CapRecord for Kept {
+    fn counted(
+        &self,
+        scope: tower_llm_quota::tenant::CapScope<'_>,
+        _cap: &PeriodCap,
+        since: u64,
+        used: u64,
+    ) {
+        let name = match scope {
+            tower_llm_quota::tenant::CapScope::Node(node) => node.as_str().to_owned(),
+            tower_llm_quota::tenant::CapScope::Account(account) => format!("/{account}"),
+            _ => unreachable!("no other scope here"),
+        };
+        self.0.lock().unwrap().insert((name, since), used);
+    }
+}
+
+/// A process spends part of a tenant's monthly spend cap and of its account's, is stopped,
+/// and a new one restores the recorded counts: the caps go on where they were (the rest of
+/// the month, no more), and a rolling cap keeps its quarter hours.
+#[tokio::test(start_paused = true)]
+async fn caps_restored_from_a_record_go_on_where_they_were() {
+    use tower_llm_quota::tenant::CapScope;
+    // 2026-12-04T20:00:00Z: December began three days ago.
+    let wall = UNIX_EPOCH + Duration::from_secs(1_796_414_400);
+    let month = PeriodCap::new(
+        Dimension::Spend,
+        NonZeroU64::new(1_000).unwrap(),
+        CapWindow::CalendarMonthUtc,
+    );
+    let rolling = PeriodCap::new(
+        Dimension::TotalTokens,
+        NonZeroU64::new(5_000).unwrap(),
+        CapWindow::Rolling,
+    );
+    let account_cap = PeriodCap::new(
+        Dimension::Spend,
+        NonZeroU64::new(1_500).unwrap(),
+        CapWindow::CalendarMonthUtc,
+    );
+    let make = || {
+        let tree = TenantTree::new()
+            .with_clock(WallClock::starting_at(wall))
+            .with_node(tenant("acme"), TenantNode::new().with_cap(month).with_cap(rolling));
+        Budget::with_tenants(quota().with_cap(account_cap).with_name("openai"), tree).unwrap()
+    };
+    let spend = |budget: &Budget, cost: Cost, path: Option<&str>| {
+        let budget = budget.clone();
+        let path = path.map(tenant);
+        async move {
+            let reserve = budget.reserve(cost);
+            let reserve = match path {
+                Some(path) => reserve.tenant(path),
+                None => reserve,
+            };
+            let mut reservation = reserve.await?;
+            reservation.mark_sent();
+            reservation.charge_estimate();
+            Ok::<_, tower_llm_quota::error::ReserveError>(())
+        }
+    };
+    let record = Arc::new(Kept::default());
+    let first = make();
+    first.tenants().unwrap().record_caps(record.clone());
+    for _ in 0..6 {
+        spend(&first, Cost::new(100, 0).with_spend(100), Some("acme/web"))
+            .await
+            .unwrap();
+    }
+    // One reservation settled below its estimate: the record holds the settled count.
+    let mut settled = first
+        .reserve(Cost::new(300, 0).with_spend(300))
+        .tenant(tenant("acme"))
+        .await
+        .unwrap();
+    settled.mark_sent();
+    settled.settle_cost(Cost::new(100, 0).with_spend(100));
+    spend(&first, Cost::new(0, 0).with_spend(200), None)
+        .await
+        .unwrap();
+    drop(first);
+    let kept = record.0.lock().unwrap().clone();
+    // December's first second, and the quarter hour of 20:00.
+    assert_eq!(kept[&("acme".to_owned(), 1_796_083_200)], 700, "{kept:?}");
+    assert_eq!(kept[&("/openai".to_owned(), 1_796_083_200)], 900, "{kept:?}");
+    assert_eq!(kept[&("acme".to_owned(), 1_796_414_400)], 700, "{kept:?}");
+
+    // The next process, restored from the record.
+    let second = make();
+    let handle = second.tenants().unwrap();
+    for ((scope, since), used) in &kept {
+        let (scope, cap) = match scope.strip_prefix('/') {
+            Some(account) => (CapScope::Account(account), account_cap),
+            None if *since == 1_796_083_200 => (CapScope::Node(&tenant(scope)), month),
+            None => (CapScope::Node(&tenant(scope)), rolling),
+        };
+        handle.restore_cap(scope, cap, *since, *used);
+    }
+    let snapshot = handle.snapshot(&tenant("acme"));
+    assert_eq!(snapshot.used_in_period(), [(month, 700), (rolling, 700)]);
+    // 300 of acme's month are left: three more, then a refusal naming the cap.
+    for _ in 0..3 {
+        spend(&second, Cost::new(1, 0).with_spend(100), Some("acme"))
+            .await
+            .unwrap();
+    }
+    let refused = spend(&second, Cost::new(1, 0).with_spend(100), Some("acme"))
+        .await
+        .unwrap_err();
+    assert!(refused.tenant_refused().is_some_and(|r| r.is_capped()), "{refused}");
+    // The account: 1,500 less 900 restored and 300 since: 300 left for anyone.
+    spend(&second, Cost::new(1, 0).with_spend(300), Some("globex"))
+        .await
+        .unwrap();
+    let refused = spend(&second, Cost::new(1, 0).with_spend(1), Some("globex"))
+        .await
+        .unwrap_err();
+    assert!(refused.tenant_refused().is_some_and(|r| r.is_capped()), "{refused}");
+    // A count kept for a period that ended is no use: November's record restores nothing.
+    let third = make();
+    third.tenants().unwrap().restore_cap(
+        CapScope::Node(&tenant("acme")),
+        month,
+        1_793_491_200,
+        1_000,
+    );
+    spend(&third, Cost::new(1, 0).with_spend(100), Some("acme"))
+        .await
+        .unwrap();
+}

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
 use crate::budget::Budget;
 use crate::quota::Limit;
@@ -9,6 +10,7 @@ use crate::tenant::InvalidTree;
 use crate::tenant::Tenant;
 use crate::tenant::TenantNode;
 use crate::tenant::TenantSnapshot;
+use crate::tenant::{CapRecord, CapScope, PeriodCap};
 
 /// Changes and reads the tenant tree of a [`Budget`] while it runs; from
 /// [`Budget::tenants`]. Clones share the budget.
@@ -76,6 +78,22 @@ impl TenantHandle {
     /// use. A node with no traffic and no state of its own reads as fresh.
     pub fn snapshot(&self, path: &Tenant) -> TenantSnapshot {
         self.budget.engine.tenant_snapshot(path)
+    }
+
+    /// Writes every later change of a cap's count over a period (the nodes' caps, and the
+    /// caps of the accounts served) to `record`, so that the counts outlive the process;
+    /// see [`CapRecord`]. With a budget kept in a store, the store counts caps for every
+    /// process and this records the process's own view only.
+    pub fn record_caps(&self, record: Arc<dyn CapRecord>) {
+        self.budget.engine.record_caps(record);
+    }
+
+    /// Counts at least `used` in `scope`'s `cap` for the period that began at `since`
+    /// (seconds since the epoch), as a [`CapRecord`] kept it: a restarted process's caps
+    /// start where they were. Raised, never lowered; nothing for a cap `scope` does not have,
+    /// or a period that has ended.
+    pub fn restore_cap(&self, scope: CapScope<'_>, cap: PeriodCap, since: u64, used: u64) {
+        self.budget.engine.restore_cap(scope, &cap, (since, used));
     }
 
     /// How many nodes hold state now: those with traffic in flight or recent, a pause, a

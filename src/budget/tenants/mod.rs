@@ -64,6 +64,28 @@ impl Engine {
         }
     }
 
+    /// Writes every later change of a cap's count to `record`.
+    pub(in crate::budget) fn record_caps(
+        &self,
+        record: std::sync::Arc<dyn crate::tenant::CapRecord>,
+    ) {
+        if let Some(tenants) = &self.lock().tenants {
+            tenants.record_caps(record);
+        }
+    }
+
+    /// Restores a cap's count: `used` in the period that began at `since`.
+    pub(in crate::budget) fn restore_cap(
+        &self,
+        scope: crate::tenant::CapScope<'_>,
+        cap: &crate::tenant::PeriodCap,
+        since_used: (u64, u64),
+    ) {
+        if let Some(tenants) = &self.lock().tenants {
+            tenants.restore_cap(scope, cap, since_used, Instant::now());
+        }
+    }
+
     pub(in crate::budget) fn same_tenants_as(&self, other: &Engine) -> bool {
         let mine = self.lock().tenants.clone();
         let theirs = other.lock().tenants.clone();

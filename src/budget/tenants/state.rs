@@ -63,6 +63,22 @@ impl Tenants {
         self.lock().account_caps(&self.account, at)
     }
 
+    /// Writes every later change of a cap's count to `record`.
+    pub(crate) fn record_caps(&self, record: std::sync::Arc<dyn crate::tenant::CapRecord>) {
+        self.lock().record_caps(record);
+    }
+
+    /// Restores a cap's count (see [`TenantState::restore_cap`](super::tree::TenantState)).
+    pub(crate) fn restore_cap(
+        &self,
+        scope: crate::tenant::CapScope<'_>,
+        cap: &PeriodCap,
+        (since, used): (u64, u64),
+        at: Instant,
+    ) {
+        self.lock().restore_cap(scope, cap, since, used, at);
+    }
+
     /// Whether two handles are on one state.
     pub(crate) fn same(&self, other: &Tenants) -> bool {
         Arc::ptr_eq(&self.state, &other.state)

@@ -20,9 +20,9 @@ use crate::priority::Priority;
 use crate::quota::cap::CapCount;
 use crate::quota::{Dimension, Limit};
 use crate::sched::Flow;
-use crate::tenant::PeriodCap;
 use crate::tenant::Tenant;
 use crate::tenant::path::within;
+use crate::tenant::{CapRecord, CapScope, PeriodCap};
 use crate::tenant::{Refusal, TenantRefused};
 use crate::tenant::{TenantNode, TenantTree};
 
@@ -79,6 +79,8 @@ pub(crate) struct TenantState {
     /// Each account's own caps ([`Quota::with_cap`](crate::Quota::with_cap)), by the
     /// account's name: every request its budget admits counts, whatever its path.
     accounts: HashMap<Arc<str>, AccountCaps>,
+    /// Where every change of a cap's count is written, if anywhere.
+    record: Option<Arc<dyn CapRecord>>,
 }
 
 /// An account's own caps: their counts, and the scope that names them (`/<account>`).
@@ -121,6 +123,76 @@ impl TenantState {
             fleet_days: HashMap::new(),
             keeps_in_store,
             accounts: HashMap::new(),
+            record: None,
+        }
+    }
+
+    /// Writes every later change of a cap's count to `record`.
+    pub(crate) fn record_caps(&mut self, record: Arc<dyn CapRecord>) {
+        self.record = Some(record);
+    }
+
+    /// Counts at least `used` in `scope`'s `cap` for the period that began at `since`
+    /// (restored from a record): raised, never lowered; nothing for a cap `scope` does not
+    /// have, or a period that ended.
+    pub(crate) fn restore_cap(
+        &mut self,
+        scope: CapScope<'_>,
+        cap: &PeriodCap,
+        since: u64,
+        used: u64,
+        at: Instant,
+    ) {
+        let unix = self.tree.clock.unix_seconds(at);
+        let counts = match scope {
+            CapScope::Account(account) => match self.accounts.get_mut(account) {
+                Some(own) => &mut own.counts,
+                None => return,
+            },
+            CapScope::Node(node) => {
+                if self
+                    .tree
+                    .node(node)
+                    .is_none_or(|config| !config.daily.contains(cap))
+                {
+                    return;
+                }
+                &mut self.node(node.as_str()).days
+            }
+        };
+        if let Some(count) = counts.iter_mut().find(|count| count.cap == *cap) {
+            count.restore(since, used, unix);
+        }
+    }
+
+    /// Writes what changed of the caps of `account` and of the nodes of `path` to the record.
+    fn report_caps(&mut self, account: &str, path: &Tenant) {
+        let Some(record) = self.record.clone() else {
+            return;
+        };
+        if let Some(own) = self.accounts.get_mut(account) {
+            for count in &mut own.counts {
+                let cap = count.cap;
+                count.report(|since, used| {
+                    record.counted(CapScope::Account(account), &cap, since, used);
+                });
+            }
+        }
+        for prefix in path.prefixes() {
+            let Some(node) = self
+                .live
+                .get_key_value(prefix)
+                .map(|(node, _)| node.clone())
+            else {
+                continue;
+            };
+            let live = self.live.get_mut(prefix).expect("just seen");
+            for count in &mut live.days {
+                let cap = count.cap;
+                count.report(|since, used| {
+                    record.counted(CapScope::Node(&node), &cap, since, used);
+                });
+            }
         }
     }
 
@@ -406,6 +478,7 @@ impl TenantState {
             }
             self.node(prefix).take(cost, reference, now, unix);
         }
+        self.report_caps(account, path);
         self.sweep_one(now, unix);
     }
 
@@ -434,6 +507,7 @@ impl TenantState {
                 wakers.extend(node.unpark_all());
             }
         }
+        self.report_caps(account, path);
         #[cfg(feature = "metrics")]
         self.count_settled(path, actual, now);
     }
