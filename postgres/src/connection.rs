@@ -174,12 +174,16 @@ impl From<Failure> for StoreUnavailable {
 
 /// `url` with its password hidden, in either form Postgres reads: a URL
 /// (`postgres://user:secret@host/db` becomes `postgres://user:***@host/db`) or key-value pairs
-/// (`password=secret` becomes `password=***`).
-pub(crate) fn redacted(url: &str) -> String {
-    if let Some(rest) = url
-        .strip_prefix("postgres://")
-        .or_else(|| url.strip_prefix("postgresql://"))
-    {
+/// (`password=secret` becomes `password=***`). Any other URL's password is hidden alike.
+///
+/// ```
+/// use tower_llm_quota_postgres::redacted;
+///
+/// assert_eq!(redacted("postgres://app:hunter2@db/quota"), "postgres://app:***@db/quota");
+/// assert_eq!(redacted("redis://:hunter2@cache:6379/0"), "redis://:***@cache:6379/0");
+/// ```
+pub fn redacted(url: &str) -> String {
+    if let Some(rest) = url.split_once("://").map(|(_, rest)| rest) {
         let scheme = &url[..url.len() - rest.len()];
         let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
         let mut out = String::from(scheme);

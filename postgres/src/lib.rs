@@ -88,6 +88,7 @@ use std::time::Duration;
 use tower_llm_quota::budget::store::{FailurePolicy, StoreOptions};
 use tower_llm_quota::{Budget, MAX_DURATION, Quota};
 
+pub use connection::redacted;
 use connection::{Database, Failure, Reach};
 pub use idempotency::PostgresIdempotencyStore;
 use keys::Keys;

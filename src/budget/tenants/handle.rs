@@ -88,10 +88,11 @@ impl TenantHandle {
         self.budget.engine.record_caps(record);
     }
 
-    /// Counts at least `used` in `scope`'s `cap` for the period that began at `since`
-    /// (seconds since the epoch), as a [`CapRecord`] kept it: a restarted process's caps
-    /// start where they were. Raised, never lowered; nothing for a cap `scope` does not have,
-    /// or a period that has ended.
+    /// Counts at least `used` in `scope`'s cap of `cap`'s dimension and window (its amount
+    /// may have changed since) for the period that began at `since` (seconds since the
+    /// epoch), as a [`CapRecord`] kept it: a restarted process's caps start where they were.
+    /// Raised, never lowered; nothing for a cap `scope` does not have, or a period that has
+    /// ended.
     pub fn restore_cap(&self, scope: CapScope<'_>, cap: PeriodCap, since: u64, used: u64) {
         self.budget.engine.restore_cap(scope, &cap, (since, used));
     }

@@ -83,6 +83,11 @@ pub(crate) struct TenantState {
     record: Option<Arc<dyn CapRecord>>,
 }
 
+/// Whether two caps count the same thing (their amounts may differ: a cap raised since).
+fn same(a: &PeriodCap, b: &PeriodCap) -> bool {
+    (a.dimension(), a.window()) == (b.dimension(), b.window())
+}
+
 /// An account's own caps: their counts, and the scope that names them (`/<account>`).
 #[derive(Debug)]
 struct AccountCaps {
@@ -132,9 +137,9 @@ impl TenantState {
         self.record = Some(record);
     }
 
-    /// Counts at least `used` in `scope`'s `cap` for the period that began at `since`
-    /// (restored from a record): raised, never lowered; nothing for a cap `scope` does not
-    /// have, or a period that ended.
+    /// Counts at least `used` in `scope`'s cap of `cap`'s dimension and window for the
+    /// period that began at `since` (restored from a record): raised, never lowered; nothing
+    /// for a cap `scope` does not have, or a period that ended.
     pub(crate) fn restore_cap(
         &mut self,
         scope: CapScope<'_>,
@@ -150,17 +155,14 @@ impl TenantState {
                 None => return,
             },
             CapScope::Node(node) => {
-                if self
-                    .tree
-                    .node(node)
-                    .is_none_or(|config| !config.daily.contains(cap))
-                {
+                let configured = |config: &TenantNode| config.daily.iter().any(|c| same(c, cap));
+                if !self.tree.node(node).is_some_and(configured) {
                     return;
                 }
                 &mut self.node(node.as_str()).days
             }
         };
-        if let Some(count) = counts.iter_mut().find(|count| count.cap == *cap) {
+        if let Some(count) = counts.iter_mut().find(|count| same(&count.cap, cap)) {
             count.restore(since, used, unix);
         }
     }
