@@ -228,7 +228,7 @@ fn config(upstream: &str, tpm: u64) -> String {
 
 async fn start(upstream: &str, tpm: u64) -> (Arc<Gateway>, String) {
     let config = Config::from_toml(&config(upstream, tpm)).expect("a valid configuration");
-    let gateway = Gateway::new(&config, None)
+    let gateway = Gateway::new(&config, &server::store::Persistence::Memory)
         .await
         .expect("the gateway starts");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")

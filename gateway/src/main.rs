@@ -5,7 +5,8 @@
 //! ```sh
 //! cargo install --path gateway                  # from the repository's root
 //! llm-quota-gateway                             # the demo: simulated providers
-//! llm-quota-gateway --config gateway.toml --redis-url redis://127.0.0.1/
+//! llm-quota-gateway --config gateway.toml                 # its state in gateway.state.db
+//! llm-quota-gateway --config gateway.toml --state postgres://gw@db/quota   # a fleet's
 //! llm-quota-gateway --check-config gateway.toml # validate, then exit
 //! ```
 //!
@@ -34,6 +35,7 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use server::config::Config;
+use server::store::Persistence;
 use server::{Gateway, serve};
 use tokio::net::TcpListener;
 
@@ -47,8 +49,15 @@ struct Args {
     /// The address to listen on, over the configuration's.
     #[arg(long)]
     listen: Option<SocketAddr>,
-    /// Share every account's quota with the other replicas through this Redis.
-    #[arg(long)]
+    /// Where the gateway's state lives, over the configuration's `state`: `sqlite:FILE`,
+    /// `postgres://...` or `redis://...` (shared with the other replicas, every account's
+    /// quota with them), or `memory`. By default an SQLite file beside the configuration
+    /// (`gateway.toml`: `gateway.state.db`); the demo's is memory.
+    #[arg(long, value_name = "URL")]
+    state: Option<String>,
+    /// Share every account's quota and the state with the other replicas through this Redis
+    /// (`--state redis://...`).
+    #[arg(long, conflicts_with = "state")]
     redis_url: Option<String>,
     /// Validate this configuration (TOML: every key, limit and tenant node) and exit, without
     /// starting: status 0 and a summary when it is valid, 1 and the reason otherwise.
@@ -109,6 +118,18 @@ fn reload_on_hangup(
     })
 }
 
+/// Where the state lives: `--redis-url`, else as [`Persistence::choose`] says.
+fn persistence(args: &Args, config: &Config) -> Result<Persistence, Box<dyn std::error::Error>> {
+    if let Some(url) = &args.redis_url {
+        return Ok(Persistence::Redis(url.clone()));
+    }
+    let configured = config.server.state.as_deref();
+    Ok(Persistence::choose(
+        args.state.as_deref(),
+        (args.config.as_deref(), configured),
+    )?)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
@@ -135,7 +156,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => Config::from_toml(include_str!("../demo.toml"))?,
     };
     let listen = args.listen.unwrap_or(config.server.listen);
-    let gateway = Gateway::new(&config, args.redis_url.as_deref()).await?;
+    let persistence = persistence(&args, &config)?;
+    let gateway = Gateway::new(&config, &persistence).await?;
     if let Some(path) = &args.config {
         let _ = gateway.config_path.set(path.clone());
         #[cfg(unix)]
@@ -144,8 +166,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let stop = stop_signal();
     let listener = TcpListener::bind(listen).await?;
     let url = format!("http://{}", listener.local_addr()?);
-    if args.redis_url.is_some() {
-        say!("quotas, tenant limits and pauses shared through Redis with the other replicas");
+    say!("state: {persistence}");
+    if persistence.is_shared() {
+        say!("quotas, tenant limits, caps and pauses shared with the other replicas");
     }
     say!("gateway listening on {url} (status page at {url}/, metrics at {url}/metrics)");
     if demo {

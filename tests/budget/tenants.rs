@@ -1211,7 +1211,10 @@ async fn caps_restored_from_a_record_go_on_where_they_were() {
     let make = || {
         let tree = TenantTree::new()
             .with_clock(WallClock::starting_at(wall))
-            .with_node(tenant("acme"), TenantNode::new().with_cap(month).with_cap(rolling));
+            .with_node(
+                tenant("acme"),
+                TenantNode::new().with_cap(month).with_cap(rolling),
+            );
         Budget::with_tenants(quota().with_cap(account_cap).with_name("openai"), tree).unwrap()
     };
     let spend = |budget: &Budget, cost: Cost, path: Option<&str>| {
@@ -1252,7 +1255,11 @@ async fn caps_restored_from_a_record_go_on_where_they_were() {
     let kept = record.0.lock().unwrap().clone();
     // December's first second, and the quarter hour of 20:00.
     assert_eq!(kept[&("acme".to_owned(), 1_796_083_200)], 700, "{kept:?}");
-    assert_eq!(kept[&("/openai".to_owned(), 1_796_083_200)], 900, "{kept:?}");
+    assert_eq!(
+        kept[&("/openai".to_owned(), 1_796_083_200)],
+        900,
+        "{kept:?}"
+    );
     assert_eq!(kept[&("acme".to_owned(), 1_796_414_400)], 700, "{kept:?}");
 
     // The next process, restored from the record.
@@ -1277,7 +1284,10 @@ async fn caps_restored_from_a_record_go_on_where_they_were() {
     let refused = spend(&second, Cost::new(1, 0).with_spend(100), Some("acme"))
         .await
         .unwrap_err();
-    assert!(refused.tenant_refused().is_some_and(|r| r.is_capped()), "{refused}");
+    assert!(
+        refused.tenant_refused().is_some_and(|r| r.is_capped()),
+        "{refused}"
+    );
     // The account: 1,500 less 900 restored and 300 since: 300 left for anyone.
     spend(&second, Cost::new(1, 0).with_spend(300), Some("globex"))
         .await
@@ -1285,7 +1295,10 @@ async fn caps_restored_from_a_record_go_on_where_they_were() {
     let refused = spend(&second, Cost::new(1, 0).with_spend(1), Some("globex"))
         .await
         .unwrap_err();
-    assert!(refused.tenant_refused().is_some_and(|r| r.is_capped()), "{refused}");
+    assert!(
+        refused.tenant_refused().is_some_and(|r| r.is_capped()),
+        "{refused}"
+    );
     // A count kept for a period that ended is no use: November's record restores nothing.
     let third = make();
     third.tenants().unwrap().restore_cap(

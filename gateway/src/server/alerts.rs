@@ -2,10 +2,12 @@
 //! month, each raised once per period, as a metric, an audit line and an optional webhook.
 //!
 //! Every answer priced with `[prices]` adds its spend to the count of each alert whose node
-//! holds its tenant path, for the current period: in memory, or in Redis with `--redis-url`
-//! (`HINCRBY`, atomic: of all the replicas' answers, exactly one takes the count across each
-//! threshold, so each is raised once per period over the fleet). An alert never refuses: it
-//! records (the warn-only mode); a cap of the node refuses.
+//! holds its tenant path, for the current period, in the gateway's state: in Redis
+//! (`INCRBY`), or in the SQL state's table `alerts` (an upsert adding to the count and
+//! answering it), atomic either way: of all the answers (and all the replicas'), exactly one
+//! takes the count across each threshold, so each is raised once per period, over the fleet
+//! and over restarts. In memory (the demo) the counts are lost at exit. An alert never
+//! refuses: it records (the warn-only mode); a cap of the node refuses.
 //!
 //! The webhook is `POST`ed by a task of its own from a bounded channel, so a request never
 //! waits for it: each event up to five times (0.5, 1, 2 and 4 s apart), every failed attempt
@@ -26,6 +28,7 @@ use tower::ServiceExt;
 use tower_llm_quota::tenant::Tenant;
 
 use super::config::{AlertConfig, AlertWindow, ConfigError};
+use super::store::{Database, Persistence, Statement, Value};
 use super::upstream::Client;
 
 /// Events waiting for the webhook, at most.
@@ -101,26 +104,39 @@ pub(crate) struct Alerts {
     alerts: Vec<Alert>,
     /// Memory: the count of each alert (by index) in each period (by its first second).
     counts: Mutex<HashMap<(usize, u64), u64>>,
-    redis: Option<ConnectionManager>,
+    /// Where the counts are kept, when not in memory.
+    kept: Option<Kept>,
     webhook: Option<mpsc::Sender<AlertEvent>>,
 }
+
+/// Where the counts are kept.
+#[derive(Clone)]
+enum Kept {
+    Redis(ConnectionManager),
+    Database(Database),
+}
+
+/// Adds to an alert's count in a period, answering the new count.
+const ADD: &str = "INSERT INTO alerts (alert, period, spent) VALUES ($1, $2, $3) \
+    ON CONFLICT (alert, period) DO UPDATE SET spent = alerts.spent + excluded.spent \
+    RETURNING spent";
 
 impl std::fmt::Debug for Alerts {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Alerts")
             .field("alerts", &self.alerts)
-            .field("shared", &self.redis.is_some())
+            .field("kept", &self.kept.is_some())
             .field("webhook", &self.webhook.is_some())
             .finish_non_exhaustive()
     }
 }
 
 impl Alerts {
-    /// The alerts of `configs`, counted in Redis at `redis_url` or in memory, their events
-    /// posted to `webhook` through `client`.
+    /// The alerts of `configs`, counted in the state of `persistence` (Redis, or the SQL
+    /// `database`), else in memory, their events posted to `webhook` through `client`.
     pub(crate) fn new(
         configs: &[AlertConfig],
-        redis_url: Option<&str>,
+        (persistence, database): (&Persistence, Option<&Database>),
         webhook: Option<(String, Client)>,
     ) -> Result<Self, ConfigError> {
         let mut alerts = Vec::with_capacity(configs.len());
@@ -158,9 +174,11 @@ impl Alerts {
                 thresholds,
             });
         }
-        let redis = match (redis_url, alerts.is_empty()) {
-            (Some(url), false) => Some(super::report::connection(url, "alerts")?),
-            _ => None,
+        let kept = match (persistence.redis(), database) {
+            _ if alerts.is_empty() => None,
+            (Some(url), _) => Some(Kept::Redis(super::report::connection(url, "alerts")?)),
+            (None, Some(database)) => Some(Kept::Database(database.clone())),
+            (None, None) => None,
         };
         let webhook = match webhook {
             Some((url, client)) => {
@@ -181,7 +199,7 @@ impl Alerts {
         Ok(Self {
             alerts,
             counts: Mutex::default(),
-            redis,
+            kept,
             webhook,
         })
     }
@@ -193,9 +211,9 @@ impl Alerts {
 
     /// Adds `spend` of an answer of `path` on `account` at `at` to the alerts over it (its
     /// node's and their ancestors', its account's); the events of the thresholds it crossed,
-    /// written to `audit` and sent to the webhook. With Redis, the counting is a task of its
-    /// own (the answer never waits for it); in memory, the thresholds raised are answered
-    /// (each alert's, by its index).
+    /// written to `audit` and sent to the webhook. Kept in the state, the counting is a task
+    /// of its own (the answer never waits for it); in memory, the thresholds raised are
+    /// answered (each alert's, by its index).
     pub(crate) fn add(
         self: &std::sync::Arc<Self>,
         (path, account): (Option<&str>, Option<&str>),
@@ -216,51 +234,79 @@ impl Alerts {
         if over.is_empty() {
             return raised;
         }
-        match &self.redis {
-            None => {
-                let totals: Vec<(usize, u64, u64)> = {
-                    let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-                    over.iter()
-                        .map(|&(i, period)| {
-                            let count = counts.entry((i, period)).or_default();
-                            *count = count.saturating_add(spend);
-                            (i, period, *count)
-                        })
-                        .collect()
-                };
-                for (i, _, total) in totals {
-                    let crossed = self.crossed(i, unix, (total, spend), audit);
-                    raised.extend(crossed.into_iter().map(|percent| (i, percent)));
-                }
+        let Some(kept) = self.kept.clone() else {
+            let totals: Vec<(usize, u64, u64)> = {
+                let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+                over.iter()
+                    .map(|&(i, period)| {
+                        let count = counts.entry((i, period)).or_default();
+                        *count = count.saturating_add(spend);
+                        (i, period, *count)
+                    })
+                    .collect()
+            };
+            for (i, _, total) in totals {
+                let crossed = self.crossed(i, unix, (total, spend), audit);
+                raised.extend(crossed.into_iter().map(|percent| (i, percent)));
             }
-            Some(redis) => {
-                let (alerts, audit, mut redis) =
-                    (std::sync::Arc::clone(self), audit.clone(), redis.clone());
-                tokio::spawn(async move {
+            return raised;
+        };
+        let (alerts, audit) = (std::sync::Arc::clone(self), audit.clone());
+        tokio::spawn(async move {
+            let names = over.iter().map(|&(i, period)| {
+                let alert = &alerts.alerts[i];
+                let window = alert.window.name();
+                (
+                    format!("{}:{window}:{}", alert.watched, alert.amount),
+                    period,
+                )
+            });
+            let totals: Result<Vec<u64>, String> = match kept {
+                Kept::Redis(mut redis) => {
                     let mut pipe = redis::pipe();
-                    for &(i, period) in &over {
-                        let alert = &alerts.alerts[i];
-                        let window = alert.window.name();
-                        let (watched, amount) = (&alert.watched, alert.amount);
-                        let key =
-                            format!("{{gateway:alerts}}:{watched}:{window}:{amount}:{period}");
+                    for (name, period) in names {
+                        let key = format!("{{gateway:alerts}}:{name}:{period}");
                         pipe.cmd("INCRBY").arg(&key).arg(spend);
                         pipe.expire(&key, 62 * 86_400).ignore();
                     }
-                    match pipe.query_async::<Vec<u64>>(&mut redis).await {
-                        Ok(totals) => {
-                            for (&(i, _), total) in over.iter().zip(totals) {
-                                let _raised = alerts.crossed(i, unix, (total, spend), &audit);
-                            }
-                        }
-                        Err(error) => {
-                            metrics::counter!("gateway_alert_count_failures_total").increment(1);
-                            tracing::warn!(%error, "a spend alert's count was not added");
-                        }
+                    pipe.query_async(&mut redis)
+                        .await
+                        .map_err(|e| e.to_string())
+                }
+                Kept::Database(database) => {
+                    let statements = names
+                        .map(|(name, period)| {
+                            Statement::new(
+                                ADD,
+                                vec![name.into(), period.into(), Value::from(spend)],
+                            )
+                        })
+                        .collect();
+                    database.transaction(statements).await.map_or_else(
+                        |e| Err(e.to_string()),
+                        |answers| {
+                            Ok(answers
+                                .iter()
+                                .map(|rows| {
+                                    rows.first().map_or(0, |row| row[0].int().max(0) as u64)
+                                })
+                                .collect())
+                        },
+                    )
+                }
+            };
+            match totals {
+                Ok(totals) => {
+                    for (&(i, _), total) in over.iter().zip(totals) {
+                        let _raised = alerts.crossed(i, unix, (total, spend), &audit);
                     }
-                });
+                }
+                Err(error) => {
+                    metrics::counter!("gateway_alert_count_failures_total").increment(1);
+                    tracing::warn!(%error, "a spend alert's count was not added");
+                }
             }
-        }
+        });
         raised
     }
 
@@ -392,7 +438,12 @@ mod tests {
             thresholds: vec![100, 50, 80],
         };
         let alerts = std::sync::Arc::new(
-            Alerts::new(&[config("acme"), config("acme/search")], None, None).unwrap(),
+            Alerts::new(
+                &[config("acme"), config("acme/search")],
+                (&Persistence::Memory, None),
+                None,
+            )
+            .unwrap(),
         );
         let audit = super::super::audit::Audit::Off;
         // 2026-12-03T12:00:00Z, then the last second of December, then January.
@@ -425,7 +476,11 @@ mod tests {
             window: AlertWindow::CalendarDayUtc,
             thresholds,
         };
-        let error = |configs: &[AlertConfig]| Alerts::new(configs, None, None).unwrap_err().0;
+        let error = |configs: &[AlertConfig]| {
+            Alerts::new(configs, (&Persistence::Memory, None), None)
+                .unwrap_err()
+                .0
+        };
         assert!(error(&[config(0, vec![50])]).contains("above zero"));
         assert!(error(&[config(5, vec![0])]).contains("percentages"));
         assert!(error(&[config(5, vec![50]), config(5, vec![80])]).contains("same window"));
@@ -464,7 +519,7 @@ mod tests {
                         thresholds: vec![50],
                     },
                 ],
-                None,
+                (&Persistence::Memory, None),
                 None,
             )
             .unwrap(),

@@ -5,7 +5,7 @@
 //! listen = "127.0.0.1:8080"
 //! admin_token_env = "GATEWAY_ADMIN_TOKEN"
 //! max_body_bytes = 1048576
-//! state_file = "/var/lib/llm-quota-gateway/state.json"  # the admin API's changes, without Redis
+//! state = "sqlite:/var/lib/llm-quota-gateway/state.db"  # what outlives a restart (the default: beside this file)
 //!
 //! [[accounts]]
 //! name = "openai-main"
@@ -247,12 +247,18 @@ pub(crate) struct ServerConfig {
     /// renewed every this many milliseconds (100 by default); 0 asks the store per admission.
     #[serde(default = "default_lease_refresh")]
     pub(crate) lease_refresh_ms: u64,
-    /// Where the admin API's changes (limits, weights, keys) are kept without `--redis-url`:
-    /// a file the gateway owns, read at start; in memory (lost at exit) when absent. With
-    /// `--redis-url` they are kept in Redis and this is not read.
+    /// Where the gateway's state lives (`--state` overrides it): `sqlite:FILE` (a relative
+    /// file beside the configuration), `postgres://...`, `redis://...` or `memory`; by
+    /// default an SQLite file beside the configuration, named after it (`gateway.toml`:
+    /// `gateway.state.db`).
+    #[allow(dead_code, reason = "read by main.rs; the tests name their state")]
+    pub(crate) state: Option<String>,
+    /// The JSON file an earlier version kept the admin API's changes in: read once into the
+    /// state's table when that is empty; with `state = "memory"`, still the file the changes
+    /// are kept in.
     pub(crate) state_file: Option<std::path::PathBuf>,
-    /// With `--redis-url`: how often each replica reads the admin state for another
-    /// replica's changes, in milliseconds.
+    /// With a state the replicas share: how often each replica reads the admin state for
+    /// another replica's changes, in milliseconds.
     #[serde(default = "default_admin_sync")]
     pub(crate) admin_sync_ms: u64,
     /// Where the `otel` build exports a span per request (OTLP over HTTP, protobuf):
@@ -284,6 +290,7 @@ impl Default for ServerConfig {
             max_header_bytes: default_max_header(),
             lease_refresh_ms: default_lease_refresh(),
             audit_log: None,
+            state: None,
             state_file: None,
             admin_sync_ms: default_admin_sync(),
             otlp_endpoint: None,
@@ -836,6 +843,26 @@ impl Config {
 
     /// The tenant tree, and the paths the status page lists: every configured node, every
     /// key's tenant, and their ancestors.
+    /// Whether any cap over a period is configured: an account's, or a tenant node's or
+    /// template's.
+    pub(crate) fn has_caps(&self) -> bool {
+        let capped = |table: Option<&toml::Value>| {
+            (table.and_then(toml::Value::as_table).into_iter())
+                .flat_map(|nodes| nodes.values())
+                .filter_map(toml::Value::as_table)
+                .any(|node| {
+                    ["caps", "daily", "calendar_utc"].iter().any(|key| {
+                        node.get(*key)
+                            .and_then(toml::Value::as_array)
+                            .is_some_and(|caps| !caps.is_empty())
+                    })
+                })
+        };
+        self.accounts.iter().any(|a| !a.caps.is_empty())
+            || capped(self.tenants.get("nodes"))
+            || capped(self.tenants.get("templates"))
+    }
+
     pub(crate) fn tenant_tree(&self) -> Result<(TenantTree, Vec<Tenant>), ConfigError> {
         let error = |e: &dyn std::fmt::Display| ConfigError(format!("tenants: {e}"));
         let tree = TenantTree::deserialize(toml::Value::Table(refusing_at_once(&self.tenants)))

@@ -31,7 +31,7 @@ use super::metered::{Meter, Metered};
 use super::refusal::{Dialect, Refusal};
 use super::routes::{ScopeRefused, Target};
 use super::tenancy;
-use super::upstream::{Account, Dispatched, ScopeError, Scoped};
+use super::upstream::{Account, Dispatched, ScopeError, Scoped, StateRefused};
 use tower_llm_quota::idempotency::{IdempotentBody, Operation, Suppressed};
 use tower_llm_quota::reconcile::UsageReport;
 use tower_llm_quota::routing::ServedBy;
@@ -449,6 +449,12 @@ fn stack_error(account: &Account, error: &Error) -> Refusal {
         );
         return Refusal::bad_request(reason).scope(scope);
     }
+    if let Some(refused) = state_refused(error) {
+        // Nothing was sent: the caps could not count it durably.
+        return Refusal::unavailable("state", refused.to_string())
+            .scope(scope)
+            .retry_after(Some(Duration::from_secs(1)));
+    }
     if error.is_store_unavailable() {
         // The store's circuit breaker asks again within a second.
         return Refusal::unavailable("store", "the shared quota store is unreachable")
@@ -498,6 +504,18 @@ fn stack_error(account: &Account, error: &Error) -> Refusal {
             .message(format!("the account's queue refused the request: {error}"));
     }
     upstream_failure(&scope, &error.to_string())
+}
+
+/// The state's refusal to make a request's caps durable, if that refused it.
+fn state_refused(error: &Error) -> Option<&StateRefused> {
+    let mut link: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(e) = link {
+        if let Some(refused) = e.downcast_ref::<StateRefused>() {
+            return Some(refused);
+        }
+        link = e.source();
+    }
+    None
 }
 
 /// The scope a route could not give the request's model, if that refused it.

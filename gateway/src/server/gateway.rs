@@ -15,8 +15,10 @@ use super::config::{self, Api, Config, ConfigError};
 use super::otel;
 use super::refusal::Refusal;
 use super::serve::limits::{ConnectionLimits, open_files_limit};
+use super::store::caps::CapsRecord;
+use super::store::{Database, Persistence};
 use super::tenancy::Tenancy;
-use super::upstream::{self, Account};
+use super::upstream::{self, Account, Keeping};
 use super::usage::{self, Ledger};
 use super::{alerts, audit, models, report, routes, state};
 
@@ -113,11 +115,11 @@ pub(crate) fn metrics_handle() -> PrometheusHandle {
 }
 
 impl Gateway {
-    /// Builds the gateway of `config`; with `redis_url`, every account's budget is shared
-    /// through Redis with the other replicas.
+    /// Builds the gateway of `config`, its state kept as `persistence` says (in a store the
+    /// replicas share, every account's budget is shared through it).
     pub(crate) async fn new(
         config: &Config,
-        redis_url: Option<&str>,
+        persistence: &Persistence,
     ) -> Result<Arc<Self>, ConfigError> {
         config.check()?;
         let (connection_limits, lowered) =
@@ -141,22 +143,48 @@ impl Gateway {
         )?;
         let (tree, paths) = config.tenant_tree()?;
         let mut tenants = Tenancy::new(paths);
-        let state = state::StateStore::open(redis_url, config.server.state_file.as_deref())?;
+        let database = Database::open(persistence).await?;
+        let state = state::StateStore::open(
+            persistence,
+            database.as_ref(),
+            config.server.state_file.as_deref(),
+        )
+        .await?;
+        if let Some(url) = persistence.redis() {
+            redis_keeps_its_data(url, config).await;
+        }
         let prices = config.prices.clone().map(Arc::new);
-        let idempotency = routes::idempotency(redis_url)?;
+        let idempotency = routes::idempotency(persistence, database.as_ref())?;
+        let caps = match &database {
+            Some(Database::Sqlite(sqlite)) => Some(Arc::new(CapsRecord::new(Arc::clone(sqlite)))),
+            _ => None,
+        };
+        let keeping = Keeping {
+            persistence: persistence.clone(),
+            fail_closed: config.server.fail_closed,
+            lease: Some(config.server.lease_refresh_ms)
+                .filter(|&ms| ms > 0)
+                .map(Duration::from_millis),
+            caps: caps.clone(),
+        };
         let mut accounts = Vec::with_capacity(config.accounts.len());
         for account in &config.accounts {
             // Every account serves one tenant state: a tenant's limits hold over all of them.
             let before = accounts.first().map(Account::budget);
-            let lease = Some(config.server.lease_refresh_ms)
-                .filter(|&ms| ms > 0)
-                .map(Duration::from_millis);
-            let shared = (redis_url, config.server.fail_closed, lease);
-            let account = Account::new(account, (&tree, before), shared, prices.as_ref()).await?;
+            let account = Account::new(account, (&tree, before), &keeping, prices.as_ref()).await?;
             if let Some(handle) = account.tenants() {
                 tenants.attach(&account.name, handle);
             }
             accounts.push(account);
+        }
+        // One gateway's caps start where they were, and every change is recorded.
+        if let (Some(caps), Some(handle)) = (&caps, accounts.first().and_then(Account::tenants)) {
+            let restored = caps
+                .restore(&handle)
+                .await
+                .map_err(|e| ConfigError(format!("state: the caps' counts: {e}")))?;
+            tracing::info!(restored, "caps' counts restored from the state");
+            handle.record_caps(Arc::clone(caps) as Arc<dyn tower_llm_quota::tenant::CapRecord>);
         }
         let gateway = Arc::new(Self {
             keys: std::sync::RwLock::new(Arc::new(KeyRing::new(&config.keys, &[])?)),
@@ -184,10 +212,10 @@ impl Gateway {
                 audit::Audit::open(target)
                     .map_err(|e| ConfigError(format!("server.audit_log {target}: {e}")))?
             },
-            report: Arc::new(report::Report::open(redis_url)?),
+            report: Arc::new(report::Report::open(persistence, database.as_ref())?),
             alerts: Arc::new(alerts::Alerts::new(
                 &config.spend_alerts,
-                redis_url,
+                (persistence, database.as_ref()),
                 config
                     .server
                     .alert_webhook
@@ -202,7 +230,7 @@ impl Gateway {
         });
         tokio::spawn(every(
             Arc::downgrade(&gateway),
-            report::FLUSH_EVERY,
+            gateway.report.flush_every(),
             async |gateway: &Gateway| keep_report(gateway).await,
         ));
         // The admin API's changes over the configuration: an unreachable shared store is read
@@ -449,8 +477,8 @@ async fn every(
     }
 }
 
-/// Marks the accounts served and, with Redis, adds the report's counters there (each
-/// [`report::FLUSH_EVERY`]; [`Gateway::stopped`] adds the last).
+/// Marks the accounts served and, kept in the state, adds the report's counters there (each
+/// [`report::Report::flush_every`]; [`Gateway::stopped`] adds the last).
 async fn keep_report(gateway: &Gateway) {
     let accounts = gateway.accounts.iter().map(|a| a.name.as_str());
     gateway
@@ -458,6 +486,53 @@ async fn keep_report(gateway: &Gateway) {
         .mark_up(accounts, std::time::SystemTime::now());
     if let Err(error) = gateway.report.flush().await {
         tracing::warn!(%error, "the report's counters wait for the next flush");
+    }
+}
+
+/// Says whether the Redis at `url` keeps its data (an append-only file, or snapshots), when
+/// `config` has caps over a period or spend alerts: a Redis that keeps nothing forgets their
+/// counts when it restarts (the caps then start from nothing: a month's spend cap spent
+/// again).
+async fn redis_keeps_its_data(url: &str, config: &Config) {
+    if !config.has_caps() && config.spend_alerts.is_empty() {
+        return;
+    }
+    let asked = async {
+        let client = redis::Client::open(url).ok()?;
+        let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+        let aof: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("appendonly")
+            .query_async(&mut connection)
+            .await
+            .ok()?;
+        let save: Vec<String> = redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("save")
+            .query_async(&mut connection)
+            .await
+            .ok()?;
+        Some((
+            aof.get(1).is_some_and(|v| v == "yes"),
+            save.get(1).is_some_and(|v| !v.trim().is_empty()),
+        ))
+    };
+    match tokio::time::timeout(Duration::from_secs(2), asked).await {
+        Ok(Some((true, _))) => tracing::info!("Redis keeps its data in an append-only file"),
+        Ok(Some((false, true))) => tracing::warn!(
+            "Redis keeps its data in snapshots only: a restart of Redis loses the caps' \
+             counts since the last snapshot; set `appendonly yes` (appendfsync always), or keep \
+             the state in Postgres"
+        ),
+        Ok(Some((false, false))) => tracing::warn!(
+            "Redis keeps nothing on disk: a restart of Redis forgets the caps' counts, the \
+             alerts raised and the report (a month's spend cap spent again); set `appendonly \
+             yes`, or keep the state in Postgres (--state postgres://...)"
+        ),
+        _ => tracing::warn!(
+            "cannot tell whether Redis keeps its data (CONFIG GET refused): the caps' counts \
+             last only as long as Redis does"
+        ),
     }
 }
 

@@ -19,6 +19,7 @@ pub(crate) mod routes;
 pub(crate) mod serve;
 pub(crate) mod state;
 pub(crate) mod status;
+pub(crate) mod store;
 pub(crate) mod tenancy;
 pub(crate) mod upstream;
 pub(crate) mod usage;

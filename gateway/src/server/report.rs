@@ -4,16 +4,22 @@
 //! capacity nobody used in the minutes nobody waited.
 //!
 //! Every finished request adds to counters by the hour (its row: account, tenant, model) and,
-//! for its account, by the minute (use per dimension; whether anyone queued). With
-//! `--redis-url` they are added in Redis every [`FLUSH_EVERY`] (one pipeline of `HINCRBY`, the
-//! hour's hash kept [`KEEP_HOURS`]), so the report covers every replica and survives a restart;
-//! else they are kept in memory for as long. An account's minute counts as served when a
-//! replica was up in it (each flush marks its minute), so hours without traffic count as idle.
+//! for its account, by the minute (use per dimension; whether anyone queued). They are added
+//! to the gateway's state every [`Report::flush_every`]: in Redis (one pipeline of `HINCRBY`,
+//! the hour's hash kept [`KEEP_HOURS`]), or in the SQL state's tables `report_rows` and
+//! `report_minutes` (one transaction of upserts), so the report covers every replica and
+//! survives a restart (a process killed loses what waited for the next flush, a fraction of a
+//! second); in memory (the demo) they are kept for as long. An account's minute counts as
+//! served when a replica was up in it (each flush marks its minute), so hours without traffic
+//! count as idle.
 //!
 //! With `[prices]`, every answered request whose usage was read also adds to the spend
-//! export's counters by the hour (its row: tenant, key, model, tier): requests, tokens by the
-//! kind each is priced as, and the spend its reservation settled, in nano-dollars. The export
-//! (`table=spend`) adds them up by day (UTC).
+//! export's counters (its row: tenant, key, model, tier): requests, tokens by the kind each
+//! is priced as, and the spend its reservation settled, in nano-dollars. The export
+//! (`table=spend`) adds them up by day (UTC). In an SQL state they go to the **ledger**,
+//! `ledger`, a row per day (`YYYY-MM-DD`, UTC), tenant, key, model and tier, which a finance
+//! user can query as it is: `SELECT day, tenant, sum(spend_nano_usd) / 1e9 AS usd FROM ledger
+//! GROUP BY 1, 2`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
@@ -24,9 +30,13 @@ use serde::Serialize;
 
 use super::audit::Entry;
 use super::config::ConfigError;
+use super::store::{Database, Persistence, Statement, Value};
 
 /// How often counters go to Redis.
-pub(crate) const FLUSH_EVERY: Duration = Duration::from_secs(2);
+const REDIS_FLUSH: Duration = Duration::from_secs(2);
+
+/// How often counters go to an SQL state: the most a process killed loses.
+const SQL_FLUSH: Duration = Duration::from_millis(250);
 
 /// How long an hour's counters are kept: 35 days (a month's review and some).
 pub(crate) const KEEP_HOURS: u64 = 35 * 24;
@@ -156,15 +166,17 @@ impl Tally {
 
 /// The report's counters, and where they are kept.
 pub(crate) struct Report {
-    /// Memory: everything; Redis: what the next flush adds.
+    /// Memory: everything; kept in the state: what the next flush adds.
     tally: Mutex<Tally>,
     redis: Option<ConnectionManager>,
+    database: Option<Database>,
 }
 
 impl std::fmt::Debug for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Report")
-            .field("shared", &self.redis.is_some())
+            .field("redis", &self.redis.is_some())
+            .field("database", &self.database.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -192,13 +204,33 @@ fn hour_key(hour: u64) -> String {
 }
 
 impl Report {
-    /// The report's counters: in Redis at `redis_url`, else in memory.
-    pub(crate) fn open(redis_url: Option<&str>) -> Result<Self, ConfigError> {
-        let redis = redis_url.map(|url| connection(url, "report")).transpose()?;
+    /// The report's counters: in the state of `persistence` (Redis, or the SQL `database`),
+    /// else in memory.
+    pub(crate) fn open(
+        persistence: &Persistence,
+        database: Option<&Database>,
+    ) -> Result<Self, ConfigError> {
+        let redis = (persistence.redis())
+            .map(|url| connection(url, "report"))
+            .transpose()?;
         Ok(Self {
             tally: Mutex::default(),
             redis,
+            database: database.cloned(),
         })
+    }
+
+    /// How often the counters are added to the state.
+    pub(crate) fn flush_every(&self) -> Duration {
+        match &self.database {
+            Some(_) => SQL_FLUSH,
+            None => REDIS_FLUSH,
+        }
+    }
+
+    /// Whether the counters are kept in the state (else in memory).
+    fn kept(&self) -> bool {
+        self.redis.is_some() || self.database.is_some()
     }
 
     fn tally(&self) -> std::sync::MutexGuard<'_, Tally> {
@@ -282,7 +314,7 @@ impl Report {
                 ],
             );
         }
-        if self.redis.is_none() {
+        if !self.kept() {
             tally.prune(now / 3_600);
         }
     }
@@ -296,22 +328,34 @@ impl Report {
         }
     }
 
-    /// Adds what waits to Redis, in one transaction (`MULTI`/`EXEC`: all of it or none);
-    /// what a refused connection kept from Redis waits for the next flush. After any other
-    /// failure (a timeout: it may have been added) it is dropped: counted once at most.
+    /// Adds what waits to the state, in one transaction (Redis's `MULTI`/`EXEC`, or an SQL
+    /// transaction: all of it or none); what a refused connection kept from Redis, or what an
+    /// SQL state refused, waits for the next flush. After any other Redis failure (a timeout:
+    /// it may have been added) it is dropped: counted once at most.
     ///
     /// # Cancel safety
     ///
     /// Dropped while the transaction is under way, what it carried may be added or not; it is
     /// not added again (counted once at most).
-    pub(crate) async fn flush(&self) -> Result<(), redis::RedisError> {
-        let Some(redis) = &self.redis else {
+    pub(crate) async fn flush(&self) -> Result<(), String> {
+        if !self.kept() {
             return Ok(());
-        };
+        }
         let tally = std::mem::take(&mut *self.tally());
         if tally.rows.is_empty() && tally.minutes.is_empty() && tally.spend.is_empty() {
             return Ok(());
         }
+        if let Some(database) = &self.database {
+            let result = database.transaction(sql_flush(&tally)).await;
+            if result.is_err() {
+                // Rolled back: put back, to be added by the next flush.
+                self.tally().merge(&tally);
+            }
+            return result.map(drop).map_err(|e| e.to_string());
+        }
+        let Some(redis) = &self.redis else {
+            return Ok(());
+        };
         let mut pipe = redis::pipe();
         pipe.atomic();
         let keep = i64::try_from(KEEP_HOURS * 3_600).unwrap_or(i64::MAX);
@@ -361,21 +405,27 @@ impl Report {
             // Never sent: put back, to be added by the next flush.
             self.tally().merge(&tally);
         }
-        result
+        result.map_err(|e| e.to_string())
     }
 
-    /// The counters of the hours from `since` to `until`: Redis's and what waits to be added,
-    /// or memory's.
-    async fn read(&self, since: u64, until: u64) -> Result<Tally, redis::RedisError> {
+    /// The counters of the hours from `since` to `until`: the state's and what waits to be
+    /// added, or memory's.
+    async fn read(&self, since: u64, until: u64) -> Result<Tally, String> {
         let (first, last) = (since / 3_600, until / 3_600);
         let mut tally = Tally::default();
+        if let Some(database) = &self.database {
+            tally = sql_read(database, (first, last)).await?;
+        }
         if let Some(redis) = &self.redis {
             let mut pipe = redis::pipe();
             for hour in first..=last {
                 pipe.hgetall(hour_key(hour));
             }
             let mut connection = redis.clone();
-            let hours: Vec<HashMap<String, u64>> = pipe.query_async(&mut connection).await?;
+            let hours: Vec<HashMap<String, u64>> = pipe
+                .query_async(&mut connection)
+                .await
+                .map_err(|e| e.to_string())?;
             for (hour, fields) in (first..=last).zip(hours) {
                 for (field, n) in fields {
                     let parts: Vec<&str> = field.split(SEP).collect();
@@ -430,7 +480,7 @@ impl Report {
         (since, until): (SystemTime, SystemTime),
         keep: impl Fn(&str) -> bool,
         limits: Option<&[AccountLimits]>,
-    ) -> Result<Review, redis::RedisError> {
+    ) -> Result<Review, String> {
         let (since, until) = (unix(since), unix(until).max(unix(since)));
         let tally = self.read(since, until).await?;
         let mut rows: BTreeMap<RowKey, Counters> = BTreeMap::new();
@@ -744,6 +794,202 @@ pub(crate) struct IdleView {
     pub(crate) idle_share: f64,
 }
 
+const ADD_ROW: &str = "INSERT INTO report_rows (hour, account, tenant, model, counter, n) \
+    VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (hour, account, tenant, model, counter) \
+    DO UPDATE SET n = report_rows.n + excluded.n";
+const ADD_MINUTE: &str = "INSERT INTO report_minutes (minute, account, counter, n) \
+    VALUES ($1, $2, $3, $4) ON CONFLICT (minute, account, counter) \
+    DO UPDATE SET n = report_minutes.n + excluded.n";
+/// A flag (`waited`, `up`): set, never added up over replicas.
+const SET_FLAG: &str = "INSERT INTO report_minutes (minute, account, counter, n) \
+    VALUES ($1, $2, $3, 1) ON CONFLICT (minute, account, counter) DO NOTHING";
+const ADD_LEDGER: &str = "INSERT INTO ledger (day, tenant, key, model, tier, requests, \
+    input_tokens, cache_read_tokens, cache_write_tokens, output_tokens, spend_nano_usd) \
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+    ON CONFLICT (day, tenant, key, model, tier) DO UPDATE SET \
+    requests = ledger.requests + excluded.requests, \
+    input_tokens = ledger.input_tokens + excluded.input_tokens, \
+    cache_read_tokens = ledger.cache_read_tokens + excluded.cache_read_tokens, \
+    cache_write_tokens = ledger.cache_write_tokens + excluded.cache_write_tokens, \
+    output_tokens = ledger.output_tokens + excluded.output_tokens, \
+    spend_nano_usd = ledger.spend_nano_usd + excluded.spend_nano_usd";
+const ROWS: &str = "SELECT hour, account, tenant, model, counter, n FROM report_rows \
+    WHERE hour >= $1 AND hour <= $2";
+const MINUTES: &str = "SELECT minute, account, counter, n FROM report_minutes \
+    WHERE minute >= $1 AND minute < $2";
+const LEDGER: &str = "SELECT day, tenant, key, model, tier, requests, input_tokens, \
+    cache_read_tokens, cache_write_tokens, output_tokens, spend_nano_usd FROM ledger \
+    WHERE day >= $1 AND day <= $2";
+const PRUNE_ROWS: &str = "DELETE FROM report_rows WHERE hour < $1";
+const PRUNE_MINUTES: &str = "DELETE FROM report_minutes WHERE minute < $1";
+
+/// The ledger's counters, in the order of its columns.
+const LEDGER_COUNTERS: [&str; 6] = [
+    "requests",
+    "input_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "output_tokens",
+    "spend",
+];
+
+/// The day (UTC) of the hour `hour` since the epoch, `2026-12-03`.
+fn day_of_hour(hour: u64) -> String {
+    let date = super::audit::rfc3339(UNIX_EPOCH + Duration::from_secs(hour / 24 * 86_400));
+    date.get(..10).unwrap_or(&date).to_owned()
+}
+
+/// The hour since the epoch of the day `day` (`2026-12-03`) began, if it reads.
+fn hour_of_day(day: &str) -> Option<u64> {
+    let mut parts = day.splitn(3, '-').map(str::parse::<u64>);
+    let (year, month, date) = (
+        parts.next()?.ok()?,
+        parts.next()?.ok()?,
+        parts.next()?.ok()?,
+    );
+    // Days from 1970-01-01 (H. Hinnant's days_from_civil).
+    let year = if month <= 2 {
+        year.checked_sub(1)?
+    } else {
+        year
+    };
+    let era = year / 400;
+    let yoe = year - era * 400;
+    let mp = if month > 2 { month - 3 } else { month + 9 };
+    let doy = (153 * mp + 2) / 5 + date.checked_sub(1)?;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = (era * 146_097 + doe).checked_sub(719_468)?;
+    Some(days * 24)
+}
+
+/// The statements adding `tally` to an SQL state, the oldest counters dropped.
+fn sql_flush(tally: &Tally) -> Vec<Statement> {
+    let mut statements = Vec::new();
+    for (hour, rows) in &tally.rows {
+        for ((account, tenant, model), counters) in rows {
+            for (name, n) in counters {
+                statements.push(Statement::new(
+                    ADD_ROW,
+                    vec![
+                        Value::from(*hour),
+                        account.as_str().into(),
+                        tenant.as_str().into(),
+                        model.as_str().into(),
+                        name.as_str().into(),
+                        Value::from(*n),
+                    ],
+                ));
+            }
+        }
+    }
+    for (minute, accounts) in &tally.minutes {
+        for (account, counters) in accounts {
+            for (name, n) in counters {
+                let flag = matches!(name.as_str(), "waited" | "up");
+                if flag && *n == 0 {
+                    continue;
+                }
+                let mut params = vec![
+                    Value::from(*minute),
+                    account.as_str().into(),
+                    name.as_str().into(),
+                ];
+                if !flag {
+                    params.push(Value::from(*n));
+                }
+                statements.push(Statement::new(
+                    if flag { SET_FLAG } else { ADD_MINUTE },
+                    params,
+                ));
+            }
+        }
+    }
+    for (hour, rows) in &tally.spend {
+        for ((tenant, key, model, tier), counters) in rows {
+            let mut params = vec![
+                Value::from(day_of_hour(*hour)),
+                tenant.as_str().into(),
+                key.as_str().into(),
+                model.as_str().into(),
+                tier.as_str().into(),
+            ];
+            for name in LEDGER_COUNTERS {
+                params.push(Value::from(counters.get(name).copied().unwrap_or(0)));
+            }
+            statements.push(Statement::new(ADD_LEDGER, params));
+        }
+    }
+    if let Some(&newest) = tally.rows.keys().next_back() {
+        let oldest = newest.saturating_sub(KEEP_HOURS);
+        statements.push(Statement::new(PRUNE_ROWS, vec![Value::from(oldest)]));
+        statements.push(Statement::new(
+            PRUNE_MINUTES,
+            vec![Value::from(oldest * 60)],
+        ));
+    }
+    statements
+}
+
+/// The counters of the hours `first` to `last` in an SQL state; the ledger's days that hold
+/// them, each day's rows counted in its first hour.
+async fn sql_read(database: &Database, (first, last): (u64, u64)) -> Result<Tally, String> {
+    let answers = database
+        .transaction(vec![
+            Statement::new(ROWS, vec![Value::from(first), Value::from(last)]),
+            Statement::new(
+                MINUTES,
+                vec![Value::from(first * 60), Value::from((last + 1) * 60)],
+            ),
+            Statement::new(
+                LEDGER,
+                vec![day_of_hour(first).into(), day_of_hour(last).into()],
+            ),
+        ])
+        .await
+        .map_err(|e| e.to_string())?;
+    let count = |v: &Value| u64::try_from(v.int()).unwrap_or(0);
+    let mut tally = Tally::default();
+    let mut answers = answers.into_iter();
+    for row in answers.next().unwrap_or_default() {
+        let [hour, account, tenant, model, name, n] = &row[..] else {
+            continue;
+        };
+        let key = (
+            account.text().into(),
+            tenant.text().into(),
+            model.text().into(),
+        );
+        tally.add_row(count(hour), key, &[(name.text(), count(n))]);
+    }
+    for row in answers.next().unwrap_or_default() {
+        let [minute, account, name, n] = &row[..] else {
+            continue;
+        };
+        tally.add_minute(count(minute), account.text(), &[(name.text(), count(n))]);
+    }
+    for row in answers.next().unwrap_or_default() {
+        let [day, tenant, key, model, tier, counters @ ..] = &row[..] else {
+            continue;
+        };
+        let Some(hour) = hour_of_day(day.text()) else {
+            continue;
+        };
+        let key = (
+            tenant.text().into(),
+            key.text().into(),
+            model.text().into(),
+            tier.text().into(),
+        );
+        let counters: Vec<(&str, u64)> = LEDGER_COUNTERS
+            .iter()
+            .zip(counters)
+            .map(|(name, n)| (*name, count(n)))
+            .collect();
+        tally.add_spend(hour, key, &counters);
+    }
+    Ok(tally)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -772,7 +1018,7 @@ mod tests {
 
     #[tokio::test]
     async fn rows_add_up_and_idle_quota_counts_the_minutes_nobody_waited() {
-        let report = Report::open(None).unwrap();
+        let report = Report::open(&Persistence::Memory, None).unwrap();
         let t0 = UNIX_EPOCH + Duration::from_secs(1_796_256_000); // a minute's start
         // Minute 1: 2 requests of 100 tokens, none queued. Minute 2: one that queued.
         report.record(&admitted("a", (60, 40), (60, 90), 0.0), t0);

@@ -25,6 +25,8 @@ use tower_llm_quota::{BoxError, Priority};
 use super::config::{
     Api, ConfigError, FallbackConfig, FallbackOn, Feature, ModelConfig, RampConfig,
 };
+use super::store::idempotency::SqliteRecords;
+use super::store::{Database, Persistence};
 use super::upstream::{Account, Governed, ScopeError, Scoped, UpBody};
 use tower_llm_quota::stack::QuotaBody;
 
@@ -54,17 +56,29 @@ impl Routed {
     }
 }
 
-/// The idempotency layer every target shares.
-pub(crate) fn idempotency(redis_url: Option<&str>) -> Result<IdempotencyLayer, ConfigError> {
+/// The idempotency layer every target shares: its records in the gateway's state (Redis,
+/// Postgres, the SQLite `database`), or in memory.
+pub(crate) fn idempotency(
+    persistence: &Persistence,
+    database: Option<&Database>,
+) -> Result<IdempotencyLayer, ConfigError> {
     // Only requests that carry a key are deduplicated: two callers sending the same body
     // both want an answer.
-    let layer = match redis_url {
-        None => IdempotencyLayer::in_memory(),
-        Some(url) => {
+    let layer = match (persistence, database) {
+        (Persistence::Redis(url), _) => {
             let store = tower_llm_quota_redis::RedisIdempotencyStore::open(url, "gateway")
                 .map_err(|e| ConfigError(format!("redis (idempotency): {e}")))?;
             IdempotencyLayer::new(store)
         }
+        (Persistence::Postgres(url), _) => {
+            let store = tower_llm_quota_postgres::PostgresIdempotencyStore::open(url)
+                .map_err(|e| ConfigError(format!("state (idempotency): {e}")))?;
+            IdempotencyLayer::new(store)
+        }
+        (_, Some(Database::Sqlite(sqlite))) => {
+            IdempotencyLayer::new(SqliteRecords::new(Arc::clone(sqlite)))
+        }
+        _ => IdempotencyLayer::in_memory(),
     };
     Ok(layer.derive_keys(false).ttl(Duration::from_secs(24 * 3600)))
 }

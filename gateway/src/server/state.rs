@@ -12,11 +12,14 @@
 //! One field per limit means two admins changing two limits of one node at once on two
 //! replicas both win: no field is read, changed and written back.
 //!
-//! Where it lives: with `--redis-url`, in a Redis hash beside a version counter that every
-//! write bumps in the same script; each replica reads the counter every
-//! `admin_sync_ms` and, when it moved, the whole map, and applies it. Without Redis, in the
-//! file `server.state_file` (written whole, through a temporary file and a rename, readable by
-//! its owner only), or in memory when none is configured (the demo's: lost at exit).
+//! Where it lives: in the gateway's state ([`Persistence`]). In Redis, a hash beside a version
+//! counter that every write bumps in the same script; in Postgres (or SQLite), the table
+//! `admin` beside the version in `meta`, bumped in the same transaction. With a store the
+//! replicas share, each reads the version every `admin_sync_ms` and, when it moved, the whole
+//! map, and applies it. In memory (the demo's) it is lost at exit, unless `server.state_file`
+//! names a JSON file (written whole, through a temporary file and a rename, readable by its
+//! owner only); with an SQL state, such a file of an earlier version is read once into the
+//! table `admin` when the table is empty.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,6 +34,7 @@ use tower_llm_quota::{Dimension, Limit};
 
 use super::auth::KeyRecord;
 use super::config::ConfigError;
+use super::store::{Database, Persistence, Statement, Value};
 
 /// The fields of the admin state.
 pub(crate) type Fields = BTreeMap<String, String>;
@@ -52,6 +56,7 @@ enum Backend {
         fields: Mutex<Fields>,
     },
     Redis(Box<Shared>),
+    Database(Database),
 }
 
 struct Shared {
@@ -68,6 +73,7 @@ impl std::fmt::Debug for StateStore {
             Backend::Memory(_) => "memory".to_owned(),
             Backend::File { path, .. } => format!("file {}", path.display()),
             Backend::Redis(shared) => format!("redis {}", shared.keys[0]),
+            Backend::Database(database) => database.name(),
         };
         f.debug_struct("StateStore").field("in", &kind).finish()
     }
@@ -96,11 +102,17 @@ return {version, redis.call('HGETALL', KEYS[1])}
 ";
 
 impl StateStore {
-    /// The store: Redis at `redis_url`, else the file `file`, else memory. A file that exists
-    /// is read now (an unreadable one is an error: the gateway does not start over it).
-    pub(crate) fn open(redis_url: Option<&str>, file: Option<&Path>) -> Result<Self, ConfigError> {
-        let backend = match (redis_url, file) {
-            (Some(url), _) => {
+    /// The store of `persistence`: Redis, the SQL `database`, or memory (in the file `file`,
+    /// when one is given). A file that exists is read now (an unreadable one is an error: the
+    /// gateway does not start over it); with a database, it is read into the table `admin`
+    /// when the table is empty (the admin state of an earlier version).
+    pub(crate) async fn open(
+        persistence: &Persistence,
+        database: Option<&Database>,
+        file: Option<&Path>,
+    ) -> Result<Self, ConfigError> {
+        let backend = match (persistence.redis(), database, file) {
+            (Some(url), _, _) => {
                 let config = ConnectionManagerConfig::new()
                     .set_connection_timeout(Some(Duration::from_secs(1)))
                     .set_response_timeout(Some(Duration::from_secs(1)))
@@ -119,25 +131,17 @@ impl StateStore {
                     read: redis::Script::new(READ),
                 }))
             }
-            (None, Some(path)) => {
-                let fields = match std::fs::read_to_string(path) {
-                    Ok(text) => serde_json::from_str(&text).map_err(|e| {
-                        ConfigError(format!("server.state_file {}: {e}", path.display()))
-                    })?,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => Fields::new(),
-                    Err(e) => {
-                        return Err(ConfigError(format!(
-                            "server.state_file {}: {e}",
-                            path.display()
-                        )));
-                    }
-                };
-                Backend::File {
-                    path: path.to_owned(),
-                    fields: Mutex::new(fields),
+            (None, Some(database), file) => {
+                if let Some(path) = file {
+                    import(database, &read_file(path)?).await?;
                 }
+                Backend::Database(database.clone())
             }
-            (None, None) => Backend::Memory(Mutex::default()),
+            (None, None, Some(path)) => Backend::File {
+                path: path.to_owned(),
+                fields: Mutex::new(read_file(path)?),
+            },
+            (None, None, None) => Backend::Memory(Mutex::default()),
         };
         Ok(Self {
             backend,
@@ -145,9 +149,13 @@ impl StateStore {
         })
     }
 
-    /// Whether other replicas write it too (Redis): it is then read again now and then.
+    /// Whether other replicas write it too (Redis, Postgres): it is then read again now and
+    /// then.
     pub(crate) fn is_shared(&self) -> bool {
-        matches!(self.backend, Backend::Redis(_))
+        matches!(
+            self.backend,
+            Backend::Redis(_) | Backend::Database(Database::Postgres(_))
+        )
     }
 
     /// Applies `change` and returns every field after it (with Redis, as this write left
@@ -188,6 +196,25 @@ impl StateStore {
                     .await
                     .map(|fields| fields.unwrap_or_default())
             }
+            Backend::Database(database) => {
+                let mut statements = Vec::with_capacity(change.len() + 2);
+                for (field, value) in change {
+                    statements.push(match value {
+                        Some(value) => Statement::new(SET_FIELD, vec![field.into(), value.into()]),
+                        None => Statement::new(REMOVE_FIELD, vec![field.into()]),
+                    });
+                }
+                statements.push(Statement::new(BUMP_VERSION, Vec::new()));
+                statements.push(Statement::new(FIELDS, Vec::new()));
+                let answers = database
+                    .transaction(statements)
+                    .await
+                    .map_err(|e| StoreError(e.to_string()))?;
+                let version = answers.iter().rev().nth(1).and_then(|rows| rows.first());
+                *self.read.lock().unwrap_or_else(|e| e.into_inner()) =
+                    version.and_then(|row| u64::try_from(row[0].int()).ok());
+                Ok(fields_of(answers.last()))
+            }
         }
     }
 
@@ -198,6 +225,23 @@ impl StateStore {
     ///
     /// Cancel safe: a reading changes nothing but which version counts as read.
     pub(crate) async fn read_all(&self) -> Result<Option<Fields>, StoreError> {
+        if let Backend::Database(database) = &self.backend {
+            let last = *self.read.lock().unwrap_or_else(|e| e.into_inner());
+            let answers = database
+                .transaction(vec![
+                    Statement::new(VERSION, Vec::new()),
+                    Statement::new(FIELDS, Vec::new()),
+                ])
+                .await
+                .map_err(|e| StoreError(format!("reading: {e}")))?;
+            let version = (answers.first().and_then(|rows| rows.first()))
+                .map_or(0, |row| u64::try_from(row[0].int()).unwrap_or(0));
+            if last == Some(version) {
+                return Ok(None);
+            }
+            *self.read.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
+            return Ok(Some(fields_of(answers.last())));
+        }
         let Backend::Redis(shared) = &self.backend else {
             let mut read = self.read.lock().unwrap_or_else(|e| e.into_inner());
             if read.replace(0).is_some() {
@@ -236,9 +280,73 @@ impl StateStore {
             Backend::Memory(fields) | Backend::File { fields, .. } => {
                 Some(fields.lock().unwrap_or_else(|e| e.into_inner()).clone())
             }
-            Backend::Redis(_) => None,
+            Backend::Redis(_) | Backend::Database(_) => None,
         }
     }
+}
+
+const SET_FIELD: &str = "INSERT INTO admin (field, value) VALUES ($1, $2) \
+    ON CONFLICT (field) DO UPDATE SET value = excluded.value";
+const REMOVE_FIELD: &str = "DELETE FROM admin WHERE field = $1";
+const BUMP_VERSION: &str = "INSERT INTO meta (name, value) VALUES ('admin_version', 1) \
+    ON CONFLICT (name) DO UPDATE SET value = meta.value + 1 RETURNING value";
+const VERSION: &str = "SELECT coalesce(max(value), 0) FROM meta WHERE name = 'admin_version'";
+const FIELDS: &str = "SELECT field, value FROM admin";
+const COUNT_FIELDS: &str = "SELECT count(*) FROM admin";
+
+/// The fields of a statement's rows (`field`, `value`).
+fn fields_of(rows: Option<&Vec<super::store::Row>>) -> Fields {
+    (rows.into_iter().flatten())
+        .map(|row| (row[0].text().to_owned(), row[1].text().to_owned()))
+        .collect()
+}
+
+/// The fields of the JSON file at `path`, none if it does not exist.
+fn read_file(path: &Path) -> Result<Fields, ConfigError> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map_err(|e| ConfigError(format!("server.state_file {}: {e}", path.display()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Fields::new()),
+        Err(e) => Err(ConfigError(format!(
+            "server.state_file {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// Writes `fields` (an earlier version's file) into `database`'s empty table `admin`.
+async fn import(database: &Database, fields: &Fields) -> Result<(), ConfigError> {
+    if fields.is_empty() {
+        return Ok(());
+    }
+    let failed = |e: &dyn std::fmt::Display| ConfigError(format!("server.state_file: {e}"));
+    let answers = database
+        .transaction(vec![Statement::new(COUNT_FIELDS, Vec::new())])
+        .await
+        .map_err(|e| failed(&e))?;
+    let count = (answers.first().and_then(|rows| rows.first())).map_or(0, |row| row[0].int());
+    if count > 0 {
+        return Ok(());
+    }
+    let mut statements: Vec<Statement> = fields
+        .iter()
+        .map(|(field, value)| {
+            Statement::new(
+                SET_FIELD,
+                vec![Value::from(field.as_str()), value.as_str().into()],
+            )
+        })
+        .collect();
+    statements.push(Statement::new(BUMP_VERSION, Vec::new()));
+    database
+        .transaction(statements)
+        .await
+        .map_err(|e| failed(&e))?;
+    tracing::warn!(
+        fields = fields.len(),
+        "server.state_file read into the state database"
+    );
+    Ok(())
 }
 
 /// The field of a node's limit of `dimension` per `period_seconds`.
@@ -413,7 +521,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("state.json");
         let _ = std::fs::remove_file(&path);
-        let store = StateStore::open(None, Some(&path)).unwrap();
+        let store = StateStore::open(&Persistence::Memory, None, Some(&path))
+            .await
+            .unwrap();
         assert_eq!(store.read_all().await.unwrap(), Some(Fields::new()));
         assert_eq!(store.read_all().await.unwrap(), None, "nothing new");
         let fields = store
@@ -425,7 +535,9 @@ mod tests {
             .unwrap();
         assert_eq!(fields.len(), 2);
         store.write(vec![("weight:a".into(), None)]).await.unwrap();
-        let again = StateStore::open(None, Some(&path)).unwrap();
+        let again = StateStore::open(&Persistence::Memory, None, Some(&path))
+            .await
+            .unwrap();
         let fields = again.read_all().await.unwrap().unwrap();
         assert_eq!(
             fields.into_iter().collect::<Vec<_>>(),
@@ -483,11 +595,13 @@ mod tests {
         assert_eq!(node.guarantee(), 0.25, "the rest of the node is kept");
     }
 
-    #[test]
-    fn an_unreadable_file_stops_the_start() {
+    #[tokio::test]
+    async fn an_unreadable_file_stops_the_start() {
         let path = std::env::temp_dir().join(format!("llm-quota-bad-{}.json", std::process::id()));
         std::fs::write(&path, "not json").unwrap();
-        let error = StateStore::open(None, Some(&path)).unwrap_err();
+        let error = StateStore::open(&Persistence::Memory, None, Some(&path))
+            .await
+            .unwrap_err();
         assert!(error.0.contains("server.state_file"), "{error}");
         std::fs::remove_file(&path).unwrap();
     }

@@ -24,10 +24,44 @@ use tower_llm_quota::queue::QueueHandle;
 use tower_llm_quota::stack::{QuotaService, QuotaStack};
 use tower_llm_quota::tenant::{TenantHandle, TenantTree};
 use tower_llm_quota::{BoxError, Budget, Quota};
+use tower_llm_quota_postgres::PostgresBudget;
 use tower_llm_quota_redis::RedisBudget;
 use tower_llm_quota_sim::{Faults, SimConfig, Simulator};
 
 use super::config::{AccountConfig, Api, ConfigError, ProfileName, ScopeConfig};
+use super::store::Persistence;
+use super::store::caps::CapsRecord;
+
+/// Where an account's budgets are kept, and what holds while the state cannot be written.
+#[derive(Debug, Clone)]
+pub(crate) struct Keeping {
+    /// In memory (one gateway), or in the replicas' store (Redis or Postgres).
+    pub(crate) persistence: Persistence,
+    /// Refuse while the store cannot answer (else admit from half the quota).
+    pub(crate) fail_closed: bool,
+    /// With a store: admit from leased shares renewed this often (else ask per admission).
+    pub(crate) lease: Option<Duration>,
+    /// One gateway's caps, recorded in its SQLite state: a request they count is sent once
+    /// its admission's counts are committed.
+    pub(crate) caps: Option<Arc<CapsRecord>>,
+}
+
+/// A request the state could not make durable (its caps' counts not committed): refused,
+/// nothing sent.
+#[derive(Debug)]
+pub(crate) struct StateRefused(pub(crate) super::store::DatabaseError);
+
+impl std::fmt::Display for StateRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the gateway's state refused the caps' counts: {}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for StateRefused {}
 
 /// A provider's response body, boxed.
 pub(crate) type UpBody = BoxBody<Bytes, BoxError>;
@@ -155,7 +189,7 @@ struct Maker {
     account: AccountConfig,
     /// The budget whose tenant state every scope serves.
     tenants_of: Budget,
-    shared: (Option<String>, bool, Option<Duration>),
+    keeping: Keeping,
     /// The client under the stacks: through the gate, with scopes.
     upstream: Upstream,
     prices: Option<Arc<PriceTable>>,
@@ -166,8 +200,7 @@ impl Maker {
     async fn make(&self, name: &str, quota: &Quota) -> Result<Scoped, ConfigError> {
         let full = format!("{}/{name}", self.account.name);
         let quota = quota.clone().with_name(full.as_str());
-        let (url, fail_closed, lease) = &self.shared;
-        let budget = budget(&full, &quota, (url.as_deref(), *fail_closed, *lease)).await?;
+        let budget = budget(&full, &quota, &self.keeping).await?;
         let budget = budget.with_tenants_of(&self.tenants_of);
         Ok(Scoped {
             name: Some(name.into()),
@@ -182,30 +215,61 @@ impl Maker {
     }
 }
 
-/// A budget of `quota`, in memory or shared through the store at `redis_url` under `name`.
-async fn budget(
-    name: &str,
-    quota: &Quota,
-    (redis_url, fail_closed, lease): (Option<&str>, bool, Option<Duration>),
-) -> Result<Budget, ConfigError> {
-    let Some(url) = redis_url else {
-        return Ok(Budget::new(quota.clone()));
-    };
-    let policy = if fail_closed {
+/// A budget of `quota`, in memory or shared through the replicas' store under `name`.
+async fn budget(name: &str, quota: &Quota, keeping: &Keeping) -> Result<Budget, ConfigError> {
+    let policy = if keeping.fail_closed {
         FailurePolicy::FailClosed
     } else {
         FailurePolicy::local_share_of(2)
     };
-    let mut budget = RedisBudget::new(url, name.to_owned())
-        .prefix("gateway")
-        .failure_policy(policy);
-    if let Some(refresh) = lease {
-        budget = budget.leased_shares(refresh);
+    match &keeping.persistence {
+        Persistence::Redis(url) => {
+            let mut budget = RedisBudget::new(url, name.to_owned())
+                .prefix("gateway")
+                .failure_policy(policy);
+            if let Some(refresh) = keeping.lease {
+                budget = budget.leased_shares(refresh);
+            }
+            budget
+                .connect(quota)
+                .await
+                .map_err(|e| ConfigError(format!("account `{name}`: redis: {e}")))
+        }
+        Persistence::Postgres(url) => {
+            let mut budget = PostgresBudget::new(url, name.to_owned())
+                .prefix("gateway")
+                .failure_policy(policy);
+            if let Some(refresh) = keeping.lease {
+                budget = budget.leased_shares(refresh);
+            }
+            budget
+                .connect(quota)
+                .await
+                .map_err(|e| ConfigError(format!("account `{name}`: {e}")))
+        }
+        Persistence::Memory | Persistence::Sqlite(_) => Ok(Budget::new(quota.clone())),
     }
-    budget
-        .connect(quota)
-        .await
-        .map_err(|e| ConfigError(format!("account `{name}`: redis: {e}")))
+}
+
+/// `client`, sending a request only once the caps' counts of its admission are committed
+/// (`caps`: one gateway's SQLite state); when they cannot be, refused (`fail_closed`) or sent
+/// with a warning.
+fn durable(client: Client, caps: Option<Arc<CapsRecord>>, fail_closed: bool) -> Client {
+    let Some(caps) = caps else {
+        return client;
+    };
+    BoxCloneSyncService::new(tower::service_fn(move |request: Request<Full<Bytes>>| {
+        let (client, caps) = (client.clone(), Arc::clone(&caps));
+        async move {
+            if let Err(error) = caps.durable().await {
+                if fail_closed {
+                    return Err(Box::new(StateRefused(error)) as BoxError);
+                }
+                tracing::warn!(%error, "sent though the caps' counts are not durable");
+            }
+            client.oneshot(request).await
+        }
+    }))
 }
 
 /// A governed stack per API of the account over `budget`, pricing requests at `prices`.
@@ -421,15 +485,15 @@ fn client(simulator: Option<&Simulator>, tls: rustls::ClientConfig) -> Client {
 
 impl Account {
     /// Builds an account, its budget serving the tenant `tree`, or the tenants of the budget
-    /// of the account built `before` it: a tenant's limits, calls in flight, daily caps and
-    /// pauses hold over every account it uses. With `redis_url` the account's quota and
-    /// every node's limits are also kept in Redis for the other replicas (failing closed or
-    /// not, and admitting from a share leased every `lease` rather than asking per
-    /// admission); daily caps and caps on calls in flight stay in each replica.
+    /// of the account built `before` it: a tenant's limits, calls in flight, caps over a
+    /// period and pauses hold over every account it uses. Kept in the replicas' store
+    /// (`keeping`), the account's quota and every node's limits and controls hold over every
+    /// replica (failing closed or not, and admitting from a share leased every `lease` rather
+    /// than asking per admission).
     pub(crate) async fn new(
         config: &AccountConfig,
         (tree, before): (&TenantTree, Option<&Budget>),
-        (redis_url, fail_closed, lease): (Option<&str>, bool, Option<Duration>),
+        keeping: &Keeping,
         prices: Option<&Arc<PriceTable>>,
     ) -> Result<Self, ConfigError> {
         let error = |message: String| ConfigError(format!("account `{}`: {message}", config.name));
@@ -460,8 +524,11 @@ impl Account {
             }
         };
         let tls = tls_config(config.ca_file.as_deref()).map_err(error)?;
-        let shared = (redis_url, fail_closed, lease);
-        let client = client(simulator.as_ref(), tls);
+        let client = durable(
+            client(simulator.as_ref(), tls),
+            keeping.caps.clone(),
+            keeping.fail_closed,
+        );
         // Named after the account: its depth gauges are its own.
         // The account's caps go where every request of it passes: the gate when it has one.
         let quota = (config.caps.iter().copied())
@@ -470,15 +537,15 @@ impl Account {
         let (main_quota, gate) = if config.is_scoped() {
             // The account-wide limits move to the gate; the models no scope names have no
             // limits of their own but the tenants'.
-            let gate = budget(&config.name, &quota, shared).await?;
+            let gate = budget(&config.name, &quota, keeping).await?;
             let main = Quota::new().with_name(format!("{}/*", config.name));
             (main, Some(gate))
         } else {
             (quota, None)
         };
         let budget = match &gate {
-            Some(_) => budget(&format!("{}/*", config.name), &main_quota, shared).await?,
-            None => budget(&config.name, &main_quota, shared).await?,
+            Some(_) => budget(&format!("{}/*", config.name), &main_quota, keeping).await?,
+            None => budget(&config.name, &main_quota, keeping).await?,
         };
         let budget = match before {
             Some(before) => budget.with_tenants_of(before),
@@ -501,7 +568,7 @@ impl Account {
         let maker = Maker {
             account: config.clone(),
             tenants_of: budget,
-            shared: (redis_url.map(str::to_owned), fail_closed, lease),
+            keeping: keeping.clone(),
             upstream,
             prices: prices.cloned(),
         };

@@ -8,6 +8,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::server::config::Config;
+use crate::server::store::Persistence;
 use crate::server::{Gateway, serve};
 
 /// The demo configuration, with a simulator that answers at once.
@@ -42,22 +43,23 @@ pub(crate) struct Running {
 impl Running {
     /// Starts serving `config` on a free loopback port.
     pub(crate) async fn start(config: &str) -> Self {
-        Self::serve(config, None).await
+        Self::serve(config, &Persistence::Memory).await
     }
 
     /// Starts serving `config`, its accounts' budgets shared through the Redis at `redis`.
     pub(crate) async fn start_shared(config: &str, redis: &str) -> Self {
-        Self::serve(config, Some(redis)).await
+        Self::serve(config, &Persistence::Redis(redis.to_owned())).await
     }
 
-    async fn serve(config: &str, redis: Option<&str>) -> Self {
+    /// Starts serving `config`, its state kept as `persistence` says.
+    pub(crate) async fn serve(config: &str, persistence: &Persistence) -> Self {
         let mut config = Config::from_toml(config).expect("a valid configuration");
         // The tests' output stays readable: the audit log only where a test asks for it.
         config
             .server
             .audit_log
             .get_or_insert_with(|| "off".to_owned());
-        let gateway = Gateway::new(&config, redis)
+        let gateway = Gateway::new(&config, persistence)
             .await
             .expect("the gateway starts");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -158,7 +158,13 @@ async fn a_ca_file_unreadable_or_without_a_certificate_is_a_config_error() {
     for (ca, expected) in [(&empty, "no certificate"), (&missing, "ca_file")] {
         let config = Config::from_toml(&with_ca(fixed_config("https://localhost:1"), ca)).unwrap();
         let tree = config.tenant_tree().unwrap().0;
-        let error = Account::new(&config.accounts[0], (&tree, None), (None, true, None), None)
+        let keeping = crate::server::upstream::Keeping {
+            persistence: crate::server::store::Persistence::Memory,
+            fail_closed: true,
+            lease: None,
+            caps: None,
+        };
+        let error = Account::new(&config.accounts[0], (&tree, None), &keeping, None)
             .await
             .unwrap_err()
             .to_string();

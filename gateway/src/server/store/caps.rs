@@ -1,0 +1,147 @@
+//! The caps' counts of a single gateway in its SQLite state: recorded as they change, durable
+//! before a request they count is sent, restored at start.
+//!
+//! The budgets count every cap in memory (an admission takes its estimate, a settlement its
+//! correction); each change goes to the table `caps`, the period's count as it now is, in the
+//! next group commit. A request on a path with caps is sent only once the counts of its
+//! admission are committed ([`CapsRecord::durable`]). So after the gateway is killed, a cap
+//! restored at the next start is never below what the answers sent used: an answer's
+//! settlement committed, or its estimate (never below its usage when `max_tokens` is held to
+//! what the caps have left) is. Stopped by SIGTERM, every answer is settled first: the caps
+//! restore exactly what was used.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use tower_llm_quota::Dimension;
+use tower_llm_quota::tenant::{CapRecord, CapScope, CapWindow, PeriodCap, Tenant, TenantHandle};
+
+use super::{DatabaseError, Sqlite, Statement, Value};
+
+const RECORD: &str = "INSERT INTO caps (scope, dimension, window, since, used) \
+    VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, dimension, window, since) \
+    DO UPDATE SET used = excluded.used";
+const CURRENT: &str = "SELECT scope, dimension, window, since, used FROM caps WHERE since >= $1";
+const PRUNE: &str = "DELETE FROM caps WHERE since < $1";
+
+/// How far back counts are kept: a month and its successor.
+const KEEP_SECONDS: i64 = 62 * 86_400;
+
+/// The caps' counts in an SQLite state.
+#[derive(Debug)]
+pub(crate) struct CapsRecord {
+    sqlite: Arc<Sqlite>,
+}
+
+/// How a window is named in the table.
+fn window_name(window: CapWindow) -> &'static str {
+    match window {
+        CapWindow::CalendarDayUtc => "calendar_day_utc",
+        CapWindow::CalendarMonthUtc => "calendar_month_utc",
+        CapWindow::Rolling => "rolling",
+    }
+}
+
+fn window_named(name: &str) -> Option<CapWindow> {
+    [
+        CapWindow::CalendarDayUtc,
+        CapWindow::CalendarMonthUtc,
+        CapWindow::Rolling,
+    ]
+    .into_iter()
+    .find(|w| window_name(*w) == name)
+}
+
+/// How a scope is named in the table: a node's path, or `/` and an account's name (no path
+/// starts with `/`).
+fn scope_name(scope: CapScope<'_>) -> Option<String> {
+    match scope {
+        CapScope::Node(node) => Some(node.as_str().to_owned()),
+        CapScope::Account(account) => Some(format!("/{account}")),
+        _ => None,
+    }
+}
+
+impl CapRecord for CapsRecord {
+    fn counted(&self, scope: CapScope<'_>, cap: &PeriodCap, since: u64, used: u64) {
+        let Some(scope) = scope_name(scope) else {
+            return;
+        };
+        self.sqlite.write(Statement::new(
+            RECORD,
+            vec![
+                Value::Text(scope),
+                cap.dimension().as_str().into(),
+                window_name(cap.window()).into(),
+                since.into(),
+                used.into(),
+            ],
+        ));
+    }
+}
+
+impl CapsRecord {
+    pub(crate) fn new(sqlite: Arc<Sqlite>) -> Self {
+        Self { sqlite }
+    }
+
+    /// Waits until every count recorded so far is committed: an error when its commit
+    /// failed (a full disk, a read-only file).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits.
+    pub(crate) async fn durable(&self) -> Result<(), DatabaseError> {
+        match self.sqlite.queued() {
+            0 => Ok(()),
+            seq => self.sqlite.committed(seq).await,
+        }
+    }
+
+    /// Restores into `tenants` the counts of every period that has not ended (the caps the
+    /// configuration has: a count of a cap removed since is left alone), and forgets those
+    /// two months old. Returns how many periods were restored.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: what was restored stays; the rest may be restored again.
+    pub(crate) async fn restore(&self, tenants: &TenantHandle) -> Result<usize, DatabaseError> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let oldest = now.saturating_sub(KEEP_SECONDS);
+        let answers = self
+            .sqlite
+            .transaction(vec![
+                Statement::new(PRUNE, vec![Value::Int(oldest)]),
+                Statement::new(CURRENT, vec![Value::Int(oldest)]),
+            ])
+            .await?;
+        let mut restored = 0;
+        for row in answers.into_iter().nth(1).unwrap_or_default() {
+            let [scope, dimension, window, since, used] = &row[..] else {
+                continue;
+            };
+            let (Some(dimension), Some(window)) = (
+                Dimension::ALL
+                    .into_iter()
+                    .find(|d| d.as_str() == dimension.text()),
+                window_named(window.text()),
+            ) else {
+                continue;
+            };
+            // The amount is not read back: the cap of this dimension and window is restored.
+            let cap = PeriodCap::new(dimension, std::num::NonZeroU64::MIN, window);
+            let (since, used) = (since.int().max(0) as u64, used.int().max(0) as u64);
+            match scope.text().strip_prefix('/') {
+                Some(account) => tenants.restore_cap(CapScope::Account(account), cap, since, used),
+                None => match Tenant::parse(scope.text()) {
+                    Ok(node) => tenants.restore_cap(CapScope::Node(&node), cap, since, used),
+                    Err(_) => continue,
+                },
+            }
+            restored += 1;
+        }
+        Ok(restored)
+    }
+}
