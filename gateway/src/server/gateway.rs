@@ -56,6 +56,8 @@ pub(crate) struct Gateway {
     pub(crate) audit: audit::Audit,
     /// The counters of `GET /admin/report`.
     pub(crate) report: Arc<report::Report>,
+    /// The SQL state, when there is one: flushed when the gateway stops.
+    database: Option<Database>,
     /// The spend alerts, and their webhook's queue.
     pub(crate) alerts: Arc<alerts::Alerts>,
     /// The exporter of a span per request (`server.otlp_endpoint`).
@@ -213,6 +215,7 @@ impl Gateway {
                     .map_err(|e| ConfigError(format!("server.audit_log {target}: {e}")))?
             },
             report: Arc::new(report::Report::open(persistence, database.as_ref())?),
+            database: database.clone(),
             alerts: Arc::new(alerts::Alerts::new(
                 &config.spend_alerts,
                 (persistence, database.as_ref()),
@@ -275,6 +278,12 @@ impl Gateway {
         self.report.mark_up(accounts, std::time::SystemTime::now());
         if let Err(error) = self.report.flush().await {
             tracing::warn!(%error, "the report's last counters were not added");
+        }
+        // The caps' last counts (the requests drained settled them) and whatever else waits.
+        if let Some(database) = &self.database
+            && let Err(error) = database.flushed().await
+        {
+            tracing::warn!(%error, "the state's last writes were not committed");
         }
         #[cfg(feature = "otel")]
         if let Some(otel) = &self.otel {

@@ -19,6 +19,7 @@ mod otel;
 mod pushback;
 mod replicas;
 mod report;
+mod restart;
 mod routing;
 mod scopes;
 mod sdk;

@@ -172,7 +172,6 @@ pub(crate) struct Binary {
 impl Binary {
     /// Runs the binary with `config`, under an open-file limit of `open_files` when given.
     pub(crate) fn start(config: &str, open_files: Option<u32>) -> Self {
-        use std::io::BufRead;
         use std::sync::atomic::{AtomicU32, Ordering};
         static RUNS: AtomicU32 = AtomicU32::new(0);
         let path = std::env::temp_dir().join(format!(
@@ -181,35 +180,101 @@ impl Binary {
             RUNS.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::write(&path, config).unwrap();
-        let limit = open_files.map_or_else(String::new, |n| format!("ulimit -n {n} && "));
-        let mut process = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "{limit}exec \"$0\" --config \"$1\" --listen 127.0.0.1:0"
-            ))
-            .arg(env!("CARGO_BIN_EXE_llm-quota-gateway"))
-            .arg(&path)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .expect("the gateway binary starts");
-        let stdout = process.stdout.take().unwrap();
-        let mut lines = std::io::BufReader::new(stdout).lines();
-        let url = loop {
-            let line = lines
-                .next()
-                .expect("the gateway prints its address")
-                .unwrap();
-            if let Some(rest) = line.strip_prefix("gateway listening on ") {
-                break rest.split_whitespace().next().unwrap().to_owned();
-            }
-        };
-        // Keep reading its output so that it never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+        let (process, url) = spawn(&path, &[], open_files);
         Self {
             process,
             url,
             config: path,
+        }
+    }
+}
+
+/// Starts the binary with the configuration file `path` and `args`, under an open-file
+/// limit of `open_files` when given: the child, and the address it printed.
+pub(crate) fn spawn(
+    path: &std::path::Path,
+    args: &[String],
+    open_files: Option<u32>,
+) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    let limit = open_files.map_or_else(String::new, |n| format!("ulimit -n {n} && "));
+    let mut process = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{limit}config=\"$1\"; shift; exec \"$0\" --config \"$config\" --listen 127.0.0.1:0 \"$@\""
+        ))
+        .arg(env!("CARGO_BIN_EXE_llm-quota-gateway"))
+        .arg(path)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("the gateway binary starts");
+    let stdout = process.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("the gateway prints its address")
+            .unwrap();
+        if let Some(rest) = line.strip_prefix("gateway listening on ") {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    // Keep reading its output so that it never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    (process, url)
+}
+
+/// The gateway binary with a configuration file and arguments of its own, stopped and
+/// started again at will (its state, in a file beside the configuration by default, kept
+/// between its lives).
+pub(crate) struct Restartable {
+    path: std::path::PathBuf,
+    args: Vec<String>,
+    process: Option<std::process::Child>,
+    pub(crate) url: String,
+}
+
+impl Restartable {
+    /// Writes `config` to `path` and starts the binary with it and `args`.
+    pub(crate) fn start(path: &std::path::Path, config: &str, args: &[String]) -> Self {
+        std::fs::write(path, config).unwrap();
+        let (process, url) = spawn(path, args, None);
+        Self {
+            path: path.to_owned(),
+            args: args.to_vec(),
+            process: Some(process),
+            url,
+        }
+    }
+
+    /// Stops it with `signal` (`-TERM`: a drain; `-KILL`) and waits for its end.
+    pub(crate) fn stop(&mut self, signal: &str) {
+        let Some(mut process) = self.process.take() else {
+            return;
+        };
+        let sent = std::process::Command::new("kill")
+            .args([signal, &process.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let _ = process.wait();
+    }
+
+    /// Starts it again (a new address).
+    pub(crate) fn restart(&mut self) {
+        let (process, url) = spawn(&self.path, &self.args, None);
+        self.process = Some(process);
+        self.url = url;
+    }
+}
+
+impl Drop for Restartable {
+    fn drop(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            let _ = process.kill();
+            let _ = process.wait();
         }
     }
 }

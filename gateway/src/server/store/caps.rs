@@ -18,10 +18,11 @@ use tower_llm_quota::tenant::{CapRecord, CapScope, CapWindow, PeriodCap, Tenant,
 
 use super::{DatabaseError, Sqlite, Statement, Value};
 
-const RECORD: &str = "INSERT INTO caps (scope, dimension, window, since, used) \
-    VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, dimension, window, since) \
+const RECORD: &str = "INSERT INTO caps (scope, dimension, cap_window, since, used) \
+    VALUES ($1, $2, $3, $4, $5) ON CONFLICT (scope, dimension, cap_window, since) \
     DO UPDATE SET used = excluded.used";
-const CURRENT: &str = "SELECT scope, dimension, window, since, used FROM caps WHERE since >= $1";
+const CURRENT: &str =
+    "SELECT scope, dimension, cap_window, since, used FROM caps WHERE since >= $1";
 const PRUNE: &str = "DELETE FROM caps WHERE since < $1";
 
 /// How far back counts are kept: a month and its successor.

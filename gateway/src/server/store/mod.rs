@@ -250,6 +250,19 @@ impl Database {
         }
     }
 
+    /// Waits until every write queued so far is committed (SQLite's writes are queued;
+    /// Postgres's are done when their call returns).
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only waits.
+    pub(crate) async fn flushed(&self) -> Result<(), DatabaseError> {
+        match self {
+            Database::Sqlite(sqlite) => sqlite.committed(sqlite.queued()).await,
+            Database::Postgres(_) => Ok(()),
+        }
+    }
+
     /// The database, as logs name it.
     pub(crate) fn name(&self) -> String {
         match self {
@@ -283,9 +296,9 @@ CREATE TABLE ledger (day TEXT NOT NULL, tenant TEXT NOT NULL, key TEXT NOT NULL,
     input_tokens INTEGER NOT NULL, cache_read_tokens INTEGER NOT NULL,
     cache_write_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
     spend_nano_usd INTEGER NOT NULL, PRIMARY KEY (day, tenant, key, model, tier));
-CREATE TABLE caps (scope TEXT NOT NULL, dimension TEXT NOT NULL, window TEXT NOT NULL,
+CREATE TABLE caps (scope TEXT NOT NULL, dimension TEXT NOT NULL, cap_window TEXT NOT NULL,
     since INTEGER NOT NULL, used INTEGER NOT NULL,
-    PRIMARY KEY (scope, dimension, window, since));
+    PRIMARY KEY (scope, dimension, cap_window, since));
 CREATE TABLE operations (key TEXT PRIMARY KEY, completed INTEGER NOT NULL, owner TEXT NOT NULL,
     meta BLOB, body BLOB, expires INTEGER NOT NULL);
 ";
@@ -306,9 +319,9 @@ CREATE TABLE ledger (day text NOT NULL, tenant text NOT NULL, key text NOT NULL,
     input_tokens bigint NOT NULL, cache_read_tokens bigint NOT NULL,
     cache_write_tokens bigint NOT NULL, output_tokens bigint NOT NULL,
     spend_nano_usd bigint NOT NULL, PRIMARY KEY (day, tenant, key, model, tier));
-CREATE TABLE caps (scope text NOT NULL, dimension text NOT NULL, window text NOT NULL,
+CREATE TABLE caps (scope text NOT NULL, dimension text NOT NULL, cap_window text NOT NULL,
     since bigint NOT NULL, used bigint NOT NULL,
-    PRIMARY KEY (scope, dimension, window, since));
+    PRIMARY KEY (scope, dimension, cap_window, since));
 CREATE TABLE operations (key text PRIMARY KEY, completed bigint NOT NULL, owner text NOT NULL,
     meta bytea, body bytea, expires bigint NOT NULL);
 ";
