@@ -19,6 +19,8 @@
 //!   put its [`RequestEstimate`] in the request's extensions: the layer then prices it, learns
 //!   its output and puts its `Cost` without reading the body again (it reads a streamed
 //!   request's body only to ask for its usage). A `Cost` already there is kept as it is.
+//! - [`LargestOutput`]: the most output each model may answer, what a request without a
+//!   `max_tokens` is reserved at where a cap must never be passed.
 //! - [`LearnedOutput`]: optionally reserve the p95 of a route's recent outputs instead of the
 //!   full `max_tokens`; whatever reads the real usage feeds it through the [`OutputRoute`] the
 //!   layer puts in the request's extensions.
@@ -102,6 +104,7 @@
 
 mod estimator;
 mod future;
+mod largest;
 mod layer;
 mod learned;
 mod request;
@@ -112,6 +115,7 @@ mod tiktoken;
 
 pub use estimator::{CharEstimator, Estimator};
 pub use future::{InjectedStreamUsage, ResponseFuture};
+pub use largest::LargestOutput;
 pub use layer::EstimateLayer;
 pub use learned::{InvalidQuantile, LearnedOutput, OutputRoute};
 pub use request::{

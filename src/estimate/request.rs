@@ -193,6 +193,27 @@ impl RequestEstimate {
         self.max_output_tokens
     }
 
+    /// The same request with the output bound `tokens` per choice, known some other way
+    /// than from its body (the model's largest output, for a request that sets none): its
+    /// cost reserves it.
+    ///
+    /// ```
+    /// use tower_llm_quota::estimate::{CharEstimator, Defaults, read_request};
+    ///
+    /// let body = br#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hi"}]}"#;
+    /// let read = read_request(body, &CharEstimator::new(), &Defaults::new()).unwrap();
+    /// assert_eq!(read.max_output_tokens(), None);
+    /// let bounded = read.with_output_bound(16_384);
+    /// assert_eq!(bounded.cost(&Defaults::new()).output_tokens(), 16_384);
+    /// ```
+    #[must_use]
+    pub fn with_output_bound(self, tokens: u64) -> Self {
+        Self {
+            max_output_tokens: Some(tokens),
+            ..self
+        }
+    }
+
     /// Choices asked for (`n`), at least 1.
     pub fn choices(&self) -> u64 {
         self.choices

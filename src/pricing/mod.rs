@@ -357,6 +357,23 @@ impl ModelPrices {
     }
 }
 
+/// The value of `model` in `entries` keyed by patterns: its exact name's, else its longest
+/// matching prefix's (a pattern ending in `*`).
+pub(crate) fn by_model<'a, T>(entries: &'a [(String, T)], model: &str) -> Option<&'a T> {
+    let exact = entries.iter().find(|(p, _)| p == model);
+    let prefix = || {
+        entries
+            .iter()
+            .filter_map(|(p, value)| {
+                let prefix = p.strip_suffix('*')?;
+                model.starts_with(prefix).then_some((prefix.len(), value))
+            })
+            .max_by_key(|(len, _)| *len)
+            .map(|(_, value)| value)
+    };
+    exact.map(|(_, value)| value).or_else(prefix)
+}
+
 /// What a [`PriceTable`] does for a model it has no price for.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Unpriced {
@@ -407,18 +424,7 @@ impl PriceTable {
 
     /// [`prices`](Self::prices), shared (what a [`Priced`] holds).
     fn shared(&self, model: &str) -> Result<&Arc<ModelPrices>, NoPrice> {
-        let exact = self.models.iter().find(|(p, _)| p == model);
-        let prefix = || {
-            self.models
-                .iter()
-                .filter_map(|(p, prices)| {
-                    let prefix = p.strip_suffix('*')?;
-                    model.starts_with(prefix).then_some((prefix.len(), prices))
-                })
-                .max_by_key(|(len, _)| *len)
-                .map(|(_, prices)| prices)
-        };
-        (exact.map(|(_, prices)| prices).or_else(prefix))
+        by_model(&self.models, model)
             .or(self.default.as_ref())
             .ok_or_else(|| NoPrice {
                 model: model.to_owned(),

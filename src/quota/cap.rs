@@ -155,21 +155,46 @@ const fn days_from_civil(year: u64, month: u64) -> u64 {
 }
 
 /// At most `amount` of a dimension per period, for one node.
+///
+/// A cap refuses a request whose reservation would take the period's count above it, and
+/// counts what answers really used once they are settled. It is **hard** by default: it is
+/// meant never to be passed, which holds when every request's reservation bounds what its
+/// answer may use: a client that shapes requests (the gateway) bounds each request's output
+/// under a hard cap and lowers it to what the cap has left
+/// ([`TenantRefused::cap_left`](crate::tenant::TenantRefused::cap_left)). A **soft** cap
+/// ([`soft`](Self::soft)) is never used to reshape a request: it refuses once its count is
+/// spent, and may be passed by answers longer than their reservation. Either way the first
+/// time a period's count passes its cap is logged as a warning (and counted as
+/// `llm_quota_cap_passed_total` with the `metrics` feature).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeriodCap {
     pub(crate) dimension: Dimension,
     pub(crate) amount: NonZeroU64,
     pub(crate) window: CapWindow,
+    pub(crate) soft: bool,
 }
 
 impl PeriodCap {
-    /// At most `amount` of `dimension` in each `window`.
+    /// At most `amount` of `dimension` in each `window`: a hard cap.
     pub const fn new(dimension: Dimension, amount: NonZeroU64, window: CapWindow) -> Self {
         Self {
             dimension,
             amount,
             window,
+            soft: false,
         }
+    }
+
+    /// The same cap, soft: it refuses once spent, but no request is reshaped to keep it
+    /// (an answer longer than its reservation may pass it; that is logged).
+    #[must_use]
+    pub const fn soft(self) -> Self {
+        Self { soft: true, ..self }
+    }
+
+    /// Whether the cap is soft ([`soft`](Self::soft)); hard otherwise.
+    pub const fn is_soft(&self) -> bool {
+        self.soft
     }
 
     /// The capped dimension.
@@ -226,6 +251,8 @@ pub(crate) struct CapCount {
     /// The periods changed since the last [`CapCount::report`]: the calendar period (bit 0),
     /// or the rolling window's quarter hours (by their place in the ring).
     changed: u128,
+    /// The period (as [`CapWindow::period`] numbers it) whose passing was last told.
+    passed_told: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -252,7 +279,22 @@ impl CapCount {
             cap,
             state,
             changed: 0,
+            passed_told: None,
         }
+    }
+
+    /// Whether the count at `unix` is above the cap for the first time in its period (each
+    /// period answers `true` once).
+    pub(crate) fn newly_passed(&mut self, unix: u64) -> bool {
+        if self.used(unix) <= self.cap.amount.get() {
+            return false;
+        }
+        let period = self.cap.window.period(unix);
+        if self.passed_told == Some(period) {
+            return false;
+        }
+        self.passed_told = Some(period);
+        true
     }
 
     /// Reports each period changed since the last report, its first second since the epoch
@@ -448,6 +490,20 @@ mod tests {
             NonZeroU64::new(1_000).unwrap(),
             window,
         ))
+    }
+
+    #[test]
+    fn a_passed_cap_is_told_once_a_period() {
+        let mut count = cap(CapWindow::CalendarDayUtc);
+        let noon = 20 * DAY + DAY / 2;
+        count.add(1_000, noon);
+        assert!(!count.newly_passed(noon), "at the cap, not over it");
+        count.add(1, noon);
+        assert!(count.newly_passed(noon));
+        count.add(50, noon + 1);
+        assert!(!count.newly_passed(noon + 1), "told once");
+        count.add(1_001, noon + DAY);
+        assert!(count.newly_passed(noon + DAY), "the next day is told again");
     }
 
     #[test]

@@ -328,6 +328,7 @@ mod tests {
                     cap: 100,
                     used: 90,
                     resets_at: std::time::UNIX_EPOCH,
+                    soft: false,
                 },
             };
             Box::new(Error::tenant_refused_by(Box::new(refused)))

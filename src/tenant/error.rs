@@ -78,6 +78,9 @@ pub enum Refusal {
         /// When the window admits again: the next calendar day or month (UTC); for a rolling
         /// day, the next quarter hour, when its oldest quarter hour leaves it.
         resets_at: SystemTime,
+        /// Whether the cap is soft ([`PeriodCap::soft`](crate::tenant::PeriodCap::soft)):
+        /// a request is never reshaped to fit it.
+        soft: bool,
     },
     /// The scope's own limit cannot pay the cost within the scope's
     /// [`max_wait`](super::TenantNode::with_max_wait): it could in `retry_after`.
@@ -144,6 +147,31 @@ impl TenantRefused {
         )
     }
 
+    /// What a hard cap over a period that refused the request has left, in its dimension:
+    /// the cap less what its period has used (reservations in flight included). A client
+    /// may send the request again with a cost within it (a lower `max_tokens`); another
+    /// request may take it first. `None` for any other refusal, and for a soft cap.
+    ///
+    /// ```
+    /// # use tower_llm_quota::tenant::TenantRefused;
+    /// fn lowered(refused: &TenantRefused) -> Option<u64> {
+    ///     let (_dimension, left) = refused.cap_left()?;
+    ///     Some(left)
+    /// }
+    /// ```
+    pub fn cap_left(&self) -> Option<(Dimension, u64)> {
+        match self.reason {
+            Refusal::PeriodCap {
+                dimension,
+                cap,
+                used,
+                soft: false,
+                ..
+            } => Some((dimension, cap.saturating_sub(used))),
+            _ => None,
+        }
+    }
+
     /// When the scope could pay the cost, when its limit refused it.
     pub fn retry_after(&self) -> Option<Duration> {
         match self.reason {
@@ -167,6 +195,7 @@ impl fmt::Display for TenantRefused {
                 cap,
                 used,
                 resets_at,
+                ..
             } => {
                 let unix = resets_at.duration_since(UNIX_EPOCH).unwrap_or_default();
                 write!(

@@ -137,8 +137,16 @@ impl Tenant {
     }
 
     /// Every prefix of the path, from the top-level tenant to the whole path, as text; no
-    /// allocation.
-    pub(crate) fn prefixes(&self) -> impl Iterator<Item = &str> + '_ {
+    /// allocation: the scopes whose limits and caps hold over the path.
+    ///
+    /// ```
+    /// use tower_llm_quota::tenant::Tenant;
+    ///
+    /// let path = Tenant::parse("acme/search/key-1").unwrap();
+    /// let scopes: Vec<&str> = path.prefixes().collect();
+    /// assert_eq!(scopes, ["acme", "acme/search", "acme/search/key-1"]);
+    /// ```
+    pub fn prefixes(&self) -> impl Iterator<Item = &str> + '_ {
         let text: &str = &self.0;
         text.match_indices(SEPARATOR)
             .map(move |(end, _)| &text[..end])

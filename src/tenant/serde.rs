@@ -63,6 +63,16 @@ struct CapConfig {
     dimension: String,
     amount: NonZeroU64,
     window: Window,
+    #[serde(default)]
+    enforce: Enforce,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+enum Enforce {
+    #[default]
+    Hard,
+    Soft,
 }
 
 #[derive(Deserialize)]
@@ -75,8 +85,9 @@ enum Window {
 }
 
 /// A cap as `{ dimension = "spend", amount = 500000000000, window = "calendar_month_utc" }`
-/// (windows `calendar_day_utc`, `calendar_month_utc`, `rolling`): a tenant node's `caps`, or
-/// an account's.
+/// (windows `calendar_day_utc`, `calendar_month_utc`, `rolling`), with `enforce = "soft"`
+/// for a [soft](PeriodCap::soft) one (`"hard"`, the default, otherwise): a tenant node's
+/// `caps`, or an account's.
 impl<'de> Deserialize<'de> for PeriodCap {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let cap = CapConfig::deserialize(deserializer)?;
@@ -85,11 +96,11 @@ impl<'de> Deserialize<'de> for PeriodCap {
             Window::CalendarMonthUtc => CapWindow::CalendarMonthUtc,
             Window::Rolling => CapWindow::Rolling,
         };
-        Ok(PeriodCap::new(
-            dimension(&cap.dimension)?,
-            cap.amount,
-            window,
-        ))
+        let built = PeriodCap::new(dimension(&cap.dimension)?, cap.amount, window);
+        Ok(match cap.enforce {
+            Enforce::Hard => built,
+            Enforce::Soft => built.soft(),
+        })
     }
 }
 
@@ -219,7 +230,15 @@ mod tests {
                 CapWindow::CalendarMonthUtc
             )
         );
+        assert!(!cap.is_soft(), "hard unless told");
+        let soft: PeriodCap = serde_json::from_str(
+            r#"{ "dimension": "output_tokens", "amount": 9, "window": "rolling", "enforce": "soft" }"#,
+        )
+        .unwrap();
+        assert!(soft.is_soft());
         let week = r#"{ "dimension": "spend", "amount": 1, "window": "week" }"#;
         assert!(serde_json::from_str::<PeriodCap>(week).is_err());
+        let lax = r#"{ "dimension": "spend", "amount": 1, "window": "rolling", "enforce": "lax" }"#;
+        assert!(serde_json::from_str::<PeriodCap>(lax).is_err());
     }
 }

@@ -1311,3 +1311,56 @@ async fn caps_restored_from_a_record_go_on_where_they_were() {
         .await
         .unwrap();
 }
+
+/// A hard cap's refusal says what it has left; a soft cap's says nothing (no request is
+/// reshaped to fit it). An answer that outran its reservation takes either above its amount:
+/// the count says so, and the next request is refused.
+#[tokio::test(start_paused = true)]
+async fn a_hard_cap_says_what_it_has_left_and_a_soft_one_does_not() {
+    let cap = PeriodCap::new(
+        Dimension::OutputTokens,
+        NonZeroU64::new(1_000).unwrap(),
+        CapWindow::CalendarDayUtc,
+    );
+    let tree = TenantTree::new()
+        .with_node(tenant("hard"), TenantNode::new().with_cap(cap))
+        .with_node(tenant("soft"), TenantNode::new().with_cap(cap.soft()));
+    let budget = Budget::with_tenants(quota(), tree).unwrap();
+    let handle = budget.tenants().unwrap();
+    for (name, soft) in [("hard", false), ("soft", true)] {
+        assert_eq!(
+            handle.node(&tenant(name)).unwrap().caps()[0].is_soft(),
+            soft
+        );
+        let mut first = budget
+            .reserve(Cost::new(0, 700))
+            .tenant(tenant(name))
+            .await
+            .unwrap();
+        first.mark_sent();
+        let refused = budget
+            .reserve(Cost::new(0, 400))
+            .tenant(tenant(name))
+            .await
+            .expect_err("over the cap");
+        let refused = refused.tenant_refused().expect("the cap refused it");
+        let left = refused.cap_left();
+        if soft {
+            assert_eq!(left, None, "{refused}");
+        } else {
+            assert_eq!(left, Some((Dimension::OutputTokens, 300)), "{refused}");
+        }
+        // The answer was longer than its reservation: the cap is passed.
+        first.settle_cost(Cost::new(0, 1_200));
+        let used = handle.snapshot(&tenant(name)).used_in_period()[0].1;
+        assert_eq!(used, 1_200, "{name}");
+        let refused = budget
+            .reserve(Cost::new(0, 1))
+            .tenant(tenant(name))
+            .await
+            .expect_err("spent");
+        let refused = refused.tenant_refused().unwrap();
+        let expected = (!soft).then_some((Dimension::OutputTokens, 0));
+        assert_eq!(refused.cap_left(), expected);
+    }
+}

@@ -168,6 +168,10 @@ pub(crate) struct Entry {
     pub(crate) rate_limit_headers: Option<serde_json::Map<String, Value>>,
     pub(crate) service_tier: Option<&'static str>,
     pub(crate) estimated: Option<Tokens>,
+    /// What a hard cap did to the request's output bound (as `x-llm-quota-output-bound`
+    /// says it): `4096; written`, `120; lowered; limit=...; scope=...`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) output_bound: Option<String>,
     pub(crate) used: Option<Tokens>,
     /// What the answer cost in nano-dollars (10⁻⁹ USD), as its reservation settled it: its
     /// usage at its model's and tier's prices (with `[prices]` configured).

@@ -54,7 +54,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroU64;
 use std::time::Duration;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Deserialize;
 use tower_llm_quota::CapWindow;
@@ -87,6 +87,47 @@ pub(crate) struct Config {
     /// Thresholds of a node's spend over a day or a month, raised once per period.
     #[serde(default)]
     pub(crate) spend_alerts: Vec<AlertConfig>,
+    /// How requests are bounded under hard caps: the models' largest outputs, the bound
+    /// written into a request for a model not known, the smallest useful bound.
+    #[serde(default)]
+    pub(crate) output: OutputConfig,
+}
+
+/// `[output]`: the output bound of a request under a hard cap (a cap of spend, output or
+/// total tokens over a period, not `enforce = "soft"`, on its tenant, key or account).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OutputConfig {
+    /// A request the caps would lower below this many output tokens (per choice) is refused
+    /// with the cap's reason instead. Default 64.
+    #[serde(default = "default_min_tokens")]
+    pub(crate) min_tokens: u64,
+    /// The `max_tokens` written into a request that sets none, for a model the table of
+    /// largest outputs does not know. Default 4,096.
+    #[serde(default = "default_unknown_model_tokens")]
+    pub(crate) unknown_model_tokens: u64,
+    /// Largest outputs per model (names, or prefixes ending in `*`), over the built-in
+    /// table of the providers' published limits.
+    #[serde(default)]
+    pub(crate) largest: BTreeMap<String, u64>,
+}
+
+fn default_min_tokens() -> u64 {
+    64
+}
+
+fn default_unknown_model_tokens() -> u64 {
+    4_096
+}
+
+impl Default for OutputConfig {
+    fn default() -> Self {
+        Self {
+            min_tokens: default_min_tokens(),
+            unknown_model_tokens: default_unknown_model_tokens(),
+            largest: BTreeMap::new(),
+        }
+    }
 }
 
 /// One public model name: the account that serves it, its fallbacks, a ramp.
@@ -587,7 +628,7 @@ pub(crate) fn valid_scope_name(name: &str) -> bool {
 }
 
 /// How the in-process simulator answers: how fast, and how often it fails.
-#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SimBehaviour {
     /// Before the first token.
@@ -599,6 +640,32 @@ pub(crate) struct SimBehaviour {
     /// The share of calls answered 500 (0 to 1), to try fallbacks.
     #[serde(default)]
     pub(crate) server_error_share: f64,
+    /// The `max_tokens` of an OpenAI request that sets none (default 1,024).
+    #[serde(default = "sim_default_max_tokens")]
+    pub(crate) default_max_tokens: u64,
+    /// The model's largest `max_tokens` (default 128,000).
+    #[serde(default = "sim_max_output_tokens")]
+    pub(crate) max_output_tokens: u64,
+}
+
+impl Default for SimBehaviour {
+    fn default() -> Self {
+        Self {
+            base_ms: 0,
+            per_token_ms: 0,
+            server_error_share: 0.0,
+            default_max_tokens: sim_default_max_tokens(),
+            max_output_tokens: sim_max_output_tokens(),
+        }
+    }
+}
+
+fn sim_default_max_tokens() -> u64 {
+    1_024
+}
+
+fn sim_max_output_tokens() -> u64 {
+    128_000
 }
 
 /// The provider profiles a configuration may name.
@@ -933,6 +1000,19 @@ impl Config {
         for account in &self.accounts {
             account.quota.limits()?;
             account.check_scopes()?;
+        }
+        let output = &self.output;
+        if output.min_tokens == 0 || output.unknown_model_tokens < output.min_tokens {
+            return Err(ConfigError(format!(
+                "output: min_tokens must be at least 1 and at most unknown_model_tokens \
+                 (min_tokens {}, unknown_model_tokens {})",
+                output.min_tokens, output.unknown_model_tokens
+            )));
+        }
+        if let Some((model, _)) = output.largest.iter().find(|(_, tokens)| **tokens == 0) {
+            return Err(ConfigError(format!(
+                "output.largest: `{model}` must answer at least one token"
+            )));
         }
         self.tenant_tree()?;
         for key in &self.keys {

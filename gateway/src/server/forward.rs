@@ -27,6 +27,7 @@ use tower_llm_quota::{BoxError, Cost, Error};
 use super::Gateway;
 use super::audit::{Audited, Tokens};
 use super::config::{Api, Retries};
+use super::fit::{self, Shaped};
 use super::metered::{Meter, Metered};
 use super::refusal::{Dialect, Refusal};
 use super::routes::{ScopeRefused, Target};
@@ -74,67 +75,112 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };
     audit.entry.model = Some(model.clone());
-    audit.entry.estimated = Some(Tokens {
-        input: cost.input_tokens(),
-        output: cost.output_tokens(),
-        cached: None,
-    });
     let models = gateway.models();
     let (primary, routed) = match models.resolve(&gateway.accounts, &caller, api, &model) {
         Ok(resolved) => resolved,
         Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };
-    let dispatched = Dispatched::default();
-    let mut upstream = primary.request(api, &parts.headers, body);
     let class = caller.class(&parts.headers);
     audit.entry.class = Some(class.as_str());
     audit.entry.account = Some(primary.name.clone());
     audit.entry.provider = Some(primary.profile.name());
     let client_retries = caller.retries == Retries::Client;
-    let extensions = upstream.extensions_mut();
-    extensions.insert(class);
-    extensions.insert(api);
-    if client_retries {
-        // One attempt: the caller's SDK retries, paced by the budget the answer paused.
-        extensions.insert(MaxAttempts(std::num::NonZeroU32::MIN));
-    }
-    match read {
-        // The body as read here: the estimation layer prices it without parsing it again.
-        Some(read) => {
-            extensions.insert(read);
-        }
-        // Its cost as checked: the estimation layer would reserve a reply it never has.
-        None => {
-            extensions.insert(cost);
+    // Under a hard cap, the request's output is bounded, and lowered to what the caps have
+    // left when one refuses it.
+    let hard = read.is_some() && primary.hard_capped(&caller.path);
+    let (mut body, mut read, mut cost, mut shaped) = (body, read, cost, None);
+    if hard && let Some(asked) = read.take() {
+        let (bounded, written) = gateway.fitting.bound(api, &model, (&body, asked));
+        cost = bounded.cost(&Defaults::new());
+        read = Some(bounded);
+        if let Some((written, how)) = written {
+            body = written;
+            shaped = Some(how);
         }
     }
-    extensions.insert(dispatched.clone());
-    // The usage the stack settles the answer with, read when its body ends.
-    let report = UsageReport::new();
-    extensions.insert(report.clone());
-    extensions.insert(caller.path.clone());
-    // Idempotency keys are the tenant's own: another tenant's same key is another operation.
-    extensions.insert(Operation::new(caller.tenant.clone(), api.as_str()));
-    extensions.insert(Scope {
-        provider: Some(primary.name.clone()),
-        model: Some(model),
-        key: Some(caller.name.clone()),
-    });
-
-    let mut call = send(routed.target.clone(), upstream);
-    let result = tokio::select! {
-        biased;
-        result = &mut call => result,
-        () = gateway.shutdown.cancelled() => {
-            if dispatched.is_set() {
-                call.await
-            } else {
-                // Still queued: leave the queue (the future's drop gives its place back).
-                drop(call);
-                return audit.refuse(&gateway, dialect, tenant, stopping());
+    // The request as the account's stack takes it: its body, what the estimation layer reads
+    // of it, and what the call reports back.
+    let upstream = |body: Bytes, read: Option<RequestEstimate>, cost: Cost| {
+        let dispatched = Dispatched::default();
+        let report = UsageReport::new();
+        let mut upstream = primary.request(api, &parts.headers, body);
+        let extensions = upstream.extensions_mut();
+        extensions.insert(class);
+        extensions.insert(api);
+        if client_retries {
+            // One attempt: the caller's SDK retries, paced by the budget the answer paused.
+            extensions.insert(MaxAttempts(std::num::NonZeroU32::MIN));
+        }
+        match read {
+            // The body as read here: the estimation layer prices it without parsing it again.
+            Some(read) => {
+                extensions.insert(read);
+            }
+            // Its cost as checked: the estimation layer would reserve a reply it never has.
+            None => {
+                extensions.insert(cost);
             }
         }
+        extensions.insert(dispatched.clone());
+        // The usage the stack settles the answer with, read when its body ends.
+        extensions.insert(report.clone());
+        extensions.insert(caller.path.clone());
+        // Idempotency keys are the tenant's own: another tenant's same key is another
+        // operation.
+        extensions.insert(Operation::new(caller.tenant.clone(), api.as_str()));
+        extensions.insert(Scope {
+            provider: Some(primary.name.clone()),
+            model: Some(model.clone()),
+            key: Some(caller.name.clone()),
+        });
+        (upstream, dispatched, report)
     };
+    let mut lowered = 0;
+    let (result, report) = loop {
+        audit.entry.estimated = Some(Tokens {
+            input: cost.input_tokens(),
+            output: cost.output_tokens(),
+            cached: None,
+        });
+        let (request, dispatched, report) = upstream(body.clone(), read.clone(), cost);
+        let mut call = send(routed.target.clone(), request);
+        let result = tokio::select! {
+            biased;
+            result = &mut call => result,
+            () = gateway.shutdown.cancelled() => {
+                if dispatched.is_set() {
+                    call.await
+                } else {
+                    // Still queued: leave the queue (the future's drop gives its place back).
+                    drop(call);
+                    return audit.refuse(&gateway, dialect, tenant, stopping());
+                }
+            }
+        };
+        // A hard cap refused it: sent again with its bound lowered to what the cap has left,
+        // or refused when that is too little to be of use.
+        if let (Err(error), Some(asked)) = (&result, &read)
+            && lowered < MAX_LOWERINGS
+            && let Some(fit) = lower(&gateway, (api, &model), error, (&body, asked))
+        {
+            match fit {
+                Ok((lower_body, lower_read, how)) => {
+                    lowered += 1;
+                    cost = lower_read.cost(&Defaults::new());
+                    (body, read, shaped) = (lower_body, Some(lower_read), Some(how));
+                    continue;
+                }
+                Err(why) => {
+                    let refusal = stack_error(primary, error)
+                        .client_retries(client_retries)
+                        .message(why);
+                    return audit.refuse(&gateway, dialect, tenant, refusal);
+                }
+            }
+        }
+        break (result, report);
+    };
+    audit.entry.output_bound = shaped.as_ref().map(Shaped::header);
     let response = match result {
         Ok(response) => response,
         Err(error) => {
@@ -194,6 +240,12 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     }
     if let Some(served) = &served {
         insert_route_headers(&mut head.headers, served);
+    }
+    if let Some(value) = shaped
+        .as_ref()
+        .and_then(|s| http::HeaderValue::try_from(s.header()).ok())
+    {
+        head.headers.insert(fit::HEADER, value);
     }
     audit.entry.status = head.status.as_u16();
     if let Ok(id) = http::HeaderValue::from_str(&audit.entry.request_id) {
@@ -292,6 +344,44 @@ fn insert_route_headers(headers: &mut HeaderMap, served: &ServedBy) {
     if served.ramped() {
         headers.insert("x-llm-quota-ramped", http::HeaderValue::from_static("true"));
     }
+}
+
+/// How many times a request is lowered to fit the hard caps before it is refused: each
+/// lowering fits what the refusing cap had left, which other requests may take first, and
+/// another cap of its path may then refuse it.
+const MAX_LOWERINGS: usize = 4;
+
+/// For a request a hard cap refused (`error`), the request lowered to what the cap has left
+/// (its new body, estimate, and what was done), or why it is not (too little left to be of
+/// use); `None` when no hard cap refused it or lowering cannot help (its prompt alone does
+/// not fit, it asked no more than what is left).
+fn lower(
+    gateway: &Gateway,
+    (api, model): (Api, &str),
+    error: &Error,
+    (body, read): (&[u8], &RequestEstimate),
+) -> Option<Result<(Bytes, RequestEstimate, Shaped), String>> {
+    let refused = error.tenant_refused()?;
+    let left = refused.cap_left()?;
+    let room = gateway.fitting.room(read, model, left)?;
+    if room >= read.max_output_tokens()? {
+        return None;
+    }
+    let min = gateway.fitting.min_tokens();
+    if room < min {
+        return Some(Err(format!(
+            "{refused}: what it has left pays for {room} output tokens, below the useful \
+             minimum of {min} ([output] min_tokens)"
+        )));
+    }
+    let body = fit::write_bound(api, body, room)?;
+    let cap = tenancy::refused(refused);
+    let how = Shaped::Lowered {
+        to: room,
+        limit: cap.limit.to_string(),
+        scope: cap.scope.to_string(),
+    };
+    Some(Ok((body, read.clone().with_output_bound(room), how)))
 }
 
 /// Whose error schema the callers of `api` read: the Anthropic SDK's on `/v1/messages`,

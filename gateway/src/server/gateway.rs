@@ -41,6 +41,8 @@ pub(crate) struct Gateway {
     pub(crate) config_path: std::sync::OnceLock<std::path::PathBuf>,
     pub(crate) tenants: Tenancy,
     pub(crate) ledger: Arc<Ledger>,
+    /// How requests are bounded under hard caps.
+    pub(crate) fitting: super::fit::Fitting,
     pub(crate) accounts: Vec<Account>,
     /// The public model names, and the account serving each (replaced whole by a reload).
     models: std::sync::RwLock<Arc<models::Models>>,
@@ -197,6 +199,7 @@ impl Gateway {
             config_path: std::sync::OnceLock::new(),
             tenants,
             ledger: Arc::new(Ledger::default()),
+            fitting: super::fit::Fitting::new(&config.output, prices.clone()),
             models: std::sync::RwLock::new(Arc::new(models::Models::new(
                 &config.models,
                 &accounts,
@@ -382,6 +385,10 @@ impl Gateway {
         if new.prices != current.prices {
             restart.push("prices");
             running.prices.clone_from(&current.prices);
+        }
+        if new.output != current.output {
+            restart.push("output");
+            running.output.clone_from(&current.output);
         }
         if new.spend_alerts != current.spend_alerts {
             restart.push("spend_alerts");

@@ -7,6 +7,7 @@ pub(crate) mod audit;
 pub(crate) mod auth;
 pub(crate) mod catalog;
 pub(crate) mod config;
+pub(crate) mod fit;
 pub(crate) mod forward;
 mod gateway;
 pub(crate) mod metered;

@@ -112,6 +112,9 @@ pub(crate) struct Account {
     key: Option<(http::HeaderName, HeaderValue)>,
     /// The in-process simulator, when the account has no real upstream.
     pub(crate) simulator: Option<Simulator>,
+    /// Whether the account itself has a hard cap an output bound keeps (replaced by a
+    /// reload).
+    hard_caps: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A set of buckets of an account and a governed stack per API over it.
@@ -377,6 +380,8 @@ fn simulator(config: &AccountConfig) -> Simulator {
                 Duration::from_millis(config.sim.per_token_ms),
             )
             .faults(Faults::none().server_errors(config.sim.server_error_share))
+            .default_max_tokens(config.sim.default_max_tokens)
+            .max_output_tokens(config.sim.max_output_tokens)
             .key(SIM_KEY, config.name.clone()),
     )
 }
@@ -613,6 +618,26 @@ impl Account {
             base,
             key,
             simulator,
+            hard_caps: Arc::new(std::sync::atomic::AtomicBool::new(super::fit::any_hard(
+                &config.caps,
+            ))),
+        })
+    }
+
+    /// Whether a hard cap an output bound keeps (spend, output or total tokens) holds over
+    /// the requests of `path`: the account's own, or one of a node of the path.
+    pub(crate) fn hard_capped(&self, path: &tower_llm_quota::tenant::Tenant) -> bool {
+        if self.hard_caps.load(std::sync::atomic::Ordering::Relaxed) {
+            return true;
+        }
+        let Some(tenants) = self.tenants() else {
+            return false;
+        };
+        path.prefixes().any(|prefix| {
+            tower_llm_quota::tenant::Tenant::parse(prefix)
+                .ok()
+                .and_then(|scope| tenants.node(&scope))
+                .is_some_and(|node| super::fit::any_hard(node.caps()))
         })
     }
 
@@ -756,6 +781,10 @@ impl Account {
         let account = self.gate.as_ref().unwrap_or(&self.main.budget);
         apply(account, &config.quota)?;
         account.set_caps(&config.caps);
+        self.hard_caps.store(
+            super::fit::any_hard(&config.caps),
+            std::sync::atomic::Ordering::Relaxed,
+        );
         for ((_, scoped), scope) in self.scopes.iter().zip(&config.scopes) {
             apply(&scoped.budget, &scope.quota)?;
         }

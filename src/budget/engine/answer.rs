@@ -147,6 +147,7 @@ impl Pass<'_> {
                     cap: cap.amount().get(),
                     used,
                     resets_at: cap.window().resets_at(self.unix_seconds()),
+                    soft: cap.is_soft(),
                 },
             ),
             // The tree changed since the question left: the store's word stands, as the

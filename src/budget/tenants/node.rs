@@ -238,11 +238,10 @@ impl Node {
     /// whether capacity was freed (a parked request may go).
     pub(crate) fn settle(
         &mut self,
-        reserved: &Cost,
-        actual: &Cost,
+        (reserved, actual): (&Cost, &Cost),
         reference: Dimension,
-        now: u64,
-        unix: u64,
+        (now, unix): (u64, u64),
+        scope: &dyn std::fmt::Display,
     ) -> bool {
         let mut freed = self.max_in_flight.is_some();
         self.in_flight = self.in_flight.saturating_sub(1);
@@ -252,7 +251,7 @@ impl Node {
                 .store
                 .settle(ReservationId(0), reserved, actual, || now);
         }
-        settle_caps(&mut self.days, (reserved, actual), unix);
+        settle_caps(&mut self.days, (reserved, actual), unix, scope);
         let (r, a) = (reserved.amount(reference), actual.amount(reference));
         if a > r {
             self.meter.add(a - r, now);
@@ -292,6 +291,7 @@ pub(crate) fn cap_refusal(days: &mut [CapCount], cost: &Cost, unix: u64) -> Opti
             cap: day.cap.amount.get(),
             used,
             resets_at: day.cap.window.resets_at(unix),
+            soft: day.cap.soft,
         })
     })
 }
@@ -303,8 +303,14 @@ pub(crate) fn take_caps(days: &mut [CapCount], cost: &Cost, unix: u64) {
     }
 }
 
-/// Settles a reservation in each cap's period: `actual` replaces `reserved`.
-pub(crate) fn settle_caps(days: &mut [CapCount], (reserved, actual): (&Cost, &Cost), unix: u64) {
+/// Settles a reservation in each cap's period: `actual` replaces `reserved`. A cap of
+/// `scope` that this takes above its amount for the first time in its period is told.
+pub(crate) fn settle_caps(
+    days: &mut [CapCount],
+    (reserved, actual): (&Cost, &Cost),
+    unix: u64,
+    scope: &dyn std::fmt::Display,
+) {
     for day in days {
         let (r, a) = (
             reserved.amount(day.cap.dimension),
@@ -312,10 +318,38 @@ pub(crate) fn settle_caps(days: &mut [CapCount], (reserved, actual): (&Cost, &Co
         );
         if a > r {
             day.add(a - r, unix);
+            if day.newly_passed(unix) {
+                let used = day.used(unix);
+                cap_passed(scope, &day.cap, used);
+            }
         } else {
             day.sub(r - a, unix);
         }
     }
+}
+
+/// Tells that `scope`'s `cap` was passed (`used` of it): answers used more than their
+/// reservations.
+#[cold]
+fn cap_passed(scope: &dyn std::fmt::Display, cap: &PeriodCap, used: u64) {
+    let kind = if cap.soft { "soft" } else { "hard" };
+    tracing::warn!(
+        %scope,
+        dimension = cap.dimension.as_str(),
+        window = %cap.window,
+        cap = cap.amount.get(),
+        used,
+        kind,
+        "a cap over a period was passed: answers used more than their reservations"
+    );
+    #[cfg(feature = "metrics")]
+    metrics::counter!(
+        "llm_quota_cap_passed_total",
+        "scope" => scope.to_string(),
+        "dimension" => cap.dimension.as_str(),
+        "kind" => kind,
+    )
+    .increment(1);
 }
 
 /// Replaces the caps counted in `days` by `caps`, keeping the count of each that stays (same

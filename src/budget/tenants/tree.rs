@@ -498,14 +498,20 @@ impl TenantState {
         let unix = self.tree.clock.unix_seconds(at);
         let reference = self.reference.0;
         if let Some(own) = self.accounts.get_mut(account) {
-            settle_caps(&mut own.counts, (reserved, actual), unix);
+            settle_caps(
+                &mut own.counts,
+                (reserved, actual),
+                unix,
+                &format_args!("account:{account}"),
+            );
         }
         for prefix in path.prefixes() {
             if !self.applies(prefix, account) {
                 continue;
             }
             let node = self.node(prefix);
-            if node.settle(reserved, actual, reference, now, unix) {
+            let scope = format_args!("tenant:{prefix}");
+            if node.settle((reserved, actual), reference, (now, unix), &scope) {
                 wakers.extend(node.unpark_all());
             }
         }
