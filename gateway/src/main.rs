@@ -130,9 +130,20 @@ fn persistence(args: &Args, config: &Config) -> Result<Persistence, Box<dyn std:
     )?)
 }
 
+/// Runs the gateway; an error that stops it (a configuration refused, a state out of
+/// reach) is printed on stderr as one line, and the process exits with status 1.
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+async fn main() -> std::process::ExitCode {
+    match run(Args::parse()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("llm-quota-gateway: {error}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Warnings and errors on stderr (accept failures, a lowered connection cap); more with
     // `LLM_QUOTA_GATEWAY_LOG=debug` (or `trace`).
     let level = std::env::var("LLM_QUOTA_GATEWAY_LOG")
@@ -152,7 +163,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let demo = args.config.is_none();
     let config = match &args.config {
-        Some(path) => Config::from_toml(&std::fs::read_to_string(path)?)?,
+        Some(path) => Config::from_toml(
+            &std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {}: {e}", path.display()))?,
+        )?,
         None => Config::from_toml(include_str!("../demo.toml"))?,
     };
     let listen = args.listen.unwrap_or(config.server.listen);

@@ -26,6 +26,7 @@ mod scopes;
 mod sdk;
 mod shutdown;
 mod spend;
+mod state;
 mod support;
 mod tiers;
 mod tls;
