@@ -113,7 +113,7 @@ pub use quota::{CapWindow, Dimension, InvalidLimit, Limit, PeriodCap, Quota};
 pub use reconcile::ReconcileLayer;
 pub use retry::{RetryAfterLayer, RetryPolicy};
 pub use stack::QuotaStack;
-pub use timer::MAX_DURATION;
+pub use timer::{MAX_DURATION, capped as capped_duration, saturating_deadline};
 pub use token_budget::{MissingCost, TokenBudgetLayer};
 
 // The README's examples run as doc tests.

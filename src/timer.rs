@@ -12,8 +12,17 @@ use tokio::time::{Instant, Sleep, sleep_until};
 /// store or a sum, so `Duration::MAX` anywhere means "a very long time", never an overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 365 * 86_400);
 
-/// `duration`, at most [`MAX_DURATION`].
-pub(crate) const fn capped(duration: Duration) -> Duration {
+/// `duration`, at most [`MAX_DURATION`]: what a store or a layer may add to an instant
+/// without overflow.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_llm_quota::{MAX_DURATION, capped_duration};
+///
+/// assert_eq!(capped_duration(Duration::MAX), MAX_DURATION);
+/// assert_eq!(capped_duration(Duration::from_secs(5)), Duration::from_secs(5));
+/// ```
+pub const fn capped(duration: Duration) -> Duration {
     if duration.as_secs() >= MAX_DURATION.as_secs() {
         MAX_DURATION
     } else {
@@ -23,7 +32,16 @@ pub(crate) const fn capped(duration: Duration) -> Duration {
 
 /// `from + wait`, or as late as can be represented: `Duration::MAX` means no limit, and
 /// deadline arithmetic never overflows.
-pub(crate) fn saturating_deadline(from: Instant, wait: Duration) -> Instant {
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_llm_quota::saturating_deadline;
+///
+/// let now = tokio::time::Instant::now();
+/// assert!(saturating_deadline(now, Duration::MAX) > now);
+/// assert_eq!(saturating_deadline(now, Duration::from_secs(1)), now + Duration::from_secs(1));
+/// ```
+pub fn saturating_deadline(from: Instant, wait: Duration) -> Instant {
     from.checked_add(capped(wait))
         .or_else(|| from.checked_add(MAX_DURATION))
         .unwrap_or(from)

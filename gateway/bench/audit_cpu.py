@@ -30,12 +30,13 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / ticks
 
 
-def round_of(gateway_bin, sim_url, audit_log, args):
-    """One run: the gateway's CPU time per request answered, in microseconds, and the run."""
+def round_of(gateway_bin, sim_url, audit_log, args, flags=(), extra=""):
+    """One run: the gateway's CPU time per request answered, in microseconds, and the run.
+    `flags` are more arguments of the binary, `extra` more lines of its configuration."""
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as file:
-        file.write(external.config(sim_url, audit_log))
+        file.write(external.config(sim_url, audit_log) + extra)
     gateway, url = external.start(
-        [gateway_bin, "--config", file.name, "--listen", "127.0.0.1:0"],
+        [gateway_bin, "--config", file.name, "--listen", "127.0.0.1:0", *flags],
         "gateway listening on ",
     )
     try:

@@ -16,7 +16,7 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::{FromSqlOwned, ToSql};
 use tower_llm_quota::budget::StoreUnavailable;
 
-use crate::Error;
+use crate::error::Error;
 
 /// One statement's parameters, owned so that the call's future owns them.
 pub(crate) type Params = Vec<Box<dyn ToSql + Send + Sync>>;
@@ -222,6 +222,22 @@ fn hide_pairs(text: &str, separator: char) -> String {
         }
     }
     out
+}
+
+/// How `url` is reached: `connections` at most, `timeout` to connect (at least a second).
+pub(crate) fn reach(url: &str, connections: usize, timeout: Duration) -> Reach {
+    Reach {
+        url: url.to_owned(),
+        connections,
+        connect_timeout: timeout.max(Duration::from_secs(1)),
+        statement_timeout: Duration::from_secs(5),
+    }
+}
+
+impl From<(&str, Failure)> for Error {
+    fn from((address, failure): (&str, Failure)) -> Self {
+        Error::unreachable(address, failure)
+    }
 }
 
 #[cfg(test)]

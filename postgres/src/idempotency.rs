@@ -12,8 +12,9 @@ use tokio_postgres::AsyncMessage;
 
 use tower_llm_quota::idempotency::{Claim, IdempotencyStore, Record, StoreFuture};
 
-use crate::connection::{Database, Params};
-use crate::{Error, capped, saturating_deadline};
+use crate::connection::{Database, Params, reach};
+use crate::error::Error;
+use tower_llm_quota::{capped_duration as capped, saturating_deadline};
 
 const CLAIM: &str = "SELECT state, meta, body FROM llm_quota.claim($1, $2, $3)";
 const RENEW: &str = "SELECT llm_quota.renew_claim($1, $2, $3)";
@@ -63,7 +64,7 @@ impl PostgresIdempotencyStore {
     /// [`PostgresIdempotencyStore::open`], with connecting bounded by `timeout` (1 s by
     /// default).
     pub fn open_with_timeout(url: &str, timeout: Duration) -> Result<Self, Error> {
-        let database = Database::connect_lazy(&crate::reach(url, 4, capped(timeout)))?;
+        let database = Database::connect_lazy(&reach(url, 4, capped(timeout)))?;
         let config = url
             .parse()
             .map_err(|e| Error::config(database.address(), format_args!("{e}")))?;

@@ -76,24 +76,26 @@
 //! The server cancels a statement after the [statement timeout](PostgresBudget::statement_timeout).
 
 mod connection;
+mod error;
 mod idempotency;
 mod keys;
 mod migrate;
 mod store;
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tower_llm_quota::budget::store::{FailurePolicy, StoreOptions};
-use tower_llm_quota::{Budget, MAX_DURATION, Quota};
+use tower_llm_quota::{Budget, Quota};
 
 pub use connection::redacted;
-use connection::{Database, Failure, Reach};
+use connection::{Database, reach};
+pub use error::Error;
 pub use idempotency::PostgresIdempotencyStore;
 use keys::Keys;
 pub use migrate::{SCHEMA_VERSION, migrate};
 use store::PostgresStore;
+use tower_llm_quota::capped_duration as capped;
 
 /// How long a process's slots outlive its last heartbeat, by default.
 const DEFAULT_SLOT_LEASE: Duration = Duration::from_secs(5);
@@ -294,128 +296,7 @@ impl PostgresBudget {
     }
 }
 
-/// How `url` is reached: `connections` at most, `timeout` to connect (at least a second).
-pub(crate) fn reach(url: &str, connections: usize, timeout: Duration) -> Reach {
-    Reach {
-        url: url.to_owned(),
-        connections,
-        connect_timeout: timeout.max(Duration::from_secs(1)),
-        statement_timeout: Duration::from_secs(5),
-    }
-}
-
-/// An error of the Postgres store: an invalid address, a database out of reach, a schema it
-/// cannot use, or a migration the database refused. Its message names the database's
-/// address, the password hidden.
-#[derive(Debug)]
-pub struct Error {
-    kind: Kind,
-    address: Arc<str>,
-    message: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Config,
-    Unreachable,
-    Schema,
-    Migration,
-}
-
-impl Error {
-    pub(crate) fn config(address: &str, message: impl fmt::Display) -> Self {
-        Self::new(Kind::Config, address, message)
-    }
-
-    pub(crate) fn unreachable(address: &str, message: impl fmt::Display) -> Self {
-        Self::new(Kind::Unreachable, address, message)
-    }
-
-    pub(crate) fn schema(address: &str, message: impl fmt::Display) -> Self {
-        Self::new(Kind::Schema, address, message)
-    }
-
-    pub(crate) fn migration(address: &str, message: impl fmt::Display) -> Self {
-        Self::new(Kind::Migration, address, message)
-    }
-
-    fn new(kind: Kind, address: &str, message: impl fmt::Display) -> Self {
-        Self {
-            kind,
-            address: address.into(),
-            message: message.to_string(),
-        }
-    }
-
-    /// The address was not valid.
-    pub fn is_config(&self) -> bool {
-        self.kind == Kind::Config
-    }
-
-    /// The database did not answer (refused, timed out, or the connection failed).
-    pub fn is_unreachable(&self) -> bool {
-        self.kind == Kind::Unreachable
-    }
-
-    /// The database's schema is not the crate's: older (migrate first) or newer.
-    pub fn is_schema(&self) -> bool {
-        self.kind == Kind::Schema
-    }
-
-    /// A migration was refused by the database (read-only, full, no permission): rolled back.
-    pub fn is_migration(&self) -> bool {
-        self.kind == Kind::Migration
-    }
-}
-
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let what = match self.kind {
-            Kind::Config => "invalid Postgres address",
-            Kind::Unreachable => "Postgres is out of reach",
-            Kind::Schema => "the Postgres schema cannot be used",
-            Kind::Migration => "the Postgres schema could not be migrated",
-        };
-        write!(f, "{what} ({}): {}", self.address, self.message)
-    }
-}
-
-impl std::error::Error for Error {}
-
-impl From<(&str, Failure)> for Error {
-    fn from((address, failure): (&str, Failure)) -> Self {
-        Error::unreachable(address, failure)
-    }
-}
-
-/// `duration`, at most [`MAX_DURATION`]: deadline arithmetic never overflows.
-pub(crate) const fn capped(duration: Duration) -> Duration {
-    if duration.as_secs() >= MAX_DURATION.as_secs() {
-        MAX_DURATION
-    } else {
-        duration
-    }
-}
-
-/// `from + wait`, or as late as can be represented.
-pub(crate) fn saturating_deadline(
-    from: tokio::time::Instant,
-    wait: Duration,
-) -> tokio::time::Instant {
-    from.checked_add(capped(wait))
-        .or_else(|| from.checked_add(MAX_DURATION))
-        .unwrap_or(from)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn errors_name_the_address_without_its_password() {
-        let error = Error::unreachable("postgres://app:***@db/quota", "connection refused");
-        let text = error.to_string();
-        assert!(text.contains("postgres://app:***@db/quota"), "{text}");
-        assert!(error.is_unreachable() && !error.is_schema());
-    }
-}
+// The README's example compiles as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExample;

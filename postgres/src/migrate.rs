@@ -6,8 +6,8 @@
 //! newer than the crate's (a newer version of the crate migrated it) is refused: an older
 //! binary would call functions whose meaning changed.
 
-use crate::Error;
-use crate::connection::{Database, Failure, Params};
+use crate::connection::{Database, Failure, Params, reach};
+use crate::error::Error;
 
 /// The migrations, in order: a version and its SQL.
 const MIGRATIONS: &[(i32, &str, &str)] = &[
@@ -48,8 +48,7 @@ const VERSION: &str = "SELECT coalesce(max(version), 0) FROM llm_quota.schema_mi
 ///
 /// Dropping the future rolls back the migration in progress; those committed stay.
 pub async fn migrate(url: &str) -> Result<i32, Error> {
-    let database =
-        Database::connect_lazy(&crate::reach(url, 1, std::time::Duration::from_secs(60)))?;
+    let database = Database::connect_lazy(&reach(url, 1, std::time::Duration::from_secs(60)))?;
     apply(&database).await
 }
 

@@ -11,72 +11,14 @@
 //! admission, not the quota. The tasks run on one thread, leaving the other core of a 2-core
 //! machine to Redis.
 
-use tower_llm_quota_test_support::redis_server;
+use std::time::Duration;
 
-use std::num::NonZeroU64;
-use std::time::{Duration, Instant};
-
-use redis_server::RedisServer;
-use redis_server::cluster::RedisCluster;
-use tower_llm_quota::{Budget, Cost, Dimension, Limit, Quota, budget::FailurePolicy};
+use tower_llm_quota::{Budget, budget::FailurePolicy};
 use tower_llm_quota_redis::RedisBudget;
+use tower_llm_quota_test_support::bench::{far_above as quota, measure};
+use tower_llm_quota_test_support::redis_server::{RedisServer, cluster::RedisCluster};
 
 const RUN: Duration = Duration::from_secs(3);
-
-fn quota() -> Quota {
-    let nz = |n| NonZeroU64::new(n).unwrap();
-    Quota::new()
-        .with_limit(Limit::per_second(Dimension::Requests, nz(1_000_000_000)))
-        .with_limit(Limit::per_second(
-            Dimension::InputTokens,
-            nz(1_000_000_000_000),
-        ))
-        .with_limit(Limit::per_second(
-            Dimension::OutputTokens,
-            nz(1_000_000_000_000),
-        ))
-}
-
-struct Figures {
-    admissions: usize,
-    per_second: f64,
-    p50: Duration,
-    p99: Duration,
-}
-
-/// `tasks` tasks reserving and settling as fast as they can for `RUN`.
-async fn measure(budget: &Budget, tasks: usize) -> Figures {
-    let start = Instant::now();
-    let workers: Vec<_> = (0..tasks)
-        .map(|_| {
-            let budget = budget.clone();
-            tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                while start.elapsed() < RUN {
-                    let asked = Instant::now();
-                    let mut reservation = budget.reserve(Cost::new(1_000, 200)).await.unwrap();
-                    latencies.push(asked.elapsed());
-                    reservation.mark_sent();
-                    reservation.settle_cost(Cost::new(1_000, 50).with_requests(1));
-                }
-                latencies
-            })
-        })
-        .collect();
-    let mut latencies = Vec::new();
-    for worker in workers {
-        latencies.extend(worker.await.unwrap());
-    }
-    let elapsed = start.elapsed();
-    latencies.sort();
-    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize];
-    Figures {
-        admissions: latencies.len(),
-        per_second: latencies.len() as f64 / elapsed.as_secs_f64(),
-        p50: at(0.50),
-        p99: at(0.99),
-    }
-}
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
@@ -108,7 +50,7 @@ async fn main() {
             ("cluster", &cluster_budget, slot_owner),
         ] {
             let before = server.script_stats();
-            let figures = measure(budget, tasks).await;
+            let figures = measure(budget, tasks, RUN).await;
             tokio::time::sleep(Duration::from_millis(200)).await; // settlements drain
             let after = server.script_stats();
             let (calls, usec) = (after.0 - before.0, after.1 - before.1);
@@ -120,7 +62,7 @@ async fn main() {
             let round_trips = calls as f64 / figures.admissions as f64;
             rows.push((store, tasks, figures, Some(round_trips)));
         }
-        let figures = measure(&memory, tasks).await;
+        let figures = measure(&memory, tasks, RUN).await;
         rows.push(("memory", tasks, figures, None));
     }
     for (store, tasks, f, round_trips) in &rows {

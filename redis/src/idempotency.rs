@@ -21,7 +21,7 @@ use tokio::sync::{Notify, oneshot, watch};
 use tower_llm_quota::idempotency::{Claim, IdempotencyStore, Record, StoreFuture};
 
 use crate::connection::{Connection, Servers, Timeouts};
-use crate::{capped, saturating_deadline};
+use tower_llm_quota::{capped_duration as capped, saturating_deadline};
 
 /// Sets the key in flight for an owner, or returns what holds it.
 /// KEYS[1] the record; ARGV owner, lease (ms).

@@ -135,7 +135,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tower_llm_quota::budget::store::{FailurePolicy, StoreOptions};
-use tower_llm_quota::{Budget, MAX_DURATION, Quota};
+use tower_llm_quota::{Budget, Quota, capped_duration as capped};
 
 use connection::{Servers, Timeouts};
 pub use idempotency::RedisIdempotencyStore;
@@ -435,25 +435,6 @@ fn script_keys(keys: &Keys, quota: &Quota) -> Vec<String> {
         .chain([keys.line(), keys.line_details(), keys.shares()])
         .chain(limits.first().map(|l| keys.node_bucket(&node, l)))
         .collect()
-}
-
-/// `duration`, at most [`MAX_DURATION`]: deadline arithmetic never overflows.
-pub(crate) const fn capped(duration: Duration) -> Duration {
-    if duration.as_secs() >= MAX_DURATION.as_secs() {
-        MAX_DURATION
-    } else {
-        duration
-    }
-}
-
-/// `from + wait`, or as late as can be represented.
-pub(crate) fn saturating_deadline(
-    from: tokio::time::Instant,
-    wait: Duration,
-) -> tokio::time::Instant {
-    from.checked_add(capped(wait))
-        .or_else(|| from.checked_add(MAX_DURATION))
-        .unwrap_or(from)
 }
 
 // The README's example compiles as a doc test.

@@ -2,8 +2,10 @@
 //! readiness polls, the simulated provider on a loopback port, a private `redis-server` (or
 //! Redis Cluster) on a port of its own, a database of its own or a private Postgres cluster, a
 //! loopback proxy that holds replies back or cuts connections, and the batch example's
-//! binary; the suites every quota store must pass (and every store that leases). Not published.
+//! binary; the suites every quota store must pass (and every store that leases), and the
+//! benchmarks every shared store runs. Not published.
 
+pub mod bench;
 pub mod fleet_suite;
 pub mod loopback_proxy;
 pub mod port;

@@ -106,6 +106,18 @@ impl TestDatabase {
     pub fn psql(&self, sql: &str) -> String {
         psql(&self.url, sql)
     }
+
+    /// The transactions it has committed and rolled back, as its statistics say once every
+    /// backend has reported (they report at most every second: this waits 1.5 s first).
+    pub fn transactions(&self) -> u64 {
+        std::thread::sleep(std::time::Duration::from_millis(1_500));
+        self.psql(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database \
+             WHERE datname = current_database()",
+        )
+        .parse()
+        .unwrap()
+    }
 }
 
 impl Drop for TestDatabase {

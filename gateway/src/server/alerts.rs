@@ -28,7 +28,7 @@ use tower::ServiceExt;
 use tower_llm_quota::tenant::Tenant;
 
 use super::config::{AlertConfig, AlertWindow, ConfigError};
-use super::store::{Database, Persistence, Statement, Value};
+use super::store::{Database, Persistence, Sqlite, Statement, Value};
 use super::upstream::Client;
 
 /// Events waiting for the webhook, at most.
@@ -104,6 +104,8 @@ pub(crate) struct Alerts {
     alerts: Vec<Alert>,
     /// Memory: the count of each alert (by index) in each period (by its first second).
     counts: Mutex<HashMap<(usize, u64), u64>>,
+    /// SQLite: the counts changed since they were last written.
+    unwritten: Mutex<std::collections::HashSet<(usize, u64)>>,
     /// Where the counts are kept, when not in memory.
     kept: Option<Kept>,
     webhook: Option<mpsc::Sender<AlertEvent>>,
@@ -112,9 +114,23 @@ pub(crate) struct Alerts {
 /// Where the counts are kept.
 #[derive(Clone)]
 enum Kept {
+    /// Counted by Redis for every replica.
     Redis(ConnectionManager),
+    /// Counted by Postgres for every replica.
     Database(Database),
+    /// One gateway's SQLite state: counted in memory (restored at start) and written behind;
+    /// a threshold is raised once the count that crossed it is committed, so a restart never
+    /// raises it again.
+    Sqlite(std::sync::Arc<Sqlite>),
 }
+
+/// Sets an alert's count in a period (SQLite: the counts written behind, in any order;
+/// never lowered).
+const SET: &str = "INSERT INTO alerts (alert, period, spent) VALUES ($1, $2, $3) \
+    ON CONFLICT (alert, period) DO UPDATE SET spent = max(alerts.spent, excluded.spent)";
+
+/// The counts of the periods that have not ended (a month back at most).
+const CURRENT: &str = "SELECT alert, period, spent FROM alerts WHERE period >= $1";
 
 /// Adds to an alert's count in a period, answering the new count.
 const ADD: &str = "INSERT INTO alerts (alert, period, spent) VALUES ($1, $2, $3) \
@@ -177,6 +193,7 @@ impl Alerts {
         let kept = match (persistence.redis(), database) {
             _ if alerts.is_empty() => None,
             (Some(url), _) => Some(Kept::Redis(super::report::connection(url, "alerts")?)),
+            (None, Some(Database::Sqlite(sqlite))) => Some(Kept::Sqlite(sqlite.clone())),
             (None, Some(database)) => Some(Kept::Database(database.clone())),
             (None, None) => None,
         };
@@ -199,9 +216,103 @@ impl Alerts {
         Ok(Self {
             alerts,
             counts: Mutex::default(),
+            unwritten: Mutex::default(),
             kept,
             webhook,
         })
+    }
+
+    /// The name an alert's count is kept under.
+    fn name(&self, i: usize) -> String {
+        let alert = &self.alerts[i];
+        format!("{}:{}:{}", alert.watched, alert.window.name(), alert.amount)
+    }
+
+    /// With an SQLite state, reads the counts of the periods that have not ended back into
+    /// memory: how many.
+    ///
+    /// # Cancel safety
+    ///
+    /// Cancel safe: it only reads.
+    pub(crate) async fn restore(&self) -> Result<usize, super::store::DatabaseError> {
+        let Some(Kept::Sqlite(sqlite)) = &self.kept else {
+            return Ok(0);
+        };
+        let month_ago = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs()
+            .saturating_sub(32 * 86_400);
+        let rows = sqlite
+            .transaction(vec![Statement::new(CURRENT, vec![month_ago.into()])])
+            .await?;
+        let names: HashMap<String, usize> =
+            (0..self.alerts.len()).map(|i| (self.name(i), i)).collect();
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut restored = 0;
+        for row in rows.into_iter().flatten() {
+            let [name, period, spent] = &row[..] else {
+                continue;
+            };
+            if let Some(&i) = names.get(name.text()) {
+                let count = counts.entry((i, period.int().max(0) as u64)).or_default();
+                *count = (*count).max(spent.int().max(0) as u64);
+                restored += 1;
+            }
+        }
+        Ok(restored)
+    }
+
+    fn unwritten(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<(usize, u64)>> {
+        self.unwritten.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The statement setting alert `i`'s count in `period` to `total`.
+    fn set(&self, i: usize, period: u64, total: u64) -> Statement {
+        Statement::new(SET, vec![self.name(i).into(), period.into(), total.into()])
+    }
+
+    /// With an SQLite state, queues the counts changed since the last call (written behind:
+    /// a count lost with the process is below the true one, never below a threshold it
+    /// raised).
+    pub(crate) fn flush(&self) {
+        let Some(Kept::Sqlite(sqlite)) = &self.kept else {
+            return;
+        };
+        let unwritten = std::mem::take(&mut *self.unwritten());
+        if unwritten.is_empty() {
+            return;
+        }
+        let statements = {
+            let counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+            (unwritten.into_iter())
+                .map(|(i, period)| self.set(i, period, counts[&(i, period)]))
+                .collect()
+        };
+        sqlite.write_all(statements);
+    }
+
+    /// Adds `spend` to the count of each alert of `over` in its period, in memory: each
+    /// alert's index, period and new count.
+    fn count(&self, over: &[(usize, u64)], spend: u64) -> Vec<(usize, u64, u64)> {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        over.iter()
+            .map(|&(i, period)| {
+                let count = counts.entry((i, period)).or_default();
+                *count = count.saturating_add(spend);
+                (i, period, *count)
+            })
+            .collect()
+    }
+
+    /// Whether alert `i`'s count going to `total` by `added` crosses one of its thresholds.
+    fn crosses(&self, i: usize, (total, added): (u64, u64)) -> bool {
+        let alert = &self.alerts[i];
+        let before = total.saturating_sub(added);
+        let crossed = |count: u64, percent: u32| {
+            u128::from(count) * 100 >= u128::from(alert.amount) * u128::from(percent)
+        };
+        (alert.thresholds.iter()).any(|&p| !crossed(before, p) && crossed(total, p))
     }
 
     /// Whether any alert is configured (else an answer's path need not be built).
@@ -235,32 +346,32 @@ impl Alerts {
             return raised;
         }
         let Some(kept) = self.kept.clone() else {
-            let totals: Vec<(usize, u64, u64)> = {
-                let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
-                over.iter()
-                    .map(|&(i, period)| {
-                        let count = counts.entry((i, period)).or_default();
-                        *count = count.saturating_add(spend);
-                        (i, period, *count)
-                    })
-                    .collect()
-            };
-            for (i, _, total) in totals {
+            for (i, _, total) in self.count(&over, spend) {
                 let crossed = self.crossed(i, unix, (total, spend), audit);
                 raised.extend(crossed.into_iter().map(|percent| (i, percent)));
             }
             return raised;
         };
+        if let Kept::Sqlite(sqlite) = kept {
+            let totals = self.count(&over, spend);
+            for (i, period, total) in totals {
+                if !self.crosses(i, (total, spend)) {
+                    self.unwritten().insert((i, period));
+                    continue;
+                }
+                // Committed before it is raised: a restart never raises it again.
+                let statement = self.set(i, period, total);
+                if let Err(error) = sqlite.inline(|c| c.commit(&[statement])) {
+                    tracing::warn!(%error, "a spend alert's count was not kept: raised anyway");
+                }
+                let crossed = self.crossed(i, unix, (total, spend), audit);
+                raised.extend(crossed.into_iter().map(|percent| (i, percent)));
+            }
+            return raised;
+        }
         let (alerts, audit) = (std::sync::Arc::clone(self), audit.clone());
         tokio::spawn(async move {
-            let names = over.iter().map(|&(i, period)| {
-                let alert = &alerts.alerts[i];
-                let window = alert.window.name();
-                (
-                    format!("{}:{window}:{}", alert.watched, alert.amount),
-                    period,
-                )
-            });
+            let names = over.iter().map(|&(i, period)| (alerts.name(i), period));
             let totals: Result<Vec<u64>, String> = match kept {
                 Kept::Redis(mut redis) => {
                     let mut pipe = redis::pipe();
@@ -273,6 +384,7 @@ impl Alerts {
                         .await
                         .map_err(|e| e.to_string())
                 }
+                Kept::Sqlite(_) => unreachable!("counted in memory above"),
                 Kept::Database(database) => {
                     let statements = names
                         .map(|(name, period)| {

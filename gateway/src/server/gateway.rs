@@ -58,8 +58,10 @@ pub(crate) struct Gateway {
     pub(crate) audit: audit::Audit,
     /// The counters of `GET /admin/report`.
     pub(crate) report: Arc<report::Report>,
-    /// The SQL state, when there is one: flushed when the gateway stops.
+    /// The SQL state, when there is one, and the caps' counts recorded in it: flushed when
+    /// the gateway stops.
     database: Option<Database>,
+    caps: Option<Arc<CapsRecord>>,
     /// The spend alerts, and their webhook's queue.
     pub(crate) alerts: Arc<alerts::Alerts>,
     /// The exporter of a span per request (`server.otlp_endpoint`).
@@ -190,6 +192,42 @@ impl Gateway {
             tracing::info!(restored, "caps' counts restored from the state");
             handle.record_caps(Arc::clone(caps) as Arc<dyn tower_llm_quota::tenant::CapRecord>);
         }
+        let alerts = {
+            let alerts = alerts::Alerts::new(
+                &config.spend_alerts,
+                (persistence, database.as_ref()),
+                config
+                    .server
+                    .alert_webhook
+                    .clone()
+                    .map(|url| (url, upstream::webhook_client())),
+            )?;
+            alerts
+                .restore()
+                .await
+                .map_err(|e| ConfigError(format!("state: the spend alerts' counts: {e}")))?;
+            Arc::new(alerts)
+        };
+        // What no request waits for (the caps' settlements, the alerts' counts) is written a
+        // tenth of a second later at most.
+        let (flushed_caps, flushed_alerts) =
+            (caps.as_ref().map(Arc::downgrade), Arc::downgrade(&alerts));
+        tokio::spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(100));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                every.tick().await;
+                let Some(alerts) = flushed_alerts.upgrade() else {
+                    return;
+                };
+                alerts.flush();
+                if let Some(caps) = flushed_caps.as_ref().and_then(std::sync::Weak::upgrade)
+                    && let Err(error) = caps.durable()
+                {
+                    tracing::warn!(%error, "the caps' counts were not committed");
+                }
+            }
+        });
         let gateway = Arc::new(Self {
             keys: std::sync::RwLock::new(Arc::new(KeyRing::new(&config.keys, &[])?)),
             admins: std::sync::RwLock::new(Arc::new(AdminRing::new(&admin_token, &config.admins)?)),
@@ -219,15 +257,8 @@ impl Gateway {
             },
             report: Arc::new(report::Report::open(persistence, database.as_ref())?),
             database: database.clone(),
-            alerts: Arc::new(alerts::Alerts::new(
-                &config.spend_alerts,
-                (persistence, database.as_ref()),
-                config
-                    .server
-                    .alert_webhook
-                    .clone()
-                    .map(|url| (url, upstream::webhook_client())),
-            )?),
+            caps: caps.clone(),
+            alerts,
             #[cfg(feature = "otel")]
             otel: match &config.server.otlp_endpoint {
                 Some(endpoint) => Some(otel::Otel::start(endpoint.clone()).await?),
@@ -283,6 +314,12 @@ impl Gateway {
             tracing::warn!(%error, "the report's last counters were not added");
         }
         // The caps' last counts (the requests drained settled them) and whatever else waits.
+        self.alerts.flush();
+        if let Some(caps) = &self.caps
+            && let Err(error) = caps.durable()
+        {
+            tracing::warn!(%error, "the caps' last counts were not committed");
+        }
         if let Some(database) = &self.database
             && let Err(error) = database.flushed().await
         {

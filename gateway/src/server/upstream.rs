@@ -264,7 +264,7 @@ fn durable(client: Client, caps: Option<Arc<CapsRecord>>, fail_closed: bool) -> 
     BoxCloneSyncService::new(tower::service_fn(move |request: Request<Full<Bytes>>| {
         let (client, caps) = (client.clone(), Arc::clone(&caps));
         async move {
-            if let Err(error) = caps.durable().await {
+            if let Err(error) = caps.durable() {
                 if fail_closed {
                     return Err(Box::new(StateRefused(error)) as BoxError);
                 }

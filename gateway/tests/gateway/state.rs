@@ -162,6 +162,44 @@ fn refuse_writes(file: &Path, refused: bool) {
     connection.execute_batch(sql).unwrap();
 }
 
+/// What the status page counts for the tenant's cap.
+async fn shown(gateway: &Running) -> i64 {
+    let status: Value = serde_json::from_str(
+        &reqwest::get(format!("{}/status.json", gateway.url))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let team = status["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["path"] == "team")
+        .unwrap();
+    team["accounts"][0]["caps"][0]["used"].as_i64().unwrap()
+}
+
+/// Waits (up to 30 s) until the file's count is the gateway's (settlements are committed a
+/// tenth of a second after they are made): that count.
+async fn settled(gateway: &Running, file: &Path) -> i64 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let used = shown(gateway).await;
+        if counted(file) == used {
+            return used;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the file counts {}, the gateway {used}",
+            counted(file)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn refused_writes_are_refused_whole_and_the_gateway_answers_by_its_policy() {
     for fail_closed in [true, false] {
@@ -171,8 +209,7 @@ async fn refused_writes_are_refused_whole_and_the_gateway_answers_by_its_policy(
             Running::serve(&config(fail_closed), &Persistence::Sqlite(file.clone())).await;
         let send = || gateway.post("/v1/chat/completions", Some("secret"), BODY);
         assert_eq!(send().await.status(), 200);
-        gateway.gateway.report.flush().await.unwrap();
-        let before = counted(&file);
+        let before = settled(&gateway, &file).await;
         assert!(before > 0, "the answer's spend is counted in the file");
 
         refuse_writes(&file, true);
@@ -187,29 +224,15 @@ async fn refused_writes_are_refused_whole_and_the_gateway_answers_by_its_policy(
         } else {
             assert_eq!(status, 200, "fail-open sends it: {answer}");
         }
+        // Past the next commits of what no request waits for: still refused whole.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
         assert_eq!(counted(&file), before, "nothing half-written");
 
         // The writes are taken again: the count in the file catches up with the gateway's.
         refuse_writes(&file, false);
         assert_eq!(send().await.status(), 200);
-        let status: Value = serde_json::from_str(
-            &reqwest::get(format!("{}/status.json", gateway.url))
-                .await
-                .unwrap()
-                .text()
-                .await
-                .unwrap(),
-        )
-        .unwrap();
-        let team = status["tenants"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["path"] == "team")
-            .unwrap();
-        let used = team["accounts"][0]["caps"][0]["used"].as_i64().unwrap();
-        assert_eq!(counted(&file), used, "fail_closed {fail_closed}");
-        assert!(used > before);
+        let used = settled(&gateway, &file).await;
+        assert!(used > before, "fail_closed {fail_closed}");
         gateway.stop().await;
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -2,15 +2,18 @@
 //! before a request they count is sent, restored at start.
 //!
 //! The budgets count every cap in memory (an admission takes its estimate, a settlement its
-//! correction); each change goes to the table `caps`, the period's count as it now is, in the
-//! next group commit. A request on a path with caps is sent only once the counts of its
-//! admission are committed ([`CapsRecord::durable`]). So after the gateway is killed, a cap
-//! restored at the next start is never below what the answers sent used: an answer's
-//! settlement committed, or its estimate (never below its usage when `max_tokens` is held to
-//! what the caps have left) is. Stopped by SIGTERM, every answer is settled first: the caps
-//! restore exactly what was used.
+//! correction); each change is kept as the period's count as it now is, and committed to the
+//! table `caps` by the next request that waits for its counts ([`CapsRecord::durable`], in the
+//! request's own thread: one commit for every count changed meanwhile), or a tenth of a
+//! second later at most. A request on a path with caps is sent only once the counts of its
+//! admission are committed. So after the gateway is killed, a cap restored at the next start
+//! is never below what the answers sent used: an answer's settlement committed, or its
+//! estimate (never below its usage when `max_tokens` is held to what the caps have left) is.
+//! Stopped by SIGTERM, every answer is settled and committed first: the caps restore exactly
+//! what was used.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use tower_llm_quota::Dimension;
@@ -32,6 +35,15 @@ const KEEP_SECONDS: i64 = 62 * 86_400;
 #[derive(Debug)]
 pub(crate) struct CapsRecord {
     sqlite: Arc<Sqlite>,
+    /// The counts changed since they were last committed, by scope, cap and period: each the
+    /// period's count as it now is (a later change replaces an earlier one). Committed whole
+    /// by the first [`durable`](Self::durable) that comes.
+    pending: Mutex<Pending>,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    counts: HashMap<(String, Dimension, CapWindow, u64), u64>,
 }
 
 /// How a window is named in the table.
@@ -68,35 +80,57 @@ impl CapRecord for CapsRecord {
         let Some(scope) = scope_name(scope) else {
             return;
         };
-        self.sqlite.write(Statement::new(
-            RECORD,
-            vec![
-                Value::Text(scope),
-                cap.dimension().as_str().into(),
-                window_name(cap.window()).into(),
-                since.into(),
-                used.into(),
-            ],
-        ));
+        let key = (scope, cap.dimension(), cap.window(), since);
+        self.pending().counts.insert(key, used);
     }
 }
 
 impl CapsRecord {
     pub(crate) fn new(sqlite: Arc<Sqlite>) -> Self {
-        Self { sqlite }
+        Self {
+            sqlite,
+            pending: Mutex::default(),
+        }
     }
 
-    /// Waits until every count recorded so far is committed: an error when its commit
-    /// failed (a full disk, a read-only file).
+    fn pending(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Commits every count recorded so far, in the calling thread (one commit for the
+    /// counts of every request that waited meanwhile): an error when the database refused
+    /// it (a full disk, a read-only file), the counts then kept for the next call.
     ///
-    /// # Cancel safety
-    ///
-    /// Cancel safe: it only waits.
-    pub(crate) async fn durable(&self) -> Result<(), DatabaseError> {
-        match self.sqlite.queued() {
-            0 => Ok(()),
-            seq => self.sqlite.committed(seq).await,
-        }
+    /// A caller that finds nothing pending returns once the commit that took its counts
+    /// (made holding the same connection) is done.
+    pub(crate) fn durable(&self) -> Result<(), DatabaseError> {
+        self.sqlite.inline(|connection| {
+            let counts = std::mem::take(&mut self.pending().counts);
+            if counts.is_empty() {
+                return Ok(());
+            }
+            let statements: Vec<Statement> = (counts.iter())
+                .map(|((scope, dimension, window, since), used)| {
+                    Statement::new(
+                        RECORD,
+                        vec![
+                            Value::Text(scope.clone()),
+                            dimension.as_str().into(),
+                            window_name(*window).into(),
+                            (*since).into(),
+                            (*used).into(),
+                        ],
+                    )
+                })
+                .collect();
+            connection.commit(&statements).inspect_err(|_| {
+                // Kept for the next commit, unless a later count replaced it meanwhile.
+                let mut pending = self.pending();
+                for (key, used) in counts {
+                    pending.counts.entry(key).or_insert(used);
+                }
+            })
+        })
     }
 
     /// Restores into `tenants` the counts of every period that has not ended (the caps the

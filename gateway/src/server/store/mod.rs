@@ -298,7 +298,7 @@ CREATE TABLE ledger (day TEXT NOT NULL, tenant TEXT NOT NULL, key TEXT NOT NULL,
     spend_nano_usd INTEGER NOT NULL, PRIMARY KEY (day, tenant, key, model, tier));
 CREATE TABLE caps (scope TEXT NOT NULL, dimension TEXT NOT NULL, cap_window TEXT NOT NULL,
     since INTEGER NOT NULL, used INTEGER NOT NULL,
-    PRIMARY KEY (scope, dimension, cap_window, since));
+    PRIMARY KEY (scope, dimension, cap_window, since)) WITHOUT ROWID;
 CREATE TABLE operations (key TEXT PRIMARY KEY, completed INTEGER NOT NULL, owner TEXT NOT NULL,
     meta BLOB, body BLOB, expires INTEGER NOT NULL);
 ";
