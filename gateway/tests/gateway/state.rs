@@ -284,3 +284,49 @@ async fn a_read_only_postgres_is_answered_by_the_failure_policy() {
         replica.stop().await;
     }
 }
+
+/// Runs the binary with `config` and `args` until it listens, then stops it: what it wrote
+/// on stderr meanwhile.
+fn started_saying(dir: &Path, config: &str, args: &[&str]) -> String {
+    use std::io::{BufRead, Read};
+    let path = dir.join("gateway.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_llm-quota-gateway"))
+        .arg("--config")
+        .arg(&path)
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let listening = stdout
+        .lines()
+        .map_while(Result::ok)
+        .any(|line| line.starts_with("gateway listening on "));
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(listening, "the gateway did not start: {stderr}");
+    stderr
+}
+
+/// With caps kept in Redis, the gateway says at start whether Redis keeps its data.
+#[test]
+fn the_gateway_says_whether_redis_keeps_the_caps() {
+    let dir = folder("redis-keeps");
+    let forgetful = crate::redis_server::RedisServer::start();
+    let said = started_saying(&dir, &config(true), &["--state", &forgetful.url()]);
+    assert!(said.contains("Redis keeps nothing on disk"), "{said}");
+    let persistent = crate::redis_server::RedisServer::start_persistent();
+    let said = started_saying(&dir, &config(true), &["--state", &persistent.url()]);
+    assert!(!said.contains("Redis keeps"), "{said}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
