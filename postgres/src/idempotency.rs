@@ -1,16 +1,15 @@
 //! Operation records in Postgres, shared by every process naming the same database.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::{StreamExt, stream};
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 use tokio_postgres::AsyncMessage;
 
-use tower_llm_quota::idempotency::{Claim, IdempotencyStore, Record, StoreFuture};
+use tower_llm_quota::idempotency::{Claim, IdempotencyStore, KeyWaiters, Record, StoreFuture};
 
 use crate::connection::{Database, Params, reach};
 use crate::error::Error;
@@ -39,13 +38,10 @@ pub struct PostgresIdempotencyStore {
     inner: Arc<Inner>,
 }
 
-/// Per key: the notification its local waiters listen to, and how many they are.
-type Waiters = HashMap<String, (Arc<Notify>, usize)>;
-
 struct Inner {
     database: Database,
     config: tokio_postgres::Config,
-    waiters: Mutex<Waiters>,
+    waiters: Arc<KeyWaiters>,
     /// Whether the listener is listening now; `None` until it is started.
     listening: Mutex<Option<watch::Receiver<bool>>>,
     /// Dropped with the store: the listener stops.
@@ -72,7 +68,7 @@ impl PostgresIdempotencyStore {
             inner: Arc::new(Inner {
                 database,
                 config,
-                waiters: Mutex::default(),
+                waiters: Arc::default(),
                 listening: Mutex::default(),
                 _shutdown: Mutex::default(),
             }),
@@ -170,12 +166,7 @@ async fn listen(inner: Weak<Inner>, listening: watch::Sender<bool>) {
                 while let Some(Ok(message)) = messages.next().await {
                     let Some(store) = inner.upgrade() else { return };
                     if let AsyncMessage::Notification(note) = message {
-                        let waiters = store.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-                        let notify = waiters.get(note.payload()).map(|w| Arc::clone(&w.0));
-                        drop(waiters);
-                        if let Some(notify) = notify {
-                            notify.notify_waiters();
-                        }
+                        store.waiters.wake(note.payload().as_bytes());
                     }
                 }
             }
@@ -191,34 +182,8 @@ async fn listen(inner: Weak<Inner>, listening: watch::Sender<bool>) {
 }
 
 fn wake_all(inner: &Weak<Inner>) {
-    let Some(store) = inner.upgrade() else { return };
-    let waiters = store.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-    let all: Vec<_> = waiters.values().map(|w| Arc::clone(&w.0)).collect();
-    drop(waiters);
-    for notify in all {
-        notify.notify_waiters();
-    }
-}
-
-/// A registered waiter; unregisters when dropped.
-struct Waiter {
-    store: Arc<Inner>,
-    key: String,
-}
-
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        let mut waiters = self
-            .store
-            .waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = waiters.get_mut(&self.key) {
-            entry.1 -= 1;
-            if entry.1 == 0 {
-                waiters.remove(&self.key);
-            }
-        }
+    if let Some(store) = inner.upgrade() {
+        store.waiters.wake_all();
     }
 }
 
@@ -278,22 +243,7 @@ impl IdempotencyStore for PostgresIdempotencyStore {
         let key = key.to_owned();
         Box::pin(async move {
             let deadline = saturating_deadline(tokio::time::Instant::now(), within);
-            let notify = {
-                let mut waiters = store
-                    .inner
-                    .waiters
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                let entry = waiters
-                    .entry(key.clone())
-                    .or_insert_with(|| (Arc::new(Notify::new()), 0));
-                entry.1 += 1;
-                Arc::clone(&entry.0)
-            };
-            let _waiter = Waiter {
-                store: Arc::clone(&store.inner),
-                key: key.clone(),
-            };
+            let waiter = KeyWaiters::register(&store.inner.waiters, key.as_bytes());
             let mut listening = store.listener();
             let ready = tokio::time::timeout_at(deadline, async {
                 listening.wait_for(|l| *l).await.is_ok()
@@ -304,7 +254,7 @@ impl IdempotencyStore for PostgresIdempotencyStore {
             }
             // Listening before looking: a completion after the look is heard, one before it
             // is seen.
-            let mut notified = std::pin::pin!(notify.notified());
+            let mut notified = std::pin::pin!(waiter.notified());
             notified.as_mut().enable();
             let params: Params = vec![Box::new(key)];
             let looked = store.inner.database.query(LOOK, &params).await;

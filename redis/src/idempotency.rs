@@ -5,7 +5,6 @@
 //! The store's operations are each one script call with its arguments and its reply's
 //! decoding; the scripts and their replies read best side by side.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::poll_fn;
 use std::pin::Pin;
@@ -16,9 +15,9 @@ use std::time::Duration;
 use ::redis::{RedisError, Script, Value};
 use bytes::Bytes;
 use futures_core::Stream;
-use tokio::sync::{Notify, oneshot, watch};
+use tokio::sync::{oneshot, watch};
 
-use tower_llm_quota::idempotency::{Claim, IdempotencyStore, Record, StoreFuture};
+use tower_llm_quota::idempotency::{Claim, IdempotencyStore, KeyWaiters, Record, StoreFuture};
 
 use crate::connection::{Connection, Servers, Timeouts};
 use tower_llm_quota::{capped_duration as capped, saturating_deadline};
@@ -89,9 +88,6 @@ pub struct RedisIdempotencyStore {
     inner: Arc<Inner>,
 }
 
-/// Per key: the notification its local waiters listen to, and how many they are.
-type Waiters = HashMap<Vec<u8>, (Arc<Notify>, usize)>;
-
 struct Inner {
     /// A client per known node: the listener subscribes through one of them.
     subscribers: Vec<::redis::Client>,
@@ -101,7 +97,7 @@ struct Inner {
     claim: Script,
     renew: Script,
     finish: Script,
-    waiters: Mutex<Waiters>,
+    waiters: Arc<KeyWaiters>,
     /// Whether the listener is subscribed now; `None` until it is started.
     subscribed: Mutex<Option<watch::Receiver<bool>>>,
     /// Dropped with the store: the listener stops.
@@ -164,7 +160,7 @@ impl RedisIdempotencyStore {
                 claim: Script::new(CLAIM),
                 renew: Script::new(RENEW),
                 finish: Script::new(FINISH),
-                waiters: Mutex::default(),
+                waiters: Arc::default(),
                 subscribed: Mutex::default(),
                 _shutdown: Mutex::default(),
             }),
@@ -292,14 +288,7 @@ async fn listen(
                     None => return,
                     Some(Some(message)) => {
                         let Some(store) = inner.upgrade() else { return };
-                        let waiters = store.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-                        let notify = waiters
-                            .get(message.get_payload_bytes())
-                            .map(|w| Arc::clone(&w.0));
-                        drop(waiters);
-                        if let Some(notify) = notify {
-                            notify.notify_waiters();
-                        }
+                        store.waiters.wake(message.get_payload_bytes());
                     }
                     // The connection dropped.
                     Some(None) => break,
@@ -326,34 +315,8 @@ async fn listen(
 use std::future::Future as _;
 
 fn wake_all(inner: &Weak<Inner>) {
-    let Some(store) = inner.upgrade() else { return };
-    let waiters = store.waiters.lock().unwrap_or_else(PoisonError::into_inner);
-    let all: Vec<_> = waiters.values().map(|w| Arc::clone(&w.0)).collect();
-    drop(waiters);
-    for notify in all {
-        notify.notify_waiters();
-    }
-}
-
-/// A registered waiter; unregisters when dropped.
-struct Waiter {
-    store: Arc<Inner>,
-    key: Vec<u8>,
-}
-
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        let mut waiters = self
-            .store
-            .waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(entry) = waiters.get_mut(&self.key) {
-            entry.1 -= 1;
-            if entry.1 == 0 {
-                waiters.remove(&self.key);
-            }
-        }
+    if let Some(store) = inner.upgrade() {
+        store.waiters.wake_all();
     }
 }
 
@@ -409,22 +372,7 @@ impl IdempotencyStore for RedisIdempotencyStore {
         let key = key.to_owned();
         Box::pin(async move {
             let deadline = saturating_deadline(tokio::time::Instant::now(), within);
-            let notify = {
-                let mut waiters = store
-                    .inner
-                    .waiters
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                let entry = waiters
-                    .entry(key.as_bytes().to_vec())
-                    .or_insert_with(|| (Arc::new(Notify::new()), 0));
-                entry.1 += 1;
-                Arc::clone(&entry.0)
-            };
-            let _waiter = Waiter {
-                store: Arc::clone(&store.inner),
-                key: key.as_bytes().to_vec(),
-            };
+            let waiter = KeyWaiters::register(&store.inner.waiters, key.as_bytes());
             let mut subscribed = store.listener();
             let ready = tokio::time::timeout_at(deadline, async {
                 subscribed.wait_for(|s| *s).await.is_ok()
@@ -436,7 +384,7 @@ impl IdempotencyStore for RedisIdempotencyStore {
             // Listening before looking: a completion after the look is heard, one before it
             // is seen. (Enabled only now, so that the listener's own wake-up when it
             // subscribes is not taken for a completion.)
-            let mut notified = std::pin::pin!(notify.notified());
+            let mut notified = std::pin::pin!(waiter.notified());
             notified.as_mut().enable();
             let mut connection = store.inner.connection.clone();
             let record = store.record_key(&key);

@@ -115,6 +115,7 @@ mod memory;
 mod record;
 mod service;
 mod store;
+mod waiters;
 
 pub use crate::error::idempotency::{IdempotencyError, InvalidKey};
 pub use flight::IdempotentBody;
@@ -125,6 +126,7 @@ pub use memory::{DEFAULT_MAX_BYTES, DEFAULT_MAX_RECORDS, MemoryStore};
 pub use record::Record;
 pub use service::Idempotency;
 pub use store::{Claim, IdempotencyStore, StoreFuture};
+pub use waiters::{KeyWaiter, KeyWaiters};
 
 /// How a response was answered without its own call: a response extension.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

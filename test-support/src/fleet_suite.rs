@@ -707,6 +707,77 @@ pub fn a_churning_fleet_never_admits_beyond_the_account(fleet: &mut impl Fleet, 
     }
 }
 
+/// The suite's tests for a store, in the calling module: its children's entry point
+/// (`child_process`, which [`Fleet::child_test`] names), each scenario on a fleet made by
+/// `$start`, and the randomized churn with the store restarted `$restarts` times a run at
+/// most. `$leased` connects a child's budget, as [`Fleet::leased`] does.
+///
+/// ```ignore
+/// tower_llm_quota_test_support::fleet_tests!(OverRedis::start(), leased, restarts = 2);
+/// ```
+#[macro_export]
+macro_rules! fleet_tests {
+    ($start:expr, $leased:path, restarts = $restarts:expr) => {
+        /// The entry point of the children: does nothing unless started as one.
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn child_process() {
+            use $crate::fleet_suite::Spec;
+            if let Some(spec) = Spec::of_child() {
+                let budget = loop {
+                    match $leased(&spec.url, &spec.key, &spec.account.quota()).await {
+                        Ok(budget) => break budget,
+                        Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
+                    }
+                };
+                $crate::fleet_suite::child(budget, spec.cost).await;
+            }
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_burst_is_spent_once_whatever_becomes_of_its_first_holder() {
+            $crate::fleet_suite::a_burst_is_spent_once_whatever_becomes_of_its_first_holder(
+                &$start,
+            )
+            .await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_process_leaving_gives_back_what_it_holds() {
+            $crate::fleet_suite::a_process_leaving_gives_back_what_it_holds(&$start).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_provider_report_counts_what_the_leases_hold_once() {
+            $crate::fleet_suite::a_provider_report_counts_what_the_leases_hold_once(&$start).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn an_overrun_is_charged_to_the_account() {
+            $crate::fleet_suite::an_overrun_is_charged_to_the_account(&$start).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn rolling_restarts_never_admit_beyond_the_account() {
+            $crate::fleet_suite::rolling_restarts_never_admit_beyond_the_account(&$start).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn five_processes_share_an_account_of_four_units_in_turn() {
+            $crate::fleet_suite::five_processes_share_an_account_of_four_units_in_turn(&$start)
+                .await;
+        }
+
+        /// The randomized churn (see the fleet suite), the store restarted a few times a run.
+        #[test]
+        fn a_churning_fleet_never_admits_beyond_the_account() {
+            $crate::fleet_suite::a_churning_fleet_never_admits_beyond_the_account(
+                &mut $start,
+                $restarts,
+            );
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,8 @@
 //! readiness polls, the simulated provider on a loopback port, a private `redis-server` (or
 //! Redis Cluster) on a port of its own, a database of its own or a private Postgres cluster, a
 //! loopback proxy that holds replies back or cuts connections, and the batch example's
-//! binary; the suites every quota store must pass (and every store that leases), and the
+//! binary; the suites every quota store must pass (and every store that leases), the plain models
+//! their atomic calls are checked against, and the
 //! benchmarks every shared store runs. Not published.
 
 pub mod bench;
@@ -11,6 +12,7 @@ pub mod loopback_proxy;
 pub mod port;
 pub mod postgres_server;
 pub mod redis_server;
+pub mod store_models;
 pub mod store_suite;
 
 use std::num::NonZeroU64;

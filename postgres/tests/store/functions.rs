@@ -15,6 +15,10 @@ use tokio_postgres::types::ToSql;
 use tower_llm_quota::budget::store::fleet::{Account, Answer, Claim, Ledger, Report};
 use tower_llm_quota::tenant::CapWindow;
 use tower_llm_quota_test_support::postgres_server::TestDatabase;
+use tower_llm_quota_test_support::store_models::{
+    BucketModel as Model, CAP, DEN, DayModel, FULL, LeaseOp, NUM, Reservation, SlotOp, Window,
+    lease_op, slot_op,
+};
 
 /// A migrated database of its own and a connection to it, driven synchronously.
 struct Sql {
@@ -78,10 +82,6 @@ thread_local! {
 const TAG: &str = "t";
 const BUCKET: &str = "t:total_tokens:1000";
 /// One unit per millisecond (num 1, den 3: a unit is 3 ticks, 3 ticks a millisecond).
-const NUM: i64 = 3;
-const DEN: i64 = 3;
-const CAP: i64 = 1_000;
-const FULL: i64 = CAP * DEN;
 const LEASE_MS: i64 = 60_000;
 const TOMBSTONE_MS: i64 = 30_000;
 const GRACE_MS: i64 = 200;
@@ -215,61 +215,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Lift),
         1 => (0i64..1_200).prop_map(Op::Remaining),
     ]
-}
-
-/// The bucket as the functions define it, in ticks; no `ts` when the row is absent (full).
-#[derive(Clone, Copy)]
-struct Model {
-    tok: i64,
-    ts: Option<i64>,
-}
-
-impl Model {
-    /// The bucket read at `now`: refilled, never by time running back.
-    fn at(self, now: i64) -> Self {
-        match self.ts {
-            None => Model {
-                tok: FULL,
-                ts: Some(now),
-            },
-            Some(ts) if now > ts => Model {
-                tok: (self.tok + (now - ts) * NUM).min(FULL),
-                ts: Some(now),
-            },
-            Some(_) => self,
-        }
-    }
-
-    /// The bucket written at `now`: a full one is deleted.
-    fn written(self, now: i64) -> Self {
-        match self.ts {
-            Some(ts) if self.tok >= FULL && ts <= now => Model {
-                tok: FULL,
-                ts: None,
-            },
-            _ => self,
-        }
-    }
-
-    fn charge(self, delta: i64, now: i64) -> Self {
-        let read = self.at(now);
-        Model {
-            tok: if delta > 0 {
-                (read.tok - delta * DEN).max(read.tok.min(-FULL))
-            } else {
-                (read.tok - delta * DEN).min(FULL)
-            },
-            ..read
-        }
-        .written(now)
-    }
-}
-
-struct Reservation {
-    id: String,
-    cost: i64,
-    settled: bool,
-    expired: bool,
 }
 
 proptest! {
@@ -422,72 +367,6 @@ fn processes_refused_for_capacity_take_turns() {
     assert!(line.is_empty(), "{} left in line", line.len());
 }
 
-/// A cap's count as the functions keep it, step by step. Deliberately plain: a list of every
-/// use.
-#[derive(Debug, Default)]
-struct DayModel {
-    /// (quarter hour since the epoch, units), in order.
-    uses: Vec<(i64, i64)>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Window {
-    Day,
-    Month,
-    Rolling,
-}
-
-impl Window {
-    fn field(self) -> &'static str {
-        match self {
-            Window::Day => "c:total_tokens",
-            Window::Month => "m:spend",
-            Window::Rolling => "r:total_tokens",
-        }
-    }
-}
-
-fn same_month(a: i64, b: i64) -> bool {
-    let next = |ms: i64| CapWindow::CalendarMonthUtc.resets_after((ms / 1_000) as u64);
-    next(a) == next(b)
-}
-
-const DAY_MS: i64 = 86_400_000;
-const QUARTER_MS: i64 = 900_000;
-
-impl DayModel {
-    fn in_window(&self, window: Window, now: i64) -> impl Iterator<Item = usize> + '_ {
-        let q = now / QUARTER_MS;
-        let day = now / DAY_MS;
-        (0..self.uses.len()).filter(move |&i| {
-            let used_at = self.uses[i].0;
-            match window {
-                Window::Rolling => used_at > q - 96,
-                Window::Day => used_at * QUARTER_MS / DAY_MS == day,
-                Window::Month => same_month(used_at * QUARTER_MS, now),
-            }
-        })
-    }
-
-    fn used(&self, window: Window, now: i64) -> i64 {
-        self.in_window(window, now).map(|i| self.uses[i].1).sum()
-    }
-
-    fn add(&mut self, window: Window, delta: i64, now: i64) {
-        if delta > 0 {
-            self.uses.push((now / QUARTER_MS, delta));
-            return;
-        }
-        let mut left = -delta;
-        let held: Vec<usize> = self.in_window(window, now).collect();
-        for i in held.into_iter().rev() {
-            let taken = left.min(self.uses[i].1);
-            self.uses[i].1 -= taken;
-            left -= taken;
-        }
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -548,26 +427,6 @@ fn the_functions_month_turns_where_the_crates_does() {
         assert_eq!((before, after), (i, i + 1), "month {i}");
     }
     assert_eq!(boundaries.len(), 430 * 12);
-}
-
-/// One step of a fleet's slots on one node.
-#[derive(Debug, Clone)]
-enum SlotOp {
-    Take(u8),
-    End(usize),
-    Renew(u8),
-    Advance(i64),
-    Full(i64),
-}
-
-fn slot_op() -> impl Strategy<Value = SlotOp> {
-    prop_oneof![
-        3 => (0u8..3).prop_map(SlotOp::Take),
-        2 => (0usize..16).prop_map(SlotOp::End),
-        2 => (0u8..3).prop_map(SlotOp::Renew),
-        2 => (0i64..1_500).prop_map(SlotOp::Advance),
-        3 => (1i64..6).prop_map(SlotOp::Full),
-    ]
 }
 
 proptest! {
@@ -668,47 +527,6 @@ mod lease_against_the_model {
         den: 10,
         capacity: 200,
     };
-
-    #[derive(Debug, Clone)]
-    enum LeaseOp {
-        Lease {
-            process: u8,
-            want: u8,
-            flows: Vec<(u64, u32)>,
-            guarantees: Vec<(u64, u32)>,
-            renew: Report,
-            stale: bool,
-        },
-        Leave(u8, i64, u64),
-        Advance(i64),
-    }
-
-    fn lease_op() -> impl Strategy<Value = LeaseOp> {
-        let flows = proptest::collection::btree_map(1u64..5, 1u32..5, 0..3)
-            .prop_map(|flows| flows.into_iter().collect::<Vec<_>>());
-        let guarantees = proptest::collection::btree_map(1u64..4, 0u32..=700_000, 0..2)
-            .prop_map(|guarantees| guarantees.into_iter().collect::<Vec<_>>());
-        let renew = (
-            -30i64..60,
-            0u64..40,
-            prop_oneof![3 => Just(0u64), 2 => 1u64..120],
-            0u64..80,
-        )
-            .prop_map(|(keep, back, need, ask)| Report {
-                keep,
-                back,
-                need,
-                ask,
-            });
-        prop_oneof![
-            8 => (0u8..5, 0u8..=20, flows, guarantees, renew, proptest::bool::weighted(0.1))
-                .prop_map(|(process, want, flows, guarantees, renew, stale)| LeaseOp::Lease {
-                    process, want, flows, guarantees, renew, stale,
-                }),
-            1 => (0u8..5, -20i64..10, 0u64..30).prop_map(|(p, k, b)| LeaseOp::Leave(p, k, b)),
-            3 => (0i64..200).prop_map(LeaseOp::Advance),
-        ]
-    }
 
     /// One lease call: its renewal, part, granted units, readiness and spreads.
     fn lease(

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tower_llm_quota::Quota;
 use tower_llm_quota::budget::FailurePolicy;
 use tower_llm_quota_postgres::PostgresBudget;
-use tower_llm_quota_test_support::fleet_suite::{self, Connecting, Fleet, Spec};
+use tower_llm_quota_test_support::fleet_suite::{self, Connecting, Fleet};
 use tower_llm_quota_test_support::postgres_server::PostgresServer;
 
 /// A private cluster, migrated.
@@ -75,55 +75,5 @@ impl Fleet for OverPostgres {
     }
 }
 
-/// The entry point of the children: does nothing unless started as one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn child_process() {
-    if let Some(spec) = Spec::of_child() {
-        let budget = loop {
-            match leased(&spec.url, &spec.key, &spec.account.quota()).await {
-                Ok(budget) => break budget,
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        };
-        fleet_suite::child(budget, spec.cost).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_is_spent_once_whatever_becomes_of_its_first_holder() {
-    fleet_suite::a_burst_is_spent_once_whatever_becomes_of_its_first_holder(&OverPostgres::start())
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_process_leaving_gives_back_what_it_holds() {
-    fleet_suite::a_process_leaving_gives_back_what_it_holds(&OverPostgres::start()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_provider_report_counts_what_the_leases_hold_once() {
-    fleet_suite::a_provider_report_counts_what_the_leases_hold_once(&OverPostgres::start()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_overrun_is_charged_to_the_account() {
-    fleet_suite::an_overrun_is_charged_to_the_account(&OverPostgres::start()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rolling_restarts_never_admit_beyond_the_account() {
-    fleet_suite::rolling_restarts_never_admit_beyond_the_account(&OverPostgres::start()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_processes_share_an_account_of_four_units_in_turn() {
-    fleet_suite::five_processes_share_an_account_of_four_units_in_turn(&OverPostgres::start())
-        .await;
-}
-
-/// The randomized churn (see [`fleet_suite`]), Postgres restarted as after a crash twice a
-/// run at most.
-#[test]
-fn a_churning_fleet_never_admits_beyond_the_account() {
-    fleet_suite::a_churning_fleet_never_admits_beyond_the_account(&mut OverPostgres::start(), 2);
-}
+// Each scenario on its own server; the churn with Postgres restarted as after a crash twice a run at most.
+tower_llm_quota_test_support::fleet_tests!(OverPostgres::start(), leased, restarts = 2);

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tower_llm_quota::Quota;
 use tower_llm_quota::budget::FailurePolicy;
 use tower_llm_quota_redis::RedisBudget;
-use tower_llm_quota_test_support::fleet_suite::{self, Connecting, Fleet, Spec};
+use tower_llm_quota_test_support::fleet_suite::{self, Connecting, Fleet};
 use tower_llm_quota_test_support::redis_server::RedisServer;
 
 /// A private `redis-server` keeping an append-only file (a restart finds what it
@@ -72,53 +72,5 @@ impl Fleet for OverRedis {
     }
 }
 
-/// The entry point of the children: does nothing unless started as one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn child_process() {
-    if let Some(spec) = Spec::of_child() {
-        let budget = loop {
-            match leased(&spec.url, &spec.key, &spec.account.quota()).await {
-                Ok(budget) => break budget,
-                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-            }
-        };
-        fleet_suite::child(budget, spec.cost).await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_is_spent_once_whatever_becomes_of_its_first_holder() {
-    fleet_suite::a_burst_is_spent_once_whatever_becomes_of_its_first_holder(&OverRedis::start())
-        .await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_process_leaving_gives_back_what_it_holds() {
-    fleet_suite::a_process_leaving_gives_back_what_it_holds(&OverRedis::start()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_provider_report_counts_what_the_leases_hold_once() {
-    fleet_suite::a_provider_report_counts_what_the_leases_hold_once(&OverRedis::start()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_overrun_is_charged_to_the_account() {
-    fleet_suite::an_overrun_is_charged_to_the_account(&OverRedis::start()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rolling_restarts_never_admit_beyond_the_account() {
-    fleet_suite::rolling_restarts_never_admit_beyond_the_account(&OverRedis::start()).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn five_processes_share_an_account_of_four_units_in_turn() {
-    fleet_suite::five_processes_share_an_account_of_four_units_in_turn(&OverRedis::start()).await;
-}
-
-/// The randomized churn (see [`fleet_suite`]), Redis restarted twice a run at most.
-#[test]
-fn a_churning_fleet_never_admits_beyond_the_account() {
-    fleet_suite::a_churning_fleet_never_admits_beyond_the_account(&mut OverRedis::start(), 2);
-}
+// Each scenario on its own server; the churn with Redis restarted from its append-only file twice a run at most.
+tower_llm_quota_test_support::fleet_tests!(OverRedis::start(), leased, restarts = 2);

@@ -397,6 +397,7 @@ mod script_against_the_model {
     use proptest::prelude::*;
     use redis::Script;
     use tower_llm_quota::budget::store::fleet::{Account, Answer, Claim, Ledger, Report};
+    use tower_llm_quota_test_support::store_models::{LeaseOp, lease_op};
 
     use super::redis_server::RedisServer;
 
@@ -413,50 +414,6 @@ mod script_against_the_model {
         den: 10,
         capacity: 200,
     };
-
-    #[derive(Debug, Clone)]
-    enum Op {
-        /// A process renews: what it wants (twentieths), its waiting flows and weights, its
-        /// waiting guarantees and their shares (millionths), and its report; `stale`, with
-        /// the number of its previous renewal.
-        Lease {
-            process: u8,
-            want: u8,
-            flows: Vec<(u64, u32)>,
-            guarantees: Vec<(u64, u32)>,
-            renew: Report,
-            stale: bool,
-        },
-        Leave(u8, i64, u64),
-        Advance(i64),
-    }
-
-    fn op() -> impl Strategy<Value = Op> {
-        let flows = proptest::collection::btree_map(1u64..5, 1u32..5, 0..3)
-            .prop_map(|flows| flows.into_iter().collect::<Vec<_>>());
-        let guarantees = proptest::collection::btree_map(1u64..4, 0u32..=700_000, 0..2)
-            .prop_map(|guarantees| guarantees.into_iter().collect::<Vec<_>>());
-        let renew = (
-            -30i64..60,
-            0u64..40,
-            prop_oneof![3 => Just(0u64), 2 => 1u64..120],
-            0u64..80,
-        )
-            .prop_map(|(keep, back, need, ask)| Report {
-                keep,
-                back,
-                need,
-                ask,
-            });
-        prop_oneof![
-            8 => (0u8..5, 0u8..=20, flows, guarantees, renew, proptest::bool::weighted(0.1))
-                .prop_map(|(process, want, flows, guarantees, renew, stale)| Op::Lease {
-                    process, want, flows, guarantees, renew, stale,
-                }),
-            1 => (0u8..5, -20i64..10, 0u64..30).prop_map(|(p, k, b)| Op::Leave(p, k, b)),
-            3 => (0i64..200).prop_map(Op::Advance),
-        ]
-    }
 
     fn script() -> Script {
         Script::new(&format!(
@@ -496,7 +453,7 @@ mod script_against_the_model {
         #![proptest_config(ProptestConfig::with_cases(256))]
 
         #[test]
-        fn the_script_grants_what_the_model_grants(ops in proptest::collection::vec(op(), 1..80)) {
+        fn the_script_grants_what_the_model_grants(ops in proptest::collection::vec(lease_op(), 1..80)) {
             thread_local! {
                 static SERVER: RedisServer = RedisServer::start();
             }
@@ -510,8 +467,8 @@ mod script_against_the_model {
             for (step, op) in ops.into_iter().enumerate() {
                 let mut wrote = false;
                 match op {
-                    Op::Advance(ms) => now += ms,
-                    Op::Leave(process, keep, back) => {
+                    LeaseOp::Advance(ms) => now += ms,
+                    LeaseOp::Leave(process, keep, back) => {
                         let seq = seqs.entry(process).or_insert(0);
                         *seq += 1;
                         let seq = *seq;
@@ -535,7 +492,7 @@ mod script_against_the_model {
                         };
                         prop_assert_eq!(reply, expected, "step {}", step);
                     }
-                    Op::Lease { process, want, flows, guarantees, renew, stale } => {
+                    LeaseOp::Lease { process, want, flows, guarantees, renew, stale } => {
                         let seq = seqs.entry(process).or_insert(0);
                         if !stale || *seq == 0 {
                             *seq += 1;

@@ -12,13 +12,13 @@ use redis::Script;
 
 use redis_server::RedisServer;
 use tower_llm_quota::tenant::CapWindow;
+use tower_llm_quota_test_support::store_models::{
+    BucketModel as Model, CAP, DEN, DayModel, FULL, NUM, Reservation, SlotOp, Window, slot_op,
+};
 
 const BUCKET: &str = "t:{q}:total_tokens:1000";
 const HOLD: &str = "t:{q}:total_tokens:1000:held";
 /// One unit per millisecond (num 1, den 3: a unit is 3 ticks, 3 ticks a millisecond).
-const NUM: i64 = 3;
-const DEN: i64 = 3;
-const CAP: i64 = 1_000;
 const LEASE_MS: i64 = 60_000;
 const TOMBSTONE_MS: i64 = 30_000;
 
@@ -65,63 +65,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0i64..1_200).prop_map(Op::Remaining),
         1 => (0i64..3_000).prop_map(Op::LegacyPause),
     ]
-}
-
-const FULL: i64 = CAP * DEN;
-
-/// The bucket as the scripts define it, in ticks; no `ts` when the key is absent (full).
-#[derive(Clone, Copy)]
-struct Model {
-    tok: i64,
-    ts: Option<i64>,
-}
-
-impl Model {
-    /// The bucket read at `now`: refilled, never by time running back.
-    fn at(self, now: i64) -> Self {
-        match self.ts {
-            None => Model {
-                tok: FULL,
-                ts: Some(now),
-            },
-            Some(ts) if now > ts => Model {
-                tok: (self.tok + (now - ts) * NUM).min(FULL),
-                ts: Some(now),
-            },
-            Some(_) => self,
-        }
-    }
-
-    /// The bucket written at `now`: a full one is deleted.
-    fn written(self, now: i64) -> Self {
-        match self.ts {
-            Some(ts) if self.tok >= FULL && ts <= now => Model {
-                tok: FULL,
-                ts: None,
-            },
-            _ => self,
-        }
-    }
-
-    fn charge(self, delta: i64, now: i64) -> Self {
-        let read = self.at(now);
-        Model {
-            tok: if delta > 0 {
-                (read.tok - delta * DEN).max(read.tok.min(-FULL))
-            } else {
-                (read.tok - delta * DEN).min(FULL)
-            },
-            ..read
-        }
-        .written(now)
-    }
-}
-
-struct Reservation {
-    id: String,
-    cost: i64,
-    settled: bool,
-    expired: bool,
 }
 
 /// The hold's end as stored, if any.
@@ -414,77 +357,6 @@ fn processes_refused_for_capacity_take_turns() {
     assert!(line.is_empty(), "{line:?}");
 }
 
-/// A cap's count as `controls.lua` keeps it, step by step: what a tenant node used in the
-/// current calendar day or month (UTC) or in the last 24 hours, in quarter hours; a refund
-/// comes off the current day or month, or off the latest quarter hours, never below zero.
-/// Deliberately plain: a list of every use.
-#[derive(Debug, Default)]
-struct DayModel {
-    /// (quarter hour since the epoch, units), in order.
-    uses: Vec<(i64, i64)>,
-}
-
-/// The kinds of cap window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Window {
-    Day,
-    Month,
-    Rolling,
-}
-
-impl Window {
-    fn field(self) -> &'static str {
-        match self {
-            Window::Day => "c:total_tokens",
-            Window::Month => "m:spend",
-            Window::Rolling => "r:total_tokens",
-        }
-    }
-}
-
-/// Whether two instants (ms) fall in one calendar month (UTC): the crate's next month
-/// boundary after each is the same.
-fn same_month(a: i64, b: i64) -> bool {
-    let next = |ms: i64| CapWindow::CalendarMonthUtc.resets_after((ms / 1_000) as u64);
-    next(a) == next(b)
-}
-
-const DAY_MS: i64 = 86_400_000;
-const QUARTER_MS: i64 = 900_000;
-
-impl DayModel {
-    fn in_window(&self, window: Window, now: i64) -> impl Iterator<Item = usize> + '_ {
-        let q = now / QUARTER_MS;
-        let day = now / DAY_MS;
-        (0..self.uses.len()).filter(move |&i| {
-            let used_at = self.uses[i].0;
-            match window {
-                Window::Rolling => used_at > q - 96,
-                Window::Day => used_at * QUARTER_MS / DAY_MS == day,
-                Window::Month => same_month(used_at * QUARTER_MS, now),
-            }
-        })
-    }
-
-    fn used(&self, window: Window, now: i64) -> i64 {
-        self.in_window(window, now).map(|i| self.uses[i].1).sum()
-    }
-
-    fn add(&mut self, window: Window, delta: i64, now: i64) {
-        if delta > 0 {
-            self.uses.push((now / QUARTER_MS, delta));
-            return;
-        }
-        let mut left = -delta;
-        let held: Vec<usize> = self.in_window(window, now).collect();
-        for i in held.into_iter().rev() {
-            let taken = left.min(self.uses[i].1);
-            self.uses[i].1 -= taken;
-            left -= taken;
-        }
-    }
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
@@ -549,27 +421,6 @@ fn the_scripts_month_turns_where_the_crates_does() {
         at = next;
     }
     assert_eq!(expected, 430 * 12);
-}
-
-/// One step of a fleet's slots on one node: a process takes a slot for a call, a call ends,
-/// a process renews its lease, time passes, or someone asks whether a slot is free.
-#[derive(Debug, Clone)]
-enum SlotOp {
-    Take(u8),
-    End(usize),
-    Renew(u8),
-    Advance(i64),
-    Full(i64),
-}
-
-fn slot_op() -> impl Strategy<Value = SlotOp> {
-    prop_oneof![
-        3 => (0u8..3).prop_map(SlotOp::Take),
-        2 => (0usize..16).prop_map(SlotOp::End),
-        2 => (0u8..3).prop_map(SlotOp::Renew),
-        2 => (0i64..1_500).prop_map(SlotOp::Advance),
-        3 => (1i64..6).prop_map(SlotOp::Full),
-    ]
 }
 
 proptest! {
