@@ -913,21 +913,31 @@ impl Config {
     /// Whether any cap over a period is configured: an account's, or a tenant node's or
     /// template's.
     pub(crate) fn has_caps(&self) -> bool {
-        let capped = |table: Option<&toml::Value>| {
-            (table.and_then(toml::Value::as_table).into_iter())
-                .flat_map(|nodes| nodes.values())
-                .filter_map(toml::Value::as_table)
-                .any(|node| {
-                    ["caps", "daily", "calendar_utc"].iter().any(|key| {
-                        node.get(*key)
-                            .and_then(toml::Value::as_array)
-                            .is_some_and(|caps| !caps.is_empty())
-                    })
-                })
-        };
-        self.accounts.iter().any(|a| !a.caps.is_empty())
-            || capped(self.tenants.get("nodes"))
-            || capped(self.tenants.get("templates"))
+        self.accounts.iter().any(|a| !a.caps.is_empty()) || self.tree_caps().next().is_some()
+    }
+
+    /// Every cap of the tenant tree's nodes and templates, as written.
+    fn tree_caps(&self) -> impl Iterator<Item = &toml::Value> {
+        ["nodes", "templates"]
+            .into_iter()
+            .filter_map(|section| self.tenants.get(section).and_then(toml::Value::as_table))
+            .flat_map(|nodes| nodes.values())
+            .filter_map(toml::Value::as_table)
+            .flat_map(|node| {
+                ["caps", "daily", "calendar_utc"]
+                    .into_iter()
+                    .filter_map(|key| node.get(key).and_then(toml::Value::as_array))
+                    .flatten()
+            })
+    }
+
+    /// Whether a node or template of the tenant tree has a hard cap an output bound keeps
+    /// (an entry of another shape is counted as one: the per-path check then decides).
+    pub(crate) fn tree_has_hard_caps(&self) -> bool {
+        self.tree_caps().any(|cap| {
+            tower_llm_quota::tenant::PeriodCap::deserialize(cap.clone())
+                .map_or(true, |cap| super::fit::any_hard(&[cap]))
+        })
     }
 
     pub(crate) fn tenant_tree(&self) -> Result<(TenantTree, Vec<Tenant>), ConfigError> {

@@ -30,6 +30,9 @@ pub(crate) const HEADER: &str = "x-llm-quota-output-bound";
 /// How requests are bounded under hard caps.
 #[derive(Debug)]
 pub(crate) struct Fitting {
+    /// Whether a node or template of the tenant tree has a hard cap (else only the accounts'
+    /// own caps are looked at): replaced by a reload.
+    tree_hard: std::sync::atomic::AtomicBool,
     largest: LargestOutput,
     min_tokens: u64,
     unknown_model_tokens: u64,
@@ -79,17 +82,33 @@ fn bounds(dimension: Dimension) -> bool {
 }
 
 impl Fitting {
-    pub(crate) fn new(config: &OutputConfig, prices: Option<Arc<PriceTable>>) -> Self {
+    pub(crate) fn new(
+        config: &OutputConfig,
+        prices: Option<Arc<PriceTable>>,
+        tree_hard: bool,
+    ) -> Self {
         let largest = (config.largest.iter())
             .fold(LargestOutput::known(), |table, (model, &tokens)| {
                 table.with_model(model.as_str(), tokens)
             });
         Self {
+            tree_hard: std::sync::atomic::AtomicBool::new(tree_hard),
             largest,
             min_tokens: config.min_tokens,
             unknown_model_tokens: config.unknown_model_tokens,
             prices,
         }
+    }
+
+    /// Whether a node or template of the tenant tree has a hard cap.
+    pub(crate) fn tree_hard(&self) -> bool {
+        self.tree_hard.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Says whether the tree's nodes and templates have a hard cap (after a reload).
+    pub(crate) fn set_tree_hard(&self, hard: bool) {
+        self.tree_hard
+            .store(hard, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The smallest bound worth sending.
@@ -236,7 +255,7 @@ mod tests {
                 .unwrap(),
             ),
         );
-        let fitting = Fitting::new(&OutputConfig::default(), Some(Arc::new(prices)));
+        let fitting = Fitting::new(&OutputConfig::default(), Some(Arc::new(prices)), true);
         let request = read(
             r#"{"model":"m","max_tokens":1000,"n":2,"messages":[{"role":"user","content":"Hello there"}]}"#,
         );
@@ -286,7 +305,7 @@ mod tests {
             largest: [("house-model*".to_owned(), 2_048)].into(),
             ..OutputConfig::default()
         };
-        let fitting = Fitting::new(&config, None);
+        let fitting = Fitting::new(&config, None, true);
         let body = r#"{"model":"gpt-4o-mini","messages":[{"role":"user","content":"Hi"}]}"#;
         let (bounded, written) =
             fitting.bound(Api::Chat, "gpt-4o-mini", (body.as_bytes(), read(body)));

@@ -87,7 +87,7 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let client_retries = caller.retries == Retries::Client;
     // Under a hard cap, the request's output is bounded, and lowered to what the caps have
     // left when one refuses it.
-    let hard = read.is_some() && primary.hard_capped(&caller.path);
+    let hard = read.is_some() && primary.hard_capped(&caller.path, gateway.fitting.tree_hard());
     let (mut body, mut read, mut cost, mut shaped) = (body, read, cost, None);
     if hard && let Some(asked) = read.take() {
         let (bounded, written) = gateway.fitting.bound(api, &model, (&body, asked));

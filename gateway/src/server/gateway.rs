@@ -237,7 +237,11 @@ impl Gateway {
             config_path: std::sync::OnceLock::new(),
             tenants,
             ledger: Arc::new(Ledger::default()),
-            fitting: super::fit::Fitting::new(&config.output, prices.clone()),
+            fitting: super::fit::Fitting::new(
+                &config.output,
+                prices.clone(),
+                config.tree_has_hard_caps(),
+            ),
             models: std::sync::RwLock::new(Arc::new(models::Models::new(
                 &config.models,
                 &accounts,
@@ -447,6 +451,7 @@ impl Gateway {
         }
         // The nodes first: a node a new key names must exist before the key is served.
         let nodes = self.tenants.apply(&tree, &parsed.nodes)?;
+        self.fitting.set_tree_hard(new.tree_has_hard_caps());
         self.tenants.set_paths(&paths, &listed(&parsed, &keys));
         *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
         *self.admins.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(admins);

@@ -625,10 +625,18 @@ impl Account {
     }
 
     /// Whether a hard cap an output bound keeps (spend, output or total tokens) holds over
-    /// the requests of `path`: the account's own, or one of a node of the path.
-    pub(crate) fn hard_capped(&self, path: &tower_llm_quota::tenant::Tenant) -> bool {
+    /// the requests of `path`: the account's own, or one of a node of the path (looked for
+    /// only when the tree has one somewhere: `tree_hard`).
+    pub(crate) fn hard_capped(
+        &self,
+        path: &tower_llm_quota::tenant::Tenant,
+        tree_hard: bool,
+    ) -> bool {
         if self.hard_caps.load(std::sync::atomic::Ordering::Relaxed) {
             return true;
+        }
+        if !tree_hard {
+            return false;
         }
         let Some(tenants) = self.tenants() else {
             return false;
