@@ -142,7 +142,9 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
             output: cost.output_tokens(),
             cached: None,
         });
-        let (request, dispatched, report) = upstream(body.clone(), read.clone(), cost);
+        // Kept only where a hard cap may lower it (else the stack takes it, uncopied).
+        let sent = if hard { read.clone() } else { read.take() };
+        let (request, dispatched, report) = upstream(body.clone(), sent, cost);
         let mut call = send(routed.target.clone(), request);
         let result = tokio::select! {
             biased;

@@ -266,7 +266,7 @@ impl Database {
     /// The database, as logs name it.
     pub(crate) fn name(&self) -> String {
         match self {
-            Database::Sqlite(sqlite) => format!("sqlite:{}", sqlite.path().display()),
+            Database::Sqlite(sqlite) => sqlite.name().to_owned(),
             Database::Postgres(postgres) => postgres.address().to_owned(),
         }
     }

@@ -13,7 +13,7 @@
 //! machine has no battery-backed cache, and then a cap counts a few less. The file is
 //! readable by its owner only.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 
@@ -48,7 +48,8 @@ pub(crate) struct Committed {
 /// An SQLite state file, its thread, and how far its queued writes are committed.
 #[derive(Debug)]
 pub(crate) struct Sqlite {
-    path: PathBuf,
+    /// `sqlite:<path>`, as errors name it.
+    name: String,
     /// The connection of the writes a request waits for ([`Sqlite::inline`]).
     inline: std::sync::Mutex<Connection>,
     jobs: mpsc::Sender<Job>,
@@ -106,12 +107,13 @@ impl Sqlite {
         let (jobs, receiver) = mpsc::channel();
         let (progress, committed) = watch::channel(Committed::default());
         let name = format!("sqlite:{}", path.display());
+        let thread_name = name.clone();
         std::thread::Builder::new()
             .name("gateway-state".into())
-            .spawn(move || run(connection, &receiver, &progress, &name))
+            .spawn(move || run(connection, &receiver, &progress, &thread_name))
             .map_err(|e| error("cannot start its thread", &e))?;
         Ok(Self {
-            path: path.to_owned(),
+            name,
             inline: std::sync::Mutex::new(inline),
             jobs,
             queued: AtomicU64::new(0),
@@ -119,8 +121,9 @@ impl Sqlite {
         })
     }
 
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
+    /// `sqlite:<path>`, as errors and logs name it.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
     }
 
     /// Runs `write` with the connection of the writes a request waits for, in the calling
@@ -128,10 +131,9 @@ impl Sqlite {
     /// what it gives [`commit`] is committed when it returns.
     pub(crate) fn inline<T>(&self, write: impl FnOnce(&mut Inline<'_>) -> T) -> T {
         let mut connection = self.inline.lock().unwrap_or_else(|e| e.into_inner());
-        let name = format!("sqlite:{}", self.path.display());
         write(&mut Inline {
             connection: &mut connection,
-            name: &name,
+            name: &self.name,
         })
     }
 
@@ -156,9 +158,10 @@ impl Sqlite {
     /// Cancel safe: it only waits.
     pub(crate) async fn committed(&self, seq: u64) -> Result<(), DatabaseError> {
         let mut committed = self.committed.clone();
-        let state = committed.wait_for(|c| c.up_to >= seq).await.map_err(|_| {
-            DatabaseError(format!("sqlite:{}: its thread stopped", self.path.display()).into())
-        })?;
+        let state = committed
+            .wait_for(|c| c.up_to >= seq)
+            .await
+            .map_err(|_| DatabaseError(format!("{}: its thread stopped", self.name).into()))?;
         match &state.failed {
             Some((at, error)) if *at >= seq => Err(error.clone()),
             _ => Ok(()),
@@ -171,8 +174,7 @@ impl Sqlite {
         statements: Vec<Statement>,
     ) -> Result<Vec<Vec<Row>>, DatabaseError> {
         let (answer, answered) = oneshot::channel();
-        let stopped =
-            || DatabaseError(format!("sqlite:{}: its thread stopped", self.path.display()).into());
+        let stopped = || DatabaseError(format!("{}: its thread stopped", self.name).into());
         self.jobs
             .send(Job::Transaction(statements, answer))
             .map_err(|_| stopped())?;
