@@ -917,7 +917,8 @@ impl Config {
     }
 
     /// Every cap of the tenant tree's nodes and templates, as written.
-    fn tree_caps(&self) -> impl Iterator<Item = &toml::Value> {
+    /// The cap entries of the tenant tree's nodes and templates, as written.
+    pub(crate) fn tree_caps(&self) -> impl Iterator<Item = &toml::Value> {
         ["nodes", "templates"]
             .into_iter()
             .filter_map(|section| self.tenants.get(section).and_then(toml::Value::as_table))
@@ -929,15 +930,6 @@ impl Config {
                     .filter_map(|key| node.get(key).and_then(toml::Value::as_array))
                     .flatten()
             })
-    }
-
-    /// Whether a node or template of the tenant tree has a hard cap an output bound keeps
-    /// (an entry of another shape is counted as one: the per-path check then decides).
-    pub(crate) fn tree_has_hard_caps(&self) -> bool {
-        self.tree_caps().any(|cap| {
-            tower_llm_quota::tenant::PeriodCap::deserialize(cap.clone())
-                .map_or(true, |cap| super::fit::any_hard(&[cap]))
-        })
     }
 
     pub(crate) fn tenant_tree(&self) -> Result<(TenantTree, Vec<Tenant>), ConfigError> {

@@ -16,13 +16,14 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use serde::Deserialize;
 use serde_json::Value;
 use tower_llm_quota::estimate::{Defaults, LargestOutput, RequestEstimate};
 use tower_llm_quota::pricing::PriceTable;
 use tower_llm_quota::tenant::PeriodCap;
 use tower_llm_quota::{Cost, Dimension};
 
-use super::config::{Api, OutputConfig};
+use super::config::{Api, Config, OutputConfig};
 
 /// The header that says what was done to a request's output bound.
 pub(crate) const HEADER: &str = "x-llm-quota-output-bound";
@@ -71,6 +72,14 @@ impl Shaped {
 pub(crate) fn any_hard(caps: &[PeriodCap]) -> bool {
     caps.iter()
         .any(|cap| !cap.is_soft() && bounds(cap.dimension()))
+}
+
+/// Whether a node or template of `config`'s tenant tree has a hard cap an output bound keeps
+/// (an entry of another shape is counted as one: the per-path check then decides).
+pub(crate) fn tree_has_hard_caps(config: &Config) -> bool {
+    config
+        .tree_caps()
+        .any(|cap| PeriodCap::deserialize(cap.clone()).map_or(true, |cap| any_hard(&[cap])))
 }
 
 /// Whether an output bound keeps a cap of `dimension`: spend, output or total tokens.

@@ -240,7 +240,7 @@ impl Gateway {
             fitting: super::fit::Fitting::new(
                 &config.output,
                 prices.clone(),
-                config.tree_has_hard_caps(),
+                super::fit::tree_has_hard_caps(config),
             ),
             models: std::sync::RwLock::new(Arc::new(models::Models::new(
                 &config.models,
@@ -451,7 +451,8 @@ impl Gateway {
         }
         // The nodes first: a node a new key names must exist before the key is served.
         let nodes = self.tenants.apply(&tree, &parsed.nodes)?;
-        self.fitting.set_tree_hard(new.tree_has_hard_caps());
+        self.fitting
+            .set_tree_hard(super::fit::tree_has_hard_caps(&new));
         self.tenants.set_paths(&paths, &listed(&parsed, &keys));
         *self.keys.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(keys);
         *self.admins.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(admins);
