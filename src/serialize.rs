@@ -13,6 +13,8 @@ struct Budget {
     waiters: usize,
     queued: Cost,
     limits: Vec<Limit>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    live_processes: Option<u32>,
 }
 
 #[derive(serde::Serialize)]
@@ -58,6 +60,7 @@ struct Class {
 /// |---|---|
 /// | `waiters` | requests waiting for the budget now |
 /// | `queued` | their summed cost: `requests`, `input_tokens`, `output_tokens` |
+/// | `live_processes` | for a budget shared through a store, the live processes on the account at the store's last count (absent before it) |
 /// | `limits` | one object per limit, in the quota's order: |
 /// | `limits[].dimension` | `requests`, `input_tokens`, `output_tokens` or `total_tokens` ([`Dimension::as_str`](crate::Dimension::as_str)) |
 /// | `limits[].period_seconds` | the limit's period, in seconds (a float) |
@@ -103,6 +106,7 @@ impl Serialize for BudgetSnapshot {
                     full_in_ms: millis(l.full_at()),
                 })
                 .collect(),
+            live_processes: self.live_processes(),
         }
         .serialize(serializer)
     }

@@ -186,10 +186,12 @@ impl PostgresBudget {
         self
     }
 
-    /// How many processes share the quota: while Postgres is out of reach, each falls back to
-    /// `1 / instances` of it, so together they stay within it.
+    /// How many processes are expected to share the quota: while Postgres is out of reach, each
+    /// falls back to `1 / n` of it, `n` the live processes Postgres last counted, and
+    /// `1 / instances` before it has ([`FailurePolicy::live_share`]), so together they stay
+    /// within it.
     pub fn expected_instances(self, instances: u32) -> Self {
-        self.failure_policy(FailurePolicy::local_share_of(instances))
+        self.failure_policy(FailurePolicy::live_share(instances))
     }
 
     /// How long a reservation's record lives (default 10 minutes): longer than the longest

@@ -17,6 +17,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "idempotency",
         include_str!("../migrations/0002_idempotency.sql"),
     ),
+    (
+        3,
+        "live_count",
+        include_str!("../migrations/0003_live_count.sql"),
+    ),
 ];
 
 /// The schema version this crate needs: its last migration.

@@ -356,7 +356,7 @@ impl QuotaStore for PostgresStore {
         })
     }
 
-    fn heartbeat(&self, process: u64) -> StoreFuture<()> {
+    fn heartbeat(&self, process: u64) -> StoreFuture<Option<u32>> {
         let params: Params = vec![
             Box::new(self.keys.tag().to_owned()),
             Box::new(self.keys.nodes().to_owned()),
@@ -365,8 +365,9 @@ impl QuotaStore for PostgresStore {
         ];
         let database = self.database.clone();
         Box::pin(async move {
-            database.query(HEARTBEAT, &params).await?;
-            Ok(())
+            let rows = database.query(HEARTBEAT, &params).await?;
+            let live: Option<i32> = rows.first().and_then(|row| row.get(0));
+            Ok(live.map(|live| u32::try_from(live).unwrap_or(0)))
         })
     }
 

@@ -423,7 +423,7 @@ impl QuotaStore for RedisStore {
         })
     }
 
-    fn heartbeat(&self, process: u64) -> StoreFuture<()> {
+    fn heartbeat(&self, process: u64) -> StoreFuture<Option<u32>> {
         let mut call = Call::new();
         call.keys.push(self.keys.alive());
         call.arg("")
@@ -431,8 +431,8 @@ impl QuotaStore for RedisStore {
             .arg(self.slot_lease_ms);
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
         Box::pin(async move {
-            let _: i64 = call.run(&scripts.heartbeat, &mut connection).await?;
-            Ok(())
+            let live: i64 = call.run(&scripts.heartbeat, &mut connection).await?;
+            Ok(Some(u32::try_from(live).unwrap_or(u32::MAX)))
         })
     }
 

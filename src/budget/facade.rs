@@ -65,6 +65,7 @@ impl Budget {
             in_flight: state.slots.used(),
             max_in_flight: state.slots.max(),
             caps,
+            live_processes: state.remote.as_ref().and_then(|r| r.live),
         }
     }
 

@@ -22,6 +22,7 @@ pub struct BudgetSnapshot {
     pub(crate) in_flight: usize,
     pub(crate) max_in_flight: Option<NonZeroUsize>,
     pub(crate) caps: Vec<(PeriodCap, u64)>,
+    pub(crate) live_processes: Option<u32>,
 }
 
 impl BudgetSnapshot {
@@ -89,5 +90,13 @@ impl BudgetSnapshot {
     /// store, the larger of this process's count and the fleet's as the store last told).
     pub fn used_in_period(&self) -> &[(PeriodCap, u64)] {
         &self.caps
+    }
+
+    /// For a budget shared through a store, the live processes on the account at the store's
+    /// last count (its heartbeat), this one included: what
+    /// [`FailurePolicy::LiveShare`](crate::budget::FailurePolicy::LiveShare) divides by. `None`
+    /// in memory, before the first count, or from a store that does not count.
+    pub fn live_processes(&self) -> Option<u32> {
+        self.live_processes
     }
 }

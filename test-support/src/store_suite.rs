@@ -539,3 +539,67 @@ pub async fn a_dead_process_s_slots_come_back_within_their_lease(
     );
     drop((third, back));
 }
+
+/// The account of [`local_shares_follow_the_live_fleet`]: 2,000 tokens a second, 2,000 at
+/// once.
+pub const OUTAGE_ACCOUNT: crate::fleet_suite::Account = crate::fleet_suite::Account {
+    rate: 2_000,
+    period: Duration::from_secs(1),
+    burst: 2_000,
+};
+
+/// `budgets` share [`OUTAGE_ACCOUNT`] under [`FailurePolicy::LiveShare`] (each made with
+/// `live_share(2)`, heartbeating often): once each counts them all, the store is stopped
+/// (`stop`) and every budget admits requests of 10 tokens as fast as its local share lets it
+/// for `outage`. Returns what they admitted over what the account allows over the outage (its
+/// burst and its rate): at most 1 when each holds `1 / n`, where a fixed half let `n / 2`
+/// through.
+///
+/// [`FailurePolicy::LiveShare`]: tower_llm_quota::budget::FailurePolicy::LiveShare
+pub async fn local_shares_follow_the_live_fleet(
+    budgets: &[Budget],
+    stop: impl FnOnce(),
+    outage: Duration,
+) -> f64 {
+    let n = u32::try_from(budgets.len()).expect("a few budgets");
+    let counted = Instant::now() + Duration::from_secs(30);
+    for budget in budgets {
+        while budget.snapshot().live_processes() != Some(n) {
+            assert!(
+                Instant::now() < counted,
+                "the store counted {:?} processes, not {n}",
+                budget.snapshot().live_processes()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    stop();
+    let end = Instant::now() + outage;
+    let tasks: Vec<_> = budgets
+        .iter()
+        .map(|budget| {
+            let budget = budget.clone();
+            tokio::spawn(async move {
+                let mut admitted = 0u64;
+                while Instant::now() < end {
+                    let wait = end.saturating_duration_since(Instant::now());
+                    match tokio::time::timeout(wait, budget.reserve(Cost::new(10, 0))).await {
+                        Ok(Ok(mut reservation)) => {
+                            reservation.mark_sent();
+                            reservation.charge_estimate();
+                            admitted += 10;
+                        }
+                        Ok(Err(_)) => tokio::time::sleep(Duration::from_millis(5)).await,
+                        Err(_) => break,
+                    }
+                }
+                admitted
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.expect("a caller");
+    }
+    admitted as f64 / OUTAGE_ACCOUNT.allows(outage)
+}

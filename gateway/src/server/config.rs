@@ -288,6 +288,11 @@ pub(crate) struct ServerConfig {
     /// renewed every this many milliseconds (100 by default); 0 asks the store per admission.
     #[serde(default = "default_lease_refresh")]
     pub(crate) lease_refresh_ms: u64,
+    /// With a shared store: how long a call to it may take before it counts as failed (250 ms
+    /// by default, 1 to 10,000). One failure asks again; three in a row open the breaker, and
+    /// the failure policy (`fail_closed`) answers.
+    #[serde(default = "default_store_timeout")]
+    pub(crate) store_timeout_ms: u64,
     /// Where the gateway's state lives (`--state` overrides it): `sqlite:FILE` (a relative
     /// file beside the configuration), `postgres://...`, `redis://...` or `memory`; by
     /// default an SQLite file beside the configuration, named after it (`gateway.toml`:
@@ -330,6 +335,7 @@ impl Default for ServerConfig {
             max_connections: None,
             max_header_bytes: default_max_header(),
             lease_refresh_ms: default_lease_refresh(),
+            store_timeout_ms: default_store_timeout(),
             audit_log: None,
             state: None,
             state_file: None,
@@ -375,6 +381,10 @@ fn default_idle_timeout() -> f64 {
 /// Leases renewed every 100 ms: a store call per replica and account ten times a second.
 fn default_lease_refresh() -> u64 {
     100
+}
+
+fn default_store_timeout() -> u64 {
+    250
 }
 
 fn default_max_header() -> usize {
@@ -997,6 +1007,12 @@ impl Config {
             return Err(ConfigError(format!(
                 "server.lease_refresh_ms must be from 0 (a store call per admission) to 60000, \
                  not {ms}"
+            )));
+        }
+        let ms = self.server.store_timeout_ms;
+        if !(1..=10_000).contains(&ms) {
+            return Err(ConfigError(format!(
+                "server.store_timeout_ms must be from 1 to 10000, not {ms}"
             )));
         }
         for account in &self.accounts {

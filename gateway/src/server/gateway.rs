@@ -171,6 +171,7 @@ impl Gateway {
             lease: Some(config.server.lease_refresh_ms)
                 .filter(|&ms| ms > 0)
                 .map(Duration::from_millis),
+            store_timeout: Duration::from_millis(config.server.store_timeout_ms),
             caps: caps.clone(),
         };
         let mut accounts = Vec::with_capacity(config.accounts.len());

@@ -35,6 +35,10 @@ struct AccountStatus {
     binding: Option<String>,
     in_flight: usize,
     queued: Vec<(&'static str, usize)>,
+    /// With a shared store: the live replicas on the account at the store's last count (each
+    /// falls back to that share of it while the store is out of reach).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    live_replicas: Option<u32>,
     /// The 429s the in-process simulator answered (none for a real upstream).
     simulator_429s: Option<u64>,
 }
@@ -81,6 +85,7 @@ fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
                 levels,
                 binding,
                 in_flight: snapshot.in_flight(),
+                live_replicas: snapshot.live_processes(),
                 queued: Priority::ALL
                     .iter()
                     .map(|p| (p.as_str(), queue.class(*p).depth()))

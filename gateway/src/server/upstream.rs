@@ -37,10 +37,13 @@ use super::store::caps::CapsRecord;
 pub(crate) struct Keeping {
     /// In memory (one gateway), or in the replicas' store (Redis or Postgres).
     pub(crate) persistence: Persistence,
-    /// Refuse while the store cannot answer (else admit from half the quota).
+    /// Refuse while the store cannot answer (else admit from `1 / n` of the quota, `n` the
+    /// live replicas the store last counted).
     pub(crate) fail_closed: bool,
     /// With a store: admit from leased shares renewed this often (else ask per admission).
     pub(crate) lease: Option<Duration>,
+    /// With a store: how long a call to it may take.
+    pub(crate) store_timeout: Duration,
     /// One gateway's caps, recorded in its SQLite state: a request they count is sent once
     /// its admission's counts are committed.
     pub(crate) caps: Option<Arc<CapsRecord>>,
@@ -223,12 +226,13 @@ async fn budget(name: &str, quota: &Quota, keeping: &Keeping) -> Result<Budget, 
     let policy = if keeping.fail_closed {
         FailurePolicy::FailClosed
     } else {
-        FailurePolicy::local_share_of(2)
+        FailurePolicy::live_share(2)
     };
     match &keeping.persistence {
         Persistence::Redis(url) => {
             let mut budget = RedisBudget::new(url, name.to_owned())
                 .prefix("gateway")
+                .timeout(keeping.store_timeout)
                 .failure_policy(policy);
             if let Some(refresh) = keeping.lease {
                 budget = budget.leased_shares(refresh);
@@ -241,6 +245,7 @@ async fn budget(name: &str, quota: &Quota, keeping: &Keeping) -> Result<Budget, 
         Persistence::Postgres(url) => {
             let mut budget = PostgresBudget::new(url, name.to_owned())
                 .prefix("gateway")
+                .timeout(keeping.store_timeout)
                 .failure_policy(policy);
             if let Some(refresh) = keeping.lease {
                 budget = budget.leased_shares(refresh);

@@ -493,3 +493,181 @@ async fn admin_changes_hold_on_every_replica() {
         replica.stop().await;
     }
 }
+
+/// Three replicas with `fail_closed = false` share 60 requests a second (a burst of 10);
+/// Redis is killed and every replica's clients ask for more than the account for three
+/// seconds. Each replica falls back to a third of the account (the live replicas Redis last
+/// counted, shown in `/status.json`), so together they answer no more than the account allows
+/// over the outage (its burst and its rate), where a fixed half let 1.5x through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_fall_back_to_their_share_of_the_live_fleet() {
+    let mut redis = RedisServer::start();
+    let (upstream, _seen) = fixed_upstream(Duration::ZERO).await;
+    let config = format!(
+        r#"
+        [server]
+        admin_token = "admin"
+        fail_closed = false
+        [[accounts]]
+        name = "busy"
+        base_url = "{upstream}"
+        key = "sk-upstream-secret"
+        profile = "openai"
+        apis = ["chat"]
+        quota = {{ requests_per_minute = 60, minute_ms = 1000, tokens_per_minute = 10000000 }}
+        [[keys]]
+        name = "team-key"
+        key = "caller-secret"
+        tenant = "team"
+        "#
+    );
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(std::sync::Arc::new(
+            Running::start_shared(&config, &redis.url()).await,
+        ));
+    }
+    let counted = tokio::time::Instant::now() + Duration::from_secs(30);
+    for replica in &replicas {
+        loop {
+            let (_, status) = replica.get("/status.json").await;
+            let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+            if status["accounts"][0]["live_replicas"] == 3 {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < counted, "{status}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    redis.kill();
+    let outage = Duration::from_secs(3);
+    let end = tokio::time::Instant::now() + outage;
+    let mut clients = Vec::new();
+    for replica in &replicas {
+        for _ in 0..8 {
+            let replica = replica.clone();
+            clients.push(tokio::spawn(async move {
+                let mut answered = 0u64;
+                while tokio::time::Instant::now() < end {
+                    let left = end.saturating_duration_since(tokio::time::Instant::now());
+                    let post = replica.post("/v1/chat/completions", Some("caller-secret"), BODY);
+                    match tokio::time::timeout(left, post).await {
+                        Ok(response) if response.status() == 200 => answered += 1,
+                        Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
+                        Err(_) => break,
+                    }
+                }
+                answered
+            }));
+        }
+    }
+    let mut answered = 0;
+    for client in clients {
+        answered += client.await.unwrap();
+    }
+    let allowed = 10.0 + 60.0 * outage.as_secs_f64();
+    let ratio = answered as f64 / allowed;
+    println!(
+        "three replicas, Redis down for {outage:?}: {answered} answers, {ratio:.3}x the account"
+    );
+    assert!(ratio <= 1.0, "{answered} answers: {ratio:.3}x the account");
+    assert!(ratio >= 0.5, "only {answered} answers");
+    for replica in replicas {
+        std::sync::Arc::into_inner(replica).unwrap().stop().await;
+    }
+}
+
+/// Four processes spinning on a two-core machine (dropped: killed).
+struct BusyLoops(Vec<std::process::Child>);
+
+impl BusyLoops {
+    fn start(count: usize) -> Self {
+        Self(
+            (0..count)
+                .map(|_| {
+                    std::process::Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .unwrap()
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for BusyLoops {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Two replicas on a healthy Redis, failing closed, beside four busy loops: eight clients on
+/// each saturate the account for five seconds. A healthy store never refuses: no `503`
+/// (the store's timeout is 250 ms, one late answer asks again, and only three in a row open
+/// the breaker), per admission (`lease_refresh_ms = 0`) and leased.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_healthy_store_under_a_busy_machine_refuses_nothing() {
+    for lease in ["lease_refresh_ms = 0", ""] {
+        let redis = RedisServer::start();
+        let (upstream, _seen) = fixed_upstream(Duration::ZERO).await;
+        let config = format!(
+            r#"
+            [server]
+            admin_token = "admin"
+            {lease}
+            [[accounts]]
+            name = "busy"
+            base_url = "{upstream}"
+            key = "sk-upstream-secret"
+            profile = "openai"
+            apis = ["chat"]
+            quota = {{ requests_per_minute = 100, minute_ms = 1000, tokens_per_minute = 10000000 }}
+            [[keys]]
+            name = "team-key"
+            key = "caller-secret"
+            tenant = "team"
+            "#
+        );
+        let replicas = [
+            std::sync::Arc::new(Running::start_shared(&config, &redis.url()).await),
+            std::sync::Arc::new(Running::start_shared(&config, &redis.url()).await),
+        ];
+        let busy = BusyLoops::start(4);
+        let end = tokio::time::Instant::now() + Duration::from_secs(5);
+        let mut clients = Vec::new();
+        for replica in &replicas {
+            for _ in 0..8 {
+                let replica = replica.clone();
+                clients.push(tokio::spawn(async move {
+                    let mut counts = std::collections::BTreeMap::<u16, u64>::new();
+                    while tokio::time::Instant::now() < end {
+                        let response = replica
+                            .post("/v1/chat/completions", Some("caller-secret"), BODY)
+                            .await;
+                        *counts.entry(response.status().as_u16()).or_default() += 1;
+                    }
+                    counts
+                }));
+            }
+        }
+        let mut counts = std::collections::BTreeMap::<u16, u64>::new();
+        for client in clients {
+            for (status, n) in client.await.unwrap() {
+                *counts.entry(status).or_default() += n;
+            }
+        }
+        drop(busy);
+        println!("four busy loops, `{lease}`: answers by status {counts:?}");
+        assert_eq!(
+            counts.keys().copied().collect::<Vec<_>>(),
+            [200],
+            "{counts:?}"
+        );
+        for replica in replicas {
+            std::sync::Arc::into_inner(replica).unwrap().stop().await;
+        }
+    }
+}

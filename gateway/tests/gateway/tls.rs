@@ -162,6 +162,7 @@ async fn a_ca_file_unreadable_or_without_a_certificate_is_a_config_error() {
             persistence: crate::server::store::Persistence::Memory,
             fail_closed: true,
             lease: None,
+            store_timeout: std::time::Duration::from_millis(250),
             caps: None,
         };
         let error = Account::new(&config.accounts[0], (&tree, None), &keeping, None)

@@ -18,6 +18,9 @@ use tower_llm_quota_test_support::limit;
 use tower_llm_quota_test_support::loopback_proxy::LoopbackProxy;
 use tower_llm_quota_test_support::port::free_port;
 use tower_llm_quota_test_support::postgres_server::{PostgresServer, TestDatabase};
+use tower_llm_quota_test_support::store_suite::{
+    OUTAGE_ACCOUNT, local_shares_follow_the_live_fleet,
+};
 
 use crate::support;
 
@@ -110,7 +113,7 @@ async fn a_budget_started_without_its_database_moves_to_it_when_it_answers() {
 async fn a_killed_database_falls_back_to_the_local_share_then_returns() {
     let server = migrated_cluster().await;
     let budget = PostgresBudget::new(server.url(), "outage")
-        .expected_instances(4)
+        .failure_policy(FailurePolicy::local_share_of(4))
         .connect(&quota())
         .await
         .unwrap();
@@ -456,4 +459,55 @@ async fn idempotency_waiters_survive_a_restart_of_postgres() {
         .unwrap()
         .unwrap();
     assert!(started.elapsed() < Duration::from_secs(10));
+}
+
+/// `n` processes on one account, asking per admission or leasing (`leased`), each falling
+/// back to `1 / n` of it as Postgres last counted them: Postgres killed, together they admit
+/// no more than the account allows (a fixed half let 1.5x through with three).
+async fn live_shares_hold_the_account(n: usize, leased: bool) {
+    let server = migrated_cluster().await;
+    let quota = Quota::new().with_limit(limit(
+        Dimension::TotalTokens,
+        OUTAGE_ACCOUNT.rate,
+        OUTAGE_ACCOUNT.period,
+        OUTAGE_ACCOUNT.burst,
+    ));
+    let mut budgets = Vec::new();
+    for _ in 0..n {
+        let mut builder = PostgresBudget::new(server.url(), "live")
+            .timeout(Duration::from_millis(250))
+            .expected_instances(2)
+            .slot_lease(Duration::from_millis(300));
+        if leased {
+            builder = builder.leased_shares(Duration::from_millis(50));
+        }
+        budgets.push(builder.connect(&quota).await.unwrap());
+    }
+    let outage = Duration::from_secs(2);
+    let used = local_shares_follow_the_live_fleet(&budgets, || server.kill(), outage).await;
+    println!(
+        "{n} processes (leased: {leased}), Postgres down: {used:.3} of what the account allows"
+    );
+    assert!(
+        used <= 1.0,
+        "{n} processes let {used:.3}x the account through"
+    );
+    assert!(
+        used >= 0.5 / n as f64,
+        "{n} processes admitted only {used:.3}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_shares_follow_the_live_fleet_per_admission() {
+    for n in [2, 3, 5] {
+        live_shares_hold_the_account(n, false).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_shares_follow_the_live_fleet_leased() {
+    for n in [2, 3, 5] {
+        live_shares_hold_the_account(n, true).await;
+    }
 }

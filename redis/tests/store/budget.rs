@@ -15,6 +15,9 @@ use tower_llm_quota::{
 use tower_llm_quota_redis::RedisBudget;
 
 use redis_server::RedisServer;
+use tower_llm_quota_test_support::store_suite::{
+    OUTAGE_ACCOUNT, local_shares_follow_the_live_fleet,
+};
 
 fn nz(n: u64) -> NonZeroU64 {
     NonZeroU64::new(n).unwrap()
@@ -358,7 +361,7 @@ async fn refunds_come_back_and_a_too_large_cost_is_refused() {
 async fn a_killed_redis_falls_back_to_the_local_share_then_returns() {
     let mut server = RedisServer::start();
     let budget = RedisBudget::new(server.url(), "outage")
-        .expected_instances(4)
+        .failure_policy(FailurePolicy::local_share_of(4))
         .connect(&quota())
         .await
         .unwrap();
@@ -742,4 +745,54 @@ async fn two_processes_on_a_saturated_quota_take_turns() {
         "admissions of a and b: {counts:?} ({:.0} % to b)",
         share_b * 100.0
     );
+}
+
+/// `n` processes on one account, asking per admission or leasing (`leased`), each falling
+/// back to `1 / n` of it as Redis last counted them: Redis killed, together they admit no
+/// more than the account allows (a fixed half let 1.5x through with three, 2.5x with five).
+async fn live_shares_hold_the_account(n: usize, leased: bool) {
+    let mut server = RedisServer::start();
+    let quota = Quota::new().with_limit(tower_llm_quota_test_support::limit(
+        Dimension::TotalTokens,
+        OUTAGE_ACCOUNT.rate,
+        OUTAGE_ACCOUNT.period,
+        OUTAGE_ACCOUNT.burst,
+    ));
+    let mut budgets = Vec::new();
+    for _ in 0..n {
+        let mut builder = RedisBudget::new(server.url(), "live")
+            .timeout(Duration::from_millis(250))
+            .expected_instances(2)
+            .slot_lease(Duration::from_millis(300));
+        if leased {
+            builder = builder.leased_shares(Duration::from_millis(50));
+        }
+        budgets.push(builder.connect(&quota).await.unwrap());
+    }
+    let used =
+        local_shares_follow_the_live_fleet(&budgets, || server.kill(), Duration::from_secs(2))
+            .await;
+    println!("{n} processes (leased: {leased}), Redis down: {used:.3} of what the account allows");
+    assert!(
+        used <= 1.0,
+        "{n} processes let {used:.3}x the account through"
+    );
+    assert!(
+        used >= 0.5 / n as f64,
+        "{n} processes admitted only {used:.3}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_shares_follow_the_live_fleet_per_admission() {
+    for n in [2, 3, 5] {
+        live_shares_hold_the_account(n, false).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_shares_follow_the_live_fleet_leased() {
+    for n in [2, 3, 5] {
+        live_shares_hold_the_account(n, true).await;
+    }
 }

@@ -687,3 +687,61 @@ async fn a_429_seen_by_one_process_lowers_the_fleet_s_plan_once() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+async fn drive_n(
+    budgets: &[(usize, Budget, &'static str, usize)],
+    (from, end): (Instant, Instant),
+) -> Log {
+    let log: Log = Arc::default();
+    let mut tasks = Vec::new();
+    for (index, budget, tenant, callers) in budgets {
+        for c in 0..*callers {
+            let (budget, log, index, tenant) = (budget.clone(), log.clone(), *index, *tenant);
+            tasks.push(tokio::spawn(async move {
+                let mut k = c as u64;
+                while Instant::now() < end {
+                    k = k
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let cost = [20u64, 200, 2000][(k >> 60) as usize % 3];
+                    let path: Tenant = tenant.parse().unwrap();
+                    let mut reservation = budget
+                        .reserve(Cost::new(cost, 0))
+                        .tenant(path)
+                        .await
+                        .expect("admitted");
+                    let now = Instant::now();
+                    if now >= from && now < end {
+                        log.lock().unwrap().push((now, index, tenant, cost));
+                    }
+                    reservation.mark_sent();
+                    reservation.charge_estimate();
+                }
+            }));
+        }
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    log
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scratch_alone_vs_two() {
+    for (wa, wb, ca, cb) in [(1, 1, 1, 32), (1, 1, 32, 1), (3, 1, 1, 16), (1, 1, 4, 4)] {
+        let server = RedisServer::start();
+        let key = "scratch";
+        let tree = || weighted(wa, wb);
+        let p1 = leased(&server, key).await.with_tenant_tree(tree()).unwrap();
+        let p2 = leased(&server, key).await.with_tenant_tree(tree()).unwrap();
+        let p3 = leased(&server, key).await.with_tenant_tree(tree()).unwrap();
+        let start = Instant::now();
+        let pairs = [(0, p1, "a", ca), (1, p2, "b", cb), (2, p3, "b", 1)];
+        let log = drive_n(&pairs, (start + SECOND, start + Duration::from_secs(5))).await;
+        let by = shares(&log, |_, tenant| tenant);
+        let by_process = shares(&log, |index, _| index);
+        println!(
+            "SCRATCH {wa}:{wb} clients {ca}/{cb}/1: tenants {by:.3?}, processes {by_process:.3?}"
+        );
+    }
+}

@@ -21,6 +21,10 @@ use crate::tenant::{Refusal, Tenant, TenantRefused};
 /// of it, at random, so that the waiting processes do not ask together.
 const SLOT_RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How soon a question the store failed to answer is asked again, under
+/// [`FailurePolicy::FailClosed`] while the breaker stays closed.
+const AGAIN_AFTER_FAILURE: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// What a shared budget makes of its store's answer.
 pub(crate) enum Answer {
     Admitted,
@@ -325,7 +329,9 @@ impl Pass<'_> {
     }
 
     /// The store did not answer: the script may have run after all, so whatever it took is
-    /// given back; then the local fallback share, or a refusal, by the policy.
+    /// given back; then the local fallback share, or under [`FailurePolicy::FailClosed`] a
+    /// new question soon while the breaker stays closed (one slow answer is not an outage)
+    /// and a refusal once it opens. Each failure is logged with its cause.
     fn store_failed(
         &mut self,
         waiting: &mut Waiting,
@@ -333,12 +339,29 @@ impl Pass<'_> {
         error: StoreUnavailable,
     ) -> Answer {
         let ns = self.ns;
-        self.remote().breaker.failed(ns);
+        let breaker = &mut self.remote().breaker;
+        let was_closed = breaker.is_closed();
+        breaker.failed(ns);
+        let closed = breaker.is_closed();
         self.give_back(id, waiting);
-        tracing::warn!(%error, "the shared quota store did not answer");
-        match self.engine.remote().policy() {
-            FailurePolicy::LocalFallback { .. } => match self.back(waiting) {
-                Ok(()) => Answer::Fallback,
+        let policy = self.engine.remote().policy();
+        if was_closed && !closed {
+            tracing::warn!(%error, ?policy, "the shared quota store failed repeatedly: its breaker opened");
+        } else {
+            tracing::warn!(%error, ?policy, "the shared quota store did not answer");
+        }
+        match policy {
+            FailurePolicy::LocalFallback { .. } | FailurePolicy::LiveShare { .. } => {
+                match self.back(waiting) {
+                    Ok(()) => Answer::Fallback,
+                    Err(depth) => Answer::Full(depth),
+                }
+            }
+            FailurePolicy::FailClosed if closed => match self.back(waiting) {
+                Ok(()) => {
+                    let wait = self.engine.remote().jittered(AGAIN_AFTER_FAILURE);
+                    Answer::RetryAt(saturating_deadline(self.now, wait), self.remote().refunds)
+                }
                 Err(depth) => Answer::Full(depth),
             },
             FailurePolicy::FailClosed => {

@@ -40,20 +40,25 @@ impl Refunded {
     }
 }
 
-/// Reads the store's pauses into the budget's tree, unless this process paused or resumed a
-/// node since the reading began (the next reading, after that change reached the store,
-/// will tell).
-async fn sync_pauses(store: &Arc<dyn QuotaStore>, budget: &Refunded, timeout: Duration) {
+/// Renews this process's lease on the account (its slots) and takes the store's count of the
+/// live processes ([`FailurePolicy::LiveShare`] follows it); then reads the store's pauses
+/// into the budget's tree, unless this process paused or resumed a node since the reading
+/// began (the next reading, after that change reached the store, will tell).
+async fn sync_with_store(store: &Arc<dyn QuotaStore>, budget: &Refunded, timeout: Duration) {
+    let Some(instance) = budget
+        .budget()
+        .and_then(|b| b.remote.as_ref().map(|r| r.instance))
+    else {
+        return;
+    };
+    if let Ok(Some(live)) = bounded(timeout, store.heartbeat(instance)).await {
+        if let Some(budget) = budget.budget() {
+            budget.live_counted(live);
+        }
+    }
     let Some(changes) = budget.budget().and_then(|b| b.pause_changes()) else {
         return;
     };
-    // The slots this process holds on its nodes' caps stay its own while it lives.
-    let instance = budget
-        .budget()
-        .and_then(|b| b.remote.as_ref().map(|r| r.instance));
-    if let Some(instance) = instance {
-        let _ = bounded(timeout, store.heartbeat(instance)).await;
-    }
     if let Ok(Some(paused)) = bounded(timeout, store.paused()).await {
         if let Some(budget) = budget.budget() {
             budget.sync_paused(&paused, changes);
@@ -85,8 +90,7 @@ impl Engine {
         let share = match (options.leases, options.policy) {
             // Wallets of the account's limits, empty until the first grant (one round trip).
             (Some(_), _) => 1.0,
-            (None, FailurePolicy::LocalFallback { share }) => valid_share(share),
-            (None, FailurePolicy::FailClosed) => 1.0,
+            (None, policy) => policy.share_with(None).map_or(1.0, valid_share),
         };
         let fallback = quota
             .limits()
@@ -120,6 +124,7 @@ impl Engine {
             asking: 0,
             pipeline: options.pipeline.max(1),
             refused: false,
+            live: None,
             lease: options.leases.map(|lease| LeaseState {
                 refresh: crate::budget::memory::store::nanos(lease.refresh),
                 renew_soon: wants_more,
@@ -142,6 +147,36 @@ impl Engine {
         #[cfg(all(test, loom))]
         drop(sending);
         budget
+    }
+
+    /// The store counted `live` processes on the account: under
+    /// [`FailurePolicy::LiveShare`], the local share becomes `1 / live` (applied at once to
+    /// the fallback's buckets; a leasing budget's wallets keep their grants, and its local
+    /// share takes it when its lease is lost).
+    fn live_counted(&self, live: u32) {
+        let Some(remote) = self.remote.as_ref() else {
+            return;
+        };
+        let policy = remote.options.policy;
+        let ns = self.nanos_since_origin(tokio::time::Instant::now());
+        self.update_state(|state| {
+            let Some(shared) = state.remote.as_mut() else {
+                return false;
+            };
+            shared.live = Some(live);
+            let Some(share) = policy
+                .share_with(Some(live))
+                .filter(|_| matches!(policy, FailurePolicy::LiveShare { .. }))
+            else {
+                return false;
+            };
+            let leasing = shared.lease.as_ref().map(|l| l.fallback);
+            match leasing {
+                // Wallets: the share waits for a lost lease.
+                Some(false) => false,
+                _ => shared.set_share(share, &mut state.store, ns),
+            }
+        });
     }
 
     /// Whether the circuit breaker lets admissions ask the store.
@@ -567,7 +602,7 @@ async fn in_order(
             Some(Some(command)) => command,
             Some(None) => return,
             None => {
-                sync_pauses(&store, &refunded, timeout).await;
+                sync_with_store(&store, &refunded, timeout).await;
                 continue;
             }
         };
@@ -1084,8 +1119,21 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn fail_closed_refuses_within_the_timeout() {
+    async fn fail_closed_asks_again_until_the_breaker_opens_then_refuses() {
+        // One slow answer is not an outage: asked again, admitted.
         let store = scripted(&[Script::Hang]);
+        let slow = budget(&store, FailurePolicy::FailClosed);
+        let start = Instant::now();
+        slow.reserve(Cost::new(10, 0)).await.unwrap().refund();
+        assert_eq!(store.asked.lock().unwrap().len(), 2);
+        assert!(
+            start.elapsed() >= 50 * MS && start.elapsed() <= 57 * MS,
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(slow.is_store_reachable());
+        // Three in a row open the breaker: refused then, within three timeouts and two waits.
+        let store = scripted(&[Script::Hang, Script::Hang, Script::Hang]);
         let budget = budget(&store, FailurePolicy::FailClosed);
         let start = Instant::now();
         let error = budget.reserve(Cost::new(10, 0)).await.unwrap_err();
@@ -1093,7 +1141,13 @@ mod tests {
             matches!(error, crate::error::ReserveError::Unavailable(_)),
             "{error}"
         );
-        assert_eq!(start.elapsed(), 50 * MS);
+        assert_eq!(store.asked.lock().unwrap().len(), 3);
+        assert!(
+            start.elapsed() >= 150 * MS && start.elapsed() <= 164 * MS,
+            "{:?}",
+            start.elapsed()
+        );
+        assert!(!budget.is_store_reachable());
         assert_eq!(budget.waiters(), 0);
     }
 

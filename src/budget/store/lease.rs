@@ -197,32 +197,44 @@ impl Engine {
         });
     }
 
-    /// The lease ended and its renewals failed: the failure policy's local share applies until
-    /// a renewal (with [`FailurePolicy::FailClosed`], nothing).
-    pub(crate) fn lease_lost(&self, policy: FailurePolicy) {
-        let FailurePolicy::LocalFallback { share } = policy else {
-            // Closed: the waiting requests are refused as the store's unavailability.
-            self.update_state(
-                |state| match state.remote.as_mut().and_then(|s| s.lease.as_mut()) {
-                    Some(lease) if !lease.unreachable => {
-                        lease.unreachable = true;
-                        true
-                    }
-                    _ => false,
-                },
-            );
-            return;
-        };
+    /// The lease ended and its renewals failed (the last for `cause`): the failure policy's
+    /// local share applies until a renewal (with [`FailurePolicy::FailClosed`], nothing);
+    /// logged once, with the cause.
+    pub(crate) fn lease_lost(&self, policy: FailurePolicy, cause: &str) {
         let ns = self.nanos_since_origin(Instant::now());
-        self.update_state(|state| match state.remote.as_mut() {
-            Some(shared) if shared.lease.as_ref().is_some_and(|l| !l.fallback) => {
-                if let Some(lease) = &mut shared.lease {
-                    lease.fallback = true;
+        self.update_state(|state| {
+            let Some(shared) = state.remote.as_mut() else {
+                return false;
+            };
+            let live = shared.live;
+            let Some(lease) = shared.lease.as_mut() else {
+                return false;
+            };
+            match policy.share_with(live) {
+                // Closed: the waiting requests are refused as the store's unavailability.
+                None if !lease.unreachable => {
+                    tracing::warn!(
+                        cause,
+                        "the lease on the shared quota ended with its renewals failing: \
+                         requests are refused until the store answers (fail closed)"
+                    );
+                    lease.unreachable = true;
+                    true
                 }
-                shared.set_share(share, &mut state.store, ns);
-                true
+                Some(share) if !lease.fallback => {
+                    tracing::warn!(
+                        cause,
+                        share,
+                        live,
+                        "the lease on the shared quota ended with its renewals failing: \
+                         admitting from the local share until the store answers"
+                    );
+                    lease.fallback = true;
+                    shared.set_share(share, &mut state.store, ns);
+                    true
+                }
+                _ => false,
             }
-            _ => false,
         });
     }
 
@@ -290,7 +302,11 @@ impl Engine {
             parting,
             spent_much: remote.spent_much.clone(),
         };
-        let failing = (remote.options.policy, remote.options.timeout);
+        let failing = (
+            remote.options.policy,
+            remote.options.timeout,
+            remote.options.breaker_threshold,
+        );
         let store = remote.store.clone();
         tokio::spawn(keep_leasing(store, budget, remote.instance, lease, failing));
     }
@@ -308,16 +324,19 @@ struct Leasing {
 /// Renews the budget's lease every refresh (sooner when requests wait for more) until the
 /// budget is dropped, then gives back what it held. A renewal that fails (or whose reply comes
 /// after `timeout`) grants nothing, and what it gave back is gone; the grant held lasts until
-/// its lease ends, then the failure policy's local share applies. A lease that ends before it
+/// its lease ends, then nothing is admitted until a renewal succeeds or `threshold` have
+/// failed in a row (the breaker's count: one slow answer is not an outage), and then the
+/// failure policy applies. A lease that ends before it
 /// is renewed (this task ran late) admits nothing meanwhile: the admissions check its end.
 async fn keep_leasing(
     store: Arc<dyn QuotaStore>,
     leasing: Leasing,
     process: u64,
     options: LeaseOptions,
-    (policy, timeout): (FailurePolicy, Duration),
+    (policy, timeout, threshold): (FailurePolicy, Duration, u32),
 ) {
     let mut last = Instant::now();
+    let mut failures = 0u32;
     let mut ends: Option<Instant> = None;
     // The last grant fell short of what was asked (the account binds): the next renewal waits
     // until the store expects its need covered (a whole refresh at most), rather than asking
@@ -332,7 +351,7 @@ async fn keep_leasing(
         last = asked;
         let call = store.lease(process, options.lease, limits.clone(), demand.clone());
         let answer = tokio::time::timeout(timeout, call).await;
-        let failed = match answer {
+        let failed: Option<String> = match answer {
             Ok(Ok(grant)) if grant.renewal != Renewal::Stale => {
                 let lacking = (demand.reports.iter().zip(&grant.granted))
                     .any(|(report, &granted)| granted < report.need + report.ask);
@@ -343,24 +362,24 @@ async fn keep_leasing(
                 let end = local_end(asked, grant.lease);
                 ends = Some(end);
                 budget_now.apply_lease(&grant, &limits, &demand, end);
-                false
+                None
             }
-            Ok(Ok(_)) => {
-                tracing::debug!("a lease renewal arrived after a later one");
-                true
+            Ok(Ok(_)) => Some("a renewal arrived after a later one".to_owned()),
+            Ok(Err(error)) => Some(error.to_string()),
+            Err(_) => Some(format!("no answer within the timeout ({timeout:?})")),
+        };
+        failures = match &failed {
+            Some(cause) => {
+                tracing::debug!(cause, "a lease was not renewed");
+                failures.saturating_add(1)
             }
-            Ok(Err(error)) => {
-                tracing::debug!(%error, "a lease was not renewed");
-                true
-            }
-            Err(_) => {
-                tracing::debug!("a lease was not renewed in time");
-                true
-            }
+            None => 0,
         };
         let renewed = ends.is_some_and(|end| Instant::now() < end);
-        if !renewed && failed {
-            budget_now.lease_lost(policy);
+        if let (false, Some(cause)) = (renewed, failed) {
+            if failures >= threshold.max(1) {
+                budget_now.lease_lost(policy, &cause);
+            }
         }
         drop(budget_now);
         let live = ends.is_some_and(|end| Instant::now() < end);

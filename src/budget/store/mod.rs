@@ -271,12 +271,14 @@ pub trait QuotaStore: Send + Sync + fmt::Debug + 'static {
         Box::pin(async { Ok(None) })
     }
 
-    /// Renews `process`'s lease on the in-flight slots it holds ([`Control::InFlight`]):
-    /// a process that stops renewing (it died) loses them when its lease ends. A store that
-    /// keeps no slots does nothing.
-    fn heartbeat(&self, process: u64) -> StoreFuture<()> {
+    /// Renews `process`'s lease on the account: the in-flight slots it holds
+    /// ([`Control::InFlight`]) stay its own while it renews (a process that stops, having
+    /// died, loses them when its lease ends). Returns how many processes' leases on the
+    /// account are current, this one's included (what [`FailurePolicy::LiveShare`] divides
+    /// by), or `None` from a store that does not count them (the default: it does nothing).
+    fn heartbeat(&self, process: u64) -> StoreFuture<Option<u32>> {
         let _ = process;
-        Box::pin(async { Ok(()) })
+        Box::pin(async { Ok(None) })
     }
 
     /// Leases `process` a share of the account's `limits` for `lease`, by what it wants
@@ -306,23 +308,54 @@ pub enum FailurePolicy {
         /// The fraction of each limit this process may spend alone.
         share: f64,
     },
+    /// Admit from a bucket in this process holding `1 / n` of every limit, `n` the number of
+    /// live processes on the account the store counted at its last heartbeat
+    /// ([`QuotaStore::heartbeat`], every [`StoreOptions::heartbeat`]), this one included, and
+    /// `1 / expected` before it has counted (a process that never reached the store). So the
+    /// fleet's local shares add up to about the account whatever its size: a process that
+    /// died since the last count only leaves capacity unused; one that joined while the
+    /// store was away takes `1 / expected` more. A store that does not count keeps
+    /// `1 / expected`.
+    LiveShare {
+        /// The processes assumed before the store has counted them (0 counts as 1).
+        expected: u32,
+    },
     /// Refuse: the reservation fails with [`StoreUnavailable`].
     FailClosed,
 }
 
 impl FailurePolicy {
-    /// A local fallback holding `1 / instances` of the quota.
+    /// A local fallback holding `1 / instances` of the quota, whatever the fleet's size.
     pub fn local_share_of(instances: u32) -> Self {
         FailurePolicy::LocalFallback {
             share: 1.0 / f64::from(instances.max(1)),
         }
     }
+
+    /// A local fallback holding `1 / n` of the quota, `n` the live processes the store last
+    /// counted (`expected` before it has): [`FailurePolicy::LiveShare`].
+    pub fn live_share(expected: u32) -> Self {
+        FailurePolicy::LiveShare { expected }
+    }
+
+    /// The local share this policy admits from with `live` processes last counted (`None`:
+    /// not counted yet), or `None` when it refuses.
+    pub fn share_with(self, live: Option<u32>) -> Option<f64> {
+        match self {
+            FailurePolicy::LocalFallback { share } => Some(share),
+            FailurePolicy::LiveShare { expected } => {
+                Some(1.0 / f64::from(live.unwrap_or(expected).max(1)))
+            }
+            FailurePolicy::FailClosed => None,
+        }
+    }
 }
 
 impl Default for FailurePolicy {
-    /// A local fallback holding half of the quota.
+    /// A local fallback holding `1 / n` of the quota, `n` the live processes last counted
+    /// (two before the first count).
     fn default() -> Self {
-        FailurePolicy::local_share_of(2)
+        FailurePolicy::live_share(2)
     }
 }
 

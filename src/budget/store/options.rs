@@ -85,10 +85,12 @@ impl StoreOptions {
         self.options.policy
     }
 
-    /// How many processes share the quota: while the store is out of reach, each falls back
-    /// to `1 / instances` of it, so together they stay within it.
+    /// How many processes are expected to share the quota: while the store is out of reach, each
+    /// falls back to `1 / n` of it, `n` the live processes the store last counted, and
+    /// `1 / instances` before it has ([`FailurePolicy::live_share`]), so together they stay
+    /// within it.
     pub fn expected_instances(self, instances: u32) -> Self {
-        self.failure_policy(FailurePolicy::local_share_of(instances))
+        self.failure_policy(FailurePolicy::live_share(instances))
     }
 
     /// Admits from shares leased from the account, renewed every `refresh` (and sooner when

@@ -94,6 +94,8 @@ pub(crate) struct RemoteState {
     pub(crate) refused: bool,
     /// The most questions on their way at once while the store admits.
     pub(crate) pipeline: usize,
+    /// The live processes on the account at the store's last count (its heartbeat).
+    pub(crate) live: Option<u32>,
     /// Leasing: what was spent since the last renewal, and when the lease ends (nanoseconds
     /// on the budget's clock).
     pub(crate) lease: Option<LeaseState>,
