@@ -22,6 +22,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "live_count",
         include_str!("../migrations/0003_live_count.sql"),
     ),
+    (
+        4,
+        "fair_division",
+        include_str!("../migrations/0004_fair_division.sql"),
+    ),
 ];
 
 /// The schema version this crate needs: its last migration.

@@ -650,7 +650,7 @@ fn grant(row: &tokio_postgres::Row) -> Result<Grant, StoreUnavailable> {
         ready: ms(number("ready_ms")?),
         spread: list("spread")?
             .into_iter()
-            .map(|n| u32::try_from(n).unwrap_or(1).max(1))
+            .map(|n| u32::try_from(n).unwrap_or(0))
             .collect(),
     })
 }

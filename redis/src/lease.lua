@@ -24,7 +24,8 @@
 -- Returns {status, the lease in ms, its part in millionths, per hold its remaining ms, per
 -- limit the fleet's plan in millionths (see `plan` in bucket.lua), per limit the units
 -- granted, how soon (ms) a need not granted should be covered (0 when granted), then per
--- flow and guarantee asked about the number of processes where it waits}.
+-- flow asked about its weight in the process (0 when unknown at the last division), and per
+-- guarantee the number of processes where it waits (1 when unknown)}.
 -- `status` is 1 for a renewal, 2 for a process the store did not know (its first renewal, or
 -- its lease ended), 0 when it left, -1 for a renewal older than one already seen: nothing is
 -- changed, and the reply is {-1}.
@@ -33,18 +34,22 @@
 -- `at` when its credit last grew), per process and limit "h:<process>\n<bucket>" the units it
 -- holds and its credit in thousandths of a unit ("held|credit"), "~c\n<bucket>" the sum of
 -- the credits (whole numbers, so that sums never drift), "~at" the last
--- division (ms), "~f:<flow>" in how many processes a flow waited at the last division.
+-- division (ms), "~f:<flow>" a flow's weight in the processes where it waited at the last
+-- division, "~f:g<guarantee>" in how many processes a guarantee waited then.
 --
 -- Dividing (every so often: it reads and rewrites every process, so its cost grows with the
 -- fleet; in between a call reads and writes its own entry only, and a process that just came
--- has no part until the next division). Each flow (a tenant, or every request of a process
--- without tenants) weighs its weight, spread evenly over the processes where it waits; a
--- process weighs the sum of its flows' parts (1 when none waits). The account goes to the
--- processes by weighted max-min fairness on what each wants: none gets more than it wants, and
--- those wanting more share the rest by weight. A process is owed, of what it wants, the
--- guarantees waiting in it, each spread evenly over the processes where it waits (scaled down
--- together should they add up to more than the account); one whose weighted part falls short
--- of that is lifted to it, and the others share the rest again. What nobody wants is spread by
+-- has no part until the next division). By tenant first: each flow (a tenant, or every
+-- request of a process without tenants) gets its weighted part of the account, a flow with a
+-- guarantee of its own lifted to it when that part is less (the others sharing the rest by
+-- weight); its part is spread evenly over the processes where it waits, and a process weighs
+-- what its flows' parts add up to, times the flows' total weight (1 when none waits). The
+-- account goes to the processes by weighted max-min fairness on what each wants: none gets
+-- more than it wants, and those wanting more share the rest by weight. A process is owed, of
+-- what it wants, the guarantees of nodes above its flows waiting in it, each spread evenly
+-- over the processes where it waits (scaled down together should they add up to more than the
+-- account); one whose weighted part falls short of that is lifted to it, and the others share
+-- the rest again. What nobody wants is spread by
 -- weight over every process. Expired leases are dropped then: what they held leaves the
 -- buckets' `held` without coming back to their levels (lost until refilled).
 --
@@ -187,16 +192,72 @@ local function divide()
   for _, l in ipairs(L) do
     l.credits = l.credits + l.credit
   end
+  -- By tenant first (see above): each flow's weighted part of the account, a flow with a
+  -- guarantee of its own lifted to it, the others sharing the rest by weight.
+  local fw, floor, lifted, total, floors = {}, {}, {}, 0, 0
+  for _, p in ipairs(processes) do
+    for _, flow in ipairs(p.weights) do
+      fw[flow[1]] = math.max(fw[flow[1]] or 0, flow[2])
+    end
+  end
+  for _, p in ipairs(processes) do
+    for _, g in ipairs(p.guarantees) do
+      local key = string.sub(g[1], 2)
+      if fw[key] then
+        floor[key] = math.max(floor[key] or 0, g[2])
+      end
+    end
+  end
+  for key, w in pairs(fw) do
+    total = total + w
+    floors = floors + (floor[key] or 0)
+  end
+  if floors > 1 then
+    for key, f in pairs(floor) do
+      floor[key] = f / floors
+    end
+  end
+  local parts = {}
+  while true do
+    local left, weight = 1, 0
+    for key, w in pairs(fw) do
+      if lifted[key] then
+        left = left - floor[key]
+      else
+        weight = weight + w
+      end
+    end
+    local short = false
+    for key, w in pairs(fw) do
+      if lifted[key] then
+        parts[key] = floor[key]
+      else
+        parts[key] = math.max(left, 0) * w / weight
+      end
+    end
+    for key, _ in pairs(fw) do
+      if not lifted[key] and parts[key] + 1e-12 < (floor[key] or 0) then
+        lifted[key], short = true, true
+      end
+    end
+    if not short then
+      break
+    end
+  end
   local owed_total = 0
   for _, p in ipairs(processes) do
     local weight, owed = 0, 0
     for _, flow in ipairs(p.weights) do
-      weight = weight + flow[2] / spread[flow[1]]
+      weight = weight + parts[flow[1]] * total / spread[flow[1]]
     end
     for _, g in ipairs(p.guarantees) do
-      owed = owed + g[2] / spread[g[1]]
+      -- A guarantee above the flows (no flow's own) is owed by the processes where it waits.
+      if not fw[string.sub(g[1], 2)] then
+        owed = owed + g[2] / spread[g[1]]
+      end
     end
-    p.weight = (#p.weights > 0) and weight or 1
+    -- A millionth at least: its flows may get nothing (guarantees took all).
+    p.weight = (#p.weights > 0) and math.max(weight, 1e-6) or 1
     p.owed = math.min(owed, p.want)
     owed_total = owed_total + p.owed
   end
@@ -273,7 +334,12 @@ local function divide()
     end
     write(p.who, p)
   end
+  -- Told with every renewal: each flow's weight in the processes where it waits (its part
+  -- over its spread, in units of the flows' total weight times 840), each guarantee's spread.
   for key, n in pairs(spread) do
+    if fw[key] then
+      n = math.max(math.floor(parts[key] * total * 840 / n + 0.5), 1)
+    end
     redis.call('HSET', shares, '~f:' .. key, n)
   end
   redis.call('HSET', shares, '~at', string.format('%.0f', now))
@@ -353,6 +419,7 @@ if not whole then
 end
 reply[#reply + 1] = ready
 for i = first_flow, #ARGV - 1, 2 do
-  reply[#reply + 1] = tonumber(redis.call('HGET', shares, '~f:' .. ARGV[i]) or '') or 1
+  local unknown = (string.sub(ARGV[i], 1, 1) == 'g') and 1 or 0
+  reply[#reply + 1] = tonumber(redis.call('HGET', shares, '~f:' .. ARGV[i]) or '') or unknown
 end
 return reply

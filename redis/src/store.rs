@@ -642,7 +642,7 @@ fn grant(reply: &[i64], limits: usize, flows: usize) -> Result<Grant, StoreUnava
         ready: ms(ready[0]),
         spread: spread
             .iter()
-            .map(|&n| u32::try_from(n).unwrap_or(1).max(1))
+            .map(|&n| u32::try_from(n).unwrap_or(0))
             .collect(),
     })
 }

@@ -16,12 +16,15 @@
 //!   than after a long surplus is paid back; and it earns from what the class actually
 //!   serves, so a guarantee can never starve a tenant that has none, whatever the account's
 //!   real throughput (a lowered share, other processes).
-//! - **Then weighted fair queuing over cost** (self-clocked, Golestani 1994): when a request
-//!   becomes its flow's oldest, its flow's turn starts at `max(F, V)`, `F` the tag of the
-//!   flow's last request served and `V` the virtual time (the largest tag served by tag); its
-//!   tag is that start plus `cost / weight` (the weight as it is now). The smallest tag goes;
-//!   a flow that was idle starts at `V`, neither punished for its past use nor credited for its
-//!   idleness. Only a service moves the clocks: a request that leaves unserved (cancelled,
+//! - **Then weighted fair queuing over cost**: when a request becomes its flow's oldest, its
+//!   flow's turn starts at `max(F, V)`, `F` the tag of the flow's last request served and `V`
+//!   the virtual time (the largest *start* served by tag, as in start-time fair queuing, Goyal
+//!   1996); its tag is that start plus `cost / weight` (the weight as it is now). The smallest
+//!   tag goes; a flow that was idle starts at `V`, neither punished for its past use nor
+//!   credited for its idleness. With `V` at the last start rather than the last tag (Golestani's
+//!   self-clocked queuing), a flow whose next request arrives just after its last was served
+//!   (a single caller: not waiting while it is being served) keeps its turn, even when several
+//!   requests are admitted at once meanwhile (a leased grant arriving). Only a service moves the clocks: a request that leaves unserved (cancelled,
 //!   refused by a shared store, waiting for its own node) hands its flow's turn to the next.
 //!
 //! # Fairness bound
@@ -198,7 +201,7 @@ impl FairQueue {
         if !owed {
             // Served by its tag: the virtual time follows. (A flow served for its guarantee
             // runs ahead of it instead, and waits for it by tag.)
-            self.virtual_time = v.max(tag);
+            self.virtual_time = v.max(start);
         }
         let v = self.virtual_time;
         let state = self.flows.get_mut(&flow.key).expect("just made");
@@ -317,8 +320,26 @@ impl FairQueue {
             guarantor: 0,
             waiting: BTreeMap::new(),
         });
-        // The latest configuration of the flow counts (a weight changed live).
+        // The latest configuration of the flow counts (a weight changed live). Its requests
+        // waiting or away move to its new guarantor, if it changed.
+        let before = state.guarantor;
         (state.weight, state.guarantor) = (flow.weight.max(1), flow.guarantor);
+        if before != flow.guarantor {
+            let moved = u32::try_from(state.waiting.len())
+                .unwrap_or(u32::MAX)
+                .saturating_add(state.away);
+            if let Some(g) = self.guarantors.get_mut(&before) {
+                g.waiting = g.waiting.saturating_sub(moved);
+            }
+            if flow.guarantor != 0 && moved > 0 {
+                let g = self.guarantors.entry(flow.guarantor).or_insert(Guarantor {
+                    share_ppm: flow.share_ppm,
+                    credit: RETURNING,
+                    waiting: 0,
+                });
+                g.waiting = g.waiting.saturating_add(moved);
+            }
+        }
         state
     }
 
@@ -500,17 +521,18 @@ mod tests {
             queue.serve(busy, Some((t0, i)), 10);
         }
         let v = queue.virtual_time;
-        assert_eq!(v, 50 * SCALE);
+        // The start of the last request served.
+        assert_eq!(v, 40 * SCALE);
         // A request that leaves to ask a store and is refused moves nothing.
         queue.leave(1, (t0, 5));
         assert_eq!(queue.virtual_time, v);
-        // An idle flow arriving now starts at V: it goes after one more of the busy flow's
-        // (an equal tag, an earlier arrival), before the rest of its backlog.
+        // An idle flow arriving now starts at V: it goes first (its tag, 50, is below the
+        // busy flow's next, 60), then the busy flow's backlog.
         queue.join(flow(2, 1), (t0, 100), 10);
         let order: Vec<u64> = queue.service_order().map(|(_, ticket)| ticket).collect();
-        assert_eq!(order, [6, 100, 7, 8, 9]);
-        queue.serve(flow(1, 1), Some((t0, 6)), 10);
+        assert_eq!(order, [100, 6, 7, 8, 9]);
         queue.serve(flow(2, 1), Some((t0, 100)), 10);
+        queue.serve(flow(1, 1), Some((t0, 6)), 10);
         assert_eq!(queue.flows(), 1, "an idle flow level with V holds no state");
     }
 }

@@ -7,6 +7,7 @@
 //! benchmarks every shared store runs. Not published.
 
 pub mod bench;
+pub mod fair_suite;
 pub mod fleet_suite;
 pub mod loopback_proxy;
 pub mod port;

@@ -15,7 +15,8 @@
 //!   the class serves, spends what it is served, and while it has nothing waiting is owed
 //!   one request at most), then the smallest
 //!   weighted-fair-queuing tag (a flow's turn starts at `max(F, V)` when its oldest request
-//!   becomes its oldest; `V` the largest tag served by tag), then arrival; each tenant's
+//!   becomes its oldest; `V` the largest start served by tag; weights in the fleet's units,
+//!   840 a unit of weight), then arrival; each tenant's
 //!   requests in arrival order;
 //! - a request is admitted when it is the head and the bucket holds its cost; a request that
 //!   arrives while nobody waits and fits is admitted at once;
@@ -64,6 +65,12 @@ const CLASSES: [Priority; 3] = [Priority::Interactive, Priority::Async, Priority
 const AGING_MS: [Option<u64>; 3] = [None, Some(30_000), Some(120_000)];
 /// Tag units per unit of cost and weight (the engine's scale; any would do for the order).
 const SCALE: u128 = 1 << 20;
+
+/// A tenant's weight as the engine weighs it: in the fleet's units (840 a unit), so that a
+/// leasing budget's flows keep one scale before and after the fleet tells their weights.
+fn fleet_units(weight: u32) -> u128 {
+    u128::from(weight) * 840
+}
 /// Events fall on this offset of every 10 ms.
 const PHASE_MS: u64 = 5;
 
@@ -267,7 +274,7 @@ impl Model {
                 let owed =
                     spec.guarantee > 0 && clocks.credit.get(&w.tenant).copied().unwrap_or(0) > 0;
                 let tag =
-                    clocks.turn[&w.tenant] + u128::from(w.cost) * SCALE / u128::from(spec.weight);
+                    clocks.turn[&w.tenant] + u128::from(w.cost) * SCALE / fleet_units(spec.weight);
                 (!owed, tag, w.at, w.ticket)
             })
     }
@@ -389,10 +396,11 @@ impl Model {
             let spec = self.tenants[w.tenant];
             let owed = spec.guarantee > 0 && self.clocks[w.class].credit[&w.tenant] > 0;
             let clocks = &mut self.clocks[w.class];
-            let tag = clocks.turn[&w.tenant] + u128::from(w.cost) * SCALE / u128::from(spec.weight);
+            let start = clocks.turn[&w.tenant];
+            let tag = start + u128::from(w.cost) * SCALE / fleet_units(spec.weight);
             clocks.finish.insert(w.tenant, tag);
             if !owed {
-                clocks.virtual_time = clocks.virtual_time.max(tag);
+                clocks.virtual_time = clocks.virtual_time.max(start);
             }
             let v = clocks.virtual_time;
             clocks.turn.insert(w.tenant, tag.max(v));

@@ -18,16 +18,7 @@ struct OverPostgres {
 impl OverPostgres {
     fn start() -> Self {
         let server = PostgresServer::start();
-        let url = server.url();
-        // Migrated on a runtime of its own: the callers are sync tests and async ones alike.
-        std::thread::spawn(move || {
-            tokio::runtime::Runtime::new()
-                .unwrap()
-                .block_on(tower_llm_quota_postgres::migrate(&url))
-                .expect("migrated")
-        })
-        .join()
-        .unwrap();
+        crate::support::migrate_blocking(&server.url());
         Self { server }
     }
 }

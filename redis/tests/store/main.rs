@@ -4,6 +4,7 @@
 
 mod budget;
 mod cluster;
+mod fairness;
 mod fleet_controls;
 mod lease_churn;
 mod leases;

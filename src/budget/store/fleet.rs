@@ -6,16 +6,22 @@
 //!
 //! Each process claims a fraction of the account (all of it while requests wait, else what it
 //! spent of late with a margin) and names its flows with requests waiting (a tenant, or all of
-//! a process's requests without tenants), each with its weight. A flow waiting in several
-//! processes spreads its weight evenly over them; a process weighs the sum of its flows' parts
-//! (1 when none waits). The account goes by weighted max-min fairness: nobody gets more than
-//! it claims, those claiming more share the rest by weight, and what nobody claims is spread
-//! over everyone by weight. A tenant's guarantee (its share of the account, as in memory)
-//! lifts the processes where it waits: a process is owed, of what it claims, the guarantees
-//! waiting in it, each spread evenly over the processes where it waits; one whose weighted
-//! part falls below what it is owed gets that instead, and the others share the rest by
-//! weight. A process is then granted its part less what the others hold beyond theirs, so
-//! that the shares held never add up to more than one.
+//! a process's requests without tenants), each with its weight, and its waiting guarantees.
+//!
+//! The account is divided by tenant first, whatever the processes: every waiting flow gets
+//! its weighted part of the account, and a flow with a guarantee of its own is lifted to it
+//! when that part is less, the others sharing the rest by weight ([`allocate`]), as one
+//! process would serve them. A flow's part is spread evenly over the processes where it
+//! waits, and a process weighs what its flows' parts add up to (1 when none waits). Each
+//! process serves its flows by their parts there ([`local_weights`], told with every
+//! renewal), so a tenant alone on a process gets no more than a tenant spread over several.
+//! A guarantee of a node above the flows (no flow's own) lifts the processes where it waits:
+//! a process is owed, of what it claims, those guarantees, each spread evenly over the
+//! processes where it waits. The account then goes to the processes by weighted max-min
+//! fairness: nobody gets more than it claims (or less than it is owed), those claiming more
+//! share the rest by weight, and what nobody claims is spread over everyone by weight. A
+//! process is then granted its part less what the others hold beyond theirs, so that the
+//! shares held never add up to more than one.
 //!
 //! ```
 //! use tower_llm_quota::budget::store::fleet::{Claim, divide};
@@ -27,10 +33,11 @@
 //! // Tenant 1 gets half in the first process; tenant 2 a quarter in each.
 //! assert!((parts[0] - 0.75).abs() < 1e-9 && (parts[1] - 0.25).abs() < 1e-9);
 //!
-//! // Tenant 1 is guaranteed 90 % of the account: the first process gets it.
+//! // Tenant 1 is guaranteed 90 % of the account: it gets it in the first process, and
+//! // tenant 2 the rest, half in each.
 //! let first = Claim::new(1.0).with_flow(1, 1).with_guarantee(1, 900_000).with_flow(2, 1);
 //! let parts = divide(&[first, Claim::new(1.0).with_flow(2, 1)]);
-//! assert!((parts[0] - 0.9).abs() < 1e-9 && (parts[1] - 0.1).abs() < 1e-9);
+//! assert!((parts[0] - 0.95).abs() < 1e-9 && (parts[1] - 0.05).abs() < 1e-9);
 //! ```
 
 use std::collections::{BTreeMap, HashMap};
@@ -107,15 +114,89 @@ fn count<'a>(keys: impl Iterator<Item = &'a (u64, u32)>) -> HashMap<u64, u32> {
     spread
 }
 
-/// What each of `claims` is owed: of what it claims, the guarantees waiting in it, each
-/// divided by the number of claims it waits in; scaled down together should they add up to
-/// more than the account.
+/// The scale of the flows' weights in a process ([`local_weights`]): divisible by every
+/// spread up to 8 (and most beyond), so that a weight divided by its spread stays exact
+/// enough as an integer.
+pub const LOCAL_SCALE: u32 = 840;
+
+/// Each flow's part of the account with every waiting flow backlogged: weighted max-min
+/// fairness over the flows (by tenant, whatever the processes they wait in), each flow
+/// with a guarantee of its own (a guarantee whose key is the flow's) lifted to it when its
+/// weighted part is less, the others sharing the rest by weight (guarantees adding up to
+/// more than the account scaled down together). A flow's weight and guarantee are the
+/// largest any claim tells. Returns the parts by flow, and the flows' total weight.
+pub fn allocate(claims: &[Claim]) -> (BTreeMap<u64, f64>, f64) {
+    let mut flows: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
+    for &(key, weight) in claims.iter().flat_map(|c| &c.flows) {
+        let entry = flows.entry(key).or_insert((0.0, 0.0));
+        entry.0 = entry.0.max(f64::from(weight.max(1)));
+    }
+    for &(key, ppm) in claims.iter().flat_map(|c| &c.guarantees) {
+        if let Some(entry) = flows.get_mut(&key) {
+            entry.1 = entry.1.max(f64::from(ppm) / 1e6);
+        }
+    }
+    let floors: f64 = flows.values().map(|f| f.1).sum();
+    if floors > 1.0 {
+        flows.values_mut().for_each(|f| f.1 /= floors);
+    }
+    let total: f64 = flows.values().map(|f| f.0).sum();
+    let mut lifted: BTreeMap<u64, bool> = flows.keys().map(|&k| (k, false)).collect();
+    loop {
+        let left = 1.0
+            - (flows.iter())
+                .filter(|(k, _)| lifted[*k])
+                .map(|(_, f)| f.1)
+                .sum::<f64>();
+        let weight: f64 = (flows.iter())
+            .filter(|(k, _)| !lifted[*k])
+            .map(|(_, f)| f.0)
+            .sum();
+        let parts: BTreeMap<u64, f64> = (flows.iter())
+            .map(|(&k, f)| match lifted[&k] {
+                true => (k, f.1),
+                false => (k, left.max(0.0) * f.0 / weight),
+            })
+            .collect();
+        let short: Vec<u64> = (flows.iter())
+            .filter(|(k, f)| !lifted[*k] && parts[*k] + 1e-12 < f.1)
+            .map(|(&k, _)| k)
+            .collect();
+        if short.is_empty() {
+            return (parts, total);
+        }
+        for key in short {
+            lifted.insert(key, true);
+        }
+    }
+}
+
+/// Each flow's weight in the processes where it waits: its part of the account
+/// ([`allocate`]) over the number of processes where it waits, in units of the flows' total
+/// weight times [`LOCAL_SCALE`] (with no guarantee lifted: its weight times the scale over its
+/// spread). A process serving its flows by these weights gives each its part.
+pub fn local_weights(claims: &[Claim]) -> HashMap<u64, u32> {
+    let spread = spread(claims);
+    let (parts, total) = allocate(claims);
+    (parts.into_iter())
+        .map(|(key, part)| {
+            let weight = part * total * f64::from(LOCAL_SCALE) / f64::from(spread[&key]);
+            (key, ((weight + 0.5).floor() as u32).max(1))
+        })
+        .collect()
+}
+
+/// What each of `claims` is owed: of what it claims, the guarantees waiting in it that are
+/// no flow's own ([`allocate`] lifts those), each divided by the number of claims it waits
+/// in; scaled down together should they add up to more than the account.
 pub fn owed(claims: &[Claim]) -> Vec<f64> {
     let spread = guarantee_spread(claims);
+    let flows = self::spread(claims);
     let mut owed: Vec<f64> = claims
         .iter()
         .map(|claim| {
             let guaranteed: f64 = (claim.guarantees.iter())
+                .filter(|(key, _)| !flows.contains_key(key))
                 .map(|(key, ppm)| f64::from(*ppm) / 1e6 / f64::from(spread[key]))
                 .sum();
             guaranteed.min(claim.want)
@@ -128,19 +209,24 @@ pub fn owed(claims: &[Claim]) -> Vec<f64> {
     owed
 }
 
-/// What each of `claims` weighs: the sum of its flows' weights, each divided by the number of
-/// claims it waits in; 1 without flows.
+/// The least a process with flows weighs (its flows may get nothing: guarantees took all).
+const LEAST_WEIGHT: f64 = 1e-6;
+
+/// What each of `claims` weighs: its flows' parts of the account ([`allocate`]), each over
+/// the number of claims it waits in, times the flows' total weight (with no guarantee lifted:
+/// the sum of its flows' weights, each over its spread), a millionth at least; 1 without
+/// flows.
 pub fn weights(claims: &[Claim]) -> Vec<f64> {
     let spread = spread(claims);
+    let (parts, total) = allocate(claims);
     claims
         .iter()
         .map(|claim| match claim.flows.is_empty() {
             true => 1.0,
-            false => claim
-                .flows
-                .iter()
-                .map(|(key, weight)| f64::from(*weight) / f64::from(spread[key]))
-                .sum(),
+            false => (claim.flows.iter())
+                .map(|(key, _)| parts[key] * total / f64::from(spread[key]))
+                .sum::<f64>()
+                .max(LEAST_WEIGHT),
         })
         .collect()
 }
@@ -355,8 +441,9 @@ pub enum Answer {
     /// The process left.
     Left,
     /// Renewed (`known`: the store knew the process): its part in millionths, the units
-    /// granted (taken from the bucket), and the spread of each flow, then of each guarantee,
-    /// of the claim (1 for one unknown at the last division).
+    /// granted (taken from the bucket), and for each flow of the claim its weight in the
+    /// process ([`local_weights`]; 0 for one unknown at the last division), then for each
+    /// guarantee the number of processes where it waited (1 for one unknown).
     Granted {
         /// The store knew the process.
         known: bool,
@@ -367,7 +454,8 @@ pub enum Answer {
         /// A need not granted: how soon (ms) the bucket, or the process's credit, should
         /// cover it (0 when granted).
         ready: u64,
-        /// Per flow, then per guarantee, in how many processes it waited.
+        /// Per flow its weight in the process, then per guarantee in how many processes it
+        /// waited.
         spread: Vec<u32>,
     },
 }
@@ -375,7 +463,8 @@ pub enum Answer {
 /// The store's book of leases on one limit, as the lease script keeps it (the same
 /// arithmetic, in the same order, so that the script can be checked against it): the bucket,
 /// what each process holds of it and its credit, every process's entry (an expired one stays
-/// until the next division), when the account was last divided, and each flow's spread then.
+/// until the next division), when the account was last divided, and each flow's weight in the
+/// processes then.
 /// Times are milliseconds on the store's clock.
 ///
 /// Granting is a debit: units leave the bucket when granted and are held by the process until
@@ -395,7 +484,7 @@ pub struct Ledger {
     holdings: BTreeMap<u64, (f64, f64)>,
     credits: f64,
     divided: Option<u64>,
-    spread: HashMap<u64, u32>,
+    local: HashMap<u64, u32>,
     guarantee_spread: HashMap<u64, u32>,
     lease: u64,
     every: u64,
@@ -424,7 +513,7 @@ impl Ledger {
             holdings: BTreeMap::new(),
             credits: 0.0,
             divided: None,
-            spread: HashMap::new(),
+            local: HashMap::new(),
             guarantee_spread: HashMap::new(),
             lease,
             every,
@@ -515,14 +604,11 @@ impl Ledger {
         let share = ppm as f64 / 1e6;
         let since = now.saturating_sub(entry.at) as f64;
         entry.at = now;
-        let spread = (entry
-            .claim
-            .flows
-            .iter()
-            .map(|(key, _)| self.spread.get(key)))
-        .chain((entry.claim.guarantees.iter()).map(|(key, _)| self.guarantee_spread.get(key)))
-        .map(|n| n.copied().unwrap_or(1))
-        .collect();
+        let flows =
+            (entry.claim.flows.iter()).map(|(key, _)| self.local.get(key).copied().unwrap_or(0));
+        let guarantees = (entry.claim.guarantees.iter())
+            .map(|(key, _)| self.guarantee_spread.get(key).copied().unwrap_or(1));
+        let spread = flows.chain(guarantees).collect();
         let (granted, ready) = self.grant(process, &renew, share, since);
         Answer::Granted {
             known,
@@ -634,7 +720,7 @@ impl Ledger {
         for (entry, part) in self.entries.values_mut().zip(divide(&claims)) {
             entry.part = part;
         }
-        self.spread = spread(&claims);
+        self.local = local_weights(&claims);
         self.guarantee_spread = guarantee_spread(&claims);
         self.divided = Some(now);
         self.divisions += 1;
@@ -697,9 +783,10 @@ mod tests {
     }
 
     #[test]
-    fn a_guarantee_lifts_the_processes_where_it_waits() {
+    fn a_guarantee_lifts_its_tenant_over_the_fleet() {
         // Tenant 1 (weight 1, guaranteed 60 %) in the first process; tenant 2 (weight 3) in
-        // both: by weight the first would get 1 + 1.5 of 4 = 62.5 %, above what it is owed.
+        // both: by weight tenant 1 would get 25 %; lifted to 60 %, tenant 2 gets 40 %, half
+        // in each process.
         let claims = |g| {
             [
                 Claim::new(1.0)
@@ -709,29 +796,71 @@ mod tests {
                 Claim::new(1.0).with_flow(2, 3),
             ]
         };
-        assert!(close(divide(&claims(600_000))[0], 0.625));
-        // Guaranteed 80 %: lifted to it, the second gets the rest.
-        let parts = divide(&claims(800_000));
+        let parts = divide(&claims(600_000));
         assert!(close(parts[0], 0.8) && close(parts[1], 0.2), "{parts:?}");
-        // A guarantee waiting in both processes is owed half in each.
-        let both = [
-            Claim::new(1.0).with_flow(1, 1).with_guarantee(1, 800_000),
+        // In the first process the tenants are served 60 : 20 (weights in units of the total
+        // weight, 4, times the scale).
+        let local = local_weights(&claims(600_000));
+        assert_eq!((local[&1], local[&2]), (2_016, 672));
+        // A guarantee below the weighted part changes nothing.
+        let parts = divide(&claims(200_000));
+        assert!(close(parts[0], 0.625), "{parts:?}");
+        // Never more than the account: guarantees over the whole are scaled down together.
+        let over = [Claim::new(1.0)
+            .with_flow(1, 1)
+            .with_guarantee(1, 900_000)
+            .with_flow(2, 1)
+            .with_guarantee(2, 900_000)];
+        let (parts, _) = allocate(&over);
+        assert!(close(parts[&1], 0.5) && close(parts[&2], 0.5));
+    }
+
+    /// The case the process-level division got wrong: tenant 0 (weight 2, guaranteed 30 %)
+    /// alone on one process with part of tenant 1 (weight 5, guaranteed 20 %), tenants 2 and 3
+    /// (weights 1 and 4) spread. By tenant: 30 %, then 70 % by weight 5 : 1 : 4.
+    #[test]
+    fn tenants_get_their_parts_whatever_the_processes() {
+        let claims = [
+            Claim::new(1.0).with_flow(2, 1).with_flow(3, 4),
             Claim::new(1.0)
-                .with_flow(1, 1)
-                .with_guarantee(1, 800_000)
-                .with_flow(2, 8),
+                .with_flow(0, 2)
+                .with_guarantee(0, 300_000)
+                .with_flow(1, 5)
+                .with_guarantee(1, 200_000)
+                .with_flow(2, 1),
+            Claim::new(1.0)
+                .with_flow(1, 5)
+                .with_guarantee(1, 200_000)
+                .with_flow(2, 1)
+                .with_flow(3, 4),
         ];
-        assert_eq!(owed(&both), [0.4, 0.4]);
-        let parts = divide(&both);
-        assert!(close(parts[0], 0.4) && close(parts[1], 0.6), "{parts:?}");
-        // Never more than claimed; guarantees over the whole are scaled down together.
-        assert_eq!(owed(&[Claim::new(0.1).with_guarantee(1, 900_000)]), [0.1]);
-        let over = [
-            Claim::new(1.0).with_guarantee(1, 900_000),
-            Claim::new(1.0).with_guarantee(2, 900_000),
+        let (parts, total) = allocate(&claims);
+        let expected = [0.3, 0.35, 0.07, 0.28];
+        for (key, part) in expected.iter().enumerate() {
+            assert!(close(parts[&(key as u64)], *part), "{parts:?}");
+        }
+        assert!(close(total, 12.0));
+        // Each process serves its flows by their parts there: the tenants' totals are theirs.
+        let divided = divide(&claims);
+        let local = local_weights(&claims);
+        let mut served = [0.0; 4];
+        for (claim, part) in claims.iter().zip(&divided) {
+            let weight: f64 = claim.flows().iter().map(|(k, _)| f64::from(local[k])).sum();
+            for (key, _) in claim.flows() {
+                served[*key as usize] += part * f64::from(local[key]) / weight;
+            }
+        }
+        for (got, want) in served.iter().zip(expected) {
+            assert!((got - want).abs() < 1e-3, "{served:?}");
+        }
+        // A guarantee of a node above the flows still lifts the processes where it waits.
+        let above = [
+            Claim::new(1.0).with_flow(1, 1).with_guarantee(9, 800_000),
+            Claim::new(1.0).with_flow(2, 3),
         ];
-        assert_eq!(owed(&over), [0.5, 0.5]);
-        assert!(close(divide(&over).iter().sum(), 1.0));
+        assert_eq!(owed(&above), [0.8, 0.0]);
+        let parts = divide(&above);
+        assert!(close(parts[0], 0.8) && close(parts[1], 0.2), "{parts:?}");
     }
 
     /// A process spends the burst and dies (or leaves, or loses its renewal's reply); a

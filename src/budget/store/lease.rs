@@ -95,6 +95,10 @@ impl Engine {
         let mut guarantees = Vec::new();
         if let Some(tenants) = &state.tenants {
             tenants.unspread(&mut flows);
+            // A flow's own guarantee is the division's to lift: it waits as a flow.
+            guarantors.extend(flows.iter().map(|(key, _)| *key));
+            guarantors.sort_unstable();
+            guarantors.dedup();
             guarantees = tenants.guarantees_of(&guarantors);
         }
         let Some(shared) = state.remote.as_mut() else {

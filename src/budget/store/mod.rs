@@ -210,7 +210,8 @@ pub struct Grant {
     pub granted: Vec<u64>,
     /// A need not granted should be covered in about this long (zero when granted).
     pub ready: Duration,
-    /// Per flow told, then per guarantee told, in how many processes it waits (at least 1).
+    /// Per flow told, its weight in this process ([`fleet::local_weights`]; 0 when the last
+    /// division did not know it), then per guarantee told, in how many processes it waits.
     pub spread: Vec<u32>,
 }
 

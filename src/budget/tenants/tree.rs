@@ -95,23 +95,27 @@ struct AccountCaps {
     counts: Vec<CapCount>,
 }
 
-/// A leasing budget's fleet, as its last renewal told it. A flow weighs its weight divided by
-/// the number of processes where it waits, scaled by [`FLEET_SCALE`]; a guarantee here is its
-/// share of the account divided by the number of processes where it waits, as a share of
-/// this process's part of the account.
+/// A leasing budget's fleet, as its last renewal told it. A flow weighs what the division
+/// made of it in this process (its part of the account over the processes where it waits,
+/// its own guarantee included: `fleet::local_weights`); one the division did not know yet
+/// weighs its weight times [`FLEET_SCALE`]. A guarantee of a node above the flows is its
+/// share of the account divided by the number of processes where it waits, as a share of this
+/// process's part of the account.
 #[derive(Debug, Default)]
 struct Fleet {
-    /// In how many processes each flow waits, by key.
+    /// Each flow's weight in this process, by key (0: not known at the last division).
     flows: HashMap<u64, u32>,
     /// In how many processes each guarantee waits, by key.
     guarantees: HashMap<u64, u32>,
     /// This process's share of the account.
     share: f64,
+    /// Each flow's configured weight, by key: what this process tells the fleet.
+    configured: HashMap<u64, u32>,
 }
 
 /// The scale of fleet weights: divisible by every spread up to 8 (and most beyond), so that
 /// a weight divided by its spread stays exact enough as an integer.
-pub(crate) const FLEET_SCALE: u32 = 840;
+pub(crate) const FLEET_SCALE: u32 = crate::budget::store::fleet::LOCAL_SCALE;
 
 impl TenantState {
     pub(crate) fn new(tree: TenantTree, account: &[Limit]) -> Self {
@@ -282,8 +286,8 @@ impl TenantState {
         }
     }
 
-    /// Records in how many processes each flow and each guarantee waits, and this process's
-    /// share of the account (a lease's renewal).
+    /// Records each flow's weight in this process and in how many processes each guarantee
+    /// waits, and this process's share of the account (a lease's renewal).
     pub(crate) fn spread(
         &mut self,
         flows: impl Iterator<Item = (u64, u32)>,
@@ -292,7 +296,7 @@ impl TenantState {
     ) {
         let fleet = self.fleet.get_or_insert_with(Fleet::default);
         fleet.flows.clear();
-        fleet.flows.extend(flows.map(|(key, n)| (key, n.max(1))));
+        fleet.flows.extend(flows);
         fleet.guarantees.clear();
         fleet
             .guarantees
@@ -312,10 +316,10 @@ impl TenantState {
     pub(crate) fn unspread(&self, flows: &mut [(u64, u32)]) {
         let Some(fleet) = &self.fleet else { return };
         for (key, weight) in flows {
-            let n = u64::from(fleet.flows.get(key).copied().unwrap_or(1));
-            let configured =
-                (u64::from(*weight) * n + u64::from(FLEET_SCALE) / 2) / u64::from(FLEET_SCALE);
-            *weight = u32::try_from(configured.max(1)).unwrap_or(u32::MAX);
+            *weight = match fleet.configured.get(key) {
+                Some(&configured) => configured,
+                None => (*weight / FLEET_SCALE).max(1),
+            };
         }
     }
 
@@ -561,32 +565,46 @@ impl TenantState {
                 guarantor = Some(prefix);
             }
         }
-        let mut weight = self.live.get(path.as_str()).map_or(1, |n| n.weight).max(1);
+        let configured = self.live.get(path.as_str()).map_or(1, |n| n.weight).max(1);
+        // Always in fleet units, leasing or not: a flow's tags must not change scale when the
+        // first renewal tells its weight in the fleet.
+        let mut weight = configured.saturating_mul(FLEET_SCALE);
         let key = flow_key(key);
         let mut share = if guarantor.is_some() { share } else { 0.0 };
-        if let Some(fleet) = &self.fleet {
+        let mut guarantor = guarantor.map(flow_key);
+        if let Some(fleet) = &mut self.fleet {
             // What this process tells the fleet of the guarantee at its next renewal.
             if let Some(guarantor) = guarantor {
                 let ppm = (share * 1e6).round() as u32;
-                self.guarantees.insert(flow_key(guarantor), ppm);
+                self.guarantees.insert(guarantor, ppm);
             }
-            let n = fleet.flows.get(&key).copied().unwrap_or(1);
-            weight = weight.saturating_mul(FLEET_SCALE) / n;
-            // Its part of the guarantee, of what this process serves.
-            if let Some(guarantor) = guarantor.filter(|_| fleet.share > 0.0) {
-                let n = fleet
-                    .guarantees
-                    .get(&flow_key(guarantor))
-                    .copied()
-                    .unwrap_or(1);
-                share = (share / f64::from(n) / fleet.share).min(1.0);
+            if fleet.configured.len() >= 4_096 {
+                // Bounded: a flow forgotten here is told at its local weight over the scale.
+                fleet.configured.clear();
+            }
+            fleet.configured.insert(key, configured);
+            let divided = fleet.flows.get(&key).copied().filter(|&w| w > 0);
+            weight = divided.unwrap_or(weight);
+            match guarantor {
+                // Its own guarantee is in its weight: the division lifted it over the fleet.
+                Some(own) if own == key && divided.is_some() => {
+                    guarantor = None;
+                    share = 0.0;
+                }
+                // A guarantee above it (or one not divided yet): its part of the guarantee,
+                // of what this process serves.
+                Some(above) if fleet.share > 0.0 => {
+                    let n = fleet.guarantees.get(&above).copied().unwrap_or(1);
+                    share = (share / f64::from(n) / fleet.share).min(1.0);
+                }
+                _ => {}
             }
         }
         Flow {
             // Never 0: the key of requests without a tenant tree, served first come.
             key,
             weight: weight.max(1),
-            guarantor: guarantor.map_or(0, flow_key),
+            guarantor: guarantor.unwrap_or(0),
             share_ppm: (share * 1e6).round() as u32,
         }
     }

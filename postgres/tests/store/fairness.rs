@@ -1,0 +1,44 @@
+//! The fairness suite ([`fair_suite`]) on a database of its own: tenants share a saturated
+//! account over a fleet of real processes by their weights and guarantees, per admission and
+//! leased, whatever the topology.
+
+use std::time::Duration;
+
+use tower_llm_quota::Quota;
+use tower_llm_quota::budget::FailurePolicy;
+use tower_llm_quota_postgres::PostgresBudget;
+use tower_llm_quota_test_support::fair_suite::{self, Connecting, FairStore};
+use tower_llm_quota_test_support::postgres_server::TestDatabase;
+
+struct OverPostgres(TestDatabase);
+
+impl OverPostgres {
+    fn start() -> Self {
+        let database = TestDatabase::create();
+        crate::support::migrate_blocking(database.url());
+        Self(database)
+    }
+}
+
+impl FairStore for OverPostgres {
+    fn url(&self) -> String {
+        self.0.url().to_owned()
+    }
+
+    fn child_test(&self) -> &'static str {
+        "fairness::fair_child"
+    }
+}
+
+fn connect(url: &str, key: &str, quota: &Quota, leased: bool) -> Connecting {
+    let mut postgres = PostgresBudget::new(url, key)
+        .timeout(Duration::from_millis(500))
+        .failure_policy(FailurePolicy::FailClosed);
+    if leased {
+        postgres = postgres.leased_shares(fair_suite::REFRESH);
+    }
+    let quota = quota.clone();
+    Box::pin(async move { postgres.connect(&quota).await.map_err(|e| e.to_string()) })
+}
+
+tower_llm_quota_test_support::fair_tests!(OverPostgres::start(), connect, cases = 2);
