@@ -221,7 +221,7 @@ async fn a_pause_from_one_replica_holds_on_every_replica() {
 }
 
 /// Two replicas of the gateway binary on one Redis saturate an account of 6,000 requests a
-/// minute (100 a second; its burst, a sixth of it, spent in the warm-up): sixteen clients of
+/// minute (100 a second; its burst, a sixth of it, spent in the three seconds' warm-up): sixteen clients of
 /// tenant `a` on the first, eight of tenant `b` on each, `a` weighing `weight_a` and `b` one,
 /// for `window` after a warm-up. The answers each tenant got, and each replica. `lease`: the
 /// server's `lease_refresh_ms` line (none: the default, leases renewed every 100 ms; `= 0`:
@@ -270,8 +270,8 @@ async fn served_by_each_tenant(
     // The burst (1,000) goes in the warm-up: the window measures the saturated account.
     let start = tokio::time::Instant::now();
     let (from, end) = (
-        start + Duration::from_secs(15),
-        start + Duration::from_secs(15) + window,
+        start + Duration::from_secs(3),
+        start + Duration::from_secs(3) + window,
     );
     let client = reqwest::Client::new();
     let mut clients = Vec::new();
