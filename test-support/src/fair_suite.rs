@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::io::{BufRead, BufReader, Write};
 use std::pin::Pin;
-use std::process::{Child, ChildStdin, Command, Stdio};
+use std::process::{Child, ChildStdin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -440,12 +440,7 @@ struct Process {
 
 impl Process {
     fn spawn(test: &str, spec: &Spec, log: &Log) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([test, "--exact", "--nocapture"])
-            .env(CHILD, spec.encode())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+        let mut child = crate::fleet_suite::child_command(test, CHILD, &spec.encode())
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();

@@ -236,6 +236,19 @@ pub async fn child(budget: Budget, cost: u64) {
     tokio::time::sleep(Duration::from_millis(200)).await;
 }
 
+/// The calling test binary started again to run `test` alone, told its part by the
+/// environment variable `var` set to `spec`: its stdin and stdout piped, its stderr dropped.
+pub fn child_command(test: &str, var: &str, spec: &str) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([test, "--exact", "--nocapture"])
+        .env(var, spec)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    command
+}
+
 /// Every admission a child logged: before, after, tokens.
 pub type Log = Arc<Mutex<Vec<(u64, u64, u64)>>>;
 
@@ -248,14 +261,7 @@ pub struct Process {
 impl Process {
     /// Starts the calling test binary's `test` as a child doing `spec`, once it is connected.
     pub fn spawn(test: &str, spec: &Spec, log: &Log) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([test, "--exact", "--nocapture"])
-            .env(CHILD, spec.encode())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut child = child_command(test, CHILD, &spec.encode()).spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (log, (ready, ready_rx)) = (log.clone(), std::sync::mpsc::channel());
         std::thread::spawn(move || {
