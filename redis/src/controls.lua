@@ -116,8 +116,10 @@ local function renew(alive, process, now, lease)
     start = now
   end
   redis.call('HSET', alive, process, string.format('%.0f/%.0f', now + lease, start))
-  if redis.call('PTTL', alive) < lease + 60000 then
-    redis.call('PEXPIRE', alive, lease + 60000)
+  -- The hash outlives the latest lease in it, no more: once every process has stopped
+  -- renewing, no lease is current and the key goes.
+  if redis.call('PTTL', alive) < lease then
+    redis.call('PEXPIRE', alive, lease)
   end
   return start
 end
