@@ -10,7 +10,8 @@
 -- ARGV: clock override ('' in production), lease in ms, the asking process ('' to take no
 --       turns), its request's class rank (0 first), how many of the buckets (the first ones)
 --       are the account's, the grace in ms a process has to come back when told, the number
---       of buckets, the number of nodes of the request's tenant path, then per bucket: num,
+--       of buckets, the number of nodes of the request's tenant path, the process's part of
+--       the account in millionths (its last lease call's, see lease.lua), then per bucket: num,
 --       den, capacity, cost, floor (units), then the nodes of the path, from the top, then
 --       per control: its kind ('s' slots, 'c' a calendar day, 'm' a calendar month, 'r' a
 --       rolling day), its key's index in KEYS, its field (the cap's; for slots, the reservation
@@ -25,8 +26,14 @@
 -- cap on calls in flight is held.
 --
 -- Turns. A process refused for want of the account's capacity joins a line, ranked by its
--- request's class, then by when it was first refused, with what its request needs of each
--- account bucket. Until the instant it was told to come back (and a few ms of slack), another
+-- request's class, then by its request's stamp, with what its request needs of each account
+-- bucket. The stamps are a virtual clock per process (start-time fair queuing between
+-- processes): a request starts at the later of the account's virtual time and its process's
+-- last stamp, and its stamp is that start plus the milliseconds the account takes to refill
+-- its cost, over its process's part of the account (the fleet's division by tenant: the
+-- weights of the tenants waiting in it). So processes waiting together are served in
+-- proportion to their parts, whatever their requests' sizes; each admission of a process
+-- taking turns moves its clock to the stamp, and the account's virtual time to the start. Until the instant it was told to come back (and a few ms of slack), another
 -- process is admitted only if the first would still find its need then (backfilling); else it
 -- is refused, told to come back then. So the refill goes to the process whose turn it is, not
 -- to whoever asks first, and no capacity the first does not need stays idle; a first that
@@ -40,7 +47,9 @@ local line, details, paused = KEYS[2 * n + 2], KEYS[2 * n + 3], KEYS[2 * n + 4]
 local alive = KEYS[2 * n + 5]
 local me, rank, accounts, grace = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 -- Where the path's nodes and the controls start in ARGV.
-local nodes = 9 + 5 * n
+local nodes = 10 + 5 * n
+-- A thousandth at least: the stamps stay far below the class ranks' 2^44.
+local part = math.max(tonumber(ARGV[9]) or 1000000, 1000) / 1e6
 local controls = nodes + depths
 local takes_turns = me ~= '' and accounts > 0
 local values = redis.call('MGET', unpack(KEYS, 1, 2 * n + 1))
@@ -85,7 +94,7 @@ end
 -- Every bucket's rate, cost and level now.
 local num, den, cap, cost, floor, toks, tss, helds = {}, {}, {}, {}, {}, {}, {}, {}
 for i = 1, n do
-  local a = 9 + (i - 1) * 5
+  local a = 10 + (i - 1) * 5
   num[i], den[i], cap[i] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   cost[i], floor[i] = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   if cost[i] + floor[i] > cap[i] then
@@ -94,10 +103,23 @@ for i = 1, n do
   toks[i], tss[i], helds[i] = load(values[i], now, num[i], den[i], cap[i] * den[i])
 end
 
+-- The request's start and stamp on the virtual clock (see Turns above).
+local start, stamp = 0, 0
+if takes_turns then
+  local ms = 0
+  for i = 1, math.min(accounts, n) do
+    ms = math.max(ms, cost[i] * den[i] / num[i])
+  end
+  local v = tonumber(redis.call('HGET', details, '~v') or '') or 0
+  local vc = tonumber(redis.call('HGET', details, me .. ':vc') or '') or 0
+  start = math.max(v, vc)
+  stamp = math.floor(start + ms / part + 0.5)
+end
+
 -- Joins the line (or moves within it, by its request's class), to come back in `wait` ms
 -- needing its cost and floor of each account bucket.
 local function line_up(wait)
-  redis.call('HSETNX', details, me .. ':since', now)
+  redis.call('HSETNX', details, me .. ':since', stamp)
   local since = tonumber(redis.call('HGET', details, me .. ':since'))
   redis.call('ZADD', line, rank * 2 ^ 44 + since, me)
   local needs = {}
@@ -131,7 +153,7 @@ end
 -- Whose turn it is: the first process in line still expected back, unless this one would
 -- rank before it. Another's turn refuses this request unless the first keeps its need.
 if takes_turns then
-  local since = tonumber(redis.call('HGET', details, me .. ':since') or '') or now
+  local since = tonumber(redis.call('HGET', details, me .. ':since') or '') or stamp
   local mine = rank * 2 ^ 44 + since
   while true do
     local first = redis.call('ZRANGE', line, 0, 0, 'WITHSCORES')
@@ -199,7 +221,7 @@ local reply, record = {1}, {'r'}
 for i = 1, n do
   local tok = toks[i] - cost[i] * den[i]
   store(KEYS[i], tok, tss[i], now, num[i], den[i], cap[i] * den[i], helds[i])
-  record[#record + 1] = '|' .. KEYS[i] .. '=' .. ARGV[9 + (i - 1) * 5 + 3]
+  record[#record + 1] = '|' .. KEYS[i] .. '=' .. ARGV[10 + (i - 1) * 5 + 3]
   reply[i + 1] = math.floor(tok / den[i])
 end
 redis.call('SET', KEYS[2 * n + 1], table.concat(record), 'PX', ARGV[2])
@@ -218,5 +240,13 @@ end
 if takes_turns then
   redis.call('ZREM', line, me)
   redis.call('HDEL', details, me .. ':since', me .. ':ready', me .. ':until', me .. ':needs')
+  -- Its clock moves to the stamp, the account's virtual time to the start. The clocks are
+  -- forgotten together after five seconds without an admission and nobody in line: they
+  -- start again from zero.
+  local v = tonumber(redis.call('HGET', details, '~v') or '') or 0
+  redis.call('HSET', details, me .. ':vc', stamp, '~v', math.max(v, start))
+  if redis.call('ZCARD', line) == 0 or redis.call('PTTL', details) < 5000 then
+    redis.call('PEXPIRE', details, 5000)
+  end
 end
 return reply

@@ -87,6 +87,9 @@ pub(super) struct RedisStore {
     grace_ms: u64,
     tombstone_ms: u64,
     scripts: Arc<Scripts>,
+    /// This process's part of the account in millionths, as its last lease call told it:
+    /// what its turns in the line weigh (see reserve.lua).
+    part_ppm: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl RedisStore {
@@ -113,6 +116,7 @@ impl RedisStore {
                 TOMBSTONE.1.as_millis() as u64,
             ),
             scripts: Arc::new(Scripts::new()),
+            part_ppm: Arc::new(std::sync::atomic::AtomicU64::new(1_000_000)),
         }
     }
 
@@ -213,7 +217,8 @@ impl RedisStore {
             .arg(accounts)
             .arg(self.grace_ms)
             .arg(touched.len())
-            .arg(tenant.map_or(0, Tenant::depth));
+            .arg(tenant.map_or(0, Tenant::depth))
+            .arg(self.part_ppm.load(std::sync::atomic::Ordering::Relaxed));
         for &i in &touched {
             let (node, limit) = limit_of(i);
             let rate = Account::of(limit);
@@ -509,9 +514,15 @@ impl QuotaStore for RedisStore {
         }
         let (scripts, mut connection) = (self.scripts.clone(), self.connection.clone());
         let (count, flows) = (limits.len(), demand.flows.len() + demand.guarantees.len());
+        let part = self.part_ppm.clone();
         Box::pin(async move {
             let reply: Vec<i64> = call.run(&scripts.lease, &mut connection).await?;
-            grant(&reply, count, flows)
+            let grant = grant(&reply, count, flows)?;
+            if grant.renewal != Renewal::Stale && grant.renewal != Renewal::Left {
+                let ppm = (grant.part * 1e6).round() as u64;
+                part.store(ppm, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(grant)
         })
     }
 

@@ -714,7 +714,7 @@ macro_rules! fair_tests {
         }
 
         #[test]
-        #[ignore = "asking per admission, the store's line takes turns by process, not by tenant"]
+        #[ignore = "asking per admission, tenants are not yet within 3 points over a fleet"]
         fn generated_cases_divide_fairly_per_admission() {
             $crate::fair_suite::generated_cases_divide_fairly(
                 &$start,

@@ -512,7 +512,8 @@ async fn idle_keys_expire() {
     while server.command("DBSIZE") != ":0" {
         assert!(
             expired.elapsed() < Duration::from_secs(30),
-            "keys left after 30 s"
+            "keys left after 30 s: {:?}",
+            server.reply("KEYS *")
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

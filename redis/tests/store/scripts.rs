@@ -120,7 +120,7 @@ proptest! {
                         .arg(now)
                         .arg(LEASE_MS)
                         // No turns: one process; one bucket, no tenant path.
-                        .arg("").arg(0).arg(1).arg(0).arg(1).arg(0)
+                        .arg("").arg(0).arg(1).arg(0).arg(1).arg(0).arg(1_000_000)
                         .arg(NUM).arg(DEN).arg(CAP).arg(cost).arg(0)
                         .invoke(&mut connection)
                         .unwrap();
@@ -262,9 +262,10 @@ fn reserve_as(
         .arg(rank)
         .arg(1)
         .arg(GRACE_MS)
-        // One bucket, no tenant path.
+        // One bucket, no tenant path, the whole account its part.
         .arg(1)
         .arg(0)
+        .arg(1_000_000)
         .arg(NUM)
         .arg(DEN)
         .arg(CAP)
@@ -277,10 +278,11 @@ fn reserve_as(
 const GRACE_MS: i64 = 200;
 
 /// Turns between processes, step by step on a bucket of 1,000 units refilling one a
-/// millisecond: the process refused first gets the refill before one that asks earlier, a
-/// request that would leave it short at its turn is refused while one that leaves it its need
-/// goes (backfilling), one of a higher class goes first, and a process that does not come
-/// back loses its turn.
+/// millisecond, each process's part the whole account: the process first in line (the
+/// earliest stamp on the processes' virtual clocks) gets the refill before one that asks
+/// earlier, a process behind it on its clock goes first, a request that would leave the
+/// first short at its turn is refused while one that leaves it its need goes (backfilling),
+/// one of a higher class goes first, and a process that does not come back loses its turn.
 #[test]
 fn processes_refused_for_capacity_take_turns() {
     let server = RedisServer::start();
@@ -307,12 +309,13 @@ fn processes_refused_for_capacity_take_turns() {
     t += 100;
     assert_eq!(ask(b, "b1", 600, t)[0], 1);
     assert_eq!(ask(a, "a2", 500, t), [0, 500, 1, 0, 0, 1]);
-    // 300 ms before `a`'s turn (level 200), `b`'s 100 would leave 100 + 300 < 500; 100 ms
-    // before (level 400), one unit would leave 399 + 100 < 500: both refused.
+    // `b` has had 600 units to `a`'s 1,000: its clock is behind `a`'s place in line (700
+    // against 1,500), so its 100 goes first (level 200), though `a` is first in line.
     t += 200;
-    assert_eq!(ask(b, "b2", 100, t)[0], 0);
-    t += 200;
-    assert_eq!(ask(b, "b3", 1, t)[0], 0);
+    assert_eq!(ask(b, "b2", 100, t)[0], 1);
+    // At its turn `a` finds 400 of its 500: told to come back in 100 ms, still first.
+    t += 300;
+    assert_eq!(ask(a, "a2", 500, t), [0, 100, 1, 0, 0, 1]);
     t += 100;
     assert_eq!(ask(a, "a2", 500, t)[0], 1);
     // `b` waits for 900; `c`, interactive, ranks before it and takes 50 of the 100 there.
@@ -320,7 +323,8 @@ fn processes_refused_for_capacity_take_turns() {
     t += 100;
     assert_eq!(ask(c, "c1", 50, t)[0], 1);
     // `a2` used none of its 500: the refund puts the level at 550. `b` needs 900 in 800 ms:
-    // `a` may take 200, and 200 again (150 + 800 of refill >= 900), not 100 more.
+    // `a` may take 200 (its clock, 1,700, still before `b`'s place, 1,900), and 200 again
+    // (level with it: 150 + 800 of refill >= 900), not 100 more (after it, and 850 < 900).
     let refunded: Vec<i64> = settle
         .key(BUCKET)
         .key("t:{q}:r:a2")

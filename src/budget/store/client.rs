@@ -143,6 +143,8 @@ impl Engine {
         #[cfg(not(all(test, loom)))]
         tokio::spawn(sending);
         budget.start_leasing(departure);
+        #[cfg(not(all(test, loom)))]
+        budget.start_claiming();
         // Made but never run: the models send nothing.
         #[cfg(all(test, loom))]
         drop(sending);

@@ -63,6 +63,39 @@ pub(crate) fn local_end(asked: Instant, lease: Duration) -> Instant {
     asked + lease.mul_f64(0.9)
 }
 
+/// Keys with a number each: flows and their weights, guarantees and their shares (millionths).
+type Keyed = Vec<(u64, u32)>;
+
+/// The flows waiting in `state` with their configured weights, and the guarantees waiting:
+/// what a claim tells the fleet's division.
+fn waiting_claim(state: &State) -> (Keyed, Keyed) {
+    let (mut flows, mut guarantors) = (Vec::new(), Vec::new());
+    state.queue.waiting_flows(&mut flows, &mut guarantors);
+    let mut guarantees = Vec::new();
+    if let Some(tenants) = &state.tenants {
+        tenants.unspread(&mut flows);
+        // A flow's own guarantee is the division's to lift: it waits as a flow.
+        guarantors.extend(flows.iter().map(|(key, _)| *key));
+        guarantors.sort_unstable();
+        guarantors.dedup();
+        guarantees = tenants.guarantees_of(&guarantors);
+    }
+    (flows, guarantees)
+}
+
+/// Tells the tenants of `state` the fleet's answer to `demand`: each flow's weight here, each
+/// guarantee's spread, this process's part.
+fn tell_tenants(state: &State, grant: &Grant, demand: &Demand) {
+    if let Some(tenants) = &state.tenants {
+        let keys = (demand.flows.iter())
+            .chain(&demand.guarantees)
+            .map(|(key, _)| *key);
+        let mut spread = keys.zip(grant.spread.iter().copied());
+        let flows = spread.by_ref().take(demand.flows.len()).collect::<Vec<_>>();
+        tenants.spread(flows.into_iter(), spread, grant.part);
+    }
+}
+
 impl Engine {
     /// Whether the budget leases from a shared store.
     pub(in crate::budget) fn leases(&self) -> bool {
@@ -90,17 +123,7 @@ impl Engine {
             (state.queue.order().iter())
                 .any(|(_, waiter)| !self.kept_in_store(state, waiter.tenant.as_ref()))
         };
-        let (mut flows, mut guarantors) = (Vec::new(), Vec::new());
-        state.queue.waiting_flows(&mut flows, &mut guarantors);
-        let mut guarantees = Vec::new();
-        if let Some(tenants) = &state.tenants {
-            tenants.unspread(&mut flows);
-            // A flow's own guarantee is the division's to lift: it waits as a flow.
-            guarantors.extend(flows.iter().map(|(key, _)| *key));
-            guarantors.sort_unstable();
-            guarantors.dedup();
-            guarantees = tenants.guarantees_of(&guarantors);
-        }
+        let (flows, guarantees) = waiting_claim(state);
         let Some(shared) = state.remote.as_mut() else {
             return (Arc::from([]), Demand::leave(0, Vec::new()));
         };
@@ -163,14 +186,7 @@ impl Engine {
         let ns = self.nanos_since_origin(now);
         let end = self.nanos_since_origin(end);
         self.update_state(|state| {
-            if let Some(tenants) = &state.tenants {
-                let keys = (demand.flows.iter())
-                    .chain(&demand.guarantees)
-                    .map(|(key, _)| *key);
-                let mut spread = keys.zip(grant.spread.iter().copied());
-                let flows = spread.by_ref().take(demand.flows.len()).collect::<Vec<_>>();
-                tenants.spread(flows.into_iter(), spread, grant.part);
-            }
+            tell_tenants(state, grant, demand);
             let Some(shared) = state.remote.as_mut() else {
                 return false;
             };
@@ -287,7 +303,74 @@ impl Drop for Engine {
     }
 }
 
+/// How often a budget asking per admission tells the fleet's division which flows wait in it.
+const CLAIM_EVERY: Duration = Duration::from_millis(100);
+
 impl Engine {
+    /// A budget asking per admission, with tenants: a claim of the account (all of it: its
+    /// turns in the store's line weigh its part), the flows and guarantees waiting in it, and
+    /// nothing held or asked for.
+    fn claim_demand(&self, seq: u64) -> Option<(Arc<[Limit]>, Demand)> {
+        let state = self.lock();
+        state.tenants.as_ref()?;
+        let limits = state.remote.as_ref()?.limits().clone();
+        let (flows, guarantees) = waiting_claim(&state);
+        let reports = vec![Report::default(); limits.len()];
+        let demand = Demand {
+            seq,
+            want: 1.0,
+            flows,
+            guarantees,
+            reports,
+        };
+        Some((limits, demand))
+    }
+
+    /// Starts telling the fleet's division, every [`CLAIM_EVERY`], which flows wait in a
+    /// budget asking per admission (a lease call granted nothing): it weighs the budget's
+    /// tenants by their weights over the fleet, and its turns in the store's line by its part
+    /// of the account. A store that does not lease answers with an error: the budget goes on
+    /// without.
+    pub(in crate::budget) fn start_claiming(self: &Arc<Self>) {
+        let Some(remote) = self.remote.as_ref().filter(|r| !r.leases()) else {
+            return;
+        };
+        let (store, budget, process) =
+            (remote.store.clone(), Arc::downgrade(self), remote.instance);
+        let timeout = remote.options.timeout;
+        tokio::spawn(async move {
+            let lease = CLAIM_EVERY * 3;
+            let mut seq = 0u64;
+            let mut ticks = tokio::time::interval(CLAIM_EVERY);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(engine) = budget.upgrade() else {
+                    return;
+                };
+                seq += 1;
+                let Some((limits, demand)) = engine.claim_demand(seq) else {
+                    continue;
+                };
+                drop(engine);
+                let call = store.lease(process, lease, limits, demand.clone());
+                let Ok(Ok(grant)) = tokio::time::timeout(timeout, call).await else {
+                    continue;
+                };
+                if matches!(grant.renewal, Renewal::Stale | Renewal::Left) {
+                    continue;
+                }
+                let Some(engine) = budget.upgrade() else {
+                    return;
+                };
+                engine.update_state(|state| {
+                    tell_tenants(state, &grant, &demand);
+                    false
+                });
+            }
+        });
+    }
+
     /// Starts renewing the lease of a budget that leases; `parting` receives the report its
     /// drop sends (see `Remote::parting`).
     pub(in crate::budget) fn start_leasing(
