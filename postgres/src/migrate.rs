@@ -27,6 +27,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "fair_division",
         include_str!("../migrations/0004_fair_division.sql"),
     ),
+    (
+        5,
+        "turn_clocks",
+        include_str!("../migrations/0005_turn_clocks.sql"),
+    ),
 ];
 
 /// The schema version this crate needs: its last migration.

@@ -29,7 +29,7 @@ const HOLD_RECHECK: Duration = Duration::from_secs(1);
 
 const RESERVE: &str = "SELECT decision, wait_ms, bucket_index, by_hold, floor_only, \
     first_in_line, control_index, used_so_far FROM llm_quota.reserve(NULL, $1, $2, $3, $4, $5, \
-    $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)";
+    $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)";
 const SETTLE: &str = "SELECT llm_quota.settle(NULL, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
     $11, $12, $13, $14, $15, $16)";
 const LOWER: &str = "SELECT llm_quota.lower(NULL, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
@@ -53,6 +53,9 @@ pub(crate) struct PostgresStore {
     /// How long past the wait it was told a process keeps its turn (ms).
     grace_ms: i64,
     tombstone_ms: i64,
+    /// This process's part of the account in millionths, as its last lease call told it:
+    /// what its turns in the line weigh (see `reserve` in migration 5).
+    part_ppm: Arc<std::sync::atomic::AtomicI64>,
 }
 
 fn ms(duration: Duration) -> i64 {
@@ -81,6 +84,7 @@ impl PostgresStore {
             slot_lease_ms: ms(slot_lease).max(1),
             grace_ms: ms(timeout.saturating_mul(2) + Duration::from_millis(100)),
             tombstone_ms: lease_ms.clamp(ms(TOMBSTONE.0), ms(TOMBSTONE.1)),
+            part_ppm: Arc::new(std::sync::atomic::AtomicI64::new(1_000_000)),
         }
     }
 
@@ -145,6 +149,7 @@ impl PostgresStore {
             Box::new(controls.fields),
             Box::new(controls.caps),
             Box::new(controls.amounts),
+            Box::new(self.part_ppm.load(std::sync::atomic::Ordering::Relaxed)),
         ];
         (params, touched)
     }
@@ -451,13 +456,18 @@ impl QuotaStore for PostgresStore {
             Box::new(flow_keys),
             Box::new(flow_weights),
         ];
-        let database = self.database.clone();
+        let (database, part) = (self.database.clone(), self.part_ppm.clone());
         Box::pin(async move {
             let rows = database.query(LEASE, &params).await?;
             let row = rows
                 .first()
                 .ok_or_else(|| StoreUnavailable::new("the lease answered no row"))?;
-            grant(row)
+            let grant = grant(row)?;
+            if grant.renewal != Renewal::Stale && grant.renewal != Renewal::Left {
+                let ppm = (grant.part * 1e6).round() as i64;
+                part.store(ppm, std::sync::atomic::Ordering::Relaxed);
+            }
+            Ok(grant)
         })
     }
 

@@ -70,7 +70,7 @@ impl Sql {
             "TRUNCATE llm_quota.buckets, llm_quota.holds, llm_quota.plans, llm_quota.records, \
              llm_quota.line, llm_quota.paused, llm_quota.alive, llm_quota.days, \
              llm_quota.slots, llm_quota.shares, llm_quota.holdings, llm_quota.share_sums, \
-             llm_quota.share_roots, llm_quota.spreads, llm_quota.sweeps",
+             llm_quota.share_roots, llm_quota.spreads, llm_quota.sweeps, llm_quota.clocks",
         );
     }
 }
@@ -327,9 +327,10 @@ proptest! {
 
 /// Turns between processes, step by step on a bucket of 1,000 units refilling one a
 /// millisecond (the Redis script's case, call for call): the process refused first gets the
-/// refill before one that asks earlier, a request that would leave it short at its turn is
-/// refused while one that leaves it its need goes, one of a higher class goes first, and a
-/// process that does not come back loses its turn.
+/// refill before one that asks earlier, a process behind it on the processes' virtual clocks
+/// goes first, a request that would leave it short at its turn is refused while one that
+/// leaves it its need goes, one of a higher class goes first, and a process that does not
+/// come back loses its turn (the steps of the Redis script's test).
 #[test]
 fn processes_refused_for_capacity_take_turns() {
     let sql = Sql::new();
@@ -346,10 +347,11 @@ fn processes_refused_for_capacity_take_turns() {
     t += 100;
     assert!(admitted(ask(b, "b1", 600, t)));
     assert_eq!(ask(a, "a2", 500, t), denied(500, true));
+    // `b`, behind on its clock (700 against `a`'s place, 1,500), goes first.
     t += 200;
-    assert!(!admitted(ask(b, "b2", 100, t)));
-    t += 200;
-    assert!(!admitted(ask(b, "b3", 1, t)));
+    assert!(admitted(ask(b, "b2", 100, t)));
+    t += 300;
+    assert_eq!(ask(a, "a2", 500, t), denied(100, true));
     t += 100;
     assert!(admitted(ask(a, "a2", 500, t)));
     assert_eq!(ask(b, "b4", 900, t), denied(900, true));
