@@ -9,7 +9,7 @@
 //! its tenant, settled at its estimate, then the next) and prints every admission with its
 //! tenant, instant and tokens. The oracle ([`Shares::check`]) compares each tenant's share of
 //! the tokens admitted while every tenant is backlogged with the reference division
-//! ([`reference`]: weighted max-min with guarantees, computed from the weights, the
+//! ([`reference()`]: weighted max-min with guarantees, computed from the weights, the
 //! guarantees and the demand, not from the crate), and computes Jain's index among tenants of
 //! equal weight. Then, in the same case, a process is SIGKILLed and replaced, and a tenant goes
 //! idle and comes back: its share is reclaimed within two refreshes.
@@ -600,7 +600,7 @@ pub fn run_case(
 const SEED: u64 = 1_000;
 
 /// How many cases a run checks (`FAIR_CASES`, else `default`), from which seed (`FAIR_SEED`:
-/// a number, or `random`; else [`SEED`]), and how long each window is (`FAIR_SECONDS`, else
+/// a number, or `random`; else 1,000), and how long each window is (`FAIR_SECONDS`, else
 /// 3).
 pub fn cases(default: u64) -> (Vec<Case>, Duration) {
     let count: u64 = std::env::var("FAIR_CASES").map_or(default, |c| c.parse().unwrap());

@@ -429,7 +429,8 @@ async fn a_budget_shared_through_redis_survives_its_store_killed_paused_and_flus
     assert!(peak(&provider, Dimension::TotalTokens) <= TPM + 3 * TPM_BURST);
     // No reservation left in the store, and its buckets full: a bucket's key expires once
     // it is full, a settled reservation leaves a tombstone (`d`) for 30 s, and one never
-    // settled would keep its record for its ten-minute lease.
+    // settled would keep its record for its ten-minute lease (the living processes' leases
+    // on the account, their heartbeats, stay).
     let idle = Instant::now();
     loop {
         let left = live_keys(&redis.url()).await;
@@ -472,7 +473,8 @@ async fn live_keys(url: &str) -> Vec<(String, String)> {
         } else {
             kind
         };
-        if value != "d" {
+        // The processes' leases on the account (their heartbeats) last while they live.
+        if value != "d" && !key.ends_with(":alive") {
             live.push((key, value));
         }
     }
