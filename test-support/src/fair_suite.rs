@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::pin::Pin;
 use std::process::{Child, ChildStdin};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,7 +31,7 @@ use std::time::Duration;
 use tower_llm_quota::tenant::{Tenant, TenantNode, TenantTree};
 use tower_llm_quota::{Budget, Cost, Dimension, Quota};
 
-use crate::fleet_suite::micros;
+use crate::fleet_suite::{micros, spawn_child};
 use crate::limit;
 
 /// How often leasing children renew (and how often children asking per admission learn the
@@ -440,31 +440,16 @@ struct Process {
 
 impl Process {
     fn spawn(test: &str, spec: &Spec, log: &Log) -> Self {
-        let mut child = crate::fleet_suite::child_command(test, CHILD, &spec.encode())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let stdin = child.stdin.take();
-        let (log, (ready, ready_rx)) = (log.clone(), std::sync::mpsc::channel());
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line == "ready" {
-                    let _ = ready.send(());
-                }
-                let fields: Vec<&str> = line.split(' ').collect();
-                if let ["A", t, at, tokens] = fields[..] {
-                    let entry = (
-                        t.parse().unwrap(),
-                        at.parse().unwrap(),
-                        tokens.parse().unwrap(),
-                    );
-                    log.lock().unwrap().push(entry);
-                }
-            }
+        let log = log.clone();
+        let mut child = spawn_child(test, (CHILD, &spec.encode()), move |[t, at, tokens]| {
+            let entry = (
+                t.parse().unwrap(),
+                at.parse().unwrap(),
+                tokens.parse().unwrap(),
+            );
+            log.lock().unwrap().push(entry);
         });
-        ready_rx
-            .recv_timeout(Duration::from_secs(60))
-            .expect("a child connects");
+        let stdin = child.stdin.take();
         Self { child, stdin }
     }
 

@@ -237,16 +237,39 @@ pub async fn child(budget: Budget, cost: u64) {
 }
 
 /// The calling test binary started again to run `test` alone, told its part by the
-/// environment variable `var` set to `spec`: its stdin and stdout piped, its stderr dropped.
-pub fn child_command(test: &str, var: &str, spec: &str) -> Command {
-    let mut command = Command::new(std::env::current_exe().unwrap());
-    command
+/// environment variable `var` set to `spec` (stdin piped, stderr dropped), returned once it
+/// says it is ready: each line it prints `A x y z` is handed to `admitted` as `[x, y, z]`.
+pub fn spawn_child(
+    test: &str,
+    (var, spec): (&str, &str),
+    admitted: impl Fn([&str; 3]) + Send + 'static,
+) -> Child {
+    let mut child = Command::new(std::env::current_exe().unwrap())
         .args([test, "--exact", "--nocapture"])
         .env(var, spec)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null());
-    command
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (ready, ready_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line == "ready" {
+                let _ = ready.send(());
+            }
+            let fields: Vec<&str> = line.split(' ').collect();
+            if let ["A", x, y, z] = fields[..] {
+                admitted([x, y, z]);
+            }
+        }
+    });
+    // Condition, not sleep: the child says when its budget is connected.
+    ready_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("a child connects");
+    child
 }
 
 /// Every admission a child logged: before, after, tokens.
@@ -261,29 +284,19 @@ pub struct Process {
 impl Process {
     /// Starts the calling test binary's `test` as a child doing `spec`, once it is connected.
     pub fn spawn(test: &str, spec: &Spec, log: &Log) -> Self {
-        let mut child = child_command(test, CHILD, &spec.encode()).spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (log, (ready, ready_rx)) = (log.clone(), std::sync::mpsc::channel());
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if line == "ready" {
-                    let _ = ready.send(());
-                }
-                let fields: Vec<&str> = line.split(' ').collect();
-                if let ["A", before, after, cost] = fields[..] {
-                    let entry = (
-                        before.parse().unwrap(),
-                        after.parse().unwrap(),
-                        cost.parse().unwrap(),
-                    );
-                    log.lock().unwrap().push(entry);
-                }
-            }
-        });
-        // Condition, not sleep: the child says when its budget is connected.
-        ready_rx
-            .recv_timeout(Duration::from_secs(30))
-            .expect("a child connects");
+        let log = log.clone();
+        let child = spawn_child(
+            test,
+            (CHILD, &spec.encode()),
+            move |[before, after, cost]| {
+                let entry = (
+                    before.parse().unwrap(),
+                    after.parse().unwrap(),
+                    cost.parse().unwrap(),
+                );
+                log.lock().unwrap().push(entry);
+            },
+        );
         Self { child }
     }
 

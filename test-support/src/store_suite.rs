@@ -548,12 +548,12 @@ pub const OUTAGE_ACCOUNT: crate::fleet_suite::Account = crate::fleet_suite::Acco
     burst: 2_000,
 };
 
-/// `budgets` share [`OUTAGE_ACCOUNT`] under [`FailurePolicy::LiveShare`] (each made with
-/// `live_share(2)`, heartbeating often): once each counts them all, the store is stopped
-/// (`stop`) and every budget admits requests of 10 tokens as fast as its local share lets it
-/// for `outage`. Returns what they admitted over what the account allows over the outage (its
-/// burst and its rate): at most 1 when each holds `1 / n`, where a fixed half let `n / 2`
-/// through.
+/// `budgets` share [`OUTAGE_ACCOUNT`] (`OUTAGE_ACCOUNT.quota()`) under
+/// [`FailurePolicy::LiveShare`] (each made with `live_share(2)`, heartbeating often): once
+/// each counts them all, the store is stopped (`stop`) and every budget admits requests of 10
+/// tokens as fast as its local share lets it for `outage`. What they admitted over what the
+/// account allows over the outage (its burst and its rate) is at most 1 when each holds
+/// `1 / n` (a fixed half let `n / 2` through), and at least half of `1 / n`; returned.
 ///
 /// [`FailurePolicy::LiveShare`]: tower_llm_quota::budget::FailurePolicy::LiveShare
 pub async fn local_shares_follow_the_live_fleet(
@@ -601,5 +601,15 @@ pub async fn local_shares_follow_the_live_fleet(
     for task in tasks {
         admitted += task.await.expect("a caller");
     }
-    admitted as f64 / OUTAGE_ACCOUNT.allows(outage)
+    let used = admitted as f64 / OUTAGE_ACCOUNT.allows(outage);
+    println!("{n} processes, the store down: {used:.3} of what the account allows");
+    assert!(
+        used <= 1.0,
+        "{n} processes let {used:.3}x the account through"
+    );
+    assert!(
+        used >= 0.5 / f64::from(n),
+        "{n} processes admitted only {used:.3}"
+    );
+    used
 }

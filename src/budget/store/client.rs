@@ -166,17 +166,13 @@ impl Engine {
                 return false;
             };
             shared.live = Some(live);
-            let Some(share) = policy
-                .share_with(Some(live))
-                .filter(|_| matches!(policy, FailurePolicy::LiveShare { .. }))
-            else {
-                return false;
-            };
-            let leasing = shared.lease.as_ref().map(|l| l.fallback);
-            match leasing {
-                // Wallets: the share waits for a lost lease.
-                Some(false) => false,
-                _ => shared.set_share(share, &mut state.store, ns),
+            // Only this policy follows the count; a leasing budget's wallets keep their grants
+            // (the share waits for a lost lease).
+            let follows = matches!(policy, FailurePolicy::LiveShare { .. });
+            let wallets = shared.lease.as_ref().is_some_and(|l| !l.fallback);
+            match policy.share_with(Some(live)) {
+                Some(share) if follows && !wallets => shared.set_share(share, &mut state.store, ns),
+                _ => false,
             }
         });
     }
