@@ -96,6 +96,11 @@ impl Keys {
         format!("{}:line:at", self.root)
     }
 
+    /// Where each process's last admission in turns started on the virtual clock (a sorted set).
+    pub(super) fn clocks(&self) -> String {
+        format!("{}:line:clocks", self.root)
+    }
+
     /// The shares of the account leased to processes (a hash).
     pub(super) fn shares(&self) -> String {
         format!("{}:shares", self.root)

@@ -42,7 +42,8 @@
 //! `<prefix>:{<plane>}:<quota key>:...`; the paused tenant nodes are a set beside the nodes'
 //! buckets, `<prefix>:{<quota key or plane>}:paused`, and so are a node's daily counts,
 //! `...:t:<node>:days`, the slots of its calls in flight, `...:t:<node>:slots`, and the
-//! processes' leases on their slots, `...:alive`. The quota
+//! processes' leases on their slots, `...:alive`. Processes waiting for a saturated account
+//! take turns in `...:line` (with `...:line:at` and their clocks, `...:line:clocks`). The quota
 //! key (or the plane) is a Redis Cluster hash tag, so every key of one account lives in one slot and the
 //! scripts run on a cluster. A bucket's TTL is its time to refill: an absent key is a full
 //! bucket, so an idle account leaves nothing behind. A record lives for the lease (ten
@@ -434,7 +435,12 @@ fn script_keys(keys: &Keys, quota: &Quota) -> Vec<String> {
     std::iter::once(keys.record("0"))
         .chain(limits.iter().map(|l| keys.bucket(l)))
         .chain(limits.iter().map(|l| keys.hold(l)))
-        .chain([keys.line(), keys.line_details(), keys.shares()])
+        .chain([
+            keys.line(),
+            keys.line_details(),
+            keys.clocks(),
+            keys.shares(),
+        ])
         .chain(limits.first().map(|l| keys.node_bucket(&node, l)))
         .collect()
 }

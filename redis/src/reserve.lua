@@ -5,8 +5,9 @@
 -- controls.lua).
 -- KEYS: the buckets, then their holds (in the same order), then the reservation record, the
 --       line of processes waiting for the account (a sorted set), its details (a hash), the
---       paused tenant nodes (a set), the processes' leases on their slots (a hash), then the
---       days and slots of the path's nodes that have controls.
+--       paused tenant nodes (a set), the processes' leases on their slots (a hash), the
+--       processes' clocks (a sorted set), then the days and slots of the path's nodes that
+--       have controls.
 -- ARGV: clock override ('' in production), lease in ms, the asking process ('' to take no
 --       turns), its request's class rank (0 first), how many of the buckets (the first ones)
 --       are the account's, the grace in ms a process has to come back when told, the number
@@ -32,19 +33,29 @@
 -- last stamp, and its stamp is that start plus the milliseconds the account takes to refill
 -- its cost, over its process's part of the account (the fleet's division by tenant: the
 -- weights of the tenants waiting in it). So processes waiting together are served in
--- proportion to their parts, whatever their requests' sizes; each admission of a process
--- taking turns moves its clock to the stamp, and the account's virtual time to the start. Until the instant it was told to come back (and a few ms of slack), another
--- process is admitted only if the first would still find its need then (backfilling); else it
--- is refused, told to come back then. So the refill goes to the process whose turn it is, not
--- to whoever asks first, and no capacity the first does not need stays idle; a first that
--- comes back late keeps its place but not what it waited for. Admitted, a process leaves the
--- line; one that does not come back within its grace is dropped from it.
--- How late (ms) the first in line may come back and still find its need kept for it.
-local SLACK = 5
+-- proportion to their parts, whatever their requests' sizes. Each admission moves its
+-- process's clock to the stamp. The account's virtual time is the lowest start served last
+-- among the processes that asked within their grace (never moving back): a process that backfilled,
+-- or asked while another was between two questions, runs its own clock ahead without
+-- pushing the others' starts up to it, so it is paid back in turns it waits; a clock runs
+-- ahead by a bounded lead (see below), so that no process waits longer than that for what
+-- it took early. Until
+-- the first in line is dropped, another process is admitted only if the first would still
+-- find its need at the instant it was told to come back (backfilling); else it is refused,
+-- told to come back then. So the refill goes to the process whose turn it is, not to
+-- whoever asks first (also when the first comes back late, its process busy), and no
+-- capacity the first does not need stays idle. Admitted, a process leaves the line; one that
+-- does not come back within its grace is dropped from it (what it needed, at most one
+-- request's cost, was kept aside until then).
+-- How far (virtual ms) a process's clock may run ahead of the account's virtual time, beyond
+-- its request.
+local LEAD = 200
+-- How long (ms) an admitted process keeps its place in line, expected back.
+local RETURN = 10
 local now = clock(ARGV[1])
 local n, depths = tonumber(ARGV[7]), tonumber(ARGV[8])
 local line, details, paused = KEYS[2 * n + 2], KEYS[2 * n + 3], KEYS[2 * n + 4]
-local alive = KEYS[2 * n + 5]
+local alive, clocks = KEYS[2 * n + 5], KEYS[2 * n + 6]
 local me, rank, accounts, grace = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 -- Where the path's nodes and the controls start in ARGV.
 local nodes = 10 + 5 * n
@@ -112,14 +123,25 @@ if takes_turns then
   end
   local v = tonumber(redis.call('HGET', details, '~v') or '') or 0
   local vc = tonumber(redis.call('HGET', details, me .. ':vc') or '') or 0
-  start = math.max(v, vc)
-  stamp = math.floor(start + ms / part + 0.5)
+  -- A clock runs at most LEAD ms (and this request) ahead of the virtual time: while the
+  -- account is not saturated every process is admitted at once, and a small part's clock
+  -- would race ahead (to wait that far once it saturates); one that took turns while others
+  -- were between two questions gives them back, but waits no longer than that either.
+  start = math.min(math.max(v, vc), v + LEAD + ms / part)
+  stamp = start + ms / part
 end
 
 -- Joins the line (or moves within it, by its request's class), to come back in `wait` ms
 -- needing its cost and floor of each account bucket.
-local function line_up(wait)
-  redis.call('HSETNX', details, me .. ':since', stamp)
+local function line_up(wait, next_stamp)
+  if next_stamp then
+    redis.call('HSET', details, me .. ':since', next_stamp, me .. ':kept', 1)
+  elseif redis.call('HDEL', details, me .. ':kept') == 1 then
+    -- Back after an admission: its request's own stamp replaces the estimate.
+    redis.call('HSET', details, me .. ':since', stamp)
+  else
+    redis.call('HSETNX', details, me .. ':since', stamp)
+  end
   local since = tonumber(redis.call('HGET', details, me .. ':since'))
   redis.call('ZADD', line, rank * 2 ^ 44 + since, me)
   local needs = {}
@@ -127,11 +149,14 @@ local function line_up(wait)
     needs[i] = KEYS[i] .. '=' .. (cost[i] + floor[i])
   end
   local back = now + wait
-  redis.call('HSET', details, me .. ':ready', back, me .. ':until',
-    back + math.floor(wait / 25) + grace, me .. ':needs', table.concat(needs, '|'))
+  local expected = next_stamp and (now + RETURN) or (back + math.floor(wait / 25) + grace)
+  redis.call('HSET', details, me .. ':ready', back, me .. ':until', expected,
+    me .. ':needs', table.concat(needs, '|'))
   local keep = string.format('%.0f', wait + grace + 60000)
+  redis.call('HSET', details, me .. ':seen', now)
   redis.call('PEXPIRE', line, keep)
   redis.call('PEXPIRE', details, keep)
+  redis.call('PEXPIRE', clocks, keep)
 end
 
 -- Whether taking this cost now leaves, in every account bucket `who` needs, its need by the
@@ -153,7 +178,10 @@ end
 -- Whose turn it is: the first process in line still expected back, unless this one would
 -- rank before it. Another's turn refuses this request unless the first keeps its need.
 if takes_turns then
-  local since = tonumber(redis.call('HGET', details, me .. ':since') or '') or stamp
+  local since = stamp
+  if redis.call('HEXISTS', details, me .. ':kept') == 0 then
+    since = tonumber(redis.call('HGET', details, me .. ':since') or '') or stamp
+  end
   local mine = rank * 2 ^ 44 + since
   while true do
     local first = redis.call('ZRANGE', line, 0, 0, 'WITHSCORES')
@@ -163,21 +191,19 @@ if takes_turns then
     local who = first[1]
     local expected = tonumber(redis.call('HGET', details, who .. ':until') or '') or 0
     local ready = tonumber(redis.call('HGET', details, who .. ':ready') or '') or now
-    if now <= ready + SLACK then
+    if expected >= now then
+      -- Expected back (also late: its process may be busy), it keeps its place and its need.
       if leaves_enough(who, ready) then
         break
       end
       local wait = math.max(ready - now, 1)
       line_up(wait)
       return {0, wait, 1, 0, 0, 0}
-    elseif expected >= now then
-      -- Late (its head may wait for something else, a slot of its own): it keeps its place
-      -- in line, but what it waited for goes to whoever asks meanwhile.
-      break
     end
     -- It did not come back: it left the line (its requests ended, or it died).
     redis.call('ZREM', line, who)
-    redis.call('HDEL', details, who .. ':since', who .. ':ready', who .. ':until', who .. ':needs')
+    redis.call('HDEL', details, who .. ':since', who .. ':ready', who .. ':until', who .. ':needs',
+      who .. ':kept')
   end
 end
 
@@ -238,15 +264,27 @@ for _, c in ipairs(counted) do
   end
 end
 if takes_turns then
-  redis.call('ZREM', line, me)
-  redis.call('HDEL', details, me .. ':since', me .. ':ready', me .. ':until', me .. ':needs')
-  -- Its clock moves to the stamp, the account's virtual time to the start. The clocks are
-  -- forgotten together after five seconds without an admission and nobody in line: they
-  -- start again from zero.
+  -- It keeps its place for RETURN ms, expected back with a request like this one: a process
+  -- whose clients ask one after another is not between two questions when its turn comes.
+  line_up(0, stamp + (stamp - start))
+  -- Its clock moves to the stamp; the account's virtual time to the lowest start served
+  -- last among the processes that asked within their grace (the others are dropped). The
+  -- clocks are forgotten with the line, a minute after the last question: they start again
+  -- from zero.
+  redis.call('ZADD', clocks, start, me)
+  redis.call('HSET', details, me .. ':vc', stamp, me .. ':seen', now)
   local v = tonumber(redis.call('HGET', details, '~v') or '') or 0
-  redis.call('HSET', details, me .. ':vc', stamp, '~v', math.max(v, start))
-  if redis.call('ZCARD', line) == 0 or redis.call('PTTL', details) < 5000 then
-    redis.call('PEXPIRE', details, 5000)
+  while true do
+    local lowest = redis.call('ZRANGE', clocks, 0, 0, 'WITHSCORES')
+    local who = lowest[1]
+    local seen = tonumber(redis.call('HGET', details, who .. ':seen') or '') or 0
+    if seen + grace >= now then
+      v = math.max(v, tonumber(lowest[2]))
+      break
+    end
+    redis.call('ZREM', clocks, who)
+    redis.call('HDEL', details, who .. ':seen', who .. ':vc')
   end
+  redis.call('HSET', details, '~v', v)
 end
 return reply

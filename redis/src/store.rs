@@ -185,7 +185,7 @@ impl RedisStore {
     /// The reserve script's call for `id`, and the limits it touches (indices into the
     /// account's limits, then the path's nodes'): the buckets of every limit `cost` touches,
     /// their holds, the record, the line of processes, the paused nodes, the processes'
-    /// leases, the controls' keys; the clock override (empty), the lease, the asking process,
+    /// leases, their clocks, the controls' keys; the clock override (empty), the lease, the asking process,
     /// its class, how many buckets are the account's, the grace, how many buckets and path
     /// nodes, then each bucket's rate, cost and floor, the path's nodes and its controls.
     fn reserve_call(
@@ -254,6 +254,7 @@ impl RedisStore {
         // Every node of the request's path, from the top: any of them may be paused.
         call.keys.push(self.keys.paused());
         call.keys.push(self.keys.alive());
+        call.keys.push(self.keys.clocks());
         if let Some(tenant) = tenant {
             for depth in 1..=tenant.depth() {
                 call.arg(tenant.prefix(depth));

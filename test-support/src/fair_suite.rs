@@ -235,6 +235,9 @@ pub struct Shares {
     pub measured: Vec<f64>,
     /// The reference, per tenant.
     pub expected: Vec<f64>,
+    /// Measured, per process and tenant (how a tenant's share is split between its
+    /// processes is not prescribed: printed to explain a deviation).
+    pub by_process: Vec<Vec<f64>>,
     /// The tokens admitted in the window.
     pub tokens: u64,
 }
@@ -429,8 +432,8 @@ pub async fn child(budget: Budget, spec: Spec) {
     tokio::time::sleep(Duration::from_millis(100)).await;
 }
 
-/// Every admission the children logged: tenant, micros, tokens.
-type Log = Arc<Mutex<Vec<(usize, u64, u64)>>>;
+/// Every admission the children logged: tenant, process, micros, tokens.
+type Log = Arc<Mutex<Vec<(usize, usize, u64, u64)>>>;
 
 /// A child process serving its clients.
 struct Process {
@@ -440,10 +443,11 @@ struct Process {
 
 impl Process {
     fn spawn(test: &str, spec: &Spec, log: &Log) -> Self {
-        let log = log.clone();
+        let (log, process) = (log.clone(), spec.process);
         let mut child = spawn_child(test, (CHILD, &spec.encode()), move |[t, at, tokens]| {
             let entry = (
                 t.parse().unwrap(),
+                process,
                 at.parse().unwrap(),
                 tokens.parse().unwrap(),
             );
@@ -470,18 +474,21 @@ impl Drop for Process {
 }
 
 /// The shares of the tokens `log` admitted between `from` and `to` (micros).
-fn shares(log: &Log, tenants: usize, (from, to): (u64, u64), expected: Vec<f64>) -> Shares {
-    let mut by = vec![0u64; tenants];
-    for &(t, at, tokens) in log.lock().unwrap().iter() {
+fn shares(log: &Log, case: &Case, (from, to): (u64, u64), expected: Vec<f64>) -> Shares {
+    let mut by = vec![0u64; case.tenants.len()];
+    let mut cells = vec![vec![0u64; case.tenants.len()]; case.clients.len()];
+    for &(t, p, at, tokens) in log.lock().unwrap().iter() {
         if at >= from && at < to {
             by[t] += tokens;
+            cells[p][t] += tokens;
         }
     }
     let tokens: u64 = by.iter().sum();
+    let share = |b: &u64| *b as f64 / tokens.max(1) as f64;
     Shares {
-        measured: by
-            .iter()
-            .map(|&b| b as f64 / tokens.max(1) as f64)
+        measured: by.iter().map(share).collect(),
+        by_process: (cells.iter())
+            .map(|row| row.iter().map(share).collect())
             .collect(),
         expected,
         tokens,
@@ -535,7 +542,7 @@ pub fn run_case(
     let window = |from: u64| (from, from + measure.as_micros() as u64);
     let from = micros() + warm.as_micros() as u64;
     std::thread::sleep(warm + measure);
-    let steady = shares(&log, n, window(from), case.reference(&everyone));
+    let steady = shares(&log, case, window(from), case.reference(&everyone));
     if !churn {
         return Outcome {
             steady,
@@ -552,7 +559,7 @@ pub fn run_case(
     );
     let from = micros() + warm.as_micros() as u64;
     std::thread::sleep(warm + measure);
-    let replaced = shares(&log, n, window(from), case.reference(&everyone));
+    let replaced = shares(&log, case, window(from), case.reference(&everyone));
     // A tenant idle for a second, then back: measured from two refreshes on.
     let idle = fastrand::Rng::with_seed(case.seed ^ 1).usize(0..n);
     for process in &mut processes {
@@ -568,7 +575,7 @@ pub fn run_case(
     std::thread::sleep(2 * REFRESH + back);
     let reclaimed = shares(
         &log,
-        n,
+        case,
         (from, from + back.as_micros() as u64),
         case.reference(&everyone),
     );
@@ -622,12 +629,13 @@ pub fn generated_cases_divide_fairly(store: &impl FairStore, mode: Mode, default
         for (what, shares) in windows.into_iter().flatten() {
             worst = worst.max(shares.worst());
             println!(
-                "{} seed {} {what}: worst {:.2} points, Jain {:.4}, {} tokens",
+                "{} seed {} {what}: worst {:.2} points, Jain {:.4}, {} tokens; by process {:.3?}",
                 mode.as_str(),
                 case.seed,
                 shares.worst(),
                 shares.jain(case),
-                shares.tokens
+                shares.tokens,
+                shares.by_process
             );
             if let Err(failure) = shares.check(case, 3.0, what) {
                 failures.push(failure);
@@ -784,6 +792,7 @@ mod tests {
         let shares = Shares {
             measured,
             expected,
+            by_process: Vec::new(),
             tokens: 1,
         };
         assert!(shares.check(&case, 3.0, "planted").is_err());
