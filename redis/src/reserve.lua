@@ -152,7 +152,10 @@ local function line_up(wait, next_stamp)
   local expected = next_stamp and (now + RETURN) or (back + math.floor(wait / 25) + grace)
   redis.call('HSET', details, me .. ':ready', back, me .. ':until', expected,
     me .. ':needs', table.concat(needs, '|'))
-  local keep = string.format('%.0f', wait + grace + 60000)
+  -- Kept five seconds after the last process in line is expected back (idle that long, the
+  -- clocks start again from zero).
+  local keep = string.format('%.0f',
+    math.max(redis.call('PTTL', details), wait + math.floor(wait / 25) + grace + 5000))
   redis.call('HSET', details, me .. ':seen', now)
   redis.call('PEXPIRE', line, keep)
   redis.call('PEXPIRE', details, keep)
@@ -264,14 +267,13 @@ for _, c in ipairs(counted) do
   end
 end
 if takes_turns then
+  -- Its clock moves to the stamp; the account's virtual time to the lowest start served
+  -- last among the processes that asked within their grace (the others are dropped). The
+  -- clocks are forgotten with the line (see line_up): they start again from zero.
+  redis.call('ZADD', clocks, start, me)
   -- It keeps its place for RETURN ms, expected back with a request like this one: a process
   -- whose clients ask one after another is not between two questions when its turn comes.
   line_up(0, stamp + (stamp - start))
-  -- Its clock moves to the stamp; the account's virtual time to the lowest start served
-  -- last among the processes that asked within their grace (the others are dropped). The
-  -- clocks are forgotten with the line, a minute after the last question: they start again
-  -- from zero.
-  redis.call('ZADD', clocks, start, me)
   redis.call('HSET', details, me .. ':vc', stamp, me .. ':seen', now)
   local v = tonumber(redis.call('HGET', details, '~v') or '') or 0
   while true do
