@@ -32,6 +32,11 @@ const MIGRATIONS: &[(i32, &str, &str)] = &[
         "turn_clocks",
         include_str!("../migrations/0005_turn_clocks.sql"),
     ),
+    (
+        6,
+        "turns_kept",
+        include_str!("../migrations/0006_turns_kept.sql"),
+    ),
 ];
 
 /// The schema version this crate needs: its last migration.

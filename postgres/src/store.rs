@@ -54,7 +54,7 @@ pub(crate) struct PostgresStore {
     grace_ms: i64,
     tombstone_ms: i64,
     /// This process's part of the account in millionths, as its last lease call told it:
-    /// what its turns in the line weigh (see `reserve` in migration 5).
+    /// what its turns in the line weigh (see `reserve` in migrations 5 and 6).
     part_ppm: Arc<std::sync::atomic::AtomicI64>,
 }
 

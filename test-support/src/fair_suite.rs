@@ -41,11 +41,10 @@ pub const REFRESH: Duration = Duration::from_millis(50);
 /// Set in a child: its [`Spec`].
 const CHILD: &str = "FAIR_SUITE_CHILD";
 
-/// The account: 200,000 tokens a second (about 500 admissions a second), a second of it at
-/// once (each process's credit holds its part of the burst: a burst of a few renewals of the
-/// rate keeps a late renewal from losing its part to the others).
-const RATE: u64 = 200_000;
-const BURST: u64 = 200_000;
+/// The account by default: 200,000 tokens a second (about 500 admissions a second), a second
+/// of it at once (each process's credit holds its part of the burst: a burst of a few
+/// renewals of the rate keeps a late renewal from losing its part to the others).
+pub const RATE: u64 = 200_000;
 
 /// The request sizes, in tokens, drawn evenly.
 const SIZES: [u64; 3] = [60, 240, 900];
@@ -78,13 +77,13 @@ impl Mode {
     }
 }
 
-/// The account's quota.
-pub fn quota() -> Quota {
+/// The account's quota: `rate` tokens a second, a second of it at once.
+pub fn quota(rate: u64) -> Quota {
     Quota::new().with_limit(limit(
         Dimension::TotalTokens,
-        RATE,
+        rate,
         Duration::from_secs(1),
-        BURST,
+        rate,
     ))
 }
 
@@ -296,6 +295,8 @@ pub struct Spec {
     pub process: usize,
     /// Requests carry no tenant (the planted violation).
     pub plant: bool,
+    /// The account's tokens a second ([`FairStore::rate`]).
+    pub rate: u64,
 }
 
 impl Spec {
@@ -307,7 +308,7 @@ impl Spec {
             .map(|c| c.iter().map(u32::to_string).collect::<Vec<_>>().join(":"))
             .collect();
         format!(
-            "{} {} {} {} {} {} {} {}",
+            "{} {} {} {} {} {} {} {} {}",
             self.url,
             self.key,
             self.mode.as_str(),
@@ -315,15 +316,21 @@ impl Spec {
             tenants.join(","),
             clients.join(","),
             self.process,
-            self.plant
+            self.plant,
+            self.rate
         )
+    }
+
+    /// The account's quota.
+    pub fn quota(&self) -> Quota {
+        quota(self.rate)
     }
 
     /// The spec this process was started with as a child, if it was.
     pub fn of_child() -> Option<Self> {
         let spec = std::env::var(CHILD).ok()?;
         let parts: Vec<&str> = spec.split(' ').collect();
-        let [url, key, mode, seed, tenants, clients, process, plant] = parts[..] else {
+        let [url, key, mode, seed, tenants, clients, process, plant, rate] = parts[..] else {
             panic!("a child spec: {spec}")
         };
         let tenants = (tenants.split(','))
@@ -349,6 +356,7 @@ impl Spec {
             },
             process: process.parse().unwrap(),
             plant: plant == "true",
+            rate: rate.parse().unwrap(),
         })
     }
 }
@@ -501,6 +509,11 @@ pub trait FairStore {
     fn url(&self) -> String;
     /// The calling test binary's child entry point (`module::fair_child`).
     fn child_test(&self) -> &'static str;
+    /// The account's tokens a second: low enough that the account binds, not the store's
+    /// round trips (asking per admission, every admission is one).
+    fn rate(&self) -> u64 {
+        RATE
+    }
 }
 
 /// What a case measured: while everyone is backlogged, after a process was killed and
@@ -532,6 +545,7 @@ pub fn run_case(
         case: case.clone(),
         process,
         plant,
+        rate: store.rate(),
     };
     let mut processes: Vec<Process> = (0..case.clients.len())
         .map(|p| Process::spawn(store.child_test(), &spec(p), &log))
@@ -696,8 +710,7 @@ macro_rules! fair_tests {
             if let Some(spec) = Spec::of_child() {
                 let leased = spec.mode == Mode::Leased;
                 let budget = loop {
-                    match $connect(&spec.url, &spec.key, &$crate::fair_suite::quota(), leased).await
-                    {
+                    match $connect(&spec.url, &spec.key, &spec.quota(), leased).await {
                         Ok(budget) => break budget,
                         Err(_) => tokio::time::sleep(std::time::Duration::from_millis(20)).await,
                     }

@@ -326,11 +326,11 @@ proptest! {
 }
 
 /// Turns between processes, step by step on a bucket of 1,000 units refilling one a
-/// millisecond (the Redis script's case, call for call): the process refused first gets the
-/// refill before one that asks earlier, a process behind it on the processes' virtual clocks
-/// goes first, a request that would leave it short at its turn is refused while one that
-/// leaves it its need goes, one of a higher class goes first, and a process that does not
-/// come back loses its turn (the steps of the Redis script's test).
+/// millisecond (the Redis script's case, call for call): the first in line gets the refill
+/// before one that asks earlier; one that would leave it short at its turn is refused, one
+/// that leaves it its need goes, also while it is late; an admitted process keeps its place
+/// for a moment; a clock leads the virtual time by a bounded lead; a higher class goes first;
+/// and a process that does not come back within its grace loses its turn and its clock.
 #[test]
 fn processes_refused_for_capacity_take_turns() {
     let sql = Sql::new();
@@ -338,35 +338,48 @@ fn processes_refused_for_capacity_take_turns() {
     let mut t = 1_000_000;
     let denied = |wait: i64, first: bool| ("denied".to_owned(), wait, false, false, first);
     let ask = |who, id: &str, cost, now| reserve(&sql, who, id, cost, now);
-    let admitted = |answer: Answered| answer.0 == "admitted";
-    assert!(admitted(ask(a, "a1", 1_000, t)));
-    assert_eq!(ask(b, "b1", 600, t), denied(600, true));
-    t += 500;
-    assert_eq!(ask(a, "a2", 500, t), denied(100, false));
-    assert!(!admitted(ask(a, "a3", 1, t)));
+    // Admitted, leaving `level` units in the bucket.
+    let admitted = |answer: Answered, now, level| {
+        answer.0 == "admitted" && self::level(&sql, now) / DEN == level
+    };
+    assert!(admitted(ask(a, "a1", 1_000, t), t, 0));
+    assert_eq!(ask(b, "b1", 300, t), denied(300, true));
     t += 100;
-    assert!(admitted(ask(b, "b1", 600, t)));
-    assert_eq!(ask(a, "a2", 500, t), denied(500, true));
-    // `b`, behind on its clock (700 against `a`'s place, 1,500), goes first.
-    t += 200;
-    assert!(admitted(ask(b, "b2", 100, t)));
+    assert_eq!(ask(a, "a2", 100, t), denied(200, false));
+    assert_eq!(ask(a, "a3", 50, t), denied(200, false));
+    // `b` is late: it keeps its need, `a` takes what is beyond it.
+    t += 250;
+    assert!(admitted(ask(a, "a3", 50, t), t, 300));
+    t += 50;
+    assert!(admitted(ask(b, "b1", 300, t), t, 50));
+    // `b` keeps its place for a moment; `a`, behind it on its clock, is first.
+    assert_eq!(ask(a, "a4", 100, t), denied(50, true));
+    t += 5;
+    assert_eq!(ask(b, "b2", 50, t), denied(45, false));
+    t += 210;
+    assert_eq!(ask(b, "b3", 300, t), denied(1, false));
+    // `a` does not come back within its grace: it loses its place; `c` ranks before `b`.
+    t += 60;
+    assert!(admitted(ask(c, "c1", 50, t), t, 275));
+    // `a`, silent longer than its grace, lost its clock too.
     t += 300;
-    assert_eq!(ask(a, "a2", 500, t), denied(100, true));
-    t += 100;
-    assert!(admitted(ask(a, "a2", 500, t)));
-    assert_eq!(ask(b, "b4", 900, t), denied(900, true));
-    t += 100;
-    assert!(admitted(ask(c, "c1", 50, t)));
-    // `a2` used none of its 500: the refund puts the level at 550.
-    assert_eq!(settle(&sql, &[("a2".to_owned(), 500, 0)], t), [1]);
-    assert!(admitted(ask(a, "a5", 200, t)));
-    assert!(admitted(ask(a, "a6", 200, t)));
-    assert_eq!(ask(a, "a7", 100, t), denied(800, false));
-    // `b` does not come back within its turn and grace: it loses its place.
-    t += 800 + 36 + GRACE_MS + 1;
-    assert!(admitted(ask(a, "a8", 900, t)));
-    let line = sql.rows("SELECT process FROM llm_quota.line", &[]);
-    assert!(line.is_empty(), "{} left in line", line.len());
+    assert!(admitted(ask(a, "a5", 100, t), t, 475));
+    let line = sql.rows("SELECT process FROM llm_quota.line ORDER BY score", &[]);
+    let line: Vec<String> = line.iter().map(|r| r.get(0)).collect();
+    assert_eq!(line, ["a", "b"]);
+    let clocks = sql.rows(
+        "SELECT process, at FROM llm_quota.clocks WHERE process <> '~' ORDER BY process",
+        &[],
+    );
+    let clocks: Vec<(String, f64)> = clocks.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(
+        clocks,
+        [
+            ("a".to_owned(), 250.0),
+            ("b".to_owned(), 250.0),
+            ("c".to_owned(), 250.0)
+        ]
+    );
 }
 
 proptest! {
