@@ -366,6 +366,20 @@ impl Budget {
         }
     }
 
+    /// Completes once every reservation settled (or refunded) before the call has reached
+    /// the shared store, or its retries ran out: a process stopping calls it before it
+    /// exits, so that the fleet counts what its last requests used, not their estimates.
+    /// At once for an in-memory budget.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future stops the waiting only: the settlements are sent all the same.
+    pub async fn flush(&self) {
+        if let Some(remote) = &self.engine.remote {
+            let _ = remote.flush().await;
+        }
+    }
+
     /// Whether the budget is shared through a store in another process.
     pub fn is_shared(&self) -> bool {
         self.engine.remote.is_some()

@@ -310,9 +310,13 @@ impl Gateway {
         Ok(())
     }
 
-    /// Once every request has been answered at a stop: the report's last counters added,
-    /// the spans waiting exported.
+    /// Once every request has been answered at a stop: the last settlements sent to the
+    /// shared store (the fleet's caps count what the answers used, not their estimates), the
+    /// report's last counters added, the spans waiting exported.
     pub(crate) async fn stopped(&self) {
+        for account in &self.accounts {
+            account.flush().await;
+        }
         let accounts = self.accounts.iter().map(|a| a.name.as_str());
         self.report.mark_up(accounts, std::time::SystemTime::now());
         if let Err(error) = self.report.flush().await {

@@ -718,6 +718,18 @@ impl Account {
         scopes
     }
 
+    /// Completes once every budget of the account (its own, its scopes', its gate) has sent
+    /// its last settlements to the shared store: see [`Budget::flush`].
+    pub(crate) async fn flush(&self) {
+        let scopes = self.scopes();
+        let budgets = std::iter::once(&self.main.budget)
+            .chain(scopes.iter().map(|s| &s.budget))
+            .chain(self.gate.as_ref());
+        for budget in budgets {
+            budget.flush().await;
+        }
+    }
+
     /// The smallest burst the configuration gives a limit of `dimension` on this account (or
     /// its scopes), if any: a budget refusing a request as larger than a burst below it is
     /// following a limit the provider reported.

@@ -292,6 +292,14 @@ impl Remote {
         }));
     }
 
+    /// Answered (or closed, if the worker has stopped) once every settlement sent before the
+    /// call reached the store, or its retries ran out.
+    pub(crate) fn flush(&self) -> tokio::sync::oneshot::Receiver<()> {
+        let (done, flushed) = tokio::sync::oneshot::channel();
+        self.send(Command::Flush(done));
+        flushed
+    }
+
     /// Gives back a reservation that may or may not have been made.
     pub(crate) fn release(
         &self,
@@ -528,12 +536,16 @@ async fn send_in_background(
         (timeout, every),
         refunded.clone(),
     ));
+    // Settlements being retried on their own tasks: a flush waits for them too.
+    let mut retrying: Vec<tokio::task::JoinHandle<()>> = Vec::new();
     while let Some(first) = commands.recv().await {
-        let mut batch = Vec::new();
+        retrying.retain(|task| !task.is_finished());
+        let (mut batch, mut flushes) = (Vec::new(), Vec::new());
         let mut next = Some(first);
         while let Some(command) = next.take() {
             match command {
                 Command::Settle(settle) => batch.push(settle),
+                Command::Flush(done) => flushes.push(done),
                 Command::Lower {
                     limit,
                     remaining,
@@ -553,6 +565,7 @@ async fn send_in_background(
             }
         }
         if batch.is_empty() {
+            flushed(flushes, &mut retrying).await;
             continue;
         }
         let refunds = batch.iter().any(|s| {
@@ -568,8 +581,25 @@ async fn send_in_background(
         } else {
             let store = store.clone();
             let call = move || store.settle(batch.clone());
-            tokio::spawn(with_retries(call, timeout, refunded));
+            retrying.push(tokio::spawn(with_retries(call, timeout, refunded)));
         }
+        flushed(flushes, &mut retrying).await;
+    }
+}
+
+/// Answers `flushes`, if any, once the settlements being retried are done.
+async fn flushed(
+    flushes: Vec<tokio::sync::oneshot::Sender<()>>,
+    retrying: &mut Vec<tokio::task::JoinHandle<()>>,
+) {
+    if flushes.is_empty() {
+        return;
+    }
+    for task in retrying.drain(..) {
+        let _ = task.await;
+    }
+    for done in flushes {
+        let _ = done.send(());
     }
 }
 
@@ -625,6 +655,10 @@ async fn in_order(
                 // Not sent here (settlements are batched), but settled all the same.
                 let call = || store.settle(vec![settle.clone()]);
                 with_retries(call, timeout, None).await;
+            }
+            // Not sent here either: whatever came before it is done.
+            Command::Flush(done) => {
+                let _ = done.send(());
             }
         }
     }
@@ -686,6 +720,8 @@ mod tests {
         script: Mutex<VecDeque<Script>>,
         asked: Mutex<Vec<(String, Instant)>>,
         settled: Mutex<Vec<Settle>>,
+        /// The next settlements that fail.
+        failing_settles: Mutex<u32>,
         /// Pauses and lifts as the store saw them; the first `failing_pauses` fail.
         holds: Mutex<Vec<&'static str>>,
         failing_pauses: Mutex<u32>,
@@ -726,6 +762,11 @@ mod tests {
         }
 
         fn settle(&self, batch: Vec<Settle>) -> StoreFuture<()> {
+            let mut failing = self.failing_settles.lock().unwrap();
+            if *failing > 0 {
+                *failing -= 1;
+                return Box::pin(async { Err(StoreUnavailable::new("scripted failure")) });
+            }
             self.settled.lock().unwrap().extend(batch);
             Box::pin(async { Ok(()) })
         }
@@ -1163,6 +1204,24 @@ mod tests {
         assert_eq!(settled[0].reserved, Cost::new(300, 0));
         assert_eq!(settled[0].actual, Cost::default(), "nothing was sent");
         assert_eq!(budget.waiters(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_flush_waits_for_the_settlements_made_before_it() {
+        let store = scripted(&[]);
+        let budget = budget(&store, FailurePolicy::FailClosed);
+        budget.flush().await; // nothing to send
+        *store.failing_settles.lock().unwrap() = 2;
+        for tokens in [100, 200] {
+            let mut reservation = budget.reserve(Cost::new(tokens, 0)).await.unwrap();
+            reservation.mark_sent();
+            reservation.settle_cost(Cost::new(tokens / 2, 0));
+        }
+        budget.flush().await;
+        // Refused twice: the retries ran before the flush completed.
+        let settled = store.settled.lock().unwrap();
+        let actual: Vec<Cost> = settled.iter().map(|s| s.actual).collect();
+        assert_eq!(actual, [Cost::new(50, 0), Cost::new(100, 0)]);
     }
 
     #[tokio::test(start_paused = true)]

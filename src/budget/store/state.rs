@@ -139,7 +139,7 @@ pub(crate) struct LeaseState {
 pub(crate) const PIPELINE: usize = 8;
 
 /// Work sent to the store in the background.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) enum Command {
     Settle(Settle),
     Lower {
@@ -154,4 +154,7 @@ pub(crate) enum Command {
         scope: crate::tenant::Tenant,
         paused: bool,
     },
+    /// Answered once every settlement sent before it reached the store (or its retries ran
+    /// out).
+    Flush(tokio::sync::oneshot::Sender<()>),
 }
