@@ -3,7 +3,8 @@
 -- within their grace, so that an admission out of turn no longer pushes the others' starts up
 -- to it; a clock leads it by at most 200 ms plus the request; the first in line keeps its
 -- need until its grace ends, also when it comes back late; an admitted process keeps its
--- place for 10 ms, expected back; stamps are no longer rounded to the millisecond.
+-- place for 10 ms, expected back; stamps are no longer rounded to the millisecond. A refusal's
+-- commit no longer waits for the disk.
 
 ALTER TABLE llm_quota.line ALTER COLUMN score TYPE double precision,
     ALTER COLUMN since TYPE double precision,
@@ -73,6 +74,15 @@ BEGIN
         kept = excluded.kept;
     UPDATE llm_quota.clocks c SET seen = now WHERE c.root = p_root AND c.process = me;
 END $$;
+
+-- A refusal writes only the line, which a crash may forget (the process asks again and lines
+-- up anew): its commit does not wait for the log to reach the disk, so that the questions of
+-- processes waiting their turn hold the account's lock for less than a disk's flush. An
+-- admission's commit still waits (synchronous_commit is set for this transaction only).
+CREATE FUNCTION llm_quota.refusal_commits_lazily() RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    SELECT set_config('synchronous_commit', 'off', true);
+$$;
 
 CREATE OR REPLACE FUNCTION llm_quota.reserve(clock_override bigint, tag text, lease_ms bigint, me text,
     rank integer, accounts integer, grace bigint, bucket_keys text[], nums bigint[],
@@ -233,6 +243,7 @@ BEGIN
                 w := greatest(ready - now, 1);
                 PERFORM llm_quota.line_up(tag, line_root, me, rank, now, w, grace,
                     bucket_keys[1:accounts], needs, stamp, NULL, kept_ms);
+                PERFORM llm_quota.refusal_commits_lazily();
                 decision := 'denied';
                 wait_ms := w::bigint;
                 bucket_index := 1;
@@ -272,6 +283,7 @@ BEGIN
     IF limiting > 0 THEN
         -- Short of the account's capacity (not of a tenant node's, nor only of a floor, nor
         -- held by a provider's pause, which holds every process alike): in line.
+        PERFORM llm_quota.refusal_commits_lazily();
         decision := 'denied';
         wait_ms := wait::bigint;
         bucket_index := limiting;
