@@ -509,9 +509,10 @@ pub trait FairStore {
     fn url(&self) -> String;
     /// The calling test binary's child entry point (`module::fair_child`).
     fn child_test(&self) -> &'static str;
-    /// The account's tokens a second: low enough that the account binds, not the store's
-    /// round trips (asking per admission, every admission is one).
-    fn rate(&self) -> u64 {
+    /// The account's tokens a second in `mode`: low enough that the account binds, not the
+    /// store's round trips (asking per admission, every admission is one).
+    fn rate(&self, mode: Mode) -> u64 {
+        let _ = mode;
         RATE
     }
 }
@@ -536,7 +537,7 @@ pub fn run_case(
     mode: Mode,
     (measure, churn, plant): (Duration, bool, bool),
 ) -> Outcome {
-    let key = format!("fair-{}-{}", case.seed, mode.as_str());
+    let key = format!("fair-{}-{}-{plant}", case.seed, mode.as_str());
     let log: Log = Arc::default();
     let spec = |process| Spec {
         url: store.url(),
@@ -545,7 +546,7 @@ pub fn run_case(
         case: case.clone(),
         process,
         plant,
-        rate: store.rate(),
+        rate: store.rate(mode),
     };
     let mut processes: Vec<Process> = (0..case.clients.len())
         .map(|p| Process::spawn(store.child_test(), &spec(p), &log))
@@ -664,6 +665,34 @@ pub fn generated_cases_divide_fairly(store: &impl FairStore, mode: Mode, default
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// What the division by tenant costs in throughput, in `mode`: for each case (as
+/// [`generated_cases_divide_fairly`] draws them), the tokens the fleet admits in the steady
+/// window with its tenants divided, over what the same fleet admits when its requests carry
+/// no tenant (one flow, as the planted violation runs), side by side in one run. Prints each
+/// ratio and the lowest.
+pub fn fairness_costs_in_throughput(store: &impl FairStore, mode: Mode, default: u64) {
+    let (cases, measure) = cases(default);
+    let mut lowest = f64::INFINITY;
+    for case in &cases {
+        let divided = run_case(store, case, mode, (measure, false, false)).steady;
+        let one_flow = run_case(store, case, mode, (measure, false, true)).steady;
+        let ratio = divided.tokens as f64 / one_flow.tokens.max(1) as f64;
+        lowest = lowest.min(ratio);
+        println!(
+            "{} seed {}: {} tokens divided by tenant, {} as one flow: {ratio:.3}",
+            mode.as_str(),
+            case.seed,
+            divided.tokens,
+            one_flow.tokens
+        );
+    }
+    println!(
+        "{} cases {}: throughput divided over one flow, lowest {lowest:.3}",
+        cases.len(),
+        mode.as_str()
+    );
+}
+
 /// The oracle on a planted violation: children whose requests carry no tenant divide the
 /// account by process, not by tenant. Tenants of weights 3 and 1, each on a process of its
 /// own, get about half each that way where the reference is 75 / 25: the check must fail.
@@ -692,7 +721,15 @@ pub fn planted_violation_is_caught(store: &impl FairStore, mode: Mode) {
     );
 }
 
-/// The suite's tests for a store, in the calling module: the children's entry point
+/// Held by each of the suite's tests while it runs: their shares are timed, so they run one
+/// at a time (and in a test binary of their own, away from the store's other tests).
+pub fn alone() -> std::sync::MutexGuard<'static, ()> {
+    static ALONE: Mutex<()> = Mutex::new(());
+    ALONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The suite's tests for a store, in the calling test binary (one of their own): the
+/// children's entry point
 /// (`fair_child`, which [`FairStore::child_test`] names), the generated cases in each mode
 /// (`$cases` of them unless `FAIR_CASES` says), and the planted violation. `$connect(url, key,
 /// quota, leased)` connects a child's budget, leasing every [`REFRESH`] when `leased`.
@@ -722,6 +759,7 @@ macro_rules! fair_tests {
         #[test]
         #[ignore = "asking per admission, tenants are not yet within 3 points over a fleet"]
         fn generated_cases_divide_fairly_per_admission() {
+            let _alone = $crate::fair_suite::alone();
             $crate::fair_suite::generated_cases_divide_fairly(
                 &$start,
                 $crate::fair_suite::Mode::PerAdmission,
@@ -731,6 +769,7 @@ macro_rules! fair_tests {
 
         #[test]
         fn generated_cases_divide_fairly_leased() {
+            let _alone = $crate::fair_suite::alone();
             $crate::fair_suite::generated_cases_divide_fairly(
                 &$start,
                 $crate::fair_suite::Mode::Leased,
@@ -739,7 +778,20 @@ macro_rules! fair_tests {
         }
 
         #[test]
+        #[ignore = "a figure: run it with --ignored --nocapture (FAIR_CASES cases a mode)"]
+        fn what_fairness_costs_in_throughput() {
+            let _alone = $crate::fair_suite::alone();
+            for mode in [
+                $crate::fair_suite::Mode::Leased,
+                $crate::fair_suite::Mode::PerAdmission,
+            ] {
+                $crate::fair_suite::fairness_costs_in_throughput(&$start, mode, $cases);
+            }
+        }
+
+        #[test]
         fn the_fairness_oracle_catches_a_planted_violation() {
+            let _alone = $crate::fair_suite::alone();
             $crate::fair_suite::planted_violation_is_caught(
                 &$start,
                 $crate::fair_suite::Mode::Leased,

@@ -2,7 +2,6 @@
 //! clusters it kills and restarts): the shared-store suite, per admission and leasing.
 
 mod failures;
-mod fairness;
 mod functions;
 mod lease_churn;
 mod suite;

@@ -1,6 +1,7 @@
 //! The fairness suite ([`fair_suite`]) on a private `redis-server`: tenants share a saturated
 //! account over a fleet of real processes by their weights and guarantees, per admission and
-//! leased, whatever the topology.
+//! leased, whatever the topology. A test binary of its own: its shares are timed, and the
+//! store's other tests would share the machine with it.
 
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ impl FairStore for OverRedis {
     }
 
     fn child_test(&self) -> &'static str {
-        "fairness::fair_child"
+        "fair_child"
     }
 }
 

@@ -4,7 +4,6 @@
 
 mod budget;
 mod cluster;
-mod fairness;
 mod fleet_controls;
 mod lease_churn;
 mod leases;
