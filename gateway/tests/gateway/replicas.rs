@@ -316,48 +316,39 @@ async fn served_by_each_tenant(
 }
 
 /// Tenants share a saturated account by their weights whatever the spread of their clients
-/// over the replicas, in the default mode (leases): `a` on the first replica only, `b` on
-/// both; 50 / 50 for equal weights, 75 / 25 for 3 : 1, within 3 points over 30 seconds (about
-/// 3,000 answers), and neither replica starved. Asking per admission (`lease_refresh_ms =
-/// 0`), the replicas take turns at the store: nobody starves.
+/// over the replicas, leased (the default) and asking per admission (`lease_refresh_ms =
+/// 0`): `a` on the first replica only, `b` on both; 50 / 50 for equal weights, 75 / 25 for
+/// 3 : 1, within 3 points over 30 seconds (about 3,000 answers), and neither replica starved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_a_saturated_account_by_their_tenants_not_their_clients() {
     let share = |(a, b): (u64, u64)| a as f64 / (a + b).max(1) as f64;
     let window = Duration::from_secs(30);
-    for (weight, expected) in [(1, 0.5), (3, 0.75)] {
-        let (tenants, replicas) = served_by_each_tenant("", weight, window).await;
-        println!(
-            "leased, weights {weight}:1: {} / {} answers ({:.1} % to `a`), replicas {} / {}",
-            tenants.0,
-            tenants.1,
-            share(tenants) * 100.0,
-            replicas.0,
-            replicas.1
-        );
-        // 100 a second for both: about 3,000 in the window.
-        assert!(tenants.0 + tenants.1 >= 2_400, "{tenants:?}");
-        assert!(
-            (share(tenants) - expected).abs() <= 0.03,
-            "{tenants:?}: the tenants' weights {weight}:1, not their clients' spread"
-        );
-        assert!(
-            replicas.0 > 0 && replicas.1 > 0,
-            "a replica starved: {replicas:?}"
-        );
+    for (lease, mode) in [
+        ("", "leased"),
+        ("lease_refresh_ms = 0", "a call per admission"),
+    ] {
+        for (weight, expected) in [(1, 0.5), (3, 0.75)] {
+            let (tenants, replicas) = served_by_each_tenant(lease, weight, window).await;
+            println!(
+                "{mode}, weights {weight}:1: {} / {} answers ({:.1} % to `a`), replicas {} / {}",
+                tenants.0,
+                tenants.1,
+                share(tenants) * 100.0,
+                replicas.0,
+                replicas.1
+            );
+            // 100 a second for both: about 3,000 in the window.
+            assert!(tenants.0 + tenants.1 >= 2_400, "{mode}: {tenants:?}");
+            assert!(
+                (share(tenants) - expected).abs() <= 0.03,
+                "{mode}: {tenants:?}: the tenants' weights {weight}:1, not their clients' spread"
+            );
+            assert!(
+                replicas.0 > 0 && replicas.1 > 0,
+                "{mode}: a replica starved: {replicas:?}"
+            );
+        }
     }
-    let (asking, replicas) =
-        served_by_each_tenant("lease_refresh_ms = 0", 1, Duration::from_secs(5)).await;
-    println!(
-        "a call per admission: {} / {} ({:.1} % to `a`), replicas {} / {}",
-        asking.0,
-        asking.1,
-        share(asking) * 100.0,
-        replicas.0,
-        replicas.1
-    );
-    // Nobody starves.
-    assert!(asking.0 >= 10 && asking.1 >= 10, "{asking:?}");
-    assert!(replicas.0 >= 10 && replicas.1 >= 10, "{replicas:?}");
 }
 
 /// A model's own scope is shared through Redis too: six requests a minute for model `m` over
@@ -520,10 +511,11 @@ async fn admin_changes_hold_on_every_replica() {
 }
 
 /// Three replicas with `fail_closed = false` share 60 requests a second (a burst of 10);
-/// Redis is killed and every replica's clients ask for more than the account for three
+/// Redis is killed and every replica's clients ask for more than the account for five
 /// seconds. Each replica falls back to a third of the account (the live replicas Redis last
 /// counted, shown in `/status.json`), so together they answer no more than the account allows
-/// over the outage (its burst and its rate), where a fixed half let 1.5x through.
+/// over the outage (its burst and its rate), where a fixed half let 1.5x through; and serve
+/// at least half the account's rate once every replica has seen Redis gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_fall_back_to_their_share_of_the_live_fleet() {
     let mut redis = RedisServer::start();
@@ -565,38 +557,51 @@ async fn replicas_fall_back_to_their_share_of_the_live_fleet() {
         }
     }
     redis.kill();
-    let outage = Duration::from_secs(3);
+    let outage = Duration::from_secs(5);
     let end = tokio::time::Instant::now() + outage;
+    // The last two seconds: every replica has seen Redis gone by then, also on a busy
+    // machine, and serves from its share.
+    let late = end - Duration::from_secs(2);
     let mut clients = Vec::new();
     for replica in &replicas {
         for _ in 0..8 {
             let replica = replica.clone();
             clients.push(tokio::spawn(async move {
-                let mut answered = 0u64;
+                let (mut answered, mut answered_late) = (0u64, 0u64);
                 while tokio::time::Instant::now() < end {
                     let left = end.saturating_duration_since(tokio::time::Instant::now());
                     let post = replica.post("/v1/chat/completions", Some("caller-secret"), BODY);
                     match tokio::time::timeout(left, post).await {
-                        Ok(response) if response.status() == 200 => answered += 1,
+                        Ok(response) if response.status() == 200 => {
+                            answered += 1;
+                            answered_late += u64::from(tokio::time::Instant::now() >= late);
+                        }
                         Ok(_) => tokio::time::sleep(Duration::from_millis(5)).await,
                         Err(_) => break,
                     }
                 }
-                answered
+                (answered, answered_late)
             }));
         }
     }
-    let mut answered = 0;
+    let (mut answered, mut answered_late) = (0, 0);
     for client in clients {
-        answered += client.await.unwrap();
+        let (all, late) = client.await.unwrap();
+        answered += all;
+        answered_late += late;
     }
     let allowed = 10.0 + 60.0 * outage.as_secs_f64();
     let ratio = answered as f64 / allowed;
+    let late_ratio = answered_late as f64 / 120.0;
     println!(
-        "three replicas, Redis down for {outage:?}: {answered} answers, {ratio:.3}x the account"
+        "three replicas, Redis down for {outage:?}: {answered} answers, {ratio:.3}x the account; \
+         in its last 2 s {answered_late}, {late_ratio:.3}x its rate"
     );
     assert!(ratio <= 1.0, "{answered} answers: {ratio:.3}x the account");
-    assert!(ratio >= 0.5, "only {answered} answers");
+    assert!(
+        late_ratio >= 0.5,
+        "only {answered_late} answers in the last 2 s (the local shares serve)"
+    );
     for replica in replicas {
         std::sync::Arc::into_inner(replica).unwrap().stop().await;
     }
