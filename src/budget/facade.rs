@@ -385,8 +385,9 @@ impl Budget {
         self.engine.remote.is_some()
     }
 
-    /// Whether a shared budget admits through its store now (its circuit breaker is closed);
-    /// `false` while it falls back or refuses. Always `false` for an in-memory budget.
+    /// Whether a shared budget admits through its store now (its circuit breaker is closed,
+    /// and a leasing budget's lease is renewed); `false` while it falls back or refuses.
+    /// Always `false` for an in-memory budget.
     pub fn is_store_reachable(&self) -> bool {
         self.engine.store_reachable()
     }

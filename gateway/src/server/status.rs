@@ -39,6 +39,10 @@ struct AccountStatus {
     /// falls back to that share of it while the store is out of reach).
     #[serde(skip_serializing_if = "Option::is_none")]
     live_replicas: Option<u32>,
+    /// With a shared store: whether the account admits through it now (`false` while it
+    /// falls back to its local share, or refuses).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store_reachable: Option<bool>,
     /// The 429s the in-process simulator answered (none for a real upstream).
     simulator_429s: Option<u64>,
 }
@@ -86,6 +90,7 @@ fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
                 binding,
                 in_flight: snapshot.in_flight(),
                 live_replicas: snapshot.live_processes(),
+                store_reachable: budget.is_shared().then(|| budget.is_store_reachable()),
                 queued: Priority::ALL
                     .iter()
                     .map(|p| (p.as_str(), queue.class(*p).depth()))

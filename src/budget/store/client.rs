@@ -179,10 +179,10 @@ impl Engine {
 
     /// Whether the circuit breaker lets admissions ask the store.
     pub(in crate::budget) fn store_reachable(&self) -> bool {
-        self.lock()
-            .remote
-            .as_ref()
-            .is_some_and(|shared| shared.breaker.is_closed())
+        self.lock().remote.as_ref().is_some_and(|shared| {
+            let leased_away = (shared.lease.as_ref()).is_some_and(|l| l.fallback || l.unreachable);
+            shared.breaker.is_closed() && !leased_away
+        })
     }
 
     /// A refund reached the shared store: the head of the queue asks again now, rather than
