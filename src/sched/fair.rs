@@ -11,7 +11,7 @@
 //!   class serves a cost `c`, every guarantor earns `share × c`, and a request of its own
 //!   served spends `c`. The owed flows go first. A guarantor without requests waiting keeps
 //!   no more than one request's worth owed, so idleness is never banked; a surplus (it was
-//!   served above its guarantee, by its weight) is kept up to its recent largest request and
+//!   served above its guarantee, by its weight) is kept up to the request just served and
 //!   forgotten beyond, so a guarantee holds as soon as the weights stop covering it rather
 //!   than after a long surplus is paid back; and it earns from what the class actually
 //!   serves, so a guarantee can never starve a tenant that has none, whatever the account's
@@ -103,9 +103,6 @@ struct Guarantor {
     credit: i128,
     /// Requests waiting under it.
     waiting: u32,
-    /// Its recent largest request (the largest served, an eighth forgotten at each of its
-    /// services): how far below zero its credit may go.
-    largest: u64,
 }
 
 impl FairQueue {
@@ -122,7 +119,6 @@ impl FairQueue {
                 share_ppm: flow.share_ppm,
                 credit: RETURNING,
                 waiting: 0,
-                largest: 0,
             });
             guarantor.share_ppm = flow.share_ppm;
             guarantor.waiting += 1;
@@ -218,14 +214,10 @@ impl FairQueue {
             g.credit += i128::from(g.share_ppm) * i128::from(cost);
             if key == flow.guarantor {
                 // A surplus (served above its guarantee, by its weight) is forgotten beyond
-                // its recent largest request: paying back more would hold its guarantee off
-                // for as long as its weight once favoured it. (Beyond the request just
-                // served only, a small one, its credit would turn positive after a large
-                // request of another flow, and a guarantee below its weighted part would
-                // put it first again and again.)
-                g.largest = cost.max(g.largest - g.largest / 8);
+                // the request just served: paying back more would hold its guarantee off
+                // for as long as its weight once favoured it.
                 let served = i128::from(cost) * PPM;
-                g.credit = (g.credit - served).max(-i128::from(g.largest) * PPM);
+                g.credit = (g.credit - served).max(-served);
             }
             if g.waiting == 0 {
                 // Away, it banks nothing: back, it is owed its first request at most.
@@ -344,7 +336,6 @@ impl FairQueue {
                     share_ppm: flow.share_ppm,
                     credit: RETURNING,
                     waiting: 0,
-                    largest: 0,
                 });
                 g.waiting = g.waiting.saturating_add(moved);
             }

@@ -12,9 +12,8 @@
 //!   (async 30 s, batch 120 s) counted from when it became the front; fronts rank by effective
 //!   class, then first arrival, then ticket;
 //! - inside a class, a tenant owed its guarantee first (it earns `share × cost` of each cost
-//!   the class serves, spends what it is served, a surplus forgotten beyond its recent
-//!   largest request, and while it has nothing waiting is owed one request at most), then
-//!   the smallest
+//!   the class serves, spends what it is served, and while it has nothing waiting is owed
+//!   one request at most), then the smallest
 //!   weighted-fair-queuing tag (a flow's turn starts at `max(F, V)` when its oldest request
 //!   becomes its oldest; `V` the largest start served by tag; weights in the fleet's units,
 //!   840 a unit of weight), then arrival; each tenant's
@@ -198,8 +197,6 @@ struct ClassClocks {
     /// Where the turn of each tenant's oldest waiting request starts.
     turn: HashMap<usize, u128>,
     credit: HashMap<usize, i128>,
-    /// Each guarantor's recent largest request (an eighth forgotten at each of its services).
-    largest: HashMap<usize, u64>,
     front_since: Option<u64>,
 }
 
@@ -410,17 +407,14 @@ impl Model {
             for tenant in 0..self.tenants.len() {
                 let share = i128::from(self.tenants[tenant].guarantee) * 1_000;
                 let waits = self.guarantee_waits(w.class, tenant);
-                let clocks = &mut self.clocks[w.class];
-                let Some(credit) = clocks.credit.get_mut(&tenant) else {
+                let Some(credit) = self.clocks[w.class].credit.get_mut(&tenant) else {
                     continue;
                 };
                 *credit += share * i128::from(w.cost);
                 if tenant == w.tenant {
-                    // A surplus is forgotten beyond its recent largest request.
-                    let largest = clocks.largest.entry(tenant).or_insert(0);
-                    *largest = w.cost.max(*largest - *largest / 8);
-                    let floor = -1_000_000 * i128::from(*largest);
-                    *credit = (*credit - 1_000_000 * i128::from(w.cost)).max(floor);
+                    // A surplus is forgotten beyond the request just served.
+                    let served = 1_000_000 * i128::from(w.cost);
+                    *credit = (*credit - served).max(-served);
                 }
                 if !waits {
                     // Away, it banks nothing beyond its first request.
