@@ -399,7 +399,7 @@ pub async fn burst_then(fleet: &impl Fleet, fate: Fate) -> (u64, u64) {
     };
     let first = Process::spawn(fleet.child_test(), &spec, &log);
     assert!(
-        eventually(Duration::from_secs(10), || log.lock().unwrap().len() >= 10),
+        eventually(Duration::from_secs(30), || log.lock().unwrap().len() >= 10),
         "the first process spends the burst"
     );
     match fate {
