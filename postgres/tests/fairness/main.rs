@@ -3,6 +3,9 @@
 //! leased, whatever the topology. A test binary of its own: its shares are timed, and the
 //! store's other tests would share the machine with it.
 
+#[path = "../common/mod.rs"]
+mod common;
+
 use std::time::Duration;
 
 use tower_llm_quota::Quota;
@@ -16,15 +19,7 @@ struct OverPostgres(TestDatabase);
 impl OverPostgres {
     fn start() -> Self {
         let database = TestDatabase::create();
-        let url = database.url().to_owned();
-        std::thread::spawn(move || {
-            tokio::runtime::Runtime::new()
-                .unwrap()
-                .block_on(tower_llm_quota_postgres::migrate(&url))
-                .expect("migrated")
-        })
-        .join()
-        .unwrap();
+        common::migrate_blocking(database.url());
         Self(database)
     }
 }

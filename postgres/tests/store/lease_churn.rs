@@ -18,7 +18,7 @@ struct OverPostgres {
 impl OverPostgres {
     fn start() -> Self {
         let server = PostgresServer::start();
-        crate::support::migrate_blocking(&server.url());
+        crate::common::migrate_blocking(&server.url());
         Self { server }
     }
 }

@@ -18,20 +18,6 @@ pub(crate) async fn migrated() -> TestDatabase {
     database
 }
 
-/// Migrates the database at `url` on a runtime of its own (for sync callers and async ones
-/// alike).
-pub(crate) fn migrate_blocking(url: &str) {
-    let url = url.to_owned();
-    std::thread::spawn(move || {
-        tokio::runtime::Runtime::new()
-            .unwrap()
-            .block_on(tower_llm_quota_postgres::migrate(&url))
-            .expect("migrated")
-    })
-    .join()
-    .unwrap();
-}
-
 /// A budget over `url` for `account`, asking per admission or leasing every 100 ms, with a
 /// timeout a loaded machine's commits stay within.
 pub(crate) async fn budget(url: &str, account: &str, quota: &Quota, leasing: bool) -> Budget {

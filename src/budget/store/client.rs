@@ -177,7 +177,8 @@ impl Engine {
         });
     }
 
-    /// Whether the circuit breaker lets admissions ask the store.
+    /// Whether admissions go through the store: the circuit breaker is closed, and a leasing
+    /// budget has not fallen back (or refused) with its lease lost.
     pub(in crate::budget) fn store_reachable(&self) -> bool {
         self.lock().remote.as_ref().is_some_and(|shared| {
             let leased_away = (shared.lease.as_ref()).is_some_and(|l| l.fallback || l.unreachable);
