@@ -31,7 +31,8 @@ use std::sync::Arc;
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Tenant(Arc<str>);
 
-/// A tenant path that cannot be: empty, or with an empty segment.
+/// A tenant path that cannot be: empty, or with a segment that is empty, `.` or `..`, or holds
+/// `/`, whitespace or a control character.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct InvalidTenant(pub(crate) &'static str);
 
@@ -49,7 +50,8 @@ const SEPARATOR: char = '/';
 impl Tenant {
     /// A path from its segments, from the account down.
     ///
-    /// Fails when there is no segment, or a segment is empty or contains `/`.
+    /// Fails when there is no segment, or a segment is not a name: empty, `.` or `..`, or
+    /// holding `/`, whitespace or a control character.
     pub fn new<I, S>(segments: I) -> Result<Self, InvalidTenant>
     where
         I: IntoIterator<Item = S>,
@@ -72,7 +74,7 @@ impl Tenant {
 
     /// A path written with `/` between its segments (`acme/search/key-7`).
     ///
-    /// Fails when it is empty, or a segment is empty.
+    /// Fails when it is empty, or a segment is not a name (as [`new`](Self::new) says).
     pub fn parse(text: &str) -> Result<Self, InvalidTenant> {
         if text.is_empty() {
             return Err(InvalidTenant("a tenant path has at least one segment"));
@@ -118,7 +120,7 @@ impl Tenant {
 
     /// The path of a child of this node.
     ///
-    /// Fails when `segment` is empty or contains `/`.
+    /// Fails when `segment` is not a name (as [`new`](Self::new) says).
     pub fn child(&self, segment: &str) -> Result<Tenant, InvalidTenant> {
         check_segment(segment)?;
         Ok(Tenant(format!("{}{SEPARATOR}{segment}", self.0).into()))
@@ -166,6 +168,14 @@ fn check_segment(segment: &str) -> Result<(), InvalidTenant> {
     }
     if segment.contains(SEPARATOR) {
         return Err(InvalidTenant("a tenant segment contains no `/`"));
+    }
+    if segment == "." || segment == ".." {
+        return Err(InvalidTenant("a tenant segment is not `.` or `..`"));
+    }
+    if segment.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(InvalidTenant(
+            "a tenant segment holds no whitespace or control character",
+        ));
     }
     Ok(())
 }
@@ -236,7 +246,18 @@ mod tests {
 
     #[test]
     fn bad_paths_are_refused() {
-        for bad in ["", "/", "a//b", "a/", "/a"] {
+        for bad in [
+            "",
+            "/",
+            "a//b",
+            "a/",
+            "/a",
+            "a/..",
+            "./a",
+            "a b",
+            "a/\tb",
+            "a/b\u{7f}",
+        ] {
             assert!(Tenant::parse(bad).is_err(), "{bad:?}");
         }
         assert!(Tenant::new(["a/b"]).is_err());
