@@ -375,6 +375,22 @@ impl Gateway {
     /// with why, not applied, and the running configuration keeps it as it was. An invalid
     /// configuration changes nothing.
     pub(crate) fn reload(&self, text: &str) -> Result<Reloaded, ConfigError> {
+        let reloaded = self.apply_configuration(text);
+        match &reloaded {
+            Ok(reloaded) => tracing::warn!(
+                keys = reloaded.keys,
+                nodes = reloaded.nodes,
+                accounts = reloaded.accounts,
+                restart = ?reloaded.restart,
+                why = ?reloaded.why,
+                "configuration reloaded"
+            ),
+            Err(error) => tracing::error!(%error, "the configuration was not reloaded"),
+        }
+        reloaded
+    }
+
+    fn apply_configuration(&self, text: &str) -> Result<Reloaded, ConfigError> {
         let new = Config::from_toml(text)?;
         let (parsed, _) = state::parse(&self.applied_state());
         let keys = KeyRing::new(&new.keys, &parsed.keys)?;
@@ -430,14 +446,25 @@ impl Gateway {
         }
         if new.prices != current.prices {
             restart.push("prices");
+            why.push(
+                "prices: the price table is read at start (what requests in flight reserved \
+                 was priced by the running one)"
+                    .into(),
+            );
             running.prices.clone_from(&current.prices);
         }
         if new.output != current.output {
             restart.push("output");
+            why.push("output: the output bounds under hard caps are read at start".into());
             running.output.clone_from(&current.output);
         }
         if new.spend_alerts != current.spend_alerts {
             restart.push("spend_alerts");
+            why.push(
+                "spend_alerts: the alerts are read at start (each is raised once a period, \
+                 counted from then)"
+                    .into(),
+            );
             running.spend_alerts.clone_from(&current.spend_alerts);
         }
         let mut server = new.server.clone();
@@ -447,6 +474,10 @@ impl Gateway {
             .clone_from(&current.server.admin_token_env);
         if differs(&server, &current.server) {
             restart.push("server");
+            why.push(format!(
+                "server: {} changed; [server] is read at start",
+                changed_fields(&server, &current.server).join(", ")
+            ));
             let (token, token_env) = (
                 running.server.admin_token.take(),
                 running.server.admin_token_env.take(),
@@ -598,6 +629,19 @@ async fn redis_keeps_its_data(url: &str, config: &Config) {
              last only as long as Redis does"
         ),
     }
+}
+
+/// The names of the fields of `[server]` that differ (never their values: some are secrets).
+fn changed_fields(new: &config::ServerConfig, old: &config::ServerConfig) -> Vec<String> {
+    let fields = |server| match serde_json::to_value(server) {
+        Ok(serde_json::Value::Object(fields)) => fields,
+        _ => serde_json::Map::new(),
+    };
+    let (new, old) = (fields(new), fields(old));
+    (new.iter())
+        .filter(|(name, value)| old.get(*name) != Some(value))
+        .map(|(name, _)| name.clone())
+        .collect()
 }
 
 /// The operator's admin token of `config` (`server.admin_token_env`, else `admin_token`).

@@ -12,6 +12,7 @@ pub(crate) mod forward;
 mod gateway;
 pub(crate) mod metered;
 pub(crate) mod models;
+pub(crate) mod nearest;
 #[cfg(feature = "otel")]
 pub(crate) mod otel;
 pub(crate) mod refusal;

@@ -161,6 +161,16 @@ impl Tenancy {
         self.paths().contains(path)
     }
 
+    /// ` (did you mean `x`?)` naming the known node nearest `name`, if one is near, among
+    /// those within `scope` (all of them when `None`).
+    pub(crate) fn hint(&self, name: &str, scope: Option<&Tenant>) -> String {
+        let paths = self.paths();
+        let seen = (paths.iter())
+            .filter(|path| scope.is_none_or(|scope| path.is_within(scope)))
+            .map(Tenant::as_str);
+        super::nearest::hint(name, seen)
+    }
+
     fn paths(&self) -> std::sync::RwLockReadGuard<'_, Vec<Tenant>> {
         self.paths.read().unwrap_or_else(|e| e.into_inner())
     }

@@ -597,8 +597,10 @@ fn a_configuration_is_checked_without_starting() {
     assert!(error.contains("a guarantee outside [0, 1]"), "{error}");
 }
 
-/// The binary's `--check-config` on the README's example configuration: valid, with the
-/// variables it names reported unset; exit status 1 and the reason for a bad value.
+/// The binary's `--check-config` on the README's example configuration, through the one
+/// validation start and reload use: valid with the variables it names set; without them,
+/// exit status 1 and every unset variable named once, with its line (start would fail on
+/// them); a bad value named; `otlp_endpoint` refused by a binary built without OpenTelemetry.
 #[test]
 fn the_binary_checks_the_reference_example() {
     let readme = include_str!("../../README.md");
@@ -608,38 +610,89 @@ fn the_binary_checks_the_reference_example() {
         .and_then(|rest| rest.split("```").next())
         .expect("the README has an example configuration");
     let dir = std::env::temp_dir();
-    let good = dir.join(format!(
-        "llm-quota-gateway-example-{}.toml",
-        std::process::id()
-    ));
-    let bad = dir.join(format!("llm-quota-gateway-bad-{}.toml", std::process::id()));
-    std::fs::write(&good, example).unwrap();
-    std::fs::write(
-        &bad,
-        example.replace("idle_timeout_seconds = 60", "idle_timeout_seconds = -1"),
-    )
-    .unwrap();
-    let run = |path: &std::path::Path| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_llm-quota-gateway"))
-            .arg("--check-config")
-            .arg(path)
-            .env_remove("OPENAI_API_KEY")
-            .output()
-            .unwrap()
+    let file = |name: &str, text: &str| {
+        let path = dir.join(format!(
+            "llm-quota-gateway-{name}-{}.toml",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).unwrap();
+        path
     };
-    let (ok, refused) = (run(&good), run(&bad));
-    let _ = (std::fs::remove_file(&good), std::fs::remove_file(&bad));
+    let good = file("example", example);
+    let bad = file(
+        "bad",
+        &example.replace("idle_timeout_seconds = 60", "idle_timeout_seconds = -1"),
+    );
+    let otel = file(
+        "otel",
+        &example.replace(
+            "[server]\n",
+            "[server]\notlp_endpoint = \"http://127.0.0.1:4318\"\n",
+        ),
+    );
+    let variables = [
+        "GATEWAY_ADMIN_TOKEN",
+        "OPENAI_API_KEY",
+        "AZURE_OPENAI_KEY",
+        "ANTHROPIC_API_KEY",
+        "ACME_SEARCH_KEY",
+    ];
+    let run = |path: &std::path::Path, set: bool| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_llm-quota-gateway"));
+        command.arg("--check-config").arg(path);
+        for var in variables {
+            if set {
+                command.env(var, format!("value-of-{var}"));
+            } else {
+                command.env_remove(var);
+            }
+        }
+        command.output().unwrap()
+    };
+    let (ok, unset, refused, otel_run) = (
+        run(&good, true),
+        run(&good, false),
+        run(&bad, true),
+        run(&otel, true),
+    );
+    for path in [&good, &bad, &otel] {
+        let _ = std::fs::remove_file(path);
+    }
     let stdout = String::from_utf8_lossy(&ok.stdout);
-    assert!(ok.status.success(), "{stdout}");
+    assert!(
+        ok.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     assert!(
         stdout.starts_with("configuration OK: 3 account(s) (openai-main, azure-east, anthropic-main), 1 key(s), 2 tenant node(s)"),
         "{stdout}"
     );
-    assert!(stdout.contains("not set in this environment: "), "{stdout}");
-    assert!(stdout.contains("OPENAI_API_KEY"), "{stdout}");
+    assert_eq!(unset.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&unset.stderr);
+    assert!(
+        stderr.contains("5 problems in the configuration"),
+        "{stderr}"
+    );
+    for var in variables {
+        assert_eq!(stderr.matches(var).count(), 1, "{var}: {stderr}");
+    }
+    let line = |needle: &str| example.lines().position(|l| l.contains(needle)).unwrap() + 1;
+    let admin = line("GATEWAY_ADMIN_TOKEN");
+    assert!(
+        stderr.contains(&format!("line {admin}: the admin token")),
+        "{stderr}"
+    );
     assert_eq!(refused.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("idle_timeout_seconds"), "{stderr}");
+    let stderr = String::from_utf8_lossy(&otel_run.stderr);
+    if cfg!(feature = "otel") {
+        assert!(otel_run.status.success(), "{stderr}");
+    } else {
+        assert_eq!(otel_run.status.code(), Some(1));
+        assert!(stderr.contains("without the `otel` feature"), "{stderr}");
+    }
 }
 
 /// A tenant's limits hold over every account it uses: globex's 20 requests a minute are 20
@@ -926,6 +979,30 @@ async fn replays_once(gateway: &Running, calls: &std::sync::atomic::AtomicUsize,
         refusal["error"]["message"].as_str().unwrap().contains(key),
         "{refusal}"
     );
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1, "{key}");
+    // A header that cannot be a key (a space, a byte past ASCII, over 255 bytes): a 400
+    // naming the header, not a provider's failure, and nothing sent.
+    let long = "k".repeat(256);
+    let bad: [&[u8]; 3] = [b"a b", &[b'k', 0xE9], long.as_bytes()];
+    for value in bad {
+        let response = reqwest::Client::new()
+            .post(format!("{}/v1/chat/completions", gateway.url))
+            .bearer_auth("caller-secret")
+            .header(
+                "idempotency-key",
+                http::HeaderValue::from_bytes(value).unwrap(),
+            )
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let (status, _, refusal) = crate::support::json(response).await;
+        assert_eq!(status, 400, "{value:?}: {refusal}");
+        assert_eq!(refusal["error"]["limit"], "idempotency_key", "{refusal}");
+        assert_eq!(refusal["error"]["gateway_decision"], "local", "{refusal}");
+        let message = refusal["error"]["message"].as_str().unwrap();
+        assert!(message.contains("Idempotency-Key header"), "{message}");
+    }
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1, "{key}");
 }
 

@@ -131,7 +131,7 @@ async fn a_delegated_admin_reads_and_changes_its_subtree_only_on_every_route() {
         &gateway,
         Method::POST,
         "/keys",
-        json!({"name": "acme-new", "tenant": "acme/new"}),
+        json!({"name": "acme-new", "tenant": "acme/reports"}),
     )
     .await;
     assert_eq!(status, 201, "{made}");

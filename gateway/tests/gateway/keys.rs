@@ -159,3 +159,77 @@ async fn keys_are_created_rotated_and_revoked_without_a_restart() {
     gateway.stop().await;
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A key names a tenant the gateway knows: an unknown one is a 404 naming it, with the
+/// nearest known name (a misspelling would otherwise serve a new top-level tenant with no
+/// limits); a segment `..`, `.` or with a space is a 400; a reload whose key names a tenant
+/// not in `[tenants.nodes]` is a 400 with the file's line, and nothing changes.
+#[tokio::test]
+async fn a_key_of_an_unknown_tenant_is_refused() {
+    let gateway = Running::start(&demo()).await;
+    let create = |body: Value| {
+        let gateway = &gateway;
+        async move { json(gateway.admin(Method::POST, "/keys", ADMIN, body).await).await }
+    };
+    let (status, body) = create(json!({"name": "k1", "tenant": "nosuch"})).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["message"], "no tenant named `nosuch`");
+    let (status, body) = create(json!({"name": "k2", "tenant": "acme/serch"})).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        "no tenant named `acme/serch` (did you mean `acme/search`?)"
+    );
+    for (tenant, name) in [
+        ("acme", ".."),
+        ("acme/..", "k3"),
+        ("acme", "a b"),
+        (".", "k4"),
+    ] {
+        let (status, body) = create(json!({"name": name, "tenant": tenant})).await;
+        assert_eq!(status, 400, "{tenant} {name}: {body}");
+    }
+    let (status, body) = create(json!({"name": "k5", "tenant": "acme/search"})).await;
+    assert_eq!(status, 201, "{body}");
+    let (_, tenants) = json(
+        gateway
+            .admin(Method::GET, "/tenants", ADMIN, Value::Null)
+            .await,
+    )
+    .await;
+    let paths: Vec<&str> = (tenants["nodes"].as_array().or(tenants.as_array()))
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["path"].as_str())
+        .collect();
+    assert!(
+        paths.iter().all(|p| !p.contains("..") && *p != "nosuch"),
+        "{paths:?}"
+    );
+
+    // A reload whose key names `acme/serch`: refused with the line, nothing applied.
+    let config = demo().replace("tenant = \"acme/search\"", "tenant = \"acme/serch\"");
+    let line = config
+        .lines()
+        .position(|l| l.contains("tenant = \"acme/serch\""))
+        .unwrap()
+        + 1;
+    let response = reqwest::Client::new()
+        .post(format!("{}/admin/reload", gateway.url))
+        .bearer_auth(ADMIN)
+        .body(config)
+        .send()
+        .await
+        .unwrap();
+    let (status, body) = json(response).await;
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "line {line}: key `acme-search-web`: tenant `acme/serch` is not in [tenants.nodes] \
+             (did you mean `acme/search`?)"
+        )),
+        "{message}"
+    );
+    gateway.stop().await;
+}

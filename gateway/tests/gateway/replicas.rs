@@ -248,6 +248,8 @@ async fn served_by_each_tenant(
         quota = {{ requests_per_minute = 6000, tokens_per_minute = 100000000 }}
         [tenants.nodes.a]
         weight = {weight_a}
+        [tenants.nodes.b]
+        weight = 1
         [[keys]]
         name = "a-key"
         key = "key-a"

@@ -118,8 +118,16 @@ pub(super) async fn create(
             return error(StatusCode::BAD_REQUEST, "invalid_request", reason);
         }
     };
+    let tenant = path.parent().expect("a key's path has its tenant above it");
     if !admin.sees(&path) {
         return not_found("tenant", &new.tenant);
+    }
+    if !gateway.tenants.knows(&tenant) {
+        // A key serves its tenant's limits: a name the gateway does not know is a mistake
+        // (a misspelling would make a new top-level tenant with no limits), not a new node.
+        let hint = gateway.tenants.hint(&new.tenant, admin.scope.as_ref());
+        let reason = format!("no tenant named `{}`{hint}", new.tenant);
+        return error(StatusCode::NOT_FOUND, "not_found", reason);
     }
     if gateway.keys().get(&new.name).is_some() {
         let reason = format!("a key named `{}` exists: rotate or revoke it", new.name);

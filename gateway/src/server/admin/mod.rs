@@ -10,7 +10,7 @@
 //! | `POST /admin/resume` | the same, lifted | below its own |
 //! | `GET /admin/usage` | today's requests, tokens and refusals per tenant | its subtree |
 //! | `GET /admin/keys` | the callers' keys: name, tenant, class, where each comes from, until when each secret is valid (never a secret) | its subtree's |
-//! | `POST /admin/keys` | `{"name": "acme-batch", "tenant": "acme/reports", "default_class": "batch"}` (and `allow_priority_header`, `models`, `retries`): a new key, its secret in the answer, once | in its subtree |
+//! | `POST /admin/keys` | `{"name": "acme-batch", "tenant": "acme/reports", "default_class": "batch"}` (and `allow_priority_header`, `models`, `retries`): a new key of a tenant the gateway knows, its secret in the answer, once | in its subtree |
 //! | `POST /admin/keys/{name}/rotate` | `{"overlap_seconds": 3600}`: a new secret; the old ones valid for the overlap (an hour by default), then refused | its subtree's |
 //! | `DELETE /admin/keys/{name}` | revokes the key, a configured one too | its subtree's |
 //! | `GET /admin/report` | `?since=2026-11-26&until=...&format=json\|csv&table=rows\|accounts`: the review of a period (a week back by default; at most 35 days): per account, tenant and model, requests, tokens by kind, estimated against settled tokens, requests that queued, refusals by scope and limit, the provider's 429s; per account, its idle quota (what nobody used in the minutes nobody waited) | its subtree's rows, no account table |
@@ -24,7 +24,7 @@
 //! next admission).
 //!
 //! A tenant or key the gateway does not know, or a delegated admin may not see, is a 404
-//! naming it; a body that cannot be read or a value out of range is a 400 with the reason; a
+//! naming it (and the nearest name it may see); a body that cannot be read or a value out of range is a 400 with the reason; a
 //! route or node a delegated admin may see but not change is a 403; every error is JSON:
 //! `{"error": {"type": "not_found" | "invalid_request" | "forbidden" | "conflict" |
 //! "authentication" | "unavailable", "message": ...}}`. Every change is an audit line naming the
@@ -131,10 +131,12 @@ impl Admin {
     /// gateway knows no such node), 403 when it sees it but may not change it.
     fn to_change(&self, gateway: &Gateway, path: &Tenant) -> Result<(), Refused> {
         if !self.sees(path) || !known(gateway, path) {
+            // A delegated admin is told of names in its subtree only.
+            let hint = gateway.tenants.hint(path.as_str(), self.scope.as_ref());
             return Err(Refused(
                 StatusCode::NOT_FOUND,
                 "not_found",
-                format!("no tenant named `{path}`"),
+                format!("no tenant named `{path}`{hint}"),
             ));
         }
         if !self.changes(path) {

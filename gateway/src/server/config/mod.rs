@@ -50,6 +50,8 @@
 //! tenant = "acme"
 //! ```
 
+mod check;
+
 use std::net::SocketAddr;
 use std::num::NonZeroU64;
 use std::time::Duration;
@@ -243,7 +245,7 @@ fn default_ramp_ceiling() -> f64 {
 }
 
 /// Where the gateway listens and what it accepts.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ServerConfig {
     #[serde(default = "default_listen")]
@@ -849,84 +851,12 @@ impl std::fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 impl Config {
-    /// Parses and checks a TOML configuration.
-    pub(crate) fn from_toml(text: &str) -> Result<Self, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
-        config.check()?;
-        Ok(config)
-    }
-
-    /// Every model name is unique and served by a configured account; every key's models
-    /// are configured ones.
-    fn check_models(&self) -> Result<(), ConfigError> {
-        let mut names = BTreeSet::new();
-        for model in &self.models {
-            if model.name.trim().is_empty() || model.model.as_deref() == Some("") {
-                return Err(ConfigError("a model's name is empty".into()));
-            }
-            if !names.insert(model.name.as_str()) {
-                return Err(ConfigError(format!(
-                    "model `{}` is configured twice",
-                    model.name
-                )));
-            }
-            let accounts = std::iter::once(&model.account)
-                .chain(model.fallbacks.iter().map(|f| &f.account))
-                .chain(model.ramp.iter().map(|r| &r.account));
-            for account in accounts {
-                if !self.accounts.iter().any(|a| a.name == *account) {
-                    return Err(ConfigError(format!(
-                        "model `{}`: no account is named `{account}`",
-                        model.name
-                    )));
-                }
-            }
-            for fallback in &model.fallbacks {
-                if fallback.on.is_empty() {
-                    return Err(ConfigError(format!(
-                        "model `{}`: a fallback to `{}` has no condition (`on`)",
-                        model.name, fallback.account
-                    )));
-                }
-                let wait = fallback.would_wait_seconds;
-                if !(wait.is_finite() && (0.0..=86_400.0).contains(&wait)) {
-                    return Err(ConfigError(format!(
-                        "model `{}`: would_wait_seconds must be from 0 to 86400, not {wait}",
-                        model.name
-                    )));
-                }
-            }
-            if let Some(ramp) = &model.ramp {
-                tower_llm_quota::routing::Ramp::new(
-                    ramp.start_percent,
-                    ramp.percent_per_minute,
-                    ramp.max_percent,
-                )
-                .map_err(|e| ConfigError(format!("model `{}`: ramp: {e}", model.name)))?;
-            }
-        }
-        for key in &self.keys {
-            for name in key.models.iter().flatten() {
-                if !names.contains(name.as_str()) {
-                    return Err(ConfigError(format!(
-                        "key `{}`: model `{name}` is not in [[models]]",
-                        key.name
-                    )));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The tenant tree, and the paths the status page lists: every configured node, every
-    /// key's tenant, and their ancestors.
     /// Whether any cap over a period is configured: an account's, or a tenant node's or
     /// template's.
     pub(crate) fn has_caps(&self) -> bool {
         self.accounts.iter().any(|a| !a.caps.is_empty()) || self.tree_caps().next().is_some()
     }
 
-    /// Every cap of the tenant tree's nodes and templates, as written.
     /// The cap entries of the tenant tree's nodes and templates, as written.
     pub(crate) fn tree_caps(&self) -> impl Iterator<Item = &toml::Value> {
         ["nodes", "templates"]
@@ -942,6 +872,8 @@ impl Config {
             })
     }
 
+    /// The tenant tree, and the paths the status page lists: every configured node, every
+    /// key's tenant, and their ancestors.
     pub(crate) fn tenant_tree(&self) -> Result<(TenantTree, Vec<Tenant>), ConfigError> {
         let error = |e: &dyn std::fmt::Display| ConfigError(format!("tenants: {e}"));
         let tree = TenantTree::deserialize(toml::Value::Table(refusing_at_once(&self.tenants)))
@@ -960,7 +892,7 @@ impl Config {
     }
 
     /// What `--check-config` says of a valid configuration: its accounts, keys and tenant
-    /// nodes, and the environment variables it names that are not set here.
+    /// nodes.
     // The load generator shares this module and has no `--check-config`.
     #[allow(dead_code)]
     pub(crate) fn summary(&self) -> String {
@@ -970,128 +902,12 @@ impl Config {
             .and_then(toml::Value::as_table)
             .map_or(0, toml::map::Map::len);
         let accounts: Vec<&str> = self.accounts.iter().map(|a| a.name.as_str()).collect();
-        let mut text = format!(
+        format!(
             "configuration OK: {} account(s) ({}), {} key(s), {nodes} tenant node(s)",
             accounts.len(),
             accounts.join(", "),
             self.keys.len()
-        );
-        let unset: Vec<&str> = self
-            .accounts
-            .iter()
-            .filter_map(|a| a.key_env.as_deref())
-            .chain(self.keys.iter().filter_map(|k| k.key_env.as_deref()))
-            .filter(|var| std::env::var_os(var).is_none())
-            .collect();
-        if !unset.is_empty() {
-            text.push_str(&format!(
-                "\nnote: not set in this environment: {}",
-                unset.join(", ")
-            ));
-        }
-        text
-    }
-
-    /// Every key's tenant and name are paths, models name configured accounts, every API is
-    /// served once unless models choose the account, limits are valid.
-    pub(crate) fn check(&self) -> Result<(), ConfigError> {
-        self.server.timeouts()?;
-        if !(1024..=1 << 20).contains(&self.server.max_header_bytes) {
-            return Err(ConfigError(format!(
-                "server.max_header_bytes must be from 1024 to 1048576, not {}",
-                self.server.max_header_bytes
-            )));
-        }
-        let ms = self.server.lease_refresh_ms;
-        if ms > 60_000 {
-            return Err(ConfigError(format!(
-                "server.lease_refresh_ms must be from 0 (a store call per admission) to 60000, \
-                 not {ms}"
-            )));
-        }
-        let ms = self.server.store_timeout_ms;
-        if !(1..=10_000).contains(&ms) {
-            return Err(ConfigError(format!(
-                "server.store_timeout_ms must be from 1 to 10000, not {ms}"
-            )));
-        }
-        for account in &self.accounts {
-            account.quota.limits()?;
-            account.check_scopes()?;
-        }
-        let output = &self.output;
-        if output.min_tokens == 0 || output.unknown_model_tokens < output.min_tokens {
-            return Err(ConfigError(format!(
-                "output: min_tokens must be at least 1 and at most unknown_model_tokens \
-                 (min_tokens {}, unknown_model_tokens {})",
-                output.min_tokens, output.unknown_model_tokens
-            )));
-        }
-        if let Some((model, _)) = output.largest.iter().find(|(_, tokens)| **tokens == 0) {
-            return Err(ConfigError(format!(
-                "output.largest: `{model}` must answer at least one token"
-            )));
-        }
-        self.tenant_tree()?;
-        for key in &self.keys {
-            if Tenant::parse(&key.tenant)
-                .and_then(|t| t.child(&key.name))
-                .is_err()
-            {
-                return Err(ConfigError(format!(
-                    "key `{}`: its tenant and name must make a tenant path",
-                    key.name
-                )));
-            }
-            if key.key.is_none() == key.key_env.is_none() {
-                return Err(ConfigError(format!(
-                    "key `{}`: give exactly one of `key` and `key_env`",
-                    key.name
-                )));
-            }
-        }
-        if !(10..=60_000).contains(&self.server.admin_sync_ms) {
-            return Err(ConfigError(format!(
-                "server.admin_sync_ms must be from 10 to 60000, not {}",
-                self.server.admin_sync_ms
-            )));
-        }
-        let mut admins = BTreeSet::from(["admin"]);
-        for admin in &self.admins {
-            if !admins.insert(admin.name.as_str()) {
-                return Err(ConfigError(format!(
-                    "admin `{}` is named twice (`admin` is the server's admin_token)",
-                    admin.name
-                )));
-            }
-            if admin.token.is_none() == admin.token_env.is_none() {
-                return Err(ConfigError(format!(
-                    "admin `{}`: give exactly one of `token` and `token_env`",
-                    admin.name
-                )));
-            }
-            if let Some(tenant) = &admin.tenant {
-                Tenant::parse(tenant)
-                    .map_err(|e| ConfigError(format!("admin `{}`: {e}", admin.name)))?;
-            }
-        }
-        self.check_models()?;
-        // Without models, the API alone picks the account: one account per API.
-        for api in Api::ALL.into_iter().filter(|_| self.models.is_empty()) {
-            if self
-                .accounts
-                .iter()
-                .filter(|a| a.apis.contains(&api))
-                .count()
-                > 1
-            {
-                return Err(ConfigError(format!(
-                    "{} is served by two accounts: name the models each serves in [[models]]",
-                    api.path()
-                )));
-            }
-        }
-        Ok(())
+        )
     }
 }
 
