@@ -519,6 +519,15 @@ fn stack_error(account: &Account, error: &Error) -> Refusal {
         )
         .retry_after(Some(Duration::from_secs(1)));
     }
+    if let Some(invalid) = error.idempotency_error().filter(|e| e.is_invalid_key()) {
+        // Nothing was sent: the caller's header cannot be a key.
+        let why = std::error::Error::source(invalid)
+            .map_or_else(|| invalid.to_string(), ToString::to_string);
+        let message = format!(
+            "invalid Idempotency-Key header: {why} (1 to 255 visible ASCII characters, once)"
+        );
+        return Refusal::invalid("idempotency_key", message);
+    }
     if let Some(reused) = error.idempotency_error().filter(|e| e.is_key_reused()) {
         // Nothing was sent: the key belongs to another request.
         return Refusal::unprocessable("idempotency_key", reused.to_string());

@@ -172,7 +172,13 @@ impl Refusal {
 
     /// 400: a body the gateway cannot read; nothing was reserved.
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_REQUEST, "invalid_request", "body").message(message)
+        Self::invalid("body", message)
+    }
+
+    /// 400: a part of the request (`limit` names it: `body`, `idempotency_key`) the gateway
+    /// cannot read; nothing was reserved or sent.
+    pub(crate) fn invalid(limit: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request", limit).message(message)
     }
 
     /// 413: a body above the configured size.

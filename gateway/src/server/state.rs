@@ -176,7 +176,8 @@ impl StateStore {
                 let mut fields = fields.lock().unwrap_or_else(|e| e.into_inner());
                 let mut next = fields.clone();
                 apply(&mut next, change);
-                save(path, &next).map_err(|e| StoreError(format!("{}: {e}", path.display())))?;
+                save(path, &next)
+                    .map_err(|e| StoreError::write(format!("{}: {e}", path.display())))?;
                 *fields = next;
                 Ok(fields.clone())
             }
@@ -190,7 +191,7 @@ impl StateStore {
                 let _version: u64 = invocation
                     .invoke_async(&mut connection)
                     .await
-                    .map_err(|e| StoreError(format!("redis: {e}")))?;
+                    .map_err(|e| StoreError::write(format!("redis: {e}")))?;
                 *self.read.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 self.read_all()
                     .await
@@ -209,7 +210,7 @@ impl StateStore {
                 let answers = database
                     .transaction(statements)
                     .await
-                    .map_err(|e| StoreError(e.to_string()))?;
+                    .map_err(|e| StoreError::write(e.to_string()))?;
                 let version = answers.iter().rev().nth(1).and_then(|rows| rows.first());
                 *self.read.lock().unwrap_or_else(|e| e.into_inner()) =
                     version.and_then(|row| u64::try_from(row[0].int()).ok());
@@ -233,7 +234,7 @@ impl StateStore {
                     Statement::new(FIELDS, Vec::new()),
                 ])
                 .await
-                .map_err(|e| StoreError(format!("reading: {e}")))?;
+                .map_err(|e| StoreError::read(e.to_string()))?;
             let version = (answers.first().and_then(|rows| rows.first()))
                 .map_or(0, |row| u64::try_from(row[0].int()).unwrap_or(0));
             if last == Some(version) {
@@ -258,18 +259,18 @@ impl StateStore {
             .arg(last.map_or_else(|| "none".to_owned(), |v| v.to_string()))
             .invoke_async(&mut connection)
             .await
-            .map_err(|e| StoreError(format!("redis: {e}")))?;
+            .map_err(|e| StoreError::read(format!("redis: {e}")))?;
         let version: u64 = reply
             .first()
             .map(redis::from_redis_value_ref)
             .transpose()
-            .map_err(|e| StoreError(format!("redis: {e}")))?
+            .map_err(|e| StoreError::read(format!("redis: {e}")))?
             .unwrap_or(0);
         let Some(fields) = reply.get(1) else {
             return Ok(None);
         };
-        let fields: Fields =
-            redis::from_redis_value_ref(fields).map_err(|e| StoreError(format!("redis: {e}")))?;
+        let fields: Fields = redis::from_redis_value_ref(fields)
+            .map_err(|e| StoreError::read(format!("redis: {e}")))?;
         *self.read.lock().unwrap_or_else(|e| e.into_inner()) = Some(version);
         Ok(Some(fields))
     }
@@ -501,19 +502,52 @@ fn save(path: &Path, fields: &Fields) -> std::io::Result<()> {
     std::fs::rename(&temporary, path)
 }
 
-/// The admin state could not be written or read.
+/// The admin state could not be written or read: which, and why.
 #[derive(Debug)]
-pub(crate) struct StoreError(pub(crate) String);
+pub(crate) struct StoreError {
+    reading: bool,
+    reason: String,
+}
+
+impl StoreError {
+    /// A write refused (or its answer lost).
+    pub(crate) fn write(reason: String) -> Self {
+        Self {
+            reading: false,
+            reason,
+        }
+    }
+
+    /// A read that failed.
+    pub(crate) fn read(reason: String) -> Self {
+        Self {
+            reading: true,
+            reason,
+        }
+    }
+}
 
 impl std::fmt::Display for StoreError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "the admin state could not be stored: {}", self.0)
+        let what = if self.reading { "read" } else { "stored" };
+        write!(f, "the admin state could not be {what}: {}", self.reason)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_read_says_read() {
+        let read = StoreError::read("redis: connection refused".into()).to_string();
+        assert_eq!(
+            read,
+            "the admin state could not be read: redis: connection refused"
+        );
+        let write = StoreError::write("disk full".into()).to_string();
+        assert_eq!(write, "the admin state could not be stored: disk full");
+    }
 
     #[tokio::test]
     async fn a_file_store_keeps_its_fields_over_a_restart() {

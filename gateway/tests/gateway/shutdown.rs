@@ -73,3 +73,84 @@ async fn sighup_reloads_the_configuration_instead_of_stopping() {
     }
     assert!(child.is_running(), "SIGHUP stopped the gateway");
 }
+
+/// The demo (no configuration file) on SIGHUP says there is nothing to reload and runs on
+/// (before, it died); a reload through the admin API is logged on stderr with what waits
+/// for a restart and why, `[server]`'s changed fields named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_survives_sighup_and_reloads_are_logged() {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_llm-quota-gateway"))
+        .args(["--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let url = loop {
+        let line = stdout.next().expect("the demo prints its address").unwrap();
+        if let Some(rest) = line.strip_prefix("gateway listening on ") {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in stdout {});
+    let (lines, stderr) = std::sync::mpsc::channel();
+    let pipe = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(pipe).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let wait_for = |needle: &str| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match stderr.recv_timeout(left) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(_) => panic!("no line on stderr says {needle:?}"),
+            }
+        }
+    };
+    let sent = std::process::Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    wait_for("nothing to reload");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "SIGHUP stopped the demo"
+    );
+    let chat = reqwest::Client::new()
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth("demo-key-acme-search")
+        .body(crate::support::chat(20))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(chat.status(), 200);
+
+    let changed = include_str!("../../demo.toml")
+        .replace("max_body_bytes = 1048576", "max_body_bytes = 2097152");
+    let reload = reqwest::Client::new()
+        .post(format!("{url}/admin/reload"))
+        .bearer_auth("demo-admin-token")
+        .body(changed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reload.status(), 200);
+    let answer: serde_json::Value = serde_json::from_slice(&reload.bytes().await.unwrap()).unwrap();
+    assert_eq!(answer["restart"], serde_json::json!(["server"]), "{answer}");
+    let why = answer["why"].to_string();
+    assert!(why.contains("max_body_bytes"), "{answer}");
+    assert!(
+        !why.contains("demo-admin-token"),
+        "no secret in why: {answer}"
+    );
+    let logged = wait_for("configuration reloaded");
+    assert!(logged.contains("max_body_bytes"), "{logged}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
