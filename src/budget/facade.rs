@@ -401,6 +401,11 @@ impl Budget {
     }
 
     /// The `queue` label of the depth gauge of the budget's ordering (its quota's name).
+    /// Its quota's name ([`Quota::with_name`]), if it was given one.
+    pub(crate) fn name(&self) -> Option<Arc<str>> {
+        Some(self.queue_label()).filter(|label| &**label != crate::sched::order::DEFAULT_LABEL)
+    }
+
     pub(crate) fn queue_label(&self) -> Arc<str> {
         self.engine.queue_label()
     }

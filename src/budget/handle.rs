@@ -55,6 +55,9 @@ pub(super) struct State {
     pub(super) tenants: Option<Tenants>,
     /// The account's own caps ([`Quota::with_cap`]), counted in its tenant state.
     pub(super) caps: Vec<PeriodCap>,
+    /// What the reservations outstanding in the buckets hold (of an in-memory budget): the
+    /// most their settlements can give back.
+    pub(super) held: crate::Cost,
 }
 
 impl Engine {
@@ -80,6 +83,7 @@ impl Engine {
                 slots: Slots::new(quota.max_in_flight()),
                 next_id: 0,
                 tenants: None,
+                held: crate::Cost::default(),
                 caps: quota.caps().to_vec(),
             }),
         });
@@ -132,6 +136,7 @@ impl Engine {
         self.update_state(|state| {
             settle_path(state);
             let slot = state.slots.release_limited();
+            state.held = state.held.saturating_sub(*reserved);
             state.store.settle(id, reserved, actual, now) | slot
         });
         parked.into_iter().for_each(Waker::wake);

@@ -213,9 +213,13 @@ impl Waiting {
         match step {
             Step::Admitted(id, origin) => Ok(self.reservation(budget, id, origin)),
             Step::Refused(e) => Err(ReserveError::Tenant(e)),
-            Step::Late(predicted) => Err(ReserveError::DeadlineUnmet {
+            Step::Late(predicted, limit) => Err(ReserveError::DeadlineUnmet {
                 priority,
                 predicted,
+                binding: Box::new(crate::error::Binding {
+                    limit,
+                    quota: budget.name(),
+                }),
             }),
             Step::Never(e) => Err(ReserveError::TooLarge(e)),
             Step::Full(depth) => Err(ReserveError::QueueFull { priority, depth }),

@@ -32,6 +32,6 @@ mod service;
 mod store;
 
 pub use capacity::{InsufficientCapacity, NotUntil};
-pub use reserve::{ReserveError, TryReserveError};
+pub use reserve::{Binding, ReserveError, TryReserveError};
 pub use service::{BoxError, Error};
 pub use store::StoreUnavailable;

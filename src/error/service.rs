@@ -39,6 +39,8 @@ enum Kind {
         waited: Duration,
         /// Refused on arrival: the wait a budget predicted, past the deadline.
         predicted: Option<Duration>,
+        /// What it would wait for, when a budget predicted it.
+        binding: Option<Box<super::Binding>>,
     },
     QueueFull {
         priority: Priority,
@@ -90,18 +92,25 @@ impl Error {
                 priority,
                 waited,
                 predicted,
+                binding: None,
             },
             None,
         )
     }
 
-    /// Refused on arrival: a budget predicted a wait of `predicted`, past the deadline.
-    pub(crate) fn deadline_unmet(priority: Priority, predicted: Duration) -> Self {
+    /// Refused on arrival: the budget of `quota` predicted a wait of `predicted`, past the
+    /// deadline.
+    pub(crate) fn deadline_unmet(
+        priority: Priority,
+        predicted: Duration,
+        binding: Option<Box<super::Binding>>,
+    ) -> Self {
         Self::new(
             Kind::DeadlineExceeded {
                 priority: Some(priority),
                 waited: Duration::ZERO,
                 predicted: Some(predicted),
+                binding,
             },
             None,
         )
@@ -232,14 +241,30 @@ impl Error {
         }
     }
 
+    /// What binds when a budget predicted the wait of
+    /// [`predicted_wait`](Self::predicted_wait): the limit whose refill the request would
+    /// wait for, and the budget's quota.
+    pub fn predicted_by(&self) -> Option<&super::Binding> {
+        match &self.inner.kind {
+            Kind::DeadlineExceeded {
+                binding: Some(binding),
+                ..
+            } => Some(binding),
+            _ => None,
+        }
+    }
+
     /// The same deadline error, told for the whole wait of a request of `priority`.
     pub(crate) fn with_wait(self, priority: Priority, waited: Duration) -> Self {
         match self.inner.kind {
-            Kind::DeadlineExceeded { predicted, .. } => Self::new(
+            Kind::DeadlineExceeded {
+                predicted, binding, ..
+            } => Self::new(
                 Kind::DeadlineExceeded {
                     priority: Some(priority),
                     waited,
                     predicted,
+                    binding,
                 },
                 None,
             ),
@@ -319,8 +344,8 @@ impl fmt::Display for Error {
                 });
                 write!(
                     f,
-                    "rejected locally: {request} would wait about {} for the quota (the costs \
-                     waiting ahead of it at the quota's rate), past its deadline",
+                    "rejected locally: {request} would wait about {} for the quota, past the \
+                     longest it may wait (its deadline, or its class's)",
                     rounded(*predicted)
                 )
             }

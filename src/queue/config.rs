@@ -110,7 +110,10 @@ impl QueueConfig {
     /// a budget can tell it would be passed), it fails locally. `Duration::MAX` (or anything
     /// from [`MAX_DURATION`](crate::MAX_DURATION)) is no limit. A
     /// [`Deadline`](crate::Deadline) in the request's extensions overrides it. Defaults to
-    /// 5 s and 2 min for interactive and async, no limit for batch.
+    /// 5 s and 2 min for interactive and async, no limit for batch. A request of an
+    /// in-memory budget that cannot be admitted within it even if every call in flight gave
+    /// back all it holds (a spent limit) is refused on arrival, with the predicted wait
+    /// ([`Error::predicted_wait`](crate::Error::predicted_wait)).
     pub const fn max_wait(mut self, priority: Priority, max_wait: Duration) -> Self {
         let capped = crate::timer::capped(max_wait);
         self.classes[priority.index()].max_wait =

@@ -217,7 +217,10 @@ async fn the_front_of_a_starved_class_is_promoted_at_its_exact_thresholds() {
 
 #[tokio::test(start_paused = true)]
 async fn a_deadline_fails_the_request_at_the_exact_time_in_the_queue_or_in_the_budget() {
-    let budget = drained();
+    // Drained by a call still in flight: it may give all of its 100 tokens back, so the
+    // budget cannot tell that the class's wait will not be met, and waits it out.
+    let budget = tokens_10_per_sec();
+    let in_flight = budget.try_reserve(Cost::new(100, 0)).unwrap();
     let config = QueueConfig::new().max_wait(Priority::Interactive, SEC * 3 / 10);
     let stack = Stack::new(&budget, config);
     let start = Instant::now();
@@ -264,6 +267,57 @@ async fn a_deadline_fails_the_request_at_the_exact_time_in_the_queue_or_in_the_b
         "only the head still waits"
     );
     head.await.unwrap().unwrap();
+    in_flight.charge_estimate();
+}
+
+/// A class's longest wait that cannot be met even if every call in flight gave back all it
+/// holds: refused on arrival with the wait the budget predicts, not after waiting it out.
+#[tokio::test(start_paused = true)]
+async fn a_class_wait_that_cannot_be_met_is_refused_at_once_with_the_wait() {
+    let budget = drained();
+    let config = QueueConfig::new().max_wait(Priority::Interactive, SEC * 3 / 10);
+    let stack = Stack::new(&budget, config);
+    let start = Instant::now();
+    let error = stack
+        .spawn(Stack::request("spent", Priority::Interactive, 50))
+        .await
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert!(error.is_deadline_exceeded() && error.is_local());
+    assert_eq!(
+        error.predicted_wait(),
+        Some(SEC * 5),
+        "50 tokens at 10 a second"
+    );
+
+    // 30 tokens held in flight might come back: the 20 left are still 2 s away.
+    time::sleep(SEC * 10).await;
+    budget
+        .try_reserve(Cost::new(70, 0))
+        .unwrap()
+        .charge_estimate();
+    let held = budget.try_reserve(Cost::new(30, 0)).unwrap();
+    let error = stack
+        .spawn(Stack::request("held", Priority::Interactive, 50))
+        .await
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(error.predicted_wait(), Some(SEC * 2));
+    // Held back, the 30 tokens make a 30-token request's wait unknowable: it waits its 300 ms.
+    let waited = Instant::now();
+    let error = stack
+        .spawn(Stack::request("maybe", Priority::Interactive, 30))
+        .await
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(waited.elapsed(), SEC * 3 / 10);
+    assert_eq!(error.predicted_wait(), None);
+    held.charge_estimate();
+    assert_eq!(stack.arrivals(), Vec::<(String, f64)>::new());
 }
 
 #[tokio::test(start_paused = true)]
@@ -287,7 +341,8 @@ async fn a_full_queue_sheds_at_the_exact_depth() {
     assert!(error.is_queue_full() && error.is_local());
     assert_eq!(error.priority(), Some(Priority::Batch));
     let _i1 = stack
-        .spawn(Stack::request("i1", Priority::Interactive, 100))
+        // 4 s away: within the class's 5 s (a wait past it would be refused on arrival).
+        .spawn(Stack::request("i1", Priority::Interactive, 40))
         .await;
     let error = stack
         .spawn(Stack::request("i2", Priority::Interactive, 10))

@@ -29,7 +29,7 @@ use super::audit::{Audited, Tokens};
 use super::config::{Api, Retries};
 use super::fit::{self, Shaped};
 use super::metered::{Meter, Metered};
-use super::refusal::{Dialect, Refusal};
+use super::refusal::{Dialect, Refusal, limit_name};
 use super::routes::{ScopeRefused, Target};
 use super::tenancy;
 use super::upstream::{Account, Dispatched, ScopeError, Scoped, StateRefused};
@@ -594,17 +594,41 @@ fn stack_error(account: &Account, error: &Error) -> Refusal {
         } else {
             "queue_wait"
         };
-        // Every 429 says when to come back: the wait the budget knows, else a second (the
-        // queue moves on within it: its head is admitted or refused by then).
-        let retry_after = error
-            .rate_limit()
-            .and_then(|r| r.retry_after())
+        // Every 429 says when to come back: the wait the budget predicted (a spent limit: it
+        // refused at once), else the one it knows, else a second (the queue moves on within
+        // it: its head is admitted or refused by then).
+        let retry_after = (error.predicted_wait())
+            .or_else(|| error.rate_limit().and_then(|r| r.retry_after()))
             .unwrap_or(Duration::from_secs(1));
-        return Refusal::rate_limited(limit, scope)
+        let refusal = match error.predicted_by() {
+            // Refused on arrival: the limit and the budget that bind (a model's scope, or the
+            // account's own).
+            Some(binding) => {
+                let (limit, quota) = (binding.limit(), binding.quota());
+                let dimension = limit.dimension().as_str();
+                let scope = quota.map_or(scope, |quota| budget_scope(&account.name, quota));
+                Refusal::rate_limited(limit_name(dimension, limit.period()), scope)
+                    .dimension(Some(dimension))
+            }
+            None => Refusal::rate_limited(limit, scope),
+        };
+        return refusal
             .retry_after(Some(retry_after))
             .message(format!("the account's queue refused the request: {error}"));
     }
     upstream_failure(&scope, &error.to_string())
+}
+
+/// The refusal's scope for the budget named `quota` of `account`: its own budgets are named
+/// after it (`name`, and `name/*` beside a gate), a scope's `name/scope`.
+fn budget_scope(account: &str, quota: &str) -> String {
+    match quota
+        .strip_prefix(account)
+        .and_then(|rest| rest.strip_prefix('/'))
+    {
+        Some(scope) if scope != "*" => format!("account:{account}/scope:{scope}"),
+        _ => format!("account:{account}"),
+    }
 }
 
 /// The state's refusal to make a request's caps durable, if that refused it.

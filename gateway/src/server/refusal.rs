@@ -35,6 +35,10 @@ pub(crate) enum Dialect {
 /// The limit of a refusal for an overloaded provider.
 pub(crate) const OVERLOADED: &str = "overloaded";
 
+/// The header naming what refused a request: `tenant:<path>`, `account:<name>`,
+/// `account:<name>/scope:<scope>` or `gateway`.
+const SCOPE_HEADER: &str = "x-llm-quota-scope";
+
 /// The header the official OpenAI and Anthropic SDKs read before retrying an answer.
 const SHOULD_RETRY: &str = "x-should-retry";
 
@@ -291,6 +295,11 @@ impl IntoResponse for Refusal {
         );
         if let Some(value) = self.retry_after_header() {
             headers.insert(header::RETRY_AFTER, value);
+        }
+        // What binds, for a caller that reads headers only (as the audit line and the body's
+        // `scope` say it).
+        if let Ok(scope) = HeaderValue::from_str(&self.scope) {
+            headers.insert(SCOPE_HEADER, scope);
         }
         if self.gateway_decision == Decision::Provider && !self.client_retries {
             // The gateway retried the provider already, as its policy allows: an SDK retrying

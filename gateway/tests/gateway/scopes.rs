@@ -321,3 +321,74 @@ fn scopes_that_cannot_work_are_configuration_errors() {
         None
     );
 }
+
+/// A model's scope of 2 requests a minute, spent: the third interactive request is refused
+/// at once (not after the class's 5 s), with the wait until the scope frees as `Retry-After`
+/// (about 30 s, not 1), naming the scope in its body, its `x-llm-quota-scope` header and its
+/// audit line; nothing reaches the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spent_scope_refuses_at_once_with_its_wait_and_its_name() {
+    let (url, calls) = upstream(&[], false).await;
+    let limits = "quota = { requests_per_minute = 10000 }\n        \
+                  model_quota = { requests_per_minute = 2 }";
+    let gateway = Running::start(&config(&url, "openai", limits)).await;
+    let body = r#"{"model":"a","max_tokens":20,"messages":[{"role":"user","content":"Hi"}]}"#;
+    // The scope's burst served, the next request finds it spent.
+    let (mut response, mut took, mut served) = (None, Duration::ZERO, 0);
+    for _ in 0..3 {
+        let start = Instant::now();
+        let answer = gateway
+            .post("/v1/chat/completions", Some("caller-secret"), body)
+            .await;
+        took = start.elapsed();
+        if answer.status() != 200 {
+            response = Some(answer);
+            break;
+        }
+        served += 1;
+    }
+    assert!(served >= 1, "the first request is served");
+    let response = response.expect("the scope is spent within its 2 requests");
+    let header = response.headers()["x-llm-quota-scope"].clone();
+    let (status, retry_after, refusal) = json(response).await;
+    assert_eq!(status, 429, "{refusal}");
+    assert!(took < Duration::from_secs(2), "refused after {took:?}");
+    assert_eq!(
+        refusal["error"]["scope"], "account:main/scope:a",
+        "{refusal}"
+    );
+    assert_eq!(
+        refusal["error"]["limit"], "requests_per_minute",
+        "{refusal}"
+    );
+    assert_eq!(refusal["error"]["dimension"], "requests", "{refusal}");
+    assert_eq!(
+        refusal["error"]["type"], "requests",
+        "OpenAI's type: {refusal}"
+    );
+    assert_eq!(header, "account:main/scope:a");
+    let retry_after: u64 = retry_after.unwrap().parse().unwrap();
+    assert!(
+        (20..=31).contains(&retry_after),
+        "Retry-After {retry_after}"
+    );
+    assert_eq!(
+        calls_of(&calls, "a"),
+        served,
+        "nothing sent for the refused one"
+    );
+    // The status page shows the spent scope: its row, its binding limit, nothing left.
+    let status = reqwest::get(format!("{}/status.json", gateway.url))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let status: Value = serde_json::from_slice(&status).unwrap();
+    let row = (status["accounts"].as_array().unwrap().iter())
+        .find(|row| row["name"] == "main/a")
+        .unwrap_or_else(|| panic!("no row for the scope: {status}"));
+    assert_eq!(row["binding"], "requests_per_minute", "{row}");
+    assert!(row["levels"][0]["level"].as_i64().unwrap() < 1, "{row}");
+    gateway.stop().await;
+}

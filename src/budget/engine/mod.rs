@@ -114,7 +114,7 @@ pub(crate) enum Step {
     /// A node of its tenant path refused it.
     Refused(TenantRefused),
     /// It would wait this long (predicted on arrival), past its deadline.
-    Late(std::time::Duration),
+    Late(std::time::Duration, crate::Limit),
     /// Out of the ordering, keeping its place, until a node of its tenant path can pay: at
     /// this instant, or when woken (one of the node's calls ended).
     Parked(Option<Instant>),
@@ -227,34 +227,40 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// 1a. Its caller's deadline, once, on arrival: when the costs waiting ahead of it (its
-    ///     class and those above, and lower fronts aged to its class) and its own cannot be
-    ///     paid by the buckets' refill before it, the request is refused at once with the
-    ///     predicted wait, rather than after waiting it out. The prediction takes the costs
-    ///     ahead at their estimates and counts nothing of what calls in flight will refund:
-    ///     refunds make the real wait shorter, later arrivals of a higher class longer. A
-    ///     class's maximum wait is not predicted (it is waited out: refunds may well shorten
-    ///     the wait it bounds); nor can a shared budget tell from here (its buckets live in its
-    ///     store): its requests wait up to their deadline.
+    /// 1a. Its deadline, once, on arrival: when the buckets' refill cannot pay before it, the
+    ///     request is refused at once with the predicted wait, rather than after waiting it
+    ///     out.
+    ///     - A caller's own deadline counts the costs waiting ahead of it (its class and
+    ///       those above, and lower fronts aged to its class) at their estimates, and nothing
+    ///       of what calls in flight will refund: refunds make the real wait shorter, later
+    ///       arrivals of a higher class longer.
+    ///     - A class's longest wait is refused early only when it cannot be met at all: its
+    ///       own cost, with nobody ahead and everything the calls in flight hold given back
+    ///       at once (a spent limit of 2 requests a minute refuses at once with the 30 s until
+    ///       it refills, not after the class's 5 s with a guess).
+    ///
+    ///     A shared budget cannot tell from here (its buckets live in its store): its requests
+    ///     wait up to their deadline.
     fn predict(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
         if waiting.place.is_some() || std::mem::replace(&mut waiting.predicted, true) {
             return Continue(());
         }
         let ask = &waiting.ask;
-        let Some(deadline) = ask
-            .scheduling
-            .deadline
-            .filter(|_| ask.scheduling.own_deadline)
-        else {
+        let Some(deadline) = ask.scheduling.deadline else {
             return Continue(());
         };
         if self.state.remote.is_some() || self.state.check_capacity(&ask.cost, ask.floor).is_err() {
             // A cost that never fits is refused as such when it is paid.
             return Continue(());
         }
-        let ahead = (self.state.queue).queued_ahead_of(ask.scheduling.priority, self.now);
-        let Some((at, _)) = (self.state.store).not_before(&ahead.saturating_add(ask.cost), self.ns)
-        else {
+        let need = if ask.scheduling.own_deadline {
+            (self.state.queue)
+                .queued_ahead_of(ask.scheduling.priority, self.now)
+                .saturating_add(ask.cost)
+        } else {
+            ask.cost.saturating_sub(self.state.held)
+        };
+        let Some((at, binding)) = (self.state.store).not_before(&need, self.ns) else {
             return Continue(());
         };
         let from = ask.scheduling.not_before.unwrap_or(self.now);
@@ -262,7 +268,8 @@ impl<'a> Pass<'a> {
         if at <= deadline {
             return Continue(());
         }
-        Break(Step::Late(at.saturating_duration_since(self.now)))
+        let limit = self.state.store.limit(binding);
+        Break(Step::Late(at.saturating_duration_since(self.now), limit))
     }
 
     /// 2. The ordering: while others wait, a newcomer takes a place (it may be the head's: a

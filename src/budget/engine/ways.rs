@@ -204,6 +204,9 @@ impl Way for Buckets {
                 }
             }
         }
+        if state.remote.is_none() {
+            state.held = state.held.saturating_add(*bill.cost);
+        }
         state.store.take(bill.cost, bill.ns);
     }
 }
