@@ -226,15 +226,15 @@ mod enabled {
         );
         describe_gauge!(
             "llm_budget_level",
-            "Budget level after a settlement, per limit."
+            "Budget level after a settlement, per budget (queue: the quota's name) and limit."
         );
         describe_gauge!(
             "llm_budget_debt",
-            "Budget debt after a settlement, per limit."
+            "Budget debt after a settlement, per budget (queue: the quota's name) and limit."
         );
         describe_gauge!(
             "llm_budget_share",
-            "Share of the nominal limit the budget plans for (adaptive or fixed), per limit."
+            "Share of the nominal limit the budget plans for (adaptive or fixed), per budget (queue: the quota's name) and limit."
         );
         describe_counter!(
             "llm_fallbacks_total",
@@ -375,11 +375,15 @@ pub(crate) fn settled(labels: &Labels, reserved: &Cost, usage: Option<&Usage>) {
 }
 
 /// The levels and debts of a budget's `limits` (from its snapshot), after a settlement (at most ten times a
-/// second: the caller asks the budget whether its gauges are due).
+/// second: the caller asks the budget whether its gauges are due), labelled `queue` with the
+/// quota's name as its ordering's depth is: several budgets (accounts, scopes) keep series
+/// of their own.
 #[cfg(feature = "metrics")]
-pub(crate) fn budget(limits: &[crate::quota::LimitSnapshot]) {
+pub(crate) fn budget(name: std::sync::Arc<str>, limits: &[crate::quota::LimitSnapshot]) {
+    let name = SharedString::from(name);
     for limit in limits {
         let labels = [
+            ("queue", name.clone()),
             (
                 "dimension",
                 SharedString::const_str(limit.limit().dimension().as_str()),

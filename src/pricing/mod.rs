@@ -127,35 +127,13 @@ impl Price {
     /// decimals (it would not be exact), or a price above about 18 million dollars per million
     /// tokens.
     pub fn per_million_usd(text: &str) -> Result<Self, InvalidPrice> {
-        let invalid = |why: &'static str| InvalidPrice {
-            text: text.to_owned(),
-            why,
-        };
-        let trimmed = text.trim();
-        let (whole, fraction) = trimmed.split_once('.').unwrap_or((trimmed, ""));
-        let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-        if (whole.is_empty() && fraction.is_empty()) || !digits(whole) || !digits(fraction) {
-            return Err(invalid("not a non-negative decimal number of dollars"));
-        }
-        if fraction.len() > 6 {
-            return Err(invalid(
-                "more than six decimals: not exact in pico-dollars a token",
-            ));
-        }
         // Dollars per million tokens × 10⁶ = pico-dollars a token.
-        let whole: u64 = if whole.is_empty() {
-            0
-        } else {
-            whole.parse().map_err(|_| invalid("too large"))?
+        let exact = Exact {
+            decimals: 6,
+            unit: "dollars per million tokens",
+            inexact: "more than six decimals: not exact in pico-dollars a token",
         };
-        let fraction: u64 = format!("{fraction:0<6}")
-            .parse()
-            .map_err(|_| invalid("not a decimal"))?;
-        whole
-            .checked_mul(1_000_000)
-            .and_then(|w| w.checked_add(fraction))
-            .map(Self)
-            .ok_or_else(|| invalid("too large"))
+        exact.read(text.trim()).map(Self)
     }
 
     /// Pico-dollars (10⁻¹² USD) a token.
@@ -177,10 +155,113 @@ impl fmt::Display for Price {
     }
 }
 
+/// An amount of US dollars, kept as nano-dollars (10⁻⁹ USD, the unit of
+/// [`Dimension::Spend`](crate::Dimension::Spend)): read from and shown as a decimal
+/// (`"500.00"`), exactly.
+///
+/// ```
+/// use tower_llm_quota::pricing::Usd;
+///
+/// let cap = Usd::parse("500.00")?;
+/// assert_eq!(cap.nanos(), 500_000_000_000);
+/// assert_eq!(Usd::from_nanos(371_500_000).to_string(), "$0.3715");
+/// assert_eq!(Usd::from_nanos(370_000_000).to_string(), "$0.37");
+/// assert_eq!(Usd::from_nanos(500_000_000_000).decimal(), "500.00");
+/// # Ok::<(), tower_llm_quota::pricing::InvalidPrice>(())
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Usd(u64);
+
+impl Usd {
+    /// `nanos` nano-dollars.
+    pub const fn from_nanos(nanos: u64) -> Self {
+        Self(nanos)
+    }
+
+    /// Nano-dollars (10⁻⁹ USD).
+    pub const fn nanos(self) -> u64 {
+        self.0
+    }
+
+    /// Dollars written as a decimal (`"500"`, `"0.37"`, `"0.000000001"`): exact up to nine
+    /// decimals.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidPrice`] for text that is not a non-negative decimal, one with more than nine
+    /// decimals, or an amount above about 18 billion dollars.
+    pub fn parse(text: &str) -> Result<Self, InvalidPrice> {
+        let exact = Exact {
+            decimals: 9,
+            unit: "dollars",
+            inexact: "more than nine decimals: not exact in nano-dollars",
+        };
+        exact.read(text.trim().trim_start_matches('$')).map(Self)
+    }
+
+    /// The amount as a decimal without the sign: at least two decimals, and as many more as
+    /// it needs to be exact (`"500.00"`, `"0.3715"`).
+    pub fn decimal(self) -> String {
+        let (whole, fraction) = (self.0 / 1_000_000_000, self.0 % 1_000_000_000);
+        let fraction = format!("{fraction:09}");
+        let kept = fraction.trim_end_matches('0');
+        let kept = if kept.len() < 2 { &fraction[..2] } else { kept };
+        format!("{whole}.{kept}")
+    }
+}
+
+impl fmt::Display for Usd {
+    /// `$500.00`, `$0.3715`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "${}", self.decimal())
+    }
+}
+
+/// A non-negative decimal read exactly as an integer of `decimals` decimals.
+struct Exact {
+    decimals: usize,
+    /// What the text is read as, for the error.
+    unit: &'static str,
+    /// Why a text with more decimals is refused.
+    inexact: &'static str,
+}
+
+impl Exact {
+    fn read(&self, text: &str) -> Result<u64, InvalidPrice> {
+        let invalid = |why: &'static str| InvalidPrice {
+            text: text.to_owned(),
+            unit: self.unit,
+            why,
+        };
+        let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+        let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+        if (whole.is_empty() && fraction.is_empty()) || !digits(whole) || !digits(fraction) {
+            return Err(invalid("not a non-negative decimal number of dollars"));
+        }
+        if fraction.len() > self.decimals {
+            return Err(invalid(self.inexact));
+        }
+        let whole: u64 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().map_err(|_| invalid("too large"))?
+        };
+        let fraction: u64 = format!("{fraction:0<width$}", width = self.decimals)
+            .parse()
+            .map_err(|_| invalid("not a decimal"))?;
+        whole
+            .checked_mul(10u64.pow(self.decimals as u32))
+            .and_then(|w| w.checked_add(fraction))
+            .ok_or_else(|| invalid("too large"))
+    }
+}
+
 /// A price that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidPrice {
     text: String,
+    /// What the text was read as: `dollars per million tokens`, `dollars`.
+    unit: &'static str,
     why: &'static str,
 }
 
@@ -188,8 +269,8 @@ impl fmt::Display for InvalidPrice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "invalid price `{}` (dollars per million tokens): {}",
-            self.text, self.why
+            "invalid price `{}` ({}): {}",
+            self.text, self.unit, self.why
         )
     }
 }

@@ -112,7 +112,7 @@ impl<X: ScanUsage> Pending<X> {
         }
         #[cfg(feature = "metrics")]
         if budget.gauges_due() {
-            observe::budget(budget.snapshot().limits());
+            observe::budget(budget.queue_label(), budget.snapshot().limits());
         }
     }
 }

@@ -154,10 +154,13 @@
 //!                               "caps": [ { "dimension": "total_tokens",
 //!                                 "amount": 1000000, "window": "calendar_day_utc" },
 //!                                         { "dimension": "spend",
-//!                                 "amount": 500000000000, "window": "calendar_month_utc" } ] } },
+//!                                 "amount_usd": "500.00", "window": "calendar_month_utc" } ] } },
 //!   "templates": { "3": { "limits": [ { "dimension": "requests", "amount": 60,
 //!                                       "period_seconds": 60 } ] } } }
 //! ```
+//!
+//! A spend amount is written in dollars (`amount_usd`, a decimal string, exact to the
+//! nano-dollar: [`Usd`](crate::pricing::Usd)) or in nano-dollars (`amount`).
 //!
 //! # Across processes
 //!

@@ -51,7 +51,10 @@ struct Node {
 #[serde(deny_unknown_fields)]
 struct LimitConfig {
     dimension: String,
-    amount: NonZeroU64,
+    #[serde(default)]
+    amount: Option<NonZeroU64>,
+    #[serde(default)]
+    amount_usd: Option<String>,
     period_seconds: f64,
     #[serde(default)]
     burst: Option<NonZeroU64>,
@@ -61,7 +64,10 @@ struct LimitConfig {
 #[serde(deny_unknown_fields)]
 struct CapConfig {
     dimension: String,
-    amount: NonZeroU64,
+    #[serde(default)]
+    amount: Option<NonZeroU64>,
+    #[serde(default)]
+    amount_usd: Option<String>,
     window: Window,
     #[serde(default)]
     enforce: Enforce,
@@ -84,10 +90,11 @@ enum Window {
     Rolling,
 }
 
-/// A cap as `{ dimension = "spend", amount = 500000000000, window = "calendar_month_utc" }`
+/// A cap as `{ dimension = "spend", amount_usd = "500.00", window = "calendar_month_utc" }`
 /// (windows `calendar_day_utc`, `calendar_month_utc`, `rolling`), with `enforce = "soft"`
 /// for a [soft](PeriodCap::soft) one (`"hard"`, the default, otherwise): a tenant node's
-/// `caps`, or an account's.
+/// `caps`, or an account's. A spend amount is `amount_usd` (dollars, a decimal) or `amount`
+/// (nano-dollars); any other dimension's is `amount`.
 impl<'de> Deserialize<'de> for PeriodCap {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let cap = CapConfig::deserialize(deserializer)?;
@@ -96,11 +103,36 @@ impl<'de> Deserialize<'de> for PeriodCap {
             Window::CalendarMonthUtc => CapWindow::CalendarMonthUtc,
             Window::Rolling => CapWindow::Rolling,
         };
-        let built = PeriodCap::new(dimension(&cap.dimension)?, cap.amount, window);
+        let dimension = dimension(&cap.dimension)?;
+        let amount = amount(dimension, cap.amount, cap.amount_usd.as_deref())?;
+        let built = PeriodCap::new(dimension, amount, window);
         Ok(match cap.enforce {
             Enforce::Hard => built,
             Enforce::Soft => built.soft(),
         })
+    }
+}
+
+/// A limit's or cap's amount: `amount`, or for spend `amount_usd` in dollars; exactly one.
+fn amount<E: serde::de::Error>(
+    dimension: Dimension,
+    amount: Option<NonZeroU64>,
+    usd: Option<&str>,
+) -> Result<NonZeroU64, E> {
+    match (amount, usd) {
+        (Some(amount), None) => Ok(amount),
+        (None, Some(usd)) if dimension == Dimension::Spend => {
+            let nanos = crate::pricing::Usd::parse(usd).map_err(E::custom)?.nanos();
+            NonZeroU64::new(nanos).ok_or_else(|| E::custom("amount_usd must be above zero"))
+        }
+        (None, Some(_)) => Err(E::custom(format!(
+            "amount_usd is for spend; a {} amount is `amount`",
+            dimension.as_str()
+        ))),
+        (Some(_), Some(_)) => Err(E::custom("give `amount` or `amount_usd`, not both")),
+        (None, None) => Err(E::custom(
+            "missing field `amount` (or `amount_usd` for spend)",
+        )),
     }
 }
 
@@ -118,8 +150,9 @@ fn node<E: serde::de::Error>(config: Node) -> Result<TenantNode, E> {
             return Err(E::custom("a limit's period_seconds must be positive"));
         }
         let period = Duration::from_secs_f64(limit.period_seconds);
-        let mut built =
-            Limit::new(dimension(&limit.dimension)?, limit.amount, period).map_err(E::custom)?;
+        let dimension = dimension(&limit.dimension)?;
+        let amount = amount(dimension, limit.amount, limit.amount_usd.as_deref())?;
+        let mut built = Limit::new(dimension, amount, period).map_err(E::custom)?;
         if let Some(burst) = limit.burst {
             built = built.with_burst(burst);
         }
@@ -214,6 +247,31 @@ mod tests {
             "amount": 1, "period_seconds": 1 } ] } } }"#;
         assert!(serde_json::from_str::<TenantTree>(dimension).is_err());
         assert!(serde_json::from_str::<TenantTree>(r#"{ "nodes": { "a//b": {} } }"#).is_err());
+    }
+
+    #[test]
+    fn spend_reads_in_dollars() {
+        let cap: PeriodCap = serde_json::from_str(
+            r#"{ "dimension": "spend", "amount_usd": "500.00", "window": "calendar_day_utc" }"#,
+        )
+        .unwrap();
+        assert_eq!(cap.amount().get(), 500_000_000_000);
+        let tree: TenantTree = serde_json::from_str(
+            r#"{ "nodes": { "a": { "limits": [ { "dimension": "spend", "amount_usd": "0.50",
+                 "period_seconds": 3600 } ] } } }"#,
+        )
+        .unwrap();
+        let a = tree.node(&"a".parse().unwrap()).unwrap();
+        assert_eq!(a.limits()[0].amount().get(), 500_000_000);
+        for bad in [
+            r#"{ "dimension": "spend", "amount_usd": "1.5", "amount": 5, "window": "rolling" }"#,
+            r#"{ "dimension": "requests", "amount_usd": "1", "window": "rolling" }"#,
+            r#"{ "dimension": "spend", "amount_usd": "0.0000000001", "window": "rolling" }"#,
+            r#"{ "dimension": "spend", "amount_usd": "0", "window": "rolling" }"#,
+            r#"{ "dimension": "spend", "window": "rolling" }"#,
+        ] {
+            assert!(serde_json::from_str::<PeriodCap>(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

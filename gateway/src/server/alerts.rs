@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tower_llm_quota::pricing::Usd;
 
 use bytes::Bytes;
 use http::Request;
@@ -97,6 +98,9 @@ pub(crate) struct AlertEvent {
     pub(crate) amount_nano_usd: u64,
     /// The period's spend when the threshold was crossed.
     pub(crate) spent_nano_usd: u64,
+    /// The same two in dollars, exact decimals (`"500.00"`).
+    pub(crate) amount_usd: String,
+    pub(crate) spent_usd: String,
 }
 
 /// The alerts, their counts and the webhook's queue.
@@ -168,15 +172,18 @@ impl Alerts {
                 (None, Some(account)) => Watched::Account(account.clone()),
                 _ => return Err(error("name a `tenant` or an `account`, one of them")),
             };
-            if config.amount == 0 {
-                return Err(error("amount must be above zero"));
+            if config.amount != 0 && config.amount_usd.is_some() {
+                return Err(error("give `amount` or `amount_usd`, not both"));
+            }
+            let amount = config.nanos();
+            if amount == 0 {
+                return Err(error("amount (or amount_usd) must be above zero"));
             }
             if config.thresholds.is_empty() || config.thresholds.contains(&0) {
                 return Err(error("thresholds are percentages above zero"));
             }
-            let same = |a: &Alert| {
-                a.watched == watched && a.window == config.window && a.amount == config.amount
-            };
+            let same =
+                |a: &Alert| a.watched == watched && a.window == config.window && a.amount == amount;
             if alerts.iter().any(same) {
                 return Err(error("another alert has the same window and amount"));
             }
@@ -185,7 +192,7 @@ impl Alerts {
             thresholds.dedup();
             alerts.push(Alert {
                 watched,
-                amount: config.amount,
+                amount,
                 window: config.window,
                 thresholds,
             });
@@ -460,6 +467,8 @@ impl Alerts {
                 threshold_percent: percent,
                 amount_nano_usd: alert.amount,
                 spent_nano_usd: total,
+                amount_usd: Usd::from_nanos(alert.amount).decimal(),
+                spent_usd: Usd::from_nanos(total).decimal(),
             };
             let (label, watched) = match &alert.watched {
                 Watched::Node(node) => ("tenant", node.to_string()),
@@ -474,8 +483,8 @@ impl Alerts {
             tracing::warn!(
                 scope = %alert.watched,
                 threshold = percent,
-                spent = total,
-                amount = alert.amount,
+                spent = %Usd::from_nanos(total),
+                amount = %Usd::from_nanos(alert.amount),
                 "spend alert"
             );
             audit.write(&event);
@@ -543,6 +552,7 @@ mod tests {
     #[test]
     fn thresholds_are_raised_once_each_per_period() {
         let config = |tenant: &str| AlertConfig {
+            amount_usd: None,
             tenant: Some(tenant.to_owned()),
             account: None,
             amount: 1_000,
@@ -582,6 +592,7 @@ mod tests {
     #[test]
     fn mistakes_are_named() {
         let config = |amount, thresholds: Vec<u32>| AlertConfig {
+            amount_usd: None,
             tenant: Some("acme".to_owned()),
             account: None,
             amount,
@@ -597,11 +608,13 @@ mod tests {
         assert!(error(&[config(5, vec![0])]).contains("percentages"));
         assert!(error(&[config(5, vec![50]), config(5, vec![80])]).contains("same window"));
         let both = AlertConfig {
+            amount_usd: None,
             account: Some("openai".to_owned()),
             ..config(5, vec![50])
         };
         assert!(error(std::slice::from_ref(&both)).contains("one of them"));
         let neither = AlertConfig {
+            amount_usd: None,
             tenant: None,
             account: None,
             ..both
@@ -617,6 +630,7 @@ mod tests {
             Alerts::new(
                 &[
                     AlertConfig {
+                        amount_usd: None,
                         tenant: None,
                         account: Some("openai".to_owned()),
                         amount: 1_000,
@@ -624,6 +638,7 @@ mod tests {
                         thresholds: vec![50, 100],
                     },
                     AlertConfig {
+                        amount_usd: None,
                         tenant: Some("acme".to_owned()),
                         account: None,
                         amount: 1_000,

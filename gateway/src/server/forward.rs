@@ -261,6 +261,8 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let meter = Meter {
         gateway: gateway.clone(),
         tenant: caller.tenant.clone(),
+        path: caller.path.clone(),
+        account: account.name.clone(),
         report,
         scan,
         estimate: cost,

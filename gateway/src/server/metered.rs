@@ -24,6 +24,10 @@ pub(crate) struct Meter {
     /// Where the request is counted: its tenant's usage, the report, the audit log.
     pub(crate) gateway: Arc<Gateway>,
     pub(crate) tenant: String,
+    /// The request's path (its key's node) and the account that answered: its tokens in
+    /// the last minute per account.
+    pub(crate) path: tower_llm_quota::tenant::Tenant,
+    pub(crate) account: String,
     /// The usage the stack settled the answer with, told when its body ends.
     pub(crate) report: UsageReport,
     /// Reads the usage of an answer the stack did not settle (no call of its own); taken when
@@ -68,6 +72,7 @@ impl Meter {
             ),
         };
         self.gateway.ledger.tokens(&self.tenant, tokens, tier);
+        (self.gateway.ledger).recent(&self.account, &self.path, tokens.0 + tokens.1);
         audited.finish(&self.gateway, usage.as_ref(), self.bytes);
     }
 }

@@ -58,7 +58,7 @@ struct Status {
 pub(crate) fn tenants(gateway: &Gateway) -> Vec<TenantStatus> {
     gateway
         .tenants
-        .snapshot()
+        .snapshot(&gateway.ledger)
         .into_iter()
         .map(|node| TenantStatus {
             usage: gateway.ledger.counts_under(&node.path),
@@ -139,7 +139,7 @@ pub(crate) async fn healthz(State(gateway): State<Arc<Gateway>>) -> impl IntoRes
 
 /// Sets the level gauges of every tenant and account, and the queue depths, before a scrape.
 pub(crate) fn record_gauges(gateway: &Gateway) {
-    for tenant in gateway.tenants.snapshot() {
+    for tenant in gateway.tenants.snapshot(&gateway.ledger) {
         for share in &tenant.accounts {
             let labels = |name: &'static str| {
                 let (tenant, account) = (tenant.path.clone(), share.account.clone());

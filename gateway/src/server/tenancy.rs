@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tower_llm_quota::budget::LimitSnapshot;
+use tower_llm_quota::pricing::Usd;
 use tower_llm_quota::tenant::{
     CapWindow, Refusal as Why, Tenant, TenantHandle, TenantNode, TenantRefused,
 };
@@ -40,14 +41,48 @@ pub(crate) struct LimitKey {
     pub(crate) period_seconds: u64,
 }
 
-/// A limit as the admin API takes it.
+/// A limit as the admin API takes it: `amount`, or for spend `amount_usd` (dollars, a
+/// decimal string: `"0.50"`).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, try_from = "LimitWritten")]
 pub(crate) struct LimitChange {
-    /// `requests`, `input_tokens`, `output_tokens` or `total_tokens`.
+    /// `requests`, `input_tokens`, `output_tokens`, `total_tokens` or `spend`.
     pub(crate) dimension: String,
+    /// For spend, nano-dollars.
     pub(crate) amount: std::num::NonZeroU64,
     pub(crate) period_seconds: u64,
+}
+
+/// A limit as written to the admin API, before its amount is read.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitWritten {
+    dimension: String,
+    amount: Option<std::num::NonZeroU64>,
+    amount_usd: Option<String>,
+    period_seconds: u64,
+}
+
+impl TryFrom<LimitWritten> for LimitChange {
+    type Error = String;
+
+    fn try_from(written: LimitWritten) -> Result<Self, String> {
+        let amount = match (written.amount, written.amount_usd.as_deref()) {
+            (Some(amount), None) => amount,
+            (None, Some(usd)) if written.dimension == "spend" => {
+                let nanos = Usd::parse(usd).map_err(|e| e.to_string())?.nanos();
+                std::num::NonZeroU64::new(nanos).ok_or("amount_usd must be above zero")?
+            }
+            (None, Some(_)) => return Err("amount_usd is for spend; give `amount`".into()),
+            (Some(_), Some(_)) => return Err("give `amount` or `amount_usd`, not both".into()),
+            (None, None) => return Err("missing field `amount` (or `amount_usd`)".into()),
+        };
+        Ok(Self {
+            dimension: written.dimension,
+            amount,
+            period_seconds: written.period_seconds,
+        })
+    }
 }
 
 /// The dimension of that name, or why there is none.
@@ -82,6 +117,8 @@ pub(crate) struct ShareView {
     /// The node's caps over a period (a day, a month) and what the current period used of
     /// each (the fleet's with Redis).
     pub(crate) caps: Vec<CapView>,
+    /// Tokens its answers used on this account over the last minute (the others are the
+    /// node's over every account).
     pub(crate) used: u64,
     pub(crate) guaranteed: u64,
     pub(crate) borrowed: u64,
@@ -98,17 +135,30 @@ pub(crate) struct CapView {
     /// `calendar day (UTC)`, `calendar month (UTC)` or `rolling 24 h`.
     pub(crate) window: String,
     pub(crate) used: u64,
+    /// A spend cap's amount and use in dollars (`"500.00"`, exact); `amount` and `used` are
+    /// nano-dollars.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) amount_usd: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) used_usd: Option<String>,
 }
 
 impl CapView {
     /// The views of `caps`, each with what its period used.
     pub(crate) fn all(caps: &[(tower_llm_quota::tenant::PeriodCap, u64)]) -> Vec<Self> {
         (caps.iter())
-            .map(|(cap, used)| CapView {
-                limit: cap_name(cap.dimension().as_str(), cap.window()),
-                amount: cap.amount().get(),
-                window: cap.window().to_string(),
-                used: *used,
+            .map(|(cap, used)| {
+                let usd = |nanos: u64| {
+                    (cap.dimension() == Dimension::Spend).then(|| Usd::from_nanos(nanos).decimal())
+                };
+                CapView {
+                    limit: cap_name(cap.dimension().as_str(), cap.window()),
+                    amount: cap.amount().get(),
+                    window: cap.window().to_string(),
+                    used: *used,
+                    amount_usd: usd(cap.amount().get()),
+                    used_usd: usd(*used),
+                }
             })
             .collect()
     }
@@ -408,8 +458,10 @@ impl Tenancy {
         Ok(())
     }
 
-    /// Every listed node, in path order, on every account.
-    pub(crate) fn snapshot(&self) -> Vec<NodeView> {
+    /// Every listed node, in path order, on every account: the node's own state (its limits
+    /// and shares hold over every account, so they read the same on each) and `used`, what
+    /// the ledger counted of its answers on that account over the last minute.
+    pub(crate) fn snapshot(&self, ledger: &super::usage::Ledger) -> Vec<NodeView> {
         self.paths()
             .iter()
             .map(|path| {
@@ -430,7 +482,7 @@ impl Tenancy {
                             account: (*name).clone(),
                             levels: s.limits().iter().map(LevelView::from).collect(),
                             caps: CapView::all(s.used_in_period()),
-                            used: s.used(),
+                            used: ledger.used_last_minute(name, path.as_str()),
                             guaranteed: s.guaranteed(),
                             borrowed: s.borrowed(),
                             in_flight: s.in_flight(),

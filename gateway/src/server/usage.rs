@@ -152,11 +152,55 @@ struct Day {
     counts: HashMap<String, Counts>,
 }
 
-/// The usage ledger: counts by tenant path for today, and the last refusals.
+/// The usage ledger: counts by tenant path for today, the tokens of the last minute by
+/// account and node, and the last refusals.
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     today: Mutex<Day>,
+    recent: Mutex<HashMap<(String, String), Minute>>,
     refusals: Mutex<VecDeque<RefusalRecord>>,
+}
+
+/// Tokens over the last minute, by second: a ring of 60 counts and the second of the newest.
+#[derive(Debug, Clone)]
+struct Minute {
+    seconds: [u64; 60],
+    newest: u64,
+}
+
+impl Default for Minute {
+    fn default() -> Self {
+        Self {
+            seconds: [0; 60],
+            newest: 0,
+        }
+    }
+}
+
+impl Minute {
+    /// Adds `tokens` at `second` (forgetting the seconds more than a minute before it).
+    fn add(&mut self, second: u64, tokens: u64) {
+        self.forget_before(second);
+        self.seconds[(second % 60) as usize] += tokens;
+    }
+
+    /// The tokens of the minute up to `second`.
+    fn total(&self, second: u64) -> u64 {
+        let mut minute = self.clone();
+        minute.forget_before(second);
+        minute.seconds.iter().sum()
+    }
+
+    /// Clears the seconds past since the newest, up to `second` (a minute at most).
+    fn forget_before(&mut self, second: u64) {
+        if second <= self.newest {
+            return;
+        }
+        for past in (self.newest + 1..=second).take(60) {
+            self.seconds[(past % 60) as usize] = 0;
+        }
+        self.newest = second;
+    }
 }
 
 fn now() -> f64 {
@@ -166,6 +210,30 @@ fn now() -> f64 {
 }
 
 impl Ledger {
+    /// Counts `tokens` answered on `account` for `path` and each node above it, in the last
+    /// minute's window.
+    pub(crate) fn recent(
+        &self,
+        account: &str,
+        path: &tower_llm_quota::tenant::Tenant,
+        tokens: u64,
+    ) {
+        let second = now() as u64;
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        for node in path.prefixes() {
+            let key = (account.to_owned(), node.to_owned());
+            recent.entry(key).or_default().add(second, tokens);
+        }
+    }
+
+    /// The tokens answered on `account` for the node at `path` (and below it) over the last
+    /// minute.
+    pub(crate) fn used_last_minute(&self, account: &str, path: &str) -> u64 {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        (recent.get(&(account.to_owned(), path.to_owned())))
+            .map_or(0, |minute| minute.total(now() as u64))
+    }
+
     fn with_today(&self, tenant: &str, change: impl FnOnce(&mut Counts)) {
         let day = (now() / 86_400.0) as u64;
         let mut today = self
@@ -290,4 +358,22 @@ pub(crate) fn is_under(tenant: &str, path: &str) -> bool {
         || tenant
             .strip_prefix(path)
             .is_some_and(|rest| rest.starts_with('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_minute_forgets_what_is_older() {
+        let mut minute = Minute::default();
+        minute.add(1_000, 10);
+        minute.add(1_030, 5);
+        assert_eq!(minute.total(1_030), 15);
+        assert_eq!(minute.total(1_059), 15);
+        assert_eq!(minute.total(1_060), 5, "the second 1,000 is a minute old");
+        assert_eq!(minute.total(1_090), 0);
+        minute.add(5_000, 7);
+        assert_eq!(minute.total(5_000), 7, "a long silence forgets everything");
+    }
 }

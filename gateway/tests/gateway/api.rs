@@ -50,7 +50,7 @@ async fn demo_keys_work_on_both_styles() {
 #[tokio::test]
 async fn an_unknown_key_gets_401_and_touches_no_quota() {
     let gateway = Running::start(&demo()).await;
-    let before = gateway.gateway.tenants.snapshot();
+    let before = gateway.gateway.tenants.snapshot(&gateway.gateway.ledger);
     for key in [Some("demo-key-acme-searcH"), Some(""), None] {
         let (status, _, body) =
             json(gateway.post("/v1/chat/completions", key, &chat(20)).await).await;
@@ -73,7 +73,10 @@ async fn an_unknown_key_gets_401_and_touches_no_quota() {
             .map(|a| (a.used, a.levels.iter().map(|l| l.level).collect::<Vec<_>>()))
             .collect::<Vec<_>>()
     };
-    assert_eq!(levels(gateway.gateway.tenants.snapshot()), levels(before));
+    assert_eq!(
+        levels(gateway.gateway.tenants.snapshot(&gateway.gateway.ledger)),
+        levels(before)
+    );
     for account in &gateway.gateway.accounts {
         assert_eq!(account.simulator.as_ref().unwrap().stats().received, 0);
         let snapshot = account.budget().snapshot();
@@ -169,7 +172,7 @@ async fn bad_bodies_are_refused_before_anything_is_reserved() {
     let search = gateway
         .gateway
         .tenants
-        .snapshot()
+        .snapshot(&gateway.gateway.ledger)
         .into_iter()
         .find(|n| n.path == "acme/search")
         .unwrap();
@@ -364,6 +367,15 @@ async fn metrics_carry_per_tenant_series() {
     // The crate's own series (the gateway builds it with its `metrics` feature).
     for series in ["llm_requests_total", "llm_tenant_tokens_total"] {
         assert!(text.contains(series), "{series} missing");
+    }
+    // Each account's budget keeps series of its own (before, one series for all).
+    for account in ["openai-sim", "anthropic-sim"] {
+        let label = format!("queue=\"{account}\"");
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("llm_budget_level{") && l.contains(&label)),
+            "no llm_budget_level of {account} in\n{text}"
+        );
     }
     // Latencies add up across replicas: histograms, not summaries.
     assert!(
@@ -1093,5 +1105,50 @@ async fn embeddings_completions_and_token_counting_are_served() {
             "/v1/messages/count_tokens"
         ]
     );
+    gateway.stop().await;
+}
+
+/// A tenant's tokens of the last minute are counted per account: 60-odd tokens sent to the
+/// OpenAI account only show there, not on the Anthropic one too (before, each account
+/// repeated the tenant's total), in `/status.json` and in the gauge.
+#[tokio::test]
+async fn a_tenant_s_minute_is_counted_per_account() {
+    let gateway = Running::start(&demo()).await;
+    let response = gateway
+        .post("/v1/chat/completions", Some(GLOBEX), &chat(20))
+        .await;
+    assert_eq!(response.status(), 200);
+    response.bytes().await.unwrap();
+    let (_, text) = gateway.get("/status.json").await;
+    let status: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let globex = (status["tenants"].as_array().unwrap().iter())
+        .find(|t| t["node"]["path"] == "globex" || t["path"] == "globex")
+        .unwrap_or_else(|| panic!("no globex in {status}"))
+        .clone();
+    let node = if globex["node"].is_object() {
+        &globex["node"]
+    } else {
+        &globex
+    };
+    let used = |account: &str| {
+        (node["accounts"].as_array().unwrap().iter())
+            .find(|a| a["account"] == account)
+            .unwrap()["used"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(used("openai-sim") > 0, "{node}");
+    assert_eq!(used("anthropic-sim"), 0, "{node}");
+    let (_, metrics) = gateway.get("/metrics").await;
+    let gauge = |account: &str| {
+        let series = format!(
+            r#"gateway_tenant_used_tokens_per_minute{{tenant="globex",account="{account}"}} "#
+        );
+        (metrics.lines())
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map(str::to_owned)
+    };
+    assert_eq!(gauge("anthropic-sim").as_deref(), Some("0"), "{metrics}");
+    assert_ne!(gauge("openai-sim").as_deref(), Some("0"));
     gateway.stop().await;
 }

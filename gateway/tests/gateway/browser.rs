@@ -287,13 +287,19 @@ async fn the_status_page_tells_the_configured_figures() {
                 compared += 1;
             }
             for cap in share["caps"].as_array().unwrap() {
-                let text = format!(
-                    "{}: {} ({}): {} used",
-                    cap["limit"].as_str().unwrap().replace('_', " "),
-                    grouped(cap["amount"].as_u64().unwrap()),
-                    cap["window"].as_str().unwrap(),
-                    grouped(cap["used"].as_u64().unwrap()),
-                );
+                let name = cap["limit"].as_str().unwrap().replace('_', " ");
+                let window = cap["window"].as_str().unwrap();
+                let text = match cap["amount_usd"].as_str() {
+                    Some(amount) => format!(
+                        "{name}: ${} of ${amount} ({window})",
+                        cap["used_usd"].as_str().unwrap()
+                    ),
+                    None => format!(
+                        "{name}: {} ({window}): {} used",
+                        grouped(cap["amount"].as_u64().unwrap()),
+                        grouped(cap["used"].as_u64().unwrap()),
+                    ),
+                };
                 assert!(
                     dailies.contains(&text.as_str()),
                     "{path}: {text} not in {dailies:?}"

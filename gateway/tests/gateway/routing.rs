@@ -155,28 +155,26 @@ async fn a_fallback_takes_what_the_primary_would_make_wait() {
         (billed(&gateway, "sim-a"), billed(&gateway, "sim-b")),
         (1, 2)
     );
-    // A request with tools: the fallback does not support them, so it stays on the primary
-    // and waits in its queue (its burst is spent), sent nowhere.
+    // A request with tools: the fallback does not support them, so it stays on the primary,
+    // whose burst is spent for longer than the class may wait: refused at once, naming the
+    // primary's limit, with the wait; sent nowhere.
     let tools = chat("fast").replace(
         r#""max_tokens""#,
         r#""tools":[{"type":"function","function":{"name":"f"}}],"max_tokens""#,
     );
-    let waiting = {
-        let url = gateway.url.clone();
-        tokio::spawn(async move {
-            reqwest::Client::new()
-                .post(format!("{url}/v1/chat/completions"))
-                .bearer_auth("key-2")
-                .body(tools)
-                .send()
-                .await
-        })
-    };
-    let primary = gateway.gateway.accounts[0].clone();
-    while primary.queue().snapshot().depth() == 0 {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    waiting.abort();
+    let refused = gateway
+        .post("/v1/chat/completions", Some("key-2"), &tools)
+        .await;
+    let (status, retry_after, body) = json(refused).await;
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["scope"], "account:sim-a", "{body}");
+    assert_eq!(body["error"]["limit"], "requests_per_minute", "{body}");
+    let retry_after: f64 = retry_after.unwrap().parse().unwrap();
+    assert!(retry_after > 1.0, "{retry_after}");
+    assert_eq!(
+        (billed(&gateway, "sim-a"), billed(&gateway, "sim-b")),
+        (1, 2)
+    );
     // Structured output, which the fallback supports, goes there.
     let structured = chat("fast").replace(
         r#""max_tokens""#,

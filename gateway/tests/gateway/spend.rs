@@ -350,7 +350,11 @@ async fn spend_alerts_fire_once_each_and_never_refuse() {
     let (hook, taken) = webhook(1).await;
     let audit = std::env::temp_dir().join(format!("alerts-audit-{}.log", std::process::id()));
     let audit_path = audit.to_str().unwrap().to_owned();
-    let gateway = Running::start(&alert_config("alerts", AMOUNT, &hook, Some(&audit_path))).await;
+    // Written in dollars: $0.005.
+    let config = alert_config("alerts", AMOUNT, &hook, Some(&audit_path))
+        .replace(&format!("amount = {AMOUNT}\n"), "amount_usd = \"0.005\"\n");
+    assert!(config.contains("amount_usd = \"0.005\""), "{config}");
+    let gateway = Running::start(&config).await;
     // Until 150 % of the amount: every request answered.
     let (mut spent, mut steps) = (0, Vec::new());
     for n in 0.. {
@@ -376,6 +380,7 @@ async fn spend_alerts_fire_once_each_and_never_refuse() {
         assert_eq!(event["tenant"], "alerts");
         assert_eq!(event["window"], "calendar_month_utc");
         assert_eq!(event["amount_nano_usd"], AMOUNT);
+        assert_eq!(event["amount_usd"], "0.005", "{event}");
         // Raised by the very answer that crossed it: the spend then is the first of the
         // running totals at or above the threshold.
         let level = AMOUNT * event["threshold_percent"].as_u64().unwrap() / 100;
@@ -628,4 +633,55 @@ async fn an_account_spend_cap_refuses_at_the_cap_with_scopes_or_without() {
         assert!(metrics.contains(&alert), "{alert} missing");
         Arc::into_inner(gateway).unwrap().stop().await;
     }
+}
+
+/// Money in dollars: a cap written `amount_usd = "0.01"` is the same cap as 10,000,000
+/// nano-dollars; `/status.json` shows it and its use in dollars beside the integers; the
+/// admin API takes a spend limit as `amount_usd`.
+#[tokio::test]
+async fn spend_is_written_and_shown_in_dollars() {
+    let config = config().replace(
+        &format!("amount = {CAP}, window"),
+        "amount_usd = \"0.01\", window",
+    );
+    assert!(config.contains("amount_usd"), "{config}");
+    let gateway = Running::start(&config).await;
+    let response = gateway
+        .post("/v1/chat/completions", Some("caller-secret"), &body(1))
+        .await;
+    assert_eq!(response.status(), 200);
+    let answer: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
+    let spent = spend_of(&answer);
+    let (_, text) = gateway.get("/status.json").await;
+    let status: Value = serde_json::from_str(&text).unwrap();
+    let key = (status["tenants"].as_array().unwrap().iter())
+        .find(|t| t["path"] == "team/team-key")
+        .unwrap_or_else(|| panic!("{status}"));
+    let cap = &key["accounts"][0]["caps"][0];
+    assert_eq!(cap["amount"], CAP, "{cap}");
+    assert_eq!(cap["amount_usd"], "0.01", "{cap}");
+    let used = cap["used"].as_u64().unwrap();
+    assert_eq!(used, spent, "{cap}");
+    // Exact: as many decimals as it needs, at least two.
+    let fraction = format!("{:09}", used % 1_000_000_000);
+    let kept = fraction.trim_end_matches('0');
+    let kept = if kept.len() < 2 { &fraction[..2] } else { kept };
+    let dollars = format!("{}.{kept}", used / 1_000_000_000);
+    assert_eq!(cap["used_usd"], dollars.as_str(), "{cap}");
+    // A spend limit through the admin API, in dollars.
+    let change = serde_json::json!({"tenant": "team", "limits": [
+        {"dimension": "spend", "amount_usd": "0.50", "period_seconds": 3600}]});
+    let response = gateway
+        .admin(reqwest::Method::PUT, "/limits", "admin", change)
+        .await;
+    assert_eq!(response.status(), 204, "{}", response.text().await.unwrap());
+    let (_, text) = gateway.get("/status.json").await;
+    let status: Value = serde_json::from_str(&text).unwrap();
+    let team = (status["tenants"].as_array().unwrap().iter())
+        .find(|t| t["path"] == "team")
+        .unwrap();
+    let level = &team["accounts"][0]["levels"][0];
+    assert_eq!(level["limit"], "spend_per_hour", "{level}");
+    assert_eq!(level["amount"], 500_000_000u64, "{level}");
+    gateway.stop().await;
 }

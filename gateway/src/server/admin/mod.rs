@@ -4,7 +4,7 @@
 //!
 //! | route | does | delegated admin |
 //! |---|---|---|
-//! | `GET /admin/tenants` | the tree: each node's weight, pause, and on each account its limits and levels, used, guaranteed and borrowed tokens a minute, calls in flight, queued requests by class; today's usage | its subtree |
+//! | `GET /admin/tenants` | the tree: each node's weight, pause, and on each account its limits and levels, its tokens of the last minute on that account (`used`), guaranteed and borrowed tokens a minute, calls in flight, queued requests by class; today's usage | its subtree |
 //! | `PUT /admin/limits` | `{"tenant": "acme/search", "limits": [{"dimension": "total_tokens", "amount": 9000, "period_seconds": 60}], "remove": [{"dimension": "requests", "period_seconds": 60}], "weight": 2}`: each limit given replaces the node's of the same dimension and period (or is added), each of `remove` is dropped, the weight is replaced; every other limit is kept (any part may be left out) | the nodes below its own, each limit at most its own of that dimension and period |
 //! | `POST /admin/pause` | `{"tenant": "globex"}` or `{"key": "globex-app"}`: refused at once, queued ones too | below its own |
 //! | `POST /admin/resume` | the same, lifted | below its own |

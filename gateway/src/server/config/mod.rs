@@ -938,13 +938,34 @@ pub(crate) struct AlertConfig {
     pub(crate) tenant: Option<String>,
     /// Or the account whose spend is watched, every tenant's answers on it.
     pub(crate) account: Option<String>,
-    /// The amount the thresholds are shares of, in nano-dollars.
+    /// The amount the thresholds are shares of, in nano-dollars (`amount`), or written in
+    /// dollars (`amount_usd = "500.00"`).
+    #[serde(default)]
     pub(crate) amount: u64,
+    #[serde(default, deserialize_with = "usd_as_nanos")]
+    pub(crate) amount_usd: Option<u64>,
     /// `calendar_day_utc` or `calendar_month_utc`.
     pub(crate) window: AlertWindow,
     /// Percentages of `amount`, each raised once per period.
     #[serde(default = "default_thresholds")]
     pub(crate) thresholds: Vec<u32>,
+}
+
+/// Dollars written as a decimal string, read as nano-dollars.
+fn usd_as_nanos<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<u64>, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    tower_llm_quota::pricing::Usd::parse(&text)
+        .map(|usd| Some(usd.nanos()))
+        .map_err(serde::de::Error::custom)
+}
+
+impl AlertConfig {
+    /// The amount in nano-dollars, as `amount` or `amount_usd` gives it.
+    pub(crate) fn nanos(&self) -> u64 {
+        self.amount_usd.unwrap_or(self.amount)
+    }
 }
 
 fn default_thresholds() -> Vec<u32> {
