@@ -383,6 +383,9 @@ impl Gateway {
                 accounts = reloaded.accounts,
                 restart = ?reloaded.restart,
                 why = ?reloaded.why,
+                shadowed = ?(reloaded.shadowed.iter())
+                    .map(|o| format!("{}: {} over the file's {}", o.id, o.value, o.file))
+                    .collect::<Vec<_>>(),
                 "configuration reloaded"
             ),
             Err(error) => tracing::error!(%error, "the configuration was not reloaded"),
@@ -501,6 +504,7 @@ impl Gateway {
         for reason in &why {
             tracing::warn!(reason = %reason, "a reload left this for a restart");
         }
+        let shadowed = super::overrides::list(&running, &parsed);
         *current = running;
         Ok(Reloaded {
             keys: self.keys().list().count(),
@@ -508,6 +512,7 @@ impl Gateway {
             accounts: retunes.len(),
             restart,
             why,
+            shadowed,
         })
     }
 
@@ -687,4 +692,7 @@ pub(crate) struct Reloaded {
     pub(crate) restart: Vec<&'static str>,
     /// Why, for each: what changed that a reload cannot apply.
     pub(crate) why: Vec<String>,
+    /// Every setting of the file an admin override shadows (it holds over the file's value
+    /// until deleted: `DELETE /admin/overrides?id=...`).
+    pub(crate) shadowed: Vec<super::overrides::Override>,
 }

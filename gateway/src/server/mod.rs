@@ -15,6 +15,7 @@ pub(crate) mod models;
 pub(crate) mod nearest;
 #[cfg(feature = "otel")]
 pub(crate) mod otel;
+pub(crate) mod overrides;
 pub(crate) mod refusal;
 pub(crate) mod report;
 pub(crate) mod routes;

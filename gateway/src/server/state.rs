@@ -8,6 +8,7 @@
 //! | `limit:<dimension>:<period seconds>:<tenant path>` | the amount, or `-`: the configured limit removed |
 //! | `weight:<tenant path>` | the node's weight |
 //! | `key:<name>` | a `KeyRecord` in JSON: its tenant, class, secrets' digests |
+//! | `by:<field>` | who changed `<field>` last and when: `{"admin": name, "at": RFC 3339}` |
 //!
 //! One field per limit means two admins changing two limits of one node at once on two
 //! replicas both win: no field is read, changed and written back.
@@ -365,6 +366,24 @@ pub(crate) fn key_field(name: &str) -> String {
     format!("key:{name}")
 }
 
+/// Who changed a field last, and when.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Stamp {
+    pub(crate) admin: String,
+    /// RFC 3339.
+    pub(crate) at: String,
+}
+
+/// `change` with each field's stamp beside it (`by:<field>`): set with the field, removed
+/// with it.
+pub(crate) fn stamped(change: Change, stamp: &Stamp) -> Change {
+    let value = serde_json::to_string(stamp).unwrap_or_default();
+    let stamps: Vec<_> = (change.iter())
+        .map(|(field, set)| (format!("by:{field}"), set.as_ref().map(|_| value.clone())))
+        .collect();
+    change.into_iter().chain(stamps).collect()
+}
+
 /// What the admin API changed of a node: limits set (`Some`) or removed (`None`) by dimension
 /// and period, and its weight.
 #[derive(Debug, Default, Clone)]
@@ -408,6 +427,8 @@ impl NodeOverride {
 pub(crate) struct Parsed {
     pub(crate) nodes: BTreeMap<Tenant, NodeOverride>,
     pub(crate) keys: Vec<(String, KeyRecord)>,
+    /// Who changed each field last, by field (none for a field written before stamps).
+    pub(crate) stamps: BTreeMap<String, Stamp>,
 }
 
 /// Reads the fields; one that cannot be read is skipped and named in the second part (a
@@ -444,6 +465,10 @@ pub(crate) fn parse(fields: &Fields) -> (Parsed, Vec<String>) {
                 "key" => parsed
                     .keys
                     .push((rest.to_owned(), serde_json::from_str(value).ok()?)),
+                "by" => {
+                    let stamp = serde_json::from_str(value).ok()?;
+                    parsed.stamps.insert(rest.to_owned(), stamp);
+                }
                 _ => return None,
             }
             Some(())

@@ -22,6 +22,10 @@ pub(crate) struct TenantStatus {
     #[serde(flatten)]
     pub(crate) node: NodeView,
     pub(crate) usage: Counts,
+    /// The node's settings an admin override holds over the file's (`requests_per_minute`,
+    /// `weight`): `GET /admin/overrides` says who, when, and the file's value.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) overridden: Vec<String>,
 }
 
 /// An account: its limits now, calls in flight, requests queued by class.
@@ -56,12 +60,18 @@ struct Status {
 }
 
 pub(crate) fn tenants(gateway: &Gateway) -> Vec<TenantStatus> {
+    let (parsed, _) = super::state::parse(&gateway.applied_state());
+    let overrides = super::overrides::list(&gateway.config(), &parsed);
     gateway
         .tenants
         .snapshot(&gateway.ledger)
         .into_iter()
         .map(|node| TenantStatus {
             usage: gateway.ledger.counts_under(&node.path),
+            overridden: (overrides.iter())
+                .filter(|o| o.tenant.as_deref() == Some(node.path.as_str()))
+                .map(|o| o.setting.clone())
+                .collect(),
             node,
         })
         .collect()

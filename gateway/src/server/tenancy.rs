@@ -31,6 +31,9 @@ pub(crate) struct Tenancy {
     /// The nodes the views list, in path order.
     paths: std::sync::RwLock<Vec<Tenant>>,
     accounts: Vec<(String, TenantHandle)>,
+    /// The nodes the admin state changed when it was last applied: one no longer changed
+    /// goes back to the file's settings.
+    overridden: std::sync::Mutex<std::collections::BTreeSet<Tenant>>,
 }
 
 /// A limit to remove, by its dimension and period.
@@ -202,6 +205,7 @@ impl Tenancy {
         Self {
             paths: std::sync::RwLock::new(paths),
             accounts: Vec::new(),
+            overridden: std::sync::Mutex::default(),
         }
     }
 
@@ -272,6 +276,18 @@ impl Tenancy {
         for (path, changes) in overrides {
             let base = tree.node(path).cloned().unwrap_or_default();
             self.set_configured(path, &changes.over(&base))?;
+        }
+        // A node whose overrides were all deleted, and that the file does not name: back to
+        // what the file gives it (a template's, or nothing).
+        let now: std::collections::BTreeSet<Tenant> = overrides.keys().cloned().collect();
+        let before = std::mem::replace(
+            &mut *self.overridden.lock().unwrap_or_else(|e| e.into_inner()),
+            now.clone(),
+        );
+        let configured: std::collections::BTreeSet<&Tenant> =
+            tree.nodes().map(|(path, _)| path).collect();
+        for path in before.difference(&now).filter(|p| !configured.contains(p)) {
+            self.set_configured(path, &tree.node(path).cloned().unwrap_or_default())?;
         }
         Ok(count)
     }

@@ -715,3 +715,143 @@ async fn a_reload_applies_an_account_s_limits_caps_and_models_in_place() {
     assert_eq!(response.status(), 404, "a removed model still routed");
     gateway.stop().await;
 }
+
+/// The file is the base, admin changes are overrides: each listed with who made it, when and
+/// the file's value it shadows; a reload lists what they shadow; deleting one gives the
+/// file's value back (a limit's, a removed limit's, a configured key's secret); the status
+/// marks what is overridden. (Before: after a reload the admin's 10 held over the file's 20
+/// and nothing said so; after a `remove` the tenant had no request limit and no way back.)
+#[tokio::test]
+async fn admin_changes_are_overrides_with_a_way_back() {
+    let gateway = Running::start(&demo()).await;
+    let call = |method: Method, path: &'static str, body: Value| {
+        let gateway = &gateway;
+        async move {
+            let response = gateway.admin(method, path, ADMIN, body).await;
+            let status = response.status().as_u16();
+            let body = response.bytes().await.unwrap();
+            (
+                status,
+                serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null),
+            )
+        }
+    };
+    let requests_of = |tenants: &Value| {
+        let globex = (tenants.as_array().unwrap().iter())
+            .find(|n| n["path"] == "globex")
+            .unwrap()
+            .clone();
+        (globex["accounts"][0]["levels"].as_array().unwrap().iter())
+            .find(|l| l["limit"] == "requests_per_minute")
+            .map(|l| l["amount"].as_u64().unwrap())
+    };
+    let id = "limit:requests:60:globex";
+    let change = json!({"tenant": "globex", "limits": [
+        {"dimension": "requests", "amount": 10, "period_seconds": 60}]});
+    assert_eq!(call(Method::PUT, "/limits", change).await.0, 204);
+    let (status, overrides) = call(Method::GET, "/overrides", Value::Null).await;
+    assert_eq!(status, 200);
+    let listed = overrides.as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{overrides}");
+    let first = &listed[0];
+    assert_eq!(first["id"], id);
+    assert_eq!(first["tenant"], "globex");
+    assert_eq!(first["setting"], "requests_per_minute");
+    assert_eq!(
+        (first["value"].as_u64(), first["file"].as_u64()),
+        (Some(10), Some(20))
+    );
+    assert_eq!(first["by"], "admin");
+    assert!(first["at"].as_str().unwrap().ends_with('Z'), "{first}");
+
+    // A reload of the same file says what the override shadows.
+    let reloaded = reqwest::Client::new()
+        .post(format!("{}/admin/reload", gateway.url))
+        .bearer_auth(ADMIN)
+        .body(demo())
+        .send()
+        .await
+        .unwrap();
+    let reloaded: Value = serde_json::from_slice(&reloaded.bytes().await.unwrap()).unwrap();
+    assert_eq!(reloaded["shadowed"][0]["id"], id, "{reloaded}");
+    let (_, tenants) = call(Method::GET, "/tenants", Value::Null).await;
+    assert_eq!(requests_of(&tenants), Some(10), "the override still holds");
+    let globex = (tenants.as_array().unwrap().iter())
+        .find(|n| n["path"] == "globex")
+        .unwrap();
+    assert_eq!(
+        globex["overridden"],
+        json!(["requests_per_minute"]),
+        "{globex}"
+    );
+
+    // Removed: listed as such, against the file's 20; deleted: the file's 20 again.
+    let remove = json!({"tenant": "globex", "remove": [
+        {"dimension": "requests", "period_seconds": 60}]});
+    assert_eq!(call(Method::PUT, "/limits", remove).await.0, 204);
+    let (_, overrides) = call(Method::GET, "/overrides", Value::Null).await;
+    assert_eq!(overrides[0]["value"], "removed", "{overrides}");
+    let (_, tenants) = call(Method::GET, "/tenants", Value::Null).await;
+    assert_eq!(requests_of(&tenants), None);
+    let response = gateway
+        .admin(
+            Method::DELETE,
+            &format!("/overrides?id={id}"),
+            ADMIN,
+            Value::Null,
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    let (_, tenants) = call(Method::GET, "/tenants", Value::Null).await;
+    assert_eq!(requests_of(&tenants), Some(20), "the file's value is back");
+    let (_, overrides) = call(Method::GET, "/overrides", Value::Null).await;
+    assert_eq!(overrides, json!([]));
+    let response = gateway
+        .admin(Method::DELETE, "/overrides?id=nosuch", ADMIN, Value::Null)
+        .await;
+    assert_eq!(response.status(), 404);
+
+    // A configured key rotated through the API: its file secret shadowed, then given back.
+    let response = gateway
+        .admin(
+            Method::POST,
+            "/keys/globex-app/rotate",
+            ADMIN,
+            json!({"overlap_seconds": 0}),
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    let (_, overrides) = call(Method::GET, "/overrides", Value::Null).await;
+    let key = &overrides[0];
+    assert_eq!(
+        (
+            key["key"].as_str(),
+            key["value"].as_str(),
+            key["file"].as_str()
+        ),
+        (Some("globex-app"), Some("rotated"), Some("key (inline)")),
+        "{overrides}"
+    );
+    let status = |key: &'static str| {
+        let gateway = &gateway;
+        async move {
+            gateway
+                .post("/v1/chat/completions", Some(key), &chat(20))
+                .await
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(status(GLOBEX).await, 401, "the file's secret is shadowed");
+    let response = gateway
+        .admin(
+            Method::DELETE,
+            "/overrides?id=key:globex-app",
+            ADMIN,
+            Value::Null,
+        )
+        .await;
+    assert_eq!(response.status(), 200);
+    assert_eq!(status(GLOBEX).await, 200, "the file's secret serves again");
+    gateway.stop().await;
+}

@@ -199,6 +199,16 @@ async fn the_status_page_tells_the_configured_figures() {
         )
         .await;
     assert_eq!(paused.status(), 204);
+    // An admin override of a configured weight: marked where the weight is shown.
+    let weighed = gateway
+        .admin(
+            Method::PUT,
+            "/limits",
+            crate::support::ADMIN,
+            serde_json::json!({"tenant": "acme/reports", "weight": 4}),
+        )
+        .await;
+    assert_eq!(weighed.status(), 204);
     let tenants: serde_json::Value = serde_json::from_slice(
         &gateway
             .admin(
@@ -251,6 +261,11 @@ async fn the_status_page_tells_the_configured_figures() {
         "configured, not multiplied"
     );
     assert!(row(&dom, "data-tenant", "acme/reports").contains("acme/reports (paused)"));
+    assert_eq!(
+        texts(row(&dom, "data-tenant", "acme/reports"), "weight"),
+        ["4 (override)"],
+        "an override is marked"
+    );
     let openai = row(&dom, "data-account", "openai-sim");
     assert!(
         texts(openai, "limit")
@@ -267,7 +282,15 @@ async fn the_status_page_tells_the_configured_figures() {
         let html = row(&dom, "data-tenant", path);
         assert_eq!(
             texts(html, "weight"),
-            [tenant["weight"].to_string()],
+            [format!(
+                "{}{}",
+                tenant["weight"],
+                if overridden(tenant, "weight") {
+                    " (override)"
+                } else {
+                    ""
+                }
+            )],
             "{path}"
         );
         let limits = texts(html, "limit");
@@ -321,4 +344,11 @@ async fn the_status_page_tells_the_configured_figures() {
     assert_eq!(texts(globex_rows[0], "limit"), ["requests_per_minute"]);
     assert_eq!(texts(globex_rows[0], "scope"), ["tenant:globex"]);
     gateway.stop().await;
+}
+
+/// Whether `tenant` (of `/status.json`) marks `setting` as an admin override.
+fn overridden(tenant: &serde_json::Value, setting: &str) -> bool {
+    tenant["overridden"]
+        .as_array()
+        .is_some_and(|all| all.iter().any(|s| s == setting))
 }

@@ -6,6 +6,8 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 
 use super::super::Gateway;
+use super::super::audit::rfc3339;
+use super::super::auth::Admin;
 use super::super::state;
 
 /// An error of the admin API, in JSON.
@@ -42,11 +44,20 @@ pub(super) fn unreadable(rejection: &JsonRejection) -> Response {
     )
 }
 
-/// Writes `change` to the admin state and applies every field after it; when the store
+/// Writes `change` to the admin state, each field stamped with `admin` and the time, and
+/// applies every field after it; when the store
 /// refuses it, the state as last applied is applied again (undoing what was applied ahead of
 /// the write) and the answer is a 503.
-pub(super) async fn store(gateway: &Gateway, change: state::Change) -> Result<(), Refused> {
-    let written = gateway.state.write(change).await;
+pub(super) async fn store(
+    gateway: &Gateway,
+    admin: &Admin,
+    change: state::Change,
+) -> Result<(), Refused> {
+    let stamp = state::Stamp {
+        admin: admin.name.clone(),
+        at: rfc3339(std::time::SystemTime::now()),
+    };
+    let written = gateway.state.write(state::stamped(change, &stamp)).await;
     let fields = match &written {
         Ok(fields) => fields.clone(),
         Err(_) => gateway.applied_state(),

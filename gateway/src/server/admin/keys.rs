@@ -150,7 +150,7 @@ pub(super) async fn create(
         secrets: vec![SecretDigest::of(&secret, None)],
         revoked: false,
     };
-    if let Err(refused) = save(&gateway, &new.name, &record).await {
+    if let Err(refused) = save(&gateway, &admin, &new.name, &record).await {
         return refused.into_response();
     }
     audit(
@@ -215,7 +215,7 @@ pub(super) async fn rotate(
         old.until = Some(old.until.map_or(until, |t| t.min(until)));
     }
     record.secrets.push(SecretDigest::of(&secret, None));
-    if let Err(refused) = save(&gateway, &name, &record).await {
+    if let Err(refused) = save(&gateway, &admin, &name, &record).await {
         return refused.into_response();
     }
     audit(
@@ -248,7 +248,7 @@ pub(super) async fn revoke(
         revoked: true,
         ..before.clone()
     };
-    if let Err(refused) = save(&gateway, &name, &record).await {
+    if let Err(refused) = save(&gateway, &admin, &name, &record).await {
         return refused.into_response();
     }
     audit(
@@ -287,9 +287,14 @@ fn current(gateway: &Gateway, admin: &Admin, name: &str) -> Option<KeyRecord> {
     }
 }
 
-async fn save(gateway: &Gateway, name: &str, record: &KeyRecord) -> Result<(), Refused> {
+async fn save(
+    gateway: &Gateway,
+    admin: &Admin,
+    name: &str,
+    record: &KeyRecord,
+) -> Result<(), Refused> {
     let value = serde_json::to_string(record).unwrap_or_default();
-    store(gateway, vec![(state::key_field(name), Some(value))]).await
+    store(gateway, admin, vec![(state::key_field(name), Some(value))]).await
 }
 
 /// The first of `models` the configuration does not name (when it names models at all).

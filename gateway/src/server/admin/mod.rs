@@ -14,12 +14,16 @@
 //! | `POST /admin/keys/{name}/rotate` | `{"overlap_seconds": 3600}`: a new secret; the old ones valid for the overlap (an hour by default), then refused | its subtree's |
 //! | `DELETE /admin/keys/{name}` | revokes the key, a configured one too | its subtree's |
 //! | `GET /admin/report` | `?since=2026-11-26&until=...&format=json\|csv&table=rows\|accounts`: the review of a period (a week back by default; at most 35 days): per account, tenant and model, requests, tokens by kind, estimated against settled tokens, requests that queued, refusals by scope and limit, the provider's 429s; per account, its idle quota (what nobody used in the minutes nobody waited) | its subtree's rows, no account table |
+//! | `GET /admin/overrides` | what the admin API holds over the configuration file: each override's `id`, node (`tenant`) or `key`, `setting` (`requests_per_minute`, `weight`, `secret`), `value` (an amount, `removed`, `rotated`, `revoked`), the `file`'s value it shadows (`null`: the file sets none), `by` and `at` | its subtree's |
+//! | `DELETE /admin/overrides?id=...` | gives the setting back to the file (on every replica within `admin_sync_ms`); 200 with the override removed | below its own |
 //! | `GET /admin/routes` | each public model's routes (the primary first, then fallbacks, then a ramp: name and account), and its ramp's share, ceiling and why it is paused | 403 |
 //! | `POST /admin/reload` | the configuration in the body (TOML), or with an empty body the file the gateway started with, applied as far as a reload can: the callers' keys, the admin tokens, the tenant nodes, the accounts' figures (limits' amounts, calls in flight, caps) and the models; `{"keys", "nodes", "accounts", "restart": ["accounts", "models", "prices", "spend_alerts", "server"], "why"}` says what changed that needs a restart, and why; an invalid configuration is a 400 with why, and changes nothing | 403 |
 //!
 //! Changes of limits, weights and keys are kept in the admin state ([`super::state`]): with
 //! `--redis-url` in Redis, and every replica applies them within `admin_sync_ms`; else in
-//! `server.state_file`. They are applied over the configuration file, a reload's too. Pauses
+//! `server.state_file`. The file is the base and they are overrides of it, applied over a
+//! reload's file too: the reload's answer lists every setting they shadow (`shadowed`), the
+//! status page marks them, and `DELETE /admin/overrides` gives a setting back to the file. Pauses
 //! are kept by the budget (in Redis with `--redis-url`, where every replica sees them at its
 //! next admission).
 //!
@@ -32,6 +36,7 @@
 
 mod answers;
 mod keys;
+mod overrides;
 mod report;
 
 use std::sync::Arc;
@@ -72,6 +77,7 @@ pub(crate) fn routes(gateway: Arc<Gateway>) -> Router<Arc<Gateway>> {
         .route("/keys/{name}/rotate", post(keys::rotate))
         .route("/keys/{name}", delete(keys::revoke))
         .route("/report", get(report::report))
+        .route("/overrides", get(overrides::get).delete(overrides::delete))
         .route_layer(from_fn_with_state(gateway, require_token))
 }
 
@@ -262,7 +268,7 @@ async fn limits(
     if let Err(reason) = gateway.tenants.set_node(path, parts, change.weight) {
         return error(StatusCode::BAD_REQUEST, "invalid_request", reason);
     }
-    if let Err(refused) = store(&gateway, fields).await {
+    if let Err(refused) = store(&gateway, &admin, fields).await {
         return refused.into_response();
     }
     audit_change(&gateway, &admin, "limits", path, before);
