@@ -72,7 +72,10 @@ impl Meter {
             ),
         };
         self.gateway.ledger.tokens(&self.tenant, tokens, tier);
-        (self.gateway.ledger).recent(&self.account, &self.path, tokens.0 + tokens.1);
+        let spend = (usage.as_ref().zip(audited.prices.as_ref()))
+            .map_or(0, |(usage, prices)| prices.spend(usage));
+        let counted = (tokens.0 + tokens.1, spend);
+        (self.gateway.ledger).recent(&self.account, &self.path, counted);
         audited.finish(&self.gateway, usage.as_ref(), self.bytes);
     }
 }

@@ -14,7 +14,7 @@ use tower_llm_quota::queue::QueueSnapshot;
 
 use super::Gateway;
 use super::tenancy::{CapView, LevelView, NodeView};
-use super::usage::{Counts, RefusalRecord};
+use super::usage::{Counts, HourView, RefusalRecord};
 
 /// A tenant node with today's usage of its subtree.
 #[derive(Debug, Serialize)]
@@ -26,6 +26,8 @@ pub(crate) struct TenantStatus {
     /// `weight`): `GET /admin/overrides` says who, when, and the file's value.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub(crate) overridden: Vec<String>,
+    /// Its last hour, minute by minute: tokens answered, their spend, refusals.
+    pub(crate) hour: HourView,
 }
 
 /// An account: its limits now, calls in flight, requests queued by class.
@@ -49,6 +51,9 @@ struct AccountStatus {
     store_reachable: Option<bool>,
     /// The 429s the in-process simulator answered (none for a real upstream).
     simulator_429s: Option<u64>,
+    /// The account's last hour, minute by minute (on its own row; not on its scopes').
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hour: Option<HourView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -68,6 +73,7 @@ pub(crate) fn tenants(gateway: &Gateway) -> Vec<TenantStatus> {
         .into_iter()
         .map(|node| TenantStatus {
             usage: gateway.ledger.counts_under(&node.path),
+            hour: gateway.ledger.last_hour(&format!("tenant:{}", node.path)),
             overridden: (overrides.iter())
                 .filter(|o| o.tenant.as_deref() == Some(node.path.as_str()))
                 .map(|o| o.setting.clone())
@@ -86,6 +92,8 @@ fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
         let simulator_429s = account.simulator.as_ref().map(|s| s.stats().rate_limited);
         // A budget's row, its requests queued by class as `queue` counts them.
         let row = |name: String, budget: &tower_llm_quota::Budget, queue: QueueSnapshot| {
+            let hour = (name == account.name)
+                .then(|| gateway.ledger.last_hour(&format!("account:{name}")));
             let snapshot = budget.snapshot();
             let levels: Vec<LevelView> = snapshot.limits().iter().map(LevelView::from).collect();
             let left = |l: &LevelView| l.level as f64 / l.capacity.max(1) as f64;
@@ -106,6 +114,7 @@ fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
                     .map(|p| (p.as_str(), queue.class(*p).depth()))
                     .collect(),
                 simulator_429s,
+                hour,
             }
         };
         let Some(gate) = account.gate() else {

@@ -157,49 +157,80 @@ struct Day {
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     today: Mutex<Day>,
-    recent: Mutex<HashMap<(String, String), Minute>>,
+    recent: Mutex<HashMap<(String, String), Ring<u64>>>,
+    /// The last hour by minute, per `tenant:<path>` (each node above an answer too) and
+    /// `account:<name>`.
+    hours: Mutex<HashMap<String, Ring<Tally>>>,
     refusals: Mutex<VecDeque<RefusalRecord>>,
 }
 
-/// Tokens over the last minute, by second: a ring of 60 counts and the second of the newest.
+/// Sixty slots of time (seconds of the last minute, minutes of the last hour) and the slot of
+/// the newest: a slot older than sixty is cleared before it is used again.
 #[derive(Debug, Clone)]
-struct Minute {
-    seconds: [u64; 60],
+struct Ring<T> {
+    slots: [T; 60],
     newest: u64,
 }
 
-impl Default for Minute {
+impl<T: Copy + Default> Default for Ring<T> {
     fn default() -> Self {
         Self {
-            seconds: [0; 60],
+            slots: [T::default(); 60],
             newest: 0,
         }
     }
 }
 
-impl Minute {
-    /// Adds `tokens` at `second` (forgetting the seconds more than a minute before it).
-    fn add(&mut self, second: u64, tokens: u64) {
-        self.forget_before(second);
-        self.seconds[(second % 60) as usize] += tokens;
+impl<T: Copy + Default> Ring<T> {
+    /// Changes the slot of `at` (forgetting the slots more than sixty before it).
+    fn add(&mut self, at: u64, change: impl FnOnce(&mut T)) {
+        self.forget_before(at);
+        change(&mut self.slots[(at % 60) as usize]);
     }
 
-    /// The tokens of the minute up to `second`.
-    fn total(&self, second: u64) -> u64 {
-        let mut minute = self.clone();
-        minute.forget_before(second);
-        minute.seconds.iter().sum()
+    /// The sixty slots up to `at`, the oldest first.
+    fn up_to(&self, at: u64) -> [T; 60] {
+        let mut ring = self.clone();
+        ring.forget_before(at);
+        std::array::from_fn(|i| ring.slots[((at + 1 + i as u64) % 60) as usize])
     }
 
-    /// Clears the seconds past since the newest, up to `second` (a minute at most).
-    fn forget_before(&mut self, second: u64) {
-        if second <= self.newest {
+    /// Clears the slots past since the newest, up to `at` (sixty at most).
+    fn forget_before(&mut self, at: u64) {
+        if at <= self.newest {
             return;
         }
-        for past in (self.newest + 1..=second).take(60) {
-            self.seconds[(past % 60) as usize] = 0;
+        for past in (self.newest + 1..=at).take(60) {
+            self.slots[(past % 60) as usize] = T::default();
         }
-        self.newest = second;
+        self.newest = at;
+    }
+}
+
+/// One minute of a tenant or an account: tokens answered, their spend, refusals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub(crate) struct Tally {
+    pub(crate) tokens: u64,
+    pub(crate) spend_nano_usd: u64,
+    pub(crate) refusals: u64,
+}
+
+/// The last hour of a tenant or an account, minute by minute, the oldest first (the last is
+/// the current minute): what the status page charts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub(crate) struct HourView {
+    pub(crate) tokens: Vec<u64>,
+    pub(crate) spend_nano_usd: Vec<u64>,
+    pub(crate) refusals: Vec<u64>,
+}
+
+impl HourView {
+    fn of(minutes: &[Tally; 60]) -> Self {
+        Self {
+            tokens: minutes.iter().map(|t| t.tokens).collect(),
+            spend_nano_usd: minutes.iter().map(|t| t.spend_nano_usd).collect(),
+            refusals: minutes.iter().map(|t| t.refusals).collect(),
+        }
     }
 }
 
@@ -216,14 +247,38 @@ impl Ledger {
         &self,
         account: &str,
         path: &tower_llm_quota::tenant::Tenant,
-        tokens: u64,
+        (tokens, spend_nano_usd): (u64, u64),
     ) {
         let second = now() as u64;
         let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         for node in path.prefixes() {
             let key = (account.to_owned(), node.to_owned());
-            recent.entry(key).or_default().add(second, tokens);
+            recent.entry(key).or_default().add(second, |t| *t += tokens);
         }
+        drop(recent);
+        let scopes = (path.prefixes().map(|node| format!("tenant:{node}")))
+            .chain(std::iter::once(format!("account:{account}")));
+        self.hour(scopes, |t| {
+            t.tokens += tokens;
+            t.spend_nano_usd += spend_nano_usd;
+        });
+    }
+
+    /// Changes the current minute of each of `scopes`.
+    fn hour(&self, scopes: impl Iterator<Item = String>, change: impl Fn(&mut Tally)) {
+        let minute = now() as u64 / 60;
+        let mut hours = self.hours.lock().unwrap_or_else(|e| e.into_inner());
+        for scope in scopes {
+            hours.entry(scope).or_default().add(minute, &change);
+        }
+    }
+
+    /// The last hour of `scope` (`tenant:<path>`, `account:<name>`), minute by minute.
+    pub(crate) fn last_hour(&self, scope: &str) -> HourView {
+        let minute = now() as u64 / 60;
+        let hours = self.hours.lock().unwrap_or_else(|e| e.into_inner());
+        let minutes = hours.get(scope).map(|ring| ring.up_to(minute));
+        HourView::of(&minutes.unwrap_or([Tally::default(); 60]))
     }
 
     /// The tokens answered on `account` for the node at `path` (and below it) over the last
@@ -231,7 +286,7 @@ impl Ledger {
     pub(crate) fn used_last_minute(&self, account: &str, path: &str) -> u64 {
         let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
         (recent.get(&(account.to_owned(), path.to_owned())))
-            .map_or(0, |minute| minute.total(now() as u64))
+            .map_or(0, |minute| minute.up_to(now() as u64).iter().sum())
     }
 
     fn with_today(&self, tenant: &str, change: impl FnOnce(&mut Counts)) {
@@ -289,6 +344,18 @@ impl Ledger {
                 Decision::Provider => c.provider_refusals += 1,
             });
         }
+        // The hour of the tenant (and the nodes above it) and of the account that refused.
+        let nodes = tenant.and_then(|t| tower_llm_quota::tenant::Tenant::parse(t).ok());
+        let account = (refusal.scope.strip_prefix("account:"))
+            .map(|rest| rest.split("/scope:").next().unwrap_or(rest).to_owned());
+        let scopes = (nodes.iter())
+            .flat_map(|path| {
+                (path.prefixes())
+                    .map(|node| format!("tenant:{node}"))
+                    .collect::<Vec<_>>()
+            })
+            .chain(account.map(|a| format!("account:{a}")));
+        self.hour(scopes, |t| t.refusals += 1);
         let decision = match refusal.gateway_decision {
             Decision::Local => "local",
             Decision::Provider => "provider",
@@ -365,15 +432,26 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_minute_forgets_what_is_older() {
-        let mut minute = Minute::default();
-        minute.add(1_000, 10);
-        minute.add(1_030, 5);
-        assert_eq!(minute.total(1_030), 15);
-        assert_eq!(minute.total(1_059), 15);
-        assert_eq!(minute.total(1_060), 5, "the second 1,000 is a minute old");
-        assert_eq!(minute.total(1_090), 0);
-        minute.add(5_000, 7);
-        assert_eq!(minute.total(5_000), 7, "a long silence forgets everything");
+    fn a_ring_forgets_what_is_older() {
+        let mut minute = Ring::<u64>::default();
+        let total = |ring: &Ring<u64>, at| ring.up_to(at).iter().sum::<u64>();
+        minute.add(1_000, |t| *t += 10);
+        minute.add(1_030, |t| *t += 5);
+        assert_eq!(total(&minute, 1_030), 15);
+        assert_eq!(total(&minute, 1_059), 15);
+        assert_eq!(total(&minute, 1_060), 5, "the second 1,000 is a minute old");
+        assert_eq!(total(&minute, 1_090), 0);
+        minute.add(5_000, |t| *t += 7);
+        assert_eq!(
+            total(&minute, 5_000),
+            7,
+            "a long silence forgets everything"
+        );
+        let slots = minute.up_to(5_001);
+        assert_eq!(
+            (slots[58], slots[59]),
+            (7, 0),
+            "the oldest first, `at` last"
+        );
     }
 }

@@ -352,3 +352,144 @@ fn overridden(tenant: &serde_json::Value, setting: &str) -> bool {
         .as_array()
         .is_some_and(|all| all.iter().any(|s| s == setting))
 }
+
+/// The values and heights of the bars of the chart of `kind` in `html` (a row).
+fn chart(html: &str, kind: &str) -> Vec<(u64, u64)> {
+    let start = html
+        .find(&format!("class=\"chart {kind}\""))
+        .unwrap_or_else(|| panic!("no {kind} chart in {html}"));
+    let svg = &html[start..];
+    let svg = &svg[..svg.find("</svg>").unwrap()];
+    let attribute = |rect: &str, name: &str| -> u64 {
+        let at = rect.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+        rect[at..rect[at..].find('"').unwrap() + at]
+            .parse()
+            .unwrap()
+    };
+    svg.split("<rect")
+        .skip(1)
+        .map(|rect| (attribute(rect, "data-value"), attribute(rect, "height")))
+        .collect()
+}
+
+/// The last hour charted per tenant and per account, and each cap drawn as a bar, read in
+/// Chromium against `/status.json`: each bar's value is the minute's figure, its height in
+/// proportion to the hour's largest; a spend cap in dollars.
+#[tokio::test]
+async fn the_status_page_draws_the_last_hour_and_the_caps() {
+    let Some(browser) = browser() else {
+        println!("skipped: no chromium binary on the PATH (install Debian's `chromium`)");
+        return;
+    };
+    // Every model priced (dearly: spend shows), globex capped at $50 a day.
+    let config = demo().replace(
+        "caps = [{ dimension = \"total_tokens\", amount = 1000000, window = \"calendar_day_utc\" }]",
+        "caps = [{ dimension = \"spend\", amount_usd = \"50\", window = \"calendar_day_utc\" }]",
+    ) + "\n[prices.models.\"*\"]\ninput = \"1000\"\noutput = \"1000\"\n";
+    assert!(config.contains("amount_usd = \"50\""));
+    let gateway = Running::start(&config).await;
+    for _ in 0..3 {
+        let response = gateway
+            .post("/v1/chat/completions", Some(SEARCH), &chat(20))
+            .await;
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+    }
+    let mut refused = 0;
+    for _ in 0..22 {
+        let response = gateway
+            .post("/v1/chat/completions", Some(GLOBEX), &chat(20))
+            .await;
+        refused += u32::from(response.status() == 429);
+        response.bytes().await.unwrap();
+    }
+    assert_eq!(refused, 2);
+    let status = || async {
+        let (_, text) = gateway.get("/status.json").await;
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+    let before = status().await;
+    let dom = dump(browser, format!("{}/", gateway.url), None).await;
+    let after = status().await;
+    // Drawn from one of the two readings (a minute may turn between them).
+    let drawn_from = |html: &str, find: &dyn Fn(&serde_json::Value) -> serde_json::Value| {
+        for kind in ["tokens", "spend", "refusals"] {
+            let key = if kind == "spend" {
+                "spend_nano_usd"
+            } else {
+                kind
+            };
+            let bars = chart(html, kind);
+            let values: Vec<u64> = bars.iter().map(|(value, _)| *value).collect();
+            let read = |status: &serde_json::Value| -> Vec<u64> {
+                (find(status)["hour"][key].as_array().unwrap().iter())
+                    .map(|v| v.as_u64().unwrap())
+                    .collect()
+            };
+            assert!(
+                values == read(&before) || values == read(&after),
+                "{kind}: drawn {values:?}, status {:?}",
+                read(&after)
+            );
+            let max = values.iter().copied().max().unwrap_or(0).max(1);
+            for (value, height) in bars {
+                let expected = if value == 0 {
+                    0
+                } else {
+                    ((value as f64 / max as f64 * 20.0).round() as u64).max(1)
+                };
+                assert_eq!(height, expected, "{kind}: {value} of {max}");
+            }
+        }
+    };
+    let tenant = |path: &'static str| {
+        move |status: &serde_json::Value| {
+            (status["tenants"].as_array().unwrap().iter())
+                .find(|t| t["path"] == path)
+                .unwrap()
+                .clone()
+        }
+    };
+    for path in ["acme", "acme/search", "globex"] {
+        drawn_from(row(&dom, "data-tenant", path), &tenant(path));
+    }
+    let account = |status: &serde_json::Value| {
+        (status["accounts"].as_array().unwrap().iter())
+            .find(|a| a["name"] == "openai-sim")
+            .unwrap()
+            .clone()
+    };
+    drawn_from(row(&dom, "data-account", "openai-sim"), &account);
+    // What was sent shows: search's tokens and spend, globex's two refusals.
+    let sum = |path, kind| {
+        chart(row(&dom, "data-tenant", path), kind)
+            .iter()
+            .map(|b| b.0)
+            .sum::<u64>()
+    };
+    assert!(sum("acme/search", "tokens") > 0);
+    assert!(sum("acme/search", "spend") > 0);
+    assert_eq!(sum("globex", "refusals"), 2);
+    // globex's spend cap: a bar as wide as its use, and in dollars.
+    let globex = row(&dom, "data-tenant", "globex");
+    let cap = &tenant("globex")(&after)["accounts"][0]["caps"][0];
+    let (used, amount) = (
+        cap["used"].as_u64().unwrap(),
+        cap["amount"].as_u64().unwrap(),
+    );
+    let width = format!("width: {:.1}%", used as f64 / amount as f64 * 100.0);
+    let bar = &globex[globex.find("cap-bar").expect("a cap's bar")..];
+    assert!(
+        bar[..200.min(bar.len())].contains(&width),
+        "{width} not in {bar:.200}"
+    );
+    let text = format!(
+        "spend per day: ${} of $50.00 (calendar day (UTC))",
+        cap["used_usd"].as_str().unwrap()
+    );
+    assert!(
+        texts(globex, "cap").contains(&text.as_str()),
+        "{text} not in {globex}"
+    );
+    gateway.stop().await;
+}
