@@ -200,6 +200,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
              -H 'content-type: application/json' \
              -d '{{\"model\":\"gpt-4o-mini\",\"max_tokens\":50,\"messages\":[{{\"role\":\"user\",\"content\":\"Hello\"}}]}}'"
         );
+        say!(
+            "  curl -s {url}/v1/embeddings -H 'authorization: Bearer demo-key-acme-search' \
+             -H 'content-type: application/json' \
+             -d '{{\"model\":\"text-embedding-3-small\",\"input\":\"Hello\"}}'"
+        );
         say!("  curl -s {url}/admin/tenants -H 'authorization: Bearer {admin}'");
     }
     let audit = gateway.audit.clone();

@@ -41,6 +41,7 @@ pub(crate) fn parse(body: &[u8]) -> Result<ChatRequest, Invalid> {
         prompt_hash: hash.finish(),
         group: wire::group_ids(messages),
         service_tier: None,
+        embeddings: None,
     })
 }
 

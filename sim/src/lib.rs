@@ -12,7 +12,9 @@
 //!   (`POST /v1/chat/completions` or `POST /v1/messages`).
 //!
 //! One simulator speaks one [`Style`], chosen by its configuration; its path must end with
-//! `/chat/completions` (OpenAI) or `/messages` (Anthropic). For both, run two simulators.
+//! `/chat/completions` or `/embeddings` (OpenAI: a vector of 8 numbers per input, the input
+//! counted as the prompt, nothing generated) or `/messages` (Anthropic). For both, run two
+//! simulators.
 //!
 //! # The quota
 //!

@@ -44,7 +44,74 @@ pub(crate) fn parse(body: &[u8], default_max_tokens: u64) -> Result<ChatRequest,
         prompt_hash: hash.finish(),
         group: wire::group_ids(messages),
         service_tier,
+        embeddings: None,
     })
+}
+
+/// An embeddings request (`POST /v1/embeddings`): `input`, a string or a non-empty array of
+/// strings (or of token ids), counted as the prompt; nothing is generated.
+pub(crate) fn parse_embeddings(body: &[u8]) -> Result<ChatRequest, Invalid> {
+    let body = wire::object(body)?;
+    let (mut prompt_tokens, mut hash) = (0, Fnv::new());
+    let inputs = match body.get("input") {
+        Some(text @ Value::String(_)) => {
+            wire::count_content(Some(text), &mut prompt_tokens, &mut hash);
+            1
+        }
+        Some(Value::Array(items)) if !items.is_empty() => {
+            for item in items {
+                match item {
+                    Value::String(_) => {
+                        wire::count_content(Some(item), &mut prompt_tokens, &mut hash);
+                    }
+                    Value::Array(ids) => prompt_tokens += ids.len() as u64,
+                    Value::Number(_) => prompt_tokens += 1,
+                    _ => return Err("input items must be strings or token arrays".to_owned()),
+                }
+            }
+            if items.iter().all(Value::is_number) {
+                1
+            } else {
+                items.len()
+            }
+        }
+        _ => return Err("input must be a string or a non-empty array".to_owned()),
+    };
+    Ok(ChatRequest {
+        model: wire::model(&body),
+        prompt_tokens,
+        max_tokens: 0,
+        stream: false,
+        include_usage: false,
+        prompt_hash: hash.finish(),
+        group: Vec::new(),
+        service_tier: None,
+        embeddings: Some(inputs),
+    })
+}
+
+/// The answer to an embeddings request: a vector of 8 numbers per input, drawn from the
+/// completion's id, and its usage (the prompt's tokens).
+pub(crate) fn embeddings(c: &Completion) -> Bytes {
+    let seed = wire::mix(c.prompt_tokens ^ c.created);
+    let data: Vec<Value> = (0..c.embeddings.unwrap_or(1))
+        .map(|index| {
+            let vector: Vec<f64> = (0..8u64)
+                .map(|i| {
+                    let x = wire::mix(seed ^ (index as u64) << 8 ^ i) % 2_000;
+                    (x as f64 - 1_000.0) / 1_000.0
+                })
+                .collect();
+            json!({"object": "embedding", "index": index, "embedding": vector})
+        })
+        .collect();
+    let body = json!({
+        "object": "list",
+        "data": data,
+        "model": c.model,
+        "usage": {"prompt_tokens": c.prompt_tokens, "total_tokens": c.prompt_tokens},
+    });
+    Bytes::from(body.to_string())
 }
 
 /// The tier that serves a request asking for `asked`: flex and priority as asked, the

@@ -151,6 +151,9 @@ where
     let tokens = u32::try_from(admitted.completion.completion_tokens).unwrap_or(u32::MAX);
     pause(admitted.per_token.saturating_mul(tokens)).await;
     let body = match style {
+        Style::OpenAi if admitted.completion.embeddings.is_some() => {
+            openai::embeddings(&admitted.completion)
+        }
         Style::OpenAi => openai::completion(&admitted.completion),
         Style::Anthropic => anthropic::completion(&admitted.completion),
     };

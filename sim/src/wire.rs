@@ -33,6 +33,9 @@ pub(crate) struct ChatRequest {
     pub(crate) group: Vec<String>,
     /// OpenAI's `service_tier`, as asked.
     pub(crate) service_tier: Option<String>,
+    /// An embeddings request (`/embeddings`) of this many inputs: answered with a vector
+    /// each, nothing generated.
+    pub(crate) embeddings: Option<usize>,
 }
 
 /// Why a request is malformed: the message of a 400.
@@ -54,6 +57,8 @@ pub(crate) struct Completion {
     pub(crate) text: Option<String>,
     /// The tier that served it, named in the answer when the request asked for one.
     pub(crate) service_tier: Option<&'static str>,
+    /// The inputs of an embeddings request, each answered with a vector.
+    pub(crate) embeddings: Option<usize>,
 }
 
 impl Completion {

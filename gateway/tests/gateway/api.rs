@@ -761,7 +761,15 @@ async fn models_are_listed_per_key_and_an_unknown_one_is_a_404() {
     };
     let (status, _, body) = list(SEARCH, false).await;
     assert_eq!((status, body["object"].as_str()), (200, Some("list")));
-    assert_eq!(ids(&body), ["gpt-4o-mini", "gpt-4o", "claude-sonnet"]);
+    assert_eq!(
+        ids(&body),
+        [
+            "gpt-4o-mini",
+            "gpt-4o",
+            "text-embedding-3-small",
+            "claude-sonnet"
+        ]
+    );
     assert_eq!(body["data"][0]["owned_by"], "openai-sim");
     let (_, _, body) = list(GLOBEX, true).await;
     assert_eq!(ids(&body), ["gpt-4o-mini", "claude-sonnet"]);
@@ -1150,5 +1158,25 @@ async fn a_tenant_s_minute_is_counted_per_account() {
     };
     assert_eq!(gauge("anthropic-sim").as_deref(), Some("0"), "{metrics}");
     assert_ne!(gauge("openai-sim").as_deref(), Some("0"));
+    gateway.stop().await;
+}
+
+/// The demo serves every endpoint its README lists, embeddings too: the simulator answers a
+/// vector per input with its usage, and the gateway settles it.
+#[tokio::test]
+async fn the_demo_serves_embeddings() {
+    let gateway = Running::start(&demo()).await;
+    let body = r#"{"model":"text-embedding-3-small","input":["Hello there","General Kenobi"]}"#;
+    let (status, _, answer) = json(gateway.post("/v1/embeddings", Some(SEARCH), body).await).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["object"], "list");
+    let data = answer["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2, "a vector per input");
+    assert_eq!(data[1]["index"], 1);
+    assert_eq!(data[0]["embedding"].as_array().unwrap().len(), 8);
+    let prompt = answer["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt > 0, "{answer}");
+    let account = &gateway.gateway.accounts[0];
+    assert_eq!(account.budget().snapshot().in_flight(), 0, "settled");
     gateway.stop().await;
 }

@@ -29,7 +29,8 @@ impl Engine {
             Style::OpenAi => "/chat/completions",
             Style::Anthropic => "/messages",
         };
-        if !path.ends_with(route) {
+        let embeddings = style == Style::OpenAi && path.ends_with("/embeddings");
+        if !path.ends_with(route) && !embeddings {
             state.counters.bad_requests += 1;
             return self.refuse(&mut state, None, now, Refusal::NotFound(path.to_owned()));
         }
@@ -52,6 +53,7 @@ impl Engine {
         };
         let parsed = body.and_then(|body| {
             match style {
+                Style::OpenAi if embeddings => openai::parse_embeddings(&body),
                 Style::OpenAi => openai::parse(&body, self.config.default_max_tokens),
                 Style::Anthropic => anthropic::parse(&body),
             }
@@ -272,7 +274,9 @@ impl Engine {
             output: request.max_tokens,
         });
         let id = self.next_id(&mut state);
-        let (text, completion_tokens) = if request.group.is_empty() {
+        let (text, completion_tokens) = if request.embeddings.is_some() {
+            (None, 0)
+        } else if request.group.is_empty() {
             let tokens = wire::completion_tokens(
                 request.max_tokens,
                 self.config.completion_share,
@@ -306,6 +310,7 @@ impl Engine {
             include_usage: request.include_usage,
             text,
             service_tier: request.service_tier.as_deref().map(openai::served_tier),
+            embeddings: request.embeddings,
         };
         let extra = if spike {
             self.config.faults.spike
