@@ -245,6 +245,24 @@ fn rebuild<B: From<Bytes>>(parts: &Parts, body: &Bytes, route: &Route<impl Sized
     request
 }
 
+/// The provider calls a route's outcome made: its retry report's attempts, else one for an
+/// answer or an error that reached the provider, none for a local refusal.
+fn attempts<R>(result: &Result<Response<R>, BoxError>) -> u32 {
+    match result {
+        Ok(response) => {
+            (response.extensions().get::<RetryReport>()).map_or(1, RetryReport::attempts)
+        }
+        Err(error) => match error.downcast_ref::<crate::Error>() {
+            Some(error) => match error.retry_report() {
+                Some(report) => report.attempts(),
+                None if error.is_local() => 0,
+                None => 1,
+            },
+            None => 1,
+        },
+    }
+}
+
 fn met_rate_limit<R>(result: &Result<Response<R>, BoxError>) -> bool {
     let report = match result {
         Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => return true,
@@ -303,6 +321,7 @@ where
         );
     }
 
+    let mut earlier_attempts = 0;
     loop {
         let route = inner.at(at);
         let started = Instant::now();
@@ -334,6 +353,7 @@ where
         });
         match next {
             Some((index, failure)) => {
+                earlier_attempts += attempts(&result);
                 // The failed answer is dropped here: its body settles its reservation.
                 drop(result);
                 decided(route, inner.at(At::Fallback(index)), failure);
@@ -347,6 +367,7 @@ where
                         provider: route.info.provider().into(),
                         reason,
                         ramped: ramped && matches!(at, At::Ramped),
+                        earlier_attempts,
                     });
                     response
                 });

@@ -242,6 +242,7 @@ pub struct ServedBy {
     pub(crate) provider: Arc<str>,
     pub(crate) reason: Option<Reason>,
     pub(crate) ramped: bool,
+    pub(crate) earlier_attempts: u32,
 }
 
 impl ServedBy {
@@ -258,6 +259,13 @@ impl ServedBy {
     /// Why a fallback served the request; `None` when the first route chosen did.
     pub fn fallback_reason(&self) -> Option<Reason> {
         self.reason
+    }
+
+    /// The provider calls the routes tried before this one made (and that failed): with the
+    /// attempts of this route's own [`RetryReport`](crate::retry::RetryReport), every call
+    /// the request made.
+    pub fn earlier_attempts(&self) -> u32 {
+        self.earlier_attempts
     }
 
     /// Whether a ramp sent the request to the ramped route.

@@ -40,10 +40,15 @@ async fn provider_5xx_sends_only_the_classes_the_fallback_serves() {
         )
         .build();
     for _ in 0..3 {
+        let before = primary.stats().received;
         let (status, served, _) = send(&router, request(Priority::Interactive, 20, "")).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(served.route(), "b");
         assert_eq!(served.fallback_reason(), Some(Reason::Provider5xx));
+        // Every call the primary got for it, told with the fallback's answer.
+        let calls = primary.stats().received - before;
+        assert!(calls >= 1);
+        assert_eq!(u64::from(served.earlier_attempts()), calls);
     }
     for _ in 0..2 {
         let (status, served, _) = send(&router, request(Priority::Batch, 20, "")).await;
@@ -177,6 +182,11 @@ async fn interactive_work_skips_a_saturated_primary_without_queueing_and_nothing
         assert_eq!(*status, StatusCode::OK);
         assert_eq!(served.route(), "b");
         assert_eq!(served.fallback_reason(), Some(Reason::WouldWait));
+        assert_eq!(
+            served.earlier_attempts(),
+            0,
+            "nothing was sent to the primary"
+        );
         assert_eq!(*elapsed, Duration::ZERO, "no queueing on the primary");
     }
     assert_eq!(start.elapsed(), Duration::ZERO);

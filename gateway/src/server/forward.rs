@@ -319,6 +319,13 @@ impl Audited {
             Some(report) => Some(report.attempts()),
             None => timings.map(|_| 1),
         };
+        // A fallback's answer: the calls the routes before it made count too.
+        let earlier = extensions
+            .get::<ServedBy>()
+            .map_or(0, ServedBy::earlier_attempts);
+        if earlier > 0 {
+            self.entry.attempts = Some(self.entry.attempts.unwrap_or(0) + earlier);
+        }
         if let Some(timings) = timings {
             self.entry.queue_ms = Some(super::audit::millis(timings.waited()));
             self.entry.call_ms = Some(super::audit::millis(timings.call()));

@@ -120,7 +120,16 @@ async fn flex(gateway: &Running, model: &str, key: &str) -> (u16, [Option<String
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flex_without_capacity_falls_back_for_interactive_and_waits_for_batch() {
     let (url, seen) = upstream(1).await;
-    let gateway = Running::start(&config(&url, "")).await;
+    let audit = std::env::temp_dir().join(format!("audit-flex-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&audit);
+    let config = config(&url, "").replace(
+        "admin_token = \"admin\"",
+        &format!(
+            "admin_token = \"admin\"\n        audit_log = {:?}",
+            audit.display().to_string()
+        ),
+    );
+    let gateway = Running::start(&config).await;
     let (status, [route, fallback], body) = flex(&gateway, "m", "interactive-secret").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["service_tier"], "default");
@@ -133,6 +142,21 @@ async fn flex_without_capacity_falls_back_for_interactive_and_waits_for_batch() 
         ),
         (1, 1)
     );
+    // Its audit line counts both upstream calls (the flex one, then the fallback's).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let line = loop {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        if let Some(line) = text.lines().find(|l| l.contains("tier_unavailable")) {
+            break serde_json::from_str::<Value>(line).unwrap();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no audit line: {text}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    };
+    assert_eq!(line["attempts"], 2, "{line}");
+    assert_eq!(line["fallback"], "tier_unavailable", "{line}");
     // Batch: flex refuses three more times; the gateway keeps to flex until it answers.
     seen.refuse_flex.store(3, Ordering::SeqCst);
     let (status, [route, fallback], body) = flex(&gateway, "m", "batch-secret").await;
