@@ -50,7 +50,7 @@ pub(crate) fn list(config: &Config, parsed: &Parsed) -> Vec<Override> {
                 setting: limit_name(dimension.as_str(), std::time::Duration::from_secs(period)),
                 tenant: Some(path.to_string()),
                 key: None,
-                value: amount.map_or_else(|| "removed".into(), |a| a.get().into()),
+                value: amount.map_or_else(|| "removed".into(), |a| a.amount.get().into()),
                 file: held.map_or(serde_json::Value::Null, |l| l.amount().get().into()),
                 by: stamp.as_ref().map(|s| s.admin.clone()),
                 at: stamp.map(|s| s.at),

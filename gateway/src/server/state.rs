@@ -5,7 +5,7 @@
 //!
 //! | field | value |
 //! |---|---|
-//! | `limit:<dimension>:<period seconds>:<tenant path>` | the amount, or `-`: the configured limit removed |
+//! | `limit:<dimension>:<period seconds>:<tenant path>` | the amount (`amount/burst` with a burst of its own), or `-`: the configured limit removed |
 //! | `weight:<tenant path>` | the node's weight |
 //! | `key:<name>` | a `KeyRecord` in JSON: its tenant, class, secrets' digests |
 //! | `by:<field>` | who changed `<field>` last and when: `{"admin": name, "at": RFC 3339}` |
@@ -384,12 +384,40 @@ pub(crate) fn stamped(change: Change, stamp: &Stamp) -> Change {
     change.into_iter().chain(stamps).collect()
 }
 
-/// What the admin API changed of a node: limits set (`Some`) or removed (`None`) by dimension
-/// and period, and its weight.
+/// What the admin API changed of a node: limits set (`Some`: the amount, and the burst when it
+/// has one of its own) or removed (`None`) by dimension and period, and its weight.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct NodeOverride {
-    pub(crate) limits: BTreeMap<(Dimension, u64), Option<NonZeroU64>>,
+    pub(crate) limits: BTreeMap<(Dimension, u64), Option<SetLimit>>,
     pub(crate) weight: Option<NonZeroU32>,
+}
+
+/// A limit the admin API set: its amount, and its burst when given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SetLimit {
+    pub(crate) amount: NonZeroU64,
+    pub(crate) burst: Option<NonZeroU64>,
+}
+
+impl SetLimit {
+    /// As the admin state keeps it: `amount`, or `amount/burst`.
+    pub(crate) fn field_value(&self) -> String {
+        match self.burst {
+            Some(burst) => format!("{}/{burst}", self.amount),
+            None => self.amount.to_string(),
+        }
+    }
+
+    fn parse(value: &str) -> Option<Self> {
+        let (amount, burst) = match value.split_once('/') {
+            Some((amount, burst)) => (amount, Some(burst.parse().ok()?)),
+            None => (value, None),
+        };
+        Some(Self {
+            amount: amount.parse().ok()?,
+            burst,
+        })
+    }
 }
 
 impl NodeOverride {
@@ -408,8 +436,10 @@ impl NodeOverride {
         let set = self
             .limits
             .iter()
-            .filter_map(|(&(dimension, period), amount)| {
-                Limit::new(dimension, (*amount)?, Duration::from_secs(period)).ok()
+            .filter_map(|(&(dimension, period), set)| {
+                let set = (*set)?;
+                let limit = Limit::new(dimension, set.amount, Duration::from_secs(period)).ok()?;
+                Some(set.burst.map_or(limit, |burst| limit.with_burst(burst)))
             });
         let mut node = kept
             .into_iter()
@@ -448,7 +478,7 @@ pub(crate) fn parse(fields: &Fields) -> (Parsed, Vec<String>) {
                         .find(|d| d.as_str() == dimension)?;
                     let amount = match value.as_str() {
                         "-" => None,
-                        amount => Some(amount.parse().ok()?),
+                        amount => Some(SetLimit::parse(amount)?),
                     };
                     let path = Tenant::parse(path).ok()?;
                     parsed
@@ -630,7 +660,10 @@ mod tests {
         let fields = Fields::from([
             ("limit:requests:60:a/b".to_owned(), "20".to_owned()),
             ("limit:total_tokens:60:a/b".to_owned(), "-".to_owned()),
-            ("limit:output_tokens:3600:a/b".to_owned(), "500".to_owned()),
+            (
+                "limit:output_tokens:3600:a/b".to_owned(),
+                "500/50".to_owned(),
+            ),
             ("weight:a/b".to_owned(), "4".to_owned()),
             ("weight:a//b".to_owned(), "4".to_owned()),
             ("limit:furlongs:60:a".to_owned(), "1".to_owned()),
@@ -650,6 +683,7 @@ mod tests {
                 (Dimension::OutputTokens, 500, 3600)
             ]
         );
+        assert_eq!(node.limits()[1].capacity(), 50, "its own burst");
         assert_eq!(node.weight().get(), 4);
         assert_eq!(node.guarantee(), 0.25, "the rest of the node is kept");
     }

@@ -54,6 +54,8 @@ pub(crate) struct LimitChange {
     /// For spend, nano-dollars.
     pub(crate) amount: std::num::NonZeroU64,
     pub(crate) period_seconds: u64,
+    /// The most admitted at once, when not the default share of the amount.
+    pub(crate) burst: Option<std::num::NonZeroU64>,
 }
 
 /// A limit as written to the admin API, before its amount is read.
@@ -64,6 +66,7 @@ struct LimitWritten {
     amount: Option<std::num::NonZeroU64>,
     amount_usd: Option<String>,
     period_seconds: u64,
+    burst: Option<std::num::NonZeroU64>,
 }
 
 impl TryFrom<LimitWritten> for LimitChange {
@@ -84,6 +87,7 @@ impl TryFrom<LimitWritten> for LimitChange {
             dimension: written.dimension,
             amount,
             period_seconds: written.period_seconds,
+            burst: written.burst,
         })
     }
 }
@@ -420,14 +424,15 @@ impl Tenancy {
         let limits = limits
             .iter()
             .map(|l| {
-                Limit::new(
+                let limit = Limit::new(
                     dimension(&l.dimension)?,
                     l.amount,
                     Duration::from_secs(l.period_seconds),
                 )
                 .map_err(|e| {
                     ConfigError(format!("{} per {} s: {e}", l.dimension, l.period_seconds))
-                })
+                })?;
+                Ok(l.burst.map_or(limit, |burst| limit.with_burst(burst)))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let remove = remove

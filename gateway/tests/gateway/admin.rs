@@ -855,3 +855,38 @@ async fn admin_changes_are_overrides_with_a_way_back() {
     assert_eq!(status(GLOBEX).await, 200, "the file's secret serves again");
     gateway.stop().await;
 }
+
+/// The admin API sets a limit's burst: the node admits that much at once (here, a request
+/// limit of 60 a minute with a burst of 3: the fourth at once is refused), kept in the admin
+/// state with its amount.
+#[tokio::test]
+async fn a_limit_s_burst_is_set_through_the_admin_api() {
+    let gateway = Running::start(&demo()).await;
+    let change = json!({"tenant": "globex", "limits": [
+        {"dimension": "requests", "amount": 60, "period_seconds": 60, "burst": 3}]});
+    let response = gateway.admin(Method::PUT, "/limits", ADMIN, change).await;
+    assert_eq!(response.status(), 204);
+    let tenants = gateway
+        .admin(Method::GET, "/tenants", ADMIN, Value::Null)
+        .await;
+    let tenants: Value = serde_json::from_slice(&tenants.bytes().await.unwrap()).unwrap();
+    let globex = (tenants.as_array().unwrap().iter())
+        .find(|n| n["path"] == "globex")
+        .unwrap();
+    let level = (globex["accounts"][0]["levels"].as_array().unwrap().iter())
+        .find(|l| l["limit"] == "requests_per_minute")
+        .unwrap();
+    assert_eq!(
+        (level["amount"].as_u64(), level["capacity"].as_u64()),
+        (Some(60), Some(3))
+    );
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let response = gateway
+            .post("/v1/chat/completions", Some(GLOBEX), &chat(20))
+            .await;
+        statuses.push(response.status().as_u16());
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    gateway.stop().await;
+}

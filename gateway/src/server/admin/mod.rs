@@ -5,7 +5,7 @@
 //! | route | does | delegated admin |
 //! |---|---|---|
 //! | `GET /admin/tenants` | the tree: each node's weight, pause, and on each account its limits and levels, its tokens of the last minute on that account (`used`), guaranteed and borrowed tokens a minute, calls in flight, queued requests by class; today's usage | its subtree |
-//! | `PUT /admin/limits` | `{"tenant": "acme/search", "limits": [{"dimension": "total_tokens", "amount": 9000, "period_seconds": 60}], "remove": [{"dimension": "requests", "period_seconds": 60}], "weight": 2}`: each limit given replaces the node's of the same dimension and period (or is added), each of `remove` is dropped, the weight is replaced; every other limit is kept (any part may be left out) | the nodes below its own, each limit at most its own of that dimension and period |
+//! | `PUT /admin/limits` | `{"tenant": "acme/search", "limits": [{"dimension": "total_tokens", "amount": 9000, "period_seconds": 60}], "remove": [{"dimension": "requests", "period_seconds": 60}], "weight": 2}`: each limit given replaces the node's of the same dimension and period (or is added), with its `burst` when given (the most admitted at once; else the default share of the amount), spend as `amount_usd` if wished; each of `remove` is dropped, the weight is replaced; every other limit is kept (any part may be left out) | the nodes below its own, each limit and burst at most its own of that dimension and period |
 //! | `POST /admin/pause` | `{"tenant": "globex"}` or `{"key": "globex-app"}`: refused at once, queued ones too | below its own |
 //! | `POST /admin/resume` | the same, lifted | below its own |
 //! | `GET /admin/usage` | today's requests, tokens and refusals per tenant | its subtree |
@@ -249,7 +249,11 @@ async fn limits(
             continue; // `set_node` names it
         };
         let field = state::limit_field(path, dimension, limit.period_seconds);
-        fields.push((field, Some(limit.amount.to_string())));
+        let set = state::SetLimit {
+            amount: limit.amount,
+            burst: limit.burst,
+        };
+        fields.push((field, Some(set.field_value())));
     }
     for removed in &change.remove {
         let Ok(dimension) = dimension(&removed.dimension) else {
@@ -295,6 +299,19 @@ fn within_own(gateway: &Gateway, admin: &Admin, limits: &[LimitChange]) -> Resul
                 change.dimension,
                 change.period_seconds,
                 own.amount()
+            ));
+        }
+        let burst_over = own.limits().iter().find(|l| {
+            l.dimension().as_str() == change.dimension
+                && l.period().as_secs() == change.period_seconds
+                && change.burst.is_some_and(|burst| burst.get() > l.capacity())
+        });
+        if let Some(own) = burst_over {
+            return Err(format!(
+                "a burst of {} {} is above {scope}'s own ({})",
+                change.burst.map_or(0, std::num::NonZeroU64::get),
+                change.dimension,
+                own.capacity()
             ));
         }
     }
