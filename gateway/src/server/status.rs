@@ -58,6 +58,9 @@ struct AccountStatus {
 
 #[derive(Debug, Serialize)]
 struct Status {
+    /// Whose requests the tenants' `usage` counts: `this replica` when replicas share the
+    /// state (the fleet's are in `GET /admin/report`), else `the gateway`.
+    usage_counted_by: &'static str,
     tenants: Vec<TenantStatus>,
     accounts: Vec<AccountStatus>,
     refusals: Vec<RefusalRecord>,
@@ -135,12 +138,22 @@ fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
     rows
 }
 
+/// Whose requests the usage counts ([`super::usage::Ledger`] is each process's own).
+pub(crate) fn counted_by(gateway: &Gateway) -> &'static str {
+    if gateway.state.is_shared() {
+        "this replica"
+    } else {
+        "the gateway"
+    }
+}
+
 pub(crate) async fn page() -> Html<&'static str> {
     Html(include_str!("status.html"))
 }
 
 pub(crate) async fn json(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
     Json(Status {
+        usage_counted_by: counted_by(&gateway),
         tenants: tenants(&gateway),
         accounts: accounts(&gateway),
         refusals: gateway.ledger.last_refusals(),

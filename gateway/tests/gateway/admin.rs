@@ -890,3 +890,33 @@ async fn a_limit_s_burst_is_set_through_the_admin_api() {
     assert_eq!(statuses, [200, 200, 200, 429]);
     gateway.stop().await;
 }
+
+/// `/admin/usage` and the status say whose requests they count: this replica's when replicas
+/// share the state (the report counts the fleet), the gateway's alone otherwise.
+#[tokio::test]
+async fn usage_says_whose_requests_it_counts() {
+    let redis = crate::redis_server::RedisServer::start();
+    for (shared, expected) in [(false, "the gateway"), (true, "this replica")] {
+        let gateway = match shared {
+            false => Running::start(&demo()).await,
+            true => Running::start_shared(&demo(), &redis.url()).await,
+        };
+        let response = gateway
+            .post("/v1/chat/completions", Some(SEARCH), &chat(20))
+            .await;
+        assert_eq!(response.status(), 200);
+        let usage = gateway
+            .admin(Method::GET, "/usage", ADMIN, Value::Null)
+            .await;
+        let usage: Value = serde_json::from_slice(&usage.bytes().await.unwrap()).unwrap();
+        let search = (usage.as_array().unwrap().iter())
+            .find(|u| u["tenant"] == "acme/search")
+            .unwrap();
+        assert_eq!(search["counted_by"], expected, "{search}");
+        assert_eq!(search["requests"], 1, "{search}");
+        let (_, status) = gateway.get("/status.json").await;
+        let status: Value = serde_json::from_str(&status).unwrap();
+        assert_eq!(status["usage_counted_by"], expected);
+        gateway.stop().await;
+    }
+}

@@ -437,6 +437,9 @@ struct TenantUsage {
     tenant: String,
     #[serde(flatten)]
     counts: Counts,
+    /// Whose requests these are: `this replica` when replicas share the state (the fleet's
+    /// are in `GET /admin/report`), else `the gateway`.
+    counted_by: &'static str,
 }
 
 async fn usage(
@@ -449,6 +452,7 @@ async fn usage(
             .map(|tenant| TenantUsage {
                 tenant: tenant.node.path,
                 counts: tenant.usage,
+                counted_by: status::counted_by(&gateway),
             })
             .collect(),
     )
