@@ -30,3 +30,4 @@ mod state;
 mod support;
 mod tiers;
 mod tls;
+mod walkthrough;
