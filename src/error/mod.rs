@@ -23,6 +23,7 @@
 //! names a layer: conversions into other shapes (a
 //! [`RateLimitError`](crate::provider::RateLimitError)) live with those shapes.
 
+mod binding;
 mod capacity;
 pub(crate) mod failure;
 pub(crate) mod idempotency;
@@ -31,7 +32,8 @@ mod reserve;
 mod service;
 mod store;
 
+pub use binding::Binding;
 pub use capacity::{InsufficientCapacity, NotUntil};
-pub use reserve::{Binding, ReserveError, TryReserveError};
+pub use reserve::{ReserveError, TryReserveError};
 pub use service::{BoxError, Error};
 pub use store::StoreUnavailable;
