@@ -265,7 +265,11 @@ async fn a_scripted_scenario_records_every_series() {
         Some(&DebugValue::Gauge(0.0.into()))
     );
     assert!(
-        series.contains_key("gauge llm_budget_level{dimension=total_tokens,window_seconds=60}")
+        series.contains_key(
+            "gauge llm_budget_level{queue=default,dimension=total_tokens,window_seconds=60}"
+        ),
+        "{:?}",
+        series.keys().filter(|k| k.contains("llm_budget")).collect::<Vec<_>>()
     );
     // Alone on its key, the adaptive share plans for the whole quota.
     assert_eq!(

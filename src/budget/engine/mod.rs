@@ -229,18 +229,15 @@ impl<'a> Pass<'a> {
 
     /// 1a. Its deadline, once, on arrival: when the buckets' refill cannot pay before it, the
     ///     request is refused at once with the predicted wait, rather than after waiting it
-    ///     out.
-    ///     - A caller's own deadline counts the costs waiting ahead of it (its class and
-    ///       those above, and lower fronts aged to its class) at their estimates, and nothing
-    ///       of what calls in flight will refund: refunds make the real wait shorter, later
-    ///       arrivals of a higher class longer.
-    ///     - A class's longest wait is refused early only when it cannot be met at all: its
-    ///       own cost, with nobody ahead and everything the calls in flight hold given back
-    ///       at once (a spent limit of 2 requests a minute refuses at once with the 30 s until
-    ///       it refills, not after the class's 5 s with a guess).
-    ///
-    ///     A shared budget cannot tell from here (its buckets live in its store): its requests
-    ///     wait up to their deadline.
+    ///     out. A caller's own deadline counts the costs waiting ahead of it (its class and
+    ///     those above, and lower fronts aged to its class) at their estimates, and nothing of
+    ///     what calls in flight will refund: refunds make the real wait shorter, later
+    ///     arrivals of a higher class longer. A class's longest wait is refused early only
+    ///     when it cannot be met at all: its own cost, with nobody ahead and everything the
+    ///     calls in flight hold given back at once (a spent limit of 2 requests a minute
+    ///     refuses at once with the 30 s until it refills, not after the class's 5 s with a
+    ///     guess). A shared budget cannot tell from here (its buckets live in its store): its
+    ///     requests wait up to their deadline.
     fn predict(&mut self, waiting: &mut Waiting) -> ControlFlow<Step> {
         if waiting.place.is_some() || std::mem::replace(&mut waiting.predicted, true) {
             return Continue(());
