@@ -89,8 +89,9 @@ async fn the_metrics_are_served_and_count_the_workload() {
     assert!(body.contains("# HELP llm_queue_wait_seconds"));
     // Each budget's levels under its quota's name (`queue`, as its ordering's depth).
     assert!(
-        body.lines().any(|l| l.starts_with(r#"llm_budget_level{queue=""#)
-            && l.contains(r#"dimension="total_tokens",window_seconds="60"}"#)),
+        body.lines()
+            .any(|l| l.starts_with(r#"llm_budget_level{queue=""#)
+                && l.contains(r#"dimension="total_tokens",window_seconds="60"}"#)),
         "{body}"
     );
 }

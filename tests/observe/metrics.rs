@@ -266,14 +266,18 @@ async fn a_scripted_scenario_records_every_series() {
     );
     assert!(
         series.contains_key(
-            "gauge llm_budget_level{queue=default,dimension=total_tokens,window_seconds=60}"
+            "gauge llm_budget_level{dimension=total_tokens,queue=default,window_seconds=60}"
         ),
         "{:?}",
-        series.keys().filter(|k| k.contains("llm_budget")).collect::<Vec<_>>()
+        series
+            .keys()
+            .filter(|k| k.contains("llm_budget"))
+            .collect::<Vec<_>>()
     );
     // Alone on its key, the adaptive share plans for the whole quota.
     assert_eq!(
-        series.get("gauge llm_budget_share{dimension=total_tokens,window_seconds=60}"),
+        series
+            .get("gauge llm_budget_share{dimension=total_tokens,queue=default,window_seconds=60}"),
         Some(&DebugValue::Gauge(1.0.into()))
     );
 }

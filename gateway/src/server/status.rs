@@ -14,7 +14,7 @@ use tower_llm_quota::queue::QueueSnapshot;
 
 use super::Gateway;
 use super::tenancy::{CapView, LevelView, NodeView};
-use super::usage::{Counts, HourView, RefusalRecord};
+use super::usage::{Counts, HourView, RefusalRecord, Whose};
 
 /// A tenant node with today's usage of its subtree.
 #[derive(Debug, Serialize)]
@@ -76,7 +76,7 @@ pub(crate) fn tenants(gateway: &Gateway) -> Vec<TenantStatus> {
         .into_iter()
         .map(|node| TenantStatus {
             usage: gateway.ledger.counts_under(&node.path),
-            hour: gateway.ledger.last_hour(&format!("tenant:{}", node.path)),
+            hour: gateway.ledger.last_hour(Whose::Node(&node.path)),
             overridden: (overrides.iter())
                 .filter(|o| o.tenant.as_deref() == Some(node.path.as_str()))
                 .map(|o| o.setting.clone())
@@ -95,8 +95,8 @@ fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
         let simulator_429s = account.simulator.as_ref().map(|s| s.stats().rate_limited);
         // A budget's row, its requests queued by class as `queue` counts them.
         let row = |name: String, budget: &tower_llm_quota::Budget, queue: QueueSnapshot| {
-            let hour = (name == account.name)
-                .then(|| gateway.ledger.last_hour(&format!("account:{name}")));
+            let hour =
+                (name == account.name).then(|| gateway.ledger.last_hour(Whose::Account(&name)));
             let snapshot = budget.snapshot();
             let levels: Vec<LevelView> = snapshot.limits().iter().map(LevelView::from).collect();
             let left = |l: &LevelView| l.level as f64 / l.capacity.max(1) as f64;

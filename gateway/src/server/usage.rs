@@ -157,10 +157,10 @@ struct Day {
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     today: Mutex<Day>,
-    recent: Mutex<HashMap<(String, String), Ring<u64>>>,
-    /// The last hour by minute, per `tenant:<path>` (each node above an answer too) and
-    /// `account:<name>`.
-    hours: Mutex<HashMap<String, Ring<Tally>>>,
+    /// Tokens of the last minute by second, per account, then per node.
+    recent: Mutex<Named<Named<Ring<u64>>>>,
+    /// The last hour by minute, per node (each node above an answer too) and per account.
+    hours: Mutex<Hours>,
     refusals: Mutex<VecDeque<RefusalRecord>>,
 }
 
@@ -207,6 +207,43 @@ impl<T: Copy + Default> Ring<T> {
     }
 }
 
+/// Values by name, looked up by `&str`: a name is allocated once, when first seen.
+#[derive(Debug)]
+struct Named<T>(HashMap<String, T>);
+
+impl<T> Default for Named<T> {
+    fn default() -> Self {
+        Self(HashMap::new())
+    }
+}
+
+impl<T: Default> Named<T> {
+    fn at(&mut self, name: &str) -> &mut T {
+        if !self.0.contains_key(name) {
+            self.0.insert(name.to_owned(), T::default());
+        }
+        self.0.get_mut(name).expect("inserted above")
+    }
+
+    fn get(&self, name: &str) -> Option<&T> {
+        self.0.get(name)
+    }
+}
+
+/// The last hour of every node and account.
+#[derive(Debug, Default)]
+struct Hours {
+    nodes: Named<Ring<Tally>>,
+    accounts: Named<Ring<Tally>>,
+}
+
+/// Whose hour: a tenant node's or an account's.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Whose<'a> {
+    Node(&'a str),
+    Account(&'a str),
+}
+
 /// One minute of a tenant or an account: tokens answered, their spend, refusals.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub(crate) struct Tally {
@@ -251,33 +288,43 @@ impl Ledger {
     ) {
         let second = now() as u64;
         let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let nodes = recent.at(account);
         for node in path.prefixes() {
-            let key = (account.to_owned(), node.to_owned());
-            recent.entry(key).or_default().add(second, |t| *t += tokens);
+            nodes.at(node).add(second, |t| *t += tokens);
         }
         drop(recent);
-        let scopes = (path.prefixes().map(|node| format!("tenant:{node}")))
-            .chain(std::iter::once(format!("account:{account}")));
-        self.hour(scopes, |t| {
+        self.hour(path.prefixes(), Some(account), |t| {
             t.tokens += tokens;
             t.spend_nano_usd += spend_nano_usd;
         });
     }
 
-    /// Changes the current minute of each of `scopes`.
-    fn hour(&self, scopes: impl Iterator<Item = String>, change: impl Fn(&mut Tally)) {
+    /// Changes the current minute of each of `nodes` and of `account`.
+    fn hour<'a>(
+        &self,
+        nodes: impl Iterator<Item = &'a str>,
+        account: Option<&str>,
+        change: impl Fn(&mut Tally),
+    ) {
         let minute = now() as u64 / 60;
         let mut hours = self.hours.lock().unwrap_or_else(|e| e.into_inner());
-        for scope in scopes {
-            hours.entry(scope).or_default().add(minute, &change);
+        for node in nodes {
+            hours.nodes.at(node).add(minute, &change);
+        }
+        if let Some(account) = account {
+            hours.accounts.at(account).add(minute, &change);
         }
     }
 
-    /// The last hour of `scope` (`tenant:<path>`, `account:<name>`), minute by minute.
-    pub(crate) fn last_hour(&self, scope: &str) -> HourView {
+    /// The last hour of a node or an account, minute by minute.
+    pub(crate) fn last_hour(&self, whose: Whose<'_>) -> HourView {
         let minute = now() as u64 / 60;
         let hours = self.hours.lock().unwrap_or_else(|e| e.into_inner());
-        let minutes = hours.get(scope).map(|ring| ring.up_to(minute));
+        let ring = match whose {
+            Whose::Node(path) => hours.nodes.get(path),
+            Whose::Account(name) => hours.accounts.get(name),
+        };
+        let minutes = ring.map(|ring| ring.up_to(minute));
         HourView::of(&minutes.unwrap_or([Tally::default(); 60]))
     }
 
@@ -285,7 +332,7 @@ impl Ledger {
     /// minute.
     pub(crate) fn used_last_minute(&self, account: &str, path: &str) -> u64 {
         let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        (recent.get(&(account.to_owned(), path.to_owned())))
+        (recent.get(account).and_then(|nodes| nodes.get(path)))
             .map_or(0, |minute| minute.up_to(now() as u64).iter().sum())
     }
 
@@ -347,15 +394,9 @@ impl Ledger {
         // The hour of the tenant (and the nodes above it) and of the account that refused.
         let nodes = tenant.and_then(|t| tower_llm_quota::tenant::Tenant::parse(t).ok());
         let account = (refusal.scope.strip_prefix("account:"))
-            .map(|rest| rest.split("/scope:").next().unwrap_or(rest).to_owned());
-        let scopes = (nodes.iter())
-            .flat_map(|path| {
-                (path.prefixes())
-                    .map(|node| format!("tenant:{node}"))
-                    .collect::<Vec<_>>()
-            })
-            .chain(account.map(|a| format!("account:{a}")));
-        self.hour(scopes, |t| t.refusals += 1);
+            .map(|rest| rest.split("/scope:").next().unwrap_or(rest));
+        let prefixes = nodes.iter().flat_map(|path| path.prefixes());
+        self.hour(prefixes, account, |t| t.refusals += 1);
         let decision = match refusal.gateway_decision {
             Decision::Local => "local",
             Decision::Provider => "provider",
