@@ -183,17 +183,25 @@ pub(crate) struct LevelView {
     pub(crate) capacity: u64,
     /// What is left of the burst now.
     pub(crate) level: i64,
+    /// Spent: the seconds until one unit may be spent again (absent while one may now).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) frees_in_seconds: Option<f64>,
 }
 
 impl From<&LimitSnapshot> for LevelView {
     fn from(snapshot: &LimitSnapshot) -> Self {
         let limit = snapshot.limit();
+        let frees_in = snapshot
+            .available_at()
+            .saturating_duration_since(tokio::time::Instant::now());
         Self {
             limit: limit_name(limit.dimension().as_str(), limit.period()),
             amount: limit.amount().get(),
             period_seconds: limit.period().as_secs_f64(),
             capacity: snapshot.capacity(),
             level: snapshot.level(),
+            frees_in_seconds: (!frees_in.is_zero())
+                .then(|| (frees_in.as_secs_f64() * 10.0).ceil() / 10.0),
         }
     }
 }

@@ -390,5 +390,8 @@ async fn a_spent_scope_refuses_at_once_with_its_wait_and_its_name() {
         .unwrap_or_else(|| panic!("no row for the scope: {status}"));
     assert_eq!(row["binding"], "requests_per_minute", "{row}");
     assert!(row["levels"][0]["level"].as_i64().unwrap() < 1, "{row}");
+    // And when it frees: about the refusal's Retry-After.
+    let frees = row["levels"][0]["frees_in_seconds"].as_f64().unwrap();
+    assert!((15.0..=31.0).contains(&frees), "{row}");
     gateway.stop().await;
 }
