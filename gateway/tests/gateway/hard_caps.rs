@@ -113,15 +113,20 @@ struct Seen {
     answered: AtomicU64,
     lowered: AtomicU64,
     refused_small: AtomicU64,
+    /// Callers with a request on its way now.
+    sending: AtomicU64,
 }
 
-/// One caller: sends the mix until the cap refuses it; checks the header of each answer
-/// whose bound was lowered, and that the answer holds no more than the bound.
+/// One caller: sends the mix until the cap refuses it (a refusal for too little left, again
+/// while other callers' requests are on their way); checks the header of each answer whose
+/// bound was lowered, and that the answer holds no more than the bound.
 async fn caller(replica: Arc<Running>, key: String, next: Arc<AtomicU64>, seen: Arc<Seen>) {
     loop {
         let n = next.fetch_add(1, Ordering::Relaxed);
         let body = body(n);
+        seen.sending.fetch_add(1, Ordering::SeqCst);
         let (status, bound, text) = send(&replica, &format!("{key}-secret"), &body).await;
+        seen.sending.fetch_sub(1, Ordering::SeqCst);
         if status == 200 {
             let usage = usage_of(&text, n % 3 == 2);
             seen.spent.fetch_add(spend_of(&usage), Ordering::Relaxed);
@@ -152,6 +157,13 @@ async fn caller(replica: Arc<Running>, key: String, next: Arc<AtomicU64>, seen: 
             .is_some_and(|m| m.contains("below the useful minimum"))
         {
             seen.refused_small.fetch_add(1, Ordering::Relaxed);
+            // Too little left while others' calls are on their way: what they hold beyond
+            // their answers comes back as they settle. A client tries again until nobody
+            // else is sending (then what is left is left).
+            if seen.sending.load(Ordering::SeqCst) > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue;
+            }
         }
         return;
     }
