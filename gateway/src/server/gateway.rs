@@ -134,13 +134,6 @@ impl Gateway {
             tracing::warn!("{note}");
         }
         let admin_token = root_token(config)?;
-        if cfg!(not(feature = "otel")) && config.server.otlp_endpoint.is_some() {
-            return Err(ConfigError(
-                "server.otlp_endpoint: this gateway was built without the `otel` feature \
-                 (cargo install --features otel)"
-                    .into(),
-            ));
-        }
         let server = &config.server;
         let status_token = config::secret(
             server.status_token.as_ref(),

@@ -157,10 +157,8 @@ struct Day {
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     today: Mutex<Day>,
-    /// Tokens of the last minute by second, per account, then per node.
-    recent: Mutex<Named<Named<Ring<u64>>>>,
-    /// The last hour by minute, per node (each node above an answer too) and per account.
-    hours: Mutex<Hours>,
+    /// The last minute and the last hour: one lock per answer for both.
+    windows: Mutex<Windows>,
     refusals: Mutex<VecDeque<RefusalRecord>>,
 }
 
@@ -230,11 +228,31 @@ impl<T: Default> Named<T> {
     }
 }
 
-/// The last hour of every node and account.
+/// The recent windows: tokens of the last minute by second, per account then per node, and
+/// the last hour by minute, per node (each node above an answer too) and per account.
 #[derive(Debug, Default)]
-struct Hours {
+struct Windows {
+    minute: Named<Named<Ring<u64>>>,
     nodes: Named<Ring<Tally>>,
     accounts: Named<Ring<Tally>>,
+}
+
+impl Windows {
+    /// Changes the current minute of each of `nodes` and of `account`.
+    fn hour<'a>(
+        &mut self,
+        nodes: impl Iterator<Item = &'a str>,
+        account: Option<&str>,
+        change: impl Fn(&mut Tally),
+    ) {
+        let minute = now() as u64 / 60;
+        for node in nodes {
+            self.nodes.at(node).add(minute, &change);
+        }
+        if let Some(account) = account {
+            self.accounts.at(account).add(minute, &change);
+        }
+    }
 }
 
 /// Whose hour: a tenant node's or an account's.
@@ -287,42 +305,28 @@ impl Ledger {
         (tokens, spend_nano_usd): (u64, u64),
     ) {
         let second = now() as u64;
-        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        let nodes = recent.at(account);
+        let mut windows = self.windows();
+        let nodes = windows.minute.at(account);
         for node in path.prefixes() {
             nodes.at(node).add(second, |t| *t += tokens);
         }
-        drop(recent);
-        self.hour(path.prefixes(), Some(account), |t| {
+        windows.hour(path.prefixes(), Some(account), |t| {
             t.tokens += tokens;
             t.spend_nano_usd += spend_nano_usd;
         });
     }
 
-    /// Changes the current minute of each of `nodes` and of `account`.
-    fn hour<'a>(
-        &self,
-        nodes: impl Iterator<Item = &'a str>,
-        account: Option<&str>,
-        change: impl Fn(&mut Tally),
-    ) {
-        let minute = now() as u64 / 60;
-        let mut hours = self.hours.lock().unwrap_or_else(|e| e.into_inner());
-        for node in nodes {
-            hours.nodes.at(node).add(minute, &change);
-        }
-        if let Some(account) = account {
-            hours.accounts.at(account).add(minute, &change);
-        }
+    fn windows(&self) -> std::sync::MutexGuard<'_, Windows> {
+        self.windows.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The last hour of a node or an account, minute by minute.
     pub(crate) fn last_hour(&self, whose: Whose<'_>) -> HourView {
         let minute = now() as u64 / 60;
-        let hours = self.hours.lock().unwrap_or_else(|e| e.into_inner());
+        let windows = self.windows();
         let ring = match whose {
-            Whose::Node(path) => hours.nodes.get(path),
-            Whose::Account(name) => hours.accounts.get(name),
+            Whose::Node(path) => windows.nodes.get(path),
+            Whose::Account(name) => windows.accounts.get(name),
         };
         let minutes = ring.map(|ring| ring.up_to(minute));
         HourView::of(&minutes.unwrap_or([Tally::default(); 60]))
@@ -331,9 +335,12 @@ impl Ledger {
     /// The tokens answered on `account` for the node at `path` (and below it) over the last
     /// minute.
     pub(crate) fn used_last_minute(&self, account: &str, path: &str) -> u64 {
-        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        (recent.get(account).and_then(|nodes| nodes.get(path)))
-            .map_or(0, |minute| minute.up_to(now() as u64).iter().sum())
+        let windows = self.windows();
+        (windows
+            .minute
+            .get(account)
+            .and_then(|nodes| nodes.get(path)))
+        .map_or(0, |minute| minute.up_to(now() as u64).iter().sum())
     }
 
     fn with_today(&self, tenant: &str, change: impl FnOnce(&mut Counts)) {
@@ -396,7 +403,7 @@ impl Ledger {
         let account = (refusal.scope.strip_prefix("account:"))
             .map(|rest| rest.split("/scope:").next().unwrap_or(rest));
         let prefixes = nodes.iter().flat_map(|path| path.prefixes());
-        self.hour(prefixes, account, |t| t.refusals += 1);
+        self.windows().hour(prefixes, account, |t| t.refusals += 1);
         let decision = match refusal.gateway_decision {
             Decision::Local => "local",
             Decision::Provider => "provider",

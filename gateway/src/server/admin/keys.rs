@@ -111,14 +111,14 @@ pub(super) async fn create(
         Ok(Json(new)) => new,
         Err(rejection) => return unreadable(&rejection),
     };
-    let path = match Tenant::parse(&new.tenant).and_then(|t| t.child(&new.name)) {
-        Ok(path) => path,
+    let parsed = Tenant::parse(&new.tenant).and_then(|t| Ok((t.child(&new.name)?, t)));
+    let (path, tenant) = match parsed {
+        Ok(parsed) => parsed,
         Err(e) => {
             let reason = format!("the tenant and the key's name must make a tenant path: {e}");
             return error(StatusCode::BAD_REQUEST, "invalid_request", reason);
         }
     };
-    let tenant = path.parent().expect("a key's path has its tenant above it");
     if !admin.sees(&path) {
         return not_found("tenant", &new.tenant);
     }
