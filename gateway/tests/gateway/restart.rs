@@ -328,6 +328,16 @@ async fn a_restarted_gateway_forgets_nothing() {
     )
     .await;
     let made = made["key"].as_str().expect("a new key").to_owned();
+    // An override of the file, with who made it.
+    let weighed = reqwest::Client::new()
+        .put(format!("{}/admin/limits", gateway.url))
+        .bearer_auth(ADMIN)
+        .header("content-type", "application/json")
+        .body(json!({"tenant": "acme", "weight": 3}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(weighed.status(), 204);
 
     let traffic = Traffic::start(vec![gateway.url.clone()], CALLERS, KEY);
     traffic.wait_for(150).await;
@@ -356,6 +366,19 @@ async fn a_restarted_gateway_forgets_nothing() {
     gateway.stop("-KILL");
     gateway.restart();
     let (day_used, month_used, account_used) = caps(&gateway.url).await;
+    // The override and its stamp outlive the kill.
+    let (_, _, overrides) = json(
+        reqwest::Client::new()
+            .get(format!("{}/admin/overrides", gateway.url))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(overrides[0]["id"], "weight:acme", "{overrides}");
+    assert_eq!(overrides[0]["value"], 3, "{overrides}");
+    assert_eq!(overrides[0]["by"], "admin", "{overrides}");
     let logged = audit(&dir.join("audit.log"), "acme");
     let answered = traffic.spent();
     let bound = answered + CALLERS as u64 * logged.largest_estimate;
