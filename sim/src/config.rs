@@ -16,6 +16,11 @@ pub enum Style {
     /// Anthropic Messages: `POST /v1/messages`, `x-api-key: <key>`, `anthropic-ratelimit-*`
     /// headers, RPM, input TPM and output TPM.
     Anthropic,
+    /// Google Gemini's native API: `POST /v1beta/models/{model}:generateContent` (and
+    /// `:streamGenerateContent`, `:countTokens`, `:embedContent`, `:batchEmbedContents`),
+    /// `GET /v1beta/models`, `x-goog-api-key: <key>` (or `?key=`), no rate-limit headers,
+    /// a 429 `RESOURCE_EXHAUSTED` with `RetryInfo` and `QuotaFailure`; RPM and input TPM.
+    Gemini,
 }
 
 /// The period a limit counts over.
@@ -333,6 +338,19 @@ impl SimConfig {
                 (Dimension::Requests, requests_per_minute),
                 (Dimension::InputTokens, input_tokens_per_minute),
                 (Dimension::OutputTokens, output_tokens_per_minute),
+            ],
+        )
+    }
+
+    /// A Gemini-style provider: `requests_per_minute` (RPM) and `input_tokens_per_minute`
+    /// (TPM, which Google counts over the input), per model as Google keeps them when one
+    /// simulator serves one model. Add requests per day with [`limit`](Self::limit).
+    pub fn gemini(requests_per_minute: u64, input_tokens_per_minute: u64) -> Self {
+        Self::new(
+            Style::Gemini,
+            &[
+                (Dimension::Requests, requests_per_minute),
+                (Dimension::InputTokens, input_tokens_per_minute),
             ],
         )
     }

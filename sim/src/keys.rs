@@ -10,7 +10,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 
 use super::config::Style;
 use super::wire::Completion;
-use super::{anthropic, openai};
+use super::{anthropic, gemini, openai};
 
 /// The header a client sends its operation's key under.
 const HEADER: &str = "idempotency-key";
@@ -109,6 +109,7 @@ impl KeyCounts {
             let frames = match style {
                 Style::OpenAi => openai::frames(&kept.completion),
                 Style::Anthropic => anthropic::frames(&kept.completion),
+                Style::Gemini => gemini::frames(&kept.completion, true),
             };
             let mut body = BytesMut::new();
             for frame in frames {
@@ -127,6 +128,7 @@ impl KeyCounts {
             match style {
                 Style::OpenAi => openai::completion(&kept.completion),
                 Style::Anthropic => anthropic::completion(&kept.completion),
+                Style::Gemini => gemini::completion(&kept.completion),
             }
         };
         headers.insert("idempotent-replayed", HeaderValue::from_static("true"));

@@ -1,7 +1,7 @@
 //! A simulated LLM provider that enforces quota like the real ones.
 //!
 //! Test a quota configuration, a retry policy or a whole batch job against a provider that
-//! speaks the OpenAI Chat Completions or the Anthropic Messages API, counts tokens, answers
+//! speaks the OpenAI Chat Completions, the Anthropic Messages or Google's Gemini API, counts tokens, answers
 //! 429 when a bucket is empty, sends the providers' rate-limit headers, usage and error bodies,
 //! and injects faults on demand. One engine serves two forms:
 //!
@@ -13,8 +13,11 @@
 //!
 //! One simulator speaks one [`Style`], chosen by its configuration; its path must end with
 //! `/chat/completions` or `/embeddings` (OpenAI: a vector of 8 numbers per input, the input
-//! counted as the prompt, nothing generated) or `/messages` (Anthropic). For both, run two
-//! simulators.
+//! counted as the prompt, nothing generated) or `/messages` (Anthropic), or name a model and
+//! its method, `/v1beta/models/{model}:generateContent` (Gemini: also
+//! `:streamGenerateContent`, as events with `?alt=sse` or else one JSON array, `:countTokens`,
+//! which bills nothing, `:embedContent`, `:batchEmbedContents`, and `GET /v1beta/models`).
+//! For several providers, run several simulators.
 //!
 //! # The quota
 //!
@@ -125,6 +128,7 @@ mod anthropic;
 mod bucket;
 mod config;
 mod engine;
+mod gemini;
 mod group;
 mod keys;
 mod openai;

@@ -19,7 +19,7 @@ use tokio::time::{Instant, Sleep};
 use super::config::Style;
 use super::engine::{Admitted, Engine, Outcome, Settlement};
 use super::wire::{Frame, Refusal};
-use super::{anthropic, openai};
+use super::{anthropic, gemini, openai};
 use tower_llm_quota::BoxError;
 
 /// The largest request body read; a larger one is answered 400.
@@ -93,7 +93,26 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    let style = engine.config().style;
+    if style == Style::Gemini {
+        if parts.method == http::Method::GET && gemini::is_listing(parts.uri.path()) {
+            let mut response = Response::new(SimBody::full(gemini::models(
+                engine.config().max_output_tokens,
+            )));
+            response.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("application/json"),
+            );
+            return Ok(response);
+        }
+        // Google takes the key from `?key=` as from its header.
+        if let Some(key) = gemini::query_value(parts.uri.query(), "key")
+            .and_then(|key| http::HeaderValue::from_str(key).ok())
+        {
+            parts.headers.entry("x-goog-api-key").or_insert(key);
+        }
+    }
     let body = match Limited::new(body, MAX_REQUEST_BODY).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(error) if error.is::<http_body_util::LengthLimitError>() => Err(Refusal::Invalid(
@@ -103,7 +122,7 @@ where
     };
     let outcome = engine.decide(&parts.method, parts.uri.path(), &parts.headers, body);
     let admitted = match outcome {
-        Outcome::Refused {
+        Outcome::Answer {
             status,
             headers,
             body,
@@ -128,16 +147,17 @@ where
         Outcome::Admitted(admitted) => admitted,
     };
     pause(admitted.first_token).await;
-    let style = engine.config().style;
+    let sse = gemini::query_value(parts.uri.query(), "alt") == Some("sse");
     if admitted.stream {
         let headers = engine.response_headers(
             admitted.settlement.organization(),
-            true,
+            style != Style::Gemini || sse,
             &admitted.completion.id,
         );
         let frames = match style {
             Style::OpenAi => openai::frames(&admitted.completion),
             Style::Anthropic => anthropic::frames(&admitted.completion),
+            Style::Gemini => gemini::frames(&admitted.completion, sse),
         };
         let Admitted {
             per_token,
@@ -156,6 +176,12 @@ where
         }
         Style::OpenAi => openai::completion(&admitted.completion),
         Style::Anthropic => anthropic::completion(&admitted.completion),
+        Style::Gemini if admitted.completion.embeddings.is_some() => {
+            let batch = gemini::route(parts.uri.path())
+                .is_some_and(|(_, method)| method == gemini::Method::BatchEmbed);
+            gemini::embeddings(&admitted.completion, batch)
+        }
+        Style::Gemini => gemini::completion(&admitted.completion),
     };
     let organization = admitted.settlement.organization();
     drop(admitted.settlement);

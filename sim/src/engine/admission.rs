@@ -10,7 +10,7 @@ use super::*;
 use crate::config::Style;
 use crate::stats::{Entry, Rejection};
 use crate::wire::{self, ChatRequest, Completion, RateLimited, Refusal};
-use crate::{anthropic, openai};
+use crate::{anthropic, gemini, openai};
 
 impl Engine {
     /// Decides what to do with a request: refuse it, reset it, or admit it (charging the
@@ -25,12 +25,14 @@ impl Engine {
         let (mut state, now) = self.lock();
         state.counters.received += 1;
         let style = self.config.style;
-        let route = match style {
-            Style::OpenAi => "/chat/completions",
-            Style::Anthropic => "/messages",
-        };
         let embeddings = style == Style::OpenAi && path.ends_with("/embeddings");
-        if !path.ends_with(route) && !embeddings {
+        let gemini = gemini::route(path);
+        let routed = match style {
+            Style::OpenAi => path.ends_with("/chat/completions") || embeddings,
+            Style::Anthropic => path.ends_with("/messages"),
+            Style::Gemini => gemini.is_some(),
+        };
+        if !routed {
             state.counters.bad_requests += 1;
             return self.refuse(&mut state, None, now, Refusal::NotFound(path.to_owned()));
         }
@@ -41,6 +43,7 @@ impl Engine {
         let key = match style {
             Style::OpenAi => openai::api_key(headers),
             Style::Anthropic => anthropic::api_key(headers),
+            Style::Gemini => gemini::api_key(headers),
         };
         let organization = match key {
             Some(_) if self.keys.is_empty() => Some(0),
@@ -56,6 +59,10 @@ impl Engine {
                 Style::OpenAi if embeddings => openai::parse_embeddings(&body),
                 Style::OpenAi => openai::parse(&body, self.config.default_max_tokens),
                 Style::Anthropic => anthropic::parse(&body),
+                Style::Gemini => {
+                    let (model, method) = gemini.unwrap_or(("", gemini::Method::Generate));
+                    gemini::parse(model, method, &body, self.config.default_max_tokens)
+                }
             }
             .map_err(Refusal::Invalid)
         });
@@ -76,6 +83,19 @@ impl Engine {
                 return self.refuse(&mut state, Some(organization), now, refusal);
             }
         };
+        if let Some((_, gemini::Method::CountTokens)) = gemini {
+            // Counting tokens bills nothing and draws on no limit here.
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return Outcome::Answer {
+                status: http::StatusCode::OK,
+                headers,
+                body: gemini::token_count(&request),
+            };
+        }
         // Always four draws, so a request's faults do not depend on the previous outcomes.
         let faults = self.config.faults;
         let (reset, error, spike, which) = (
@@ -112,7 +132,7 @@ impl Engine {
         let key = crate::keys::key_of(headers);
         if let (Some(ttl), Some(key)) = (self.config.idempotency_ttl, key) {
             if let Some(replay) = self.idempotency_keys.replay(key, now, style) {
-                return Outcome::Refused {
+                return Outcome::Answer {
                     status: replay.status,
                     headers: replay.headers,
                     body: replay.body,
@@ -246,11 +266,14 @@ impl Engine {
                 now,
                 Refusal::RateLimited(limited),
             );
-            if let Outcome::Refused { headers, .. } = &mut outcome {
+            if let Outcome::Answer { headers, .. } = &mut outcome {
                 let wait = Duration::from_nanos(wait);
                 let secs = wait.as_nanos().div_ceil(1_000_000_000);
                 let millis = wait.as_nanos().div_ceil(1_000_000);
-                headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs as u64));
+                // Google sends its wait in the body only (`RetryInfo`).
+                if self.config.style != Style::Gemini {
+                    headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs as u64));
+                }
                 // Anthropic sends whole seconds only; OpenAI-compatible servers add milliseconds.
                 if self.config.style == Style::OpenAi {
                     headers.insert("retry-after-ms", HeaderValue::from(millis as u64));
@@ -337,6 +360,7 @@ impl Engine {
         match self.config.style {
             Style::OpenAi => format!("chatcmpl-sim{:08}", state.next_id),
             Style::Anthropic => format!("msg_sim{:08}", state.next_id),
+            Style::Gemini => format!("sim{:08}", state.next_id),
         }
     }
 
@@ -351,6 +375,7 @@ impl Engine {
         let (status, body) = match self.config.style {
             Style::OpenAi => openai::refusal(&refusal),
             Style::Anthropic => anthropic::refusal(&refusal),
+            Style::Gemini => gemini::refusal(&refusal),
         };
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -362,7 +387,7 @@ impl Engine {
             state.next_id
         });
         self.common_headers(state, organization, now, id, &mut headers);
-        Outcome::Refused {
+        Outcome::Answer {
             status,
             headers,
             body,

@@ -22,6 +22,7 @@ impl Engine {
         let id_header = match self.config.style {
             Style::OpenAi => "x-request-id",
             Style::Anthropic => "request-id",
+            Style::Gemini => "x-goog-request-id",
         };
         if let Ok(id) = HeaderValue::try_from(id) {
             headers.insert(id_header, id);
@@ -47,6 +48,8 @@ impl Engine {
         match self.config.style {
             Style::OpenAi => openai::rate_limit_headers(&levels, headers),
             Style::Anthropic => anthropic::rate_limit_headers(&levels, headers),
+            // Google sends no rate-limit headers.
+            Style::Gemini => {}
         }
     }
 

@@ -93,8 +93,9 @@ struct State {
 /// What to do with a request.
 #[derive(Debug)]
 pub(crate) enum Outcome {
-    /// Answer at once with this status, headers and body.
-    Refused {
+    /// Answer at once with this status, headers and body (a refusal, a replay, a count of
+    /// tokens).
+    Answer {
         status: StatusCode,
         headers: HeaderMap,
         body: Bytes,
