@@ -268,12 +268,12 @@ pub fn estimate(body: &[u8], estimator: &dyn Estimator, defaults: &Defaults) -> 
 }
 
 /// Reads an LLM request body: its prompt tokens, output bound and choices. `None` when the body
-/// is not a JSON object with `messages`, `input` or `prompt`.
+/// is not a JSON object with `messages`, `input`, `contents` or `prompt`.
 ///
 /// # What is counted
 ///
-/// One reader serves OpenAI Chat Completions, OpenAI Responses and Anthropic Messages (and the
-/// legacy Completions `prompt`), since their fields do not clash:
+/// One reader serves OpenAI Chat Completions, OpenAI Responses, Anthropic Messages and Gemini's
+/// `generateContent` (and the legacy Completions `prompt`), since their fields do not clash:
 ///
 /// - **Messages** (`messages[]`, and the items of a Responses `input` array): each costs
 ///   [`Defaults::message_tokens`] of framing plus its text; the request adds
@@ -285,8 +285,12 @@ pub fn estimate(body: &[u8], estimator: &dyn Estimator, defaults: &Defaults) -> 
 /// - **Images, audio and files** (`image_url`, `input_image`, `image`, `input_audio`, `file`,
 ///   `input_file`, and Anthropic `document` blocks whose source is not text): a flat
 ///   [`Defaults::image_tokens`] each.
-/// - **System prompts**: Anthropic's `system` (a string or text blocks) and the Responses
-///   `instructions` count as one more message; a string `input` too.
+/// - **System prompts**: Anthropic's `system` (a string or text blocks), the Responses
+///   `instructions` and Gemini's `systemInstruction` count as one more message; a string
+///   `input` too.
+/// - **Gemini** (`contents[]` of `parts`): each content is a message; `inlineData` and
+///   `fileData` parts are images; `generationConfig.maxOutputTokens` bounds the output and
+///   `candidateCount` is its choices; `toolConfig` and a `responseSchema` count as JSON text.
 /// - **Tools and schemas**: `tools`, `functions`, `tool_choice`, `response_format` and the
 ///   Responses `text` format count as their JSON text, which is more than the providers'
 ///   own rendering of them.
@@ -346,8 +350,20 @@ pub fn read_request_json(
         }
         _ => {}
     }
-    // Anthropic's system prompt, the Responses instructions.
-    for key in ["system", "instructions"] {
+    // Gemini's `contents`.
+    if let Some(list) = object.get("contents").and_then(Value::as_array) {
+        known = true;
+        for item in list {
+            input = input.saturating_add(message(reader.item(item)));
+        }
+    }
+    // Anthropic's system prompt, the Responses instructions, Gemini's system instruction.
+    for key in [
+        "system",
+        "instructions",
+        "systemInstruction",
+        "system_instruction",
+    ] {
         if let Some(system) = object.get(key).filter(|v| !v.is_null()) {
             input = input.saturating_add(message(reader.item(system)));
         }
@@ -373,6 +389,8 @@ pub fn read_request_json(
         "tool_choice",
         "response_format",
         "text",
+        "toolConfig",
+        "tool_config",
     ] {
         let tokens = match object.get(key) {
             Some(Value::String(text)) if key == "tool_choice" => reader.text(text),
@@ -381,14 +399,30 @@ pub fn read_request_json(
         };
         input = input.saturating_add(tokens);
     }
-    let max_output_tokens = ["max_completion_tokens", "max_tokens", "max_output_tokens"]
+    // Gemini's bound, choices and output schema sit in its generation config.
+    let generation = ["generationConfig", "generation_config"]
         .iter()
-        .find_map(|key| object.get(*key).and_then(Value::as_u64).filter(|&n| n > 0));
-    let choices = object
-        .get("n")
-        .and_then(Value::as_u64)
-        .filter(|&n| n > 0)
-        .unwrap_or(1);
+        .find_map(|key| object.get(*key).and_then(Value::as_object));
+    let positive = |from: &Map<String, Value>, keys: &[&str]| {
+        keys.iter()
+            .find_map(|key| from.get(*key).and_then(Value::as_u64).filter(|&n| n > 0))
+    };
+    let mut max_output_tokens = positive(
+        object,
+        &["max_completion_tokens", "max_tokens", "max_output_tokens"],
+    );
+    let mut choices = positive(object, &["n"]);
+    if let Some(config) = generation {
+        max_output_tokens = max_output_tokens
+            .or_else(|| positive(config, &["maxOutputTokens", "max_output_tokens"]));
+        choices = choices.or_else(|| positive(config, &["candidateCount", "candidate_count"]));
+        for key in ["responseSchema", "response_schema", "responseJsonSchema"] {
+            if let Some(schema) = config.get(key).filter(|v| v.is_object()) {
+                input = input.saturating_add(reader.json(schema));
+            }
+        }
+    }
+    let choices = choices.unwrap_or(1);
     Some(RequestEstimate {
         model: model.map(str::to_owned),
         service_tier: service_tier(object),
@@ -419,8 +453,9 @@ fn service_tier(object: &Map<String, Value>) -> Option<ServiceTier> {
 }
 
 /// Reads an embeddings request body (OpenAI `/v1/embeddings`): its `input` is a string, an
-/// array of strings, an array of tokens or an array of token arrays; no output. `None` when
-/// the body is not a JSON object with such an `input`.
+/// array of strings, an array of tokens or an array of token arrays; or Gemini's
+/// `embedContent` (a `content` of text parts) and `batchEmbedContents` (`requests`, each with
+/// a `content`); no output. `None` when the body is not a JSON object with such an input.
 ///
 /// Strings are counted with [`Estimator::count_for`] and the body's `model`, token arrays
 /// by their length; nothing is added for framing (embeddings models bill the input alone).
@@ -449,18 +484,38 @@ pub fn read_embeddings_json(value: &Value, estimator: &dyn Estimator) -> Option<
         Some(model) => estimator.count_for(model, text),
         None => estimator.count(text),
     };
-    let input_tokens = match object.get("input")? {
-        Value::String(text) => count(text),
-        Value::Array(items) if items.iter().all(Value::is_number) => items.len() as u64,
-        Value::Array(items) => items.iter().try_fold(0u64, |sum, item| {
-            let tokens = match item {
-                Value::String(text) => count(text),
-                Value::Array(tokens) => tokens.len() as u64,
-                _ => return None,
-            };
-            Some(sum.saturating_add(tokens))
-        })?,
-        _ => return None,
+    // Gemini: `embedContent`'s `content`, `batchEmbedContents`' `requests`.
+    let content = |value: &Value| {
+        let parts = value.get("parts")?.as_array()?;
+        Some(parts.iter().fold(0u64, |sum, part| {
+            let tokens = part.get("text").and_then(Value::as_str).map_or(0, count);
+            sum.saturating_add(tokens)
+        }))
+    };
+    let gemini = match (object.get("content"), object.get("requests")) {
+        (Some(one), _) => Some(content(one)?),
+        (None, Some(Value::Array(requests))) => {
+            Some(requests.iter().try_fold(0u64, |sum, r| {
+                Some(sum.saturating_add(content(r.get("content")?)?))
+            })?)
+        }
+        _ => None,
+    };
+    let input_tokens = match gemini {
+        Some(tokens) => tokens,
+        None => match object.get("input")? {
+            Value::String(text) => count(text),
+            Value::Array(items) if items.iter().all(Value::is_number) => items.len() as u64,
+            Value::Array(items) => items.iter().try_fold(0u64, |sum, item| {
+                let tokens = match item {
+                    Value::String(text) => count(text),
+                    Value::Array(tokens) => tokens.len() as u64,
+                    _ => return None,
+                };
+                Some(sum.saturating_add(tokens))
+            })?,
+            _ => return None,
+        },
     };
     Some(RequestEstimate {
         model: model.map(str::to_owned),
@@ -483,7 +538,7 @@ const SKIPPED: [&str; 6] = [
 ];
 
 /// Keys holding content: a string, parts or blocks, walked rather than counted as JSON.
-const CONTENT: [&str; 3] = ["content", "output", "summary"];
+const CONTENT: [&str; 4] = ["content", "output", "summary", "parts"];
 
 struct Reader<'a> {
     estimator: &'a dyn Estimator,
@@ -522,7 +577,13 @@ impl Reader<'_> {
             "image_url" | "input_image" | "image" | "input_audio" | "audio" | "file"
             | "input_file" => return self.defaults.image_tokens,
             "document" => return self.document(map),
-            _ if map.contains_key("image_url") => return self.defaults.image_tokens,
+            // Gemini's parts: inline bytes or a file, whatever their medium.
+            _ if ["image_url", "inlineData", "inline_data", "fileData"]
+                .iter()
+                .any(|key| map.contains_key(*key)) =>
+            {
+                return self.defaults.image_tokens;
+            }
             _ => {}
         }
         map.iter()

@@ -230,6 +230,53 @@ fn anthropic_messages_counts_system_blocks_documents_tool_use_and_results() {
 }
 
 #[test]
+fn gemini_counts_contents_system_instruction_tools_and_its_generation_config() {
+    let body = r#"{
+        "systemInstruction": {"parts": [{"text": "Answer briefly."}]},
+        "contents": [
+            {"role": "user", "parts": [
+                {"text": "What is in this picture?"},
+                {"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgoAAAANSUhEUgAA"}}
+            ]},
+            {"role": "model", "parts": [{"text": "A cat."}]}
+        ],
+        "tools": [{"functionDeclarations": [{"name": "look"}]}],
+        "generationConfig": {"maxOutputTokens": 200, "candidateCount": 2}
+    }"#;
+    let tools = r#"[{"functionDeclarations":[{"name":"look"}]}]"#;
+    let input = (M + c("Answer briefly."))
+        + (M + c("user") + c("What is in this picture?") + IMAGE)
+        + (M + c("model") + c("A cat."))
+        + REPLY
+        + j(tools);
+    assert_eq!(cost_of(body), Cost::new(input, 400));
+    // Without a bound, the default output; the snake_case spelling of Google's SDKs too.
+    let body = r#"{"contents":[{"parts":[{"text":"Hi"}]}],
+                   "system_instruction":{"parts":[{"text":"Be kind."}]}}"#;
+    assert_eq!(
+        cost_of(body),
+        Cost::new(
+            (M + c("Hi")) + (M + c("Be kind.")) + REPLY,
+            Defaults::DEFAULT_OUTPUT_TOKENS
+        )
+    );
+}
+
+#[test]
+fn gemini_embeddings_count_each_content() {
+    let chars = CharEstimator::new();
+    let one = br#"{"content":{"parts":[{"text":"a cat"},{"text":"sat"}]}}"#;
+    let read = estimate::read_embeddings(one, &chars).unwrap();
+    assert_eq!(read.input_tokens(), c("a cat") + c("sat"));
+    let batch = br#"{"requests":[{"model":"models/e","content":{"parts":[{"text":"a"}]}},
+                                  {"content":{"parts":[{"text":"bb"}]}}]}"#;
+    let read = estimate::read_embeddings(batch, &chars).unwrap();
+    assert_eq!(read.input_tokens(), c("a") + c("bb"));
+    assert_eq!(read.cost(&Defaults::new()).output_tokens(), 0);
+    assert!(estimate::read_embeddings(br#"{"requests":[{"x":1}]}"#, &chars).is_none());
+}
+
+#[test]
 fn legacy_completions_prompt_is_counted() {
     let body =
         r#"{"model":"gpt-3.5-turbo-instruct","prompt":["Once upon", "a time"],"max_tokens":16}"#;
