@@ -57,7 +57,18 @@ pub(crate) fn spent(
     }
     if dimensions.is_empty() {
         let body = String::from_utf8_lossy(body).to_ascii_lowercase();
-        if body.contains("requests per min") || body.contains("(rpm)") {
+        // Gemini's `QuotaFailure` names its quota: `GenerateRequestsPerMinutePerProject...`,
+        // `GenerateContentInputTokensPerModelPerMinute...`.
+        let quota = quota_id(&body).unwrap_or_default();
+        if quota.contains("request") {
+            dimensions.push(Dimension::Requests);
+        } else if quota.contains("inputtoken") {
+            dimensions.extend(covered(Dimension::InputTokens));
+        } else if quota.contains("outputtoken") {
+            dimensions.extend(covered(Dimension::OutputTokens));
+        } else if quota.contains("token") {
+            dimensions.extend(covered(Dimension::TotalTokens));
+        } else if body.contains("requests per min") || body.contains("(rpm)") {
             dimensions.push(Dimension::Requests);
         } else if body.contains("tokens per min") || body.contains("(tpm)") {
             dimensions.extend(covered(Dimension::TotalTokens));
@@ -66,6 +77,17 @@ pub(crate) fn spent(
         }
     }
     (dimensions, wait.or(fits_after))
+}
+
+/// The first `quotaId` of a (lowercased) Gemini error body's `QuotaFailure` violations.
+fn quota_id(body: &str) -> Option<&str> {
+    let after = &body[body.find("\"quotaid\"")? + "\"quotaid\"".len()..];
+    let value = after
+        .trim_start()
+        .strip_prefix(':')?
+        .trim_start()
+        .strip_prefix('"')?;
+    value.split('"').next()
 }
 
 /// The dimensions to pause when a provider says one is spent: a total-token limit constrains
@@ -132,6 +154,27 @@ mod tests {
         assert_eq!(until, Some(Duration::from_secs(1)));
         let (dimensions, _) = spent(&map, b"", None, Some(&Cost::new(400, 100)), now);
         assert_eq!(dimensions.len(), 4);
+    }
+
+    #[test]
+    fn geminis_quota_failure_names_its_dimension() {
+        let now = SystemTime::UNIX_EPOCH;
+        let body = |id: &str| {
+            format!(
+                r#"{{"error":{{"code":429,"details":[{{"@type":"type.googleapis.com/google.rpc.QuotaFailure",
+                "violations":[{{"quotaMetric":"m","quotaId": "{id}"}}]}}]}}}}"#
+            )
+        };
+        let spent_by = |id: &str| spent(&HeaderMap::new(), body(id).as_bytes(), None, None, now).0;
+        assert_eq!(
+            spent_by("GenerateRequestsPerMinutePerProjectPerModel-FreeTier"),
+            [Dimension::Requests]
+        );
+        assert_eq!(
+            spent_by("GenerateContentInputTokensPerModelPerMinute-FreeTier"),
+            [Dimension::InputTokens, Dimension::TotalTokens]
+        );
+        assert_eq!(spent_by("SomethingElse").len(), Dimension::ALL.len());
     }
 
     #[test]

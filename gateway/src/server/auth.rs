@@ -269,8 +269,8 @@ impl KeyRing {
         self.callers.iter().any(|c| c.path == *path)
     }
 
-    /// The caller a request's key (`Authorization: Bearer` or `x-api-key`) belongs to; a
-    /// secret past its overlap after a rotation is refused like an unknown one.
+    /// The caller a request's key (`Authorization: Bearer`, `x-api-key` or `x-goog-api-key`)
+    /// belongs to; a secret past its overlap after a rotation is refused like an unknown one.
     pub(crate) fn authenticate(&self, headers: &HeaderMap) -> Option<&Caller> {
         let index = find(&self.digests, presented_key(headers)?)?;
         let (owner, until) = self.owners[index];
@@ -364,16 +364,17 @@ pub(crate) fn secret_matches(presented: Option<&str>, expected: &str) -> bool {
     bool::from(presented.ct_eq(&digest(expected.as_bytes())))
 }
 
-/// The key a request presents: `Authorization: Bearer <key>` (OpenAI) or `x-api-key`
-/// (Anthropic).
+/// The key a request presents: `Authorization: Bearer <key>` (OpenAI), `x-api-key`
+/// (Anthropic) or `x-goog-api-key` (Gemini, where a `?key=` is moved before).
 pub(crate) fn presented_key(headers: &HeaderMap) -> Option<&str> {
     if let Some(value) = headers.get(http::header::AUTHORIZATION) {
         let value = value.to_str().ok()?;
         let (scheme, key) = value.split_once(' ')?;
         return scheme.eq_ignore_ascii_case("bearer").then(|| key.trim());
     }
-    headers
-        .get("x-api-key")
+    ["x-api-key", super::gemini::KEY_HEADER]
+        .into_iter()
+        .find_map(|name| headers.get(name))
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
 }

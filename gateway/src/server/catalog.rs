@@ -25,7 +25,8 @@ fn dialect(headers: &HeaderMap) -> Dialect {
 /// One model in the caller's format.
 fn entry(accounts: &[Account], model: &Model, dialect: Dialect) -> Value {
     match dialect {
-        Dialect::OpenAi => json!({
+        // Gemini's list is its own route's (`gemini.rs`).
+        Dialect::OpenAi | Dialect::Gemini => json!({
             "id": model.name,
             "object": "model",
             "created": 0,
@@ -53,7 +54,7 @@ pub(crate) async fn list(State(gateway): State<Arc<Gateway>>, headers: HeaderMap
         .map(|model| entry(&gateway.accounts, model, dialect))
         .collect();
     let body = match dialect {
-        Dialect::OpenAi => json!({"object": "list", "data": data}),
+        Dialect::OpenAi | Dialect::Gemini => json!({"object": "list", "data": data}),
         Dialect::Anthropic => {
             let first = data.first().map(|m| m["id"].clone());
             let last = data.last().map(|m| m["id"].clone());

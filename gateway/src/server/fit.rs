@@ -194,13 +194,17 @@ impl Fitting {
 
 /// Whether answers of `api` hold output a bound limits.
 fn has_output(api: Api) -> bool {
-    !matches!(api, Api::Embeddings | Api::CountTokens)
+    !matches!(
+        api,
+        Api::Embeddings | Api::CountTokens | Api::EmbedContent | Api::GeminiCountTokens
+    )
 }
 
 /// `body` with its output bound set to `tokens` per choice, in the fields `api` reads: a
 /// Chat Completions request's `max_completion_tokens` and `max_tokens` (the first when it
 /// has neither, the one every current OpenAI model takes), a Responses request's
-/// `max_output_tokens`, a Messages or Completions request's `max_tokens`. `None` for a body
+/// `max_output_tokens`, a Messages or Completions request's `max_tokens`, a Gemini request's
+/// `generationConfig.maxOutputTokens`. `None` for a body
 /// that is not a JSON object, or an API without output.
 pub(crate) fn write_bound(api: Api, body: &[u8], tokens: u64) -> Option<Bytes> {
     let mut value: Value = serde_json::from_slice(body).ok()?;
@@ -209,7 +213,24 @@ pub(crate) fn write_bound(api: Api, body: &[u8], tokens: u64) -> Option<Bytes> {
         Api::Chat => &["max_completion_tokens", "max_tokens"],
         Api::Responses => &["max_output_tokens"],
         Api::Messages | Api::Completions => &["max_tokens"],
-        Api::Embeddings | Api::CountTokens => return None,
+        Api::GenerateContent => {
+            // Gemini's bound sits in its generation config.
+            let key = if object.contains_key("generation_config") {
+                "generation_config"
+            } else {
+                "generationConfig"
+            };
+            let config = object
+                .entry(key)
+                .or_insert_with(|| Value::Object(serde_json::Map::new()))
+                .as_object_mut()?;
+            config.remove("max_output_tokens");
+            config.insert("maxOutputTokens".to_owned(), tokens.into());
+            return serde_json::to_vec(&value).ok().map(Bytes::from);
+        }
+        Api::Embeddings | Api::CountTokens | Api::EmbedContent | Api::GeminiCountTokens => {
+            return None;
+        }
     };
     let mut written = false;
     for field in fields {

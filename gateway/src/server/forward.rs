@@ -28,6 +28,7 @@ use super::Gateway;
 use super::audit::{Audited, Tokens};
 use super::config::{Api, Retries};
 use super::fit::{self, Shaped};
+use super::gemini::{Method, Native};
 use super::metered::{Meter, Metered};
 use super::refusal::{Dialect, Refusal, limit_name};
 use super::routes::{ScopeRefused, Target};
@@ -65,12 +66,13 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
         Ok(body) => body,
         Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };
+    let native = parts.extensions.get::<Native>();
     let Checked {
         read,
         cost,
         streaming,
         model,
-    } = match check_body(api, &body) {
+    } = match check_body(api, native, &body) {
         Ok(checked) => checked,
         Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };
@@ -103,7 +105,7 @@ pub(crate) async fn forward(gateway: Arc<Gateway>, api: Api, request: Request<Bo
     let upstream = |body: Bytes, read: Option<RequestEstimate>, cost: Cost| {
         let dispatched = Dispatched::default();
         let report = UsageReport::new();
-        let mut upstream = primary.request(api, &parts.headers, body);
+        let mut upstream = primary.request(api, native, &parts.headers, body);
         let extensions = upstream.extensions_mut();
         extensions.insert(class);
         extensions.insert(api);
@@ -401,6 +403,7 @@ pub(crate) fn dialect_of(api: Api) -> Dialect {
     match api {
         Api::Messages | Api::CountTokens => Dialect::Anthropic,
         Api::Chat | Api::Responses | Api::Embeddings | Api::Completions => Dialect::OpenAi,
+        Api::GenerateContent | Api::EmbedContent | Api::GeminiCountTokens => Dialect::Gemini,
     }
 }
 
@@ -448,37 +451,51 @@ async fn read_body(body: Body, max: usize) -> Result<Bytes, Refusal> {
 }
 
 /// The request's estimated cost, whether it streams and its model, or why its body is
-/// refused.
-pub(crate) fn check_body(api: Api, body: &[u8]) -> Result<Checked, Refusal> {
+/// refused. A native Gemini request's model and stream are its path's (`native`).
+pub(crate) fn check_body(
+    api: Api,
+    native: Option<&Native>,
+    body: &[u8],
+) -> Result<Checked, Refusal> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| Refusal::bad_request(format!("the body is not JSON: {e}")))?;
     let object = value
         .as_object()
         .ok_or_else(|| Refusal::bad_request("the body is not a JSON object"))?;
-    let field = match api {
-        Api::Responses | Api::Embeddings => "input",
-        Api::Completions => "prompt",
-        Api::Chat | Api::Messages | Api::CountTokens => "messages",
+    let fields: &[&str] = match (api, native.map(|n| n.method)) {
+        (Api::Responses | Api::Embeddings, _) => &["input"],
+        (Api::Completions, _) => &["prompt"],
+        (Api::Chat | Api::Messages | Api::CountTokens, _) => &["messages"],
+        (Api::GenerateContent | Api::GeminiCountTokens, _) => &["contents"],
+        (Api::EmbedContent, Some(Method::BatchEmbed)) => &["requests"],
+        (Api::EmbedContent, _) => &["content"],
     };
-    if !object.contains_key(field) {
+    let field = fields[0];
+    if !fields.iter().any(|field| object.contains_key(*field)) {
         return Err(Refusal::bad_request(format!("the body has no `{field}`")));
     }
-    let model = match object.get("model").and_then(Value::as_str) {
-        Some(model) if !model.trim().is_empty() => model.to_owned(),
-        _ => return Err(Refusal::bad_request("the body names no `model`")),
+    let (model, streaming) = match native {
+        Some(native) => (native.model.to_string(), native.streams()),
+        None => {
+            let model = match object.get("model").and_then(Value::as_str) {
+                Some(model) if !model.trim().is_empty() => model.to_owned(),
+                _ => return Err(Refusal::bad_request("the body names no `model`")),
+            };
+            let streaming = object
+                .get("stream")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            (model, streaming)
+        }
     };
-    let streaming = object
-        .get("stream")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
     // Read as the accounts' estimation layers read it (their default estimator and defaults),
     // from the value parsed above: the body is parsed once.
     let chars = CharEstimator::new();
     let defaults = Defaults::new();
     let read = match api {
-        // Anthropic counts tokens without billing any: one request.
-        Api::CountTokens => None,
-        Api::Embeddings => Some(read_embeddings_json(&value, &chars)),
+        // Anthropic and Google count tokens without billing any: one request.
+        Api::CountTokens | Api::GeminiCountTokens => None,
+        Api::Embeddings | Api::EmbedContent => Some(read_embeddings_json(&value, &chars)),
         _ => Some(read_request_json(&value, &chars, &defaults)),
     };
     let cost = match &read {
@@ -715,17 +732,20 @@ fn provider_refusal(
         .as_ref()
         .and_then(RateLimitError::retry_after)
         .unwrap_or_else(|| budget_wait(scoped.budget()).max(Duration::from_secs(1)));
+    // Google names the quota it refused in (its `QuotaFailure`): passed on.
+    let named = super::gemini::violation(body).map_or(String::new(), |v| format!("; {v}"));
     Refusal::rate_limited(limit, scope)
         .provider()
         .dimension(dimension)
         .retry_after(Some(retry_after))
         .message(match scoped.name() {
             Some(name) => format!(
-                "the provider account {} is rate limited for the models of scope {name} ({limit})",
+                "the provider account {} is rate limited for the models of scope {name} \
+                 ({limit}{named})",
                 account.name
             ),
             None => format!(
-                "the provider account {} is rate limited ({limit})",
+                "the provider account {} is rate limited ({limit}{named})",
                 account.name
             ),
         })

@@ -10,6 +10,7 @@ pub(crate) mod config;
 pub(crate) mod fit;
 pub(crate) mod forward;
 mod gateway;
+pub(crate) mod gemini;
 pub(crate) mod metered;
 pub(crate) mod models;
 pub(crate) mod nearest;
@@ -56,6 +57,11 @@ impl Gateway {
             .route(Api::Embeddings.path(), post(api(Api::Embeddings)))
             .route(Api::Completions.path(), post(api(Api::Completions)))
             .route(Api::CountTokens.path(), post(api(Api::CountTokens)))
+            .route("/v1beta/models", get(gemini::list))
+            .route(
+                "/v1beta/models/{target}",
+                post(gemini::call).get(gemini::get),
+            )
             .route("/v1/models", get(catalog::list))
             .route("/v1/models/{id}", get(catalog::retrieve))
             .route("/", get(status::page))

@@ -10,7 +10,10 @@
 //! ```
 //!
 //! On `/v1/messages`, Anthropic's: `{"type": "error", "error": {"type": "rate_limit_error",
-//! "message": "...", "gateway_decision": ..., ...}}`.
+//! "message": "...", "gateway_decision": ..., ...}}`. On Gemini's native routes, Google's:
+//! `{"error": {"code": 429, "message": "...", "status": "RESOURCE_EXHAUSTED", "details":
+//! [{"@type": "...ErrorInfo", "reason": "REQUESTS_PER_MINUTE", "metadata": {"gateway_decision":
+//! ..., ...}}, {"@type": "...RetryInfo", "retryDelay": "2.5s"}]}}`.
 //!
 //! `gateway_decision` is `local` when the gateway refused before anything was sent, and
 //! `provider` when the provider refused after the gateway admitted the request. `scope` names
@@ -30,6 +33,9 @@ pub(crate) enum Dialect {
     OpenAi,
     /// Anthropic's.
     Anthropic,
+    /// Google's (`{"error": {"code", "message", "status", "details"}}`), the wait in a
+    /// `RetryInfo` detail too.
+    Gemini,
 }
 
 /// The limit of a refusal for an overloaded provider.
@@ -133,6 +139,57 @@ impl Refusal {
         }
     }
 
+    /// Google's canonical status name for this refusal's HTTP status.
+    fn google_status(&self) -> &'static str {
+        match self.status.as_u16() {
+            400 | 413 | 422 => "INVALID_ARGUMENT",
+            401 => "UNAUTHENTICATED",
+            403 => "PERMISSION_DENIED",
+            404 | 405 => "NOT_FOUND",
+            408 | 504 => "DEADLINE_EXCEEDED",
+            409 => "ABORTED",
+            429 => "RESOURCE_EXHAUSTED",
+            502 | 503 | 529 => "UNAVAILABLE",
+            _ => "INTERNAL",
+        }
+    }
+
+    /// Google's error: the gateway's fields as an `ErrorInfo`'s metadata (strings, as
+    /// Google's are), the wait as a `RetryInfo`.
+    fn google_body(&self) -> serde_json::Value {
+        use serde_json::json;
+        let mut metadata = json!({
+            "gateway_decision": match self.gateway_decision {
+                Decision::Local => "local",
+                Decision::Provider => "provider",
+            },
+            "gateway_type": self.kind,
+            "limit": self.limit,
+            "scope": self.scope,
+        });
+        if let Some(dimension) = self.dimension {
+            metadata["dimension"] = json!(dimension);
+        }
+        let mut details = vec![json!({
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+            "reason": self.limit.to_ascii_uppercase(),
+            "domain": "llm-quota-gateway",
+            "metadata": metadata,
+        })];
+        if let Some(seconds) = self.retry_after {
+            details.push(json!({
+                "@type": "type.googleapis.com/google.rpc.RetryInfo",
+                "retryDelay": format!("{seconds}s"),
+            }));
+        }
+        json!({"error": {
+            "code": self.status.as_u16(),
+            "message": self.message,
+            "status": self.google_status(),
+            "details": details,
+        }})
+    }
+
     /// The body: the dialect's schema, the gateway's fields inside its `error` object.
     fn body(&self) -> serde_json::Value {
         use serde_json::json;
@@ -146,6 +203,7 @@ impl Refusal {
             "retry_after": self.retry_after,
         });
         match self.dialect {
+            Dialect::Gemini => self.google_body(),
             Dialect::OpenAi => {
                 let (kind, code) = self.openai_type_and_code();
                 error["type"] = json!(kind);
@@ -170,8 +228,9 @@ impl Refusal {
 
     /// 401: no key, or an unknown one.
     pub(crate) fn unauthorized() -> Self {
-        Self::new(StatusCode::UNAUTHORIZED, "authentication", "api_key")
-            .message("a valid gateway key is required (Authorization: Bearer, or x-api-key)")
+        Self::new(StatusCode::UNAUTHORIZED, "authentication", "api_key").message(
+            "a valid gateway key is required (Authorization: Bearer, x-api-key or x-goog-api-key)",
+        )
     }
 
     /// 400: a body the gateway cannot read; nothing was reserved.

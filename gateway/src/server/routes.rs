@@ -23,7 +23,7 @@ use tower_llm_quota::routing::{
 use tower_llm_quota::{BoxError, Priority};
 
 use super::config::{
-    Api, ConfigError, FallbackConfig, FallbackOn, Feature, ModelConfig, RampConfig,
+    Api, ConfigError, FallbackConfig, FallbackOn, Feature, Format, ModelConfig, RampConfig,
 };
 use super::store::idempotency::SqliteRecords;
 use super::store::{Database, Persistence};
@@ -108,7 +108,9 @@ fn route(
     let mut route = Route::new(name, service(account.clone(), scope.map(str::to_owned)))
         .provider(account.profile.name())
         .budget(budget);
-    if let Some(model) = model {
+    // A native Gemini request names its model in its path (written from the scope's name
+    // upstream), never in its body.
+    if let Some(model) = model.filter(|_| account.format() != Format::Gemini) {
         route = route.model(model);
     }
     if let Some(tier) = tier {
@@ -166,7 +168,7 @@ async fn prepare(
         let message = format!("the account {} does not serve {}", account.name, api.path());
         return Err(message.into());
     };
-    account.retarget(api, &mut request);
+    account.retarget(api, model.as_deref(), &mut request);
     if let Some(scope) = request.extensions_mut().get_mut::<Scope>() {
         scope.provider = Some(account.name.clone());
     }

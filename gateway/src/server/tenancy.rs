@@ -380,13 +380,14 @@ impl Tenancy {
             let remaining = u64::try_from(limit.level()).unwrap_or(0);
             let name = match (dialect, limit.limit().dimension()) {
                 (_, Dimension::Requests) => "requests",
-                (Dialect::OpenAi, _) => "tokens",
+                (Dialect::OpenAi | Dialect::Gemini, _) => "tokens",
                 (Dialect::Anthropic, Dimension::InputTokens) => "input-tokens",
                 (Dialect::Anthropic, Dimension::OutputTokens) => "output-tokens",
                 (Dialect::Anthropic, _) => "tokens",
             };
             match dialect {
-                Dialect::OpenAi => {
+                // Google sends no rate-limit headers: a Gemini caller gets OpenAI's names.
+                Dialect::OpenAi | Dialect::Gemini => {
                     let reset = limit.full_at().saturating_duration_since(now);
                     headers.push((format!("x-ratelimit-limit-{name}"), amount.to_string()));
                     headers.push((

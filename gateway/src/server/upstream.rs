@@ -28,7 +28,8 @@ use tower_llm_quota_postgres::PostgresBudget;
 use tower_llm_quota_redis::RedisBudget;
 use tower_llm_quota_sim::{Faults, SimConfig, Simulator};
 
-use super::config::{AccountConfig, Api, ConfigError, ProfileName, ScopeConfig};
+use super::config::{AccountConfig, Api, ConfigError, Format, ProfileName, ScopeConfig};
+use super::gemini::Native;
 use super::store::Persistence;
 use super::store::caps::CapsRecord;
 
@@ -96,6 +97,8 @@ impl Dispatched {
 pub(crate) struct Account {
     pub(crate) name: String,
     pub(crate) profile: Profile,
+    /// The wire format of its APIs.
+    format: Format,
     /// The models no scope names (every model, without scopes); it holds the tenant tree.
     main: Scoped,
     /// The configured scopes, in order: the first that pools a model serves it.
@@ -110,8 +113,11 @@ pub(crate) struct Account {
     configured: Arc<std::sync::RwLock<Vec<tower_llm_quota::Limit>>>,
     queue: QueueHandle,
     base: Uri,
+    /// Where the OpenAI APIs' paths start upstream instead of `/v1`: Gemini's
+    /// OpenAI-compatible endpoint's root.
+    root: Option<&'static str>,
     /// The provider key's header: `authorization: Bearer`, Anthropic's `x-api-key`, Azure's
-    /// `api-key`.
+    /// `api-key`, Google's `x-goog-api-key`.
     key: Option<(http::HeaderName, HeaderValue)>,
     /// The in-process simulator, when the account has no real upstream.
     pub(crate) simulator: Option<Simulator>,
@@ -156,6 +162,10 @@ impl Scoped {
             .map(|(.., governed)| governed.clone())
     }
 }
+
+/// The root of Gemini's OpenAI-compatible endpoint: `/v1beta/openai/chat/completions` for
+/// OpenAI's `/v1/chat/completions`.
+const GEMINI_OPENAI_ROOT: &str = "/v1beta/openai";
 
 /// The most models an account keeps in buckets of their own (`model_quota`): a caller
 /// sending made-up model names cannot grow the gateway's memory or the store without bound.
@@ -361,6 +371,12 @@ fn profile(name: ProfileName, api: Api) -> Profile {
         (ProfileName::Anthropic, _) => Profile::anthropic(),
         (ProfileName::AzureOpenai, _) => Profile::azure_openai(),
         (ProfileName::Groq, _) => Profile::groq(),
+        (ProfileName::Gemini, _) => Profile::gemini(),
+        // Google sends no rate-limit headers there either: the windows are the
+        // configuration's.
+        (ProfileName::GeminiOpenai, _) => {
+            Profile::openai_compatible(Duration::from_secs(60), Duration::from_secs(60))
+        }
     }
 }
 
@@ -373,10 +389,22 @@ fn simulator(config: &AccountConfig) -> Simulator {
             amount(limits.input_tokens_per_minute),
             amount(limits.output_tokens_per_minute),
         ),
+        ProfileName::Gemini => SimConfig::gemini(
+            amount(limits.requests_per_minute),
+            amount(limits.input_tokens_per_minute.or(limits.tokens_per_minute)),
+        ),
         _ => SimConfig::openai(
             amount(limits.requests_per_minute),
             amount(limits.tokens_per_minute),
         ),
+    };
+    let sim = match limits.requests_per_day {
+        Some(day) => sim.limit(
+            tower_llm_quota::Dimension::Requests,
+            day.get(),
+            Duration::from_secs(86_400),
+        ),
+        None => sim,
     };
     Simulator::new(
         sim.minute(limits.minute())
@@ -601,7 +629,8 @@ impl Account {
                 let (name, value) = match config.profile {
                     ProfileName::Anthropic => ("x-api-key", key),
                     ProfileName::AzureOpenai => ("api-key", key),
-                    ProfileName::Openai | ProfileName::Groq => {
+                    ProfileName::Gemini => (super::gemini::KEY_HEADER, key),
+                    ProfileName::Openai | ProfileName::Groq | ProfileName::GeminiOpenai => {
                         ("authorization", format!("Bearer {key}"))
                     }
                 };
@@ -614,6 +643,7 @@ impl Account {
         Ok(Self {
             name: config.name.clone(),
             profile: profile(config.profile, Api::Chat),
+            format: config.profile.format(),
             main,
             scopes: scopes.into(),
             per_model,
@@ -621,6 +651,7 @@ impl Account {
             configured,
             queue,
             base,
+            root: (config.profile == ProfileName::GeminiOpenai).then_some(GEMINI_OPENAI_ROOT),
             key,
             simulator,
             hard_caps: Arc::new(std::sync::atomic::AtomicBool::new(super::fit::any_hard(
@@ -652,6 +683,11 @@ impl Account {
                 .and_then(|scope| tenants.node(&scope))
                 .is_some_and(|node| super::fit::any_hard(node.caps()))
         })
+    }
+
+    /// The wire format of its APIs.
+    pub(crate) fn format(&self) -> Format {
+        self.format
     }
 
     /// The profile serving `api`, if this account serves it (the stack is not cloned).
@@ -834,12 +870,16 @@ impl Account {
     pub(crate) fn request(
         &self,
         api: Api,
+        native: Option<&Native>,
         headers: &http::HeaderMap,
         body: Bytes,
     ) -> Request<Full<Bytes>> {
         let mut request = Request::post(api.path())
             .body(Full::new(body))
             .expect("a valid request");
+        if let Some(native) = native {
+            request.extensions_mut().insert(native.clone());
+        }
         let out = request.headers_mut();
         out.insert(
             header::CONTENT_TYPE,
@@ -857,22 +897,43 @@ impl Account {
                 out.insert(name, value.clone());
             }
         }
-        self.retarget(api, &mut request);
+        self.retarget(api, None, &mut request);
         request
     }
 
-    /// Points `request` at this account: its URL for `api`, its key (and only its key).
-    pub(crate) fn retarget(&self, api: Api, request: &mut Request<Full<Bytes>>) {
+    /// Points `request` at this account: its URL for `api` (for a native Gemini call, its
+    /// method of `model`, the route's name for it, else the caller's), its key (and only its
+    /// key).
+    pub(crate) fn retarget(
+        &self,
+        api: Api,
+        model: Option<&str>,
+        request: &mut Request<Full<Bytes>>,
+    ) {
+        let path = match (request.extensions().get::<Native>(), self.root) {
+            (Some(native), _) => native.upstream_path(model.unwrap_or(&native.model)),
+            (None, Some(root)) => {
+                format!(
+                    "{root}{}",
+                    api.path().strip_prefix("/v1").unwrap_or(api.path())
+                )
+            }
+            (None, None) => api.path().to_owned(),
+        };
         let uri = format!(
-            "{}://{}{}{}",
+            "{}://{}{}{path}",
             self.base.scheme_str().unwrap_or("http"),
             self.base.authority().map_or("localhost", |a| a.as_str()),
             self.base.path().trim_end_matches('/'),
-            api.path()
         );
         *request.uri_mut() = uri.parse().expect("a valid upstream URL");
         let out = request.headers_mut();
-        for name in ["authorization", "x-api-key", "api-key"] {
+        for name in [
+            "authorization",
+            "x-api-key",
+            "api-key",
+            super::gemini::KEY_HEADER,
+        ] {
             out.remove(name);
         }
         if self.profile == Profile::anthropic() && !out.contains_key("anthropic-version") {

@@ -13,7 +13,7 @@ use crate::api::fixed_config;
 use crate::support::{Running, SEARCH, chat, demo};
 
 /// A fresh file for a test's audit log.
-fn log_file(name: &str) -> PathBuf {
+pub(crate) fn log_file(name: &str) -> PathBuf {
     let path = std::env::temp_dir().join(format!("audit-{name}-{}.log", std::process::id()));
     let _ = std::fs::remove_file(&path);
     path
@@ -21,7 +21,7 @@ fn log_file(name: &str) -> PathBuf {
 
 /// The log's lines once it holds `count` of them (the writer is a thread of its own: wait
 /// for them, up to ten seconds).
-async fn lines(path: &PathBuf, count: usize) -> Vec<Value> {
+pub(crate) async fn lines(path: &std::path::Path, count: usize) -> Vec<Value> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let text = std::fs::read_to_string(path).unwrap_or_default();

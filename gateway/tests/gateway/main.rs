@@ -12,6 +12,7 @@ mod audit;
 mod browser;
 mod connections;
 mod delegated;
+mod gemini;
 mod hard_caps;
 mod keys;
 mod ops;

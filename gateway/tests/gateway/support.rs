@@ -303,3 +303,59 @@ impl Drop for Binary {
         let _ = std::fs::remove_file(&self.config);
     }
 }
+
+/// A Python that imports `modules` (an official SDK): `SDK_PYTHON` (`.ci/run` sets it to the
+/// virtual environment it installs them in, and `SDK_REQUIRED`), else `python3` if it has
+/// them. `None` (the test skips) only where `SDK_REQUIRED` is unset.
+pub(crate) fn sdk_python(modules: &str) -> Option<String> {
+    let candidates = std::env::var("SDK_PYTHON")
+        .into_iter()
+        .chain(["python3".into()]);
+    let found = candidates.into_iter().find(|python| {
+        std::process::Command::new(python)
+            .args(["-c", &format!("import {modules}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    if found.is_none() {
+        // `.ci/run` installs them: there, a missing SDK is a failure, not a skip.
+        assert!(
+            std::env::var_os("SDK_REQUIRED").is_none(),
+            "SDK_REQUIRED is set but no Python imports `{modules}`"
+        );
+        println!("skipped: no Python imports `{modules}` (set SDK_PYTHON)");
+    }
+    found
+}
+
+/// Runs the SDK checks of `script` (in `tests/gateway`) with `python` and `env`; its output,
+/// once it succeeded with `checks` lines `ok ...`.
+pub(crate) async fn run_sdk_checks(
+    python: String,
+    script: &str,
+    env: Vec<(&'static str, String)>,
+    checks: usize,
+) -> String {
+    let script = format!("{}/tests/gateway/{script}", env!("CARGO_MANIFEST_DIR"));
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(script)
+            .envs(env)
+            .output()
+    })
+    .await
+    .unwrap()
+    .expect("the Python interpreter runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    println!("{stdout}");
+    assert!(
+        output.status.success(),
+        "the SDK's checks failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("ok ")).count(),
+        checks
+    );
+    stdout
+}

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 
 use tower_llm_quota::tenant::Tenant;
 
-use super::{Api, Config, ConfigError, secret};
+use super::{Api, Config, ConfigError, Format, ModelConfig, secret};
 
 /// One thing wrong with a configuration, and where it is written: a path into the TOML
 /// (`keys`, 3, `tenant`) that gives its line when the text is at hand.
@@ -120,6 +120,19 @@ impl Config {
             let at = [key("accounts"), Step::Index(i)];
             problems.check(&at, account.quota.limits());
             problems.check(&at, account.check_scopes());
+            let format = account.profile.format();
+            for api in account.apis.iter().filter(|api| api.format() != format) {
+                problems.add(
+                    &[key("accounts"), Step::Index(i), key("apis")],
+                    format_args!(
+                        "account `{}`: its profile speaks {} API and cannot serve `{}` ({} API)",
+                        account.name,
+                        format.as_str(),
+                        api.as_str(),
+                        api.format().as_str()
+                    ),
+                );
+            }
         }
         let output = &self.output;
         if output.min_tokens == 0 || output.unknown_model_tokens < output.min_tokens {
@@ -290,6 +303,44 @@ impl Config {
 
     /// Every model name is unique and served by a configured account; every key's models
     /// are configured ones.
+    /// Every route of `model` speaks its primary's wire format: the gateway translates no
+    /// format into another, so a route to another format could never serve its requests.
+    fn check_formats(&self, model: &ModelConfig, at: &[Step], problems: &mut Problems) {
+        let format = |name: &str| {
+            let account = self.accounts.iter().find(|a| a.name == name)?;
+            Some(account.profile.format())
+        };
+        let Some(primary) = format(&model.account) else {
+            return;
+        };
+        let routes = model
+            .fallbacks
+            .iter()
+            .map(|f| ("fallback", &f.account))
+            .chain(model.ramp.iter().map(|r| ("ramp", &r.account)));
+        for (kind, account) in routes {
+            let Some(other) = format(account).filter(|f| *f != primary) else {
+                continue;
+            };
+            let hint = if [primary, other].contains(&Format::OpenAi) {
+                " (Gemini's OpenAI-compatible endpoint takes OpenAI's: profile = \"gemini_openai\")"
+            } else {
+                ""
+            };
+            problems.add(
+                at,
+                format_args!(
+                    "model `{}`: the {kind} account `{account}` speaks {} API and the primary \
+                     `{}` {} API; the gateway translates no format into another{hint}",
+                    model.name,
+                    other.as_str(),
+                    model.account,
+                    primary.as_str()
+                ),
+            );
+        }
+    }
+
     fn check_models(&self, problems: &mut Problems) {
         let mut names = BTreeSet::new();
         for (i, model) in self.models.iter().enumerate() {
@@ -316,6 +367,7 @@ impl Config {
                     );
                 }
             }
+            self.check_formats(model, &at, problems);
             for fallback in &model.fallbacks {
                 if fallback.on.is_empty() {
                     problems.add(

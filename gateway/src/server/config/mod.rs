@@ -421,16 +421,26 @@ pub(crate) enum Api {
     Completions,
     /// `POST /v1/messages/count_tokens`, Anthropic's: one request, no tokens.
     CountTokens,
+    /// Gemini's `POST /v1beta/models/{model}:generateContent` and `:streamGenerateContent`.
+    GenerateContent,
+    /// Gemini's `POST /v1beta/models/{model}:embedContent` and `:batchEmbedContents`: input
+    /// tokens only.
+    EmbedContent,
+    /// Gemini's `POST /v1beta/models/{model}:countTokens`: one request, no tokens.
+    GeminiCountTokens,
 }
 
 impl Api {
-    pub(crate) const ALL: [Api; 6] = [
+    pub(crate) const ALL: [Api; 9] = [
         Api::Chat,
         Api::Responses,
         Api::Messages,
         Api::Embeddings,
         Api::Completions,
         Api::CountTokens,
+        Api::GenerateContent,
+        Api::EmbedContent,
+        Api::GeminiCountTokens,
     ];
 
     pub(crate) fn path(self) -> &'static str {
@@ -441,6 +451,9 @@ impl Api {
             Api::Embeddings => "/v1/embeddings",
             Api::Completions => "/v1/completions",
             Api::CountTokens => "/v1/messages/count_tokens",
+            Api::GenerateContent => "/v1beta/models/{model}:generateContent",
+            Api::EmbedContent => "/v1beta/models/{model}:embedContent",
+            Api::GeminiCountTokens => "/v1beta/models/{model}:countTokens",
         }
     }
 
@@ -452,6 +465,40 @@ impl Api {
             Api::Embeddings => "embeddings",
             Api::Completions => "completions",
             Api::CountTokens => "count_tokens",
+            Api::GenerateContent => "generate_content",
+            Api::EmbedContent => "embed_content",
+            Api::GeminiCountTokens => "gemini_count_tokens",
+        }
+    }
+
+    /// The wire format of its bodies: which accounts can serve it, and which routes can
+    /// take its requests (the gateway translates no format into another).
+    pub(crate) fn format(self) -> Format {
+        match self {
+            Api::Chat | Api::Responses | Api::Embeddings | Api::Completions => Format::OpenAi,
+            Api::Messages | Api::CountTokens => Format::Anthropic,
+            Api::GenerateContent | Api::EmbedContent | Api::GeminiCountTokens => Format::Gemini,
+        }
+    }
+}
+
+/// A family of wire formats: the APIs of a provider's SDK.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// OpenAI's (also Azure's, Groq's and Gemini's OpenAI-compatible endpoint).
+    OpenAi,
+    /// Anthropic's Messages.
+    Anthropic,
+    /// Google's native Gemini API.
+    Gemini,
+}
+
+impl Format {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Format::OpenAi => "OpenAI's",
+            Format::Anthropic => "Anthropic's",
+            Format::Gemini => "Gemini's native",
         }
     }
 }
@@ -688,6 +735,24 @@ pub(crate) enum ProfileName {
     Anthropic,
     AzureOpenai,
     Groq,
+    /// Google's native Gemini API (`x-goog-api-key`, `usageMetadata`, no rate-limit headers).
+    Gemini,
+    /// Gemini's OpenAI-compatible endpoint (`/v1beta/openai/...`, OpenAI's bodies).
+    GeminiOpenai,
+}
+
+impl ProfileName {
+    /// The wire formats an account of this profile speaks.
+    pub(crate) fn format(self) -> Format {
+        match self {
+            ProfileName::Anthropic => Format::Anthropic,
+            ProfileName::Gemini => Format::Gemini,
+            ProfileName::Openai
+            | ProfileName::AzureOpenai
+            | ProfileName::Groq
+            | ProfileName::GeminiOpenai => Format::OpenAi,
+        }
+    }
 }
 
 /// Limits per window, as in a provider's dashboard; all optional.
@@ -699,6 +764,8 @@ pub(crate) struct Limits {
     pub(crate) input_tokens_per_minute: Option<NonZeroU64>,
     pub(crate) output_tokens_per_minute: Option<NonZeroU64>,
     pub(crate) tokens_per_day: Option<NonZeroU64>,
+    /// Requests a day (Gemini's RPD, Groq's).
+    pub(crate) requests_per_day: Option<NonZeroU64>,
     pub(crate) max_in_flight: Option<std::num::NonZeroUsize>,
     /// The length of a "minute" in milliseconds (60 000; shorter against a fast simulator).
     pub(crate) minute_ms: Option<NonZeroU64>,
@@ -726,6 +793,7 @@ impl Limits {
                 minute,
             ),
             (Dimension::TotalTokens, self.tokens_per_day, day),
+            (Dimension::Requests, self.requests_per_day, day),
         ]
         .into_iter()
         .filter_map(|(dimension, amount, period)| Some((dimension, amount?, period)))
