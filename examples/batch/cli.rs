@@ -15,6 +15,10 @@ pub(crate) struct Args {
     /// URL (`http://host/v1/chat/completions`).
     #[arg(long, value_name = "URL", value_parser = chat_completions_url)]
     pub(crate) url: Option<String>,
+    /// The embedded provider's API: OpenAI's Chat Completions, or Google's native Gemini API
+    /// (`generateContent`, its quota requests and input tokens a minute, as Google counts).
+    #[arg(long, value_enum, default_value = "openai", conflicts_with_all = ["url", "group", "durable"])]
+    pub(crate) provider: Api,
     /// The environment variable holding the API key for --url.
     #[arg(long, value_name = "VAR", default_value = "OPENAI_API_KEY")]
     pub(crate) api_key_env: String,
@@ -138,6 +142,15 @@ pub(crate) struct Args {
     /// seconds); a worker silent for two beats is dead, and its jobs are re-enqueued.
     #[arg(long, value_name = "SECS", default_value_t = 5)]
     pub(crate) heartbeat_secs: u64,
+}
+
+/// The API the embedded provider speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Api {
+    /// OpenAI's Chat Completions: RPM and TPM (input plus output).
+    Openai,
+    /// Google's native Gemini API: RPM and TPM over the input.
+    Gemini,
 }
 
 /// What a durable process does.

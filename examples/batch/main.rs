@@ -50,6 +50,10 @@
 //!
 //! # Other modes
 //!
+//! - `--provider gemini`: the embedded provider speaks Google's native Gemini API
+//!   (`generateContent`, the key in `x-goog-api-key`, `usageMetadata`, a 429
+//!   `RESOURCE_EXHAUSTED` with `RetryInfo`), its quota requests and input tokens a minute as
+//!   Google counts them; the governed stack uses `Profile::gemini()`.
 //! - `--url http://host/v1 --api-key-env VAR`: any OpenAI-compatible endpoint (its base URL, as
 //!   OpenAI's SDKs take it, or the full `.../v1/chat/completions`) over plain HTTP instead of
 //!   the embedded provider, through reqwest: the governed run puts
@@ -157,9 +161,23 @@ async fn run(args: Args) -> Result<ExitCode, Failure> {
             args.seed,
         ),
     };
+    let items = match args.provider {
+        cli::Api::Openai => items,
+        cli::Api::Gemini => items
+            .into_iter()
+            .map(|item| Item {
+                body: workload::gemini_body(&item.body),
+                ..item
+            })
+            .collect(),
+    };
     let provider = match &args.url {
         Some(_) => Provider::Remote(reqwest::Client::new()),
-        None => Provider::Embedded(Box::new(simulator_config(settings.quota, args.seed))),
+        None => Provider::Embedded(Box::new(simulator_config(
+            settings.quota,
+            args.seed,
+            args.provider,
+        ))),
     };
     settings.describe(&args, items.len());
     if args.durable {
@@ -237,7 +255,10 @@ impl Settings {
                 })?,
             },
             None => Target {
-                url: String::from("/v1/chat/completions"),
+                url: String::from(match args.provider {
+                    cli::Api::Openai => "/v1/chat/completions",
+                    cli::Api::Gemini => run::GEMINI_URL,
+                }),
                 api_key: String::from("sk-batch-example"),
             },
         };
@@ -301,10 +322,14 @@ impl Settings {
     }
 }
 
-fn simulator_config(quota: QuotaSpec, seed: u64) -> SimConfig {
+fn simulator_config(quota: QuotaSpec, seed: u64, api: cli::Api) -> SimConfig {
     // Latencies of a real minute (300 ms to the first token, 10 ms a token), scaled alike.
     let scale = quota.minute.as_secs_f64() / 60.0;
-    SimConfig::openai(quota.rpm, quota.tpm)
+    let config = match api {
+        cli::Api::Openai => SimConfig::openai(quota.rpm, quota.tpm),
+        cli::Api::Gemini => SimConfig::gemini(quota.rpm, quota.tpm),
+    };
+    config
         .minute(quota.minute)
         .latency(
             Duration::from_secs_f64(0.3 * scale),
@@ -331,12 +356,17 @@ async fn governed_stack(args: &Args, settings: &Settings) -> Result<QuotaStack, 
             None => limit,
         })
     };
+    // Google counts its tokens a minute over the input.
+    let (tokens, profile) = match args.provider {
+        cli::Api::Openai => (Dimension::TotalTokens, Profile::openai()),
+        cli::Api::Gemini => (Dimension::InputTokens, Profile::gemini()),
+    };
     let quota = Quota::new()
         .with_limit(limit(Dimension::Requests, spec.rpm)?)
-        .with_limit(limit(Dimension::TotalTokens, spec.tpm)?);
+        .with_limit(limit(tokens, spec.tpm)?);
     let queue = QueueConfig::new().max_wait(Priority::Async, LONG_WAIT);
     // The provider's minute may be compressed: its headers are read with the quota's windows.
-    let profile = Profile::openai().windows(spec.minute, spec.minute);
+    let profile = profile.windows(spec.minute, spec.minute);
     let mut stack = QuotaStack::for_profile(profile, quota.clone())
         .concurrency(settings.concurrency)
         .queue(queue);
@@ -432,9 +462,14 @@ async fn measure(
             let client = Metered::new(simulator.service(), Arc::clone(&meter));
             let outcomes = drive(client, items, settings, mode, start).await;
             let stats = simulator.stats();
+            // The tokens the quota's TPM counts: Google's, the input alone.
+            let tokens = match config.style() {
+                tower_llm_quota_sim::Style::Gemini => stats.prompt_tokens,
+                _ => stats.prompt_tokens + stats.completion_tokens,
+            };
             let used = Consumption {
                 requests: stats.admitted,
-                tokens: stats.prompt_tokens + stats.completion_tokens,
+                tokens,
                 input: stats.prompt_tokens,
                 output: stats.completion_tokens,
             };

@@ -22,24 +22,29 @@ use tower_llm_quota::{BoxError, Priority, Timings, retry::RetryReport};
 
 use crate::workload::Item;
 
-/// Where requests go: the URL and the API key sent as a bearer token.
+/// Where requests go: the URL and the API key, sent as a bearer token (or, for Google's
+/// native API, in `x-goog-api-key`).
 #[derive(Debug, Clone)]
 pub(crate) struct Target {
     pub(crate) url: String,
     pub(crate) api_key: String,
 }
 
+/// The URL of the embedded Gemini provider's `generateContent` for the workload's model.
+pub(crate) const GEMINI_URL: &str = "/v1beta/models/gemini-2.5-flash:generateContent";
+
 impl Target {
     /// A fresh request for `item` (requests are rebuilt for every attempt). Its idempotency
     /// key is the item's id: a call cut before its answer (a reset) may then be retried on the
     /// same provider without the risk of billing the item twice.
     fn request(&self, item: &Item) -> Result<Request<Full<Bytes>>, http::Error> {
+        let (name, key) = match self.url.as_str() {
+            GEMINI_URL => ("x-goog-api-key", self.api_key.clone()),
+            _ => ("authorization", format!("Bearer {}", self.api_key)),
+        };
         Request::post(self.url.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
-            .header(
-                http::header::AUTHORIZATION,
-                format!("Bearer {}", self.api_key),
-            )
+            .header(name, key)
             .header("idempotency-key", item.id.as_str())
             .extension(item.priority)
             .body(Full::new(item.body.clone()))
@@ -289,9 +294,16 @@ where
     }))
 }
 
-/// `usage.prompt_tokens` and `usage.completion_tokens` of an OpenAI body, 0 when absent.
+/// `usage.prompt_tokens` and `usage.completion_tokens` of an OpenAI body (Gemini's
+/// `usageMetadata`, its thoughts counted as output), 0 when absent.
 pub(crate) fn usage_tokens(body: &[u8]) -> (u64, u64) {
     let value = serde_json::from_slice::<serde_json::Value>(body).unwrap_or_default();
+    let gemini = &value["usageMetadata"];
+    if gemini.is_object() {
+        let count = |name: &str| gemini[name].as_u64().unwrap_or(0);
+        let output = count("candidatesTokenCount") + count("thoughtsTokenCount");
+        return (count("promptTokenCount"), output);
+    }
     let count = |name: &str| value["usage"][name].as_u64().unwrap_or(0);
     (count("prompt_tokens"), count("completion_tokens"))
 }

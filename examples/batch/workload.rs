@@ -150,3 +150,14 @@ pub(crate) fn chat_body(prompt: &str, max_tokens: u64) -> Bytes {
     });
     Bytes::from(body.to_string())
 }
+
+/// The same request in Google's native Gemini shape: the prompt as the user's content, the
+/// output bound as `generationConfig.maxOutputTokens` (the model is in the URL).
+pub(crate) fn gemini_body(chat: &[u8]) -> Bytes {
+    let chat: serde_json::Value = serde_json::from_slice(chat).unwrap_or_default();
+    let body = serde_json::json!({
+        "contents": [{"role": "user", "parts": [{"text": chat["messages"][0]["content"]}]}],
+        "generationConfig": {"maxOutputTokens": chat["max_tokens"]},
+    });
+    Bytes::from(body.to_string())
+}

@@ -43,7 +43,10 @@ async fn demo_keys_work_on_both_styles() {
         .accounts
         .iter()
         .map(|a| a.simulator.as_ref().unwrap().stats());
-    assert_eq!(simulators.map(|s| s.admitted).collect::<Vec<_>>(), [3, 3]);
+    assert_eq!(
+        simulators.map(|s| s.admitted).collect::<Vec<_>>(),
+        [3, 3, 0]
+    );
     gateway.stop().await;
 }
 
@@ -178,7 +181,8 @@ async fn bad_bodies_are_refused_before_anything_is_reserved() {
         .unwrap();
     let levels = search.accounts.iter().flat_map(|a| &a.levels);
     assert!(levels.clone().all(|l| l.level == l.capacity as i64));
-    assert_eq!(levels.count(), 2);
+    // A level per account (the Gemini account's model scopes hold no tenant levels).
+    assert_eq!(levels.count(), 3);
     assert_eq!(
         gateway.gateway.accounts[0]
             .simulator
@@ -210,26 +214,27 @@ pub(crate) async fn fixed_upstream(pause: Duration) -> (String, Arc<Mutex<Vec<He
 pub(crate) fn fixed_app(pause: Duration) -> (axum::Router, Arc<Mutex<Vec<HeaderMap>>>) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();
-    let app = axum::Router::new().route(
-        "/v1/chat/completions",
-        post(move |headers: HeaderMap| {
-            record.lock().unwrap().push(headers);
-            async move {
-                let stream = futures::stream::unfold(0, move |i| async move {
-                    let event = EVENTS.get(i)?;
-                    tokio::time::sleep(pause).await;
-                    Some((
-                        Ok::<_, std::io::Error>(Bytes::from_static(event.as_bytes())),
-                        i + 1,
-                    ))
-                });
-                (
-                    [("content-type", "text/event-stream")],
-                    Body::from_stream(stream),
-                )
-            }
-        }),
-    );
+    // Its answer on the Messages path too: the head is what some tests read.
+    let handler = move |headers: HeaderMap| {
+        record.lock().unwrap().push(headers);
+        async move {
+            let stream = futures::stream::unfold(0, move |i| async move {
+                let event = EVENTS.get(i)?;
+                tokio::time::sleep(pause).await;
+                Some((
+                    Ok::<_, std::io::Error>(Bytes::from_static(event.as_bytes())),
+                    i + 1,
+                ))
+            });
+            (
+                [("content-type", "text/event-stream")],
+                Body::from_stream(stream),
+            )
+        }
+    };
+    let app = axum::Router::new()
+        .route("/v1/chat/completions", post(handler.clone()))
+        .route("/v1/messages", post(handler));
     (app, seen)
 }
 
@@ -600,7 +605,7 @@ fn a_configuration_is_checked_without_starting() {
     use crate::server::config::Config;
     let summary = Config::from_toml(&demo()).unwrap().summary();
     assert!(
-        summary.starts_with("configuration OK: 2 account(s)"),
+        summary.starts_with("configuration OK: 3 account(s)"),
         "{summary}"
     );
     assert!(summary.contains("3 key(s), 4 tenant node(s)"), "{summary}");
@@ -767,7 +772,8 @@ async fn models_are_listed_per_key_and_an_unknown_one_is_a_404() {
             "gpt-4o-mini",
             "gpt-4o",
             "text-embedding-3-small",
-            "claude-sonnet"
+            "claude-sonnet",
+            "gemini-2.5-flash"
         ]
     );
     assert_eq!(body["data"][0]["owned_by"], "openai-sim");
@@ -857,12 +863,15 @@ async fn the_provider_key_goes_in_the_provider_s_header() {
         ("anthropic", "x-api-key", "sk-upstream-secret"),
     ] {
         let (upstream, seen) = fixed_upstream(Duration::ZERO).await;
+        let (api, path, body) = match profile {
+            "anthropic" => ("messages", "/v1/messages", messages(20)),
+            _ => ("chat", "/v1/chat/completions", chat(20)),
+        };
         let config = fixed_config(&upstream)
-            .replace("profile = \"openai\"", &format!("profile = \"{profile}\""));
+            .replace("profile = \"openai\"", &format!("profile = \"{profile}\""))
+            .replace("apis = [\"chat\"]", &format!("apis = [\"{api}\"]"));
         let gateway = Running::start(&config).await;
-        gateway
-            .post("/v1/chat/completions", Some("caller-secret"), &chat(20))
-            .await;
+        gateway.post(path, Some("caller-secret"), &body).await;
         let headers = seen.lock().unwrap().clone();
         assert_eq!(headers.len(), 1, "{profile}");
         assert_eq!(headers[0][header], value, "{profile}");

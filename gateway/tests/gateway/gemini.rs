@@ -293,7 +293,7 @@ async fn google_upstream() -> (String, Arc<Mutex<Seen>>) {
                             "message": "The model is overloaded. Please try again later."}}),
                     );
                 }
-                json(
+                let mut answer = json(
                     StatusCode::OK,
                     json!({
                         "candidates": [{"content": {"parts": [{"text": "Thought about it."}],
@@ -303,7 +303,13 @@ async fn google_upstream() -> (String, Arc<Mutex<Seen>>) {
                                           "totalTokenCount": 35},
                         "modelVersion": "thinker"
                     }),
-                )
+                );
+                // The tier that served it, as Google names it.
+                answer.headers_mut().insert(
+                    "x-gemini-service-tier",
+                    http::HeaderValue::from_static("flex"),
+                );
+                answer
             }
         },
     );
@@ -355,6 +361,7 @@ async fn google_pushback_pauses_the_model_it_names_and_thinking_counts_as_output
     let line = &lines(&audit, 1).await[0];
     assert_eq!(line["used"]["input"], 10, "{line}");
     assert_eq!(line["used"]["output"], 25, "thinking is output: {line}");
+    assert_eq!(line["service_tier"], "flex", "the tier is read: {line}");
 
     let limited = call("always-limited", "?key=caller-secret").await;
     assert_eq!(limited.status(), 429);
