@@ -1,14 +1,17 @@
 //! `GET /v1/models` and `GET /v1/models/{id}`: the models a caller's key may use, in its SDK's
-//! format (OpenAI's list, or Anthropic's when the request carries `anthropic-version`).
+//! format (OpenAI's list, or Anthropic's when the request carries `anthropic-version`); `GET
+//! /v1beta/models` and `/v1beta/models/{model}`, Google's, for the models of accounts that
+//! speak Gemini's native API.
 
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use http::HeaderMap;
 use serde_json::{Value, json};
 
 use super::Gateway;
+use super::gemini;
 use super::models::Model;
 use super::refusal::{Dialect, Refusal};
 use super::upstream::Account;
@@ -83,4 +86,69 @@ pub(crate) async fn retrieve(
             Refusal::model_not_found(&id),
         ),
     }
+}
+
+/// `GET /v1beta/models`: the configured models the caller's key may use whose account
+/// speaks Gemini's native API, in Google's shape.
+pub(crate) async fn gemini_list(
+    State(gateway): State<Arc<Gateway>>,
+    mut request: Request,
+) -> Response {
+    gemini::key_from_query(&mut request);
+    let keys = gateway.keys();
+    let Some(caller) = keys.authenticate(request.headers()) else {
+        return gateway.refuse_in(Dialect::Gemini, None, Refusal::unauthorized());
+    };
+    let models: Vec<Value> = gateway
+        .models()
+        .visible_to(caller)
+        .filter_map(|model| gemini_entry(&gateway, &model.name, model.account))
+        .collect();
+    axum::Json(json!({ "models": models })).into_response()
+}
+
+/// `GET /v1beta/models/{model}`: one of them, or a 404 naming it.
+pub(crate) async fn gemini_get(
+    State(gateway): State<Arc<Gateway>>,
+    Path(name): Path<String>,
+    mut request: Request,
+) -> Response {
+    gemini::key_from_query(&mut request);
+    let keys = gateway.keys();
+    let Some(caller) = keys.authenticate(request.headers()) else {
+        return gateway.refuse_in(Dialect::Gemini, None, Refusal::unauthorized());
+    };
+    let name = name.strip_prefix("models/").unwrap_or(&name);
+    let models = gateway.models();
+    let found = models
+        .visible_to(caller)
+        .find(|model| model.name == name)
+        .and_then(|model| gemini_entry(&gateway, &model.name, model.account));
+    match found {
+        Some(model) => axum::Json(model).into_response(),
+        None => gateway.refuse_in(
+            Dialect::Gemini,
+            Some(caller.tenant.as_str()),
+            Refusal::model_not_found(name),
+        ),
+    }
+}
+
+/// A model in Google's shape, with the methods its account serves; `None` when its account
+/// speaks no native Gemini API.
+fn gemini_entry(gateway: &Gateway, name: &str, account: usize) -> Option<Value> {
+    let account = &gateway.accounts[account];
+    let methods: Vec<&str> = gemini::Method::ALL
+        .into_iter()
+        .filter(|method| account.profile_of(method.api()).is_some())
+        .map(gemini::Method::as_str)
+        .collect();
+    (!methods.is_empty()).then(|| {
+        json!({
+            "name": format!("models/{name}"),
+            "displayName": name,
+            "description": format!("served by the account {}", account.name),
+            "supportedGenerationMethods": methods,
+        })
+    })
 }

@@ -272,6 +272,16 @@ mod tests {
         assert_eq!(value["max_output_tokens"], 7);
         assert!(write_bound(Api::Embeddings, responses, 7).is_none());
         assert!(write_bound(Api::Chat, b"[1]", 7).is_none());
+        // Gemini's sits in its generation config, made when absent.
+        let gemini = br#"{"contents":[],"generationConfig":{"temperature":0.2}}"#;
+        let value: Value =
+            serde_json::from_slice(&write_bound(Api::GenerateContent, gemini, 9).unwrap()).unwrap();
+        assert_eq!(value["generationConfig"]["maxOutputTokens"], 9);
+        assert_eq!(value["generationConfig"]["temperature"], 0.2);
+        let bare = br#"{"contents":[]}"#;
+        let value: Value =
+            serde_json::from_slice(&write_bound(Api::GenerateContent, bare, 9).unwrap()).unwrap();
+        assert_eq!(value["generationConfig"]["maxOutputTokens"], 9);
     }
 
     #[test]

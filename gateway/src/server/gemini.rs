@@ -4,20 +4,16 @@
 //!
 //! The model and the method are in the path, not the body: the path is parsed here into a
 //! [`Native`] call, which travels with the request (the upstream path is written from it and
-//! the route's model), and the request goes on as any other (`forward`). The caller's key
-//! comes in `x-goog-api-key` or `?key=`; it is a gateway key, and the query is never
-//! forwarded.
+//! the route's model), and the request goes on as any other (`forward`; the routes are in
+//! `mod.rs`, the model list in `catalog.rs`). The caller's key comes in `x-goog-api-key` or
+//! `?key=`; it is a gateway key, and the query is never forwarded.
 
 use std::sync::Arc;
 
-use axum::extract::{Path, Request, State};
-use axum::response::{IntoResponse, Response};
-use serde_json::{Value, json};
+use axum::extract::Request;
+use serde_json::Value;
 
-use super::Gateway;
 use super::config::Api;
-use super::forward;
-use super::refusal::{Dialect, Refusal};
 
 /// The header Google's SDKs send the key in.
 pub(crate) const KEY_HEADER: &str = "x-goog-api-key";
@@ -33,7 +29,7 @@ pub(crate) enum Method {
 }
 
 impl Method {
-    const ALL: [Method; 5] = [
+    pub(crate) const ALL: [Method; 5] = [
         Method::Generate,
         Method::Stream,
         Method::CountTokens,
@@ -113,90 +109,12 @@ fn query_value<'a>(query: Option<&'a str>, name: &str) -> Option<&'a str> {
 
 /// `?key=` moved into the key header (when the request has none there), for the gateway's
 /// authentication: Google's SDKs send either.
-fn key_from_query(request: &mut Request) {
+pub(crate) fn key_from_query(request: &mut Request) {
     let key = query_value(request.uri().query(), "key")
         .and_then(|key| http::HeaderValue::from_str(key).ok());
     if let Some(key) = key {
         request.headers_mut().entry(KEY_HEADER).or_insert(key);
     }
-}
-
-/// `POST /v1beta/models/{model}:{method}`.
-pub(crate) async fn call(
-    State(gateway): State<Arc<Gateway>>,
-    Path(target): Path<String>,
-    mut request: Request,
-) -> Response {
-    let Some(native) = Native::parse(&target, request.uri().query()) else {
-        let path = request.uri().path().to_owned();
-        return gateway.refuse_in(Dialect::Gemini, None, Refusal::not_found(&path));
-    };
-    key_from_query(&mut request);
-    let api = native.method.api();
-    request.extensions_mut().insert(native);
-    forward::forward(gateway, api, request).await
-}
-
-/// `GET /v1beta/models`: the configured models the caller's key may use whose account
-/// speaks Gemini's native API, in Google's shape.
-pub(crate) async fn list(State(gateway): State<Arc<Gateway>>, mut request: Request) -> Response {
-    key_from_query(&mut request);
-    let keys = gateway.keys();
-    let Some(caller) = keys.authenticate(request.headers()) else {
-        return gateway.refuse_in(Dialect::Gemini, None, Refusal::unauthorized());
-    };
-    let models: Vec<Value> = gateway
-        .models()
-        .visible_to(caller)
-        .filter_map(|model| entry(&gateway, &model.name, model.account))
-        .collect();
-    axum::Json(json!({ "models": models })).into_response()
-}
-
-/// `GET /v1beta/models/{model}`: one of them, or a 404 naming it.
-pub(crate) async fn get(
-    State(gateway): State<Arc<Gateway>>,
-    Path(name): Path<String>,
-    mut request: Request,
-) -> Response {
-    key_from_query(&mut request);
-    let keys = gateway.keys();
-    let Some(caller) = keys.authenticate(request.headers()) else {
-        return gateway.refuse_in(Dialect::Gemini, None, Refusal::unauthorized());
-    };
-    let name = name.strip_prefix("models/").unwrap_or(&name);
-    let models = gateway.models();
-    let found = models
-        .visible_to(caller)
-        .find(|model| model.name == name)
-        .and_then(|model| entry(&gateway, &model.name, model.account));
-    match found {
-        Some(model) => axum::Json(model).into_response(),
-        None => gateway.refuse_in(
-            Dialect::Gemini,
-            Some(caller.tenant.as_str()),
-            Refusal::model_not_found(name),
-        ),
-    }
-}
-
-/// A model in Google's shape, with the methods its account serves; `None` when its account
-/// speaks no native Gemini API.
-fn entry(gateway: &Gateway, name: &str, account: usize) -> Option<Value> {
-    let account = &gateway.accounts[account];
-    let methods: Vec<&str> = Method::ALL
-        .into_iter()
-        .filter(|method| account.profile_of(method.api()).is_some())
-        .map(Method::as_str)
-        .collect();
-    (!methods.is_empty()).then(|| {
-        json!({
-            "name": format!("models/{name}"),
-            "displayName": name,
-            "description": format!("served by the account {}", account.name),
-            "supportedGenerationMethods": methods,
-        })
-    })
 }
 
 /// What a Google 429's `QuotaFailure` names, for the refusal's message: `quota

@@ -31,14 +31,14 @@ pub(crate) mod usage;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::middleware::from_fn_with_state;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use config::Api;
 pub(crate) use gateway::Gateway;
-use refusal::Refusal;
+use refusal::{Dialect, Refusal};
 pub(crate) use serve::serve;
 
 /// The routes.
@@ -57,10 +57,10 @@ impl Gateway {
             .route(Api::Embeddings.path(), post(api(Api::Embeddings)))
             .route(Api::Completions.path(), post(api(Api::Completions)))
             .route(Api::CountTokens.path(), post(api(Api::CountTokens)))
-            .route("/v1beta/models", get(gemini::list))
+            .route("/v1beta/models", get(catalog::gemini_list))
             .route(
                 "/v1beta/models/{target}",
-                post(gemini::call).get(gemini::get),
+                post(gemini_call).get(catalog::gemini_get),
             )
             .route("/v1/models", get(catalog::list))
             .route("/v1/models/{id}", get(catalog::retrieve))
@@ -79,6 +79,22 @@ impl Gateway {
             .method_not_allowed_fallback(method_not_allowed)
             .with_state(self.clone())
     }
+}
+
+/// `POST /v1beta/models/{model}:{method}`: Google's native API, the call its path names.
+async fn gemini_call(
+    State(gateway): State<Arc<Gateway>>,
+    Path(target): Path<String>,
+    mut request: Request,
+) -> Response {
+    let Some(native) = gemini::Native::parse(&target, request.uri().query()) else {
+        let path = request.uri().path().to_owned();
+        return gateway.refuse_in(Dialect::Gemini, None, Refusal::not_found(&path));
+    };
+    gemini::key_from_query(&mut request);
+    let api = native.method.api();
+    request.extensions_mut().insert(native);
+    forward::forward(gateway, api, request).await
 }
 
 /// `/status.json` and `/metrics` behind the status token, when one is configured (the status
