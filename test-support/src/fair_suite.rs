@@ -565,29 +565,35 @@ pub fn run_case(
             reclaimed: None,
         };
     }
-    // A process killed and replaced by one with the same clients.
+    // A process killed and replaced by one with the same clients: measured from a warm-up
+    // after the replacement's first answer (on a busy machine a process starts late: waited
+    // on, not slept).
     let victim = fastrand::Rng::with_seed(case.seed).usize(0..processes.len());
     drop(processes.remove(victim));
+    let spawned = micros();
     processes.insert(
         victim,
         Process::spawn(store.child_test(), &spec(victim), &log),
     );
-    let from = micros() + warm.as_micros() as u64;
-    std::thread::sleep(warm + measure);
+    let first = first_answer(&log, spawned, |_, process| process == victim);
+    let from = first + warm.as_micros() as u64;
+    sleep_until_micros(from + measure.as_micros() as u64);
     let replaced = shares(&log, case, window(from), case.reference(&everyone));
-    // A tenant idle for a second, then back: measured from two refreshes on.
+    // A tenant idle for a second, then back.
     let idle = fastrand::Rng::with_seed(case.seed ^ 1).usize(0..n);
     for process in &mut processes {
         process.tell(&format!("idle {idle}"));
     }
     std::thread::sleep(warm);
+    let told = micros();
     for process in &mut processes {
         process.tell(&format!("busy {idle}"));
     }
-    // Its share over two seconds from two refreshes on.
-    let from = micros() + 2 * REFRESH.as_micros() as u64;
+    // Its share over two seconds from two refreshes after its first answer back.
+    let first = first_answer(&log, told, |tenant, _| tenant == idle);
+    let from = first + 2 * REFRESH.as_micros() as u64;
     let back = Duration::from_secs(2);
-    std::thread::sleep(2 * REFRESH + back);
+    sleep_until_micros(from + back.as_micros() as u64);
     let reclaimed = shares(
         &log,
         case,
@@ -598,6 +604,34 @@ pub fn run_case(
         steady,
         replaced: Some(replaced),
         reclaimed: Some(reclaimed),
+    }
+}
+
+/// When the first answer logged from `since` on that `of(tenant, process)` picks came (in
+/// [`micros`]), waited for up to a minute.
+fn first_answer(log: &Log, since: u64, of: impl Fn(usize, usize) -> bool) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let first = (log.lock().unwrap().iter())
+            .filter(|&&(tenant, process, at, _)| at >= since && of(tenant, process))
+            .map(|&(_, _, at, _)| at)
+            .min();
+        if let Some(at) = first {
+            return at;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no answer within a minute"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Sleeps until [`micros`] reads `at`.
+fn sleep_until_micros(at: u64) {
+    let now = micros();
+    if at > now {
+        std::thread::sleep(Duration::from_micros(at - now));
     }
 }
 

@@ -323,6 +323,7 @@ async fn served_by_each_tenant(
 /// 3 : 1, within 3 points over 30 seconds (about 3,000 answers), and neither replica starved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_a_saturated_account_by_their_tenants_not_their_clients() {
+    let _timed = crate::support::TIMED.lock().await;
     let share = |(a, b): (u64, u64)| a as f64 / (a + b).max(1) as f64;
     let window = Duration::from_secs(30);
     for (lease, mode) in [
@@ -520,6 +521,7 @@ async fn admin_changes_hold_on_every_replica() {
 /// at least 0.4 of the account's rate over three seconds once every replica falls back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_fall_back_to_their_share_of_the_live_fleet() {
+    let _timed = crate::support::TIMED.lock().await;
     let mut redis = RedisServer::start();
     let (upstream, _seen) = fixed_upstream(Duration::ZERO).await;
     let config = format!(
@@ -664,6 +666,7 @@ impl Drop for BusyLoops {
 /// the breaker), per admission (`lease_refresh_ms = 0`) and leased.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_healthy_store_under_a_busy_machine_refuses_nothing() {
+    let _timed = crate::support::TIMED.lock().await;
     for lease in ["lease_refresh_ms = 0", ""] {
         let redis = RedisServer::start();
         let (upstream, _seen) = fixed_upstream(Duration::ZERO).await;

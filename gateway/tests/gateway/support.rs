@@ -359,3 +359,9 @@ pub(crate) async fn run_sdk_checks(
     );
     stdout
 }
+
+/// Held by the tests that measure shares or rates over wall-clock time and by the one that
+/// loads the machine on purpose, so that they never run at once: each alone keeps its bounds
+/// on a busy two-core machine, but the busy loops of one starve the processes another
+/// measures.
+pub(crate) static TIMED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
