@@ -146,11 +146,11 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Warnings and errors on stderr (accept failures, a lowered connection cap); more with
-    // `LLM_QUOTA_GATEWAY_LOG=debug` (or `trace`).
+    // `LLM_QUOTA_GATEWAY_LOG=debug` (or `trace`), none with `off`.
     let level = std::env::var("LLM_QUOTA_GATEWAY_LOG")
         .ok()
         .and_then(|level| level.parse().ok())
-        .unwrap_or(tracing::Level::WARN);
+        .unwrap_or(tracing::level_filters::LevelFilter::WARN);
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_max_level(level)

@@ -53,7 +53,9 @@ pub(crate) struct Gateway {
     pub(crate) connection_limits: ConnectionLimits,
     /// Cancelled when the gateway stops: queued requests are answered 503.
     pub(crate) shutdown: CancellationToken,
-    pub(crate) metrics: PrometheusHandle,
+    /// The Prometheus recorder's handle; `None` with `[server] metrics = false` (no recorder
+    /// installed: every series is a no-op, and `/metrics` a 404).
+    pub(crate) metrics: Option<PrometheusHandle>,
     /// The audit log: a line per request and per admin change.
     pub(crate) audit: audit::Audit,
     /// The counters of `GET /admin/report`.
@@ -246,7 +248,7 @@ impl Gateway {
             max_body_bytes: config.server.max_body_bytes,
             connection_limits,
             shutdown: CancellationToken::new(),
-            metrics: metrics_handle(),
+            metrics: config.server.metrics.then(metrics_handle),
             status_token,
             audit: {
                 let target = config.server.audit_log.as_deref().unwrap_or("stdout");

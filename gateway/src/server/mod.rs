@@ -131,10 +131,16 @@ async fn method_not_allowed(method: http::Method, uri: http::Uri) -> Response {
     Refusal::method_not_allowed(&method, uri.path()).into_response()
 }
 
-async fn metrics(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
+async fn metrics(State(gateway): State<Arc<Gateway>>, uri: http::Uri) -> Response {
+    let Some(handle) = &gateway.metrics else {
+        return Refusal::not_found(uri.path())
+            .message("metrics are off ([server] metrics = false)")
+            .into_response();
+    };
     status::record_gauges(&gateway);
     (
         [(http::header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        gateway.metrics.render(),
+        handle.render(),
     )
+        .into_response()
 }

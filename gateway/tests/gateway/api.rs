@@ -1189,3 +1189,22 @@ async fn the_demo_serves_embeddings() {
     assert_eq!(account.budget().snapshot().in_flight(), 0, "settled");
     gateway.stop().await;
 }
+
+/// `[server] metrics = false`: nothing recorded, `/metrics` a 404 that says why; requests
+/// are served as before.
+#[tokio::test]
+async fn metrics_can_be_turned_off() {
+    let (upstream, _) = fixed_upstream(Duration::ZERO).await;
+    let config =
+        fixed_config(&upstream).replace("[server]\n", "[server]\n        metrics = false\n");
+    let gateway = Running::start(&config).await;
+    assert!(gateway.gateway.metrics.is_none());
+    let response = gateway
+        .post("/v1/chat/completions", Some("caller-secret"), &chat(20))
+        .await;
+    assert_eq!(response.status(), 200);
+    let (status, body) = gateway.get("/metrics").await;
+    assert_eq!(status, 404);
+    assert!(body.contains("metrics = false"), "{body}");
+    gateway.stop().await;
+}

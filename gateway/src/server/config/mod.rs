@@ -312,6 +312,10 @@ pub(crate) struct ServerConfig {
     /// Where the `otel` build exports a span per request (OTLP over HTTP, protobuf):
     /// `http://collector:4318/v1/traces`.
     pub(crate) otlp_endpoint: Option<String>,
+    /// Whether the gateway records metrics (`/metrics`, the crate's `llm_*` series); on by
+    /// default.
+    #[serde(default = "default_true")]
+    pub(crate) metrics: bool,
     /// Where spend alerts are `POST`ed as JSON, if anywhere.
     #[serde(default)]
     pub(crate) alert_webhook: Option<String>,
@@ -343,6 +347,7 @@ impl Default for ServerConfig {
             state_file: None,
             admin_sync_ms: default_admin_sync(),
             otlp_endpoint: None,
+            metrics: true,
             alert_webhook: None,
         }
     }
