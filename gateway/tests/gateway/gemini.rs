@@ -123,6 +123,7 @@ async fn the_native_api_is_served_with_its_keys_usage_and_errors() {
         chunks.last().unwrap()["candidates"][0]["finishReason"],
         "STOP"
     );
+    let events_output = chunks.last().unwrap()["usageMetadata"]["candidatesTokenCount"].clone();
     // And as one JSON array.
     let array = google(
         &gateway,
@@ -132,7 +133,8 @@ async fn the_native_api_is_served_with_its_keys_usage_and_errors() {
     )
     .await;
     let chunks: Vec<Value> = read(array).await;
-    assert!(chunks.last().unwrap()["usageMetadata"]["totalTokenCount"].as_u64() > Some(0));
+    let array_output = chunks.last().unwrap()["usageMetadata"]["candidatesTokenCount"].clone();
+    assert!(array_output.as_u64() > Some(0));
 
     let count = google(&gateway, &path("countTokens"), Some("caller-secret"), ASK).await;
     assert_eq!(count.status(), 200);
@@ -231,7 +233,7 @@ async fn the_native_api_is_served_with_its_keys_usage_and_errors() {
     assert_eq!(no_method.status(), 404);
 
     // Settled with the answer's usage, as the audit line says.
-    let lines = lines(&audit, 1).await;
+    let lines = lines(&audit, 3).await;
     let first = &lines[0];
     assert_eq!(first["api"], "generate_content", "{first}");
     assert_eq!(first["provider"], "gemini", "{first}");
@@ -239,6 +241,9 @@ async fn the_native_api_is_served_with_its_keys_usage_and_errors() {
     assert_eq!(first["estimated"]["output"], 24, "{first}");
     assert_eq!(first["used"]["output"], output, "{first}");
     assert!(first["used"]["input"].as_u64().unwrap() > 0, "{first}");
+    // Both stream forms settled with their last chunk's usage.
+    assert_eq!(lines[1]["used"]["output"], events_output, "{}", lines[1]);
+    assert_eq!(lines[2]["used"]["output"], array_output, "{}", lines[2]);
     gateway.stop().await;
 }
 
