@@ -11,6 +11,7 @@ use http::HeaderMap;
 use serde_json::{Value, json};
 
 use super::Gateway;
+use super::auth::Caller;
 use super::gemini;
 use super::models::Model;
 use super::refusal::{Dialect, Refusal};
@@ -90,18 +91,13 @@ pub(crate) async fn retrieve(
 
 /// `GET /v1beta/models`: the configured models the caller's key may use whose account
 /// speaks Gemini's native API, in Google's shape.
-pub(crate) async fn gemini_list(
-    State(gateway): State<Arc<Gateway>>,
-    mut request: Request,
-) -> Response {
-    gemini::key_from_query(&mut request);
-    let keys = gateway.keys();
-    let Some(caller) = keys.authenticate(request.headers()) else {
+pub(crate) async fn gemini_list(State(gateway): State<Arc<Gateway>>, request: Request) -> Response {
+    let Some(caller) = gemini_caller(&gateway, request) else {
         return gateway.refuse_in(Dialect::Gemini, None, Refusal::unauthorized());
     };
     let models: Vec<Value> = gateway
         .models()
-        .visible_to(caller)
+        .visible_to(&caller)
         .filter_map(|model| gemini_entry(&gateway, &model.name, model.account))
         .collect();
     axum::Json(json!({ "models": models })).into_response()
@@ -111,17 +107,15 @@ pub(crate) async fn gemini_list(
 pub(crate) async fn gemini_get(
     State(gateway): State<Arc<Gateway>>,
     Path(name): Path<String>,
-    mut request: Request,
+    request: Request,
 ) -> Response {
-    gemini::key_from_query(&mut request);
-    let keys = gateway.keys();
-    let Some(caller) = keys.authenticate(request.headers()) else {
+    let Some(caller) = gemini_caller(&gateway, request) else {
         return gateway.refuse_in(Dialect::Gemini, None, Refusal::unauthorized());
     };
     let name = name.strip_prefix("models/").unwrap_or(&name);
     let models = gateway.models();
     let found = models
-        .visible_to(caller)
+        .visible_to(&caller)
         .find(|model| model.name == name)
         .and_then(|model| gemini_entry(&gateway, &model.name, model.account));
     match found {
@@ -132,6 +126,12 @@ pub(crate) async fn gemini_get(
             Refusal::model_not_found(name),
         ),
     }
+}
+
+/// The caller of a Gemini route: its key in `x-goog-api-key` or `?key=`.
+fn gemini_caller(gateway: &Gateway, mut request: Request) -> Option<Caller> {
+    gemini::key_from_query(&mut request);
+    gateway.keys().authenticate(request.headers()).cloned()
 }
 
 /// A model in Google's shape, with the methods its account serves; `None` when its account

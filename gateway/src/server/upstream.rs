@@ -910,16 +910,17 @@ impl Account {
         model: Option<&str>,
         request: &mut Request<Full<Bytes>>,
     ) {
-        let path = match (request.extensions().get::<Native>(), self.root) {
-            (Some(native), _) => native.upstream_path(model.unwrap_or(&native.model)),
-            (None, Some(root)) => {
-                format!(
+        // Borrowed for the OpenAI and Anthropic APIs: no allocation of their own per request.
+        let path: std::borrow::Cow<'_, str> =
+            match (request.extensions().get::<Native>(), self.root) {
+                (Some(native), _) => native.upstream_path(model.unwrap_or(&native.model)).into(),
+                (None, Some(root)) => format!(
                     "{root}{}",
                     api.path().strip_prefix("/v1").unwrap_or(api.path())
                 )
-            }
-            (None, None) => api.path().to_owned(),
-        };
+                .into(),
+                (None, None) => api.path().into(),
+            };
         let uri = format!(
             "{}://{}{}{path}",
             self.base.scheme_str().unwrap_or("http"),
