@@ -341,7 +341,7 @@ impl Pass<'_> {
         let ns = self.ns;
         let breaker = &mut self.remote().breaker;
         let was_closed = breaker.is_closed();
-        breaker.failed(ns);
+        breaker.failed(id.get(), ns);
         let closed = breaker.is_closed();
         self.give_back(id, waiting);
         let policy = self.engine.remote().policy();

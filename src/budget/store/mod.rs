@@ -364,8 +364,10 @@ impl Default for FailurePolicy {
 /// clock.
 ///
 /// Closed, every admission asks the store. After `threshold` failures in a row it opens for
-/// `open_for`: nobody asks. Then one probe asks; its success closes the breaker, its failure
-/// opens it again. A probe that neither answers nor is dropped within `open_for` (its caller
+/// `open_for`: nobody asks. Failures of questions that were all on their way together (one
+/// stall of the store, or of this process on a busy machine, ends them at once) count as one:
+/// a failure counts only for a question asked after the last one counted. Then one probe
+/// asks; its success closes the breaker, its failure opens it again. A probe that neither answers nor is dropped within `open_for` (its caller
 /// stopped polling it) no longer holds the others back: another may probe.
 #[derive(Debug, Clone)]
 pub(crate) struct Breaker {
@@ -375,6 +377,11 @@ pub(crate) struct Breaker {
     open_until: Option<u64>,
     /// The probe in flight: its question's id, and when it was asked.
     probe: Option<(u64, u64)>,
+    /// The newest question allowed to ask (ids grow).
+    newest: u64,
+    /// The newest question asked when the last failure was counted: failures of questions up
+    /// to it are the same episode.
+    episode: u64,
 }
 
 impl Breaker {
@@ -385,6 +392,8 @@ impl Breaker {
             failures: 0,
             open_until: None,
             probe: None,
+            newest: 0,
+            episode: 0,
         }
     }
 
@@ -397,6 +406,14 @@ impl Breaker {
     /// Whether the question `id` may ask the store now; the first one after the breaker
     /// opened is the probe.
     pub(crate) fn allow(&mut self, id: u64, now: u64) -> bool {
+        let allowed = self.may_ask(id, now);
+        if allowed {
+            self.newest = self.newest.max(id);
+        }
+        allowed
+    }
+
+    fn may_ask(&mut self, id: u64, now: u64) -> bool {
         match self.open_until {
             None => true,
             Some(until) if now >= until => {
@@ -423,7 +440,13 @@ impl Breaker {
         self.probe = None;
     }
 
-    pub(crate) fn failed(&mut self, now: u64) {
+    /// The question `id` failed; it counts unless it was asked before the last failure
+    /// counted (the same episode).
+    pub(crate) fn failed(&mut self, id: u64, now: u64) {
+        if id <= self.episode {
+            return;
+        }
+        self.episode = self.newest.max(id);
         self.failures = self.failures.saturating_add(1);
         if self.probe.is_some() || self.failures >= self.threshold {
             self.open_until = Some(now.saturating_add(self.open_for));
@@ -450,55 +473,79 @@ mod tests {
     fn opens_after_the_threshold_then_lets_one_probe_through() {
         let mut breaker = Breaker::new(3, Duration::from_millis(500));
         assert!(breaker.allow(1, 0));
-        breaker.failed(0);
-        breaker.failed(0);
-        assert!(breaker.allow(2, 0), "two failures: still closed");
-        breaker.failed(10 * MS);
-        assert!(!breaker.allow(3, 10 * MS));
-        assert!(!breaker.allow(4, 509 * MS));
-        assert!(breaker.allow(5, 510 * MS), "the probe");
-        assert!(!breaker.allow(6, 510 * MS), "one probe at a time");
-        breaker.failed(520 * MS);
+        breaker.failed(1, 0);
+        assert!(breaker.allow(2, 0));
+        breaker.failed(2, 0);
+        assert!(breaker.allow(3, 0), "two failures: still closed");
+        breaker.failed(3, 10 * MS);
+        assert!(!breaker.allow(4, 10 * MS));
+        assert!(!breaker.allow(5, 509 * MS));
+        assert!(breaker.allow(6, 510 * MS), "the probe");
+        assert!(!breaker.allow(7, 510 * MS), "one probe at a time");
+        breaker.failed(6, 520 * MS);
         assert!(
-            !breaker.allow(7, 1_000 * MS),
+            !breaker.allow(8, 1_000 * MS),
             "a failed probe opens it again"
         );
-        assert!(breaker.allow(8, 1_020 * MS));
+        assert!(breaker.allow(9, 1_020 * MS));
         breaker.succeeded();
         assert!(breaker.is_closed());
-        assert!(breaker.allow(9, 1_020 * MS) && breaker.allow(10, 1_020 * MS));
+        assert!(breaker.allow(10, 1_020 * MS) && breaker.allow(11, 1_020 * MS));
+    }
+
+    #[test]
+    fn questions_that_fail_together_count_once() {
+        let mut breaker = Breaker::new(3, Duration::from_millis(500));
+        for id in 1..=8 {
+            assert!(breaker.allow(id, 0));
+        }
+        // One stall ends all eight questions on their way: one failure.
+        for id in 1..=8 {
+            breaker.failed(id, 250 * MS);
+        }
+        assert!(breaker.allow(9, 255 * MS), "one episode: still closed");
+        assert!(breaker.allow(10, 255 * MS));
+        breaker.failed(9, 505 * MS);
+        breaker.failed(10, 505 * MS);
+        assert!(breaker.allow(11, 510 * MS), "two episodes: still closed");
+        breaker.failed(11, 760 * MS);
+        assert!(!breaker.allow(12, 760 * MS), "three episodes open it");
     }
 
     #[test]
     fn a_success_resets_the_count() {
         let mut breaker = Breaker::new(2, Duration::from_millis(500));
-        breaker.failed(0);
-        breaker.succeeded();
-        breaker.failed(0);
         assert!(breaker.allow(1, 0));
+        breaker.failed(1, 0);
+        breaker.succeeded();
+        assert!(breaker.allow(2, 0));
+        breaker.failed(2, 0);
+        assert!(breaker.allow(3, 0));
     }
 
     #[test]
     fn only_the_probe_abandoned_gives_its_turn() {
         let mut breaker = Breaker::new(1, Duration::from_millis(100));
-        breaker.failed(0);
-        assert!(breaker.allow(1, 100 * MS));
-        breaker.abandoned(2);
+        assert!(breaker.allow(1, 0));
+        breaker.failed(1, 0);
+        assert!(breaker.allow(2, 100 * MS));
+        breaker.abandoned(3);
         assert!(
-            !breaker.allow(3, 100 * MS),
+            !breaker.allow(4, 100 * MS),
             "another question left, not the probe"
         );
-        breaker.abandoned(1);
-        assert!(breaker.allow(4, 100 * MS));
+        breaker.abandoned(2);
+        assert!(breaker.allow(5, 100 * MS));
     }
 
     #[test]
     fn a_probe_never_answered_lets_another_probe_after_a_while() {
         let mut breaker = Breaker::new(1, Duration::from_millis(100));
-        breaker.failed(0);
-        assert!(breaker.allow(1, 100 * MS));
-        assert!(!breaker.allow(2, 199 * MS));
-        assert!(breaker.allow(3, 200 * MS), "the first probe is stale");
+        assert!(breaker.allow(1, 0));
+        breaker.failed(1, 0);
+        assert!(breaker.allow(2, 100 * MS));
+        assert!(!breaker.allow(3, 199 * MS));
+        assert!(breaker.allow(4, 200 * MS), "the first probe is stale");
     }
 
     #[test]
