@@ -23,9 +23,6 @@
 //!
 //! `GATEWAY_LOAD_TAIL=1` also prints each phase's tail (p90 to the maximum) and every failure.
 
-#[path = "../src/server/mod.rs"]
-mod server;
-
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -38,8 +35,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower_llm_quota_sim::{SimConfig, Simulator};
 
-use server::config::Config;
-use server::{Gateway, serve};
+use tower_llm_quota_gateway::{Config, Gateway, Persistence, serve};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -228,7 +224,7 @@ fn config(upstream: &str, tpm: u64) -> String {
 
 async fn start(upstream: &str, tpm: u64) -> (Arc<Gateway>, String) {
     let config = Config::from_toml(&config(upstream, tpm)).expect("a valid configuration");
-    let gateway = Gateway::new(&config, &server::store::Persistence::Memory)
+    let gateway = Gateway::new(&config, &Persistence::Memory)
         .await
         .expect("the gateway starts");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -331,12 +327,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let tokens = |gateway: &Gateway| {
+        let status = gateway.status();
+        let tenants = status["tenants"].as_array().cloned().unwrap_or_default();
         ["a", "b", "c"].map(|t| {
-            let counts = gateway.ledger.counts_under(t);
+            let node = tenants.iter().find(|n| n["path"] == t);
+            let counts = |name: &str| {
+                node.and_then(|n| n["usage"][name].as_u64())
+                    .unwrap_or_default()
+            };
             (
-                counts.input_tokens + counts.output_tokens,
-                counts.requests,
-                counts.local_refusals,
+                counts("input_tokens") + counts("output_tokens"),
+                counts("requests"),
+                counts("local_refusals"),
             )
         })
     };

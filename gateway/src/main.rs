@@ -14,8 +14,6 @@
 //! provider in process, and prints the demo keys and two `curl` lines to try. The
 //! configuration reference is the crate's README.
 
-mod server;
-
 /// mimalloc: a request makes many small allocations, and the system's allocator spent a tenth
 /// of the gateway's CPU on them; mimalloc takes 9 % less CPU a request at 3,000 requests a
 /// second (`gateway/bench/audit_cpu.py --against`).
@@ -34,10 +32,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
-use server::config::Config;
-use server::store::Persistence;
-use server::{Gateway, serve};
 use tokio::net::TcpListener;
+use tower_llm_quota_gateway::{Config, Gateway, Persistence, serve};
 
 /// The gateway's command line.
 #[derive(Debug, Parser)]
@@ -109,7 +105,7 @@ fn reload_on_hangup(
     let mut hangups = signal(SignalKind::hangup())?;
     Ok(async move {
         while hangups.recv().await.is_some() {
-            if gateway.config_path.get().is_none() {
+            if gateway.config_file().is_none() {
                 tracing::warn!("SIGHUP: the gateway runs the built-in demo: nothing to reload");
                 continue;
             }
@@ -124,7 +120,7 @@ fn persistence(args: &Args, config: &Config) -> Result<Persistence, Box<dyn std:
     if let Some(url) = &args.redis_url {
         return Ok(Persistence::Redis(url.clone()));
     }
-    let configured = config.server.state.as_deref();
+    let configured = config.state();
     Ok(Persistence::choose(
         args.state.as_deref(),
         (args.config.as_deref(), configured),
@@ -170,11 +166,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         )?,
         None => Config::from_toml(include_str!("../demo.toml"))?,
     };
-    let listen = args.listen.unwrap_or(config.server.listen);
+    let listen = args.listen.unwrap_or(config.listen());
     let persistence = persistence(&args, &config)?;
     let gateway = Gateway::new(&config, &persistence).await?;
     if let Some(path) = &args.config {
-        let _ = gateway.config_path.set(path.clone());
+        gateway.reloads_from(path.clone());
     }
     // The demo too: a SIGHUP says there is nothing to reload instead of ending the process.
     #[cfg(unix)]
@@ -189,11 +185,10 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     say!("gateway listening on {url} (status page at {url}/, metrics at {url}/metrics)");
     if demo {
         say!("demo keys (tenant, default class):");
-        for key in &config.keys {
-            let secret = key.key.as_deref().unwrap_or("(from the environment)");
-            say!("  {secret:<24} {} ({:?})", key.tenant, key.default_class);
+        for (secret, tenant, class) in config.inline_keys() {
+            say!("  {secret:<24} {tenant} ({})", class.as_str());
         }
-        let admin = config.server.admin_token.as_deref().unwrap_or("");
+        let admin = config.inline_admin_token().unwrap_or("");
         say!("try:");
         say!(
             "  curl -s {url}/v1/chat/completions -H 'authorization: Bearer demo-key-acme-search' \
@@ -207,10 +202,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         );
         say!("  curl -s {url}/admin/tenants -H 'authorization: Bearer {admin}'");
     }
-    let audit = gateway.audit.clone();
     serve(gateway, listener, stop).await?;
-    // The audit lines of the last requests, written before the process ends.
-    audit.flush();
     say!("gateway stopped");
     Ok(())
 }

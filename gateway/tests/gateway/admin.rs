@@ -102,12 +102,7 @@ async fn pause_refuses_a_tenant_at_once_and_resume_restores_it() {
         .await;
     assert_eq!(unknown.status(), 400);
     // The provider saw none of the refused requests.
-    let stats = gateway.gateway.accounts[0]
-        .simulator
-        .as_ref()
-        .unwrap()
-        .stats();
-    assert_eq!(stats.admitted, 3);
+    assert_eq!(gateway.simulator("openai-sim").await.1, 3);
     gateway.stop().await;
 }
 

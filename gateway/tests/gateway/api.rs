@@ -7,6 +7,7 @@ use axum::body::Body;
 use axum::routing::post;
 use bytes::Bytes;
 use http::HeaderMap;
+use serde_json::Value;
 
 use crate::support::{GLOBEX, REPORTS, Running, SEARCH, chat, demo, json, messages};
 
@@ -38,22 +39,33 @@ async fn demo_keys_work_on_both_styles() {
         (status, body["error"]["limit"].as_str()),
         (404, Some("route"))
     );
-    let simulators = gateway
-        .gateway
-        .accounts
-        .iter()
-        .map(|a| a.simulator.as_ref().unwrap().stats());
-    assert_eq!(
-        simulators.map(|s| s.admitted).collect::<Vec<_>>(),
-        [3, 3, 0]
-    );
+    let mut admitted = Vec::new();
+    for account in ["openai-sim", "anthropic-sim", "gemini-sim"] {
+        admitted.push(gateway.simulator(account).await.1);
+    }
+    assert_eq!(admitted, [3, 3, 0]);
     gateway.stop().await;
 }
 
 #[tokio::test]
 async fn an_unknown_key_gets_401_and_touches_no_quota() {
     let gateway = Running::start(&demo()).await;
-    let before = gateway.gateway.tenants.snapshot(&gateway.gateway.ledger);
+    let levels = |status: Value| {
+        let nodes = status["tenants"].as_array().unwrap().clone();
+        let accounts = nodes
+            .into_iter()
+            .flat_map(|n| n["accounts"].as_array().unwrap().clone());
+        accounts
+            .map(|a| {
+                let levels = a["levels"].as_array().unwrap().iter();
+                (
+                    a["used"].clone(),
+                    levels.map(|l| l["level"].clone()).collect::<Vec<_>>(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let before = levels(gateway.status().await);
     for key in [Some("demo-key-acme-searcH"), Some(""), None] {
         let (status, _, body) =
             json(gateway.post("/v1/chat/completions", key, &chat(20)).await).await;
@@ -70,24 +82,15 @@ async fn an_unknown_key_gets_401_and_touches_no_quota() {
     assert_eq!(body["type"], "error");
     assert_eq!(body["error"]["type"], "authentication_error");
     assert_eq!(body["error"]["gateway_decision"], "local");
-    let levels = |nodes: Vec<crate::server::tenancy::NodeView>| {
-        let accounts = nodes.into_iter().flat_map(|n| n.accounts);
-        accounts
-            .map(|a| (a.used, a.levels.iter().map(|l| l.level).collect::<Vec<_>>()))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        levels(gateway.gateway.tenants.snapshot(&gateway.gateway.ledger)),
-        levels(before)
-    );
-    for account in &gateway.gateway.accounts {
-        assert_eq!(account.simulator.as_ref().unwrap().stats().received, 0);
-        let snapshot = account.budget().snapshot();
+    assert_eq!(levels(gateway.status().await), before);
+    for account in gateway.status().await["accounts"].as_array().unwrap() {
+        if let Some(received) = account["simulator"]["received"].as_u64() {
+            assert_eq!(received, 0, "{account}");
+        }
+        let levels = account["levels"].as_array().unwrap();
         assert!(
-            snapshot
-                .limits()
-                .iter()
-                .all(|l| l.level() == l.capacity() as i64)
+            levels.iter().all(|l| l["level"] == l["capacity"]),
+            "{account}"
         );
     }
     gateway.stop().await;
@@ -134,14 +137,13 @@ async fn an_over_limit_tenant_gets_the_normalized_429_and_the_others_go_on() {
             200
         );
     }
-    let stats = gateway.gateway.accounts[0]
-        .simulator
-        .as_ref()
-        .unwrap()
-        .stats();
-    assert_eq!((stats.admitted, stats.rate_limited), (burst + 2, 0));
-    let usage = gateway.gateway.ledger.counts_under("globex");
-    assert_eq!((usage.requests, usage.local_refusals), (burst, 1));
+    let (_, admitted, rate_limited) = gateway.simulator("openai-sim").await;
+    assert_eq!((admitted, rate_limited), (burst + 2, 0));
+    let usage = gateway.usage("globex").await;
+    assert_eq!(
+        (&usage["requests"], &usage["local_refusals"]),
+        (&burst.into(), &1.into())
+    );
     gateway.stop().await;
 }
 
@@ -172,26 +174,16 @@ async fn bad_bodies_are_refused_before_anything_is_reserved() {
             (expected, Some(limit))
         );
     }
-    let search = gateway
-        .gateway
-        .tenants
-        .snapshot(&gateway.gateway.ledger)
-        .into_iter()
-        .find(|n| n.path == "acme/search")
+    let status = gateway.status().await;
+    let search = (status["tenants"].as_array().unwrap().iter())
+        .find(|n| n["path"] == "acme/search")
         .unwrap();
-    let levels = search.accounts.iter().flat_map(|a| &a.levels);
-    assert!(levels.clone().all(|l| l.level == l.capacity as i64));
+    let accounts = search["accounts"].as_array().unwrap().iter();
+    let levels = accounts.flat_map(|a| a["levels"].as_array().unwrap());
+    assert!(levels.clone().all(|l| l["level"] == l["capacity"]));
     // A level per account (the Gemini account's model scopes hold no tenant levels).
     assert_eq!(levels.count(), 3);
-    assert_eq!(
-        gateway.gateway.accounts[0]
-            .simulator
-            .as_ref()
-            .unwrap()
-            .stats()
-            .received,
-        0
-    );
+    assert_eq!(gateway.simulator("openai-sim").await.0, 0);
     gateway.stop().await;
 }
 
@@ -278,10 +270,14 @@ async fn a_stream_passes_byte_for_byte_with_the_gateway_key_upstream() {
             .values()
             .all(|v| !v.as_bytes().windows(6).any(|w| w == b"caller"))
     );
-    let usage = gateway.gateway.ledger.counts_under("team");
+    let usage = gateway.usage("team").await;
     assert_eq!(
-        (usage.requests, usage.input_tokens, usage.output_tokens),
-        (1, 9, 2)
+        (
+            &usage["requests"],
+            &usage["input_tokens"],
+            &usage["output_tokens"]
+        ),
+        (&1.into(), &9.into(), &2.into())
     );
     gateway.stop().await;
 }
@@ -538,16 +534,16 @@ async fn a_cut_stream_is_charged_what_it_streamed_in_the_ledger() {
     drop(response);
     let started = std::time::Instant::now();
     let usage = loop {
-        let usage = gateway.gateway.ledger.counts_under("team");
-        if usage.output_tokens > 0 || usage.input_tokens > 0 {
+        let usage = gateway.usage("team").await;
+        if usage["output_tokens"] != 0 || usage["input_tokens"] != 0 {
             break usage;
         }
         assert!(started.elapsed() < Duration::from_secs(5), "never counted");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     // "Hel": 3 characters streamed, a token; far below the 500 reserved.
-    assert_eq!(usage.output_tokens, 1, "{usage:?}");
-    assert!(usage.input_tokens > 0);
+    assert_eq!(usage["output_tokens"], 1, "{usage}");
+    assert!(usage["input_tokens"].as_u64().unwrap() > 0);
     gateway.stop().await;
 }
 
@@ -602,7 +598,7 @@ async fn each_tenant_sees_its_own_rate_limit_headers() {
 /// reason (a guarantee out of range, here), before anything starts.
 #[test]
 fn a_configuration_is_checked_without_starting() {
-    use crate::server::config::Config;
+    use tower_llm_quota_gateway::Config;
     let summary = Config::from_toml(&demo()).unwrap().summary();
     assert!(
         summary.starts_with("configuration OK: 3 account(s)"),
@@ -788,12 +784,7 @@ async fn models_are_listed_per_key_and_an_unknown_one_is_a_404() {
     assert_eq!(status, 401);
 
     let with_model = |model: &str| chat(20).replace("gpt-4o-mini", model);
-    let before = gateway.gateway.accounts[0]
-        .simulator
-        .as_ref()
-        .unwrap()
-        .stats()
-        .admitted;
+    let before = gateway.simulator("openai-sim").await.1;
     for (key, model, why) in [
         (SEARCH, "gpt-5-unknown", "not configured"),
         (GLOBEX, "gpt-4o", "not for this key"),
@@ -826,12 +817,7 @@ async fn models_are_listed_per_key_and_an_unknown_one_is_a_404() {
         (status, body["error"]["type"].as_str()),
         (404, Some("not_found_error"))
     );
-    let after = gateway.gateway.accounts[0]
-        .simulator
-        .as_ref()
-        .unwrap()
-        .stats()
-        .admitted;
+    let after = gateway.simulator("openai-sim").await.1;
     assert_eq!(after, before, "nothing reached the provider");
     // `claude-sonnet` is `claude-sonnet-4-5` upstream: the simulator answers with that name.
     let (status, _, body) = json(
@@ -1185,8 +1171,8 @@ async fn the_demo_serves_embeddings() {
     assert_eq!(data[0]["embedding"].as_array().unwrap().len(), 8);
     let prompt = answer["usage"]["prompt_tokens"].as_u64().unwrap();
     assert!(prompt > 0, "{answer}");
-    let account = &gateway.gateway.accounts[0];
-    assert_eq!(account.budget().snapshot().in_flight(), 0, "settled");
+    let account = gateway.status().await["accounts"][0].clone();
+    assert_eq!(account["in_flight"], 0, "settled: {account}");
     gateway.stop().await;
 }
 
@@ -1198,7 +1184,6 @@ async fn metrics_can_be_turned_off() {
     let config =
         fixed_config(&upstream).replace("[server]\n", "[server]\n        metrics = false\n");
     let gateway = Running::start(&config).await;
-    assert!(gateway.gateway.metrics.is_none());
     let response = gateway
         .post("/v1/chat/completions", Some("caller-secret"), &chat(20))
         .await;

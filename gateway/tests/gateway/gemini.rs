@@ -13,8 +13,8 @@ use http::StatusCode;
 use serde_json::{Value, json};
 
 use crate::audit::{lines, log_file};
-use crate::server::config::Config;
 use crate::support::{Binary, Running, serve_upstream};
+use tower_llm_quota_gateway::Config;
 
 /// A gateway with one Gemini account on the in-process simulator, two public models on it,
 /// and one key.

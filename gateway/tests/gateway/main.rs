@@ -1,9 +1,6 @@
 //! The gateway example, run in process on a loopback port: its keys, refusals, admin API,
 //! streaming, metrics, shutdown, HTTPS upstreams and status page (in a real browser when one is installed).
 
-#[path = "../../src/server/mod.rs"]
-mod server;
-
 use tower_llm_quota_test_support::redis_server;
 
 mod admin;

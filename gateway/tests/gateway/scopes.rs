@@ -11,8 +11,8 @@ use axum::response::IntoResponse;
 use http::StatusCode;
 use serde_json::Value;
 
-use crate::server::config::Config;
 use crate::support::{Running, json};
+use tower_llm_quota_gateway::Config;
 
 /// The upstream calls by model.
 type Calls = Arc<Mutex<HashMap<String, usize>>>;

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use serde_json::Value;
+
 use crate::api::{fixed_config, fixed_upstream};
 use crate::support::{Running, json};
 
@@ -29,20 +31,43 @@ async fn a_stop_lets_streams_finish_and_answers_queued_requests_503() {
                 .unwrap()
         })
     };
-    let account = gateway.gateway.accounts[0].clone();
-    while account.queue().snapshot().depth() == 0 {
+    let queued_now = |row: Value| {
+        row["queued"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|q| q[1].as_u64().unwrap())
+            .sum::<u64>()
+    };
+    while queued_now(gateway.account("fixed").await) == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     gateway.signal_stop();
     let (status, retry_after, refusal) = json(queued.await.unwrap()).await;
     assert_eq!((status, retry_after.as_deref()), (503, Some("1")));
     assert_eq!(refusal["error"]["limit"], "shutdown");
-    assert_eq!(account.queue().snapshot().depth(), 0);
     let events = streaming.bytes().await.unwrap();
     assert_eq!(events.as_ref(), crate::api::EVENTS.concat().as_bytes());
-    gateway.stop().await;
-    // The stream's slot came back; nothing is left reserved.
-    assert_eq!(account.budget().snapshot().in_flight(), 0);
+    // The gateway stops when the stream has ended: its slot came back, nothing is left
+    // reserved or queued (its status said so last).
+    let gateway = {
+        let handle = gateway.gateway.clone();
+        gateway.stop().await;
+        handle
+    };
+    let last = gateway.status();
+    let account = last["accounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "fixed")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        (queued_now(account.clone()), &account["in_flight"]),
+        (0, &0.into()),
+        "{account}"
+    );
 }
 
 /// SIGHUP reloads the configuration file (before, it killed the process): a key added to the

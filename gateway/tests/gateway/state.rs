@@ -10,8 +10,8 @@ use serde_json::Value;
 use tower_llm_quota_test_support::port::free_port;
 use tower_llm_quota_test_support::postgres_server::{PostgresServer, TestDatabase};
 
-use crate::server::store::Persistence;
 use crate::support::Running;
+use tower_llm_quota_gateway::Persistence;
 
 /// A configuration with one simulated account, a key, and a spend cap on the key's tenant
 /// (its counts are what the state must make durable before a request is sent);

@@ -7,9 +7,9 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::server::config::Config;
-use crate::server::store::Persistence;
-use crate::server::{Gateway, serve};
+use tower_llm_quota_gateway::Config;
+use tower_llm_quota_gateway::Persistence;
+use tower_llm_quota_gateway::{Gateway, serve};
 
 /// The demo configuration, with a simulator that answers at once.
 /// `app` served on a free loopback port, as a fake upstream: its URL.
@@ -53,12 +53,15 @@ impl Running {
 
     /// Starts serving `config`, its state kept as `persistence` says.
     pub(crate) async fn serve(config: &str, persistence: &Persistence) -> Self {
-        let mut config = Config::from_toml(config).expect("a valid configuration");
         // The tests' output stays readable: the audit log only where a test asks for it.
-        config
-            .server
-            .audit_log
-            .get_or_insert_with(|| "off".to_owned());
+        let mut table: toml::Table = config.parse().expect("TOML");
+        let server = table
+            .entry("server")
+            .or_insert_with(|| toml::Table::new().into());
+        if let Some(server) = server.as_table_mut() {
+            server.entry("audit_log").or_insert_with(|| "off".into());
+        }
+        let config = Config::from_toml(&table.to_string()).expect("a valid configuration");
         let gateway = Gateway::new(&config, persistence)
             .await
             .expect("the gateway starts");
@@ -87,7 +90,35 @@ impl Running {
     pub(crate) async fn stop(mut self) {
         self.signal_stop();
         (&mut self.task).await.unwrap().unwrap();
-        self.gateway.audit.flush();
+    }
+
+    /// `/status.json`, as the status page reads it.
+    pub(crate) async fn status(&self) -> Value {
+        self.gateway.status()
+    }
+
+    /// The status page's row of `account`.
+    pub(crate) async fn account(&self, account: &str) -> Value {
+        let status = self.status().await;
+        let rows = status["accounts"].as_array().unwrap();
+        let row = rows.iter().find(|row| row["name"] == account);
+        row.unwrap_or_else(|| panic!("no account {account} in {status}"))
+            .clone()
+    }
+
+    /// What the in-process simulator of `account` saw: received, admitted, rate_limited.
+    pub(crate) async fn simulator(&self, account: &str) -> (u64, u64, u64) {
+        let row = self.account(account).await;
+        let field = |name: &str| row["simulator"][name].as_u64().unwrap();
+        (field("received"), field("admitted"), field("rate_limited"))
+    }
+
+    /// Today's counts of the tenant node `path` and its subtree, as the status page shows.
+    pub(crate) async fn usage(&self, path: &str) -> Value {
+        let status = self.status().await;
+        let tenants = status["tenants"].as_array().unwrap();
+        let node = tenants.iter().find(|node| node["path"] == path);
+        node.unwrap_or_else(|| panic!("no tenant {path} in {status}"))["usage"].clone()
     }
 
     /// `POST` of `body` to `path` with the caller key `key`.

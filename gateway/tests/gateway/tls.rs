@@ -11,9 +11,9 @@ use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
 use crate::api::{EVENTS, fixed_app, fixed_config};
-use crate::server::config::Config;
-use crate::server::upstream::Account;
 use crate::support::{Running, json};
+use tower_llm_quota_gateway::Config;
+use tower_llm_quota_gateway::{Gateway, Persistence};
 
 /// A CA, and a certificate for `localhost` it signed.
 struct Certs {
@@ -157,15 +157,7 @@ async fn a_ca_file_unreadable_or_without_a_certificate_is_a_config_error() {
     std::fs::remove_file(&missing.0).unwrap();
     for (ca, expected) in [(&empty, "no certificate"), (&missing, "ca_file")] {
         let config = Config::from_toml(&with_ca(fixed_config("https://localhost:1"), ca)).unwrap();
-        let tree = config.tenant_tree().unwrap().0;
-        let keeping = crate::server::upstream::Keeping {
-            persistence: crate::server::store::Persistence::Memory,
-            fail_closed: true,
-            lease: None,
-            store_timeout: std::time::Duration::from_millis(250),
-            caps: None,
-        };
-        let error = Account::new(&config.accounts[0], (&tree, None), &keeping, None)
+        let error = Gateway::new(&config, &Persistence::Memory)
             .await
             .unwrap_err()
             .to_string();

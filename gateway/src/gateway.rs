@@ -24,9 +24,10 @@ use super::{alerts, audit, models, report, routes, state};
 
 use tower_llm_quota::tenant::Tenant;
 
-/// Everything a request handler reads.
+/// A gateway built from a [`Config`]: everything a request handler reads. Built by
+/// [`Gateway::new`], served by [`serve`](crate::serve()), changed by [`Gateway::reload`].
 #[derive(Debug)]
-pub(crate) struct Gateway {
+pub struct Gateway {
     /// The callers' keys, replaced whole by a reload and by the admin API.
     keys: std::sync::RwLock<Arc<KeyRing>>,
     /// The admin tokens, replaced whole by a reload.
@@ -125,10 +126,16 @@ pub(crate) fn metrics_handle() -> PrometheusHandle {
 impl Gateway {
     /// Builds the gateway of `config`, its state kept as `persistence` says (in a store the
     /// replicas share, every account's budget is shared through it).
-    pub(crate) async fn new(
-        config: &Config,
-        persistence: &Persistence,
-    ) -> Result<Arc<Self>, ConfigError> {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when the configuration cannot run (a key variable unset, a CA file
+    /// unreadable) or the state cannot be reached.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropping the future leaves nothing behind but the connections it opened, closed with it.
+    pub async fn new(config: &Config, persistence: &Persistence) -> Result<Arc<Self>, ConfigError> {
         config.check()?;
         let (connection_limits, lowered) =
             ConnectionLimits::new(&config.server, open_files_limit())?;
@@ -333,6 +340,8 @@ impl Gateway {
         if let Some(otel) = &self.otel {
             otel.shutdown().await;
         }
+        // The audit lines of the last requests, written before the process ends.
+        self.audit.flush();
     }
 
     /// The admin state as last applied.
@@ -369,7 +378,11 @@ impl Gateway {
     /// an account has, prices, spend alerts, the server) needs a restart: listed in the report
     /// with why, not applied, and the running configuration keeps it as it was. An invalid
     /// configuration changes nothing.
-    pub(crate) fn reload(&self, text: &str) -> Result<Reloaded, ConfigError> {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] listing every problem of `text`; nothing changed then.
+    pub fn reload(&self, text: &str) -> Result<Reloaded, ConfigError> {
         let reloaded = self.apply_configuration(text);
         match &reloaded {
             Ok(reloaded) => tracing::warn!(
@@ -511,8 +524,24 @@ impl Gateway {
         })
     }
 
+    /// Names the file [`reload_file`](Self::reload_file) reads (the one the gateway was
+    /// started with); the first call wins.
+    pub fn reloads_from(&self, path: std::path::PathBuf) {
+        let _ = self.config_path.set(path);
+    }
+
+    /// The file [`reload_file`](Self::reload_file) reads, if one was named.
+    pub fn config_file(&self) -> Option<&std::path::Path> {
+        self.config_path.get().map(std::path::PathBuf::as_path)
+    }
+
     /// [`reload`](Self::reload) from the file the gateway was started with.
-    pub(crate) fn reload_file(&self) -> Result<Reloaded, ConfigError> {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when the gateway was not started from a file, the file cannot be
+    /// read, or [`reload`](Self::reload) refuses it.
+    pub fn reload_file(&self) -> Result<Reloaded, ConfigError> {
         let path = self.config_path.get().ok_or_else(|| {
             ConfigError("the gateway runs the built-in demo: send the TOML to reload".into())
         })?;
@@ -674,9 +703,9 @@ async fn sync_state(gateway: &Gateway) {
     }
 }
 
-/// What a reload applied, and what waits for a restart.
+/// What a reload applied, and what waits for a restart (its JSON is the admin API's answer).
 #[derive(Debug, serde::Serialize)]
-pub(crate) struct Reloaded {
+pub struct Reloaded {
     /// The callers' keys now served.
     pub(crate) keys: usize,
     /// The tenant nodes whose settings were applied.

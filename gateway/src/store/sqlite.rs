@@ -24,7 +24,7 @@ use tokio::sync::{oneshot, watch};
 use super::{
     DatabaseError, MIGRATIONS, Row, SCHEMA_VERSION, Statement, Value, newer_refused, sqlite_params,
 };
-use crate::server::config::ConfigError;
+use crate::config::ConfigError;
 
 /// A job for the database's thread.
 enum Job {

@@ -1,5 +1,29 @@
-//! The gateway: state, routes and the server loop. `main.rs` parses the command line and
-//! calls [`Gateway::new`] and [`serve()`]; the tests call the same two.
+//! A quota-aware, multi-tenant LLM gateway on axum, governed by `tower-llm-quota`'s stack:
+//! OpenAI-, Anthropic- and Gemini-compatible routes, per-tenant limits, one budget per provider
+//! account, refusals in each provider's own shape, an admin API, Prometheus metrics and a live
+//! status page. The `llm-quota-gateway` binary is a thin command line over this library.
+//!
+//! The surface is small: a [`Config`] parsed from TOML, a [`Gateway`] built from it with its
+//! state kept as [`Persistence`] says, [`serve()`] until a stop signal, and
+//! [`Gateway::reload`] / [`Gateway::reload_file`] to apply a changed configuration.
+//!
+//! ```no_run
+//! use tower_llm_quota_gateway::{Config, Gateway, Persistence, serve};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = Config::from_toml(&std::fs::read_to_string("gateway.toml")?)?;
+//! let gateway = Gateway::new(&config, &Persistence::Memory).await?;
+//! let listener = tokio::net::TcpListener::bind(config.listen()).await?;
+//! serve(gateway, listener, async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! })
+//! .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The configuration reference and the operator's guide are in the crate's README; the path a
+//! request takes through these modules is drawn in its "Architecture" section.
 
 pub(crate) mod admin;
 pub(crate) mod alerts;
@@ -37,9 +61,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
 use config::Api;
-pub(crate) use gateway::Gateway;
+pub use config::{Config, ConfigError};
+pub use gateway::{Gateway, Reloaded};
 use refusal::{Dialect, Refusal};
-pub(crate) use serve::serve;
+pub use serve::serve;
+pub use store::Persistence;
 
 /// The routes.
 impl Gateway {

@@ -9,7 +9,7 @@ use tokio_postgres::NoTls;
 use tokio_postgres::types::{ToSql, Type};
 
 use super::{DatabaseError, MIGRATIONS, Row, Statement, Value, newer_refused};
-use crate::server::config::ConfigError;
+use crate::config::ConfigError;
 
 /// A pool of connections to the gateway's schema; clones share it.
 #[derive(Clone)]

@@ -49,11 +49,20 @@ struct AccountStatus {
     /// falls back to its local share, or refuses).
     #[serde(skip_serializing_if = "Option::is_none")]
     store_reachable: Option<bool>,
-    /// The 429s the in-process simulator answered (none for a real upstream).
-    simulator_429s: Option<u64>,
+    /// What the in-process simulator behind the account saw (none for a real upstream).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    simulator: Option<SimulatorView>,
     /// The account's last hour, minute by minute (on its own row; not on its scopes').
     #[serde(skip_serializing_if = "Option::is_none")]
     hour: Option<HourView>,
+}
+
+/// The calls an in-process simulator received, answered and refused with a 429.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct SimulatorView {
+    received: u64,
+    admitted: u64,
+    rate_limited: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -92,7 +101,14 @@ pub(crate) fn tenants(gateway: &Gateway) -> Vec<TenantStatus> {
 fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
     let mut rows = Vec::new();
     for account in &gateway.accounts {
-        let simulator_429s = account.simulator.as_ref().map(|s| s.stats().rate_limited);
+        let simulator = account.simulator.as_ref().map(|s| {
+            let stats = s.stats();
+            SimulatorView {
+                received: stats.received,
+                admitted: stats.admitted,
+                rate_limited: stats.rate_limited,
+            }
+        });
         // A budget's row, its requests queued by class as `queue` counts them.
         let row = |name: String, budget: &tower_llm_quota::Budget, queue: QueueSnapshot| {
             let hour =
@@ -116,7 +132,7 @@ fn accounts(gateway: &Gateway) -> Vec<AccountStatus> {
                     .iter()
                     .map(|p| (p.as_str(), queue.class(*p).depth()))
                     .collect(),
-                simulator_429s,
+                simulator,
                 hour,
             }
         };
@@ -152,13 +168,26 @@ pub(crate) async fn page() -> Html<&'static str> {
 }
 
 pub(crate) async fn json(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {
-    Json(Status {
-        usage_counted_by: counted_by(&gateway),
-        tenants: tenants(&gateway),
-        accounts: accounts(&gateway),
+    Json(status(&gateway))
+}
+
+fn status(gateway: &Gateway) -> Status {
+    Status {
+        usage_counted_by: counted_by(gateway),
+        tenants: tenants(gateway),
+        accounts: accounts(gateway),
         refusals: gateway.ledger.last_refusals(),
         stopping: gateway.shutdown.is_cancelled(),
-    })
+    }
+}
+
+impl Gateway {
+    /// What `/status.json` answers now: the tenants with their levels and today's usage, the
+    /// accounts with their levels, calls in flight and requests queued by class, the last
+    /// refusals. Also after [`serve`](crate::serve()) returned.
+    pub fn status(&self) -> serde_json::Value {
+        serde_json::to_value(status(self)).unwrap_or_default()
+    }
 }
 
 pub(crate) async fn healthz(State(gateway): State<Arc<Gateway>>) -> impl IntoResponse {

@@ -44,7 +44,11 @@ use watch::{Phase, Watch, WatchedIo};
 ///
 /// Dropping the future stops accepting at once; the connections already accepted are served
 /// to their end by their own tasks (their reservations are settled as their bodies drop).
-pub(crate) async fn serve(
+///
+/// # Errors
+///
+/// An I/O error of the listener that accepting cannot go on after.
+pub async fn serve(
     gateway: Arc<Gateway>,
     listener: TcpListener,
     stop: impl Future<Output = ()> + Send + 'static,

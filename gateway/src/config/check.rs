@@ -97,7 +97,11 @@ fn key(name: &str) -> Step {
 
 impl Config {
     /// Parses and checks a TOML configuration: every problem at once, each with its line.
-    pub(crate) fn from_toml(text: &str) -> Result<Self, ConfigError> {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] listing every problem, each with its line.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
         match config.problems().into_error(Some(text)) {
             Some(error) => Err(error),

@@ -1,5 +1,5 @@
 //! `GET /admin/report?since=...&until=...&format=json|csv&table=rows|accounts|spend`: the
-//! review of a period ([`crate::server::report`]), a week back by default; `table=spend` is
+//! review of a period ([`crate::report`]), a week back by default; `table=spend` is
 //! the spend export (per day, tenant, key, model and tier). `since` and `until` are
 //! RFC 3339 times in UTC (`2026-11-26`, `2026-11-26T09:00:00Z`) or Unix seconds; whole hours
 //! are counted. A delegated admin gets its subtree's rows and no account table.
@@ -226,7 +226,7 @@ fn table(header: &str, lines: impl Iterator<Item = String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::audit::rfc3339;
+    use crate::audit::rfc3339;
 
     #[test]
     fn times_read_as_rfc3339_or_unix_seconds() {

@@ -993,7 +993,7 @@ async fn sql_read(database: &Database, (first, last): (u64, u64)) -> Result<Tall
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::audit::Tokens;
+    use crate::audit::Tokens;
 
     fn admitted(tenant: &str, used: (u64, u64), estimated: (u64, u64), queued: f64) -> Entry {
         Entry {

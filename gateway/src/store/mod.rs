@@ -27,13 +27,10 @@ pub(crate) use sqlite::Sqlite;
 
 use super::config::ConfigError;
 
-/// Where the gateway's state lives.
+/// Where the gateway's state lives: the admin changes, caller keys made through the API, caps'
+/// usage, idempotency records and the report's rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[allow(
-    dead_code,
-    reason = "main.rs chooses among them; the load example keeps its state in memory"
-)]
-pub(crate) enum Persistence {
+pub enum Persistence {
     /// Nothing outlives the process (the demo's).
     Memory,
     /// An SQLite file, for one gateway.
@@ -44,16 +41,16 @@ pub(crate) enum Persistence {
     Redis(String),
 }
 
-#[allow(
-    dead_code,
-    reason = "main.rs chooses the state; the load example keeps it in memory"
-)]
 impl Persistence {
     /// Where the state of a gateway started with the configuration at `config` (none: the
     /// demo) lives: `state` (`--state`), else the configuration's `server.state`, else an
     /// SQLite file beside the configuration named after it (`gateway.toml`:
     /// `gateway.state.db`), else (the demo) memory.
-    pub(crate) fn choose(
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for a `state` that names no known store.
+    pub fn choose(
         state: Option<&str>,
         (config, configured): (Option<&Path>, Option<&str>),
     ) -> Result<Self, ConfigError> {
@@ -107,7 +104,7 @@ impl Persistence {
     }
 
     /// Whether the replicas share it (each account's quota kept in it).
-    pub(crate) fn is_shared(&self) -> bool {
+    pub fn is_shared(&self) -> bool {
         matches!(self, Persistence::Postgres(_) | Persistence::Redis(_))
     }
 }

@@ -1,4 +1,4 @@
-//! `/admin/overrides`: each override of the file ([`crate::server::overrides`]) with who
+//! `/admin/overrides`: each override of the file ([`crate::overrides`]) with who
 //! made it, when, and the file's value it shadows; deleting one gives the setting back to the
 //! file.
 

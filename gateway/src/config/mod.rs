@@ -63,10 +63,11 @@ use tower_llm_quota::CapWindow;
 use tower_llm_quota::tenant::{Tenant, TenantTree};
 use tower_llm_quota::{Dimension, Limit, Priority, Quota};
 
-/// The whole configuration file.
+/// The gateway's configuration: its TOML file, parsed and checked by
+/// [`Config::from_toml`] (the reference is the crate's README).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Config {
+pub struct Config {
     #[serde(default)]
     pub(crate) server: ServerConfig,
     pub(crate) accounts: Vec<AccountConfig>,
@@ -911,9 +912,10 @@ pub(crate) fn secret(
     }
 }
 
-/// Why a configuration cannot run.
+/// Why a configuration cannot run (or a state cannot be reached): every problem found, one
+/// per line, each with where it is.
 #[derive(Debug)]
-pub(crate) struct ConfigError(pub(crate) String);
+pub struct ConfigError(pub(crate) String);
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -964,11 +966,31 @@ impl Config {
         Ok((tree, paths.into_iter().collect()))
     }
 
+    /// Where the gateway listens (`[server] listen`).
+    pub fn listen(&self) -> std::net::SocketAddr {
+        self.server.listen
+    }
+
+    /// Where the configuration says the state lives (`[server] state`), if it says.
+    pub fn state(&self) -> Option<&str> {
+        self.server.state.as_deref()
+    }
+
+    /// The callers' keys given in the file itself (the demo's), each with its tenant and
+    /// default class: what a newcomer tries first.
+    pub fn inline_keys(&self) -> impl Iterator<Item = (&str, &str, Priority)> {
+        (self.keys.iter())
+            .filter_map(|k| Some((k.key.as_deref()?, k.tenant.as_str(), k.default_class.into())))
+    }
+
+    /// The admin token given in the file itself (the demo's), if any.
+    pub fn inline_admin_token(&self) -> Option<&str> {
+        self.server.admin_token.as_deref()
+    }
+
     /// What `--check-config` says of a valid configuration: its accounts, keys and tenant
     /// nodes.
-    // The load generator shares this module and has no `--check-config`.
-    #[allow(dead_code)]
-    pub(crate) fn summary(&self) -> String {
+    pub fn summary(&self) -> String {
         let nodes = self
             .tenants
             .get("nodes")
