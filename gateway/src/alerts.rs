@@ -28,9 +28,9 @@ use tokio::sync::mpsc;
 use tower::ServiceExt;
 use tower_llm_quota::tenant::Tenant;
 
+use super::clients::Client;
 use super::config::{AlertConfig, AlertWindow, ConfigError};
 use super::store::{Database, Persistence, Sqlite, Statement, Value};
-use super::upstream::Client;
 
 /// Events waiting for the webhook, at most.
 const BACKLOG: usize = 1_024;

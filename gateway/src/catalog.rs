@@ -11,11 +11,11 @@ use http::HeaderMap;
 use serde_json::{Value, json};
 
 use super::Gateway;
+use super::account::Account;
 use super::auth::Caller;
 use super::gemini;
 use super::models::Model;
 use super::refusal::{Dialect, Refusal};
-use super::upstream::Account;
 
 /// Whose format a models request reads: Anthropic's SDK sends `anthropic-version`.
 fn dialect(headers: &HeaderMap) -> Dialect {

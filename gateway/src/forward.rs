@@ -25,7 +25,9 @@ use tower_llm_quota::retry::{
 use tower_llm_quota::{BoxError, Cost, Error};
 
 use super::Gateway;
+use super::account::{Account, ScopeError, Scoped, StateRefused};
 use super::audit::{Audited, Tokens};
+use super::clients::Dispatched;
 use super::config::{Api, Retries};
 use super::fit::{self, Shaped};
 use super::gemini::{Method, Native};
@@ -33,7 +35,6 @@ use super::metered::{Meter, Metered};
 use super::refusal::{Dialect, Refusal, limit_name};
 use super::routes::{ScopeRefused, Target};
 use super::tenancy;
-use super::upstream::{Account, Dispatched, ScopeError, Scoped, StateRefused};
 use tower_llm_quota::idempotency::{IdempotentBody, Operation, Suppressed};
 use tower_llm_quota::reconcile::UsageReport;
 use tower_llm_quota::routing::ServedBy;

@@ -9,7 +9,9 @@ use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio_util::sync::CancellationToken;
 
+use super::account::{Account, Keeping};
 use super::auth::{Admin, AdminRing, KeyRing};
+use super::clients;
 use super::config::{self, Api, Config, ConfigError};
 #[cfg(feature = "otel")]
 use super::otel;
@@ -18,7 +20,6 @@ use super::serve::limits::{ConnectionLimits, open_files_limit};
 use super::store::caps::CapsRecord;
 use super::store::{Database, Persistence};
 use super::tenancy::Tenancy;
-use super::upstream::{self, Account, Keeping};
 use super::usage::{self, Ledger};
 use super::{alerts, audit, models, report, routes, state};
 
@@ -203,7 +204,7 @@ impl Gateway {
                     .server
                     .alert_webhook
                     .clone()
-                    .map(|url| (url, upstream::webhook_client())),
+                    .map(|url| (url, clients::webhook_client())),
             )?;
             alerts
                 .restore()
@@ -425,7 +426,7 @@ impl Gateway {
         if names(&new) == names(&current) {
             let pairs = current.accounts.iter().zip(&new.accounts).enumerate();
             for (i, (old, is)) in pairs.filter(|(_, (old, is))| differs(old, is)) {
-                match upstream::Account::plan(old, is) {
+                match Account::plan(old, is) {
                     Ok(retune) => retunes.push((i, retune)),
                     Err(reason) => {
                         why.push(reason);

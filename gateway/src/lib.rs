@@ -25,11 +25,13 @@
 //! The configuration reference and the operator's guide are in the crate's README; the path a
 //! request takes through these modules is drawn in its "Architecture" section.
 
+pub(crate) mod account;
 pub(crate) mod admin;
 pub(crate) mod alerts;
 pub(crate) mod audit;
 pub(crate) mod auth;
 pub(crate) mod catalog;
+pub(crate) mod clients;
 pub(crate) mod config;
 pub(crate) mod fit;
 pub(crate) mod forward;
@@ -45,11 +47,11 @@ pub(crate) mod refusal;
 pub(crate) mod report;
 pub(crate) mod routes;
 pub(crate) mod serve;
+pub(crate) mod simulated;
 pub(crate) mod state;
 pub(crate) mod status;
 pub(crate) mod store;
 pub(crate) mod tenancy;
-pub(crate) mod upstream;
 pub(crate) mod usage;
 
 use std::sync::Arc;

@@ -4,11 +4,11 @@
 //! With no `[[models]]` configured the gateway is open: any model passes to the account
 //! serving the API, and the list is empty.
 
+use super::account::Account;
 use super::auth::Caller;
 use super::config::{Api, ModelConfig};
 use super::refusal::Refusal;
 use super::routes::{self, Routed};
-use super::upstream::Account;
 use tower_llm_quota::idempotency::IdempotencyLayer;
 
 /// One public model.

@@ -22,12 +22,13 @@ use tower_llm_quota::routing::{
 };
 use tower_llm_quota::{BoxError, Priority};
 
+use super::account::{Account, Governed, ScopeError, Scoped};
+use super::clients::UpBody;
 use super::config::{
     Api, ConfigError, FallbackConfig, FallbackOn, Feature, Format, ModelConfig, RampConfig,
 };
 use super::store::idempotency::SqliteRecords;
 use super::store::{Database, Persistence};
-use super::upstream::{Account, Governed, ScopeError, Scoped, UpBody};
 use tower_llm_quota::stack::QuotaBody;
 
 /// One route's service: an account's stack for the request's API.
