@@ -34,7 +34,6 @@ pub(crate) mod catalog;
 pub(crate) mod clients;
 pub(crate) mod config;
 pub(crate) mod fit;
-pub(crate) mod forward;
 mod gateway;
 pub(crate) mod gemini;
 pub(crate) mod metered;
@@ -45,6 +44,7 @@ pub(crate) mod otel;
 pub(crate) mod overrides;
 pub(crate) mod refusal;
 pub(crate) mod report;
+pub(crate) mod request;
 pub(crate) mod routes;
 pub(crate) mod serve;
 pub(crate) mod simulated;
@@ -75,7 +75,7 @@ impl Gateway {
     pub(crate) fn router(self: &Arc<Self>) -> Router {
         let api = |api: Api| {
             move |State(gateway): State<Arc<Gateway>>, request: Request| {
-                forward::forward(gateway, api, request)
+                request::handle(gateway, api, request)
             }
         };
         Router::new()
@@ -122,7 +122,7 @@ async fn gemini_call(
     gemini::key_from_query(&mut request);
     let api = native.method.api();
     request.extensions_mut().insert(native);
-    forward::forward(gateway, api, request).await
+    request::handle(gateway, api, request).await
 }
 
 /// `/status.json` and `/metrics` behind the status token, when one is configured (the status

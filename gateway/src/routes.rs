@@ -23,7 +23,7 @@ use tower_llm_quota::routing::{
 use tower_llm_quota::{BoxError, Priority};
 
 use super::account::{Account, Governed, ScopeError, Scoped};
-use super::clients::UpBody;
+use super::clients::{Dispatched, UpBody};
 use super::config::{
     Api, ConfigError, FallbackConfig, FallbackOn, Feature, Format, ModelConfig, RampConfig,
 };
@@ -37,6 +37,51 @@ pub(crate) type RouteService =
 
 /// What a request is sent to: a router, behind the idempotency layer.
 pub(crate) type Target = Idempotency<Router<RouteService>>;
+
+/// The gateway's own part of a request on its way through the crate's stack: its API (which
+/// stack of the route's account serves it), whether it has left for the provider, and the
+/// scope that served it (the last route's that sent it: a fallback's after the primary's).
+#[derive(Debug, Clone)]
+pub(crate) struct Trip(Arc<TripState>);
+
+#[derive(Debug)]
+struct TripState {
+    api: Api,
+    dispatched: Dispatched,
+    served_by: std::sync::Mutex<Option<Scoped>>,
+}
+
+impl Trip {
+    pub(crate) fn new(api: Api) -> Self {
+        Self(Arc::new(TripState {
+            api,
+            dispatched: Dispatched::default(),
+            served_by: std::sync::Mutex::new(None),
+        }))
+    }
+
+    /// The mark the client sets when the request leaves for the provider.
+    pub(crate) fn dispatched_mark(&self) -> Dispatched {
+        self.0.dispatched.clone()
+    }
+
+    /// Whether the request has left for the provider (until then it is only queued).
+    pub(crate) fn dispatched(&self) -> bool {
+        self.0.dispatched.is_set()
+    }
+
+    /// The scope that sent the request last, if a route did (an answer replayed from an
+    /// idempotency record had none).
+    pub(crate) fn served_by(&self) -> Option<Scoped> {
+        let slot = self.0.served_by.lock();
+        slot.unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn sent_by(&self, scoped: &Scoped) {
+        let slot = self.0.served_by.lock();
+        *slot.unwrap_or_else(|e| e.into_inner()) = Some(scoped.clone());
+    }
+}
 
 /// A router's routes, by name, and the account each spends.
 #[derive(Debug, Clone)]
@@ -126,15 +171,12 @@ fn service(account: Arc<Account>, model: Option<String>) -> RouteService {
     BoxCloneSyncService::new(tower::service_fn(move |request: Request<Full<Bytes>>| {
         let (account, model) = (account.clone(), model.clone());
         async move {
-            let (stack, request, served) = prepare(&account, model, request).await?;
+            let (stack, request) = prepare(&account, model, request).await?;
             // The stack's future, boxed: its type names the whole stack, which the compiler
             // cannot prove `Send` through an `async` block.
             let call: StackCall = Box::pin(stack.oneshot(request));
             match call.await {
-                Ok(mut response) => {
-                    response.extensions_mut().insert(served);
-                    Ok(response.map(|body| body.boxed_unsync()))
-                }
+                Ok(response) => Ok(response.map(|body| body.boxed_unsync())),
                 Err(error) => Err(BoxError::from(error)),
             }
         }
@@ -151,15 +193,16 @@ type StackCall = std::pin::Pin<
 >;
 
 /// The account's stack for the request's API and model, and the request pointed at the
-/// account.
+/// account: its URL, its key, its model's name there. Its trip records the scope.
 async fn prepare(
     account: &Account,
     model: Option<String>,
     mut request: Request<Full<Bytes>>,
-) -> Result<(Governed, Request<Full<Bytes>>, Scoped), BoxError> {
-    let Some(&api) = request.extensions().get::<Api>() else {
-        return Err("a gateway request names its API".into());
+) -> Result<(Governed, Request<Full<Bytes>>), BoxError> {
+    let Some(trip) = request.extensions().get::<Trip>().cloned() else {
+        return Err("a gateway request carries its trip".into());
     };
+    let api = trip.0.api;
     let model = model.or_else(|| request.extensions().get::<Scope>()?.model.clone());
     let scoped = account
         .scope(model.as_deref())
@@ -173,7 +216,8 @@ async fn prepare(
     if let Some(scope) = request.extensions_mut().get_mut::<Scope>() {
         scope.provider = Some(account.name.clone());
     }
-    Ok((stack, request, scoped))
+    trip.sent_by(&scoped);
+    Ok((stack, request))
 }
 
 /// A model the account cannot give a scope (a name unfit for one, too many models, the store

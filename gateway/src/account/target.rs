@@ -2,7 +2,7 @@
 //! provider's headers passed through.
 
 use bytes::Bytes;
-use http::{HeaderValue, Request, header};
+use http::{HeaderValue, Request};
 use http_body_util::Full;
 use tower_llm_quota::provider::Profile;
 
@@ -12,42 +12,6 @@ use crate::gemini::Native;
 use super::Account;
 
 impl Account {
-    /// The upstream request for a caller's body and headers: the gateway's own key, the
-    /// provider's headers passed through, the caller's credentials dropped.
-    pub(crate) fn request(
-        &self,
-        api: Api,
-        native: Option<&Native>,
-        headers: &http::HeaderMap,
-        body: Bytes,
-    ) -> Request<Full<Bytes>> {
-        let mut request = Request::post(api.path())
-            .body(Full::new(body))
-            .expect("a valid request");
-        if let Some(native) = native {
-            request.extensions_mut().insert(native.clone());
-        }
-        let out = request.headers_mut();
-        out.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        for name in [
-            "anthropic-version",
-            "anthropic-beta",
-            "openai-organization",
-            "openai-project",
-            "accept",
-            "idempotency-key",
-        ] {
-            if let Some(value) = headers.get(name) {
-                out.insert(name, value.clone());
-            }
-        }
-        self.retarget(api, None, &mut request);
-        request
-    }
-
     /// Points `request` at this account: its URL for `api` (for a native Gemini call, its
     /// method of `model`, the route's name for it, else the caller's), its key (and only its
     /// key).
