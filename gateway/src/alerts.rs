@@ -15,6 +15,7 @@
 //! channel full) in `gateway_alert_webhook_dropped_total`.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tower_llm_quota::pricing::Usd;
@@ -151,6 +152,61 @@ impl std::fmt::Debug for Alerts {
     }
 }
 
+impl Alert {
+    /// The alert `config` describes, checked.
+    fn of(config: &AlertConfig) -> Result<Self, ConfigError> {
+        let name = config.tenant.as_deref().or(config.account.as_deref());
+        let error =
+            |reason: &str| ConfigError(format!("spend_alerts `{}`: {reason}", name.unwrap_or("?")));
+        let watched = match (&config.tenant, &config.account) {
+            (Some(tenant), None) => {
+                Watched::Node(Tenant::parse(tenant).map_err(|e| error(&e.to_string()))?)
+            }
+            (None, Some(account)) => Watched::Account(account.clone()),
+            _ => return Err(error("name a `tenant` or an `account`, one of them")),
+        };
+        if config.amount != 0 && config.amount_usd.is_some() {
+            return Err(error("give `amount` or `amount_usd`, not both"));
+        }
+        let amount = config.nanos();
+        if amount == 0 {
+            return Err(error("amount (or amount_usd) must be above zero"));
+        }
+        if config.thresholds.is_empty() || config.thresholds.contains(&0) {
+            return Err(error("thresholds are percentages above zero"));
+        }
+        let mut thresholds = config.thresholds.clone();
+        thresholds.sort_unstable();
+        thresholds.dedup();
+        Ok(Alert {
+            watched,
+            amount,
+            window: config.window,
+            thresholds,
+        })
+    }
+
+    /// Whether `other` watches the same node or account over the same window and amount.
+    fn same(&self, other: &Alert) -> bool {
+        self.watched == other.watched && self.window == other.window && self.amount == other.amount
+    }
+}
+
+/// The queue of the task that posts events to the webhook at `url` through `client`.
+fn webhook_sender(url: &str, client: Client) -> Result<mpsc::Sender<AlertEvent>, ConfigError> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| ConfigError(format!("server.alert_webhook {url}: {e}")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(ConfigError(format!(
+            "server.alert_webhook {url}: an http:// or https:// URL"
+        )));
+    }
+    let (sender, receiver) = mpsc::channel(BACKLOG);
+    tokio::spawn(deliver(uri, client, receiver));
+    Ok(sender)
+}
+
 impl Alerts {
     /// The alerts of `configs`, counted in the state of `persistence` (Redis, or the SQL
     /// `database`), else in memory, their events posted to `webhook` through `client`.
@@ -159,43 +215,17 @@ impl Alerts {
         (persistence, database): (&Persistence, Option<&Database>),
         webhook: Option<(String, Client)>,
     ) -> Result<Self, ConfigError> {
-        let mut alerts = Vec::with_capacity(configs.len());
+        let mut alerts: Vec<Alert> = Vec::with_capacity(configs.len());
         for config in configs {
-            let name = config.tenant.as_deref().or(config.account.as_deref());
-            let error = |reason: &str| {
-                ConfigError(format!("spend_alerts `{}`: {reason}", name.unwrap_or("?")))
-            };
-            let watched = match (&config.tenant, &config.account) {
-                (Some(tenant), None) => {
-                    Watched::Node(Tenant::parse(tenant).map_err(|e| error(&e.to_string()))?)
-                }
-                (None, Some(account)) => Watched::Account(account.clone()),
-                _ => return Err(error("name a `tenant` or an `account`, one of them")),
-            };
-            if config.amount != 0 && config.amount_usd.is_some() {
-                return Err(error("give `amount` or `amount_usd`, not both"));
+            let alert = Alert::of(config)?;
+            if alerts.iter().any(|a| a.same(&alert)) {
+                let name = config.tenant.as_deref().or(config.account.as_deref());
+                return Err(ConfigError(format!(
+                    "spend_alerts `{}`: another alert has the same window and amount",
+                    name.unwrap_or("?")
+                )));
             }
-            let amount = config.nanos();
-            if amount == 0 {
-                return Err(error("amount (or amount_usd) must be above zero"));
-            }
-            if config.thresholds.is_empty() || config.thresholds.contains(&0) {
-                return Err(error("thresholds are percentages above zero"));
-            }
-            let same =
-                |a: &Alert| a.watched == watched && a.window == config.window && a.amount == amount;
-            if alerts.iter().any(same) {
-                return Err(error("another alert has the same window and amount"));
-            }
-            let mut thresholds = config.thresholds.clone();
-            thresholds.sort_unstable();
-            thresholds.dedup();
-            alerts.push(Alert {
-                watched,
-                amount,
-                window: config.window,
-                thresholds,
-            });
+            alerts.push(alert);
         }
         let kept = match (persistence.redis(), database) {
             _ if alerts.is_empty() => None,
@@ -204,22 +234,9 @@ impl Alerts {
             (None, Some(database)) => Some(Kept::Database(database.clone())),
             (None, None) => None,
         };
-        let webhook = match webhook {
-            Some((url, client)) => {
-                let uri: http::Uri = url
-                    .parse()
-                    .map_err(|e| ConfigError(format!("server.alert_webhook {url}: {e}")))?;
-                if !matches!(uri.scheme_str(), Some("http" | "https")) {
-                    return Err(ConfigError(format!(
-                        "server.alert_webhook {url}: an http:// or https:// URL"
-                    )));
-                }
-                let (sender, receiver) = mpsc::channel(BACKLOG);
-                tokio::spawn(deliver(uri, client, receiver));
-                Some(sender)
-            }
-            None => None,
-        };
+        let webhook = webhook
+            .map(|(url, client)| webhook_sender(&url, client))
+            .transpose()?;
         Ok(Self {
             alerts,
             counts: Mutex::default(),
@@ -376,57 +393,61 @@ impl Alerts {
             }
             return raised;
         }
-        let (alerts, audit) = (std::sync::Arc::clone(self), audit.clone());
-        tokio::spawn(async move {
-            let names = over.iter().map(|&(i, period)| (alerts.name(i), period));
-            let totals: Result<Vec<u64>, String> = match kept {
-                Kept::Redis(mut redis) => {
-                    let mut pipe = redis::pipe();
-                    for (name, period) in names {
-                        let key = format!("{{gateway:alerts}}:{name}:{period}");
-                        pipe.cmd("INCRBY").arg(&key).arg(spend);
-                        pipe.expire(&key, 62 * 86_400).ignore();
-                    }
-                    pipe.query_async(&mut redis)
-                        .await
-                        .map_err(|e| e.to_string())
+        tokio::spawn(Arc::clone(self).count_shared(kept, over, (spend, unix), audit.clone()));
+        raised
+    }
+
+    /// Adds `spend` to the shared counts of the alerts `over` (index and period) in `kept`
+    /// (Redis, or the SQL state), then raises the thresholds the totals crossed.
+    async fn count_shared(
+        self: Arc<Self>,
+        kept: Kept,
+        over: Vec<(usize, u64)>,
+        (spend, unix): (u64, u64),
+        audit: super::audit::Audit,
+    ) {
+        let names = over.iter().map(|&(i, period)| (self.name(i), period));
+        let totals: Result<Vec<u64>, String> = match kept {
+            Kept::Redis(mut redis) => {
+                let mut pipe = redis::pipe();
+                for (name, period) in names {
+                    let key = format!("{{gateway:alerts}}:{name}:{period}");
+                    pipe.cmd("INCRBY").arg(&key).arg(spend);
+                    pipe.expire(&key, 62 * 86_400).ignore();
                 }
-                Kept::Sqlite(_) => unreachable!("counted in memory above"),
-                Kept::Database(database) => {
-                    let statements = names
-                        .map(|(name, period)| {
-                            Statement::new(
-                                ADD,
-                                vec![name.into(), period.into(), Value::from(spend)],
-                            )
-                        })
-                        .collect();
-                    database.transaction(statements).await.map_or_else(
-                        |e| Err(e.to_string()),
-                        |answers| {
-                            Ok(answers
-                                .iter()
-                                .map(|rows| {
-                                    rows.first().map_or(0, |row| row[0].int().max(0) as u64)
-                                })
-                                .collect())
-                        },
-                    )
-                }
-            };
-            match totals {
-                Ok(totals) => {
-                    for (&(i, _), total) in over.iter().zip(totals) {
-                        let _raised = alerts.crossed(i, unix, (total, spend), &audit);
-                    }
-                }
-                Err(error) => {
-                    metrics::counter!("gateway_alert_count_failures_total").increment(1);
-                    tracing::warn!(%error, "a spend alert's count was not added");
+                pipe.query_async(&mut redis)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            Kept::Sqlite(_) => unreachable!("counted in memory above"),
+            Kept::Database(database) => {
+                let statements = names
+                    .map(|(name, period)| {
+                        Statement::new(ADD, vec![name.into(), period.into(), Value::from(spend)])
+                    })
+                    .collect();
+                database.transaction(statements).await.map_or_else(
+                    |e| Err(e.to_string()),
+                    |answers| {
+                        Ok(answers
+                            .iter()
+                            .map(|rows| rows.first().map_or(0, |row| row[0].int().max(0) as u64))
+                            .collect())
+                    },
+                )
+            }
+        };
+        match totals {
+            Ok(totals) => {
+                for (&(i, _), total) in over.iter().zip(totals) {
+                    let _raised = self.crossed(i, unix, (total, spend), &audit);
                 }
             }
-        });
-        raised
+            Err(error) => {
+                metrics::counter!("gateway_alert_count_failures_total").increment(1);
+                tracing::warn!(%error, "a spend alert's count was not added");
+            }
+        }
     }
 
     /// Raises each threshold of alert `i` that the count crossed going to `total` by `added`;

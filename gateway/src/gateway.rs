@@ -16,14 +16,16 @@ use super::config::{self, Api, Config, ConfigError};
 #[cfg(feature = "otel")]
 use super::otel;
 use super::refusal::Refusal;
+use super::reload::{self, Plan};
 use super::serve::limits::{ConnectionLimits, open_files_limit};
 use super::store::caps::CapsRecord;
 use super::store::{Database, Persistence};
 use super::tenancy::Tenancy;
 use super::usage::{self, Ledger};
-use super::{alerts, audit, models, report, routes, state};
+use super::{alerts, audit, fit, models, report, routes, state};
 
-use tower_llm_quota::tenant::Tenant;
+use tower_llm_quota::pricing::PriceTable;
+use tower_llm_quota::tenant::{Tenant, TenantTree};
 
 /// A gateway built from a [`Config`]: everything a request handler reads. Built by
 /// [`Gateway::new`], served by [`serve`](crate::serve()), changed by [`Gateway::reload`].
@@ -138,18 +140,7 @@ impl Gateway {
     /// Dropping the future leaves nothing behind but the connections it opened, closed with it.
     pub async fn new(config: &Config, persistence: &Persistence) -> Result<Arc<Self>, ConfigError> {
         config.check()?;
-        let (connection_limits, lowered) =
-            ConnectionLimits::new(&config.server, open_files_limit())?;
-        if let Some(note) = lowered {
-            tracing::warn!("{note}");
-        }
-        let admin_token = root_token(config)?;
-        let server = &config.server;
-        let status_token = config::secret(
-            server.status_token.as_ref(),
-            server.status_token_env.as_ref(),
-            "the status token",
-        )?;
+        let (connection_limits, admin_token, status_token) = server_settings(config)?;
         let (tree, paths) = config.tenant_tree()?;
         let mut tenants = Tenancy::new(paths);
         let database = Database::open(persistence).await?;
@@ -168,70 +159,12 @@ impl Gateway {
             Some(Database::Sqlite(sqlite)) => Some(Arc::new(CapsRecord::new(Arc::clone(sqlite)))),
             _ => None,
         };
-        let keeping = Keeping {
-            persistence: persistence.clone(),
-            fail_closed: config.server.fail_closed,
-            lease: Some(config.server.lease_refresh_ms)
-                .filter(|&ms| ms > 0)
-                .map(Duration::from_millis),
-            store_timeout: Duration::from_millis(config.server.store_timeout_ms),
-            caps: caps.clone(),
-        };
-        let mut accounts = Vec::with_capacity(config.accounts.len());
-        for account in &config.accounts {
-            // Every account serves one tenant state: a tenant's limits hold over all of them.
-            let before = accounts.first().map(Account::budget);
-            let account = Account::new(account, (&tree, before), &keeping, prices.as_ref()).await?;
-            if let Some(handle) = account.tenants() {
-                tenants.attach(&account.name, handle);
-            }
-            accounts.push(account);
-        }
-        // One gateway's caps start where they were, and every change is recorded.
-        if let (Some(caps), Some(handle)) = (&caps, accounts.first().and_then(Account::tenants)) {
-            let restored = caps
-                .restore(&handle)
-                .await
-                .map_err(|e| ConfigError(format!("state: the caps' counts: {e}")))?;
-            tracing::info!(restored, "caps' counts restored from the state");
-            handle.record_caps(Arc::clone(caps) as Arc<dyn tower_llm_quota::tenant::CapRecord>);
-        }
-        let alerts = {
-            let alerts = alerts::Alerts::new(
-                &config.spend_alerts,
-                (persistence, database.as_ref()),
-                config
-                    .server
-                    .alert_webhook
-                    .clone()
-                    .map(|url| (url, clients::webhook_client())),
-            )?;
-            alerts
-                .restore()
-                .await
-                .map_err(|e| ConfigError(format!("state: the spend alerts' counts: {e}")))?;
-            Arc::new(alerts)
-        };
-        // What no request waits for (the caps' settlements, the alerts' counts) is written a
-        // tenth of a second later at most.
-        let (flushed_caps, flushed_alerts) =
-            (caps.as_ref().map(Arc::downgrade), Arc::downgrade(&alerts));
-        tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_millis(100));
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                every.tick().await;
-                let Some(alerts) = flushed_alerts.upgrade() else {
-                    return;
-                };
-                alerts.flush();
-                if let Some(caps) = flushed_caps.as_ref().and_then(std::sync::Weak::upgrade)
-                    && let Err(error) = caps.durable()
-                {
-                    tracing::warn!(%error, "the caps' counts were not committed");
-                }
-            }
-        });
+        let keeping = keeping(config, persistence, caps.clone());
+        let accounts = accounts(config, (&tree, &keeping), prices.as_ref(), &mut tenants).await?;
+        restore_caps(caps.as_ref(), &accounts).await?;
+        let alerts = alerts(config, persistence, database.as_ref()).await?;
+        flush_in_background(caps.as_ref(), &alerts);
+        let models = models::Models::new(&config.models, &accounts, &idempotency);
         let gateway = Arc::new(Self {
             keys: std::sync::RwLock::new(Arc::new(KeyRing::new(&config.keys, &[])?)),
             admins: std::sync::RwLock::new(Arc::new(AdminRing::new(&admin_token, &config.admins)?)),
@@ -243,14 +176,10 @@ impl Gateway {
             ledger: Arc::new(Ledger::default()),
             fitting: super::fit::Fitting::new(
                 &config.output,
-                prices.clone(),
-                super::fit::tree_has_hard_caps(config),
+                prices,
+                fit::tree_has_hard_caps(config),
             ),
-            models: std::sync::RwLock::new(Arc::new(models::Models::new(
-                &config.models,
-                &accounts,
-                &idempotency,
-            ))),
+            models: std::sync::RwLock::new(Arc::new(models)),
             idempotency,
             accounts,
             max_body_bytes: config.server.max_body_bytes,
@@ -258,41 +187,41 @@ impl Gateway {
             shutdown: CancellationToken::new(),
             metrics: config.server.metrics.then(metrics_handle),
             status_token,
-            audit: {
-                let target = config.server.audit_log.as_deref().unwrap_or("stdout");
-                audit::Audit::open(target)
-                    .map_err(|e| ConfigError(format!("server.audit_log {target}: {e}")))?
-            },
+            audit: audit_of(config)?,
             report: Arc::new(report::Report::open(persistence, database.as_ref())?),
             database: database.clone(),
             caps: caps.clone(),
             alerts,
             #[cfg(feature = "otel")]
-            otel: match &config.server.otlp_endpoint {
-                Some(endpoint) => Some(otel::Otel::start(endpoint.clone()).await?),
-                None => None,
-            },
+            otel: otel_of(config).await?,
         });
+        gateway.start(config).await?;
+        Ok(gateway)
+    }
+
+    /// Starts what runs beside the requests: the report's flushes, the admin state applied
+    /// now and (shared) synced from the other replicas.
+    async fn start(self: &Arc<Self>, config: &Config) -> Result<(), ConfigError> {
         tokio::spawn(every(
-            Arc::downgrade(&gateway),
-            gateway.report.flush_every(),
+            Arc::downgrade(self),
+            self.report.flush_every(),
             async |gateway: &Gateway| keep_report(gateway).await,
         ));
         // The admin API's changes over the configuration: an unreachable shared store is read
         // again at the next sync; a state that does not apply stops the start.
-        match gateway.state.read_all().await {
-            Ok(fields) => gateway.apply_state(&fields.unwrap_or_default())?,
+        match self.state.read_all().await {
+            Ok(fields) => self.apply_state(&fields.unwrap_or_default())?,
             Err(error) => tracing::warn!(%error, "the admin state is read again at the next sync"),
         }
-        if gateway.state.is_shared() {
+        if self.state.is_shared() {
             let period = Duration::from_millis(config.server.admin_sync_ms);
             tokio::spawn(every(
-                Arc::downgrade(&gateway),
+                Arc::downgrade(self),
                 period,
                 async |gateway: &Gateway| sync_state(gateway).await,
             ));
         }
-        Ok(gateway)
+        Ok(())
     }
 
     /// Applies the admin state `fields` over the running configuration: node limits and
@@ -409,94 +338,16 @@ impl Gateway {
         let admins = AdminRing::new(&root_token(&new)?, &new.admins)?;
         let (tree, paths) = new.tenant_tree()?;
         let mut current = self.config.lock().unwrap_or_else(|e| e.into_inner());
-        let differs =
-            |a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| format!("{a:?}") != format!("{b:?}");
-        // What runs once the reload is done: the new configuration, but for what waits for a
-        // restart.
-        let mut running = new.clone();
-        let mut restart = Vec::new();
-        let mut why = Vec::new();
-        let names = |c: &Config| {
-            c.accounts
-                .iter()
-                .map(|a| a.name.clone())
-                .collect::<Vec<_>>()
-        };
-        let mut retunes = Vec::new();
-        if names(&new) == names(&current) {
-            let pairs = current.accounts.iter().zip(&new.accounts).enumerate();
-            for (i, (old, is)) in pairs.filter(|(_, (old, is))| differs(old, is)) {
-                match Account::plan(old, is) {
-                    Ok(retune) => retunes.push((i, retune)),
-                    Err(reason) => {
-                        why.push(reason);
-                        running.accounts[i] = old.clone();
-                    }
-                }
-            }
-        } else {
-            why.push("accounts were added, removed or reordered".into());
-            running.accounts.clone_from(&current.accounts);
-        }
-        if !why.is_empty() {
-            restart.push("accounts");
-        }
-        // The models are routed over the running accounts: only while their names stand.
-        let mut models = None;
-        if differs(&new.models, &current.models) {
-            if names(&new) == names(&current) {
-                models = Some(models::Models::new(
-                    &new.models,
-                    &self.accounts,
-                    &self.idempotency,
-                ));
-            } else {
-                restart.push("models");
-                why.push("models: they name accounts that need a restart".into());
-                running.models.clone_from(&current.models);
-            }
-        }
-        if new.prices != current.prices {
-            restart.push("prices");
-            why.push(
-                "prices: the price table is read at start (what requests in flight reserved \
-                 was priced by the running one)"
-                    .into(),
-            );
-            running.prices.clone_from(&current.prices);
-        }
-        if new.output != current.output {
-            restart.push("output");
-            why.push("output: the output bounds under hard caps are read at start".into());
-            running.output.clone_from(&current.output);
-        }
-        if new.spend_alerts != current.spend_alerts {
-            restart.push("spend_alerts");
-            why.push(
-                "spend_alerts: the alerts are read at start (each is raised once a period, \
-                 counted from then)"
-                    .into(),
-            );
-            running.spend_alerts.clone_from(&current.spend_alerts);
-        }
-        let mut server = new.server.clone();
-        server.admin_token.clone_from(&current.server.admin_token);
-        server
-            .admin_token_env
-            .clone_from(&current.server.admin_token_env);
-        if differs(&server, &current.server) {
-            restart.push("server");
-            why.push(format!(
-                "server: {} changed; [server] is read at start",
-                changed_fields(&server, &current.server).join(", ")
-            ));
-            let (token, token_env) = (
-                running.server.admin_token.take(),
-                running.server.admin_token_env.take(),
-            );
-            running.server.clone_from(&current.server);
-            (running.server.admin_token, running.server.admin_token_env) = (token, token_env);
-        }
+        let Plan {
+            running,
+            restart,
+            why,
+            retunes,
+            models_changed,
+        } = reload::plan(&current, &new);
+        // The models are routed over the running accounts (their names unchanged).
+        let models = models_changed
+            .then(|| models::Models::new(&new.models, &self.accounts, &self.idempotency));
         // The nodes first: a node a new key names must exist before the key is served.
         let nodes = self.tenants.apply(&tree, &parsed.nodes)?;
         self.fitting
@@ -661,19 +512,6 @@ async fn redis_keeps_its_data(url: &str, config: &Config) {
     }
 }
 
-/// The names of the fields of `[server]` that differ (never their values: some are secrets).
-fn changed_fields(new: &config::ServerConfig, old: &config::ServerConfig) -> Vec<String> {
-    let fields = |server| match serde_json::to_value(server) {
-        Ok(serde_json::Value::Object(fields)) => fields,
-        _ => serde_json::Map::new(),
-    };
-    let (new, old) = (fields(new), fields(old));
-    (new.iter())
-        .filter(|(name, value)| old.get(*name) != Some(value))
-        .map(|(name, _)| name.clone())
-        .collect()
-}
-
 /// The operator's admin token of `config` (`server.admin_token_env`, else `admin_token`).
 fn root_token(config: &Config) -> Result<String, ConfigError> {
     let server = &config.server;
@@ -720,4 +558,132 @@ pub struct Reloaded {
     /// Every setting of the file an admin override shadows (it holds over the file's value
     /// until deleted: `DELETE /admin/overrides?id=...`).
     pub(crate) shadowed: Vec<super::overrides::Override>,
+}
+
+/// Where the accounts' budgets are kept, as the configuration and `persistence` say.
+fn keeping(config: &Config, persistence: &Persistence, caps: Option<Arc<CapsRecord>>) -> Keeping {
+    Keeping {
+        persistence: persistence.clone(),
+        fail_closed: config.server.fail_closed,
+        lease: Some(config.server.lease_refresh_ms)
+            .filter(|&ms| ms > 0)
+            .map(Duration::from_millis),
+        store_timeout: Duration::from_millis(config.server.store_timeout_ms),
+        caps,
+    }
+}
+
+/// The accounts of `config`, every one serving the tenant state of the first (a tenant's
+/// limits hold over all of them), attached to `tenants`.
+async fn accounts(
+    config: &Config,
+    (tree, keeping): (&TenantTree, &Keeping),
+    prices: Option<&Arc<PriceTable>>,
+    tenants: &mut Tenancy,
+) -> Result<Vec<Account>, ConfigError> {
+    let mut accounts = Vec::with_capacity(config.accounts.len());
+    for account in &config.accounts {
+        // Every account serves one tenant state: a tenant's limits hold over all of them.
+        let before = accounts.first().map(Account::budget);
+        let account = Account::new(account, (tree, before), keeping, prices).await?;
+        if let Some(handle) = account.tenants() {
+            tenants.attach(&account.name, handle);
+        }
+        accounts.push(account);
+    }
+    Ok(accounts)
+}
+
+/// One gateway's caps start where they were, and every change is recorded.
+async fn restore_caps(
+    caps: Option<&Arc<CapsRecord>>,
+    accounts: &[Account],
+) -> Result<(), ConfigError> {
+    if let (Some(caps), Some(handle)) = (caps, accounts.first().and_then(Account::tenants)) {
+        let restored = caps
+            .restore(&handle)
+            .await
+            .map_err(|e| ConfigError(format!("state: the caps' counts: {e}")))?;
+        tracing::info!(restored, "caps' counts restored from the state");
+        handle.record_caps(Arc::clone(caps) as Arc<dyn tower_llm_quota::tenant::CapRecord>);
+    }
+    Ok(())
+}
+
+/// The spend alerts of `config`, their counts restored from the state.
+async fn alerts(
+    config: &Config,
+    persistence: &Persistence,
+    database: Option<&Database>,
+) -> Result<Arc<alerts::Alerts>, ConfigError> {
+    let alerts = alerts::Alerts::new(
+        &config.spend_alerts,
+        (persistence, database),
+        config
+            .server
+            .alert_webhook
+            .clone()
+            .map(|url| (url, clients::webhook_client())),
+    )?;
+    alerts
+        .restore()
+        .await
+        .map_err(|e| ConfigError(format!("state: the spend alerts' counts: {e}")))?;
+    Ok(Arc::new(alerts))
+}
+
+/// What no request waits for (the caps' settlements, the alerts' counts) is written a
+/// tenth of a second later at most, while the alerts live.
+fn flush_in_background(caps: Option<&Arc<CapsRecord>>, alerts: &Arc<alerts::Alerts>) {
+    let (flushed_caps, flushed_alerts) = (caps.map(Arc::downgrade), Arc::downgrade(alerts));
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_millis(100));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            every.tick().await;
+            let Some(alerts) = flushed_alerts.upgrade() else {
+                return;
+            };
+            alerts.flush();
+            if let Some(caps) = flushed_caps.as_ref().and_then(std::sync::Weak::upgrade)
+                && let Err(error) = caps.durable()
+            {
+                tracing::warn!(%error, "the caps' counts were not committed");
+            }
+        }
+    });
+}
+
+/// The server's connection limits (a cap above the open-file limit lowered, and said), the
+/// operators' admin token and the status token.
+fn server_settings(
+    config: &Config,
+) -> Result<(ConnectionLimits, String, Option<String>), ConfigError> {
+    let (connection_limits, lowered) = ConnectionLimits::new(&config.server, open_files_limit())?;
+    if let Some(note) = lowered {
+        tracing::warn!("{note}");
+    }
+    let admin_token = root_token(config)?;
+    let server = &config.server;
+    let status_token = config::secret(
+        server.status_token.as_ref(),
+        server.status_token_env.as_ref(),
+        "the status token",
+    )?;
+    Ok((connection_limits, admin_token, status_token))
+}
+
+/// The audit log `[server] audit_log` names (stdout by default).
+fn audit_of(config: &Config) -> Result<audit::Audit, ConfigError> {
+    let target = config.server.audit_log.as_deref().unwrap_or("stdout");
+    audit::Audit::open(target).map_err(|e| ConfigError(format!("server.audit_log {target}: {e}")))
+}
+
+/// The OTLP exporter `[server] otlp_endpoint` names, started.
+#[cfg(feature = "otel")]
+async fn otel_of(config: &Config) -> Result<Option<otel::Otel>, ConfigError> {
+    match &config.server.otlp_endpoint {
+        Some(endpoint) => Ok(Some(otel::Otel::start(endpoint.clone()).await?)),
+        None => Ok(None),
+    }
 }

@@ -110,55 +110,8 @@ impl Otel {
             KeyValue::new("http.response.status_code", i64::from(entry.status)),
             KeyValue::new("llm_quota.decision", entry.decision),
         ];
-        let text = |key: &'static str, value: &Option<String>| {
-            value.as_ref().map(|v| KeyValue::new(key, v.clone()))
-        };
-        attributes.extend(
-            [
-                text("llm_quota.tenant", &entry.tenant),
-                text("llm_quota.key", &entry.key),
-                text("llm_quota.account", &entry.account),
-                text("llm_quota.route", &entry.route),
-                text("llm_quota.limit", &entry.limit),
-                text("llm_quota.scope", &entry.scope),
-                entry
-                    .provider
-                    .map(|p| KeyValue::new("gen_ai.provider.name", provider_name(p))),
-                entry.class.map(|c| KeyValue::new("llm_quota.class", c)),
-                entry
-                    .service_tier
-                    .map(|t| KeyValue::new("openai.response.service_tier", t)),
-                entry
-                    .queue_ms
-                    .map(|ms| KeyValue::new("llm_quota.queue_ms", ms)),
-                entry
-                    .attempts
-                    .map(|n| KeyValue::new("llm_quota.attempts", i64::from(n))),
-            ]
-            .into_iter()
-            .flatten(),
-        );
-        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        if let Some(used) = entry.used {
-            attributes.push(KeyValue::new(
-                "gen_ai.usage.input_tokens",
-                count(used.input),
-            ));
-            attributes.push(KeyValue::new(
-                "gen_ai.usage.output_tokens",
-                count(used.output),
-            ));
-            if let Some(cached) = used.cached {
-                let key = "gen_ai.usage.cache_read.input_tokens";
-                attributes.push(KeyValue::new(key, count(cached)));
-            }
-        }
-        if let Some(estimated) = entry.estimated {
-            let input = count(estimated.input);
-            let output = count(estimated.output);
-            attributes.push(KeyValue::new("llm_quota.estimated.input_tokens", input));
-            attributes.push(KeyValue::new("llm_quota.estimated.output_tokens", output));
-        }
+        attributes.extend(request_attributes(entry));
+        attributes.extend(token_attributes(entry));
         if entry.decision != "admitted" {
             let kind = entry
                 .limit
@@ -202,4 +155,61 @@ fn provider_name(profile: &str) -> &'static str {
         "openai" => "openai",
         _ => "openai_compatible",
     }
+}
+
+/// The tokens a request used and was estimated at, as span attributes.
+fn token_attributes(entry: &Entry) -> Vec<KeyValue> {
+    let mut attributes = Vec::new();
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    if let Some(used) = entry.used {
+        attributes.push(KeyValue::new(
+            "gen_ai.usage.input_tokens",
+            count(used.input),
+        ));
+        attributes.push(KeyValue::new(
+            "gen_ai.usage.output_tokens",
+            count(used.output),
+        ));
+        if let Some(cached) = used.cached {
+            let key = "gen_ai.usage.cache_read.input_tokens";
+            attributes.push(KeyValue::new(key, count(cached)));
+        }
+    }
+    if let Some(estimated) = entry.estimated {
+        let input = count(estimated.input);
+        let output = count(estimated.output);
+        attributes.push(KeyValue::new("llm_quota.estimated.input_tokens", input));
+        attributes.push(KeyValue::new("llm_quota.estimated.output_tokens", output));
+    }
+    attributes
+}
+
+/// Who sent a request, where it went and how it waited, as span attributes.
+fn request_attributes(entry: &Entry) -> impl Iterator<Item = KeyValue> + '_ {
+    let text = |key: &'static str, value: &Option<String>| {
+        value.as_ref().map(|v| KeyValue::new(key, v.clone()))
+    };
+    [
+        text("llm_quota.tenant", &entry.tenant),
+        text("llm_quota.key", &entry.key),
+        text("llm_quota.account", &entry.account),
+        text("llm_quota.route", &entry.route),
+        text("llm_quota.limit", &entry.limit),
+        text("llm_quota.scope", &entry.scope),
+        entry
+            .provider
+            .map(|p| KeyValue::new("gen_ai.provider.name", provider_name(p))),
+        entry.class.map(|c| KeyValue::new("llm_quota.class", c)),
+        entry
+            .service_tier
+            .map(|t| KeyValue::new("openai.response.service_tier", t)),
+        entry
+            .queue_ms
+            .map(|ms| KeyValue::new("llm_quota.queue_ms", ms)),
+        entry
+            .attempts
+            .map(|n| KeyValue::new("llm_quota.attempts", i64::from(n))),
+    ]
+    .into_iter()
+    .flatten()
 }

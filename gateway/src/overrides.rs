@@ -32,6 +32,32 @@ pub(crate) struct Override {
     pub(crate) at: Option<String>,
 }
 
+/// A configured key's secret rotated or revoked through the API: the file's `key_env` (or
+/// `key`) no longer serves.
+fn key_overrides(config: &Config, parsed: &Parsed) -> Vec<Override> {
+    (parsed.keys.iter())
+        .filter_map(|(name, record)| {
+            let configured = config.keys.iter().find(|k| k.name == *name)?;
+            let id = state::key_field(name);
+            let stamp = parsed.stamps.get(&id).cloned();
+            let file = match &configured.key_env {
+                Some(var) => format!("key_env {var}"),
+                None => "key (inline)".to_owned(),
+            };
+            Some(Override {
+                setting: "secret".into(),
+                tenant: None,
+                key: Some(name.clone()),
+                value: if record.revoked { "revoked" } else { "rotated" }.into(),
+                file: file.into(),
+                by: stamp.as_ref().map(|s| s.admin.clone()),
+                at: stamp.map(|s| s.at),
+                id,
+            })
+        })
+        .collect()
+}
+
 /// Every override of `parsed` over `config`, in the order of their ids.
 pub(crate) fn list(config: &Config, parsed: &Parsed) -> Vec<Override> {
     let tree: Option<TenantTree> = config.tenant_tree().ok().map(|(tree, _)| tree);
@@ -72,29 +98,7 @@ pub(crate) fn list(config: &Config, parsed: &Parsed) -> Vec<Override> {
             });
         }
     }
-    // A configured key's secret rotated or revoked through the API: the file's `key_env` (or
-    // `key`) no longer serves.
-    for (name, record) in &parsed.keys {
-        let Some(configured) = config.keys.iter().find(|k| k.name == *name) else {
-            continue;
-        };
-        let id = state::key_field(name);
-        let stamp = stamp(&id);
-        let file = match &configured.key_env {
-            Some(var) => format!("key_env {var}"),
-            None => "key (inline)".to_owned(),
-        };
-        all.push(Override {
-            setting: "secret".into(),
-            tenant: None,
-            key: Some(name.clone()),
-            value: if record.revoked { "revoked" } else { "rotated" }.into(),
-            file: file.into(),
-            by: stamp.as_ref().map(|s| s.admin.clone()),
-            at: stamp.map(|s| s.at),
-            id,
-        });
-    }
+    all.extend(key_overrides(config, parsed));
     all.sort_by(|a, b| a.id.cmp(&b.id));
     all
 }

@@ -243,61 +243,12 @@ impl Report {
         let account = entry.account.clone().unwrap_or_else(|| "-".to_owned());
         let tenant = entry.tenant.clone().unwrap_or_else(|| "-".to_owned());
         let model = entry.model.clone().unwrap_or_else(|| "-".to_owned());
-        let mut counters: Vec<(std::borrow::Cow<'static, str>, u64)> = Vec::with_capacity(10);
         let waited = entry.queue_ms.is_some_and(|ms| ms > 0.0);
-        match entry.decision {
-            "admitted" => {
-                counters.push(("requests".into(), 1));
-                if let Some(used) = entry.used {
-                    counters.push(("input_tokens".into(), used.input));
-                    counters.push(("output_tokens".into(), used.output));
-                    counters.push(("cached_tokens".into(), used.cached.unwrap_or(0)));
-                    if let Some(estimated) = entry.estimated {
-                        counters.push(("settled".into(), 1));
-                        counters.push(("estimated_input_tokens".into(), estimated.input));
-                        counters.push(("estimated_output_tokens".into(), estimated.output));
-                        counters.push(("settled_input_tokens".into(), used.input));
-                        counters.push(("settled_output_tokens".into(), used.output));
-                    }
-                }
-                counters.push(("queued_requests".into(), u64::from(waited)));
-            }
-            decision => {
-                let kind = if decision == "provider" {
-                    "provider_refusals"
-                } else {
-                    "local_refusals"
-                };
-                counters.push((kind.into(), 1));
-                if entry.provider_status == Some(429) {
-                    counters.push(("provider_429s".into(), 1));
-                }
-                let scope = entry.scope.as_deref().unwrap_or("-");
-                let limit = entry.limit.as_deref().unwrap_or("-");
-                counters.push((format!("refused{SEP}{scope}{SEP}{limit}").into(), 1));
-            }
-        }
+        let counters = row_counters(entry, waited);
         let mut tally = self.tally();
         tally.add_row(now / 3_600, (account.clone(), tenant, model), &counters);
         if let (Some(spend), Some(tokens)) = (entry.spend_nano_usd, entry.priced) {
-            let key = (
-                entry.tenant.clone().unwrap_or_else(|| "-".to_owned()),
-                entry.key.clone().unwrap_or_else(|| "-".to_owned()),
-                entry.model.clone().unwrap_or_else(|| "-".to_owned()),
-                entry.service_tier.unwrap_or("standard").to_owned(),
-            );
-            tally.add_spend(
-                now / 3_600,
-                key,
-                &[
-                    ("requests", 1),
-                    ("input_tokens", tokens.input),
-                    ("cache_read_tokens", tokens.cache_read),
-                    ("cache_write_tokens", tokens.cache_write),
-                    ("output_tokens", tokens.output),
-                    ("spend", spend),
-                ],
-            );
+            add_spend(&mut tally, now, entry, (spend, tokens));
         }
         if entry.account.is_some() {
             let (input, output) = entry.used.map_or((0, 0), |u| (u.input, u.output));
@@ -356,46 +307,7 @@ impl Report {
         let Some(redis) = &self.redis else {
             return Ok(());
         };
-        let mut pipe = redis::pipe();
-        pipe.atomic();
-        let keep = i64::try_from(KEEP_HOURS * 3_600).unwrap_or(i64::MAX);
-        for (hour, rows) in &tally.rows {
-            let key = hour_key(*hour);
-            for ((account, tenant, model), counters) in rows {
-                for (name, n) in counters {
-                    let field = format!("r{SEP}{account}{SEP}{tenant}{SEP}{model}{SEP}{name}");
-                    pipe.hincr(&key, field, *n).ignore();
-                }
-            }
-            pipe.expire(&key, keep).ignore();
-        }
-        for (hour, rows) in &tally.spend {
-            let key = hour_key(*hour);
-            for ((tenant, name, model, tier), counters) in rows {
-                for (counter, n) in counters {
-                    let field =
-                        format!("s{SEP}{tenant}{SEP}{name}{SEP}{model}{SEP}{tier}{SEP}{counter}");
-                    pipe.hincr(&key, field, *n).ignore();
-                }
-            }
-            pipe.expire(&key, keep).ignore();
-        }
-        for (minute, accounts) in &tally.minutes {
-            let key = hour_key(minute / 60);
-            for (account, counters) in accounts {
-                for (name, n) in counters {
-                    let field = format!("m{SEP}{minute}{SEP}{account}{SEP}{name}");
-                    if matches!(name.as_str(), "waited" | "up") {
-                        if *n > 0 {
-                            pipe.hset(&key, field, 1).ignore();
-                        }
-                    } else {
-                        pipe.hincr(&key, field, *n).ignore();
-                    }
-                }
-            }
-            pipe.expire(&key, keep).ignore();
-        }
+        let pipe = redis_flush(&tally);
         let mut connection = redis.clone();
         let result: redis::RedisResult<()> = pipe.query_async(&mut connection).await;
         if result
@@ -426,32 +338,7 @@ impl Report {
                 .query_async(&mut connection)
                 .await
                 .map_err(|e| e.to_string())?;
-            for (hour, fields) in (first..=last).zip(hours) {
-                for (field, n) in fields {
-                    let parts: Vec<&str> = field.split(SEP).collect();
-                    match parts.as_slice() {
-                        ["r", account, tenant, model, name @ ..] => {
-                            let key = ((*account).into(), (*tenant).into(), (*model).into());
-                            tally.add_row(hour, key, &[(name.join(&SEP.to_string()), n)]);
-                        }
-                        ["m", minute, account, name] => {
-                            if let Ok(minute) = minute.parse() {
-                                tally.add_minute(minute, account, &[(name, n)]);
-                            }
-                        }
-                        ["s", tenant, key, model, tier, name] => {
-                            let key = (
-                                (*tenant).into(),
-                                (*key).into(),
-                                (*model).into(),
-                                (*tier).into(),
-                            );
-                            tally.add_spend(hour, key, &[(name, n)]);
-                        }
-                        _ => {}
-                    }
-                }
-            }
+            add_redis_hours(&mut tally, (first..=last).zip(hours));
         }
         let local = self.tally();
         for (hour, rows) in local.rows.range(first..=last) {
@@ -882,28 +769,7 @@ fn sql_flush(tally: &Tally) -> Vec<Statement> {
             }
         }
     }
-    for (minute, accounts) in &tally.minutes {
-        for (account, counters) in accounts {
-            for (name, n) in counters {
-                let flag = matches!(name.as_str(), "waited" | "up");
-                if flag && *n == 0 {
-                    continue;
-                }
-                let mut params = vec![
-                    Value::from(*minute),
-                    account.as_str().into(),
-                    name.as_str().into(),
-                ];
-                if !flag {
-                    params.push(Value::from(*n));
-                }
-                statements.push(Statement::new(
-                    if flag { SET_FLAG } else { ADD_MINUTE },
-                    params,
-                ));
-            }
-        }
-    }
+    statements.extend(sql_minutes(tally));
     for (hour, rows) in &tally.spend {
         for ((tenant, key, model, tier), counters) in rows {
             let mut params = vec![
@@ -990,6 +856,176 @@ async fn sql_read(database: &Database, (first, last): (u64, u64)) -> Result<Tall
     Ok(tally)
 }
 
+/// A finished request's counters in its row of the report: requests, tokens used and
+/// estimated, or its refusal by kind, scope and limit.
+fn row_counters(entry: &Entry, waited: bool) -> Vec<(std::borrow::Cow<'static, str>, u64)> {
+    let mut counters: Vec<(std::borrow::Cow<'static, str>, u64)> = Vec::with_capacity(10);
+    match entry.decision {
+        "admitted" => {
+            counters.push(("requests".into(), 1));
+            if let Some(used) = entry.used {
+                counters.push(("input_tokens".into(), used.input));
+                counters.push(("output_tokens".into(), used.output));
+                counters.push(("cached_tokens".into(), used.cached.unwrap_or(0)));
+                if let Some(estimated) = entry.estimated {
+                    counters.push(("settled".into(), 1));
+                    counters.push(("estimated_input_tokens".into(), estimated.input));
+                    counters.push(("estimated_output_tokens".into(), estimated.output));
+                    counters.push(("settled_input_tokens".into(), used.input));
+                    counters.push(("settled_output_tokens".into(), used.output));
+                }
+            }
+            counters.push(("queued_requests".into(), u64::from(waited)));
+        }
+        decision => {
+            let kind = if decision == "provider" {
+                "provider_refusals"
+            } else {
+                "local_refusals"
+            };
+            counters.push((kind.into(), 1));
+            if entry.provider_status == Some(429) {
+                counters.push(("provider_429s".into(), 1));
+            }
+            let scope = entry.scope.as_deref().unwrap_or("-");
+            let limit = entry.limit.as_deref().unwrap_or("-");
+            counters.push((format!("refused{SEP}{scope}{SEP}{limit}").into(), 1));
+        }
+    }
+    counters
+}
+
+/// A priced answer's spend, by tenant, key, model and service tier.
+fn add_spend(
+    tally: &mut Tally,
+    now: u64,
+    entry: &Entry,
+    (spend, tokens): (u64, tower_llm_quota::pricing::PricedTokens),
+) {
+    let key = (
+        entry.tenant.clone().unwrap_or_else(|| "-".to_owned()),
+        entry.key.clone().unwrap_or_else(|| "-".to_owned()),
+        entry.model.clone().unwrap_or_else(|| "-".to_owned()),
+        entry.service_tier.unwrap_or("standard").to_owned(),
+    );
+    tally.add_spend(
+        now / 3_600,
+        key,
+        &[
+            ("requests", 1),
+            ("input_tokens", tokens.input),
+            ("cache_read_tokens", tokens.cache_read),
+            ("cache_write_tokens", tokens.cache_write),
+            ("output_tokens", tokens.output),
+            ("spend", spend),
+        ],
+    );
+}
+
+/// The Redis pipeline (one transaction) adding `tally` to the hours' hashes, each kept
+/// `KEEP_HOURS`.
+fn redis_flush(tally: &Tally) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    let keep = i64::try_from(KEEP_HOURS * 3_600).unwrap_or(i64::MAX);
+    for (hour, rows) in &tally.rows {
+        let key = hour_key(*hour);
+        for ((account, tenant, model), counters) in rows {
+            for (name, n) in counters {
+                let field = format!("r{SEP}{account}{SEP}{tenant}{SEP}{model}{SEP}{name}");
+                pipe.hincr(&key, field, *n).ignore();
+            }
+        }
+        pipe.expire(&key, keep).ignore();
+    }
+    for (hour, rows) in &tally.spend {
+        let key = hour_key(*hour);
+        for ((tenant, name, model, tier), counters) in rows {
+            for (counter, n) in counters {
+                let field =
+                    format!("s{SEP}{tenant}{SEP}{name}{SEP}{model}{SEP}{tier}{SEP}{counter}");
+                pipe.hincr(&key, field, *n).ignore();
+            }
+        }
+        pipe.expire(&key, keep).ignore();
+    }
+    for (minute, accounts) in &tally.minutes {
+        let key = hour_key(minute / 60);
+        for (account, counters) in accounts {
+            for (name, n) in counters {
+                let field = format!("m{SEP}{minute}{SEP}{account}{SEP}{name}");
+                if matches!(name.as_str(), "waited" | "up") {
+                    if *n > 0 {
+                        pipe.hset(&key, field, 1).ignore();
+                    }
+                } else {
+                    pipe.hincr(&key, field, *n).ignore();
+                }
+            }
+        }
+        pipe.expire(&key, keep).ignore();
+    }
+    pipe
+}
+
+/// Adds the fields of the hours' hashes read from Redis to `tally`.
+fn add_redis_hours(tally: &mut Tally, hours: impl Iterator<Item = (u64, HashMap<String, u64>)>) {
+    for (hour, fields) in hours {
+        for (field, n) in fields {
+            let parts: Vec<&str> = field.split(SEP).collect();
+            match parts.as_slice() {
+                ["r", account, tenant, model, name @ ..] => {
+                    let key = ((*account).into(), (*tenant).into(), (*model).into());
+                    tally.add_row(hour, key, &[(name.join(&SEP.to_string()), n)]);
+                }
+                ["m", minute, account, name] => {
+                    if let Ok(minute) = minute.parse() {
+                        tally.add_minute(minute, account, &[(name, n)]);
+                    }
+                }
+                ["s", tenant, key, model, tier, name] => {
+                    let key = (
+                        (*tenant).into(),
+                        (*key).into(),
+                        (*model).into(),
+                        (*tier).into(),
+                    );
+                    tally.add_spend(hour, key, &[(name, n)]);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The statements adding `tally`'s minutes (their counters, and the flags set once).
+fn sql_minutes(tally: &Tally) -> Vec<Statement> {
+    let mut statements = Vec::new();
+    for (minute, accounts) in &tally.minutes {
+        for (account, counters) in accounts {
+            for (name, n) in counters {
+                let flag = matches!(name.as_str(), "waited" | "up");
+                if flag && *n == 0 {
+                    continue;
+                }
+                let mut params = vec![
+                    Value::from(*minute),
+                    account.as_str().into(),
+                    name.as_str().into(),
+                ];
+                if !flag {
+                    params.push(Value::from(*n));
+                }
+                statements.push(Statement::new(
+                    if flag { SET_FLAG } else { ADD_MINUTE },
+                    params,
+                ));
+            }
+        }
+    }
+    statements
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1017,6 +1053,7 @@ mod tests {
     }
 
     #[tokio::test]
+    #[allow(clippy::too_many_lines, reason = "one scenario, step by step")]
     async fn rows_add_up_and_idle_quota_counts_the_minutes_nobody_waited() {
         let report = Report::open(&Persistence::Memory, None).unwrap();
         let t0 = UNIX_EPOCH + Duration::from_secs(1_796_256_000); // a minute's start

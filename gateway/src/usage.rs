@@ -14,7 +14,13 @@ use super::refusal::{Decision, Refusal};
 
 /// The gateway's own series, described for Prometheus (`HELP` and units).
 pub(crate) fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram};
+    describe_requests();
+    describe_gauges();
+}
+
+/// The series counted per request (and per alert).
+fn describe_requests() {
+    use metrics::{describe_counter, describe_histogram};
     describe_histogram!(
         "gateway_request_duration_seconds",
         metrics::Unit::Seconds,
@@ -59,6 +65,11 @@ pub(crate) fn describe() {
         "gateway_refusals_total",
         "Requests refused, by tenant, decision (local, provider) and limit."
     );
+}
+
+/// The gauges `/metrics` sets from the tenants' and accounts' state when it renders.
+fn describe_gauges() {
+    use metrics::describe_gauge;
     describe_gauge!(
         "gateway_tenant_used_tokens_per_minute",
         "Tokens a tenant used on an account over the last minute."

@@ -23,6 +23,7 @@ use super::store::caps::CapsRecord;
 
 mod budgets;
 mod reload;
+pub(crate) use reload::Retune;
 mod target;
 
 use crate::clients::{Client, client, tls_config};

@@ -102,6 +102,38 @@ struct Issued {
     previous_valid_until: Option<String>,
 }
 
+/// The refusal of `new` to `admin`, if it cannot be made: its path, its tenant, its name or
+/// its models.
+fn refusal_of(gateway: &Gateway, admin: &Admin, new: &NewKey) -> Option<Response> {
+    let parsed = Tenant::parse(&new.tenant).and_then(|t| Ok((t.child(&new.name)?, t)));
+    let (path, tenant) = match parsed {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            let reason = format!("the tenant and the key's name must make a tenant path: {e}");
+            return Some(error(StatusCode::BAD_REQUEST, "invalid_request", reason));
+        }
+    };
+    if !admin.sees(&path) {
+        return Some(not_found("tenant", &new.tenant));
+    }
+    if !gateway.tenants.knows(&tenant) {
+        // A key serves its tenant's limits: a name the gateway does not know is a mistake
+        // (a misspelling would make a new top-level tenant with no limits), not a new node.
+        let hint = gateway.tenants.hint(&new.tenant, admin.scope.as_ref());
+        let reason = format!("no tenant named `{}`{hint}", new.tenant);
+        return Some(error(StatusCode::NOT_FOUND, "not_found", reason));
+    }
+    if gateway.keys().get(&new.name).is_some() {
+        let reason = format!("a key named `{}` exists: rotate or revoke it", new.name);
+        return Some(error(StatusCode::CONFLICT, "conflict", reason));
+    }
+    if let Some(unknown) = unknown_model(gateway, new.models.as_deref()) {
+        let reason = format!("model `{unknown}` is not in [[models]]");
+        return Some(error(StatusCode::BAD_REQUEST, "invalid_request", reason));
+    }
+    None
+}
+
 pub(super) async fn create(
     State(gateway): State<Arc<Gateway>>,
     Extension(admin): Extension<Admin>,
@@ -111,31 +143,8 @@ pub(super) async fn create(
         Ok(Json(new)) => new,
         Err(rejection) => return unreadable(&rejection),
     };
-    let parsed = Tenant::parse(&new.tenant).and_then(|t| Ok((t.child(&new.name)?, t)));
-    let (path, tenant) = match parsed {
-        Ok(parsed) => parsed,
-        Err(e) => {
-            let reason = format!("the tenant and the key's name must make a tenant path: {e}");
-            return error(StatusCode::BAD_REQUEST, "invalid_request", reason);
-        }
-    };
-    if !admin.sees(&path) {
-        return not_found("tenant", &new.tenant);
-    }
-    if !gateway.tenants.knows(&tenant) {
-        // A key serves its tenant's limits: a name the gateway does not know is a mistake
-        // (a misspelling would make a new top-level tenant with no limits), not a new node.
-        let hint = gateway.tenants.hint(&new.tenant, admin.scope.as_ref());
-        let reason = format!("no tenant named `{}`{hint}", new.tenant);
-        return error(StatusCode::NOT_FOUND, "not_found", reason);
-    }
-    if gateway.keys().get(&new.name).is_some() {
-        let reason = format!("a key named `{}` exists: rotate or revoke it", new.name);
-        return error(StatusCode::CONFLICT, "conflict", reason);
-    }
-    if let Some(unknown) = unknown_model(&gateway, new.models.as_deref()) {
-        let reason = format!("model `{unknown}` is not in [[models]]");
-        return error(StatusCode::BAD_REQUEST, "invalid_request", reason);
+    if let Some(refused) = refusal_of(&gateway, &admin, &new) {
+        return refused;
     }
     let Ok(secret) = new_secret() else {
         let reason = "the system's randomness is not available";

@@ -51,6 +51,56 @@ enum Table {
     Spend,
 }
 
+impl Period {
+    /// The period asked for, `now` its default end and a week before it its start; why not,
+    /// when it cannot be read, ends before it starts, or is longer than the counters kept.
+    fn range(&self, now: SystemTime) -> Result<(SystemTime, SystemTime), String> {
+        let parse = |text: &Option<String>, default: SystemTime, name: &str| match text {
+            None => Ok(default),
+            Some(text) => time(text).ok_or_else(|| {
+                format!("`{name}`: `{text}` is neither an RFC 3339 time in UTC nor Unix seconds")
+            }),
+        };
+        let since = parse(&self.since, now - WEEK, "since");
+        let until = parse(&self.until, now, "until");
+        let (since, until) = match (since, until) {
+            (Ok(since), Ok(until)) if since <= until => (since, until),
+            (Ok(_), Ok(_)) => {
+                let reason = "`since` is after `until`";
+                return Err(reason.to_owned());
+            }
+            (Err(reason), _) | (_, Err(reason)) => return Err(reason),
+        };
+        if until.duration_since(since).unwrap_or_default() > Duration::from_secs(35 * 86_400) {
+            return Err("a report covers at most 35 days (the counters kept)".to_owned());
+        }
+        Ok((since, until))
+    }
+}
+
+/// The accounts' table as CSV: a line per account and limit.
+fn accounts_csv(review: &crate::report::Review) -> String {
+    let mut text = String::from(
+        "account,minutes_served,minutes_with_waiting,limit,capacity,used,idle,idle_share\n",
+    );
+    for account in &review.accounts {
+        for limit in &account.limits {
+            text.push_str(&format!(
+                "{},{},{},{},{},{},{},{}\n",
+                account.account,
+                account.minutes_served,
+                account.minutes_with_waiting,
+                limit.limit,
+                limit.capacity,
+                limit.used,
+                limit.idle,
+                limit.idle_share
+            ));
+        }
+    }
+    text
+}
+
 pub(super) async fn report(
     State(gateway): State<Arc<Gateway>>,
     Extension(admin): Extension<Admin>,
@@ -66,29 +116,10 @@ pub(super) async fn report(
             );
         }
     };
-    let now = SystemTime::now();
-    let parse = |text: &Option<String>, default: SystemTime, name: &str| match text {
-        None => Ok(default),
-        Some(text) => time(text).ok_or_else(|| {
-            format!("`{name}`: `{text}` is neither an RFC 3339 time in UTC nor Unix seconds")
-        }),
+    let (since, until) = match period.range(SystemTime::now()) {
+        Ok(range) => range,
+        Err(reason) => return error(StatusCode::BAD_REQUEST, "invalid_request", reason),
     };
-    let since = parse(&period.since, now - WEEK, "since");
-    let until = parse(&period.until, now, "until");
-    let (since, until) = match (since, until) {
-        (Ok(since), Ok(until)) if since <= until => (since, until),
-        (Ok(_), Ok(_)) => {
-            let reason = "`since` is after `until`";
-            return error(StatusCode::BAD_REQUEST, "invalid_request", reason);
-        }
-        (Err(reason), _) | (_, Err(reason)) => {
-            return error(StatusCode::BAD_REQUEST, "invalid_request", reason);
-        }
-    };
-    if until.duration_since(since).unwrap_or_default() > Duration::from_secs(35 * 86_400) {
-        let reason = "a report covers at most 35 days (the counters kept)";
-        return error(StatusCode::BAD_REQUEST, "invalid_request", reason);
-    }
     let limits = admin.scope.is_none().then(|| account_limits(&gateway));
     let keep = |tenant: &str| Tenant::parse(tenant).is_ok_and(|t| admin.sees(&t));
     let review = match gateway
@@ -112,27 +143,7 @@ pub(super) async fn report(
             SpendRow::CSV_HEADER,
             review.spend.iter().map(SpendRow::csv_line),
         )),
-        (Format::Csv, Table::Accounts) => {
-            let mut text = String::from(
-                "account,minutes_served,minutes_with_waiting,limit,capacity,used,idle,idle_share\n",
-            );
-            for account in &review.accounts {
-                for limit in &account.limits {
-                    text.push_str(&format!(
-                        "{},{},{},{},{},{},{},{}\n",
-                        account.account,
-                        account.minutes_served,
-                        account.minutes_with_waiting,
-                        limit.limit,
-                        limit.capacity,
-                        limit.used,
-                        limit.idle,
-                        limit.idle_share
-                    ));
-                }
-            }
-            csv(text)
-        }
+        (Format::Csv, Table::Accounts) => csv(accounts_csv(&review)),
     }
 }
 

@@ -372,38 +372,49 @@ impl Config {
                 }
             }
             self.check_formats(model, &at, problems);
-            for fallback in &model.fallbacks {
-                if fallback.on.is_empty() {
-                    problems.add(
-                        &at,
-                        format_args!(
-                            "model `{name}`: a fallback to `{}` has no condition (`on`)",
-                            fallback.account
-                        ),
-                    );
-                }
-                let wait = fallback.would_wait_seconds;
-                if !(wait.is_finite() && (0.0..=86_400.0).contains(&wait)) {
-                    problems.add(
-                        &at,
-                        format_args!(
-                            "model `{name}`: would_wait_seconds must be from 0 to 86400, not \
-                             {wait}"
-                        ),
-                    );
-                }
-            }
-            if let Some(ramp) = &model.ramp {
-                let ramp = tower_llm_quota::routing::Ramp::new(
-                    ramp.start_percent,
-                    ramp.percent_per_minute,
-                    ramp.max_percent,
+            Self::check_routes(model, &at, problems);
+        }
+        self.check_key_models(&names, problems);
+    }
+
+    /// A model's fallbacks (each with a condition and a sane wait) and its ramp.
+    fn check_routes(model: &super::ModelConfig, at: &[Step], problems: &mut Problems) {
+        let name = &model.name;
+        for fallback in &model.fallbacks {
+            if fallback.on.is_empty() {
+                problems.add(
+                    at,
+                    format_args!(
+                        "model `{name}`: a fallback to `{}` has no condition (`on`)",
+                        fallback.account
+                    ),
                 );
-                if let Err(e) = ramp {
-                    problems.add(&at, format_args!("model `{name}`: ramp: {e}"));
-                }
+            }
+            let wait = fallback.would_wait_seconds;
+            if !(wait.is_finite() && (0.0..=86_400.0).contains(&wait)) {
+                problems.add(
+                    at,
+                    format_args!(
+                        "model `{name}`: would_wait_seconds must be from 0 to 86400, not \
+                         {wait}"
+                    ),
+                );
             }
         }
+        if let Some(ramp) = &model.ramp {
+            let ramp = tower_llm_quota::routing::Ramp::new(
+                ramp.start_percent,
+                ramp.percent_per_minute,
+                ramp.max_percent,
+            );
+            if let Err(e) = ramp {
+                problems.add(at, format_args!("model `{name}`: ramp: {e}"));
+            }
+        }
+    }
+
+    /// The models each key may use are configured.
+    fn check_key_models(&self, names: &BTreeSet<&str>, problems: &mut Problems) {
         for (i, config) in self.keys.iter().enumerate() {
             for model in config.models.iter().flatten() {
                 if !names.contains(model.as_str()) {
@@ -443,56 +454,69 @@ impl Config {
                 Err(e) => problems.add(at, e),
             }
         };
+        for (at, inline, var, what, required) in self.secrets_read() {
+            read(problems, &at, inline, var, &what, required);
+        }
+    }
+
+    /// Every secret the configuration gives inline or names a variable of: where, the
+    /// value, the variable, what it is, and whether it must be given.
+    #[allow(clippy::type_complexity)]
+    fn secrets_read(&self) -> Vec<(Vec<Step>, Option<&String>, Option<&String>, String, bool)> {
         let server = &self.server;
-        read(
-            problems,
-            &[key("server"), key("admin_token_env")],
-            server.admin_token.as_ref(),
-            server.admin_token_env.as_ref(),
-            "the admin token (`admin_token_env`)",
-            true,
-        );
-        read(
-            problems,
-            &[key("server"), key("status_token_env")],
-            server.status_token.as_ref(),
-            server.status_token_env.as_ref(),
-            "the status token",
-            false,
-        );
+        let mut read = vec![
+            (
+                vec![key("server"), key("admin_token_env")],
+                server.admin_token.as_ref(),
+                server.admin_token_env.as_ref(),
+                "the admin token (`admin_token_env`)".to_owned(),
+                true,
+            ),
+            (
+                vec![key("server"), key("status_token_env")],
+                server.status_token.as_ref(),
+                server.status_token_env.as_ref(),
+                "the status token".to_owned(),
+                false,
+            ),
+        ];
         for (i, admin) in self.admins.iter().enumerate() {
-            read(
-                problems,
-                &[key("admins"), Step::Index(i)],
+            let what = format!("admin `{}`'s token", admin.name);
+            let at = vec![key("admins"), Step::Index(i)];
+            read.push((
+                at,
                 admin.token.as_ref(),
                 admin.token_env.as_ref(),
-                &format!("admin `{}`'s token", admin.name),
+                what,
                 false,
-            );
+            ));
         }
         for (i, config) in self.keys.iter().enumerate() {
-            read(
-                problems,
-                &[key("keys"), Step::Index(i)],
+            let what = format!("key `{}`", config.name);
+            let at = vec![key("keys"), Step::Index(i)];
+            read.push((
+                at,
                 config.key.as_ref(),
                 config.key_env.as_ref(),
-                &format!("key `{}`", config.name),
+                what,
                 false,
-            );
+            ));
         }
         for (i, account) in self.accounts.iter().enumerate() {
             if account.base_url == "sim" {
                 continue;
             }
-            read(
-                problems,
-                &[key("accounts"), Step::Index(i), key("key_env")],
+            let what = format!("account `{}`'s key", account.name);
+            let at = vec![key("accounts"), Step::Index(i), key("key_env")];
+            read.push((
+                at,
                 account.key.as_ref(),
                 account.key_env.as_ref(),
-                &format!("account `{}`'s key", account.name),
+                what,
                 false,
-            );
+            ));
         }
+        read
     }
 }
 

@@ -20,16 +20,35 @@ pub(super) fn stack_error(account: &Account, error: &Error) -> Refusal {
     if let Some(refused) = error.tenant_refused() {
         return tenancy::refused(refused);
     }
+    if let Some(refusal) = idempotency_refusal(error) {
+        return refusal;
+    }
+    if let Some(refusal) = unsent(&scope, error) {
+        return refusal;
+    }
+    if let Some(capacity) = error.insufficient_capacity() {
+        return too_large(account, scope, capacity);
+    }
+    if error.is_queue_full() || error.is_deadline_exceeded() {
+        return queue_refusal(account, scope, error);
+    }
+    upstream_failure(&scope, &error.to_string())
+}
+
+/// The refusal of a request its `Idempotency-Key` stopped (nothing was sent).
+fn idempotency_refusal(error: &Error) -> Option<Refusal> {
     if error
         .idempotency_error()
         .is_some_and(|e| e.is_still_in_flight())
     {
         // Nothing was sent: the first request with this key is still being answered.
-        return Refusal::conflict(
-            "idempotency_key",
-            "a request with this Idempotency-Key is still in flight; retry when it completes",
-        )
-        .retry_after(Some(Duration::from_secs(1)));
+        return Some(
+            Refusal::conflict(
+                "idempotency_key",
+                "a request with this Idempotency-Key is still in flight; retry when it completes",
+            )
+            .retry_after(Some(Duration::from_secs(1))),
+        );
     }
     if let Some(invalid) = error.idempotency_error().filter(|e| e.is_invalid_key()) {
         // Nothing was sent: the caller's header cannot be a key.
@@ -38,21 +57,30 @@ pub(super) fn stack_error(account: &Account, error: &Error) -> Refusal {
         let message = format!(
             "invalid Idempotency-Key header: {why} (1 to 255 visible ASCII characters, once)"
         );
-        return Refusal::invalid("idempotency_key", message);
+        return Some(Refusal::invalid("idempotency_key", message));
     }
     if let Some(reused) = error.idempotency_error().filter(|e| e.is_key_reused()) {
         // Nothing was sent: the key belongs to another request.
-        return Refusal::unprocessable("idempotency_key", reused.to_string());
+        return Some(Refusal::unprocessable(
+            "idempotency_key",
+            reused.to_string(),
+        ));
     }
+    None
+}
+
+/// The refusal of a request the account could not send: no scope for its model, no price,
+/// its caps not durable, the shared store out of reach.
+fn unsent(scope: &str, error: &Error) -> Option<Refusal> {
     if let Some(refused) = scope_refused(error) {
-        return match &refused.0 {
+        return Some(match &refused.0 {
             ScopeError::Store(_) => Refusal::unavailable("store", refused.to_string())
                 .scope(scope)
                 .retry_after(Some(Duration::from_secs(1))),
             ScopeError::BadName | ScopeError::TooMany => {
                 Refusal::bad_request(format!("model: {refused}")).scope(scope)
             }
-        };
+        });
     }
     if error.is_unpriced() {
         // Nothing was sent: a spend limit cannot be kept for a model without a price.
@@ -60,75 +88,89 @@ pub(super) fn stack_error(account: &Account, error: &Error) -> Refusal {
             || "the model has no price".to_owned(),
             |no_price| format!("{no_price}: the gateway's [prices] do not name it"),
         );
-        return Refusal::bad_request(reason).scope(scope);
+        return Some(Refusal::bad_request(reason).scope(scope));
     }
     if let Some(refused) = state_refused(error) {
         // Nothing was sent: the caps could not count it durably.
-        return Refusal::unavailable("state", refused.to_string())
-            .scope(scope)
-            .retry_after(Some(Duration::from_secs(1)));
+        return Some(
+            Refusal::unavailable("state", refused.to_string())
+                .scope(scope)
+                .retry_after(Some(Duration::from_secs(1))),
+        );
     }
     if error.is_store_unavailable() {
         // The store's circuit breaker asks again within a second.
-        return Refusal::unavailable("store", "the shared quota store is unreachable")
-            .scope(scope)
-            .retry_after(Some(Duration::from_secs(1)));
+        return Some(
+            Refusal::unavailable("store", "the shared quota store is unreachable")
+                .scope(scope)
+                .retry_after(Some(Duration::from_secs(1))),
+        );
     }
-    if let Some(capacity) = error.insufficient_capacity() {
-        let dimension = capacity.dimension().as_str();
-        let configured = account.configured_capacity(capacity.dimension());
-        if configured.is_some_and(|configured| capacity.capacity() < configured) {
-            // The burst is below the configured one: the provider reported a lower limit
-            // (which it enforces with a 429 for such a request too). A rate limit, not a bad
-            // request; the account admits it again if the provider's limit rises.
-            return Refusal::rate_limited("reported_limit", scope)
-                .dimension(Some(dimension))
-                .retry_after(Some(Duration::from_secs(60)))
-                .message(format!(
-                    "the provider reports a {dimension} limit whose burst ({}) is below this \
+    None
+}
+
+/// The refusal of a request larger than a limit's burst: a bad request, or a rate limit
+/// when the provider reported a burst below the configured one.
+fn too_large(
+    account: &Account,
+    scope: String,
+    capacity: &tower_llm_quota::error::InsufficientCapacity,
+) -> Refusal {
+    let dimension = capacity.dimension().as_str();
+    let configured = account.configured_capacity(capacity.dimension());
+    if configured.is_some_and(|configured| capacity.capacity() < configured) {
+        // The burst is below the configured one: the provider reported a lower limit
+        // (which it enforces with a 429 for such a request too). A rate limit, not a bad
+        // request; the account admits it again if the provider's limit rises.
+        return Refusal::rate_limited("reported_limit", scope)
+            .dimension(Some(dimension))
+            .retry_after(Some(Duration::from_secs(60)))
+            .message(format!(
+                "the provider reports a {dimension} limit whose burst ({}) is below this \
                      request's {} (configured: {}): the account cannot admit it now",
-                    capacity.capacity(),
-                    capacity.cost(),
-                    configured.unwrap_or_default()
-                ));
+                capacity.capacity(),
+                capacity.cost(),
+                configured.unwrap_or_default()
+            ));
+    }
+    Refusal::bad_request(format!(
+        "the request's {dimension} ({}) exceed what the account may ever admit at once ({})",
+        capacity.cost(),
+        capacity.capacity()
+    ))
+    .scope(scope)
+    .dimension(Some(dimension))
+}
+
+/// The refusal of a request the account's queue refused: too deep, or a wait longer than
+/// its class allows (predicted on arrival, or waited).
+fn queue_refusal(account: &Account, scope: String, error: &Error) -> Refusal {
+    let limit = if error.is_queue_full() {
+        "queue_depth"
+    } else {
+        "queue_wait"
+    };
+    // Every 429 says when to come back: the wait the budget predicted (a spent limit: it
+    // refused at once), else the one it knows, else a second (the queue moves on within
+    // it: its head is admitted or refused by then).
+    let retry_after = (error.predicted_wait())
+        .or_else(|| error.rate_limit().and_then(|r| r.retry_after()))
+        .unwrap_or(Duration::from_secs(1));
+    let refusal = match error.predicted_by() {
+        // Refused on arrival: the limit and the budget that bind (a model's scope, or the
+        // account's own).
+        Some(binding) => {
+            let (limit, quota) = (binding.limit(), binding.quota());
+            let dimension = limit.dimension().as_str();
+            let scope = quota.map_or(scope, |quota| budget_scope(&account.name, quota));
+            Refusal::rate_limited(limit_name(dimension, limit.period()), scope)
+                .dimension(Some(dimension))
         }
-        return Refusal::bad_request(format!(
-            "the request's {dimension} ({}) exceed what the account may ever admit at once ({})",
-            capacity.cost(),
-            capacity.capacity()
-        ))
-        .scope(scope)
-        .dimension(Some(dimension));
-    }
-    if error.is_queue_full() || error.is_deadline_exceeded() {
-        let limit = if error.is_queue_full() {
-            "queue_depth"
-        } else {
-            "queue_wait"
-        };
-        // Every 429 says when to come back: the wait the budget predicted (a spent limit: it
-        // refused at once), else the one it knows, else a second (the queue moves on within
-        // it: its head is admitted or refused by then).
-        let retry_after = (error.predicted_wait())
-            .or_else(|| error.rate_limit().and_then(|r| r.retry_after()))
-            .unwrap_or(Duration::from_secs(1));
-        let refusal = match error.predicted_by() {
-            // Refused on arrival: the limit and the budget that bind (a model's scope, or the
-            // account's own).
-            Some(binding) => {
-                let (limit, quota) = (binding.limit(), binding.quota());
-                let dimension = limit.dimension().as_str();
-                let scope = quota.map_or(scope, |quota| budget_scope(&account.name, quota));
-                Refusal::rate_limited(limit_name(dimension, limit.period()), scope)
-                    .dimension(Some(dimension))
-            }
-            None => Refusal::rate_limited(limit, scope),
-        };
-        return refusal
-            .retry_after(Some(retry_after))
-            .message(format!("the account's queue refused the request: {error}"));
-    }
-    upstream_failure(&scope, &error.to_string())
+        None => Refusal::rate_limited(limit, scope),
+    };
+    refusal
+        .retry_after(Some(retry_after))
+        .message(format!("the account's queue refused the request: {error}"))
 }
 
 /// The refusal's scope for the budget named `quota` of `account`: its own budgets are named
