@@ -80,7 +80,29 @@ pub(crate) struct Refusal {
     pub(crate) client_retries: bool,
 }
 
+impl Dialect {
+    /// Whose error schema the callers of `api` read: the Anthropic SDK's on `/v1/messages`,
+    /// Google's on its native API, OpenAI's elsewhere.
+    pub(crate) fn of(api: crate::config::Api) -> Self {
+        use crate::config::Api;
+        match api {
+            Api::Messages | Api::CountTokens => Dialect::Anthropic,
+            Api::Chat | Api::Responses | Api::Embeddings | Api::Completions => Dialect::OpenAi,
+            Api::GenerateContent | Api::EmbedContent | Api::GeminiCountTokens => Dialect::Gemini,
+        }
+    }
+}
+
 impl Refusal {
+    /// The refusal of a request that came while the gateway stops.
+    pub(crate) fn stopping() -> Self {
+        Refusal::unavailable(
+            "shutdown",
+            "the gateway is shutting down; retry on another replica",
+        )
+        .retry_after(Some(std::time::Duration::from_secs(1)))
+    }
+
     fn new(status: StatusCode, kind: &'static str, limit: impl Into<String>) -> Self {
         Self {
             status,

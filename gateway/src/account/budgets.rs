@@ -22,8 +22,81 @@ use crate::config::{AccountConfig, Api, ConfigError, ProfileName};
 use crate::store::Persistence;
 use crate::store::caps::CapsRecord;
 
-use super::{Governed, Keeping, Scoped, StateRefused};
 use crate::clients::Client;
+
+/// Where an account's budgets are kept, and what holds while the state cannot be written.
+#[derive(Debug, Clone)]
+pub(crate) struct Keeping {
+    /// In memory (one gateway), or in the replicas' store (Redis or Postgres).
+    pub(crate) persistence: Persistence,
+    /// Refuse while the store cannot answer (else admit from `1 / n` of the quota, `n` the
+    /// live replicas the store last counted).
+    pub(crate) fail_closed: bool,
+    /// With a store: admit from leased shares renewed this often (else ask per admission).
+    pub(crate) lease: Option<Duration>,
+    /// With a store: how long a call to it may take.
+    pub(crate) store_timeout: Duration,
+    /// One gateway's caps, recorded in its SQLite state: a request they count is sent once
+    /// its admission's counts are committed.
+    pub(crate) caps: Option<Arc<CapsRecord>>,
+}
+
+/// A request the state could not make durable (its caps' counts not committed): refused,
+/// nothing sent.
+#[derive(Debug)]
+pub(crate) struct StateRefused(pub(crate) crate::store::DatabaseError);
+
+impl std::fmt::Display for StateRefused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the gateway's state refused the caps' counts: {}",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for StateRefused {}
+
+/// A governed stack over a client.
+pub(crate) type Governed = tower_llm_quota::stack::QuotaService<Client>;
+
+/// A set of buckets of an account and a governed stack per API over it.
+#[derive(Debug, Clone)]
+pub(crate) struct Scoped {
+    /// `None` for the account's own.
+    pub(super) name: Option<Arc<str>>,
+    pub(super) budget: Budget,
+    pub(super) stacks: Arc<[(Api, Profile, Governed)]>,
+}
+
+impl Scoped {
+    /// The scope's name, `None` for the account's own budget.
+    pub(crate) fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// Its budget.
+    pub(crate) fn budget(&self) -> &Budget {
+        &self.budget
+    }
+
+    /// Where a refusal of this scope of `account` says it applies: `account:NAME`, or
+    /// `account:NAME/scope:SCOPE`.
+    pub(crate) fn label(&self, account: &str) -> String {
+        match &self.name {
+            Some(scope) => format!("account:{account}/scope:{scope}"),
+            None => format!("account:{account}"),
+        }
+    }
+
+    pub(crate) fn stack(&self, api: Api) -> Option<Governed> {
+        self.stacks
+            .iter()
+            .find(|(a, ..)| *a == api)
+            .map(|(.., governed)| governed.clone())
+    }
+}
 
 /// Every limit `config` gives an account and its scopes.
 pub(super) fn configured(

@@ -6,66 +6,27 @@
 //! pointed at it in [`target`], and a reload retunes it in place through [`reload`].
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::{HeaderValue, Uri};
 use tower_llm_quota::pricing::PriceTable;
 use tower_llm_quota::provider::Profile;
 use tower_llm_quota::queue::QueueHandle;
-use tower_llm_quota::stack::{QuotaService, QuotaStack};
+use tower_llm_quota::stack::QuotaStack;
 use tower_llm_quota::tenant::{TenantHandle, TenantTree};
 use tower_llm_quota::{Budget, Quota};
 use tower_llm_quota_sim::Simulator;
 
 use super::config::{AccountConfig, Api, ConfigError, Format, ProfileName, ScopeConfig};
-use super::store::Persistence;
-use super::store::caps::CapsRecord;
 
 mod budgets;
 mod reload;
 pub(crate) use reload::Retune;
 mod target;
 
-use crate::clients::{Client, client, tls_config};
+use crate::clients::{client, tls_config};
 use crate::simulated::{SIM_KEY, simulator};
+pub(crate) use budgets::{Governed, Keeping, Scoped, StateRefused};
 use budgets::{Maker, Upstream, budget, configured, durable, profile, stacks};
-
-/// Where an account's budgets are kept, and what holds while the state cannot be written.
-#[derive(Debug, Clone)]
-pub(crate) struct Keeping {
-    /// In memory (one gateway), or in the replicas' store (Redis or Postgres).
-    pub(crate) persistence: Persistence,
-    /// Refuse while the store cannot answer (else admit from `1 / n` of the quota, `n` the
-    /// live replicas the store last counted).
-    pub(crate) fail_closed: bool,
-    /// With a store: admit from leased shares renewed this often (else ask per admission).
-    pub(crate) lease: Option<Duration>,
-    /// With a store: how long a call to it may take.
-    pub(crate) store_timeout: Duration,
-    /// One gateway's caps, recorded in its SQLite state: a request they count is sent once
-    /// its admission's counts are committed.
-    pub(crate) caps: Option<Arc<CapsRecord>>,
-}
-
-/// A request the state could not make durable (its caps' counts not committed): refused,
-/// nothing sent.
-#[derive(Debug)]
-pub(crate) struct StateRefused(pub(crate) super::store::DatabaseError);
-
-impl std::fmt::Display for StateRefused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "the gateway's state refused the caps' counts: {}",
-            self.0
-        )
-    }
-}
-
-impl std::error::Error for StateRefused {}
-
-/// A governed stack over a client.
-pub(crate) type Governed = QuotaService<Client>;
 
 /// One account: its budgets, and a stack per API over each.
 ///
@@ -104,43 +65,6 @@ pub(crate) struct Account {
     /// Whether the account itself has a hard cap an output bound keeps (replaced by a
     /// reload).
     hard_caps: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// A set of buckets of an account and a governed stack per API over it.
-#[derive(Debug, Clone)]
-pub(crate) struct Scoped {
-    /// `None` for the account's own.
-    name: Option<Arc<str>>,
-    budget: Budget,
-    stacks: Arc<[(Api, Profile, Governed)]>,
-}
-
-impl Scoped {
-    /// The scope's name, `None` for the account's own budget.
-    pub(crate) fn name(&self) -> Option<&str> {
-        self.name.as_deref()
-    }
-
-    /// Its budget.
-    pub(crate) fn budget(&self) -> &Budget {
-        &self.budget
-    }
-
-    /// Where a refusal of this scope of `account` says it applies: `account:NAME`, or
-    /// `account:NAME/scope:SCOPE`.
-    pub(crate) fn label(&self, account: &str) -> String {
-        match &self.name {
-            Some(scope) => format!("account:{account}/scope:{scope}"),
-            None => format!("account:{account}"),
-        }
-    }
-
-    pub(crate) fn stack(&self, api: Api) -> Option<Governed> {
-        self.stacks
-            .iter()
-            .find(|(a, ..)| *a == api)
-            .map(|(.., governed)| governed.clone())
-    }
 }
 
 /// The root of Gemini's OpenAI-compatible endpoint: `/v1beta/openai/chat/completions` for

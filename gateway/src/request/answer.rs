@@ -22,6 +22,7 @@ use crate::auth::Caller;
 use crate::config::Retries;
 use crate::fit::{self};
 use crate::metered::{Meter, Metered};
+use crate::refusal::Dialect;
 
 /// The largest provider error body read to normalize a 429.
 const MAX_ERROR_BODY: usize = 64 * 1024;
@@ -39,7 +40,7 @@ pub(super) async fn answer(
         report,
         trip,
     } = answered;
-    let (api, dialect) = (incoming.api, super::dialect_of(incoming.api));
+    let (api, dialect) = (incoming.api, Dialect::of(incoming.api));
     let tenant = Some(caller.tenant.as_str());
     audit.answered(account, &response);
     let client_retries = caller.retries == Retries::Client;
@@ -103,7 +104,7 @@ fn answer_headers(
     // The account's rate-limit headers describe every tenant's traffic: each caller sees its
     // own scope's instead.
     strip_rate_limits(&mut head.headers);
-    let dialect = super::dialect_of(incoming.api);
+    let dialect = Dialect::of(incoming.api);
     for (name, value) in (gateway.tenants).rate_limit_headers(&account.name, &caller.path, dialect)
     {
         if let (Ok(name), Ok(value)) = (

@@ -227,7 +227,7 @@ impl Call<'_> {
                 } else {
                     // Still queued: leave the queue (the future's drop gives its place back).
                     drop(call);
-                    Err(super::stopping())
+                    Err(Refusal::stopping())
                 }
             }
         }

@@ -48,7 +48,7 @@ pub(super) async fn read(
     body: Body,
 ) -> Result<Incoming, Refusal> {
     if gateway.shutdown.is_cancelled() {
-        return Err(super::stopping());
+        return Err(Refusal::stopping());
     }
     if gateway.account(api).is_none() {
         return Err(Refusal::not_served(api.path()));

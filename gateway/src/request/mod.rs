@@ -16,7 +16,6 @@ mod incoming;
 mod pushback;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::response::Response;
@@ -29,7 +28,7 @@ use crate::refusal::{Dialect, Refusal};
 
 /// Serves one request of `api`: the walk, step by step.
 pub(crate) async fn handle(gateway: Arc<Gateway>, api: Api, request: Request<Body>) -> Response {
-    let dialect = dialect_of(api);
+    let dialect = Dialect::of(api);
     let (parts, body) = request.into_parts();
     let mut audit = Audited::new(api, &parts.headers);
     #[cfg(feature = "otel")]
@@ -73,25 +72,6 @@ pub(crate) async fn handle(gateway: Arc<Gateway>, api: Api, request: Request<Bod
     // 4. The answer.
     let account = &gateway.accounts[routed.account_of(answered.route())];
     answer::answer(&gateway, (&caller, account), &mut incoming, answered, audit).await
-}
-
-/// Whose error schema the callers of `api` read: the Anthropic SDK's on `/v1/messages`,
-/// Google's on its native API, OpenAI's elsewhere.
-pub(crate) fn dialect_of(api: Api) -> Dialect {
-    match api {
-        Api::Messages | Api::CountTokens => Dialect::Anthropic,
-        Api::Chat | Api::Responses | Api::Embeddings | Api::Completions => Dialect::OpenAi,
-        Api::GenerateContent | Api::EmbedContent | Api::GeminiCountTokens => Dialect::Gemini,
-    }
-}
-
-/// The refusal of a request that came while the gateway stops.
-fn stopping() -> Refusal {
-    Refusal::unavailable(
-        "shutdown",
-        "the gateway is shutting down; retry on another replica",
-    )
-    .retry_after(Some(Duration::from_secs(1)))
 }
 
 impl Audited {
