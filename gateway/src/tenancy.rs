@@ -13,6 +13,7 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
+use http::{HeaderName, HeaderValue};
 use serde::{Deserialize, Serialize};
 use tower_llm_quota::budget::LimitSnapshot;
 use tower_llm_quota::pricing::Usd;
@@ -358,7 +359,7 @@ impl Tenancy {
         account: &str,
         path: &Tenant,
         dialect: Dialect,
-    ) -> Vec<(String, String)> {
+    ) -> Vec<(HeaderName, HeaderValue)> {
         let Some(handle) = self.handle(account) else {
             return Vec::new();
         };
@@ -374,37 +375,18 @@ impl Tenancy {
             node = current.parent();
         };
         let now = tokio::time::Instant::now();
-        let mut headers = Vec::new();
+        let mut headers = Vec::with_capacity(3 * snapshot.limits().len());
         for limit in snapshot.limits() {
             let amount = limit.limit().amount().get();
             let remaining = u64::try_from(limit.level()).unwrap_or(0);
-            let name = match (dialect, limit.limit().dimension()) {
-                (_, Dimension::Requests) => "requests",
-                (Dialect::OpenAi | Dialect::Gemini, _) => "tokens",
-                (Dialect::Anthropic, Dimension::InputTokens) => "input-tokens",
-                (Dialect::Anthropic, Dimension::OutputTokens) => "output-tokens",
-                (Dialect::Anthropic, _) => "tokens",
-            };
-            match dialect {
-                // Google sends no rate-limit headers: a Gemini caller gets OpenAI's names.
-                Dialect::OpenAi | Dialect::Gemini => {
-                    let reset = limit.full_at().saturating_duration_since(now);
-                    headers.push((format!("x-ratelimit-limit-{name}"), amount.to_string()));
-                    headers.push((
-                        format!("x-ratelimit-remaining-{name}"),
-                        remaining.to_string(),
-                    ));
-                    headers.push((format!("x-ratelimit-reset-{name}"), duration_text(reset)));
-                }
-                Dialect::Anthropic => {
-                    headers.push((
-                        format!("anthropic-ratelimit-{name}-limit"),
-                        amount.to_string(),
-                    ));
-                    headers.push((
-                        format!("anthropic-ratelimit-{name}-remaining"),
-                        remaining.to_string(),
-                    ));
+            let ([limit_name, remaining_name], reset_name) =
+                header_names(dialect, limit.limit().dimension());
+            headers.push((limit_name, HeaderValue::from(amount)));
+            headers.push((remaining_name, HeaderValue::from(remaining)));
+            if let Some(reset_name) = reset_name {
+                let reset = limit.full_at().saturating_duration_since(now);
+                if let Ok(value) = HeaderValue::try_from(duration_text(reset)) {
+                    headers.push((reset_name, value));
                 }
             }
         }
@@ -593,6 +575,49 @@ fn duration_text(wait: Duration) -> String {
     }
     let text = format!("{:.3}", millis as f64 / 1_000.0);
     format!("{}s", text.trim_end_matches('0').trim_end_matches('.'))
+}
+
+/// The names of a limit's headers in `dialect` (a limit, what is left, when it is full again;
+/// Anthropic's has no reset here): OpenAI's, also for Google's callers (Google sends none);
+/// Anthropic's by dimension.
+fn header_names(dialect: Dialect, dimension: Dimension) -> ([HeaderName; 2], Option<HeaderName>) {
+    let names: [&'static str; 3] = match (dialect, dimension) {
+        (Dialect::OpenAi | Dialect::Gemini, Dimension::Requests) => [
+            "x-ratelimit-limit-requests",
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+        ],
+        (Dialect::OpenAi | Dialect::Gemini, _) => [
+            "x-ratelimit-limit-tokens",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+        ],
+        (Dialect::Anthropic, Dimension::Requests) => [
+            "anthropic-ratelimit-requests-limit",
+            "anthropic-ratelimit-requests-remaining",
+            "",
+        ],
+        (Dialect::Anthropic, Dimension::InputTokens) => [
+            "anthropic-ratelimit-input-tokens-limit",
+            "anthropic-ratelimit-input-tokens-remaining",
+            "",
+        ],
+        (Dialect::Anthropic, Dimension::OutputTokens) => [
+            "anthropic-ratelimit-output-tokens-limit",
+            "anthropic-ratelimit-output-tokens-remaining",
+            "",
+        ],
+        (Dialect::Anthropic, _) => [
+            "anthropic-ratelimit-tokens-limit",
+            "anthropic-ratelimit-tokens-remaining",
+            "",
+        ],
+    };
+    let [limit, remaining, reset] = names;
+    (
+        [limit, remaining].map(HeaderName::from_static),
+        (!reset.is_empty()).then(|| HeaderName::from_static(reset)),
+    )
 }
 
 #[cfg(test)]

@@ -168,10 +168,25 @@ struct Day {
 #[derive(Debug, Default)]
 pub(crate) struct Ledger {
     today: Mutex<Day>,
+    /// Each tenant's counters, their labels resolved once (not per request).
+    series: Mutex<HashMap<String, Series>>,
     /// The last minute and the last hour: one lock per answer for both.
     windows: Mutex<Windows>,
     refusals: Mutex<VecDeque<RefusalRecord>>,
 }
+
+/// A tenant's counters, registered with the recorder at their first use.
+#[derive(Debug, Default)]
+struct Series {
+    /// `gateway_requests_total` by API, class and status.
+    requests: HashMap<(&'static str, &'static str, u16), metrics::Counter>,
+    /// `gateway_tokens_total` by service tier: input, output.
+    tokens: HashMap<&'static str, [metrics::Counter; 2]>,
+    cache_read: Option<metrics::Counter>,
+}
+
+/// At most this many tenants' counters are kept; past it they start over.
+const MAX_SERIES: usize = 4_096;
 
 /// Sixty slots of time (seconds of the last minute, minutes of the last hour) and the slot of
 /// the newest: a slot older than sixty is cleared before it is used again.
@@ -367,12 +382,30 @@ impl Ledger {
         change(today.counts.entry(tenant.to_owned()).or_default());
     }
 
+    /// `record` with `tenant`'s counters.
+    fn with_series(&self, tenant: &str, record: impl FnOnce(&mut Series)) {
+        let mut all = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(series) = all.get_mut(tenant) {
+            return record(series);
+        }
+        if all.len() >= MAX_SERIES {
+            all.clear();
+        }
+        record(all.entry(tenant.to_owned()).or_default());
+    }
+
     /// A request of `class` the provider answered (any status but a refusal).
     pub(crate) fn answered(&self, tenant: &str, api: &'static str, class: Priority, status: u16) {
         self.with_today(tenant, |c| c.requests += 1);
-        counter!("gateway_requests_total", "tenant" => tenant.to_owned(), "api" => api,
-            "class" => class.as_str(), "status" => status.to_string())
-        .increment(1);
+        let class = class.as_str();
+        self.with_series(tenant, |series| {
+            (series.requests.entry((api, class, status)))
+                .or_insert_with(|| {
+                    counter!("gateway_requests_total", "tenant" => tenant.to_owned(), "api" => api,
+                        "class" => class, "status" => status.to_string())
+                })
+                .increment(1);
+        });
     }
 
     /// The tokens a finished answer used (input, output, read from the prompt cache), and the
@@ -389,16 +422,22 @@ impl Ledger {
             c.output_tokens += output;
             *c.tokens_by_tier.entry(tier).or_default() += input + output;
         });
-        let tenant = tenant.to_owned();
-        counter!("gateway_tokens_total", "tenant" => tenant.clone(), "kind" => "input",
-            "service_tier" => tier)
-        .increment(input);
-        counter!("gateway_tokens_total", "tenant" => tenant.clone(), "kind" => "output",
-            "service_tier" => tier)
-        .increment(output);
-        if cache_read > 0 {
-            counter!("gateway_cache_read_tokens_total", "tenant" => tenant).increment(cache_read);
-        }
+        self.with_series(tenant, |series| {
+            let [inputs, outputs] = series.tokens.entry(tier).or_insert_with(|| {
+                ["input", "output"].map(|kind| {
+                    counter!("gateway_tokens_total", "tenant" => tenant.to_owned(), "kind" => kind,
+                        "service_tier" => tier)
+                })
+            });
+            inputs.increment(input);
+            outputs.increment(output);
+            if cache_read > 0 {
+                (series.cache_read.get_or_insert_with(
+                    || counter!("gateway_cache_read_tokens_total", "tenant" => tenant.to_owned()),
+                ))
+                .increment(cache_read);
+            }
+        });
     }
 
     /// A refusal, local or the provider's, of a request of `tenant` (none when unauthenticated).

@@ -105,14 +105,9 @@ fn answer_headers(
     // own scope's instead.
     strip_rate_limits(&mut head.headers);
     let dialect = Dialect::of(incoming.api);
-    for (name, value) in (gateway.tenants).rate_limit_headers(&account.name, &caller.path, dialect)
-    {
-        if let (Ok(name), Ok(value)) = (
-            http::HeaderName::try_from(name),
-            http::HeaderValue::try_from(value),
-        ) {
-            head.headers.insert(name, value);
-        }
+    let own = (gateway.tenants).rate_limit_headers(&account.name, &caller.path, dialect);
+    for (name, value) in own {
+        head.headers.insert(name, value);
     }
     if let Some(served) = head.extensions.get::<ServedBy>().cloned() {
         insert_route_headers(&mut head.headers, &served);
