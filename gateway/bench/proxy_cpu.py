@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The gateway's CPU per request against its floor, measured from outside: a bare reverse
-proxy on the same hyper and tokio (`--example bare_proxy`: forward, stream back, nothing
-else), the gateway with its defaults, and the gateway with the audit log, metrics and tracing
+proxy on the same hyper and tokio (`bench/bare_proxy.rs`, built as `--example bare_proxy`:
+forward, stream back, nothing else), the gateway with its defaults, and the gateway with the audit log, metrics and tracing
 each turned off in turn; all in front of the same HTTP upstream (the simulator,
 `--example sim_server`), loaded by oha (open loop, in its own process) at 1,000 and 3,000
 requests a second, in alternating rounds (every variant once per round). Each run's CPU is
