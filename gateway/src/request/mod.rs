@@ -27,6 +27,13 @@ use crate::config::Api;
 use crate::refusal::{Dialect, Refusal};
 
 /// Serves one request of `api`: the walk, step by step.
+///
+/// # Cancel safety
+///
+/// Dropped at any point (its connection closed), nothing is charged twice or lost: a request
+/// still queued leaves the queue, and a reservation is settled or refunded by the stack's
+/// futures and bodies as they drop. A request dropped before its answer's head writes no
+/// audit line; once the answer's body is on its way, its end or its drop writes it.
 pub(crate) async fn handle(gateway: Arc<Gateway>, api: Api, request: Request<Body>) -> Response {
     let dialect = Dialect::of(api);
     let (parts, body) = request.into_parts();
