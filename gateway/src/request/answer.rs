@@ -31,7 +31,7 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 pub(super) async fn answer(
     gateway: &Arc<Gateway>,
     (caller, account): (&Caller, &Account),
-    incoming: &mut Incoming,
+    incoming: &Incoming,
     answered: Answered,
     mut audit: Audited,
 ) -> Response {

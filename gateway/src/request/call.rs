@@ -189,10 +189,14 @@ impl Call<'_> {
         }
         match read {
             // The body as read here: the estimation layer prices it without parsing it again.
-            Some(read) => extensions.insert(read).map(drop),
+            Some(read) => {
+                extensions.insert(read);
+            }
             // Its cost as checked: the estimation layer would reserve a reply it never has.
-            None => extensions.insert(incoming.checked.cost).map(drop),
-        };
+            None => {
+                extensions.insert(incoming.checked.cost);
+            }
+        }
         extensions.insert(trip.clone());
         extensions.insert(trip.dispatched_mark());
         // The usage the stack settles the answer with, read when its body ends.

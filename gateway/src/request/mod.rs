@@ -72,13 +72,13 @@ pub(crate) async fn handle(gateway: Arc<Gateway>, api: Api, request: Request<Bod
         native: parts.extensions.get(),
         primary,
     };
-    let (answered, mut incoming) = match sent.send(routed, incoming, &mut audit).await {
+    let (answered, incoming) = match sent.send(routed, incoming, &mut audit).await {
         Ok(answered) => answered,
         Err(refusal) => return audit.refuse(&gateway, dialect, tenant, refusal),
     };
     // 4. The answer.
     let account = &gateway.accounts[routed.account_of(answered.route())];
-    answer::answer(&gateway, (&caller, account), &mut incoming, answered, audit).await
+    answer::answer(&gateway, (&caller, account), &incoming, answered, audit).await
 }
 
 impl Audited {

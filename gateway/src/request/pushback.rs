@@ -72,7 +72,7 @@ fn idempotency_refusal(error: &Error) -> Option<Refusal> {
 /// The refusal of a request the account could not send: no scope for its model, no price,
 /// its caps not durable, the shared store out of reach.
 fn unsent(scope: &str, error: &Error) -> Option<Refusal> {
-    if let Some(refused) = scope_refused(error) {
+    if let Some(refused) = in_chain::<ScopeRefused>(error) {
         return Some(match &refused.0 {
             ScopeError::Store(_) => Refusal::unavailable("store", refused.to_string())
                 .scope(scope)
@@ -90,7 +90,7 @@ fn unsent(scope: &str, error: &Error) -> Option<Refusal> {
         );
         return Some(Refusal::bad_request(reason).scope(scope));
     }
-    if let Some(refused) = state_refused(error) {
+    if let Some(refused) = in_chain::<StateRefused>(error) {
         // Nothing was sent: the caps could not count it durably.
         return Some(
             Refusal::unavailable("state", refused.to_string())
@@ -185,24 +185,13 @@ fn budget_scope(account: &str, quota: &str) -> String {
     }
 }
 
-/// The state's refusal to make a request's caps durable, if that refused it.
-fn state_refused(error: &Error) -> Option<&StateRefused> {
+/// The first error of type `T` in `error`'s chain of sources: the state's refusal to make a
+/// request's caps durable, the scope a route could not give the request's model.
+fn in_chain<T: std::error::Error + 'static>(error: &Error) -> Option<&T> {
     let mut link: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(e) = link {
-        if let Some(refused) = e.downcast_ref::<StateRefused>() {
-            return Some(refused);
-        }
-        link = e.source();
-    }
-    None
-}
-
-/// The scope a route could not give the request's model, if that refused it.
-fn scope_refused(error: &Error) -> Option<&ScopeRefused> {
-    let mut link: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(e) = link {
-        if let Some(refused) = e.downcast_ref::<ScopeRefused>() {
-            return Some(refused);
+        if let Some(found) = e.downcast_ref::<T>() {
+            return Some(found);
         }
         link = e.source();
     }
